@@ -1,0 +1,44 @@
+"""wsitool: read, convert and stress-test tiled pyramidal whole-slide images.
+
+Quick start::
+
+    import wsitool
+    with wsitool.open_slide("slide.svs") as slide:
+        print(slide.level_dimensions, slide.mpp)
+        tile = slide.read_region((1000, 2000), 0, (512, 512))  # (512, 512, 4) uint8 RGBA
+
+See :class:`wsitool.slide.Slide` and :func:`wsitool.region.read_region`.
+"""
+
+from .errors import (
+    CorruptFileError,
+    DeviceUnavailableError,
+    InvalidRegionError,
+    ResourceLimitError,
+    TileDecodeError,
+    UnsupportedFormatError,
+    WsiError,
+)
+from .region import TileWarning
+from .settings import Limits, get_limits, limits, set_limits
+from .slide import Level, Slide, open_slide
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "open_slide",
+    "Slide",
+    "Level",
+    "set_limits",
+    "get_limits",
+    "limits",
+    "Limits",
+    "WsiError",
+    "UnsupportedFormatError",
+    "CorruptFileError",
+    "InvalidRegionError",
+    "ResourceLimitError",
+    "TileDecodeError",
+    "DeviceUnavailableError",
+    "TileWarning",
+]

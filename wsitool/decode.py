@@ -1,0 +1,529 @@
+"""Tile reading and decoding: the per-thread nvImageCodec decoder pool.
+
+Design (the rules this module exists to keep):
+
+* **One decoder per thread.**  nvImageCodec decoders are not safe to share:
+  one decoder used by several threads without a lock returned ``None`` for
+  some decodes in our tests, and shared decoders are the cause of the
+  loader-thread crashes reported by users of other readers.  Each thread that
+  decodes gets its own :class:`nvidia.nvimgcodec.Decoder`, created under a
+  process-wide mutex and always called while holding that decoder's own
+  lock.  A decoder lives as long as its thread (``threading.local``).
+* **Caller buffers are honoured.**  :func:`decode_into` decodes straight into
+  the array it is given (usually a strided sub-view of the caller's output),
+  through ``nvimgcodec.as_image``; the result is checked to be that very
+  buffer, never a replacement.  Partial tiles are decoded as a sub-region of
+  the JPEG / JPEG 2000 code stream (``CodeStream.get_sub_code_stream(region=)``),
+  also straight into the output.  Only where that is not possible (RGBA
+  output, colour transforms, forced by :data:`FORCE_SCRATCH` for parity tests)
+  is a per-thread scratch buffer used, allocated once per thread and shape.
+* **Every decode is checked.**  A decode returning ``None``, an image of the
+  wrong size, or a code stream whose header disagrees with the TIFF tile grid
+  (a decompression bomb such as an 8000 x 8000 SOF inside a 256 x 256 tile)
+  raises :class:`~wsitool.errors.TileDecodeError` naming level, column and row.
+* **No shared file position.**  Tile bytes are read with :func:`os.pread`.
+
+Which codec decodes what:
+
+* JPEG (TIFF compression 7) with 3 samples (photometric RGB or YCbCr) and
+  JPEG 2000 (Aperio 33003, 33005; 34712) with 3 samples, 8 bits: nvImageCodec
+  (CPU backends libjpeg-turbo and OpenJPEG here; nvJPEG / nvJPEG2000 on a GPU).
+* Everything else (none, LZW, deflate, zstd, WebP, JPEG gray / CMYK / 2-sample,
+  predictors, big-endian samples, planar-separate data): tifffile's
+  ``TiffPage.decode`` over imagecodecs.
+
+JPEG facts used here: abbreviated JPEG tiles share the DQT/DHT segments stored
+once in the page's JPEGTables tag (TIFF Technical Note #2, "JPEGTables"); the
+tile stream and the tables are merged by inserting the tables after the tile's
+SOI marker.  Aperio writes RGB JPEG tiles (photometric RGB, no colour
+transform) with component ids 0, 1, 2 and neither a JFIF nor an Adobe marker;
+libjpeg then guesses YCbCr.  An Adobe APP14 segment whose transform flag is 0
+(Adobe Technical Note #5116, "APP14") tells the decoder the components are RGB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import DeviceUnavailableError, ResourceLimitError, TileDecodeError
+from .settings import get_limits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .slide import Level
+
+__all__ = [
+    "DecodeStats",
+    "DecoderPool",
+    "get_pool",
+    "nvimgcodec",
+    "read_tile_bytes",
+    "decode_into",
+    "decode_array",
+    "FORCE_SCRATCH",
+    "USE_ROI_DECODE",
+]
+
+# Quiet by default: nvImageCodec's Python layer logs failed decodes (which we
+# report as exceptions) and OpenCV's OpenJPEG wrapper warns once per JPEG 2000
+# tile that the colour space is unspecified.  Users who want the logs can set
+# these variables themselves before importing wsitool.
+os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    """Redirect file descriptor 2 to /dev/null (native libraries print there)."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr at all
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+# Importing nvImageCodec prints one "Failed to load nvjpeg library" line per
+# missing GPU extension on machines without CUDA; those are expected there.
+with _stderr_silenced():
+    from nvidia import nvimgcodec  # noqa: E402
+
+# Test hooks (module-level switches, not part of the public API).
+#: When True, every nvImageCodec tile is decoded whole into scratch and copied.
+FORCE_SCRATCH = False
+#: When False, partial tiles are decoded whole into scratch instead of as a
+#: sub-region of the code stream.
+USE_ROI_DECODE = True
+
+_ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"  # APP14, transform 0
+_SOI = b"\xff\xd8"
+
+
+@dataclasses.dataclass
+class DecodeStats:
+    """Counters of one thread's decoding work; :meth:`DecoderPool.stats` sums them.
+
+    Fields (all counts): ``decoders_created``; ``tiles_decoded`` (all tiles);
+    ``tiles_direct`` (whole tile decoded straight into the caller's buffer);
+    ``tiles_roi`` (sub-region of a tile decoded straight into the caller's
+    buffer); ``tiles_scratch`` (decoded into a scratch buffer and copied);
+    ``tiles_generic`` (decoded by tifffile/imagecodecs); ``tiles_missing``
+    (offset or byte count 0, filled with background); ``tiles_failed`` (raised
+    or filled after an error); ``scratch_allocations``; ``bytes_read``.
+    """
+
+    decoders_created: int = 0
+    tiles_decoded: int = 0
+    tiles_direct: int = 0
+    tiles_roi: int = 0
+    tiles_scratch: int = 0
+    tiles_generic: int = 0
+    tiles_missing: int = 0
+    tiles_failed: int = 0
+    scratch_allocations: int = 0
+    bytes_read: int = 0
+
+    def add(self, other: "DecodeStats") -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+class _ThreadState:
+    """Decoder, its lock, scratch buffers and counters of one thread."""
+
+    def __init__(self, pool: "DecoderPool", stats: DecodeStats):
+        self.pool = pool
+        self.stats = stats
+        self.lock = threading.Lock()
+        self._decoder: Any = None
+        self._scratch: dict[tuple, np.ndarray] = {}
+
+    @property
+    def decoder(self):
+        if self._decoder is None:
+            self._decoder = self.pool._create_decoder()
+            self.stats.decoders_created += 1
+        return self._decoder
+
+    def scratch(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
+        """A C-contiguous buffer of ``shape``, reused across calls on this thread."""
+        key = (shape, np.dtype(dtype).str)
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = np.empty(shape, dtype)
+            self._scratch[key] = buf
+            self.stats.scratch_allocations += 1
+        return buf
+
+
+class DecoderPool:
+    """Per-thread nvImageCodec decoders for one device.
+
+    Args:
+        device: ``"cpu"`` (CPU backends only, ``device_id=NVIMGCODEC_DEVICE_CPU_ONLY``)
+            or ``"cuda"`` / ``"cuda:N"`` (GPU backends, CPU as fallback).
+
+    Each thread calling :meth:`state` gets its own decoder, created lazily
+    under the pool's mutex; the pool keeps only the per-thread counters, so a
+    decoder is released when its thread ends.
+
+    Raises:
+        DeviceUnavailableError: ``device`` is a CUDA device and none is usable.
+    """
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self._create_lock = threading.Lock()
+        self._local = threading.local()
+        self._all_stats: list[DecodeStats] = []
+        if device == "cpu":
+            self._device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
+        elif device.startswith("cuda"):
+            from .gpu import cuda_device_id
+
+            self._device_id = cuda_device_id(device)
+        else:
+            raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
+
+    def _create_decoder(self):
+        with self._create_lock:
+            if self.device == "cpu":
+                backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)]
+            else:
+                backends = [
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU),
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY),
+                ]
+            try:
+                # One CPU thread per decoder: parallelism comes from our own
+                # per-thread decoders, not from a pool inside each decoder.
+                return nvimgcodec.Decoder(
+                    device_id=self._device_id, max_num_cpu_threads=1, backends=backends
+                )
+            except Exception as exc:  # pragma: no cover - depends on the machine
+                raise DeviceUnavailableError(
+                    f"could not create an nvImageCodec decoder for {self.device}: {exc}"
+                ) from exc
+
+    def state(self) -> _ThreadState:
+        """The calling thread's decoder state (created on first use)."""
+        st = getattr(self._local, "state", None)
+        if st is None:
+            stats = DecodeStats()
+            with self._create_lock:
+                self._all_stats.append(stats)
+            st = _ThreadState(self, stats)
+            self._local.state = st
+        return st
+
+    def stats(self) -> DecodeStats:
+        """Sum of all threads' counters (a snapshot, new object)."""
+        total = DecodeStats()
+        with self._create_lock:
+            for s in self._all_stats:
+                total.add(s)
+        return total
+
+    def reset_stats(self) -> None:
+        """Zero every thread's counters."""
+        with self._create_lock:
+            for s in self._all_stats:
+                for f in dataclasses.fields(s):
+                    setattr(s, f.name, 0)
+
+
+_pools: dict[str, DecoderPool] = {}
+_pools_lock = threading.Lock()
+
+
+def get_pool(device: str = "cpu") -> DecoderPool:
+    """The process-wide :class:`DecoderPool` of ``device`` (created once)."""
+    with _pools_lock:
+        pool = _pools.get(device)
+        if pool is None:
+            pool = _pools[device] = DecoderPool(device)
+        return pool
+
+
+# --------------------------------------------------------------------------
+# Reading tile bytes
+# --------------------------------------------------------------------------
+
+
+def read_tile_bytes(level: "Level", index: int, col: int, row: int, stats: DecodeStats) -> bytes | None:
+    """Read the encoded bytes of segment ``index`` (tile or strip) of ``level``.
+
+    Returns ``None`` for a missing tile (offset 0 or byte count 0, which TIFF
+    writers use for sparse slides).  Raises :class:`TileDecodeError` if the
+    segment lies outside the file (truncated file) or the read is short.
+    """
+    offset = int(level._offsets[index])
+    count = int(level._bytecounts[index])
+    if offset == 0 or count == 0:
+        return None
+    if offset + count > level._file_size:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
+            f"file ({level._file_size} bytes): truncated file",
+        )
+    data = os.pread(level._fd, count, offset)
+    if len(data) != count:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"short read: {len(data)} of {count} bytes at offset {offset}",
+        )
+    stats.bytes_read += count
+    return data
+
+
+def _jpeg_stream(level: "Level", data: bytes, col: int, row: int) -> bytes:
+    """Complete JPEG stream for nvImageCodec: tile + JPEGTables (+ Adobe RGB marker)."""
+    if not data.startswith(_SOI):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"not a JPEG stream (starts with {data[:2].hex()} instead of ffd8)",
+        )
+    prefix = level._jpeg_prefix
+    return prefix + data[2:] if prefix else data
+
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from the first SOF segment of a JPEG stream, or None.
+
+    Walks the marker segments from SOI (ITU-T T.81 annex B.1.1): every
+    segment but SOI/RSTn/TEM carries a 2-byte big-endian length.  Returns
+    None if the scan reaches SOS or the end of the data without a frame header.
+    """
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    i = 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            i += 2
+            continue
+        if marker == 0xDA or marker == 0xD9:
+            return None
+        length = (data[i + 2] << 8) | data[i + 3]
+        if marker in _SOF_MARKERS:
+            if i + 9 > n or length < 7:
+                return None
+            height = (data[i + 5] << 8) | data[i + 6]
+            width = (data[i + 7] << 8) | data[i + 8]
+            return width, height
+        i += 2 + length
+    return None
+
+
+def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> None:
+    """Refuse a code stream whose declared size is not the tile cell (or its cropped part)."""
+    cell_w, cell_h = level.tile_width, level.tile_height
+    inner_w = min(cell_w, level.width - col * cell_w)
+    inner_h = min(cell_h, level.height - row * cell_h)
+    if width not in (cell_w, inner_w) or height not in (cell_h, inner_h):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"code stream declares {width}x{height} pixels but the tile grid cell is "
+            f"{cell_w}x{cell_h}; refusing to decode",
+        )
+
+
+def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
+    """Check a JPEG / JPEG 2000 tile header against the grid before a tifffile decode."""
+    if level._stream_kind == "jpeg":
+        size = jpeg_frame_size(data)
+        if size is None:
+            raise TileDecodeError(level._path, level.index, col, row,
+                                  "JPEG stream without a readable frame header (SOF)")
+        _check_cell(level, col, row, *size)
+    elif level._stream_kind == "j2k":
+        _codestream(level, data, col, row)
+
+
+def _codestream(level: "Level", data: bytes, col: int, row: int):
+    """Parse the code stream header and check it against the tile grid.
+
+    The expected size is the full tile cell, or for the last row/column the
+    part inside the image (some writers crop edge tiles; strips are cropped).
+    """
+    if level._stream_kind == "jpeg":
+        data = _jpeg_stream(level, data, col, row)
+    try:
+        cs = nvimgcodec.CodeStream(data)
+        width, height = cs.width, cs.height
+    except Exception as exc:
+        raise TileDecodeError(
+            level._path, level.index, col, row, f"unreadable code stream header ({exc})"
+        ) from None
+    _check_cell(level, col, row, width, height)
+    return cs, width, height
+
+
+def decode_into(
+    level: "Level",
+    col: int,
+    row: int,
+    data: bytes,
+    dst: np.ndarray,
+    src_rect: tuple[int, int, int, int],
+    state: _ThreadState,
+    *,
+    caller_buffer: bool = True,
+) -> None:
+    """Decode part of one nvImageCodec-decodable tile into ``dst``.
+
+    Args:
+        level: the :class:`~wsitool.slide.Level` the tile belongs to.
+        col, row: tile column and row in the level's grid.
+        data: the tile's encoded bytes (see :func:`read_tile_bytes`).
+        dst: ``(y1 - y0, x1 - x0, 3)`` uint8 array, C-contiguous except for
+            row padding (a sub-view of a C-contiguous ``(H, W, 3)`` array is
+            fine).  It receives the pixels.
+        src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile (0 <= x0 < x1 <=
+            tile width, same for y), the part of the tile wanted.
+        state: the calling thread's :class:`_ThreadState`.
+        caller_buffer: True when ``dst`` is (a view of) the caller's output;
+            only used to count ``tiles_direct`` / ``tiles_roi`` versus
+            ``tiles_scratch`` in :class:`DecodeStats`.
+
+    Raises:
+        TileDecodeError: header/grid mismatch, decoder failure, or a decoder
+            that did not write into ``dst``.
+    """
+    x0, y0, x1, y1 = src_rect
+    cs, width, height = _codestream(level, data, col, row)
+    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"requested tile sub-region {src_rect} is outside the {width}x{height} tile",
+        )
+    if dst.shape[:2] != (y1 - y0, x1 - x0):
+        raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
+    stats = state.stats
+    whole = (x0, y0, x1, y1) == (0, 0, width, height)
+    if not FORCE_SCRATCH and (whole or USE_ROI_DECODE):
+        if not whole:
+            cs = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
+        _decode_checked(level, col, row, cs, dst, state)
+        if not caller_buffer:
+            stats.tiles_scratch += 1
+        elif whole:
+            stats.tiles_direct += 1
+        else:
+            stats.tiles_roi += 1
+    else:
+        scratch = state.scratch((height, width, 3))
+        _decode_checked(level, col, row, cs, scratch, state)
+        dst[...] = scratch[y0:y1, x0:x1]
+        stats.tiles_scratch += 1
+    stats.tiles_decoded += 1
+
+
+def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState) -> None:
+    """Run one decode into ``dst`` under the thread's decoder lock and verify it."""
+    image = nvimgcodec.as_image(dst)
+    decoder = state.decoder
+    with state.lock:
+        try:
+            result = decoder.decode(cs, image=image)
+        except Exception as exc:
+            raise TileDecodeError(
+                level._path, level.index, col, row, f"decoder error: {exc}"
+            ) from None
+    if result is None:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            "decoder returned no image (corrupt or truncated tile data)",
+        )
+    ptr = result.__array_interface__["data"][0]
+    if ptr != dst.__array_interface__["data"][0] or tuple(result.shape) != dst.shape:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            "decoder did not write into the caller's buffer",
+        )
+
+
+def decode_array(level: "Level", col: int, row: int, state: _ThreadState) -> np.ndarray | None:
+    """Decode one tile (all planes) of a generic level with tifffile/imagecodecs.
+
+    Returns a ``(h, w, samples)`` array in the level's native dtype, where
+    ``h, w`` is the decoded segment's size (the full tile cell for tiles; for
+    strips the strip's rows), or ``None`` when the tile is missing (any plane
+    with offset/byte count 0).  Byte order, predictors, JPEGTables and bit
+    depths are handled by tifffile.
+
+    Raises:
+        TileDecodeError: the bytes could not be decoded, or the decoded size
+            disagrees with the tile grid.
+    """
+    planes = level._planes
+    per_plane = level.tiles_across * level.tiles_down
+    index = row * level.tiles_across + col
+    parts = []
+    for plane in range(planes):
+        seg = plane * per_plane + index
+        data = read_tile_bytes(level, seg, col, row, state.stats)
+        if data is None:
+            return None
+        check_header(level, data, col, row)
+        try:
+            arr, _idx, _shape = level._page.decode(
+                data, seg, jpegtables=level._page.jpegtables
+            )
+        except Exception as exc:
+            raise TileDecodeError(
+                level._path, level.index, col, row,
+                f"{level.compression} decode failed: {type(exc).__name__}: {exc}",
+            ) from None
+        if arr is None:
+            raise TileDecodeError(level._path, level.index, col, row, "decoder returned no data")
+        arr = np.asarray(arr)
+        arr = arr.reshape(arr.shape[-3], arr.shape[-2], arr.shape[-1])
+        parts.append(arr)
+    arr = parts[0] if planes == 1 else np.concatenate(parts, axis=2)
+    exp_h = min(level.tile_height, level.height - row * level.tile_height)
+    exp_w = min(level.tile_width, level.width - col * level.tile_width)
+    if arr.shape[0] < exp_h or arr.shape[1] < exp_w or arr.shape[2] != level.samples:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"decoded size {arr.shape[1]}x{arr.shape[0]}x{arr.shape[2]} does not cover the "
+            f"tile cell {exp_w}x{exp_h}x{level.samples}",
+        )
+    state.stats.tiles_generic += 1
+    state.stats.tiles_decoded += 1
+    return arr
+
+
+def check_tile_limit(level: "Level") -> None:
+    """Raise :class:`ResourceLimitError` if one tile of ``level`` exceeds the tile limit."""
+    pixels = level.tile_width * level.tile_height
+    limit = get_limits().max_tile_pixels
+    if pixels > limit:
+        raise ResourceLimitError(
+            f"{level._path}: level {level.index} has {level.tile_width}x{level.tile_height} "
+            f"tiles ({pixels} pixels), over the max_tile_pixels limit {limit}"
+        )

@@ -1,0 +1,436 @@
+"""Region reading: validate a request, plan the tiles it touches, decode them in parallel.
+
+The path of one region read:
+
+1. :func:`read_region` validates everything before any I/O: level index,
+   integer location and positive integer size, mode, ``out`` buffer (shape,
+   dtype, contiguity, writability) and the pixel/byte limits of
+   :mod:`wsitool.settings` (raising :class:`ResourceLimitError` before any
+   allocation).
+2. The level-0 location is mapped to the level's frame with
+   ``floor(x / downsample)``; the part of the region inside the level is
+   computed, the parts outside are filled with transparent black (RGBA
+   ``0, 0, 0, 0``; 0 in ``rgb`` and ``raw`` modes).
+3. Every tile the inside part touches becomes one job with a source rectangle
+   (in tile pixels) and a destination sub-view of the output.  Jobs are split
+   over ``threads`` workers: the calling thread plus workers of a shared pool.
+4. Each job reads its bytes with ``os.pread`` and decodes through the calling
+   thread's own decoder (:mod:`wsitool.decode`): whole interior tiles straight
+   into the output sub-view, partial tiles as a sub-region of the code stream
+   straight into the output, and only RGBA output or colour transforms go
+   through a per-thread scratch buffer.
+
+Output modes:
+
+* ``"rgb"``: ``(height, width, 3)`` uint8 -- the fast path (decoded in place).
+* ``"rgba"``: ``(height, width, 4)`` uint8, OpenSlide's layout; alpha is 255
+  inside the slide and 0 outside it and on missing tiles.  nvImageCodec's CPU
+  backend cannot decode into 4-channel strided buffers (we saw it write the
+  wrong pixels), so RGBA decodes each tile into a per-thread RGB scratch buffer
+  and copies it, which costs one extra pass over the pixels.
+* ``"raw"``: ``(height, width, samples)`` in the level's native dtype (e.g.
+  uint16, byte order native), values exactly as stored.
+
+Conversion of non-RGB data to 8-bit RGB (``rgb`` / ``rgba`` modes), see
+:func:`to_rgb8`: integer samples are scaled linearly,
+``round(v * 255 / (2**BitsPerSample - 1))`` (so 16-bit 65535 -> 255); floats
+are clipped to [0, 1] and scaled by 255; one-sample images (MinIsBlack) are
+replicated to grey RGB, MinIsWhite is inverted; palette images go through
+their ColorMap; CMYK (photometric Separated, 4 samples) becomes
+``R = 255 (1 - C)(1 - K)`` etc.; an ExtraSamples alpha channel becomes alpha.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .decode import (
+    _ThreadState,
+    check_tile_limit,
+    decode_array,
+    decode_into,
+    get_pool,
+    read_tile_bytes,
+)
+from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
+from .settings import get_limits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .slide import Level, Slide
+
+__all__ = ["read_region", "to_rgb8", "TileWarning", "output_shape"]
+
+_MODES = ("rgba", "rgb", "raw")
+
+
+class TileWarning(UserWarning):
+    """Emitted when ``on_error="fill"`` replaced a corrupt tile by background."""
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _get_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(
+                max_workers=max(4, os.cpu_count() or 1), thread_name_prefix="wsitool-decode"
+            )
+        return _executor
+
+
+def _as_int(value, what: str, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, numbers.Real) and float(value).is_integer():
+            return int(value)
+        raise InvalidRegionError(f"{path}: {what} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _pair(value, what: str, path: str) -> tuple[int, int]:
+    try:
+        a, b = value
+    except (TypeError, ValueError):
+        raise InvalidRegionError(f"{path}: {what} must be a pair of integers, got {value!r}") from None
+    return _as_int(a, what, path), _as_int(b, what, path)
+
+
+def output_shape(level: "Level", size: tuple[int, int], mode: str) -> tuple[tuple[int, int, int], np.dtype]:
+    """``((height, width, channels), dtype)`` of a read of ``size`` in ``mode``."""
+    w, h = size
+    if mode == "raw":
+        return (h, w, level.samples), level.dtype
+    return (h, w, 4 if mode == "rgba" else 3), np.dtype(np.uint8)
+
+
+def validate_request(slide: "Slide", location, level, size, mode: str):
+    """Check a region request; return ``(Level, x, y, w, h)``.
+
+    Raises:
+        InvalidRegionError: bad level, location, size or mode.
+        ResourceLimitError: the output would exceed the configured limits.
+        WsiError: the slide is closed.
+    """
+    path = slide.path
+    if slide.closed:
+        raise WsiError(f"{path}: slide is closed")
+    if mode not in _MODES:
+        raise InvalidRegionError(f"{path}: mode must be one of {_MODES}, got {mode!r}")
+    lvl = _as_int(level, "level", path)
+    if not 0 <= lvl < slide.level_count:
+        raise InvalidRegionError(
+            f"{path}: level {lvl} out of range (the slide has {slide.level_count} level(s): "
+            f"0..{slide.level_count - 1})"
+        )
+    x, y = _pair(location, "location", path)
+    w, h = _pair(size, "size", path)
+    if w <= 0 or h <= 0:
+        raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
+    lv = slide.levels[lvl]
+    shape, dtype = output_shape(lv, (w, h), mode)
+    lim = get_limits()
+    pixels = w * h
+    nbytes = pixels * shape[2] * dtype.itemsize
+    if pixels > lim.max_region_pixels:
+        raise ResourceLimitError(
+            f"{path}: region {w}x{h} ({pixels} pixels) exceeds the max_region_pixels limit "
+            f"{lim.max_region_pixels} (raise it with wsitool.set_limits or --max-pixels)"
+        )
+    if nbytes > lim.max_region_bytes:
+        raise ResourceLimitError(
+            f"{path}: region {w}x{h} needs {nbytes} bytes, over the max_region_bytes limit "
+            f"{lim.max_region_bytes}"
+        )
+    check_tile_limit(lv)
+    return lv, x, y, w, h
+
+
+def _check_out(out, shape, dtype, path: str) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        raise InvalidRegionError(f"{path}: out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise InvalidRegionError(
+            f"{path}: out has shape {out.shape} dtype {out.dtype}; expected {shape} {dtype}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise InvalidRegionError(f"{path}: out must be C-contiguous and writeable")
+    return out
+
+
+def read_region(slide: "Slide", location, level, size, *, out=None, mode: str = "rgba",
+                threads: int | None = None, on_error: str = "raise", device: str = "cpu"):
+    """Read a region of a slide into a new or caller-provided array.
+
+    Args:
+        slide: an open :class:`~wsitool.slide.Slide`.
+        location: ``(x, y)`` of the top-left pixel in the level-0 reference
+            frame; may be negative or beyond the slide.
+        level: level index, ``0 <= level < slide.level_count``.
+        size: ``(width, height)`` in pixels of ``level``, both > 0.
+        out: optional output array; must be C-contiguous, writeable, of the
+            exact shape and dtype of the result (see ``mode``).  It is filled in
+            place and returned; tiles are decoded straight into it.
+        mode: ``"rgba"`` -> ``(height, width, 4)`` uint8 (default);
+            ``"rgb"`` -> ``(height, width, 3)`` uint8 (fastest);
+            ``"raw"`` -> ``(height, width, samples)`` in the level's dtype.
+        threads: number of threads decoding this region (default: the CPU count).
+        on_error: ``"raise"`` (default) raises :class:`TileDecodeError` for a
+            corrupt tile; ``"fill"`` fills it with background (transparent),
+            emits a :class:`TileWarning` and counts it in the decoder statistics
+            (``tiles_failed``).
+        device: ``"cpu"``; ``"cuda"`` returns a CuPy array (see :mod:`wsitool.gpu`).
+
+    Returns:
+        The region; pixels outside the slide and missing tiles (offset or byte
+        count 0) are 0 with alpha 0.
+
+    Raises:
+        InvalidRegionError: malformed request or ``out`` (also a ``ValueError``).
+        ResourceLimitError: output over the configured limits (before allocating).
+        TileDecodeError: a corrupt tile, with ``on_error="raise"``.
+        DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
+    """
+    if on_error not in ("raise", "fill"):
+        raise InvalidRegionError(f"{slide.path}: on_error must be 'raise' or 'fill', got {on_error!r}")
+    lv, x, y, w, h = validate_request(slide, location, level, size, mode)
+    if threads is not None:
+        threads = _as_int(threads, "threads", slide.path)
+        if threads < 1:
+            raise InvalidRegionError(f"{slide.path}: threads must be >= 1, got {threads}")
+    if device != "cpu":
+        from .gpu import read_region_cuda
+
+        return read_region_cuda(slide, lv, x, y, w, h, out=out, mode=mode, threads=threads,
+                                on_error=on_error, device=device)
+    shape, dtype = output_shape(lv, (w, h), mode)
+    if out is None:
+        out = np.empty(shape, dtype)
+    else:
+        _check_out(out, shape, dtype, slide.path)
+    _fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"))
+    return out
+
+
+def level_rect(lv: "Level", x: int, y: int) -> tuple[int, int]:
+    """Map a level-0 location to the level's frame: ``floor(x / downsample)``."""
+    if lv.index == 0:
+        return x, y
+    return math.floor(x / lv.downsample), math.floor(y / lv.downsample)
+
+
+def plan_tiles(lv: "Level", rx: int, ry: int, w: int, h: int):
+    """Tiles touched by the region ``[rx, rx + w) x [ry, ry + h)`` of level ``lv``.
+
+    Returns ``(inside, jobs)``: ``inside`` is ``(cx0, cy0, cx1, cy1)``, the part
+    of the region inside the level in level pixels (or None); ``jobs`` is a
+    list of ``(col, row, (sx0, sy0, sx1, sy1), (dy0, dy1, dx0, dx1))`` with the
+    source rectangle in tile pixels and the destination slice in output pixels.
+    """
+    cx0, cy0 = max(rx, 0), max(ry, 0)
+    cx1, cy1 = min(rx + w, lv.width), min(ry + h, lv.height)
+    if cx0 >= cx1 or cy0 >= cy1:
+        return None, []
+    tw, th = lv.tile_width, lv.tile_height
+    jobs = []
+    for row in range(cy0 // th, (cy1 - 1) // th + 1):
+        ty0 = row * th
+        oy0, oy1 = max(ty0, cy0), min(ty0 + th, cy1)
+        for col in range(cx0 // tw, (cx1 - 1) // tw + 1):
+            tx0 = col * tw
+            ox0, ox1 = max(tx0, cx0), min(tx0 + tw, cx1)
+            jobs.append((col, row, (ox0 - tx0, oy0 - ty0, ox1 - tx0, oy1 - ty0),
+                         (oy0 - ry, oy1 - ry, ox0 - rx, ox1 - rx)))
+    return (cx0, cy0, cx1, cy1), jobs
+
+
+def _fill_outside(out: np.ndarray, rx: int, ry: int, inside) -> None:
+    if inside is None:
+        out[...] = 0
+        return
+    cx0, cy0, cx1, cy1 = inside
+    top, bottom = cy0 - ry, cy1 - ry
+    left, right = cx0 - rx, cx1 - rx
+    out[:top] = 0
+    out[bottom:] = 0
+    out[top:bottom, :left] = 0
+    out[top:bottom, right:] = 0
+
+
+def _fill_region(lv: "Level", x: int, y: int, w: int, h: int, out: np.ndarray, mode: str,
+                 threads: int | None, on_error: str, pool) -> None:
+    """Decode every tile of the region into ``out`` (already validated)."""
+    rx, ry = level_rect(lv, x, y)
+    inside, jobs = plan_tiles(lv, rx, ry, w, h)
+    _fill_outside(out, rx, ry, inside)
+    if not jobs:
+        return
+    nthreads = threads if threads is not None else (os.cpu_count() or 1)
+    k = max(1, min(nthreads, len(jobs)))
+    worker = _TileWorker(lv, out, mode, on_error, pool)
+    if k == 1:
+        worker.run(jobs)
+        return
+    chunks = [jobs[i::k] for i in range(k)]
+    executor = _get_executor()
+    futures = [executor.submit(worker.run, chunk) for chunk in chunks[1:]]
+    first_error: BaseException | None = None
+    try:
+        worker.run(chunks[0])
+    except BaseException as exc:  # wait for the others before raising
+        first_error = exc
+    for fut in futures:
+        exc = fut.exception()
+        if exc is not None and first_error is None:
+            first_error = exc
+    if first_error is not None:
+        raise first_error
+
+
+class _TileWorker:
+    """Decodes a list of tile jobs of one region (runs on any thread)."""
+
+    def __init__(self, lv: "Level", out: np.ndarray, mode: str, on_error: str, pool):
+        self.lv = lv
+        self.out = out
+        self.mode = mode
+        self.on_error = on_error
+        self.pool = pool
+        # Decode straight into the output: 3-channel uint8 output, no colour transform.
+        self.in_place = mode in ("rgb", "raw") and not lv._ycbcr_after_decode
+
+    def run(self, jobs) -> None:
+        state = self.pool.state()
+        for job in jobs:
+            try:
+                self._one(job, state)
+            except TileDecodeError as exc:
+                state.stats.tiles_failed += 1
+                if self.on_error != "fill":
+                    raise
+                warnings.warn(str(exc), TileWarning, stacklevel=2)
+                dy0, dy1, dx0, dx1 = job[3]
+                self.out[dy0:dy1, dx0:dx1] = 0
+
+    def _one(self, job, state: _ThreadState) -> None:
+        lv = self.lv
+        col, row, src, (dy0, dy1, dx0, dx1) = job
+        dst = self.out[dy0:dy1, dx0:dx1]
+        if lv._codec == "nv":
+            data = read_tile_bytes(lv, row * lv.tiles_across + col, col, row, state.stats)
+            if data is None:
+                state.stats.tiles_missing += 1
+                dst[...] = 0
+                return
+            if self.in_place:
+                decode_into(lv, col, row, data, dst, src, state)
+                return
+            scratch = state.scratch((lv.tile_height, lv.tile_width, 3))
+            rgb = scratch[: dy1 - dy0, : dx1 - dx0]
+            decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False)
+            if lv._ycbcr_after_decode:
+                rgb = ycbcr_to_rgb(rgb)
+            if self.mode == "raw":
+                dst[...] = rgb
+                return
+            dst[..., :3] = rgb
+            if self.mode == "rgba":
+                dst[..., 3] = 255
+            return
+        arr = decode_array(lv, col, row, state)
+        if arr is None:
+            state.stats.tiles_missing += 1
+            dst[...] = 0
+            return
+        sx0, sy0, sx1, sy1 = src
+        sub = arr[sy0:sy1, sx0:sx1]
+        if self.mode == "raw":
+            dst[...] = sub
+            return
+        rgb, alpha = to_rgb8(sub, lv._photometric_code, lv._bits, lv._colormap, lv._extrasamples)
+        dst[..., :3] = rgb
+        if self.mode == "rgba":
+            dst[..., 3] = 255 if alpha is None else alpha
+
+
+def ycbcr_to_rgb(ycc: np.ndarray) -> np.ndarray:
+    """Full-range YCbCr -> RGB (ITU-R BT.601 / JFIF coefficients), uint8 in and out.
+
+    Used for Aperio JPEG 2000 compression 33003, whose code streams hold
+    YCbCr components without the JPEG 2000 colour transform.
+    """
+    f = ycc.astype(np.float32)
+    y, cb, cr = f[..., 0], f[..., 1] - 128.0, f[..., 2] - 128.0
+    rgb = np.empty(ycc.shape[:2] + (3,), np.float32)
+    rgb[..., 0] = y + 1.402 * cr
+    rgb[..., 1] = y - 0.344136 * cb - 0.714136 * cr
+    rgb[..., 2] = y + 1.772 * cb
+    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+
+
+def _to_uint8(arr: np.ndarray, bits: int) -> np.ndarray:
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_:
+        return arr.astype(np.uint8) * 255
+    if np.issubdtype(arr.dtype, np.floating):
+        return np.clip(np.rint(np.nan_to_num(arr.astype(np.float64)) * 255.0), 0, 255).astype(np.uint8)
+    if np.issubdtype(arr.dtype, np.signedinteger):
+        info = np.iinfo(arr.dtype)
+        f = (arr.astype(np.float64) - info.min) * (255.0 / (info.max - info.min))
+        return np.clip(np.rint(f), 0, 255).astype(np.uint8)
+    bits = bits if 0 < bits <= arr.dtype.itemsize * 8 else arr.dtype.itemsize * 8
+    maxv = float((1 << bits) - 1)
+    return np.clip(np.rint(arr.astype(np.float64) * (255.0 / maxv)), 0, 255).astype(np.uint8)
+
+
+def to_rgb8(arr: np.ndarray, photometric: int, bits: int, colormap=None,
+            extrasamples: tuple = ()) -> tuple[np.ndarray, np.ndarray | None]:
+    """Convert ``(h, w, samples)`` native pixels to ``(h, w, 3)`` uint8 RGB and optional alpha.
+
+    Args:
+        arr: decoded samples, any integer or float dtype.
+        photometric: TIFF PhotometricInterpretation code (TIFF 6.0 section 3-6):
+            0 MinIsWhite, 1 MinIsBlack, 2 RGB, 3 Palette, 5 Separated (CMYK).
+        bits: BitsPerSample, for the linear scaling of integer samples.
+        colormap: ``(3, 2**bits)`` uint16 ColorMap of palette images.
+        extrasamples: ExtraSamples codes; 1 (associated) or 2 (unassociated)
+            alpha make the first extra sample the alpha channel.
+
+    Returns:
+        ``(rgb, alpha)``: ``(h, w, 3)`` uint8 and ``(h, w)`` uint8 or None.
+    """
+    samples = arr.shape[2]
+    if photometric == 3 and colormap is not None:
+        lut = np.asarray(colormap)
+        lut8 = (lut >> 8).astype(np.uint8) if lut.max() > 255 else lut.astype(np.uint8)
+        idx = np.clip(arr[..., 0].astype(np.intp), 0, lut8.shape[1] - 1)
+        return np.ascontiguousarray(lut8[:, idx].transpose(1, 2, 0)), None
+    a8 = _to_uint8(arr, bits)
+    alpha = None
+    if photometric == 5 and samples >= 4:
+        cmyk = a8[..., :4].astype(np.float32) / 255.0
+        k = 1.0 - cmyk[..., 3:4]
+        rgb = np.rint(255.0 * (1.0 - cmyk[..., :3]) * k)
+        return rgb.astype(np.uint8), None
+    if samples >= 3 and photometric not in (0, 1):
+        rgb = a8[..., :3]
+        n_color = 3
+    else:
+        gray = a8[..., 0]
+        if photometric == 0:
+            gray = 255 - gray
+        rgb = np.repeat(gray[..., None], 3, axis=2)
+        n_color = 1
+    if samples > n_color and extrasamples and extrasamples[0] in (1, 2):
+        alpha = a8[..., n_color]
+    return rgb, alpha

@@ -1,0 +1,85 @@
+"""Process-wide limits that protect against absurd requests and decompression bombs.
+
+The limits are checked before any allocation or decode:
+
+* ``max_region_pixels`` -- the largest region (width x height, in pixels of the
+  requested level) that :meth:`Slide.read_region` will produce.  Default
+  ``2**28`` (268 million pixels, 1 GiB as RGBA).
+* ``max_region_bytes`` -- the largest output buffer in bytes.  Default
+  ``2**31`` (2 GiB).
+* ``max_tile_pixels`` -- the largest tile or strip (width x height) that will
+  be decoded.  TIFF tiles are normally 256 to 1024 pixels square and strips a
+  few rows of the image width, so the default ``2**26`` (64 million pixels)
+  is generous; a file declaring more is refused instead of decoded.
+
+Change them with :func:`set_limits` (process-wide) or temporarily with the
+:func:`limits` context manager; the CLI exposes ``--max-pixels``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+
+__all__ = ["Limits", "get_limits", "set_limits", "limits"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Current limits; see the module docstring for the meaning of each field."""
+
+    max_region_pixels: int = 2**28
+    max_region_bytes: int = 2**31
+    max_tile_pixels: int = 2**26
+
+
+_lock = threading.Lock()
+_current = Limits()
+
+
+def get_limits() -> Limits:
+    """Return the limits in force (a frozen :class:`Limits`)."""
+    return _current
+
+
+def set_limits(
+    *,
+    max_region_pixels: int | None = None,
+    max_region_bytes: int | None = None,
+    max_tile_pixels: int | None = None,
+) -> Limits:
+    """Change the process-wide limits; arguments left ``None`` keep their value.
+
+    Returns the previous :class:`Limits`.  Raises ``ValueError`` for a value
+    that is not a positive integer.
+    """
+    global _current
+    changes = {
+        k: v
+        for k, v in dict(
+            max_region_pixels=max_region_pixels,
+            max_region_bytes=max_region_bytes,
+            max_tile_pixels=max_tile_pixels,
+        ).items()
+        if v is not None
+    }
+    for name, value in changes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    with _lock:
+        previous = _current
+        _current = dataclasses.replace(_current, **changes)
+    return previous
+
+
+@contextlib.contextmanager
+def limits(**changes: int):
+    """Context manager: apply :func:`set_limits` changes, restore on exit."""
+    previous = set_limits(**changes)
+    try:
+        yield get_limits()
+    finally:
+        global _current
+        with _lock:
+            _current = previous

@@ -1,0 +1,626 @@
+"""The slide container: open a TIFF-based whole-slide image and describe its pyramid.
+
+tifffile parses the TIFF structure (IFDs, SubIFDs, tags); this module decides
+which images are pyramid levels and which are associated images, gathers the
+metadata (vendor, MPP, objective power), and hands region reads to
+:mod:`wsitool.region`.
+
+Level-detection rule (one rule for every layout):
+
+1. Candidates are all IFDs of the file, top-level and SubIFDs (TIFF tag 330,
+   used by OME-TIFF pyramids), with non-zero width and height that are not
+   transparency masks (NewSubfileType bit 2).
+2. Vendor layouts first remove associated images.  Aperio (ImageDescription
+   starting with "Aperio"): every stripped IFD is an associated image: the
+   second IFD is the thumbnail, the others are named "label" / "macro" from
+   their ImageDescription or, when it lacks the word, from NewSubfileType
+   (1 = label, 9 = macro, as written by Aperio GT450 scanners).  Source:
+   OpenSlide's Aperio format notes (openslide.org/formats/aperio).
+3. Level 0 is the candidate with the largest area (the first one in file order
+   on a tie).  Every other candidate is a level if it has the same samples
+   per pixel and sample type, a strictly smaller area than the previous level,
+   and the same aspect ratio within one pixel of rounding: with
+   ``d = (W0 / w + H0 / h) / 2`` both ``|W0 / d - w|`` and ``|H0 / d - h|``
+   are at most 1.  Neither the reduced-resolution flag, nor tiling, nor
+   power-of-two factors are required: stripped levels are read strip by strip
+   as one-column tile grids, and downsamples such as 3 or 12 are valid.
+   Candidates that fail the test (e.g. a 200 x 200 stripped overview in a
+   1024 x 768 pyramid) are not levels.
+
+The downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import struct
+import threading
+import types
+import warnings
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import numpy as np
+import tifffile
+
+from .errors import CorruptFileError, UnsupportedFormatError, WsiError
+
+__all__ = ["Level", "Slide", "open_slide"]
+
+_JPEG = 7
+_J2K_COMPRESSIONS = {33003, 33005, 34712}
+_ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"  # APP14, transform 0
+_PHOTOMETRIC_RGB = 2
+_PHOTOMETRIC_YCBCR = 6
+
+
+class Level:
+    """One pyramid level: geometry, tile grid and encoding.
+
+    Public attributes (read-only by convention):
+        index: level number, 0 = full resolution.
+        width, height: level size in pixels of this level.
+        downsample: ``(W0 / width + H0 / height) / 2`` relative to level 0.
+        tile_width, tile_height: tile size in pixels; for a stripped level the
+            image width and RowsPerStrip.
+        tiles_across, tiles_down: size of the tile grid (columns, rows).
+        tiled: False for a stripped level.
+        compression: TIFF compression name, e.g. ``"JPEG"``, ``"APERIO_JP2000_RGB"``.
+        photometric: TIFF photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
+        samples: samples per pixel.
+        dtype: numpy dtype of one sample (native byte order).
+        decoder: ``"nvimagecodec"`` or ``"tifffile"``, who decodes the tiles.
+    """
+
+    def __init__(self, slide_path: str, fd: int, file_size: int, index: int,
+                 page: tifffile.TiffPage, base_size: tuple[int, int]):
+        self._path = slide_path
+        self._fd = fd
+        self._file_size = file_size
+        self._page = page
+        self.index = index
+        self.width = int(page.imagewidth)
+        self.height = int(page.imagelength)
+        w0, h0 = base_size
+        self.downsample = (w0 / self.width + h0 / self.height) / 2.0
+        self.tiled = bool(page.is_tiled)
+        if self.tiled:
+            self.tile_width = int(page.tilewidth)
+            self.tile_height = int(page.tilelength)
+        else:
+            rps = int(page.rowsperstrip or self.height)
+            self.tile_width = self.width
+            self.tile_height = max(1, min(rps, self.height))
+        if self.tile_width <= 0 or self.tile_height <= 0:
+            raise CorruptFileError(f"{slide_path}: level {index} has a zero tile size")
+        self.tiles_across = -(-self.width // self.tile_width)
+        self.tiles_down = -(-self.height // self.tile_height)
+        self.samples = int(page.samplesperpixel)
+        self.dtype = np.dtype(page.dtype).newbyteorder("=") if page.dtype is not None else None
+        if self.dtype is None:
+            raise UnsupportedFormatError(
+                f"{slide_path}: level {index}: unsupported sample format "
+                f"({page.bitspersample} bits, SampleFormat {page.sampleformat})"
+            )
+        if page.imagedepth > 1:
+            raise UnsupportedFormatError(f"{slide_path}: level {index}: volumetric TIFF (ImageDepth > 1)")
+        self.compression = _enum_name(page.compression)
+        self.photometric = _enum_name(page.photometric)
+        self._compression_code = int(page.compression)
+        self._photometric_code = int(page.photometric)
+        self._planes = self.samples if (int(page.planarconfig) == 2 and self.samples > 1) else 1
+        self._offsets = np.asarray(page.dataoffsets, dtype=np.uint64)
+        self._bytecounts = np.asarray(page.databytecounts, dtype=np.uint64)
+        expected = self._planes * self.tiles_across * self.tiles_down
+        if len(self._offsets) < expected or len(self._bytecounts) < expected:
+            raise CorruptFileError(
+                f"{slide_path}: level {index}: {len(self._offsets)} tile offsets for a grid "
+                f"of {expected} tiles"
+            )
+        comp = self._compression_code
+        eight_bit_rgb = (
+            self.samples == 3 and self._planes == 1 and self.dtype == np.uint8
+        )
+        self._stream_kind = "jpeg" if comp == _JPEG else ("j2k" if comp in _J2K_COMPRESSIONS else None)
+        # Colour transform wsitool applies after decoding: Aperio 33003 stores YCbCr J2K.
+        self._ycbcr_after_decode = comp == 33003
+        if comp == _JPEG and eight_bit_rgb and self._photometric_code in (
+            _PHOTOMETRIC_RGB, _PHOTOMETRIC_YCBCR
+        ):
+            self._codec = "nv"
+        elif comp in _J2K_COMPRESSIONS and eight_bit_rgb:
+            self._codec = "nv"
+        else:
+            self._codec = "generic"
+        self.decoder = "nvimagecodec" if self._codec == "nv" else "tifffile"
+        self._jpeg_prefix = b""
+        if comp == _JPEG:
+            tables = page.jpegtables
+            prefix = b"\xff\xd8"
+            if self._photometric_code == _PHOTOMETRIC_RGB and self._codec == "nv":
+                prefix += _ADOBE_RGB
+            if tables and len(tables) > 4:
+                prefix += bytes(tables[2:-2])
+            self._jpeg_prefix = prefix if prefix != b"\xff\xd8" else b""
+        self._extrasamples = tuple(page.extrasamples) if page.extrasamples else ()
+        self._colormap = page.colormap
+        self._bits = int(page.bitspersample)
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels of this level."""
+        return (self.width, self.height)
+
+    @property
+    def tile_size(self) -> tuple[int, int]:
+        """``(tile_width, tile_height)`` in pixels."""
+        return (self.tile_width, self.tile_height)
+
+    def __repr__(self) -> str:
+        return (
+            f"Level({self.index}, {self.width}x{self.height}, downsample={self.downsample:.4g}, "
+            f"tile={self.tile_width}x{self.tile_height}, {self.compression}/{self.photometric}, "
+            f"{self.samples}x{self.dtype})"
+        )
+
+
+def _enum_name(value) -> str:
+    return getattr(value, "name", str(value))
+
+
+class _AssociatedImages(Mapping):
+    """Lazy read-only mapping: name -> ``(height, width, 3)`` uint8 RGB array."""
+
+    def __init__(self, slide: "Slide", pages: dict[str, tifffile.TiffPage]):
+        self._slide = slide
+        self._pages = pages
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._pages:
+            raise KeyError(name)
+        if name not in self._cache:
+            self._cache[name] = self._slide._read_associated(name, self._pages[name])
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pages)
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    def __repr__(self) -> str:
+        return f"<associated images {list(self._pages)}>"
+
+
+class Slide:
+    """An open whole-slide image.  Use :func:`open_slide` to create one.
+
+    Coordinates: ``location`` arguments are ``(x, y)`` of the top-left pixel in
+    the level-0 reference frame; ``size`` arguments are ``(width, height)`` in
+    pixels of the requested level.  Arrays are ``(height, width, channels)``.
+
+    A ``Slide`` is safe to share between threads for reading regions; close it
+    (or use it as a context manager) to release the file.
+
+    Raises (from the constructor):
+        FileNotFoundError: the path does not exist.
+        UnsupportedFormatError: not a TIFF (e.g. DICOM, random bytes), a
+            directory, or a TIFF without a usable image.
+        CorruptFileError: the TIFF structure is broken.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise UnsupportedFormatError(
+                f"{self.path}: is a directory (multi-file formats such as DICOM folders "
+                "are not supported yet)"
+            )
+        self._fd = os.open(self.path, os.O_RDONLY)  # FileNotFoundError passes through
+        self._lock = threading.Lock()
+        self._tiff: tifffile.TiffFile | None = None
+        try:
+            self._file_size = os.fstat(self._fd).st_size
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ opening
+
+    def _open(self) -> None:
+        head = os.pread(self._fd, 132, 0)
+        if len(head) >= 132 and head[128:132] == b"DICM":
+            raise UnsupportedFormatError(f"{self.path}: DICOM files are not supported yet (unsupported format)")
+        if head[:4] not in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+            raise UnsupportedFormatError(
+                f"{self.path}: not a TIFF file (unsupported format; header {head[:4]!r})"
+            )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._tiff = tifffile.TiffFile(self.path)
+                pages = list(self._tiff.pages)
+        except tifffile.TiffFileError as exc:
+            raise CorruptFileError(f"{self.path}: unreadable TIFF structure: {exc}") from None
+        except (ValueError, OSError, IndexError, KeyError, struct.error) as exc:
+            raise CorruptFileError(f"{self.path}: unreadable TIFF structure: {exc}") from None
+        if not pages:
+            raise UnsupportedFormatError(f"{self.path}: TIFF file without images")
+        first_desc = _description(pages[0])
+        self.vendor = "generic-tiff"
+        if first_desc.startswith("Aperio"):
+            self.vendor = "aperio"
+        elif self._tiff.is_ome:
+            self.vendor = "ome-tiff"
+
+        candidates: list[tuple[tifffile.TiffPage, int]] = []  # (page, top-level index)
+        for i, page in enumerate(pages):
+            if not isinstance(page, tifffile.TiffPage):
+                continue
+            candidates.append((page, i))
+            if page.subifds:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        for sub in tifffile.TiffPages(page):
+                            if isinstance(sub, tifffile.TiffPage):
+                                candidates.append((sub, i))
+                except Exception as exc:
+                    raise CorruptFileError(f"{self.path}: unreadable SubIFD: {exc}") from None
+
+        associated: dict[str, tifffile.TiffPage] = {}
+        level_pool: list[tifffile.TiffPage] = []
+        for page, top_index in candidates:
+            if page.imagewidth <= 0 or page.imagelength <= 0:
+                continue
+            if int(page.subfiletype) & 4:  # transparency mask
+                continue
+            name = self._associated_name(page, top_index) if self.vendor == "aperio" else None
+            if name is not None:
+                associated.setdefault(name, page)
+            else:
+                level_pool.append(page)
+        if not level_pool:
+            if any(p.imagewidth <= 0 or p.imagelength <= 0 for p, _ in candidates):
+                raise CorruptFileError(f"{self.path}: image has zero width or height")
+            raise UnsupportedFormatError(f"{self.path}: no image usable as a slide level")
+
+        base = max(level_pool, key=lambda p: p.imagewidth * p.imagelength)  # first on ties
+        w0, h0 = int(base.imagewidth), int(base.imagelength)
+        chosen = [base]
+        for page in sorted(level_pool, key=lambda p: -(p.imagewidth * p.imagelength)):
+            if page is base:
+                continue
+            last = chosen[-1]
+            w, h = int(page.imagewidth), int(page.imagelength)
+            if w * h >= last.imagewidth * last.imagelength:
+                continue
+            if page.samplesperpixel != base.samplesperpixel or page.dtype != base.dtype:
+                continue
+            d = (w0 / w + h0 / h) / 2.0
+            if abs(w0 / d - w) <= 1.0 and abs(h0 / d - h) <= 1.0:
+                chosen.append(page)
+        self.levels: tuple[Level, ...] = tuple(
+            Level(self.path, self._fd, self._file_size, i, page, (w0, h0))
+            for i, page in enumerate(chosen)
+        )
+        self._associated = _AssociatedImages(self, associated)
+        self._properties = types.MappingProxyType(self._build_properties(base, first_desc))
+
+    def _associated_name(self, page: tifffile.TiffPage, top_index: int) -> str | None:
+        """Aperio rule: stripped IFDs are associated images (see module docstring)."""
+        if page.is_tiled:
+            return None
+        desc = _description(page).lower()
+        if re.search(r"\blabel\b", desc):
+            return "label"
+        if re.search(r"\bmacro\b", desc):
+            return "macro"
+        subfile = int(page.subfiletype)
+        if subfile == 9:
+            return "macro"
+        if subfile == 1 and top_index != 1:
+            return "label"
+        if top_index == 1:
+            return "thumbnail"
+        return f"associated-{top_index}"
+
+    def _build_properties(self, base: tifffile.TiffPage, desc: str) -> dict[str, str]:
+        props: dict[str, str] = {"openslide.vendor": self.vendor}
+        tags = base.tags
+        for tag_name in ("ImageDescription", "Make", "Model", "Software", "DateTime", "Artist",
+                         "Copyright", "HostComputer", "DocumentName"):
+            tag = tags.get(tag_name)
+            if tag is not None and isinstance(tag.value, str):
+                props[f"tiff.{tag_name}"] = tag.value
+        res = _resolution_mpp(base)
+        if res is not None:
+            xres, yres, unit, mppx, mppy = res
+            props["tiff.XResolution"] = repr(xres)
+            props["tiff.YResolution"] = repr(yres)
+            props["tiff.ResolutionUnit"] = unit
+        mpp_x = mpp_y = None
+        objective = None
+        if self.vendor == "aperio":
+            fields = desc.split("|")
+            for field in fields[1:]:
+                if "=" in field:
+                    key, _, value = field.partition("=")
+                    props[f"aperio.{key.strip()}"] = value.strip()
+            mpp_x = mpp_y = _positive_float(props.get("aperio.MPP"))
+            objective = _positive_float(props.get("aperio.AppMag"))
+        elif self.vendor == "ome-tiff":
+            mpp_x, mpp_y, objective = _ome_metadata(self._tiff.ome_metadata or "", props)
+        if mpp_x is None and self.vendor != "aperio" and res is not None:
+            mpp_x, mpp_y = res[3], res[4]
+        if mpp_x is not None and mpp_y is not None:
+            props["openslide.mpp-x"] = repr(float(mpp_x))
+            props["openslide.mpp-y"] = repr(float(mpp_y))
+        if objective is not None:
+            props["openslide.objective-power"] = _num_str(objective)
+        props["openslide.level-count"] = str(len(self.levels))
+        for lv in self.levels:
+            p = f"openslide.level[{lv.index}]"
+            props[f"{p}.width"] = str(lv.width)
+            props[f"{p}.height"] = str(lv.height)
+            props[f"{p}.downsample"] = repr(lv.downsample)
+            props[f"{p}.tile-width"] = str(lv.tile_width)
+            props[f"{p}.tile-height"] = str(lv.tile_height)
+        return props
+
+    # ------------------------------------------------------------------ metadata
+
+    @property
+    def level_count(self) -> int:
+        """Number of pyramid levels."""
+        return len(self.levels)
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        """``(width, height)`` of level 0 in pixels."""
+        return self.levels[0].dimensions
+
+    @property
+    def level_dimensions(self) -> tuple[tuple[int, int], ...]:
+        """``(width, height)`` of each level in pixels."""
+        return tuple(lv.dimensions for lv in self.levels)
+
+    @property
+    def level_downsamples(self) -> tuple[float, ...]:
+        """Downsample factor of each level relative to level 0."""
+        return tuple(lv.downsample for lv in self.levels)
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        """Read-only metadata mapping.
+
+        OpenSlide-compatible keys: ``openslide.vendor``, ``openslide.mpp-x``,
+        ``openslide.mpp-y`` (micrometres per pixel), ``openslide.objective-power``,
+        ``openslide.level-count``, ``openslide.level[N].width|height|downsample|
+        tile-width|tile-height``; raw TIFF tags as ``tiff.<TagName>``; vendor
+        fields as ``aperio.<Key>`` or ``ome.<Attribute>``.
+        """
+        return self._properties
+
+    @property
+    def mpp(self) -> tuple[float, float] | None:
+        """``(mpp_x, mpp_y)`` in micrometres per level-0 pixel, or None if unknown.
+
+        Sources, in order: Aperio ``MPP`` field of the ImageDescription; OME
+        ``PhysicalSizeX/Y`` (converted from their unit); TIFF XResolution /
+        YResolution rationals with ResolutionUnit centimetre (1e4 / res) or
+        inch (25400 / res) (TIFF 6.0, section 8).
+        """
+        x = self._properties.get("openslide.mpp-x")
+        y = self._properties.get("openslide.mpp-y")
+        return (float(x), float(y)) if x is not None and y is not None else None
+
+    @property
+    def mpp_x(self) -> float | None:
+        """Micrometres per level-0 pixel horizontally, or None."""
+        return self.mpp[0] if self.mpp else None
+
+    @property
+    def mpp_y(self) -> float | None:
+        """Micrometres per level-0 pixel vertically, or None."""
+        return self.mpp[1] if self.mpp else None
+
+    @property
+    def objective_power(self) -> float | None:
+        """Scanner objective magnification (e.g. 20.0), or None if unknown."""
+        v = self._properties.get("openslide.objective-power")
+        return float(v) if v is not None else None
+
+    @property
+    def associated_images(self) -> Mapping[str, np.ndarray]:
+        """Lazy mapping of associated image name (``label``, ``macro``,
+        ``thumbnail``) to a ``(height, width, 3)`` uint8 RGB array."""
+        return self._associated
+
+    def get_best_level_for_downsample(self, downsample: float) -> int:
+        """Index of the largest level whose downsample is <= ``downsample``.
+
+        OpenSlide semantics: a value below level 0's downsample gives 0, one
+        above the last level's gives the last level.
+        """
+        ds = self.level_downsamples
+        if downsample < ds[0]:
+            return 0
+        for i in range(1, len(ds)):
+            if downsample < ds[i]:
+                return i - 1
+        return len(ds) - 1
+
+    # ------------------------------------------------------------------ reading
+
+    def read_region(self, location, level, size, *, out=None, mode="rgba", threads=None,
+                    on_error="raise", device="cpu"):
+        """Read a region; see :func:`wsitool.region.read_region` for the full contract.
+
+        Args:
+            location: ``(x, y)`` of the top-left pixel in the level-0 reference frame.
+            level: level index.
+            size: ``(width, height)`` in pixels of ``level``.
+            out: optional preallocated C-contiguous array of the exact output
+                shape and dtype, filled in place and returned.
+            mode: ``"rgba"`` -> ``(height, width, 4)`` uint8 (default, OpenSlide);
+                ``"rgb"`` -> ``(height, width, 3)`` uint8; ``"raw"`` ->
+                ``(height, width, samples)`` in the level's native dtype.
+            threads: worker threads for this read (default: CPU count).
+            on_error: ``"raise"`` or ``"fill"`` (corrupt tiles become background).
+            device: ``"cpu"`` (numpy output) or ``"cuda"`` (CuPy output).
+
+        Returns:
+            The filled array (``out`` itself when given).
+        """
+        from .region import read_region
+
+        return read_region(self, location, level, size, out=out, mode=mode, threads=threads,
+                           on_error=on_error, device=device)
+
+    def _read_associated(self, name: str, page: tifffile.TiffPage) -> np.ndarray:
+        try:
+            with self._lock, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                arr = page.asarray()
+        except Exception as exc:
+            raise WsiError(f"{self.path}: associated image {name!r} could not be decoded: {exc}") from None
+        from .region import to_rgb8
+
+        arr = np.asarray(arr)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if int(page.planarconfig) == 2 and arr.ndim == 3 and arr.shape[0] == page.samplesperpixel:
+            arr = np.moveaxis(arr, 0, -1)
+        rgb, _alpha = to_rgb8(arr, int(page.photometric), int(page.bitspersample), page.colormap,
+                              tuple(page.extrasamples or ()))
+        return np.ascontiguousarray(rgb)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Release the file.  Reading afterwards raises :class:`WsiError`."""
+        if getattr(self, "_tiff", None) is not None:
+            self._tiff.close()
+            self._tiff = None
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            os.close(fd)
+            self._fd = -1
+            for lv in getattr(self, "levels", ()):
+                lv._fd = -1
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._fd < 0
+
+    def __enter__(self) -> "Slide":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
+
+
+def open_slide(path: str | os.PathLike) -> Slide:
+    """Open a TIFF-based whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF).
+
+    Returns a :class:`Slide`, usable as a context manager.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        UnsupportedFormatError: not a TIFF-based slide (DICOM, random bytes, directory).
+        CorruptFileError: broken TIFF structure (bad header or IFD, zero-size image).
+    """
+    return Slide(path)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _description(page) -> str:
+    desc = page.description if hasattr(page, "description") else ""
+    return desc or ""
+
+
+def _positive_float(value) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _num_str(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _rational(value) -> float | None:
+    if isinstance(value, tuple) and len(value) == 2:
+        num, den = value
+        if den == 0:
+            return None
+        return num / den
+    return _positive_float(value)
+
+
+def _resolution_mpp(page) -> tuple[Any, Any, str, float, float] | None:
+    """(XResolution, YResolution, unit name, mpp_x, mpp_y) from TIFF tags, or None.
+
+    TIFF 6.0 section 8: X/YResolution are RATIONALs (pixels per ResolutionUnit);
+    ResolutionUnit 2 = inch, 3 = centimetre, 1 = no absolute unit.
+    """
+    tags = page.tags
+    xt, yt, ut = tags.get("XResolution"), tags.get("YResolution"), tags.get("ResolutionUnit")
+    if xt is None or yt is None:
+        return None
+    unit = int(ut.value) if ut is not None else 2
+    x, y = _rational(xt.value), _rational(yt.value)
+    if not x or not y or x <= 0 or y <= 0:
+        return None
+    per_unit_um = {2: 25400.0, 3: 10000.0}.get(unit)
+    if per_unit_um is None:
+        return None
+    name = {2: "inch", 3: "centimeter"}[unit]
+    return xt.value, yt.value, name, per_unit_um / x, per_unit_um / y
+
+
+_OME_UNITS_UM = {"pm": 1e-6, "nm": 1e-3, "µm": 1.0, "um": 1.0, "mm": 1e3, "cm": 1e4, "m": 1e6}
+
+
+def _ome_metadata(xml: str, props: dict[str, str]) -> tuple[float | None, float | None, float | None]:
+    """MPP and objective power from OME-XML (OME schema: Pixels@PhysicalSizeX/Y,
+    PhysicalSizeXUnit default "µm"; Objective@NominalMagnification)."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return None, None, None
+    mpp = [None, None]
+    objective = None
+    for el in root.iter():
+        tag = el.tag.rsplit("}", 1)[-1]
+        if tag == "Pixels" and mpp[0] is None:
+            for i, axis in enumerate("XY"):
+                v = _positive_float(el.get(f"PhysicalSize{axis}"))
+                unit = el.get(f"PhysicalSize{axis}Unit", "µm")
+                if v is not None and unit in _OME_UNITS_UM:
+                    mpp[i] = v * _OME_UNITS_UM[unit]
+                    props[f"ome.PhysicalSize{axis}"] = el.get(f"PhysicalSize{axis}")
+                    props[f"ome.PhysicalSize{axis}Unit"] = unit
+        elif tag == "Objective" and objective is None:
+            objective = _positive_float(el.get("NominalMagnification"))
+    return mpp[0], mpp[1], objective
