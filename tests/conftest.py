@@ -1,0 +1,89 @@
+"""Shared fixtures: real slides from ../shared, the repo's own samples, helpers.
+
+Real slides written by others live in ``../shared/samples`` and the field-fault
+files in ``../shared/bug-inputs`` (beside the repository).  They are read from
+there, never copied; tests that need them skip with a reason when the folder
+is absent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared"))
+SHARED_SAMPLES = SHARED / "samples"
+BUG_INPUTS = SHARED / "bug-inputs"
+REPO_SAMPLES = REPO / "samples"
+
+NO_SHARED = f"real slides folder {SHARED_SAMPLES} is absent"
+NO_BUGS = f"bug-inputs folder {BUG_INPUTS} is absent"
+
+
+def shared_sample(name: str) -> Path:
+    """Path of a real slide in ../shared/samples; skips the test if absent."""
+    path = SHARED_SAMPLES / name
+    if not path.exists():
+        pytest.skip(f"{NO_SHARED} (needs {name})")
+    return path
+
+
+def tiff_samples() -> list[Path]:
+    """Every TIFF-based file in ../shared/samples (not DICOM, not the notes)."""
+    if not SHARED_SAMPLES.is_dir():
+        return []
+    return sorted(
+        p for p in SHARED_SAMPLES.iterdir()
+        if p.is_file() and p.suffix.lower() in (".svs", ".tif", ".tiff", ".qptiff")
+    )
+
+
+def repo_samples() -> list[Path]:
+    """The slides the project generates itself (scripts/make_samples.py)."""
+    return sorted(REPO_SAMPLES.glob("sample-*"))
+
+
+@pytest.fixture
+def cmu1() -> Path:
+    """Aperio CMU-1-Small-Region: JPEG tiles, photometric RGB, 240x240 tiles."""
+    return shared_sample("aperio-cmu1-small-region-jpeg.svs")
+
+
+@pytest.fixture
+def tcga_j2k() -> Path:
+    """Aperio TCGA slide with JPEG 2000 (33005) tiles, 2 levels."""
+    return shared_sample("aperio-tcga-cr-7395-jp2k-33005-2level.svs")
+
+
+@pytest.fixture
+def sample_jpeg() -> Path:
+    """The repo's own Aperio-style JPEG pyramid (3 levels)."""
+    return REPO_SAMPLES / "sample-aperio-jpeg.svs"
+
+
+def random_regions(rng: np.random.Generator, level_w: int, level_h: int, n: int, max_size: int = 600):
+    """``n`` regions ``(xl, yl, w, h)`` in level pixels: inside, straddling the
+    right/bottom edges, and partly outside (negative and beyond)."""
+    out = []
+    for i in range(n):
+        w = int(rng.integers(1, min(max_size, level_w + 64) + 1))
+        h = int(rng.integers(1, min(max_size, level_h + 64) + 1))
+        kind = i % 4
+        if kind == 0:  # inside
+            x = int(rng.integers(0, max(1, level_w - w + 1)))
+            y = int(rng.integers(0, max(1, level_h - h + 1)))
+        elif kind == 1:  # straddles right/bottom edge
+            x = int(rng.integers(max(0, level_w - w), level_w))
+            y = int(rng.integers(max(0, level_h - h), level_h))
+        elif kind == 2:  # partly outside top-left
+            x = int(rng.integers(-w + 1, 1))
+            y = int(rng.integers(-h + 1, 1))
+        else:  # anywhere, possibly wholly outside
+            x = int(rng.integers(-w, level_w + 32))
+            y = int(rng.integers(-h, level_h + 32))
+        out.append((x, y, w, h))
+    return out
