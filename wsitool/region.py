@@ -7,8 +7,10 @@ The path of one region read:
    dtype, contiguity, writability) and the pixel/byte limits of
    :mod:`wsitool.settings` (raising :class:`ResourceLimitError` before any
    allocation).
-2. The level-0 location is mapped to the level's frame with
-   ``floor(x / downsample)``; the part of the region inside the level is
+2. The level-0 location is mapped to the level's frame by taking the nearest
+   level pixel, ``floor(x / downsample + 0.5)`` (the pixel OpenSlide weights
+   most: OpenSlide blends neighbouring pixels for sub-pixel positions, wsitool
+   never resamples); the part of the region inside the level is
    computed, the parts outside are filled with transparent black (RGBA
    ``0, 0, 0, 0``; 0 in ``rgb`` and ``raw`` modes).
 3. Every tile the inside part touches becomes one job with a source rectangle
@@ -225,10 +227,10 @@ def read_region(slide: "Slide", location, level, size, *, out=None, mode: str = 
 
 
 def level_rect(lv: "Level", x: int, y: int) -> tuple[int, int]:
-    """Map a level-0 location to the level's frame: ``floor(x / downsample)``."""
+    """Map a level-0 location to the level's frame: ``floor(x / downsample + 0.5)``."""
     if lv.index == 0:
         return x, y
-    return math.floor(x / lv.downsample), math.floor(y / lv.downsample)
+    return math.floor(x / lv.downsample + 0.5), math.floor(y / lv.downsample + 0.5)
 
 
 def plan_tiles(lv: "Level", rx: int, ry: int, w: int, h: int):
