@@ -625,14 +625,18 @@ def _library_found(package: str, soname: str) -> bool:
     return ctypes.util.find_library(soname[3:].split(".")[0]) is not None
 
 
-def _tiny_streams() -> dict[str, bytes]:
-    """A 64 x 64 baseline JPEG and a JPEG 2000 code stream for the backend probes."""
-    import imagecodecs
+@functools.lru_cache(maxsize=1)
+def _tiny_streams() -> dict:
+    """A 64 x 64 baseline JPEG and a JPEG 2000 code stream for the backend probes.
 
+    Encoded by nvImageCodec's CPU encoders (libjpeg-turbo / OpenJPEG), so the
+    probes need nothing beyond nvImageCodec.
+    """
     yy, xx = np.mgrid[0:64, 0:64]
     img = np.stack([xx * 4, yy * 4, (xx + yy) * 2], axis=-1).astype(np.uint8)
-    return {"jpeg": imagecodecs.jpeg8_encode(img, level=90),
-            "j2k": imagecodecs.jpeg2k_encode(img, level=0, codecformat="j2k")}
+    encoder = nvimgcodec.Encoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                 backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
+    return {"jpeg": encoder.encode(img, "jpeg"), "j2k": encoder.encode(img, "jpeg2k")}
 
 
 @functools.lru_cache(maxsize=4)
@@ -646,7 +650,7 @@ def _probe_backend(kind: str, codec: str, device_id: int) -> tuple[bool, str]:
         with cupy.cuda.Device(device_id):
             decoder = nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=1,
                                          backends=[backend])
-            result = decoder.decode(nvimgcodec.CodeStream(data))
+            result = decoder.decode(data)
             if result is None:
                 return False, "backend present but declined a baseline test image"
             decoded = cupy.asnumpy(cupy.asarray(result))
