@@ -276,6 +276,62 @@ def test_unreadable_sample_raises_tile_error():
     assert (filled == 0).all()
 
 
+class _InvertingDecoder(_SpyDecoder):
+    """A decoder whose output disagrees with libjpeg-turbo (as a GPU decoder that
+    ignored a colour flag would): every decoded image is inverted in place."""
+
+    def decode(self, src, **kwargs):
+        result = super().decode(src, **kwargs)
+        for img in result if isinstance(result, list) else [result]:
+            if img is not None:
+                view = np.asarray(img)
+                view[...] = 255 - view
+        return result
+
+
+def test_colour_check_moves_a_disagreeing_level_to_the_cpu(cmu1, monkeypatch):
+    monkeypatch.setattr(gpu, "_colour_ok", {})
+    pool = decode.DecoderPool("cpu")  # stands for the GPU pool; the reference is get_pool("cpu")
+    state = pool.state()
+    spy = _InvertingDecoder(state.decoder)
+    monkeypatch.setattr(state, "_decoder", spy)
+    arrays = gpu._HostArrays()
+    arrays.check_colour, arrays.device_key = True, "fake-gpu"
+    before = gpu.gpu_stats()
+    messages = []
+    with wsitool.open_slide(cmu1) as s:
+        for loc in ((100, 50), (1000, 900)):  # the second read skips the check (cached)
+            ref = s.read_region(loc, 0, (700, 500), mode="rgb")
+            lv, x, y, w, h = validate_request(s, loc, 0, (700, 500), "rgb")
+            out = np.zeros((500, 700, 3), np.uint8)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                gpu.fill_region_batched(lv, x, y, w, h, out, "rgb", None, "raise", pool, arrays)
+            assert np.array_equal(out, ref)
+            messages += [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert len(messages) == 1 and "differs from the CPU decode" in messages[0]
+    assert len(spy.calls) == 1  # only the check's one-tile decode ran on the "GPU"
+    assert gpu.gpu_stats()["levels_on_cpu"] - before["levels_on_cpu"] == 1
+
+
+def test_colour_check_keeps_an_agreeing_level_on_the_device(cmu1, monkeypatch):
+    monkeypatch.setattr(gpu, "_colour_ok", {})
+    pool = decode.DecoderPool("cpu")
+    state = pool.state()
+    spy = _SpyDecoder(state.decoder)
+    monkeypatch.setattr(state, "_decoder", spy)
+    arrays = gpu._HostArrays()
+    arrays.check_colour, arrays.device_key = True, "fake-gpu"
+    with wsitool.open_slide(cmu1) as s:
+        ref = s.read_region((100, 50), 0, (700, 500), mode="rgb")
+        lv, x, y, w, h = validate_request(s, (100, 50), 0, (700, 500), "rgb")
+        out = np.zeros((500, 700, 3), np.uint8)
+        gpu.fill_region_batched(lv, x, y, w, h, out, "rgb", None, "raise", pool, arrays)
+    assert np.array_equal(out, ref)
+    assert spy.calls == [1, 12]  # the check's tile, then the region's batch
+    assert gpu._colour_ok[(str(cmu1), 0, "fake-gpu")] is True
+
+
 def test_check_decoded_rejects_none_and_foreign_buffers(cmu1):
     with wsitool.open_slide(cmu1) as s:
         lv = s.levels[0]

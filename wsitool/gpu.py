@@ -72,11 +72,13 @@ import glob
 import importlib.util
 import os
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .decode import (
+    _codestream,
     check_decoded,
     count_decoded,
     decode_into,
@@ -183,7 +185,7 @@ def cuda_device_id(device: str) -> int:
 
 _stats_lock = threading.Lock()
 _STAT_NAMES = ("batches", "batched_tiles", "batch_retries", "tiles_cpu_fallback",
-               "regions_generic", "scratch_bytes")
+               "regions_generic", "levels_on_cpu", "scratch_bytes")
 _stats = dict.fromkeys(_STAT_NAMES, 0)
 
 
@@ -201,7 +203,9 @@ def gpu_stats() -> dict[str, int]:
     (batches that raised and were re-run tile by tile to find the bad tile),
     ``tiles_cpu_fallback`` (tiles the GPU backends could not decode that the
     CPU decoder did), ``regions_generic`` (regions of tifffile levels decoded
-    on the CPU and copied), ``scratch_bytes`` (bytes of scratch allocated:
+    on the CPU and copied, and of levels the colour check moved to the CPU),
+    ``levels_on_cpu`` (levels whose GPU decode failed the colour check, see
+    :data:`COLOUR_CHECK_MEAN`), ``scratch_bytes`` (bytes of scratch allocated:
     grows only while some thread reads a larger region than before).  The
     per-tile counters (tiles decoded, direct, ROI, scratch, missing, failed,
     bytes read) are in ``wsitool.decode.get_pool("cuda:N").stats()``.
@@ -234,6 +238,9 @@ class _HostArrays:
     xp = np
     stream_ptr = 0
     cpu_fallback = False
+    #: compare the first decoded tile of each level with the CPU decoder (GPU: on)
+    check_colour = False
+    device_key = "cpu"
 
     def __init__(self):
         self._flat: np.ndarray | None = None
@@ -251,6 +258,9 @@ class _HostArrays:
     def upload(self, dst, host: np.ndarray) -> None:
         dst[...] = host
 
+    def to_host(self, arr) -> np.ndarray:
+        return np.asarray(arr)
+
     def release(self) -> None:
         self._flat = None
 
@@ -259,6 +269,7 @@ class _CudaArrays(_HostArrays):
     """CuPy targets on one device, with this thread's stream and scratch."""
 
     cpu_fallback = True
+    check_colour = True
 
     def __init__(self, device_id: int):
         import cupy
@@ -266,6 +277,7 @@ class _CudaArrays(_HostArrays):
         super().__init__()
         self.xp = cupy
         self.device_id = device_id
+        self.device_key = f"cuda:{device_id}"
         with cupy.cuda.Device(device_id):
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream_ptr = self.stream.ptr
@@ -284,6 +296,9 @@ class _CudaArrays(_HostArrays):
     def upload(self, dst, host: np.ndarray) -> None:
         # ``dst`` may be a strided view: copy to a contiguous device array first.
         dst[...] = self.xp.asarray(np.ascontiguousarray(host))
+
+    def to_host(self, arr) -> np.ndarray:
+        return arr.get()  # on the current (wsitool's) stream, synchronised
 
 
 _local = threading.local()
@@ -353,12 +368,8 @@ def fill_region_batched(lv: "Level", x: int, y: int, w: int, h: int, out, mode: 
     Raises:
         TileDecodeError: a corrupt tile with ``on_error="raise"``.
     """
-    if lv._codec != "nv":
-        shape, dtype = output_shape(lv, (w, h), mode)
-        host = np.empty(shape, dtype)
-        _fill_region(lv, x, y, w, h, host, mode, threads, on_error, get_pool("cpu"))
-        arrays.upload(out, host)
-        _bump(regions_generic=1)
+    if lv._codec != "nv" or _colour_ok.get(_level_key(lv, arrays)) is False:
+        _fill_on_cpu(lv, x, y, w, h, out, mode, threads, on_error, arrays)
         return
     rx, ry = level_rect(lv, x, y)
     inside, jobs = plan_tiles(lv, rx, ry, w, h)
@@ -385,6 +396,10 @@ def fill_region_batched(lv: "Level", x: int, y: int, w: int, h: int, out, mode: 
             bad.append(job)
             continue
         tiles.append(_Tile(job, data, cs, how, size, None))
+    if tiles and arrays.check_colour and _level_key(lv, arrays) not in _colour_ok:
+        if not _check_colour(lv, tiles[0], state, arrays):
+            _fill_on_cpu(lv, x, y, w, h, out, mode, threads, on_error, arrays)
+            return
 
     # One flat scratch holds the RGB region (unless decoding straight into
     # ``out``) followed by one whole-tile slot per "scratch" tile.
@@ -431,13 +446,77 @@ def fill_region_batched(lv: "Level", x: int, y: int, w: int, h: int, out, mode: 
         out[dy0:dy1, dx0:dx1] = 0
 
 
-def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays) -> dict[int, TileDecodeError]:
+def _fill_on_cpu(lv: "Level", x: int, y: int, w: int, h: int, out, mode: str,
+                 threads: int | None, on_error: str, arrays) -> None:
+    """Decode the region on the CPU exactly as ``device="cpu"`` and copy it into ``out``."""
+    shape, dtype = output_shape(lv, (w, h), mode)
+    host = np.empty(shape, dtype)
+    _fill_region(lv, x, y, w, h, host, mode, threads, on_error, get_pool("cpu"))
+    arrays.upload(out, host)
+    _bump(regions_generic=1)
+
+
+#: Largest mean absolute difference between a GPU and a CPU decode of the same
+#: tile that counts as agreement.  IDCT and chroma-upsampling differences stay
+#: below 1; a wrong colour transform (e.g. a decoder that ignores the Adobe
+#: APP14 "RGB" flag of Aperio tiles and converts them as YCbCr) gives tens.
+COLOUR_CHECK_MEAN = 8.0
+
+_colour_ok: dict[tuple, bool] = {}
+
+
+def _level_key(lv: "Level", arrays) -> tuple:
+    return (lv._path, lv.index, arrays.device_key)
+
+
+def _check_colour(lv: "Level", tile: _Tile, state, arrays) -> bool:
+    """Decode one whole tile of ``lv`` with the batch decoder and the CPU decoder, compare.
+
+    Run once per level and device (result cached).  A level whose GPU decode
+    disagrees is read on the CPU from then on, with a ``RuntimeWarning``;
+    this guards against decoders that interpret a colour space differently
+    from libjpeg-turbo / OpenJPEG (which the CPU path and its tests pin down).
+    Returns True when the GPU may decode the level (also when the check could
+    not run, e.g. the tile is corrupt: the region read then reports it).
+    """
+    col, row = tile.job[0], tile.job[1]
+    try:
+        cs, width, height = _codestream(lv, tile.data, col, row)
+    except TileDecodeError:
+        return True
+    whole = (0, 0, width, height)
+    probe = _Tile((col, row, whole, (0, height, 0, width)), tile.data, cs, "direct",
+                  (width, height), arrays.xp.empty((height, width, 3), arrays.xp.uint8))
+    if _decode_batch(lv, [probe], state, arrays, fallback=False, count=False):
+        return True
+    host = np.empty((height, width, 3), np.uint8)
+    try:
+        decode_into(lv, col, row, tile.data, host, whole, get_pool("cpu").state(), caller_buffer=False)
+    except TileDecodeError:
+        return True
+    mean = float(np.abs(arrays.to_host(probe.target).astype(np.int16) - host).mean())
+    ok = mean <= COLOUR_CHECK_MEAN
+    _colour_ok[_level_key(lv, arrays)] = ok
+    if not ok:
+        _bump(levels_on_cpu=1)
+        warnings.warn(
+            f"{lv._path}: level {lv.index}: the {arrays.device_key} decode of tile (col {col}, "
+            f"row {row}) differs from the CPU decode (mean |difference| {mean:.1f}); this level "
+            f"is decoded on the CPU and copied to the device",
+            RuntimeWarning, stacklevel=4,
+        )
+    return ok
+
+
+def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays, *, fallback: bool = True,
+                  count: bool = True) -> dict[int, TileDecodeError]:
     """Decode ``tiles`` with one batched call; return the failures by ``id(tile)``.
 
     If the batched call raises as a whole, the tiles are decoded one by one
     (still on the same decoder and stream) so that the error names the tile.
     Tiles the GPU could not decode are retried on the thread's CPU decoder
-    when ``arrays.cpu_fallback`` is set.
+    when ``fallback`` and ``arrays.cpu_fallback`` are set.  ``count``: add
+    the call to :func:`gpu_stats`.
     """
     failed: dict[int, TileDecodeError] = {}
     if not tiles:
@@ -451,7 +530,8 @@ def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays) -> dict[int, T
             results = list(decoder.decode(streams, images=images, cuda_stream=arrays.stream_ptr))
         except Exception:
             results = []
-        _bump(batches=1, batched_tiles=len(tiles))
+        if count:
+            _bump(batches=1, batched_tiles=len(tiles))
         if len(results) != len(tiles):
             _bump(batch_retries=1)
             results = []
@@ -467,7 +547,7 @@ def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays) -> dict[int, T
                 raise TileDecodeError(lv._path, lv.index, col, row, f"decoder error: {result}")
             check_decoded(lv, col, row, result, t.dst)
         except TileDecodeError as exc:
-            if arrays.cpu_fallback and _cpu_fallback(lv, t, arrays):
+            if fallback and arrays.cpu_fallback and _cpu_fallback(lv, t, arrays):
                 continue
             failed[id(t)] = exc
     return failed
