@@ -211,6 +211,13 @@ def main(argv=None) -> int:
         print(f"{r['slide'][:48]:48} {','.join(r['classes']):10} {r['regions']:>7} {r['max']:>4} "
               f"{r['mean']:>8.4f} {'same' if r['alpha_equal'] else 'DIFF':>5}  {'ok' if r['ok'] else 'FAIL'}")
     result = {"device": args.device, "slides": records}
+    if args.device != "cpu":
+        from wsitool.gpu import gpu_stats
+
+        # levels_on_cpu > 0 or tiles_cpu_fallback > 0 means some pixels above
+        # were not decoded on the GPU at all (see wsitool/gpu.py).
+        result["gpu_stats"] = gpu_stats()
+        print("gpu_stats: " + " ".join(f"{k}={v}" for k, v in result["gpu_stats"].items()))
     if args.bench:
         bench_slide = args.bench_slide
         if bench_slide is None:

@@ -127,7 +127,7 @@ def test_backend_report_lists_cpu_cuda_and_hardware_jpeg():
         by_device.setdefault(entry["device"], []).append(entry)
     assert all(e["available"] for e in by_device["cpu"])
     names = " | ".join(e["name"] for e in report)
-    assert "nvJPEG2000" in names and "hardware" in names and "nvJPEG" in names
+    assert "nvJPEG2000" in names and "hardware" in names and "CUDA: nvJPEG" in names
     cuda_entries = by_device["cuda"]
     assert len(cuda_entries) == 3
     if not HAS_CUDA:
@@ -476,5 +476,5 @@ def test_gpu_memory_sample_and_backend_report():
     assert sample["device_total_bytes"] > sample["device_used_bytes"] > 0
     assert sample["pool_total_bytes"] >= sample["pool_used_bytes"] >= 0
     report = gpu.backend_report()
-    nvjpeg = next(e for e in report if e["name"] == "nvImageCodec CUDA nvJPEG")
+    nvjpeg = next(e for e in report if e["name"] == "CUDA: nvJPEG")
     assert nvjpeg["available"], nvjpeg["detail"]

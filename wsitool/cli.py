@@ -177,8 +177,9 @@ def info(
     bt.add_column("backend")
     bt.add_column("available")
     bt.add_column("decodes")
+    bt.add_column("detail")
     for b in data["backends"]:
-        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"])
+        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"], b.get("detail", ""))
     console.print(bt)
 
 

@@ -40,7 +40,15 @@ How one region is read on the GPU:
    up on a tile the GPU backends could not decode, it is decoded once more by
    the thread's CPU decoder and copied to the device (counted in
    :func:`gpu_stats` as ``tiles_cpu_fallback``); a corrupt tile fails both.
-5. Levels that nvImageCodec does not decode (tifffile levels: LZW, deflate,
+5. Colour check: the first time a level is read on a device, one whole tile
+   is decoded by the GPU decoder and by the CPU decoder and compared; if the
+   mean absolute difference exceeds :data:`COLOUR_CHECK_MEAN` (a colour
+   transform applied differently, e.g. the Adobe APP14 "RGB" flag of Aperio
+   JPEG tiles ignored), that level is read on the CPU from then on, with a
+   ``RuntimeWarning`` (counted in :func:`gpu_stats` as ``levels_on_cpu``).
+   GPU pixels otherwise differ from the CPU's only by the decoders' rounding
+   (JPEG: IDCT and chroma upsampling, a few levels at most).
+6. Levels that nvImageCodec does not decode (tifffile levels: LZW, deflate,
    zstd, WebP, gray or CMYK JPEG, 16-bit...) are decoded on the CPU exactly as
    by ``device="cpu"`` (``threads`` applies there) and the result is copied
    to the device.  Their pixels are therefore identical to the CPU path.
@@ -775,7 +783,7 @@ def backend_report(probe: bool = True) -> list[dict]:
             missing = "" if lib_found else f"; {lib_pkg} not installed"
             return {"name": name, "device": "cuda", "available": False, "decodes": decodes,
                     "detail": f"{NO_CUDA}: {reason}{missing}"}
-        if not lib_found and kind != "HW_GPU_ONLY":
+        if not lib_found:
             return {"name": name, "device": "cuda", "available": False, "decodes": decodes,
                     "detail": f"library not found (pip install {lib_pkg})"}
         if probe:
@@ -786,27 +794,23 @@ def backend_report(probe: bool = True) -> list[dict]:
                 "detail": f"{gpu}: {why}"}
 
     hw_hint = any(tag in (gpu or "") for tag in _HW_JPEG_GPUS)
-    hw = gpu_entry(
-        "nvJPEG hardware decoder (nvImageCodec HW_GPU_ONLY)", "HW_GPU_ONLY", "jpeg", nvjpeg_lib,
-        "nvidia-nvjpeg-cu12",
-        "baseline JPEG (7) with device='cuda', first choice when present",
-    )
+    hw = gpu_entry("CUDA: nvJPEG hardware engine", "HW_GPU_ONLY", "jpeg", nvjpeg_lib,
+                   "nvidia-nvjpeg-cu12", "baseline JPEG (7); device cuda, tried first")
     if ok:
-        hw["detail"] += "; GPU model " + ("has" if hw_hint else "is not listed with") + \
-            " a hardware JPEG engine (nvJPEG docs)"
+        hw["detail"] += "; this GPU model " + ("has" if hw_hint else "is not listed with") + \
+            " a JPEG engine (nvJPEG docs)"
     return [
-        {"name": "nvImageCodec CPU (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": True,
-         "decodes": "JPEG (7) RGB/YCbCr 8-bit, JPEG 2000 (33003, 33005, 34712) with device='cpu'; "
-                    "fallback for tiles the GPU backends decline with device='cuda'",
+        {"name": "CPU: nvImageCodec (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": True,
+         "decodes": "JPEG (7) RGB/YCbCr, JPEG 2000 (33003, 33005, 34712); device cpu, "
+                    "and fallback for device cuda",
          "detail": "always available"},
-        gpu_entry("nvImageCodec CUDA nvJPEG", "GPU_ONLY", "jpeg", nvjpeg_lib, "nvidia-nvjpeg-cu12",
-                  "JPEG (7) RGB/YCbCr 8-bit with device='cuda'"),
+        gpu_entry("CUDA: nvJPEG", "GPU_ONLY", "jpeg", nvjpeg_lib, "nvidia-nvjpeg-cu12",
+                  "JPEG (7) RGB/YCbCr; device cuda"),
         hw,
-        gpu_entry("nvImageCodec CUDA nvJPEG2000", "GPU_ONLY", "j2k", nvjpeg2k_lib,
-                  "nvidia-nvjpeg2k-cu12",
-                  "JPEG 2000 (33003, 33005, 34712) with device='cuda'"),
-        {"name": "tifffile + imagecodecs (CPU)", "device": "cpu", "available": True,
-         "decodes": "none, LZW, deflate, zstd, WebP, JPEG gray/CMYK, predictors, 16-bit; "
-                    "with device='cuda' decoded on the CPU and copied to the GPU",
+        gpu_entry("CUDA: nvJPEG2000", "GPU_ONLY", "j2k", nvjpeg2k_lib, "nvidia-nvjpeg2k-cu12",
+                  "JPEG 2000 (33003, 33005, 34712); device cuda"),
+        {"name": "CPU: tifffile + imagecodecs", "device": "cpu", "available": True,
+         "decodes": "all other compressions (none, LZW, deflate, zstd, WebP, gray/CMYK JPEG, "
+                    "16-bit); device cuda: decoded on the CPU, then copied",
          "detail": "always available"},
     ]
