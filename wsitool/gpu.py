@@ -783,13 +783,14 @@ def backend_report(probe: bool = True) -> list[dict]:
             missing = "" if lib_found else f"; {lib_pkg} not installed"
             return {"name": name, "device": "cuda", "available": False, "decodes": decodes,
                     "detail": f"{NO_CUDA}: {reason}{missing}"}
-        if not lib_found:
-            return {"name": name, "device": "cuda", "available": False, "decodes": decodes,
-                    "detail": f"library not found (pip install {lib_pkg})"}
+        # The probe (a real decode) is authoritative; the library search is a
+        # hint only (nvImageCodec also finds its libraries by other paths).
         if probe:
             works, why = _probe_backend(kind, codec, 0)
         else:
-            works, why = lib_found, "not probed"
+            works, why = lib_found, "library found, not probed" if lib_found else "not probed"
+        if not works and not lib_found:
+            why += f"; library not found (pip install {lib_pkg})"
         return {"name": name, "device": "cuda", "available": bool(works), "decodes": decodes,
                 "detail": f"{gpu}: {why}"}
 
