@@ -11,6 +11,7 @@ reason otherwise; ``scripts/gpu_check.sh`` runs them on a GPU machine.
 
 from __future__ import annotations
 
+import importlib.util as importlib_util
 import json
 import os
 import subprocess
@@ -371,6 +372,116 @@ def test_gpu_compare_diff_statistics():
     assert not gpu_compare.verdict("APERIO_JP2000_RGB", {"max": 3, "mean": 0.1})
     assert gpu_compare.verdict("zstd", {"max": 0, "mean": 0.0})
     assert not gpu_compare.verdict("zstd", {"max": 1, "mean": 0.0})
+
+
+# ------------------------- the CuPy-facing code, run with a numpy stand-in for CuPy
+
+
+def _fake_cupy():
+    """A minimal numpy-backed stand-in for the parts of CuPy that wsitool.gpu uses."""
+    import contextlib
+    import types
+
+    class ndarray(np.ndarray):
+        @property
+        def device(self):
+            return types.SimpleNamespace(id=0)
+
+        def get(self):
+            return np.array(self)
+
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.ptr, self.waited, self.synced = 1234, 0, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_event(self, event):
+            self.waited += 1
+
+        def synchronize(self):
+            self.synced += 1
+
+    class _Pool:
+        def used_bytes(self):
+            return 10
+
+        def total_bytes(self):
+            return 20
+
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, getDevice=lambda: 0, memGetInfo=lambda: (300, 1000),
+        getDeviceProperties=lambda i: {"name": b"Fake H200"})
+    cuda = types.SimpleNamespace(
+        runtime=runtime, Stream=Stream, Device=lambda i=0: contextlib.nullcontext(),
+        get_current_stream=lambda: types.SimpleNamespace(record=lambda: object()),
+        memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
+    mod = types.ModuleType("cupy")
+    mod.ndarray = ndarray
+    mod.cuda = cuda
+    mod.uint8 = np.uint8
+    mod.empty = lambda shape, dtype=np.float64: np.empty(shape, dtype).view(ndarray)
+    mod.full = lambda shape, v, dtype: np.full(shape, v, dtype).view(ndarray)
+    mod.asarray = lambda a: np.asarray(a).view(ndarray)
+    mod.get_default_memory_pool = _Pool
+    return mod
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    if HAS_CUDA:
+        pytest.skip("a real CUDA device is present: the GPU tests cover this code")
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    gpu._cuda_probe.cache_clear()
+    monkeypatch.setattr(gpu, "_local", threading.local())
+    monkeypatch.setattr(gpu, "_colour_ok", {})
+    monkeypatch.setattr(decode, "_pools", {})
+
+    def cpu_decoder(self):  # the "GPU" decoder is a CPU one here
+        nv = decode.nvimgcodec
+        return nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                          backends=[nv.Backend(nv.BackendKind.CPU_ONLY)])
+
+    monkeypatch.setattr(decode.DecoderPool, "_create_decoder", cpu_decoder)
+    yield sys.modules["cupy"]
+    gpu._cuda_probe.cache_clear()
+
+
+def test_read_region_cuda_orchestration_with_stand_in(fake_cupy, cmu1):
+    path = shared_sample(ZSTD)
+    with wsitool.open_slide(cmu1) as s:
+        for mode in ("rgb", "rgba", "raw"):
+            ref = s.read_region((100, 50), 0, (700, 500), mode=mode)
+            got = s.read_region((100, 50), 0, (700, 500), mode=mode, device="cuda")
+            assert isinstance(got, fake_cupy.ndarray) and np.array_equal(got.get(), ref)
+        out = fake_cupy.full((500, 700, 3), 9, np.uint8)
+        assert s.read_region((100, 50), 0, (700, 500), mode="rgb", out=out, device="cuda:0") is out
+        assert np.array_equal(out.get(), s.read_region((100, 50), 0, (700, 500), mode="rgb"))
+        with pytest.raises(InvalidRegionError, match="cupy.ndarray"):
+            s.read_region((0, 0), 0, (700, 500), mode="rgb", out=np.zeros((500, 700, 3), np.uint8),
+                          device="cuda")
+        with pytest.raises(DeviceUnavailableError, match="cuda:3 requested"):
+            s.read_region((0, 0), 0, (8, 8), device="cuda:3")
+    arrays = gpu._local.arrays[0]
+    assert arrays.stream.waited == arrays.stream.synced >= 4  # every read waited and synced
+    assert decode.get_pool("cuda:0").stats().tiles_decoded > 0
+    if importlib_util.find_spec("imagecodecs"):
+        with wsitool.open_slide(path) as s:  # a tifffile level: CPU decode, then copy
+            ref = s.read_region((5000, 2000), 1, (300, 200), mode="rgba")
+            got = s.read_region((5000, 2000), 1, (300, 200), mode="rgba", device="cuda")
+        assert np.array_equal(got.get(), ref)
+
+
+def test_gpu_memory_sample_and_report_with_stand_in(fake_cupy):
+    assert gpu.gpu_memory_sample() == {"device": 0, "pool_used_bytes": 10, "pool_total_bytes": 20,
+                                       "device_used_bytes": 700, "device_total_bytes": 1000}
+    report = gpu.backend_report(probe=False)
+    hw = next(e for e in report if "hardware" in e["name"])
+    assert "Fake H200" in hw["detail"] and "has a JPEG engine" in hw["detail"]
 
 
 # ---------------------------------------------------------------- on a GPU
