@@ -249,15 +249,19 @@ class _HostArrays:
     #: compare the first decoded tile of each level with the CPU decoder (GPU: on)
     check_colour = False
     device_key = "cpu"
+    min_scratch = 0
 
     def __init__(self):
-        self._flat: np.ndarray | None = None
+        self._flat = None
 
-    def scratch(self, nbytes: int) -> np.ndarray:
+    def scratch(self, nbytes: int, stats):
+        """A flat uint8 buffer of at least ``nbytes``, reused; grows only when too small."""
         if self._flat is None or self._flat.nbytes < nbytes:
-            self._flat = np.empty(nbytes, np.uint8)
-            _bump(scratch_bytes=nbytes)
-            return self._flat
+            self._flat = None  # give the old block back before taking a bigger one
+            size = max(nbytes, self.min_scratch)
+            self._flat = self.xp.empty(size, self.xp.uint8)
+            stats.scratch_allocations += 1
+            _bump(scratch_bytes=size)
         return self._flat
 
     def image(self, view):
@@ -278,6 +282,7 @@ class _CudaArrays(_HostArrays):
 
     cpu_fallback = True
     check_colour = True
+    min_scratch = 1 << 20
 
     def __init__(self, device_id: int):
         import cupy
@@ -289,14 +294,6 @@ class _CudaArrays(_HostArrays):
         with cupy.cuda.Device(device_id):
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream_ptr = self.stream.ptr
-
-    def scratch(self, nbytes: int):
-        if self._flat is None or self._flat.nbytes < nbytes:
-            self._flat = None  # give the old block back before taking a bigger one
-            size = max(nbytes, 1 << 20)
-            self._flat = self.xp.empty(size, self.xp.uint8)
-            _bump(scratch_bytes=size)
-        return self._flat
 
     def image(self, view):
         return nvimgcodec.as_image(view, self.stream_ptr)
@@ -414,7 +411,7 @@ def fill_region_batched(lv: "Level", x: int, y: int, w: int, h: int, out, mode: 
     region_bytes = 0 if direct else h * w * 3
     slot_bytes = [t.size[0] * t.size[1] * 3 if t.how == "scratch" else 0 for t in tiles]
     total = region_bytes + sum(slot_bytes)
-    flat = arrays.scratch(total) if total else None
+    flat = arrays.scratch(total, stats) if total else None
     rgb = out if direct else flat[:region_bytes].reshape(h, w, 3)
     offset = region_bytes
     for t, nbytes in zip(tiles, slot_bytes):
