@@ -89,7 +89,12 @@ skip() { SUMMARY+=("$(printf '%-9s %-7s %5s  %s' "$1" "SKIP" "-" "$2")"); }
 # ------------------------------------------------------------------ 1. install
 install_wheels() {
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl
+        --target "$SITE" .whl/*.whl || return
+    # The cu12 wheels ship nvidia/__init__.py (a regular package): first on the path it
+    # would hide the environment's other nvidia.* packages.  Make it extend its path.
+    [ -d "$SITE/nvidia" ] && \
+        echo '__path__ = __import__("pkgutil").extend_path(__path__, __name__)' >"$SITE/nvidia/__init__.py"
+    ls "$SITE"
 }
 install_online() {
     local pkgs=(nvidia-nvimgcodec-cu12 nvidia-nvjpeg-cu12 nvidia-nvjpeg2k-cu12 imagecodecs tifffile
