@@ -42,7 +42,8 @@ How the pyramid is built (streaming, never a whole level in memory):
 Memory bound (bytes of numpy buffers; see :func:`memory_bound`), with ``W``
 the output width, ``T`` the tile size, ``O`` the overlap, ``N`` the number of
 levels, ``Q = 4 * threads + 4`` tiles in flight in the encoder pool, ``D``
-decode threads and ``S`` the pixel count of one source tile (or strip)::
+decode threads (= ``threads``), ``S`` the pixel count of one source tile (or
+strip) and ``s`` the source's bytes per pixel::
 
     C0 = 2T + 2O                   rows kept for level 0
     Ck = T + 2O + T // 2 + 3       rows kept for each lower level
@@ -51,13 +52,17 @@ decode threads and ``S`` the pixel count of one source tile (or strip)::
        + 3*C0*W                    level-0 window, uint8 RGB
        + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
        + 12*(T // 2 + 1)*W         float32 temporary of one halving step
-       + 18*Q*(T + 2O)**2          tiles in flight: uint8 crop, encoded bytes, float32 rounding temporary
-       + 16*D*S*max(3, s)          per decode thread: decoded source tile and its conversions
+       + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
+       + 16*(T + 2O)**2            the tile being cropped: float32 rounding, edge padding
+       + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
+                                   d = max(3, s) for 8-bit sources, 8 * samples for wider
+                                   ones (converted through float64)
        + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
 
-with ``s`` the source's bytes per pixel.  It grows with the width and the tile
-size, never with the height; e.g. a 100 000-pixel-wide export with 256-pixel
-tiles stays under about 1 GB, and a 10 000-pixel-wide one under about 100 MB.
+It grows with the width and the tile size, never with the height: about
+``36 * T * W`` bytes plus a few MB, e.g. with 256-pixel tiles and 2 threads
+about 100 MB for a 10 000-pixel-wide export and 0.94 GB for a
+100 000-pixel-wide one.
 
 Format facts used here:
 
@@ -196,7 +201,8 @@ def _queue_depth(threads: int) -> int:
 
 
 def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 1, threads: int = 1,
-                 source_tile_pixels: int = 0, source_pixel_bytes: int = 3) -> int:
+                 source_tile_pixels: int = 0, source_pixel_bytes: int = 3,
+                 source_itemsize: int = 1) -> int:
     """Upper bound in bytes on the numpy buffers one export holds at once.
 
     Args:
@@ -207,6 +213,7 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         threads: encoder and decoder threads.
         source_tile_pixels: pixels in one source tile (or strip) of the level read.
         source_pixel_bytes: bytes per pixel of the source level (samples x itemsize).
+        source_itemsize: bytes per sample of the source level.
 
     Returns:
         The bound ``B`` of the module docstring (bytes).  It does not depend
@@ -214,6 +221,10 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
     """
     W, T, O, N = int(width), int(tile_size), int(overlap), int(levels)
     q = _queue_depth(threads)
+    if source_itemsize > 1:
+        decode_bytes = 8 * max(1, source_pixel_bytes // source_itemsize)
+    else:
+        decode_bytes = max(3, source_pixel_bytes)
     c0 = 2 * T + 2 * O
     ck = T + 2 * O + T // 2 + 3
     return int(
@@ -222,8 +233,9 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         + 3 * c0 * W
         + 12 * ck * (W + N)
         + 12 * (T // 2 + 1) * W
-        + 18 * q * (T + 2 * O) ** 2
-        + 16 * threads * source_tile_pixels * max(3, source_pixel_bytes)
+        + 6 * q * (T + 2 * O) ** 2
+        + 16 * (T + 2 * O) ** 2
+        + 4 * threads * source_tile_pixels * decode_bytes
         + _SLACK
     )
 
@@ -792,7 +804,8 @@ def export_pyramid(
         counter = _Counter(total, progress)
         bound = memory_bound(w, T, overlap=O, levels=len(dims), threads=nthreads,
                              source_tile_pixels=lv.tile_width * lv.tile_height,
-                             source_pixel_bytes=lv.samples * lv.dtype.itemsize)
+                             source_pixel_bytes=lv.samples * lv.dtype.itemsize,
+                             source_itemsize=lv.dtype.itemsize)
         codec = _TileCodec(fmt, compression, q)
         pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi", background=bg)
         tiles = _encoded_tiles(src, pyramid, codec, nthreads)
