@@ -519,3 +519,35 @@ def test_level0_coordinate_inverse():
         for v in (-7, 0, 1, 5, 123, 4999):
             t = export._to_level0(v, ds)
             assert int(np.floor(t / ds)) == v
+
+
+def test_missing_tiles_and_alpha_become_background(tmp_path):
+    """Sparse tiles (byte count 0) and a partly transparent RGBA source: background, counted."""
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 256, (200, 260, 3), dtype=np.uint8)
+    tiles = []
+    for r in range(0, 200, 64):
+        for c in range(0, 260, 64):
+            t = np.zeros((64, 64, 3), np.uint8)
+            part = rgb[r:r + 64, c:c + 64]
+            t[:part.shape[0], :part.shape[1]] = part
+            tiles.append(None if (r, c) == (64, 128) else t)
+    sparse = tmp_path / "sparse.tif"
+    tifffile.imwrite(sparse, iter(tiles), shape=rgb.shape, dtype=np.uint8, tile=(64, 64),
+                     photometric="rgb", metadata=None)
+    bg = (0, 128, 255)
+    res = export_pyramid(sparse, tmp_path / "s.svs", compression="deflate", background=bg, tile_size=64)
+    assert res.tiles_missing == 1 and res.tiles_failed == 0
+    expected = rgb.copy()
+    expected[64:128, 128:192] = bg
+    with wsitool.open_slide(tmp_path / "s.svs") as s:
+        np.testing.assert_array_equal(s.read_region((0, 0), 0, (260, 200), mode="rgb"), expected)
+
+    rgba = np.dstack([rgb, rng.integers(0, 256, (200, 260), dtype=np.uint8)])
+    alpha_src = tmp_path / "alpha.tif"
+    tifffile.imwrite(alpha_src, rgba, tile=(64, 64), photometric="rgb", extrasamples=("unassalpha",),
+                     metadata=None)
+    export_pyramid(alpha_src, tmp_path / "a.svs", compression="deflate", background=bg, tile_size=64)
+    with wsitool.open_slide(tmp_path / "a.svs") as s:
+        got = s.read_region((0, 0), 0, (260, 200), mode="rgb")
+    np.testing.assert_array_equal(got, composite(rgba, bg))

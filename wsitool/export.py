@@ -7,10 +7,13 @@ How the pyramid is built (streaming, never a whole level in memory):
 1. **Level 0** of the output is the requested source level (``level``),
    cropped to ``region``.  It is read one output tile row at a time
    (``tile_size`` rows, the full region width) with
-   :meth:`Slide.read_region` in ``"rgba"`` mode into one reused strip
-   buffer, then composited onto ``background``:
+   :meth:`Slide.read_region` straight into the level-0 row window, as the
+   ``"rgba"`` read composited onto ``background``:
    ``rgb = (src * a + bg * (255 - a) + 127) // 255``, so pixels outside the
    slide, missing tiles and tiles that failed to decode become background.
+   (Sources without alpha are read in ``"rgb"`` mode and the would-be
+   transparent pixels painted, which is the same result without the RGBA
+   copy; see :class:`_Source`.)
 2. **Each lower level** halves the one above with an area (box) average.
    Every output pixel of level ``k`` is the mean of the
    ``2**k x 2**k`` block of level-0 pixels it covers, clipped to the image;
@@ -47,7 +50,7 @@ strip) and ``s`` the source's bytes per pixel::
 
     C0 = 2T + 2O                   rows kept for level 0
     Ck = T + 2O + T // 2 + 3       rows kept for each lower level
-    B  = 4*T*W                     RGBA strip read from the source
+    B  = 4*T*W                     RGBA strip (sources with alpha, or after a decode error)
        + 2*T*W                     alpha masks while compositing
        + 3*C0*W                    level-0 window, uint8 RGB
        + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
@@ -498,70 +501,125 @@ class _Pyramid:
 
 
 class _Source:
-    """Reads composited RGB strips of the region from the source level."""
+    """Reads region rows of the source level, composited on the background, as uint8 RGB.
 
-    def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, x0: int,
+    Sources without an alpha channel are read in ``"rgb"`` mode straight into
+    the caller's buffer; the pixels ``"rgba"`` mode would make transparent
+    (outside the level, missing tiles) are then painted with the background,
+    which gives exactly the ``"rgba"`` composite without the RGBA copy.
+    Sources with an alpha channel (ExtraSamples 1 or 2) are read in
+    ``"rgba"`` mode and composited.  A strip with an undecodable tile is read
+    again tile by tile; the tiles that fail stay background and are counted.
+    """
+
+    def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, tile: int,
                  threads: int, background: np.ndarray):
         self.slide = slide
         self.level = level
         self.lv = slide.levels[level]
         self.ds = self.lv.downsample if level > 0 else 1.0
         self.rx, self.ry, self.w, self.h = rx, ry, w, h
-        self.x0 = x0  # level-0 x of the region's left edge
         self.threads = threads
         self.background = background
         self.failed: set[tuple[int, int]] = set()
+        self.alpha = any(code in (1, 2) for code in self.lv._extrasamples)
+        self._rgba = np.empty((min(tile, h), w, 4), np.uint8) if self.alpha else None
+        self._missing = self._missing_grid()
 
     def _loc(self, lx: int, ly: int) -> tuple[int, int]:
         if self.level == 0:
             return lx, ly
         return _to_level0(lx, self.ds), _to_level0(ly, self.ds)
 
+    def _missing_grid(self) -> np.ndarray:
+        """Boolean (tiles_down, tiles_across): tile absent from the file (offset or count 0)."""
+        lv = self.lv
+        n = lv.tiles_across * lv.tiles_down
+        shape = (lv._planes, lv.tiles_down, lv.tiles_across)
+        offs = np.asarray(lv._offsets[:lv._planes * n]).reshape(shape)
+        cnts = np.asarray(lv._bytecounts[:lv._planes * n]).reshape(shape)
+        return ((offs == 0) | (cnts == 0)).any(axis=0)
+
+    def _tile_span(self, y0: int, y1: int):
+        """Tile rows and columns of the level inside the region rows [y0, y1), or None."""
+        lv = self.lv
+        cx0, cy0 = max(self.rx, 0), max(y0, 0)
+        cx1, cy1 = min(self.rx + self.w, lv.width), min(y1, lv.height)
+        if cx0 >= cx1 or cy0 >= cy1:
+            return None
+        return ((cy0 // lv.tile_height, (cy1 - 1) // lv.tile_height + 1),
+                (cx0 // lv.tile_width, (cx1 - 1) // lv.tile_width + 1), (cx0, cy0, cx1, cy1))
+
     def missing_tiles(self) -> int:
         """Source tiles inside the region whose offset or byte count is 0."""
-        lv = self.lv
-        cx0, cy0 = max(self.rx, 0), max(self.ry, 0)
-        cx1, cy1 = min(self.rx + self.w, lv.width), min(self.ry + self.h, lv.height)
-        if cx0 >= cx1 or cy0 >= cy1:
+        span = self._tile_span(self.ry, self.ry + self.h)
+        if span is None:
             return 0
-        n = lv.tiles_across * lv.tiles_down
-        planes = lv._planes
-        offs = np.asarray(lv._offsets[:planes * n]).reshape(planes, lv.tiles_down, lv.tiles_across)
-        cnts = np.asarray(lv._bytecounts[:planes * n]).reshape(planes, lv.tiles_down, lv.tiles_across)
-        rows = slice(cy0 // lv.tile_height, (cy1 - 1) // lv.tile_height + 1)
-        cols = slice(cx0 // lv.tile_width, (cx1 - 1) // lv.tile_width + 1)
-        bad = ((offs[:, rows, cols] == 0) | (cnts[:, rows, cols] == 0)).any(axis=0)
-        return int(bad.sum())
+        (r0, r1), (c0, c1), _ = span
+        return int(self._missing[r0:r1, c0:c1].sum())
 
-    def read(self, sy: int, rgba: np.ndarray) -> None:
-        """Fill ``rgba`` ((rows, w, 4) uint8) with region rows ``sy ...`` (relative to the region)."""
-        rows = rgba.shape[0]
+    def read(self, sy: int, out: np.ndarray) -> None:
+        """Fill ``out`` ((rows, w, 3) uint8, C-contiguous) with region rows ``sy ...``."""
+        rows = out.shape[0]
         ly = self.ry + sy
+        loc = self._loc(self.rx, ly)
         try:
-            self.slide.read_region(self._loc(self.rx, ly), self.level, (self.w, rows), out=rgba,
-                                   mode="rgba", threads=self.threads, on_error="raise")
+            if self.alpha:
+                rgba = self._rgba[:rows]
+                self.slide.read_region(loc, self.level, (self.w, rows), out=rgba, mode="rgba",
+                                       threads=self.threads, on_error="raise")
+                _composite(rgba, out, self.background)
+                return
+            self.slide.read_region(loc, self.level, (self.w, rows), out=out, mode="rgb",
+                                   threads=self.threads, on_error="raise")
         except TileDecodeError:
-            self._read_tilewise(ly, rgba)
+            self._read_tilewise(ly, out)
+            return
+        self._paint_transparent(ly, out)
 
-    def _read_tilewise(self, ly: int, rgba: np.ndarray) -> None:
+    def _paint_transparent(self, ly: int, out: np.ndarray) -> None:
+        """Background where an ``"rgba"`` read would be transparent: outside, missing tiles."""
+        lv, bg, rows = self.lv, self.background, out.shape[0]
+        top = min(max(0, -ly), rows)
+        bottom = min(max(0, lv.height - ly), rows)
+        left = min(max(0, -self.rx), self.w)
+        right = min(max(0, lv.width - self.rx), self.w)
+        out[:top] = bg
+        out[max(bottom, top):] = bg
+        out[top:bottom, :left] = bg
+        out[top:bottom, max(right, left):] = bg
+        span = self._tile_span(ly, ly + rows)
+        if span is None:
+            return
+        (r0, r1), (c0, c1), (cx0, cy0, cx1, cy1) = span
+        holes = np.argwhere(self._missing[r0:r1, c0:c1])
+        for dr, dc in holes:
+            row, col = r0 + int(dr), c0 + int(dc)
+            y0, y1 = max(row * lv.tile_height, cy0), min((row + 1) * lv.tile_height, cy1)
+            x0, x1 = max(col * lv.tile_width, cx0), min((col + 1) * lv.tile_width, cx1)
+            out[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = bg
+
+    def _read_tilewise(self, ly: int, out: np.ndarray) -> None:
         """Slow path after a decode error: read source tile by tile, keep what decodes."""
-        lv = self.lv
-        rgba[...] = 0
-        rows = rgba.shape[0]
-        cx0, cy0 = max(self.rx, 0), max(ly, 0)
-        cx1, cy1 = min(self.rx + self.w, lv.width), min(ly + rows, lv.height)
-        tw, th = lv.tile_width, lv.tile_height
-        for row in range(cy0 // th, (cy1 - 1) // th + 1):
-            y0, y1 = max(row * th, cy0), min((row + 1) * th, cy1)
-            for col in range(cx0 // tw, (cx1 - 1) // tw + 1):
-                x0, x1 = max(col * tw, cx0), min((col + 1) * tw, cx1)
-                try:
-                    part = self.slide.read_region(self._loc(x0, y0), self.level, (x1 - x0, y1 - y0),
-                                                  mode="rgba", threads=1, on_error="raise")
-                except TileDecodeError:
-                    self.failed.add((col, row))
-                    continue
-                rgba[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = part
+        rows = out.shape[0]
+        rgba = np.zeros((rows, self.w, 4), np.uint8)
+        span = self._tile_span(ly, ly + rows)
+        if span is not None:
+            lv = self.lv
+            (r0, r1), (c0, c1), (cx0, cy0, cx1, cy1) = span
+            for row in range(r0, r1):
+                y0, y1 = max(row * lv.tile_height, cy0), min((row + 1) * lv.tile_height, cy1)
+                for col in range(c0, c1):
+                    x0, x1 = max(col * lv.tile_width, cx0), min((col + 1) * lv.tile_width, cx1)
+                    try:
+                        part = self.slide.read_region(self._loc(x0, y0), self.level,
+                                                      (x1 - x0, y1 - y0), mode="rgba", threads=1,
+                                                      on_error="raise")
+                    except TileDecodeError:
+                        self.failed.add((col, row))
+                        continue
+                    rgba[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = part
+        _composite(rgba, out, self.background)
 
 
 def _composite(rgba: np.ndarray, out: np.ndarray, background: np.ndarray) -> None:
@@ -793,7 +851,7 @@ def export_pyramid(
                 f"{slide.path}: region {w}x{h} ({w * h} pixels) exceeds --max-pixels {max_pixels}"
             )
         dims = pyramid_dimensions(w, h, T, fmt)
-        src = _Source(slide, L, rx, ry, w, h, x0, nthreads, bg)
+        src = _Source(slide, L, rx, ry, w, h, T, nthreads, bg)
         missing = src.missing_tiles()
         total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
         counter = _Counter(total, progress)
@@ -891,13 +949,10 @@ def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
     pending: collections.deque = collections.deque()
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsitool-encode")
     try:
-        rgba = np.empty((min(T, H), W, 4), np.uint8)
         lv0 = pyramid.levels[0]
         for sy in range(0, H, T):
             rows = min(T, H - sy)
-            strip = rgba[:rows]
-            src.read(sy, strip)
-            _composite(strip, lv0.tail(rows), src.background)
+            src.read(sy, lv0.tail(rows))
             lv0.n += rows
             for k, c, r, tile in pyramid.advance(0):
                 pending.append((k, c, r, executor.submit(codec.encode, tile)))
@@ -905,7 +960,6 @@ def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
                 while len(pending) >= q:
                     k2, c2, r2, fut = pending.popleft()
                     yield k2, c2, r2, fut.result()
-        del rgba
         while pending:
             k2, c2, r2, fut = pending.popleft()
             yield k2, c2, r2, fut.result()
