@@ -54,7 +54,8 @@ strip) and ``s`` the source's bytes per pixel::
        + 2*T*W                     alpha masks while compositing
        + 3*C0*W                    level-0 window, uint8 RGB
        + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
-       + 12*(T // 2 + 1)*W         float32 temporary of one halving step
+       + 12*(T // 2 + 1)*W         temporaries of one halving step (uint16 sums at level 0,
+                                   float32 below)
        + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
        + 16*(T + 2O)**2            the tile being cropped: float32 rounding, edge padding
        + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
@@ -427,6 +428,11 @@ class _Pyramid:
         if rows == 0:
             return 0
         a = src.buf[p - src.start:avail - src.start]
+        if k == 0:
+            self._halve_uint8(a, pairs, single, dst.tail(rows))
+            dst.n += rows
+            src.paired = p + 2 * pairs + single
+            return rows
         v = np.empty((rows, src.width, 3), np.float32)
         if pairs:
             np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.float32)
@@ -457,6 +463,24 @@ class _Pyramid:
         dst.n += rows
         src.paired = p + 2 * pairs + single
         return rows
+
+    @staticmethod
+    def _halve_uint8(a: np.ndarray, pairs: int, single: int, out: np.ndarray) -> None:
+        """Level 0 -> 1 in integers: every level-0 pixel has weight 1, so sums of 2 or 4
+        uint8 values (uint16) scaled once into the float32 output are exact."""
+        rows, w = pairs + single, a.shape[1]
+        v = np.empty((rows, w, 3), np.uint16)  # vertical sums of 2 (a single last row doubled)
+        if pairs:
+            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.uint16)
+        if single:
+            np.multiply(a[2 * pairs], 2, out=v[pairs], dtype=np.uint16)
+        half = w // 2
+        if half:
+            h = np.add(v[:, 0:2 * half:2], v[:, 1:2 * half:2], dtype=np.uint16)
+            np.multiply(h, np.float32(0.25), out=out[:, :half])
+            del h
+        if w % 2:
+            np.multiply(v[:, w - 1], np.float32(0.5), out=out[:, half])
 
     # -- emission ------------------------------------------------------------------
     def _crop(self, lv: _Rows, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
