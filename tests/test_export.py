@@ -274,6 +274,8 @@ def test_bad_requests_raise_clear_errors(tmp_path, sample_jpeg):
         export_pyramid(sample_jpeg, tmp_path / "x.dzi", format="dzi", compression="jpeg2000")
     with pytest.raises(ValueError, match="overlap"):
         export_pyramid(sample_jpeg, out, overlap=1)
+    with pytest.raises(ValueError, match="half the tile size"):
+        export_pyramid(sample_jpeg, tmp_path / "x.dzi", format="dzi", tile_size=8, overlap=5)
     with pytest.raises(FileNotFoundError):
         export_pyramid(sample_jpeg, tmp_path / "missing" / "x.svs")
     assert list(tmp_path.iterdir()) == []

@@ -772,7 +772,8 @@ def export_pyramid(
         level: source level read; the output's full resolution is this
             level's (lower output levels are computed, never read from other
             source levels, whatever their downsample).
-        overlap: Deep Zoom tile overlap in pixels (0 for TIFF formats).
+        overlap: Deep Zoom tile overlap in pixels, at most ``tile_size // 2``
+            (0 for TIFF formats).
         threads: encoder threads and decoder threads per strip read
             (default: the CPU count).
         overwrite: replace an existing output; without it an existing output
@@ -824,6 +825,8 @@ def export_pyramid(
         raise ValueError(f"overlap must be >= 0, got {O}")
     if O and fmt != "dzi":
         raise ValueError("overlap applies to Deep Zoom (format dzi) only")
+    if 2 * O > T:
+        raise ValueError(f"overlap must be at most half the tile size ({T // 2}), got {O}")
     nthreads = (os.cpu_count() or 1) if threads is None else _int_option(threads, "threads")
     if nthreads < 1:
         raise ValueError(f"threads must be >= 1, got {nthreads}")
