@@ -8,7 +8,6 @@ tifffile read back.
 
 from __future__ import annotations
 
-import os
 import threading
 import tracemalloc
 import warnings

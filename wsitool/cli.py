@@ -312,18 +312,17 @@ def export_pyramid_cmd(
             TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
             TimeRemainingColumn(), console=err_console, transient=True,
         )
+        import time
+
         task = progress_bar.add_task("export", total=None, rate="")
-        state = {"t0": None}
+        t0 = time.perf_counter()
 
-        def callback(done: int, total: int) -> None:
-            import time as _time
-
-            now = _time.perf_counter()
-            if state["t0"] is None:
-                state["t0"] = now
-            elapsed = now - state["t0"]
+        def on_progress(done: int, total: int) -> None:
+            elapsed = time.perf_counter() - t0
             rate = f"{done / elapsed:.0f} tiles/s" if elapsed > 0 else ""
             progress_bar.update(task, completed=done, total=total, rate=rate)
+
+        callback = on_progress
 
     try:
         if progress_bar is not None:

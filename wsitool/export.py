@@ -132,6 +132,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 from xml.sax.saxutils import quoteattr
 
+import imagecodecs
 import numpy as np
 
 from .decode import get_pool, nvimgcodec
@@ -373,8 +374,6 @@ class _TileCodec:
                 )
             data = bytes(cs)
             return _jp2_codestream(data) if self._codec == "jpeg2k" else data
-        import imagecodecs
-
         if self.fmt == "dzi":  # PNG tiles (deflate, or stored blocks for "none")
             return imagecodecs.png_encode(tile, level=6 if self.compression == "deflate" else 0)
         if self.compression == "deflate":
