@@ -8,6 +8,7 @@ tifffile read back.
 
 from __future__ import annotations
 
+import os
 import threading
 import tracemalloc
 import warnings
@@ -564,3 +565,45 @@ def test_strips_follow_source_tiles_so_each_is_decoded_once(tmp_path, cmu1):
                    tile_size=254, overlap=1, threads=1)
     touched = -(-2220 // 240) * (1100 // 240 - 100 // 240 + 1)
     assert pool.stats().tiles_decoded - before == touched
+
+
+@pytest.mark.parametrize("fmt,name", [("tiff", "x.svs"), ("ome-tiff", "x.ome.tif")])
+def test_failure_while_writing_lower_pages_leaves_nothing(tmp_path, monkeypatch, sample_jpeg, fmt, name):
+    """Level 0 is written and the lower levels are being copied in from the spill file."""
+    original = tifffile.TiffWriter.write
+    calls = {"n": 0}
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device (injected)")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(tifffile.TiffWriter, "write", failing)
+    with pytest.raises(OSError, match="injected"):
+        export_pyramid(sample_jpeg, tmp_path / name, format=fmt, tile_size=256)
+    assert calls["n"] == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dzi_commit_failure_restores_previous_output(tmp_path, monkeypatch, sample_jpeg):
+    out = tmp_path / "v.dzi"
+    export_pyramid(sample_jpeg, out, format="dzi", region=(0, 0, 300, 200))
+    before_dzi = out.read_text()
+    before_tiles = sorted(p.relative_to(tmp_path) for p in (tmp_path / "v_files").rglob("*"))
+    original = os.replace
+    calls = {"n": 0}
+
+    def failing(src, dst):
+        calls["n"] += 1
+        if calls["n"] == 4:  # old tiles and old .dzi moved aside, new tiles in place: the .dzi fails
+            raise OSError(5, "I/O error (injected)")
+        return original(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", failing)
+    with pytest.raises(OSError, match="injected"):
+        export_pyramid(sample_jpeg, out, format="dzi", overwrite=True)
+    monkeypatch.setattr(export.os, "replace", original)
+    assert out.read_text() == before_dzi
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "v_files").rglob("*")) == before_tiles
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.dzi", "v_files"]
