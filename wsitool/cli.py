@@ -260,6 +260,107 @@ def read_region_cmd(
     )
 
 
+# ---------------------------------------------------------------------- export-pyramid
+
+
+def _parse_background(text: str) -> Tuple[int, int, int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0 <= v <= 255 for v in values):
+        raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2)
+    return values  # type: ignore[return-value]
+
+
+@app.command("export-pyramid")
+@handle_errors
+def export_pyramid_cmd(
+    slide: Path = typer.Argument(..., help="Source slide file."),
+    output: Path = typer.Argument(..., help="Output: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi)."),
+    fmt: str = typer.Option("tiff", "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi."),
+    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
+    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
+    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else size quality/300."),
+    region: Optional[Tuple[int, int, int, int]] = typer.Option(
+        None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
+    level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
+    overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Encoder/decoder threads (default: CPU count)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output."),
+    background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+) -> None:
+    """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom."""
+    from .export import COMPRESSIONS, FORMATS, export_pyramid
+
+    fmt = fmt.lower()
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
+    if compression.lower() not in COMPRESSIONS:
+        raise fail(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}", 2)
+    if max_pixels is not None and max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
+    bg = _parse_background(background)
+    show = not quiet and err_console.is_terminal
+    progress_bar = None
+    callback = None
+    if show:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
+                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+        progress_bar = Progress(
+            TextColumn("[bold]export[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tiles"),
+            TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=err_console, transient=True,
+        )
+        import time
+
+        task = progress_bar.add_task("export", total=None, rate="")
+        t0 = time.perf_counter()
+
+        def on_progress(done: int, total: int) -> None:
+            elapsed = time.perf_counter() - t0
+            rate = f"{done / elapsed:.0f} tiles/s" if elapsed > 0 else ""
+            progress_bar.update(task, completed=done, total=total, rate=rate)
+
+        callback = on_progress
+
+    try:
+        if progress_bar is not None:
+            progress_bar.start()
+        try:
+            result = export_pyramid(
+                slide, output, format=fmt, tile_size=tile_size, compression=compression.lower(),
+                quality=quality, region=region, level=level, overlap=overlap, threads=threads,
+                overwrite=overwrite, background=bg, progress=callback, max_pixels=max_pixels,
+            )
+        finally:
+            if progress_bar is not None:
+                progress_bar.stop()
+    except (FileExistsError, IsADirectoryError) as exc:
+        raise fail(str(exc) if not exc.filename else f"{exc.filename}: {exc.strerror}", 9) from None
+    except ValueError as exc:
+        if isinstance(exc, errors.WsiError):
+            raise
+        raise fail(f"{slide}: {exc}", 2) from None
+    dims = result.level_dimensions
+    console.print(
+        f"wrote {result.output} ({result.format}, {result.compression}, {len(dims)} levels "
+        f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
+        f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
+        highlight=False,
+    )
+    if result.tiles_missing or result.tiles_failed:
+        err_console.print(
+            f"[yellow]wsitool: warning:[/] {slide}: {result.tiles_missing} missing and "
+            f"{result.tiles_failed} undecodable source tile(s) were painted with the background",
+            highlight=False,
+        )
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console-script entry point."""
     logging.getLogger("tifffile").setLevel(logging.ERROR)
