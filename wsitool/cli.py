@@ -224,22 +224,57 @@ def write_image(path: Path, array, *, overwrite: bool = True) -> None:
 @handle_errors
 def read_region_cmd(
     slide: Path = typer.Argument(..., help="Slide file."),
-    location: Tuple[int, int] = typer.Option(
-        (0, 0), "--location", "-l", help="X Y of the top-left pixel, level-0 pixels."
+    location: Optional[Tuple[int, int]] = typer.Option(
+        None, "--location", "-l", help="X Y of the top-left pixel, level-0 pixels (default 0 0)."
     ),
-    level: int = typer.Option(0, "--level", "-L", help="Pyramid level (0 = full resolution)."),
-    size: Tuple[int, int] = typer.Option(..., "--size", "-s", help="WIDTH HEIGHT in pixels of LEVEL."),
-    output: Path = typer.Option(..., "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
+    level: Optional[int] = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
+    size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", help="WIDTH HEIGHT in pixels of LEVEL."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
     mode: str = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Decode threads (default: CPU count)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
     on_error: str = typer.Option("raise", "--on-error", help="raise (default) or fill corrupt tiles with background."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+    regions: Optional[Path] = typer.Option(None, "--regions", help="CSV of many regions (columns x,y,level,width,height[,name]); needs --output-dir."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Folder for the --regions outputs."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="With --regions: png (default), tif, npy; with --pack: npz (default) or zarr."),
+    pack: bool = typer.Option(False, "--pack", help="With --regions: one <slide>-regions.npz (or .zarr) store instead of one file per region."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="With --regions: no progress bar."),
 ) -> None:
-    """Read a region (OpenSlide semantics) and write it to an image file."""
+    """Read a region (OpenSlide semantics) and write it to an image file.
+
+    With --regions FILE.csv --output-dir DIR, read many regions (see
+    wsitool.distributed.read_regions); exit status 0 when all were written,
+    else the exit code of the first failed region's error.
+    """
     from .slide import open_slide
 
     _apply_max_pixels(max_pixels)
+    if regions is not None:
+        single = [o for o, v in (("--size", size), ("--output", output), ("--location", location),
+                                 ("--level", level)) if v is not None]
+        if single:
+            raise fail(f"{', '.join(single)} cannot be combined with --regions (the CSV gives each "
+                       "region's location, level and size; use --output-dir for the outputs)", 2)
+        if output_dir is None:
+            raise fail("--regions needs --output-dir DIR", 2)
+        if device != "cpu":
+            raise fail("--regions reads on the CPU only (drop --device)", 2)
+        _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
+                            threads, quiet)
+        return
+    batch_only = [o for o, v in (("--output-dir", output_dir), ("--format", fmt),
+                                 ("--scheduler", scheduler)) if v is not None]
+    if pack:
+        batch_only.append("--pack")
+    if batch_only:
+        raise fail(f"{', '.join(batch_only)} need(s) --regions FILE.csv", 2)
+    if size is None or output is None:
+        missing = " and ".join(o for o, v in (("--size", size), ("--output", output)) if v is None)
+        raise fail(f"missing {missing} (or give --regions FILE.csv --output-dir DIR)", 2)
+    location = location or (0, 0)
+    level = 0 if level is None else level
     ext = output.suffix.lower()
     if ext not in (".png", ".tif", ".tiff", ".npy"):
         raise fail(f"{output}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)", 2)
@@ -254,6 +289,47 @@ def read_region_cmd(
         f"from {slide} level {level} at ({location[0]}, {location[1]})",
         highlight=False,
     )
+
+
+def _batch_progress(quiet: bool):
+    """A rich Progress for batch commands (disabled when quiet or not a terminal)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                    disable=quiet or not err_console.is_terminal, transient=False)
+
+
+def _failure_code(error_types: tuple[str, ...]) -> int:
+    """Exit code of a failure recorded by class names (see wsitool.distributed)."""
+    for cls, code in EXIT_CODES:
+        if cls.__name__ in error_types:
+            return code
+    return 1
+
+
+def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
+                        threads, quiet) -> None:
+    from .distributed import load_regions_csv, read_regions
+
+    if scheduler is not None and scheduler != "threads" and threads is not None:
+        raise fail("--threads applies to the local thread pool; on Dask the workers' threads are used", 2)
+    requests = load_regions_csv(regions)
+    with _batch_progress(quiet) as bar:
+        task = bar.add_task("regions", total=len(requests))
+        outcomes = read_regions(slide, requests, output_dir, format=fmt, pack=pack, mode=mode,
+                                on_error=on_error, scheduler=scheduler, workers=threads,
+                                progress=lambda o: bar.advance(task))
+    failed = [o for o in outcomes if o.status != "ok"]
+    for o in failed:
+        err_console.print(f"[red]failed[/] {o.request.name}: {o.error}", highlight=False, soft_wrap=True)
+    where = outcomes[0].path if pack and len(outcomes) > len(failed) else str(output_dir)
+    console.print(f"wrote {len(outcomes) - len(failed)} of {len(outcomes)} region(s) from {slide} "
+                  f"to {where}", highlight=False)
+    if failed:
+        raise fail(f"{len(failed)} of {len(outcomes)} region(s) failed (first: {failed[0].error})",
+                   _failure_code(failed[0].error_types))
 
 
 def main(argv: Optional[List[str]] = None) -> None:
