@@ -332,6 +332,97 @@ def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, s
                    _failure_code(failed[0].error_types))
 
 
+# ---------------------------------------------------------------------- export-pyramid
+
+
+def _parse_background(text: str) -> tuple[int, int, int]:
+    parts = text.replace(" ", "").split(",")
+    try:
+        rgb = tuple(int(p) for p in parts)
+    except ValueError:
+        rgb = ()
+    if len(rgb) != 3 or not all(0 <= v <= 255 for v in rgb):
+        raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2)
+    return rgb  # type: ignore[return-value]
+
+
+@app.command("export-pyramid")
+@handle_errors
+def export_pyramid_cmd(
+    sources: Optional[List[Path]] = typer.Argument(
+        None, help="Slide file(s) or quoted glob patterns, then the OUTPUT (a file for one slide, "
+                   "a folder for several).", show_default=False),
+    output: Path = typer.Argument(..., help="Output file (one slide) or folder (batch)."),
+    from_list: Optional[Path] = typer.Option(None, "--from-list", help="File listing slide paths, one per line (batch)."),
+    fmt: str = typer.Option("tiff", "--format", "-f", help="tiff, ome-tiff or dzi."),
+    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels."),
+    compression: str = typer.Option("jpeg", "--compression", help="jpeg, jpeg2000, deflate or none."),
+    quality: int = typer.Option(90, "--quality", help="JPEG / JPEG 2000 quality."),
+    region: Optional[Tuple[int, int, int, int]] = typer.Option(None, "--region", help="X Y W H: export only this region (level-0 X Y, W H in pixels of --level)."),
+    level: int = typer.Option(0, "--level", help="Source level read as the output's level 0."),
+    overlap: int = typer.Option(0, "--overlap", help="Tile overlap in pixels (dzi)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Threads per export."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing outputs (batch: re-export completed ones)."),
+    background: str = typer.Option("255,255,255", "--background", help="R,G,B for transparent source pixels."),
+    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse exports larger than this many pixels."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Export a slide, or many slides into a folder, as a new tiled pyramid.
+
+    Batch mode (several sources, --from-list, an existing output folder or
+    --scheduler): each slide becomes OUTPUT/<stem>.tiff|.ome.tiff|.dzi, one Dask
+    task per slide; a failed slide is reported and the others continue;
+    completed outputs are skipped on a re-run (resume) unless --overwrite.
+    Exit status 0 when every slide is exported or skipped, else the exit code
+    of the first failed slide's error.
+    """
+    from .distributed import dask_available, expand_sources, export_many
+
+    bg = _parse_background(background)
+    srcs = list(sources or [])
+    options = dict(tile_size=tile_size, compression=compression, quality=quality,
+                   region=tuple(region) if region else None, level=level, overlap=overlap,
+                   background=bg, max_pixels=max_pixels)
+    batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
+             or str(output).endswith(os.sep))
+    if not batch:
+        from .export import export_pyramid
+
+        result = export_pyramid(srcs[0], output, format=fmt, threads=threads, overwrite=overwrite,
+                                **options)
+        console.print(f"wrote {output} from {srcs[0]}", highlight=False)
+        return result
+    paths = expand_sources(srcs, from_list)
+    if not paths:
+        raise fail("no input slides (give paths, a glob pattern or --from-list FILE)", 2)
+    if output.exists() and not output.is_dir():
+        raise fail(f"{output}: exists and is not a folder (several slides need an output folder)", 2)
+    if scheduler is None and len(paths) > 1 and not dask_available():
+        err_console.print(f"Dask is not installed: exporting {len(paths)} slides one after another "
+                          '(pip install "wsitool[dask]" to run them in parallel)', highlight=False)
+    counts = {"ok": 0, "skipped": 0, "failed": 0}
+    with _batch_progress(quiet) as bar:
+        task = bar.add_task(f"export {len(paths)} slide(s)", total=len(paths))
+
+        def on_done(o) -> None:
+            counts[o.status] += 1
+            bar.advance(task)
+            line = {"ok": f"[green]ok[/] {o.source} -> {o.output} ({o.seconds:.1f} s)",
+                    "skipped": f"[yellow]skipped[/] {o.source} ({o.output} exists)",
+                    "failed": f"[red]failed[/] {o.error}"}[o.status]
+            (err_console if o.status == "failed" else console).print(line, highlight=False,
+                                                                     soft_wrap=True)
+
+        outcomes = export_many(paths, output, scheduler=scheduler, format=fmt, threads=threads,
+                               overwrite=overwrite, progress=on_done, **options)
+    console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
+                  f"of {len(outcomes)} slide(s) into {output}", highlight=False)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise typer.Exit(_failure_code(failed[0].error_types))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console-script entry point."""
     logging.getLogger("tifffile").setLevel(logging.ERROR)

@@ -351,6 +351,13 @@ def _check_scheduler(scheduler, allowed_local: tuple[str, ...]) -> None:
     )
 
 
+def _quiet_tifffile() -> None:
+    """Silence tifffile's warnings in worker processes, as the CLI does in its own."""
+    import logging
+
+    logging.getLogger("tifffile").setLevel(logging.ERROR)
+
+
 def _error_record(exc: BaseException) -> tuple[str, tuple[str, ...]]:
     """``(message, class names of the exception's MRO)`` — picklable, for reports."""
     msg = str(exc) or type(exc).__name__
@@ -482,6 +489,7 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
                  fmt: str | None, mode: str, on_error: str, threads: int,
                  return_arrays: bool) -> list[tuple[RegionOutcome, np.ndarray | None]]:
     """Read a batch of regions of one slide; write files or return the arrays."""
+    _quiet_tifffile()
     results = []
     try:
         slide = cached_slide(path, stamp)
@@ -827,6 +835,7 @@ def _export_task(source: str, output: str, options: dict) -> SlideOutcome:
     """Dask task: export one slide by path; never raises (failures are recorded)."""
     import socket
 
+    _quiet_tifffile()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     t0 = time.perf_counter()
     fmt = options.get("format", "tiff")
