@@ -303,9 +303,13 @@ def test_export_many_on_cluster_corrupt_and_resume(tmp_path, client):
     good, corrupt = _batch_sources(tmp_path)
     sources = good[:2] + [corrupt] + good[2:]
     out = tmp_path / "out"
-    seen = []
-    outcomes = D.export_many(sources, out, scheduler=client, compression="deflate", progress=seen.append)
+    seen, tiles = [], {}
+    outcomes = D.export_many(sources, out, scheduler=client, compression="deflate", progress=seen.append,
+                             tile_progress=lambda i, done, total: tiles.__setitem__(i, (done, total)))
     assert len(seen) == len(sources)
+    for i, o in enumerate(outcomes):  # tile progress forwarded from the workers
+        if o.status == "ok":
+            assert tiles[i] == (o.result.tiles_written, o.result.tiles_written)
     by_src = {o.source: o for o in outcomes}
     assert by_src[corrupt].status == "failed"
     assert "corrupt.svs" in by_src[corrupt].error
@@ -398,7 +402,10 @@ def test_without_dask_tcp_scheduler_fails_with_one_line(no_dask, tmp_path):
 @needs_export
 def test_without_dask_several_slides_run_sequentially(no_dask, tmp_path):
     good, corrupt = _batch_sources(tmp_path)
-    outcomes = D.export_many([good[0], corrupt, good[1]], tmp_path / "out", compression="deflate")
+    tiles = {}
+    outcomes = D.export_many([good[0], corrupt, good[1]], tmp_path / "out", compression="deflate",
+                             tile_progress=lambda i, done, total: tiles.__setitem__(i, (done, total)))
     assert [o.status for o in outcomes] == ["ok", "failed", "ok"]
+    assert tiles[0] == (outcomes[0].result.tiles_written,) * 2
     assert len({o.worker for o in outcomes}) == 1  # all in this process
     assert outcomes[0].worker.endswith(f":{os.getpid()}")

@@ -403,7 +403,14 @@ def export_pyramid_cmd(
                           '(pip install "wsitool[dask]" to run them in parallel)', highlight=False)
     counts = {"ok": 0, "skipped": 0, "failed": 0}
     with _batch_progress(quiet) as bar:
-        task = bar.add_task(f"export {len(paths)} slide(s)", total=len(paths))
+        task = bar.add_task("slides", total=len(paths))
+        tiles_task = bar.add_task("tiles", total=None)
+        tile_state: dict[int, tuple[int, int]] = {}
+
+        def on_tiles(index: int, done: int, total: int) -> None:
+            tile_state[index] = (done, total)
+            bar.update(tiles_task, completed=sum(d for d, _ in tile_state.values()),
+                       total=sum(t for _, t in tile_state.values()))
 
         def on_done(o) -> None:
             counts[o.status] += 1
@@ -415,7 +422,8 @@ def export_pyramid_cmd(
                                                                      soft_wrap=True)
 
         outcomes = export_many(paths, output, scheduler=scheduler, format=fmt, threads=threads,
-                               overwrite=overwrite, progress=on_done, **options)
+                               overwrite=overwrite, progress=on_done,
+                               tile_progress=None if bar.disable else on_tiles, **options)
     console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
                   f"of {len(outcomes)} slide(s) into {output}", highlight=False)
     failed = [o for o in outcomes if o.status == "failed"]

@@ -831,7 +831,39 @@ def _output_complete(output: Path, format: str) -> bool:
     return output.is_file()
 
 
-def _export_task(source: str, output: str, options: dict) -> SlideOutcome:
+def _progress_forwarder(index: int, topic: str | None,
+                        local: Callable[[int, int, int], None] | None):
+    """A ``progress(done, total)`` callback for one export, or None.
+
+    In this process it calls ``local(index, done, total)``; on a Dask worker it
+    logs ``(index, done, total)`` events to ``topic`` (at most every 0.25 s,
+    plus the first and last), which the client receives through
+    ``Client.subscribe_topic``.
+    """
+    if local is not None:
+        return lambda done, total: local(index, done, total)
+    if topic is None:
+        return None
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    last = [0.0]
+
+    def forward(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done in (0, total) or now - last[0] >= 0.25:
+            last[0] = now
+            worker.log_event(topic, (index, done, total))
+
+    return forward
+
+
+def _export_task(source: str, output: str, options: dict, index: int = 0,
+                 topic: str | None = None,
+                 local_progress: Callable[[int, int, int], None] | None = None) -> SlideOutcome:
     """Dask task: export one slide by path; never raises (failures are recorded)."""
     import socket
 
@@ -844,7 +876,8 @@ def _export_task(source: str, output: str, options: dict) -> SlideOutcome:
     try:
         from .export import export_pyramid
 
-        result = export_pyramid(source, output, **options)
+        result = export_pyramid(source, output, progress=_progress_forwarder(index, topic, local_progress),
+                                **options)
         return SlideOutcome(source, output, "ok", time.perf_counter() - t0, result=result,
                             worker=worker)
     except Exception as exc:
@@ -859,6 +892,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
                 scheduler=None, format: str = "tiff", threads: int | None = None,
                 overwrite: bool = False,
                 progress: Callable[[SlideOutcome], None] | None = None,
+                tile_progress: Callable[[int, int, int], None] | None = None,
                 **export_options) -> list[SlideOutcome]:
     """Export several slides into ``output_dir``, one task per slide.
 
@@ -882,6 +916,10 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
             final name (export writes to a temporary name).
         progress: called with each :class:`SlideOutcome` as it finishes (in
             completion order).
+        tile_progress: called as ``tile_progress(index, tiles_done,
+            tiles_total)`` while slide ``sources[index]`` is written (forwarded
+            from Dask workers as events of a per-batch topic, about 4 times a
+            second per slide; called from the client's event-loop thread).
         **export_options: passed to ``export_pyramid`` (``tile_size``,
             ``compression``, ``quality``, ``region``, ``level``, ``overlap``,
             ``background``, ``max_pixels``).  ``progress`` of a single export
@@ -920,18 +958,37 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     if scheduler == "sequential":
         options["threads"] = threads
         for i, (s, o) in enumerate(zip(srcs, outputs)):
-            results[i] = _export_task(s, str(o), options)
+            results[i] = _export_task(s, str(o), options, i, local_progress=tile_progress)
             if progress is not None:
                 progress(results[i])
         return [results[i] for i in range(len(srcs))]
     with _ClientHandle(scheduler, len(srcs)) as handle:
         running = min(len(srcs), handle.n_workers())
         options["threads"] = threads or max(1, cpus // max(1, running))
+        topic = None
+        if tile_progress is not None:
+            topic = f"wsitool-export-progress-{os.getpid()}-{time.time_ns()}"
+
+            finished: set[int] = set()
+
+            def on_event(event) -> None:
+                _ts, (index, done, total) = event
+                if done == total:
+                    finished.add(index)
+                tile_progress(index, done, total)
+
+            handle.client.subscribe_topic(topic, on_event)
         futures = {}
         for i, (s, o) in enumerate(zip(srcs, outputs)):
+            # Largest files first (higher priority runs earlier), so one big
+            # slide does not start last and keep a single worker busy alone.
+            try:
+                priority = os.path.getsize(s)
+            except OSError:
+                priority = 0
             fut = handle.client.submit(_export_task, os.path.abspath(s), str(o.resolve()), options,
-                                       pure=False, key=f"wsitool-export-{i}-{os.path.basename(s)}"
-                                       f"-{time.time_ns()}")
+                                       i, topic, pure=False, priority=priority,
+                                       key=f"wsitool-export-{i}-{os.path.basename(s)}-{time.time_ns()}")
             futures[fut] = i
         distributed = _import_distributed()
         for fut in distributed.as_completed(list(futures)):
@@ -946,4 +1003,11 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
             results[i] = outcome
             if progress is not None:
                 progress(outcome)
+        if topic is not None:
+            # the last events may arrive just after the results: wait briefly for them
+            ok = {i for i, o in results.items() if o.status == "ok"}
+            deadline = time.monotonic() + 2.0
+            while not ok <= finished and time.monotonic() < deadline:
+                time.sleep(0.02)
+            handle.client.unsubscribe_topic(topic)
     return [results[i] for i in range(len(srcs))]
