@@ -148,6 +148,7 @@ class _ThreadState:
         self.stats = stats
         self.lock = threading.Lock()
         self._decoder: Any = None
+        self._encoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
 
     @property
@@ -156,6 +157,13 @@ class _ThreadState:
             self._decoder = self.pool._create_decoder()
             self.stats.decoders_created += 1
         return self._decoder
+
+    @property
+    def encoder(self):
+        """This thread's nvImageCodec encoder (created on first use; call under ``lock``)."""
+        if self._encoder is None:
+            self._encoder = self.pool._create_encoder()
+        return self._encoder
 
     def scratch(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
         """A C-contiguous buffer of ``shape``, reused across calls on this thread."""
@@ -177,7 +185,10 @@ class DecoderPool:
 
     Each thread calling :meth:`state` gets its own decoder, created lazily
     under the pool's mutex; the pool keeps only the per-thread counters, so a
-    decoder is released when its thread ends.
+    decoder is released when its thread ends.  The same per-thread state
+    also holds an nvImageCodec encoder (``state().encoder``, used by
+    :mod:`wsitool.export`), created the same way on first use; the pool
+    counts them in ``encoders_created``.
 
     Raises:
         DeviceUnavailableError: ``device`` is a CUDA device and none is usable.
@@ -188,6 +199,7 @@ class DecoderPool:
         self._create_lock = threading.Lock()
         self._local = threading.local()
         self._all_stats: list[DecodeStats] = []
+        self.encoders_created = 0
         if device == "cpu":
             self._device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
         elif device.startswith("cuda"):
@@ -196,6 +208,28 @@ class DecoderPool:
             self._device_id = cuda_device_id(device)
         else:
             raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
+
+    def _create_encoder(self):
+        """A new encoder for this pool's device: CPU backends only, or GPU backends with CPU fallback."""
+        with self._create_lock:
+            if self.device == "cpu":
+                backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)]
+            else:
+                backends = [
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU),
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY),
+                ]
+            try:
+                encoder = nvimgcodec.Encoder(
+                    device_id=self._device_id, max_num_cpu_threads=1, backends=backends
+                )
+            except Exception as exc:  # pragma: no cover - depends on the machine
+                raise DeviceUnavailableError(
+                    f"could not create an nvImageCodec encoder for {self.device}: {exc}"
+                ) from exc
+            self.encoders_created += 1
+            return encoder
 
     def _create_decoder(self):
         with self._create_lock:
