@@ -240,7 +240,7 @@ def read_region_cmd(
     fmt: Optional[str] = typer.Option(None, "--format", help="With --regions: png (default), tif, npy; with --pack: npz (default) or zarr."),
     pack: bool = typer.Option(False, "--pack", help="With --regions: one <slide>-regions.npz (or .zarr) store instead of one file per region."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="With --regions: no progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", help="With --regions: no progress bar."),
 ) -> None:
     """Read a region (OpenSlide semantics) and write it to an image file.
 
@@ -306,6 +306,8 @@ def _failure_code(error_types: tuple[str, ...]) -> int:
     for cls, code in EXIT_CODES:
         if cls.__name__ in error_types:
             return code
+    if "ValueError" in error_types:  # an invalid export option, as in the single-slide form
+        return 2
     return 1
 
 
@@ -335,64 +337,134 @@ def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, s
 # ---------------------------------------------------------------------- export-pyramid
 
 
-def _parse_background(text: str) -> tuple[int, int, int]:
-    parts = text.replace(" ", "").split(",")
+def _parse_background(text: str) -> Tuple[int, int, int]:
+    parts = [p.strip() for p in text.split(",")]
     try:
-        rgb = tuple(int(p) for p in parts)
+        values = tuple(int(p) for p in parts)
     except ValueError:
-        rgb = ()
-    if len(rgb) != 3 or not all(0 <= v <= 255 for v in rgb):
+        values = ()
+    if len(values) != 3 or not all(0 <= v <= 255 for v in values):
         raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2)
-    return rgb  # type: ignore[return-value]
+    return values  # type: ignore[return-value]
 
 
 @app.command("export-pyramid")
 @handle_errors
 def export_pyramid_cmd(
     sources: Optional[List[Path]] = typer.Argument(
-        None, help="Slide file(s) or quoted glob patterns, then the OUTPUT (a file for one slide, "
-                   "a folder for several).", show_default=False),
-    output: Path = typer.Argument(..., help="Output file (one slide) or folder (batch)."),
-    from_list: Optional[Path] = typer.Option(None, "--from-list", help="File listing slide paths, one per line (batch)."),
-    fmt: str = typer.Option("tiff", "--format", "-f", help="tiff, ome-tiff or dzi."),
-    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels."),
-    compression: str = typer.Option("jpeg", "--compression", help="jpeg, jpeg2000, deflate or none."),
-    quality: int = typer.Option(90, "--quality", help="JPEG / JPEG 2000 quality."),
-    region: Optional[Tuple[int, int, int, int]] = typer.Option(None, "--region", help="X Y W H: export only this region (level-0 X Y, W H in pixels of --level)."),
-    level: int = typer.Option(0, "--level", help="Source level read as the output's level 0."),
-    overlap: int = typer.Option(0, "--overlap", help="Tile overlap in pixels (dzi)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Threads per export."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing outputs (batch: re-export completed ones)."),
-    background: str = typer.Option("255,255,255", "--background", help="R,G,B for transparent source pixels."),
-    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse exports larger than this many pixels."),
+        None, help="Source slide file(s) (or quoted glob patterns), followed by OUTPUT.",
+        show_default=False),
+    output: Path = typer.Argument(..., help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
+                                            "Several slides (batch): an output folder."),
+    fmt: str = typer.Option("tiff", "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi."),
+    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
+    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
+    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else size quality/1000."),
+    region: Optional[Tuple[int, int, int, int]] = typer.Option(
+        None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
+    level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
+    overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Encoder/decoder threads per export (default: CPU count; batch: CPU count / concurrent exports)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
+    background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+    from_list: Optional[Path] = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Export a slide, or many slides into a folder, as a new tiled pyramid.
+    """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
     Batch mode (several sources, --from-list, an existing output folder or
-    --scheduler): each slide becomes OUTPUT/<stem>.tiff|.ome.tiff|.dzi, one Dask
-    task per slide; a failed slide is reported and the others continue;
+    --scheduler): each slide becomes OUTPUT/<stem>.tiff|.ome.tiff|.dzi, one
+    Dask task per slide; a failed slide is reported and the others go on;
     completed outputs are skipped on a re-run (resume) unless --overwrite.
-    Exit status 0 when every slide is exported or skipped, else the exit code
-    of the first failed slide's error.
+    Exit status 0 when every slide was exported or skipped, else the exit
+    code of the first failed slide's error.
     """
-    from .distributed import dask_available, expand_sources, export_many
+    from .export import COMPRESSIONS, FORMATS
 
+    fmt = fmt.lower()
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
+    if compression.lower() not in COMPRESSIONS:
+        raise fail(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}", 2)
+    if max_pixels is not None and max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
     bg = _parse_background(background)
     srcs = list(sources or [])
-    options = dict(tile_size=tile_size, compression=compression, quality=quality,
+    options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
                    region=tuple(region) if region else None, level=level, overlap=overlap,
-                   background=bg, max_pixels=max_pixels)
+                   threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels)
     batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
              or str(output).endswith(os.sep))
-    if not batch:
-        from .export import export_pyramid
+    if batch:
+        _export_batch(srcs, from_list, output, scheduler, quiet, options)
+    else:
+        _export_single(srcs[0], output, quiet, options)
 
-        result = export_pyramid(srcs[0], output, format=fmt, threads=threads, overwrite=overwrite,
-                                **options)
-        console.print(f"wrote {output} from {srcs[0]}", highlight=False)
-        return result
+
+def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> None:
+    from .export import export_pyramid
+
+    show = not quiet and err_console.is_terminal
+    progress_bar = None
+    callback = None
+    if show:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
+                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+        progress_bar = Progress(
+            TextColumn("[bold]export[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tiles"),
+            TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=err_console, transient=True,
+        )
+        task = progress_bar.add_task("export", total=None, rate="")
+        state = {"t0": None}
+
+        def callback(done: int, total: int) -> None:
+            import time as _time
+
+            now = _time.perf_counter()
+            if state["t0"] is None:
+                state["t0"] = now
+            elapsed = now - state["t0"]
+            rate = f"{done / elapsed:.0f} tiles/s" if elapsed > 0 else ""
+            progress_bar.update(task, completed=done, total=total, rate=rate)
+
+    try:
+        if progress_bar is not None:
+            progress_bar.start()
+        try:
+            result = export_pyramid(slide, output, progress=callback, **options)
+        finally:
+            if progress_bar is not None:
+                progress_bar.stop()
+    except (FileExistsError, IsADirectoryError) as exc:
+        raise fail(str(exc) if not exc.filename else f"{exc.filename}: {exc.strerror}", 9) from None
+    except ValueError as exc:
+        if isinstance(exc, errors.WsiError):
+            raise
+        raise fail(f"{slide}: {exc}", 2) from None
+    dims = result.level_dimensions
+    console.print(
+        f"wrote {result.output} ({result.format}, {result.compression}, {len(dims)} levels "
+        f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
+        f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
+        highlight=False,
+    )
+    if result.tiles_missing or result.tiles_failed:
+        err_console.print(
+            f"[yellow]wsitool: warning:[/] {slide}: {result.tiles_missing} missing and "
+            f"{result.tiles_failed} undecodable source tile(s) were painted with the background",
+            highlight=False,
+        )
+
+
+def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, scheduler: Optional[str],
+                  quiet: bool, options: dict) -> None:
+    """Batch export-pyramid: many slides into the folder ``output`` (wsitool.distributed)."""
+    from .distributed import dask_available, expand_sources, export_many
+
     paths = expand_sources(srcs, from_list)
     if not paths:
         raise fail("no input slides (give paths, a glob pattern or --from-list FILE)", 2)
@@ -420,9 +492,14 @@ def export_pyramid_cmd(
                     "failed": f"[red]failed[/] {o.error}"}[o.status]
             (err_console if o.status == "failed" else console).print(line, highlight=False,
                                                                      soft_wrap=True)
+            res = o.result
+            if res is not None and (res.tiles_missing or res.tiles_failed):
+                err_console.print(
+                    f"[yellow]wsitool: warning:[/] {o.source}: {res.tiles_missing} missing and "
+                    f"{res.tiles_failed} undecodable source tile(s) were painted with the background",
+                    highlight=False)
 
-        outcomes = export_many(paths, output, scheduler=scheduler, format=fmt, threads=threads,
-                               overwrite=overwrite, progress=on_done,
+        outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
                                tile_progress=None if bar.disable else on_tiles, **options)
     console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
                   f"of {len(outcomes)} slide(s) into {output}", highlight=False)

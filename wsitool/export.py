@@ -7,10 +7,13 @@ How the pyramid is built (streaming, never a whole level in memory):
 1. **Level 0** of the output is the requested source level (``level``),
    cropped to ``region``.  It is read one output tile row at a time
    (``tile_size`` rows, the full region width) with
-   :meth:`Slide.read_region` in ``"rgba"`` mode into one reused strip
-   buffer, then composited onto ``background``:
+   :meth:`Slide.read_region` straight into the level-0 row window, as the
+   ``"rgba"`` read composited onto ``background``:
    ``rgb = (src * a + bg * (255 - a) + 127) // 255``, so pixels outside the
    slide, missing tiles and tiles that failed to decode become background.
+   (Sources without alpha are read in ``"rgb"`` mode and the would-be
+   transparent pixels painted, which is the same result without the RGBA
+   copy; see :class:`_Source`.)
 2. **Each lower level** halves the one above with an area (box) average.
    Every output pixel of level ``k`` is the mean of the
    ``2**k x 2**k`` block of level-0 pixels it covers, clipped to the image;
@@ -42,22 +45,27 @@ How the pyramid is built (streaming, never a whole level in memory):
 Memory bound (bytes of numpy buffers; see :func:`memory_bound`), with ``W``
 the output width, ``T`` the tile size, ``O`` the overlap, ``N`` the number of
 levels, ``Q = 4 * threads + 4`` tiles in flight in the encoder pool, ``D``
-decode threads and ``S`` the pixel count of one source tile (or strip)::
+decode threads (= ``threads``), ``S`` the pixel count of one source tile (or
+strip) and ``s`` the source's bytes per pixel::
 
     C0 = 2T + 2O                   rows kept for level 0
     Ck = T + 2O + T // 2 + 3       rows kept for each lower level
-    B  = 4*T*W                     RGBA strip read from the source
+    B  = 4*T*W                     RGBA strip (sources with alpha, or after a decode error)
        + 2*T*W                     alpha masks while compositing
        + 3*C0*W                    level-0 window, uint8 RGB
        + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
        + 12*(T // 2 + 1)*W         float32 temporary of one halving step
-       + 18*Q*(T + 2O)**2          tiles in flight: uint8 crop, encoded bytes, float32 rounding temporary
-       + 16*D*S*max(3, s)          per decode thread: decoded source tile and its conversions
+       + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
+       + 16*(T + 2O)**2            the tile being cropped: float32 rounding, edge padding
+       + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
+                                   d = max(3, s) for 8-bit sources, 8 * samples for wider
+                                   ones (converted through float64)
        + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
 
-with ``s`` the source's bytes per pixel.  It grows with the width and the tile
-size, never with the height; e.g. a 100 000-pixel-wide export with 256-pixel
-tiles stays under about 1 GB, and a 10 000-pixel-wide one under about 100 MB.
+It grows with the width and the tile size, never with the height: about
+``36 * T * W`` bytes plus a few MB, e.g. with 256-pixel tiles and 2 threads
+about 100 MB for a 10 000-pixel-wide export and 0.94 GB for a
+100 000-pixel-wide one.
 
 Format facts used here:
 
@@ -85,14 +93,17 @@ Format facts used here:
   ``TileSize``, ``Overlap``, ``Format``; ``Size`` with ``Width``/``Height``)
   and ``NAME_files/<level>/<col>_<row>.<format>``, level 0 being 1 x 1 and
   the last the full image; level sizes halve with ``ceil``; a tile is
-  ``TileSize`` plus ``Overlap`` on each side that has a neighbour (the layout
-  of OpenSlide's ``DeepZoomGenerator``, which this matches tile for tile).
+  ``TileSize`` plus ``Overlap`` on each side that has a neighbour, clipped to
+  the level (the grid of OpenSlide's ``DeepZoomGenerator``, whose tiles this
+  matches in number, size and, at full resolution, pixels; OpenSeadragon
+  clips tile bounds to the image the same way).
 
 Codecs: JPEG and JPEG 2000 tiles are encoded by nvImageCodec (one encoder per
 thread, from :mod:`wsitool.decode`'s per-thread pool).  Its CPU JPEG 2000
 encoder takes a target size ratio, not a quality: ``quality`` 100 means
-lossless, below 100 a compressed size of ``quality / 1000`` of the raw tile
-(90 -> 9 %, about 11:1).  It writes a JP2 file; the code stream is taken out
+lossless, below 100 a compressed size of ``quality / 300`` of the raw tile
+(90 -> 30 %, about 3.3:1, which on dense H&E tissue gives about the PSNR of
+JPEG at quality 90; 30 -> 10 %).  It writes a JP2 file; the code stream is taken out
 of its ``jp2c`` box (ISO/IEC 15444-1 Annex I.5.4).  Deflate and uncompressed
 TIFF tiles, and PNG tiles of Deep Zoom (``deflate`` / ``none``), are encoded
 with imagecodecs.
@@ -196,7 +207,8 @@ def _queue_depth(threads: int) -> int:
 
 
 def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 1, threads: int = 1,
-                 source_tile_pixels: int = 0, source_pixel_bytes: int = 3) -> int:
+                 source_tile_pixels: int = 0, source_pixel_bytes: int = 3,
+                 source_itemsize: int = 1) -> int:
     """Upper bound in bytes on the numpy buffers one export holds at once.
 
     Args:
@@ -207,6 +219,7 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         threads: encoder and decoder threads.
         source_tile_pixels: pixels in one source tile (or strip) of the level read.
         source_pixel_bytes: bytes per pixel of the source level (samples x itemsize).
+        source_itemsize: bytes per sample of the source level.
 
     Returns:
         The bound ``B`` of the module docstring (bytes).  It does not depend
@@ -214,6 +227,10 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
     """
     W, T, O, N = int(width), int(tile_size), int(overlap), int(levels)
     q = _queue_depth(threads)
+    if source_itemsize > 1:
+        decode_bytes = 8 * max(1, source_pixel_bytes // source_itemsize)
+    else:
+        decode_bytes = max(3, source_pixel_bytes)
     c0 = 2 * T + 2 * O
     ck = T + 2 * O + T // 2 + 3
     return int(
@@ -222,8 +239,9 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         + 3 * c0 * W
         + 12 * ck * (W + N)
         + 12 * (T // 2 + 1) * W
-        + 18 * q * (T + 2 * O) ** 2
-        + 16 * threads * source_tile_pixels * max(3, source_pixel_bytes)
+        + 6 * q * (T + 2 * O) ** 2
+        + 16 * (T + 2 * O) ** 2
+        + 4 * threads * source_tile_pixels * decode_bytes
         + _SLACK
     )
 
@@ -299,7 +317,7 @@ class _TileCodec:
                 self._params = nvimgcodec.EncodeParams(quality_type=nvimgcodec.QualityType.LOSSLESS)
             else:
                 self._params = nvimgcodec.EncodeParams(
-                    quality_type=nvimgcodec.QualityType.SIZE_RATIO, quality_value=quality / 1000.0
+                    quality_type=nvimgcodec.QualityType.SIZE_RATIO, quality_value=quality / 300.0
                 )
 
     def encode(self, tile: np.ndarray) -> bytes:
@@ -384,13 +402,11 @@ class _Rows:
 class _Pyramid:
     """Turns composited level-0 strips into output tiles of every level."""
 
-    def __init__(self, dims: list[tuple[int, int]], tile: int, overlap: int, pad_tiles: bool,
-                 background: np.ndarray):
+    def __init__(self, dims: list[tuple[int, int]], tile: int, overlap: int, pad_tiles: bool):
         self.dims = dims
         self.tile = tile
         self.overlap = overlap
         self.pad_tiles = pad_tiles
-        self.background = background
         base = dims[0]
         c0 = 2 * tile + 2 * overlap
         ck = tile + 2 * overlap + tile // 2 + 3
@@ -444,17 +460,11 @@ class _Pyramid:
 
     # -- emission ------------------------------------------------------------------
     def _crop(self, lv: _Rows, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-        """uint8 ``(y1 - y0, x1 - x0, 3)`` copy of the level; beyond its edges: background."""
-        iy1, ix1 = min(y1, lv.height), min(x1, lv.width)
-        part = lv.buf[y0 - lv.start:iy1 - lv.start, x0:ix1]
+        """uint8 ``(y1 - y0, x1 - x0, 3)`` C-contiguous copy of level rows/columns."""
+        part = lv.buf[y0 - lv.start:y1 - lv.start, x0:x1]
         if part.dtype != np.uint8:
-            part = np.rint(part).astype(np.uint8)
-        if (iy1, ix1) == (y1, x1):
-            return np.ascontiguousarray(part)
-        tile = np.empty((y1 - y0, x1 - x0, 3), np.uint8)
-        tile[...] = self.background
-        tile[:iy1 - y0, :ix1 - x0] = part
-        return tile
+            return np.rint(part).astype(np.uint8)
+        return np.ascontiguousarray(part)
 
     def _emit(self, k: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
         lv = self.levels[k]
@@ -462,12 +472,12 @@ class _Pyramid:
         while lv.next_row < lv.tiles_down:
             r = lv.next_row
             y0 = r * T - (O if r > 0 else 0)
-            y1 = min((r + 1) * T, lv.height) + (O if r < lv.tiles_down - 1 else 0)
-            if min(y1, lv.height) > lv.end:
+            y1 = min((r + 1) * T + (O if r < lv.tiles_down - 1 else 0), lv.height)
+            if y1 > lv.end:
                 return
             for c in range(lv.tiles_across):
                 x0 = c * T - (O if c > 0 else 0)
-                x1 = min((c + 1) * T, lv.width) + (O if c < lv.tiles_across - 1 else 0)
+                x1 = min((c + 1) * T + (O if c < lv.tiles_across - 1 else 0), lv.width)
                 tile = self._crop(lv, y0, y1, x0, x1)
                 if self.pad_tiles and tile.shape[:2] != (T, T):
                     tile = np.pad(tile, ((0, T - tile.shape[0]), (0, T - tile.shape[1]), (0, 0)),
@@ -491,70 +501,125 @@ class _Pyramid:
 
 
 class _Source:
-    """Reads composited RGB strips of the region from the source level."""
+    """Reads region rows of the source level, composited on the background, as uint8 RGB.
 
-    def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, x0: int,
+    Sources without an alpha channel are read in ``"rgb"`` mode straight into
+    the caller's buffer; the pixels ``"rgba"`` mode would make transparent
+    (outside the level, missing tiles) are then painted with the background,
+    which gives exactly the ``"rgba"`` composite without the RGBA copy.
+    Sources with an alpha channel (ExtraSamples 1 or 2) are read in
+    ``"rgba"`` mode and composited.  A strip with an undecodable tile is read
+    again tile by tile; the tiles that fail stay background and are counted.
+    """
+
+    def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, tile: int,
                  threads: int, background: np.ndarray):
         self.slide = slide
         self.level = level
         self.lv = slide.levels[level]
         self.ds = self.lv.downsample if level > 0 else 1.0
         self.rx, self.ry, self.w, self.h = rx, ry, w, h
-        self.x0 = x0  # level-0 x of the region's left edge
         self.threads = threads
         self.background = background
         self.failed: set[tuple[int, int]] = set()
+        self.alpha = any(code in (1, 2) for code in self.lv._extrasamples)
+        self._rgba = np.empty((min(tile, h), w, 4), np.uint8) if self.alpha else None
+        self._missing = self._missing_grid()
 
     def _loc(self, lx: int, ly: int) -> tuple[int, int]:
         if self.level == 0:
             return lx, ly
         return _to_level0(lx, self.ds), _to_level0(ly, self.ds)
 
+    def _missing_grid(self) -> np.ndarray:
+        """Boolean (tiles_down, tiles_across): tile absent from the file (offset or count 0)."""
+        lv = self.lv
+        n = lv.tiles_across * lv.tiles_down
+        shape = (lv._planes, lv.tiles_down, lv.tiles_across)
+        offs = np.asarray(lv._offsets[:lv._planes * n]).reshape(shape)
+        cnts = np.asarray(lv._bytecounts[:lv._planes * n]).reshape(shape)
+        return ((offs == 0) | (cnts == 0)).any(axis=0)
+
+    def _tile_span(self, y0: int, y1: int):
+        """Tile rows and columns of the level inside the region rows [y0, y1), or None."""
+        lv = self.lv
+        cx0, cy0 = max(self.rx, 0), max(y0, 0)
+        cx1, cy1 = min(self.rx + self.w, lv.width), min(y1, lv.height)
+        if cx0 >= cx1 or cy0 >= cy1:
+            return None
+        return ((cy0 // lv.tile_height, (cy1 - 1) // lv.tile_height + 1),
+                (cx0 // lv.tile_width, (cx1 - 1) // lv.tile_width + 1), (cx0, cy0, cx1, cy1))
+
     def missing_tiles(self) -> int:
         """Source tiles inside the region whose offset or byte count is 0."""
-        lv = self.lv
-        cx0, cy0 = max(self.rx, 0), max(self.ry, 0)
-        cx1, cy1 = min(self.rx + self.w, lv.width), min(self.ry + self.h, lv.height)
-        if cx0 >= cx1 or cy0 >= cy1:
+        span = self._tile_span(self.ry, self.ry + self.h)
+        if span is None:
             return 0
-        n = lv.tiles_across * lv.tiles_down
-        planes = lv._planes
-        offs = np.asarray(lv._offsets[:planes * n]).reshape(planes, lv.tiles_down, lv.tiles_across)
-        cnts = np.asarray(lv._bytecounts[:planes * n]).reshape(planes, lv.tiles_down, lv.tiles_across)
-        rows = slice(cy0 // lv.tile_height, (cy1 - 1) // lv.tile_height + 1)
-        cols = slice(cx0 // lv.tile_width, (cx1 - 1) // lv.tile_width + 1)
-        bad = ((offs[:, rows, cols] == 0) | (cnts[:, rows, cols] == 0)).any(axis=0)
-        return int(bad.sum())
+        (r0, r1), (c0, c1), _ = span
+        return int(self._missing[r0:r1, c0:c1].sum())
 
-    def read(self, sy: int, rgba: np.ndarray) -> None:
-        """Fill ``rgba`` ((rows, w, 4) uint8) with region rows ``sy ...`` (relative to the region)."""
-        rows = rgba.shape[0]
+    def read(self, sy: int, out: np.ndarray) -> None:
+        """Fill ``out`` ((rows, w, 3) uint8, C-contiguous) with region rows ``sy ...``."""
+        rows = out.shape[0]
         ly = self.ry + sy
+        loc = self._loc(self.rx, ly)
         try:
-            self.slide.read_region(self._loc(self.rx, ly), self.level, (self.w, rows), out=rgba,
-                                   mode="rgba", threads=self.threads, on_error="raise")
+            if self.alpha:
+                rgba = self._rgba[:rows]
+                self.slide.read_region(loc, self.level, (self.w, rows), out=rgba, mode="rgba",
+                                       threads=self.threads, on_error="raise")
+                _composite(rgba, out, self.background)
+                return
+            self.slide.read_region(loc, self.level, (self.w, rows), out=out, mode="rgb",
+                                   threads=self.threads, on_error="raise")
         except TileDecodeError:
-            self._read_tilewise(ly, rgba)
+            self._read_tilewise(ly, out)
+            return
+        self._paint_transparent(ly, out)
 
-    def _read_tilewise(self, ly: int, rgba: np.ndarray) -> None:
+    def _paint_transparent(self, ly: int, out: np.ndarray) -> None:
+        """Background where an ``"rgba"`` read would be transparent: outside, missing tiles."""
+        lv, bg, rows = self.lv, self.background, out.shape[0]
+        top = min(max(0, -ly), rows)
+        bottom = min(max(0, lv.height - ly), rows)
+        left = min(max(0, -self.rx), self.w)
+        right = min(max(0, lv.width - self.rx), self.w)
+        out[:top] = bg
+        out[max(bottom, top):] = bg
+        out[top:bottom, :left] = bg
+        out[top:bottom, max(right, left):] = bg
+        span = self._tile_span(ly, ly + rows)
+        if span is None:
+            return
+        (r0, r1), (c0, c1), (cx0, cy0, cx1, cy1) = span
+        holes = np.argwhere(self._missing[r0:r1, c0:c1])
+        for dr, dc in holes:
+            row, col = r0 + int(dr), c0 + int(dc)
+            y0, y1 = max(row * lv.tile_height, cy0), min((row + 1) * lv.tile_height, cy1)
+            x0, x1 = max(col * lv.tile_width, cx0), min((col + 1) * lv.tile_width, cx1)
+            out[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = bg
+
+    def _read_tilewise(self, ly: int, out: np.ndarray) -> None:
         """Slow path after a decode error: read source tile by tile, keep what decodes."""
-        lv = self.lv
-        rgba[...] = 0
-        rows = rgba.shape[0]
-        cx0, cy0 = max(self.rx, 0), max(ly, 0)
-        cx1, cy1 = min(self.rx + self.w, lv.width), min(ly + rows, lv.height)
-        tw, th = lv.tile_width, lv.tile_height
-        for row in range(cy0 // th, (cy1 - 1) // th + 1):
-            y0, y1 = max(row * th, cy0), min((row + 1) * th, cy1)
-            for col in range(cx0 // tw, (cx1 - 1) // tw + 1):
-                x0, x1 = max(col * tw, cx0), min((col + 1) * tw, cx1)
-                try:
-                    part = self.slide.read_region(self._loc(x0, y0), self.level, (x1 - x0, y1 - y0),
-                                                  mode="rgba", threads=1, on_error="raise")
-                except TileDecodeError:
-                    self.failed.add((col, row))
-                    continue
-                rgba[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = part
+        rows = out.shape[0]
+        rgba = np.zeros((rows, self.w, 4), np.uint8)
+        span = self._tile_span(ly, ly + rows)
+        if span is not None:
+            lv = self.lv
+            (r0, r1), (c0, c1), (cx0, cy0, cx1, cy1) = span
+            for row in range(r0, r1):
+                y0, y1 = max(row * lv.tile_height, cy0), min((row + 1) * lv.tile_height, cy1)
+                for col in range(c0, c1):
+                    x0, x1 = max(col * lv.tile_width, cx0), min((col + 1) * lv.tile_width, cx1)
+                    try:
+                        part = self.slide.read_region(self._loc(x0, y0), self.level,
+                                                      (x1 - x0, y1 - y0), mode="rgba", threads=1,
+                                                      on_error="raise")
+                    except TileDecodeError:
+                        self.failed.add((col, row))
+                        continue
+                    rgba[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = part
+        _composite(rgba, out, self.background)
 
 
 def _composite(rgba: np.ndarray, out: np.ndarray, background: np.ndarray) -> None:
@@ -675,7 +740,7 @@ def export_pyramid(
             ``"deflate"`` or ``"none"``; Deep Zoom stores ``deflate`` and
             ``none`` tiles as PNG.
         quality: 1..100.  JPEG quality; for JPEG 2000 100 is lossless and
-            below a target size of ``quality / 1000`` of the raw tile.
+            below a target size of ``quality / 300`` of the raw tile.
             Ignored by ``deflate`` / ``none``.
         region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels,
             ``w, h`` the size in pixels of ``level``; default the whole level.
@@ -786,15 +851,16 @@ def export_pyramid(
                 f"{slide.path}: region {w}x{h} ({w * h} pixels) exceeds --max-pixels {max_pixels}"
             )
         dims = pyramid_dimensions(w, h, T, fmt)
-        src = _Source(slide, L, rx, ry, w, h, x0, nthreads, bg)
+        src = _Source(slide, L, rx, ry, w, h, T, nthreads, bg)
         missing = src.missing_tiles()
         total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
         counter = _Counter(total, progress)
         bound = memory_bound(w, T, overlap=O, levels=len(dims), threads=nthreads,
                              source_tile_pixels=lv.tile_width * lv.tile_height,
-                             source_pixel_bytes=lv.samples * lv.dtype.itemsize)
+                             source_pixel_bytes=lv.samples * lv.dtype.itemsize,
+                             source_itemsize=lv.dtype.itemsize)
         codec = _TileCodec(fmt, compression, q)
-        pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi", background=bg)
+        pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi")
         tiles = _encoded_tiles(src, pyramid, codec, nthreads)
         meta = _metadata(slide, L, dims)
         if fmt == "dzi":
@@ -883,13 +949,10 @@ def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
     pending: collections.deque = collections.deque()
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsitool-encode")
     try:
-        rgba = np.empty((min(T, H), W, 4), np.uint8)
         lv0 = pyramid.levels[0]
         for sy in range(0, H, T):
             rows = min(T, H - sy)
-            strip = rgba[:rows]
-            src.read(sy, strip)
-            _composite(strip, lv0.tail(rows), src.background)
+            src.read(sy, lv0.tail(rows))
             lv0.n += rows
             for k, c, r, tile in pyramid.advance(0):
                 pending.append((k, c, r, executor.submit(codec.encode, tile)))
@@ -897,7 +960,6 @@ def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
                 while len(pending) >= q:
                     k2, c2, r2, fut = pending.popleft()
                     yield k2, c2, r2, fut.result()
-        del rgba
         while pending:
             k2, c2, r2, fut = pending.popleft()
             yield k2, c2, r2, fut.result()
