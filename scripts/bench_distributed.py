@@ -109,7 +109,7 @@ def main() -> None:
         t_seq = [sequential(0)]
         t0 = time.perf_counter()
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=logging.ERROR)
+                               dashboard_address=":0", silence_logs=logging.ERROR)
         client = Client(cluster)
         t_start = time.perf_counter() - t0
         try:

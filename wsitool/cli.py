@@ -14,6 +14,7 @@ Exit codes:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -301,6 +302,17 @@ def _batch_progress(quiet: bool):
                     disable=quiet or not err_console.is_terminal, transient=False)
 
 
+@contextlib.contextmanager
+def _usage_errors():
+    """Report a BatchOptionError (unknown scheduler/format, clashing outputs) as usage, exit 2."""
+    from .distributed import BatchOptionError
+
+    try:
+        yield
+    except BatchOptionError as exc:
+        raise fail(str(exc), 2) from None
+
+
 def _failure_code(error_types: tuple[str, ...]) -> int:
     """Exit code of a failure recorded by class names (see wsitool.distributed)."""
     for cls, code in EXIT_CODES:
@@ -318,7 +330,7 @@ def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, s
     if scheduler is not None and scheduler != "threads" and threads is not None:
         raise fail("--threads applies to the local thread pool; on Dask the workers' threads are used", 2)
     requests = load_regions_csv(regions)
-    with _batch_progress(quiet) as bar:
+    with _batch_progress(quiet) as bar, _usage_errors():
         task = bar.add_task("regions", total=len(requests))
         outcomes = read_regions(slide, requests, output_dir, format=fmt, pack=pack, mode=mode,
                                 on_error=on_error, scheduler=scheduler, workers=threads,
@@ -499,8 +511,9 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
                     f"{res.tiles_failed} undecodable source tile(s) were painted with the background",
                     highlight=False)
 
-        outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
-                               tile_progress=None if bar.disable else on_tiles, **options)
+        with _usage_errors():
+            outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
+                                   tile_progress=None if bar.disable else on_tiles, **options)
     console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
                   f"of {len(outcomes)} slide(s) into {output}", highlight=False)
     failed = [o for o in outcomes if o.status == "failed"]

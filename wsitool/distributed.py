@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import functools
 import glob as _glob
 import math
@@ -65,6 +66,7 @@ from .errors import InvalidRegionError, WsiError
 
 __all__ = [
     "DaskUnavailableError",
+    "BatchOptionError",
     "cached_slide",
     "level_to_dask",
     "RegionRequest",
@@ -83,6 +85,11 @@ INSTALL_HINT = 'install the optional Dask extra: pip install "wsitool[dask]"'
 
 class DaskUnavailableError(WsiError):
     """Dask (``dask[array]`` / ``distributed``) is needed but not importable."""
+
+
+class BatchOptionError(WsiError, ValueError):
+    """A bad option of a batch call: unknown scheduler or format, or two
+    sources that would be written to the same output (a usage error)."""
 
 
 def _import_dask_array():
@@ -306,7 +313,7 @@ class _ClientHandle:
             n = max(1, min(n_tasks, os.cpu_count() or 1))
             self.cluster = distributed.LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True,
-                dashboard_address=None, silence_logs=logging.ERROR,
+                dashboard_address=":0", silence_logs=logging.ERROR,
             )
             self.client = distributed.Client(self.cluster)
         else:
@@ -340,12 +347,12 @@ def _check_scheduler(scheduler, allowed_local: tuple[str, ...]) -> None:
     if scheduler is None or _is_client(scheduler):
         return
     if not isinstance(scheduler, str) or not scheduler:
-        raise InvalidRegionError(f"scheduler must be a string or a distributed.Client, got {scheduler!r}")
+        raise BatchOptionError(f"scheduler must be a string or a distributed.Client, got {scheduler!r}")
     if scheduler in allowed_local or scheduler == "local" or "://" in scheduler:
         if (scheduler == "local" or "://" in scheduler) and not dask_available():
             raise DaskUnavailableError(f"scheduler {scheduler!r} needs dask.distributed; {INSTALL_HINT}")
         return
-    raise InvalidRegionError(
+    raise BatchOptionError(
         f"unknown scheduler {scheduler!r} (use {', '.join(allowed_local)}, local, "
         "or a scheduler address such as tcp://HOST:PORT)"
     )
@@ -623,8 +630,9 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         not stop the others.
 
     Raises:
-        InvalidRegionError: a bad request (level out of range, bad mode,
-            format or name) — checked for every region before any is read, the
+        BatchOptionError: unknown ``format`` or ``scheduler``.
+        InvalidRegionError: a bad request (level out of range, bad mode or
+            name) — checked for every region before any is read, the
             message names the region.
         ResourceLimitError: a region over the configured size limits.
         DaskUnavailableError: a Dask scheduler without Dask installed.
@@ -639,11 +647,11 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
     if pack:
         fmt = (format or "npz").lower()
         if fmt not in _PACK_FORMATS:
-            raise InvalidRegionError(f"pack format must be one of {_PACK_FORMATS}, got {format!r}")
+            raise BatchOptionError(f"pack format must be one of {_PACK_FORMATS}, got {format!r}")
     else:
         fmt = (format or "png").lower()
         if fmt not in _FILE_FORMATS:
-            raise InvalidRegionError(f"format must be one of {_FILE_FORMATS}, got {format!r}")
+            raise BatchOptionError(f"format must be one of {_FILE_FORMATS}, got {format!r}")
     _check_scheduler(scheduler, ("threads",))
     if isinstance(regions, (str, os.PathLike)):
         requests = load_regions_csv(regions)
@@ -776,8 +784,8 @@ def expand_sources(sources: Iterable[str | os.PathLike] = (),
     Duplicates (same absolute path) are kept once, first position wins.
 
     Raises:
-        FileNotFoundError: the list file is missing.
-        InvalidRegionError: a glob pattern that matches nothing.
+        FileNotFoundError: the list file is missing, or a glob pattern matches
+            nothing.
     """
     items: list[str] = []
     for src in sources:
@@ -785,7 +793,7 @@ def expand_sources(sources: Iterable[str | os.PathLike] = (),
         if not os.path.exists(s) and any(ch in s for ch in "*?["):
             matches = sorted(_glob.glob(s, recursive=True))
             if not matches:
-                raise InvalidRegionError(f"{s}: the pattern matches no file")
+                raise FileNotFoundError(errno.ENOENT, "the pattern matches no file", s)
             items.extend(matches)
         else:
             items.append(s)
@@ -815,7 +823,7 @@ def export_output_path(source: str | os.PathLike, output_dir: str | os.PathLike,
     for the formats ``tiff``, ``ome-tiff`` and ``dzi``.
     """
     if format not in _FORMAT_SUFFIX:
-        raise InvalidRegionError(f"format must be one of {tuple(_FORMAT_SUFFIX)}, got {format!r}")
+        raise BatchOptionError(f"format must be one of {tuple(_FORMAT_SUFFIX)}, got {format!r}")
     return Path(output_dir) / (_slide_stem(os.fspath(source)) + _FORMAT_SUFFIX[format])
 
 
@@ -931,7 +939,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
         ``"failed"`` with its message; the others still run.
 
     Raises:
-        InvalidRegionError: bad format or scheduler, or two sources mapping to
+        BatchOptionError: bad format or scheduler, or two sources mapping to
             the same output name.
         DaskUnavailableError: a Dask scheduler without Dask installed.
         WsiError: the scheduler address cannot be reached.
@@ -942,7 +950,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     by_output: dict[Path, str] = {}
     for s, o in zip(srcs, outputs):
         if o in by_output:
-            raise InvalidRegionError(
+            raise BatchOptionError(
                 f"{s} and {by_output[o]} would both be exported to {o}; rename one or export them "
                 "to different folders"
             )
