@@ -376,7 +376,7 @@ def export_pyramid_cmd(
         None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
     level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
     overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Encoder/decoder threads per export (default: CPU count; batch: CPU count / concurrent exports)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
     background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),

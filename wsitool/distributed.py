@@ -916,8 +916,10 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
             process, one slide after another; the default for one slide or
             without Dask), ``"tcp://HOST:PORT"`` or a ``distributed.Client``.
         format: ``"tiff"``, ``"ome-tiff"`` or ``"dzi"``.
-        threads: encode/decode threads per export (default: CPU count divided
-            by the number of concurrently running exports, at least 1).
+        threads: encode/decode threads per export (default: in this process
+            the CPU count; on a cluster twice the CPU count of this machine
+            divided by the number of concurrent exports, between 1 and the CPU
+            count, so that the last long export can use cores left idle).
         overwrite: re-export slides whose output exists.  Without it a
             complete output is skipped (``"skipped"``), so re-running a batch
             resumes it; outputs of interrupted exports never exist under the
@@ -971,8 +973,10 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
                 progress(results[i])
         return [results[i] for i in range(len(srcs))]
     with _ClientHandle(scheduler, len(srcs)) as handle:
+        # Two threads per core in all: when one long export is the last one
+        # running, it can still use the cores the idle workers left.
         running = min(len(srcs), handle.n_workers())
-        options["threads"] = threads or max(1, cpus // max(1, running))
+        options["threads"] = threads or min(cpus, max(1, 2 * cpus // max(1, running)))
         topic = None
         if tile_progress is not None:
             topic = f"wsitool-export-progress-{os.getpid()}-{time.time_ns()}"
