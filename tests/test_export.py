@@ -274,6 +274,8 @@ def test_bad_requests_raise_clear_errors(tmp_path, sample_jpeg):
         export_pyramid(sample_jpeg, tmp_path / "x.dzi", format="dzi", compression="jpeg2000")
     with pytest.raises(ValueError, match="overlap"):
         export_pyramid(sample_jpeg, out, overlap=1)
+    with pytest.raises(ValueError, match="half the tile size"):
+        export_pyramid(sample_jpeg, tmp_path / "x.dzi", format="dzi", tile_size=8, overlap=5)
     with pytest.raises(FileNotFoundError):
         export_pyramid(sample_jpeg, tmp_path / "missing" / "x.svs")
     assert list(tmp_path.iterdir()) == []
@@ -372,7 +374,7 @@ def test_memory_stays_under_documented_bound(cmu1, tmp_path):
         lv = src.levels[0]
         dims = export.pyramid_dimensions(region[2], region[3], tile)
         bound = export.memory_bound(region[2], tile, levels=len(dims), threads=1,
-                                    source_tile_pixels=lv.tile_width * lv.tile_height)
+                                    source_tile=(lv.tile_width, lv.tile_height))
         whole_level = region[2] * region[3] * 3
         assert whole_level > bound  # holding level 0 alone would break the bound
         src.read_region((0, 0), 0, (8, 8))  # warm up decoder state outside the measurement
@@ -551,3 +553,15 @@ def test_missing_tiles_and_alpha_become_background(tmp_path):
     with wsitool.open_slide(tmp_path / "a.svs") as s:
         got = s.read_region((0, 0), 0, (260, 200), mode="rgb")
     np.testing.assert_array_equal(got, composite(rgba, bg))
+
+
+def test_strips_follow_source_tiles_so_each_is_decoded_once(tmp_path, cmu1):
+    """CMU-1 has 240-pixel tiles; Deep Zoom tiles are 254: strips still start on source tile rows."""
+    assert export.strip_rows(254, 240) == 240
+    assert export.strip_rows(256, 100) == 200 and export.strip_rows(64, 1024) == 64
+    pool = wsitool.decode.get_pool("cpu")
+    before = pool.stats().tiles_decoded
+    export_pyramid(cmu1, tmp_path / "d.dzi", format="dzi", region=(0, 100, 2220, 1000),
+                   tile_size=254, overlap=1, threads=1)
+    touched = -(-2220 // 240) * (1100 // 240 - 100 // 240 + 1)
+    assert pool.stats().tiles_decoded - before == touched

@@ -5,8 +5,12 @@ Entry point: :func:`export_pyramid` (CLI: ``wsitool export-pyramid``).
 How the pyramid is built (streaming, never a whole level in memory):
 
 1. **Level 0** of the output is the requested source level (``level``),
-   cropped to ``region``.  It is read one output tile row at a time
-   (``tile_size`` rows, the full region width) with
+   cropped to ``region``.  It is read strip by strip, about one output tile
+   row at a time (``R`` rows, the full region width, where ``R`` is the
+   largest multiple of the source tile height up to ``tile_size``, or the
+   source tile height if that is at most ``2 * tile_size``, so that strips
+   follow the source tile rows and each source tile is decoded once; see
+   :func:`strip_rows`), with
    :meth:`Slide.read_region` straight into the level-0 row window, as the
    ``"rgba"`` read composited onto ``background``:
    ``rgb = (src * a + bg * (255 - a) + 127) // 255``, so pixels outside the
@@ -44,17 +48,19 @@ How the pyramid is built (streaming, never a whole level in memory):
 
 Memory bound (bytes of numpy buffers; see :func:`memory_bound`), with ``W``
 the output width, ``T`` the tile size, ``O`` the overlap, ``N`` the number of
-levels, ``Q = 4 * threads + 4`` tiles in flight in the encoder pool, ``D``
-decode threads (= ``threads``), ``S`` the pixel count of one source tile (or
-strip) and ``s`` the source's bytes per pixel::
+levels, ``R <= 2T`` the strip rows (above), ``Q = 4 * threads + 4`` tiles in
+flight in the encoder pool, ``D`` decode threads (= ``threads``), ``S`` the
+pixel count of one source tile (or strip) and ``s`` the source's bytes per
+pixel::
 
-    C0 = 2T + 2O                   rows kept for level 0
-    Ck = T + 2O + T // 2 + 3       rows kept for each lower level
-    B  = 4*T*W                     RGBA strip (sources with alpha, or after a decode error)
-       + 2*T*W                     alpha masks while compositing
+    C0 = T + 2O + R                rows kept for level 0
+    Ck = T + 2O + R // 2 + 3       rows kept for each lower level
+    B  = 4*R*W                     RGBA strip (sources with alpha, or after a decode error)
+       + 2*R*W                     alpha masks while compositing
        + 3*C0*W                    level-0 window, uint8 RGB
        + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
-       + 12*(T // 2 + 1)*W         float32 temporary of one halving step
+       + 12*(R // 2 + 1)*W         temporaries of one halving step (uint16 sums at level 0,
+                                   float32 below)
        + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
        + 16*(T + 2O)**2            the tile being cropped: float32 rounding, edge padding
        + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
@@ -63,7 +69,8 @@ strip) and ``s`` the source's bytes per pixel::
        + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
 
 It grows with the width and the tile size, never with the height: about
-``36 * T * W`` bytes plus a few MB, e.g. with 256-pixel tiles and 2 threads
+``36 * T * W`` bytes plus a few MB when ``R = T`` (57 T W at most, when
+``R = 2T``), e.g. with 256-pixel tiles, 256-pixel source tiles and 2 threads
 about 100 MB for a 10 000-pixel-wide export and 0.94 GB for a
 100 000-pixel-wide one.
 
@@ -132,8 +139,8 @@ from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, Wsi
 from .settings import get_limits
 from .slide import Slide, open_slide
 
-__all__ = ["ExportResult", "export_pyramid", "pyramid_dimensions", "memory_bound", "FORMATS",
-           "COMPRESSIONS"]
+__all__ = ["ExportResult", "export_pyramid", "pyramid_dimensions", "memory_bound", "strip_rows",
+           "FORMATS", "COMPRESSIONS"]
 
 #: Output formats.
 FORMATS = ("tiff", "ome-tiff", "dzi")
@@ -206,8 +213,24 @@ def _queue_depth(threads: int) -> int:
     return 4 * threads + 4
 
 
+def strip_rows(tile_size: int, source_tile_height: int) -> int:
+    """Rows read from the source per strip.
+
+    The largest multiple of the source tile (or strip) height that is at most
+    ``tile_size``, or the source tile height itself if it lies between
+    ``tile_size`` and ``2 * tile_size``: strips then start on source tile rows
+    (the first one is shortened to reach the grid) and every source tile is
+    decoded once.  Source tiles taller than ``2 * tile_size`` are read
+    ``tile_size`` rows at a time (each decoded once per strip it touches).
+    """
+    T, th = int(tile_size), int(source_tile_height)
+    if th > 2 * T:
+        return T
+    return th * max(1, T // th)
+
+
 def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 1, threads: int = 1,
-                 source_tile_pixels: int = 0, source_pixel_bytes: int = 3,
+                 source_tile: tuple[int, int] = (0, 0), source_pixel_bytes: int = 3,
                  source_itemsize: int = 1) -> int:
     """Upper bound in bytes on the numpy buffers one export holds at once.
 
@@ -217,7 +240,7 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         overlap: Deep Zoom overlap in pixels (0 for TIFF).
         levels: number of output levels.
         threads: encoder and decoder threads.
-        source_tile_pixels: pixels in one source tile (or strip) of the level read.
+        source_tile: ``(width, height)`` of one source tile (or strip) of the level read.
         source_pixel_bytes: bytes per pixel of the source level (samples x itemsize).
         source_itemsize: bytes per sample of the source level.
 
@@ -227,23 +250,35 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
     """
     W, T, O, N = int(width), int(tile_size), int(overlap), int(levels)
     q = _queue_depth(threads)
+    stw, sth = (int(v) for v in source_tile)
+    R = strip_rows(T, sth) if sth > 0 else T
     if source_itemsize > 1:
         decode_bytes = 8 * max(1, source_pixel_bytes // source_itemsize)
     else:
         decode_bytes = max(3, source_pixel_bytes)
-    c0 = 2 * T + 2 * O
-    ck = T + 2 * O + T // 2 + 3
+    c0, ck = _window_rows(T, O, R)
     return int(
-        4 * T * W
-        + 2 * T * W
+        4 * R * W
+        + 2 * R * W
         + 3 * c0 * W
         + 12 * ck * (W + N)
-        + 12 * (T // 2 + 1) * W
+        + 12 * (R // 2 + 1) * W
         + 6 * q * (T + 2 * O) ** 2
         + 16 * (T + 2 * O) ** 2
-        + 4 * threads * source_tile_pixels * decode_bytes
+        + 4 * threads * stw * sth * decode_bytes
         + _SLACK
     )
+
+
+def _window_rows(T: int, O: int, R: int) -> tuple[int, int]:
+    """Row capacity of the level-0 window and of the lower levels' windows.
+
+    After a level emits and trims, it keeps fewer than ``T + 2 O`` rows (the
+    unfinished tile row with its overlaps) or one unpaired row; then a strip
+    of ``R`` rows arrives at level 0, and at most ``R // 2 + 1`` rows at the
+    next level (pairs of the strip plus the unpaired row), fewer below.
+    """
+    return T + 2 * O + R, T + 2 * O + R // 2 + 3
 
 
 def _to_level0(v: int, ds: float) -> int:
@@ -402,14 +437,14 @@ class _Rows:
 class _Pyramid:
     """Turns composited level-0 strips into output tiles of every level."""
 
-    def __init__(self, dims: list[tuple[int, int]], tile: int, overlap: int, pad_tiles: bool):
+    def __init__(self, dims: list[tuple[int, int]], tile: int, overlap: int, pad_tiles: bool,
+                 strip: int):
         self.dims = dims
         self.tile = tile
         self.overlap = overlap
         self.pad_tiles = pad_tiles
         base = dims[0]
-        c0 = 2 * tile + 2 * overlap
-        ck = tile + 2 * overlap + tile // 2 + 3
+        c0, ck = _window_rows(tile, overlap, strip)
         self.levels = [
             _Rows(k, w, h, base, tile, overlap, c0 if k == 0 else ck, np.uint8 if k == 0 else np.float32)
             for k, (w, h) in enumerate(dims)
@@ -427,6 +462,11 @@ class _Pyramid:
         if rows == 0:
             return 0
         a = src.buf[p - src.start:avail - src.start]
+        if k == 0:
+            self._halve_uint8(a, pairs, single, dst.tail(rows))
+            dst.n += rows
+            src.paired = p + 2 * pairs + single
+            return rows
         v = np.empty((rows, src.width, 3), np.float32)
         if pairs:
             np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.float32)
@@ -457,6 +497,24 @@ class _Pyramid:
         dst.n += rows
         src.paired = p + 2 * pairs + single
         return rows
+
+    @staticmethod
+    def _halve_uint8(a: np.ndarray, pairs: int, single: int, out: np.ndarray) -> None:
+        """Level 0 -> 1 in integers: every level-0 pixel has weight 1, so sums of 2 or 4
+        uint8 values (uint16) scaled once into the float32 output are exact."""
+        rows, w = pairs + single, a.shape[1]
+        v = np.empty((rows, w, 3), np.uint16)  # vertical sums of 2 (a single last row doubled)
+        if pairs:
+            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.uint16)
+        if single:
+            np.multiply(a[2 * pairs], 2, out=v[pairs], dtype=np.uint16)
+        half = w // 2
+        if half:
+            h = np.add(v[:, 0:2 * half:2], v[:, 1:2 * half:2], dtype=np.uint16)
+            np.multiply(h, np.float32(0.25), out=out[:, :half])
+            del h
+        if w % 2:
+            np.multiply(v[:, w - 1], np.float32(0.5), out=out[:, half])
 
     # -- emission ------------------------------------------------------------------
     def _crop(self, lv: _Rows, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -514,6 +572,11 @@ class _Source:
 
     def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, tile: int,
                  threads: int, background: np.ndarray):
+        lv = slide.levels[level]
+        #: rows per strip, and the rows of the first strip (up to the source tile grid)
+        self.strip = strip_rows(tile, lv.tile_height)
+        aligned = self.strip % lv.tile_height == 0
+        self.first = self.strip - (ry % self.strip) if aligned else self.strip
         self.slide = slide
         self.level = level
         self.lv = slide.levels[level]
@@ -523,7 +586,7 @@ class _Source:
         self.background = background
         self.failed: set[tuple[int, int]] = set()
         self.alpha = any(code in (1, 2) for code in self.lv._extrasamples)
-        self._rgba = np.empty((min(tile, h), w, 4), np.uint8) if self.alpha else None
+        self._rgba = np.empty((min(self.strip, h), w, 4), np.uint8) if self.alpha else None
         self._missing = self._missing_grid()
 
     def _loc(self, lx: int, ly: int) -> tuple[int, int]:
@@ -748,7 +811,8 @@ def export_pyramid(
         level: source level read; the output's full resolution is this
             level's (lower output levels are computed, never read from other
             source levels, whatever their downsample).
-        overlap: Deep Zoom tile overlap in pixels (0 for TIFF formats).
+        overlap: Deep Zoom tile overlap in pixels, at most ``tile_size // 2``
+            (0 for TIFF formats).
         threads: encoder threads and decoder threads per strip read
             (default: the CPU count).
         overwrite: replace an existing output; without it an existing output
@@ -800,6 +864,8 @@ def export_pyramid(
         raise ValueError(f"overlap must be >= 0, got {O}")
     if O and fmt != "dzi":
         raise ValueError("overlap applies to Deep Zoom (format dzi) only")
+    if 2 * O > T:
+        raise ValueError(f"overlap must be at most half the tile size ({T // 2}), got {O}")
     nthreads = (os.cpu_count() or 1) if threads is None else _int_option(threads, "threads")
     if nthreads < 1:
         raise ValueError(f"threads must be >= 1, got {nthreads}")
@@ -856,11 +922,11 @@ def export_pyramid(
         total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
         counter = _Counter(total, progress)
         bound = memory_bound(w, T, overlap=O, levels=len(dims), threads=nthreads,
-                             source_tile_pixels=lv.tile_width * lv.tile_height,
+                             source_tile=(lv.tile_width, lv.tile_height),
                              source_pixel_bytes=lv.samples * lv.dtype.itemsize,
                              source_itemsize=lv.dtype.itemsize)
         codec = _TileCodec(fmt, compression, q)
-        pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi")
+        pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
         tiles = _encoded_tiles(src, pyramid, codec, nthreads)
         meta = _metadata(slide, L, dims)
         if fmt == "dzi":
@@ -943,17 +1009,18 @@ def _metadata(slide, L: int, dims) -> dict:
 def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
                    threads: int) -> Iterator[tuple[int, int, int, bytes]]:
     """Every output tile as ``(level, col, row, bytes)``; each level in row-major order."""
-    T = pyramid.tile
-    W, H = pyramid.dims[0]
+    H = pyramid.dims[0][1]
     q = _queue_depth(threads)
     pending: collections.deque = collections.deque()
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsitool-encode")
     try:
         lv0 = pyramid.levels[0]
-        for sy in range(0, H, T):
-            rows = min(T, H - sy)
+        sy = 0
+        while sy < H:
+            rows = min(src.first if sy == 0 else src.strip, H - sy)
             src.read(sy, lv0.tail(rows))
             lv0.n += rows
+            sy += rows
             for k, c, r, tile in pyramid.advance(0):
                 pending.append((k, c, r, executor.submit(codec.encode, tile)))
                 del tile
