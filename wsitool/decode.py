@@ -213,49 +213,40 @@ class DecoderPool:
         else:
             raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
 
-    def _create_encoder(self):
-        """A new encoder for this pool's device: CPU backends only, or GPU backends with CPU fallback."""
+    def _create(self, cls, what: str):
+        """One nvImageCodec ``Decoder`` or ``Encoder`` for this pool's device.
+
+        CPU: the CPU backend only (``device_id=NVIMGCODEC_DEVICE_CPU_ONLY``;
+        without it the library tries the GPU and fails on machines without
+        one).  CUDA: GPU backends first (the hardware JPEG engine for
+        decoders), the CPU backend as fallback.  One CPU thread per instance:
+        parallelism comes from our own per-thread instances.
+        """
+        kinds = [nvimgcodec.BackendKind.CPU_ONLY]
+        if self.device != "cpu":
+            gpu = [nvimgcodec.BackendKind.GPU_ONLY, nvimgcodec.BackendKind.HYBRID_CPU_GPU]
+            if cls is nvimgcodec.Decoder:
+                gpu.insert(0, nvimgcodec.BackendKind.HW_GPU_ONLY)
+            kinds = gpu + kinds
         with self._create_lock:
-            if self.device == "cpu":
-                backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)]
-            else:
-                backends = [
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY),
-                ]
             try:
-                encoder = nvimgcodec.Encoder(
-                    device_id=self._device_id, max_num_cpu_threads=1, backends=backends
-                )
+                return cls(device_id=self._device_id, max_num_cpu_threads=1,
+                           backends=[nvimgcodec.Backend(k) for k in kinds])
             except Exception as exc:  # pragma: no cover - depends on the machine
                 raise DeviceUnavailableError(
-                    f"could not create an nvImageCodec encoder for {self.device}: {exc}"
+                    f"could not create an nvImageCodec {what} for {self.device}: {exc}"
                 ) from exc
+
+    def _create_encoder(self):
+        """A new per-thread encoder (see :meth:`_create`); counted in ``encoders_created``."""
+        encoder = self._create(nvimgcodec.Encoder, "encoder")
+        with self._create_lock:
             self.encoders_created += 1
-            return encoder
+        return encoder
 
     def _create_decoder(self):
-        with self._create_lock:
-            if self.device == "cpu":
-                backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)]
-            else:
-                backends = [
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY),
-                ]
-            try:
-                # One CPU thread per decoder: parallelism comes from our own
-                # per-thread decoders, not from a pool inside each decoder.
-                return nvimgcodec.Decoder(
-                    device_id=self._device_id, max_num_cpu_threads=1, backends=backends
-                )
-            except Exception as exc:  # pragma: no cover - depends on the machine
-                raise DeviceUnavailableError(
-                    f"could not create an nvImageCodec decoder for {self.device}: {exc}"
-                ) from exc
+        """A new per-thread decoder (see :meth:`_create`)."""
+        return self._create(nvimgcodec.Decoder, "decoder")
 
     def state(self) -> _ThreadState:
         """The calling thread's decoder state (created on first use)."""
