@@ -278,6 +278,7 @@ def stress_cmd(
     mode: str = typer.Option("rgb", "--mode", help="rgb (decode into caller buffers), rgba or raw."),
     read_threads: int = typer.Option(1, "--read-threads", help="threads= of each read."),
     stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds without progress before the run counts as hung."),
+    sample_interval: float = typer.Option(0.1, "--sample-interval", help="Seconds between RSS samples."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
 ) -> None:
     """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
@@ -308,6 +309,7 @@ def stress_cmd(
             duration=duration, region_size=region_size, levels=levels, seed=seed,
             verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup, mode=mode,
             read_threads=read_threads, stall_timeout=stall_timeout, device=device,
+            sample_interval=sample_interval,
             progress=on_progress,
         )
     finally:

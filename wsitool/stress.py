@@ -314,6 +314,13 @@ def _fit(xs: Sequence[float], ys: Sequence[float]):
     return float(a), float(b)
 
 
+def _excerpt(text: str, keep: int = 3000) -> str:
+    """Head and tail of ``text`` (the crash header and the last frames)."""
+    if len(text) <= 2 * keep:
+        return text
+    return text[:keep] + "\n[... cut ...]\n" + text[-keep:]
+
+
 def _signal_name(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -521,6 +528,7 @@ def run_stress(
         "region_size": region_size, "size_bounds": [lo, hi], "channels": channels,
         "dtype": np.dtype(dtype).str, "itemsize": np.dtype(dtype).itemsize,
         "sample_interval": sample_interval, "samplers": all_samplers,
+        "warmup_iterations": warmup_iterations,
     }
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t_start = time.monotonic()
@@ -657,7 +665,14 @@ def run_stress(
         update_snapshot("verifying")
     try:
         with open(trace_path, "rb") as fh:
-            stderr_tail = fh.read()[-8000:].decode("utf-8", "replace")
+            raw = fh.read(8000)
+            size = os.fstat(fh.fileno()).st_size
+            if size > 16000:  # keep the head (crash header) and the tail only
+                fh.seek(size - 8000)
+                raw += b"\n[... cut ...]\n" + fh.read()
+            else:
+                raw += fh.read()
+            stderr_tail = raw.decode("utf-8", "replace")
     except OSError:
         stderr_tail = ""
     tmpdir.cleanup()
@@ -728,7 +743,7 @@ def run_stress(
                 "rss_mb": round(last.get("rss", 0) / _MIB, 3),
                 "errors": read_errors,
             },
-            "stderr_tail": stderr_tail[-4000:],
+            "stderr_tail": _excerpt(stderr_tail),
         }
     problems = []
     if crash is not None:

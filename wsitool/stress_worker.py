@@ -28,7 +28,9 @@ tests can check that the stress report catches each kind of failure:
 * ``corrupt`` -- worker threads with an odd id flip the first byte of every
   second read they make (pixels returned wrong under concurrency);
 * ``segv`` -- once a quarter of the iterations is done (or after one second
-  in ``--duration`` mode), the child sends itself SIGSEGV.
+  in ``--duration`` mode), the child sends itself SIGSEGV;
+* ``hang`` -- from the same point on, every worker blocks forever (a
+  deadlock), so the parent's stall timeout fires.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import time
 import traceback
 
 FAULT_ENV = "WSITOOL_STRESS_FAULT"
-FAULTS = ("leak", "corrupt", "segv")
+FAULTS = ("leak", "corrupt", "segv", "hang")
 
 #: Placement kinds of a random region and their cumulative probabilities.
 _KINDS = ((0.55, "inside"), (0.75, "edge"), (0.90, "top-left"), (1.0, "anywhere"))
@@ -139,6 +141,7 @@ class _Workload:
         self.pending_errors: list = []
         self.listed_errors = 0
         self.stop = threading.Event()
+        self.wake = threading.Event()
         self.t0 = 0.0
         self.deadline = None
         self.samples_sent = 0
@@ -231,8 +234,10 @@ class _Workload:
                     self.leaked.append(keep)
                 elif self.fault == "corrupt" and wid % 2 == 1 and mine % 2 == 0:
                     arr.reshape(-1).view(np.uint8)[0] ^= 0xFF
-                elif self.fault == "segv" and self._segv_due():
+                elif self.fault == "segv" and self._fault_due():
                     os.kill(os.getpid(), signal.SIGSEGV)
+                elif self.fault == "hang" and self._fault_due():
+                    threading.Event().wait()  # a deadlock: never returns
                 record = None
                 if idx % self.K == 0:
                     host = arr if self.device == "cpu" else arr.get()
@@ -242,6 +247,8 @@ class _Workload:
                     self.by_level[level] += 1
                     if record is not None:
                         self.pending_verify.append(record)
+                    if self.completed == self.cfg.get("warmup_iterations"):
+                        self.wake.set()  # sample exactly at the end of warm-up
             except Exception as exc:
                 with self.claim_lock:
                     self.completed += 1
@@ -255,7 +262,7 @@ class _Workload:
                             "message": str(exc)[:500],
                         })
 
-    def _segv_due(self) -> bool:
+    def _fault_due(self) -> bool:
         if self.samples_sent < 2:
             return False
         if self.target is not None:
@@ -264,7 +271,11 @@ class _Workload:
 
     def monitor(self) -> None:
         interval = self.cfg["sample_interval"]
-        while not self.stop.wait(interval):
+        while True:
+            self.wake.wait(interval)
+            self.wake.clear()
+            if self.stop.is_set():
+                return
             self.sample()
 
     def run(self) -> None:
@@ -284,6 +295,7 @@ class _Workload:
             t.join()
         elapsed = time.monotonic() - self.t0
         self.stop.set()
+        self.wake.set()
         mon.join()
         last = self.sample()
         self.send({"type": "done", "elapsed": elapsed, "iterations": last["iterations"],
