@@ -142,6 +142,8 @@ class _Workload:
         self.listed_errors = 0
         self.stop = threading.Event()
         self.wake = threading.Event()
+        self.finished = threading.Barrier(cfg["workers"] + 1)
+        self.release = threading.Event()
         self.t0 = 0.0
         self.deadline = None
         self.samples_sent = 0
@@ -153,8 +155,13 @@ class _Workload:
     def send(self, msg: dict) -> None:
         line = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
         with self.pipe_lock:
-            self.pipe.write(line)
-            self.pipe.flush()
+            try:
+                self.pipe.write(line)
+                self.pipe.flush()
+            except (BrokenPipeError, ValueError):
+                # The parent is gone (killed, interrupted): stop at once
+                # rather than run on unobserved.
+                os._exit(3)
 
     def decode_stats(self) -> dict:
         import dataclasses
@@ -204,13 +211,21 @@ class _Workload:
             return idx
 
     def worker(self, wid: int) -> None:
-        np = self.np
-        lo, hi = self.cfg["size_bounds"]
-        itemsize = self.cfg["itemsize"]
-        channels = self.cfg["channels"]
         # One buffer per worker, allocated once, sized for the largest region;
         # each read uses a C-contiguous view over its first h*w*c elements.
-        flat = np.zeros(hi * hi * channels * itemsize, np.uint8)
+        hi = self.cfg["size_bounds"][1]
+        flat = self.np.zeros(hi * hi * self.cfg["channels"] * self.cfg["itemsize"], self.np.uint8)
+        try:
+            self._work(wid, flat)
+        finally:
+            # Wait, with buffers and decoders alive, until the final sample is taken.
+            self.finished.wait()
+            self.release.wait()
+
+    def _work(self, wid: int, flat) -> None:
+        np = self.np
+        itemsize = self.cfg["itemsize"]
+        channels = self.cfg["channels"]
         dtype = np.dtype(self.cfg["dtype"])
         mine = 0
         while True:
@@ -291,13 +306,18 @@ class _Workload:
                    for i in range(self.cfg["workers"])]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        # Every worker has run out of iterations but still holds its buffer and
+        # its thread's decoder: the final sample sees the steady state, not
+        # the memory released when the threads end.
+        self.finished.wait()
         elapsed = time.monotonic() - self.t0
         self.stop.set()
         self.wake.set()
         mon.join()
         last = self.sample()
+        self.release.set()
+        for t in threads:
+            t.join()
         self.send({"type": "done", "elapsed": elapsed, "iterations": last["iterations"],
                    "errors": last["errors"], "sampler_errors": self.sampler_errors})
 
