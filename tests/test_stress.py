@@ -184,9 +184,17 @@ def test_unreadable_tiles_give_read_errors(tmp_path):
     assert first["type"] == "TileDecodeError" and "tile (col 0, row 0)" in first["message"]
 
 
-def test_bad_arguments():
+def test_bad_arguments(monkeypatch, tmp_path):
     res = invoke(["stress", JPEG, "--iterations", "10", "--duration", "1"])
     assert res.exit_code == 2
+    res = invoke(["stress", JPEG, "--iterations", "10", "--plot", tmp_path / "rss.bmp"])
+    assert res.exit_code == 2 and "unknown plot extension" in res.output
+    import wsitool.stress
+
+    monkeypatch.setattr(wsitool.stress, "plot_available", lambda: False)
+    res = invoke(["stress", JPEG, "--iterations", "10", "--plot", tmp_path / "rss.png"])
+    assert res.exit_code == 2 and "pip install 'wsitool[plot]'" in res.output
+    assert not (tmp_path / "rss.png").exists()
     res = invoke(["stress", JPEG, "--levels", "0,7", "--iterations", "10"])
     assert res.exit_code == 5 and "level 7 out of range" in res.output
     with pytest.raises(InvalidRegionError):

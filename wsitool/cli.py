@@ -59,7 +59,9 @@ def exit_code_for(exc: BaseException) -> int:
 
 def fail(message: str, code: int) -> "typer.Exit":
     """Print one error line to stderr and return the Exit to raise."""
-    err_console.print(f"[bold red]wsitool: error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape  # messages hold paths and hints with brackets
+
+    err_console.print(f"[bold red]wsitool: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -265,7 +267,7 @@ def stress_cmd(
     slide: Path = typer.Argument(..., help="Slide file."),
     workers: int = typer.Option(16, "--workers", "-w", help="Reader threads sharing one opened slide."),
     iterations: Optional[int] = typer.Option(None, "--iterations", "-n",
-                                             help="Total reads over all workers [default: 10000]."),
+                                             help="Total reads over all workers (default 10000)."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Run this many seconds instead of --iterations."),
     region_size: int = typer.Option(512, "--region-size", help="Nominal region side (px); sides vary from 1/2 to 3/2 of it."),
     levels: str = typer.Option("all", "--levels", help="'all' or level indices, e.g. '0,1'."),
@@ -290,8 +292,11 @@ def stress_cmd(
 
     if iterations is not None and duration is not None:
         raise fail("--iterations and --duration are mutually exclusive", 2)
-    if plot is not None and not stress.plot_available():
-        raise fail("--plot needs matplotlib: pip install 'wsitool[plot]'", 2)
+    if plot is not None:
+        if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise fail(f"{plot}: unknown plot extension {plot.suffix!r} (use .png, .svg or .pdf)", 2)
+        if not stress.plot_available():
+            raise fail("--plot needs matplotlib: pip install 'wsitool[plot]'", 2)
     live = None
     if console.is_terminal:
         from rich.live import Live
