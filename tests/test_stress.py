@@ -83,7 +83,8 @@ def test_clean_run_passes_with_valid_report_and_plot(tmp_path):
 def test_api_generic_tiff_levels_duration_and_progress():
     seen = []
     rep = run_stress(OME, workers=4, duration=1.0, region_size=96, levels="0,1",
-                     verify_every=2, sample_interval=0.05, progress=seen.append)
+                     verify_every=2, sample_interval=0.05, progress=seen.append,
+                     samplers=["os:getloadavg"])  # returns a tuple: a broken sampler
     d = rep.to_dict()
     validate_report(d)
     assert rep.verdict == "ok" and rep.exit_code == 0
@@ -92,6 +93,11 @@ def test_api_generic_tiff_levels_duration_and_progress():
     assert set(d["run"]["reads_by_level"]) <= {"0", "1"}
     assert d["decoder"]["tiles_generic"] > 0  # deflate tiles go through tifffile
     assert d["verification"]["checked"] > 0 and d["verification"]["mismatches"] == 0
+    # the default extra sampler sees the 4 workers; the broken one is reported, not fatal
+    extra = d["memory"]["samples"][-1]["extra"]
+    assert extra["threads"] >= 4 + 1 and extra["open_fds"] > 0
+    assert "os:getloadavg" in d["sampler_errors"]
+    assert d["config"]["samplers"][-1] == "os:getloadavg"
     assert seen and seen[-1].phase == "done"
     assert seen[-1].iterations == d["run"]["iterations_completed"]
 
@@ -221,3 +227,28 @@ def test_schema_rejects_a_broken_report():
     assert schema["properties"]["exit_code"]["enum"] == sorted(EXIT_CODES.values())
     with pytest.raises(jsonschema.ValidationError):
         validate_report({"verdict": "fine"})
+
+
+def test_reader_ignoring_out_buffer_is_a_read_error():
+    """In-process: a reader that returns a new array instead of filling out= is caught."""
+    import io
+
+    from wsitool.stress_worker import _Workload
+
+    class NewArrayReader:
+        def read_region(self, location, level, size, *, out=None, **kw):
+            return np.zeros_like(out)
+
+    cfg = {"levels": [{"index": 0, "width": 100, "height": 80, "downsample": 1.0}], "mode": "rgb",
+           "device": "cpu", "read_threads": 1, "seed": 0, "verify_every": 1, "iterations": 20,
+           "duration": None, "workers": 2, "region_size": 16, "size_bounds": list(size_bounds(16)),
+           "channels": 3, "dtype": "|u1", "itemsize": 1, "sample_interval": 0.05, "samplers": [],
+           "warmup_iterations": 2}
+    pipe = io.BytesIO()
+    pipe.close = lambda: None
+    _Workload(cfg, NewArrayReader(), pipe).run()
+    msgs = [json.loads(line) for line in pipe.getvalue().splitlines()]
+    assert msgs[-1]["type"] == "done" and msgs[-1]["errors"] == 20
+    listed = [e for m in msgs if m["type"] == "sample" for e in m["error_list"]]
+    assert listed and listed[0]["type"] == "OutBufferIgnored"
+    assert not [r for m in msgs if m["type"] == "sample" for r in m["verify"]]

@@ -56,7 +56,10 @@ Hook for extra per-sample measurements (e.g. GPU memory): :data:`SAMPLERS`
 maps a device kind to ``"module:function"`` names; each function is imported
 in the child and called at every sample with no argument, and must return a
 mapping of name to number (e.g. ``{"gpu_used_mb": 812.0}``), stored under the
-sample's ``extra``.  ``run_stress(samplers=...)`` adds more for one run.
+sample's ``extra``.  ``run_stress(samplers=...)`` adds more for one run.  The
+default, :func:`wsitool.stress_worker.process_counts`, records the child's
+thread count and open file descriptors.  A sampler that raises is reported in
+``sampler_errors`` and does not stop the run.
 """
 
 from __future__ import annotations
@@ -112,7 +115,10 @@ _SEVERITY = ("crash", "hang", "mismatch", "error", "leak")
 #: Extra per-sample measurement functions run in the child, by device kind
 #: (``"cpu"`` or ``"cuda"``): ``"module:function"`` names, each returning a
 #: mapping ``{name: number}``.  The GPU memory sampler registers itself here.
-SAMPLERS: dict[str, list[str]] = {"cpu": [], "cuda": []}
+SAMPLERS: dict[str, list[str]] = {
+    "cpu": ["wsitool.stress_worker:process_counts"],
+    "cuda": ["wsitool.stress_worker:process_counts"],
+}
 
 MAX_LISTED = 10
 _MIB = 1024.0 * 1024.0
@@ -852,6 +858,11 @@ def summary_table(report: StressReport):
     t.add_row("read errors", str(d["errors"]["count"]))
     for e in d["errors"]["first"][:3]:
         t.add_row("", f"[red]{e['type']}[/] level {e['level']} at ({e['x']}, {e['y']}): {e['message']}")
+    measured = [s for s in mem["samples"] if s["measured"] and s.get("extra")]
+    if measured and "threads" in measured[-1]["extra"]:
+        a, b = measured[0]["extra"], measured[-1]["extra"]
+        t.add_row("threads / fds", f"{a['threads']:.0f} -> {b['threads']:.0f} threads, "
+                                   f"{a.get('open_fds', 0):.0f} -> {b.get('open_fds', 0):.0f} open files")
     if dec:
         t.add_row("decoder", f"{dec['decoders_created']} decoders, {dec['tiles_decoded']:,} tiles: "
                              f"{dec['tiles_direct']:,} direct + {dec['tiles_roi']:,} ROI into caller buffers, "

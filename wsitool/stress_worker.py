@@ -57,6 +57,10 @@ _KINDS = ((0.55, "inside"), (0.75, "edge"), (0.90, "top-left"), (1.0, "anywhere"
 MAX_LISTED = 10  # first errors forwarded with details
 
 
+class OutBufferIgnored(RuntimeError):
+    """``read_region(out=buf)`` returned another array than ``buf`` (counted as a read error)."""
+
+
 def checksum(buf) -> str:
     """Hex BLAKE2b-128 digest of a C-contiguous buffer (any dtype)."""
     return hashlib.blake2b(memoryview(buf).cast("B"), digest_size=16).hexdigest()
@@ -105,6 +109,21 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def process_counts() -> dict[str, float]:
+    """Default extra sampler: ``{"threads": live Python threads, "open_fds": open file descriptors}``.
+
+    A count that climbs through a run points at a thread or file-handle leak.
+    """
+    import psutil
+
+    out = {"threads": float(threading.active_count())}
+    try:
+        out["open_fds"] = float(psutil.Process().num_fds())
+    except (AttributeError, psutil.Error):  # num_fds is POSIX-only
+        pass
+    return out
+
+
 def _load_samplers(names):
     """Import ``"module:function"`` sampler names (see wsitool.stress.SAMPLERS)."""
     out = []
@@ -148,6 +167,7 @@ class _Workload:
         self.deadline = None
         self.samples_sent = 0
         self.leaked: list = []
+        self.final: dict = {}
         self.samplers = _load_samplers(cfg.get("samplers", ()))
         self.sampler_errors: dict[str, str] = {}
 
@@ -238,6 +258,10 @@ class _Workload:
                     view = flat[: h * w * channels * itemsize].view(dtype).reshape(h, w, channels)
                     arr = self.slide.read_region((x0, y0), level, (w, h), out=view, mode=self.mode,
                                                  threads=self.read_threads)
+                    if arr is not view:  # a reader that ignores caller buffers leaks
+                        raise OutBufferIgnored(
+                            f"read_region returned a new array instead of filling out= "
+                            f"(level {level}, ({x0}, {y0}), {w}x{h})")
                 else:  # GPU: CuPy output, copied to the host only for checksums
                     arr = self.slide.read_region((x0, y0), level, (w, h), mode=self.mode,
                                                  threads=self.read_threads, device=self.device)
@@ -290,6 +314,7 @@ class _Workload:
             self.wake.wait(interval)
             self.wake.clear()
             if self.stop.is_set():
+                self.final = self.sample()  # same threads alive as in every other sample
                 return
             self.sample()
 
@@ -314,7 +339,7 @@ class _Workload:
         self.stop.set()
         self.wake.set()
         mon.join()
-        last = self.sample()
+        last = self.final
         self.release.set()
         for t in threads:
             t.join()
