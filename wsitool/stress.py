@@ -528,7 +528,7 @@ def run_stress(
     trace_path = os.path.join(tmpdir.name, "child-stderr.txt")
     rfd, wfd = os.pipe()
     child_cfg = {
-        "path": path, "fd": wfd, "trace_path": trace_path, "levels": lv_info, "mode": mode,
+        "path": path, "fd": wfd, "levels": lv_info, "mode": mode,
         "device": device, "read_threads": read_threads, "seed": seed, "verify_every": verify_every,
         "iterations": iterations, "duration": duration, "workers": workers,
         "region_size": region_size, "size_bounds": [lo, hi], "channels": channels,

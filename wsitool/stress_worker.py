@@ -7,8 +7,9 @@ parent can still write its report.  It is not meant to be imported by users;
 the public API is :mod:`wsitool.stress`.
 
 Protocol:
-    * The parent writes one JSON object (the run configuration, see
-      :func:`wsitool.stress._child_config`) to the child's standard input.
+    * The parent writes one JSON object, the run configuration built by
+      :func:`wsitool.stress.run_stress`, to the child's standard input; the
+      child's standard error goes to a file the parent reads after the run.
     * The child writes JSON lines to the file descriptor ``config["fd"]``
       (a pipe inherited from the parent): one ``{"type": "start", ...}``, then
       ``{"type": "sample", ...}`` messages at a fixed interval (RSS, iteration
@@ -349,8 +350,9 @@ class _Workload:
 
 def main() -> int:
     cfg = json.loads(sys.stdin.read())
-    trace = open(cfg["trace_path"], "w")  # noqa: SIM115 - must outlive main()
-    faulthandler.enable(file=trace, all_threads=True)
+    # stderr is a file the parent reads after the run: a fatal signal leaves
+    # the Python stack of every thread there.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     pipe = os.fdopen(cfg["fd"], "wb", buffering=0)
     try:
         from .slide import open_slide
