@@ -252,3 +252,27 @@ def test_reader_ignoring_out_buffer_is_a_read_error():
     listed = [e for m in msgs if m["type"] == "sample" for e in m["error_list"]]
     assert listed and listed[0]["type"] == "OutBufferIgnored"
     assert not [r for m in msgs if m["type"] == "sample" for r in m["verify"]]
+
+
+def test_nvimagecodec_reads_do_not_accumulate_python_objects():
+    """Regression for the leak ``wsitool stress`` found: reading
+    ``Image.__array_interface__`` after each decode leaked one Python int per
+    tile (nvImageCodec 0.9.0); 600 tile decodes must not grow the traced heap."""
+    import tracemalloc
+
+    with open_slide(JPEG) as s:
+        whole = np.empty((256, 256, 3), np.uint8)  # tile (0, 0) exactly
+        part = np.empty((256, 192, 3), np.uint8)  # a sub-region of it (ROI decode)
+        for _ in range(300):  # warm up the decoder and pybind11's caches
+            s.read_region((0, 0), 0, (256, 256), out=whole, mode="rgb", threads=1)
+            s.read_region((64, 0), 0, (192, 256), out=part, mode="rgb", threads=1)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(300):
+                s.read_region((0, 0), 0, (256, 256), out=whole, mode="rgb", threads=1)
+                s.read_region((64, 0), 0, (192, 256), out=part, mode="rgb", threads=1)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert grown < 600 * 32 // 4, f"{grown} bytes of Python objects kept by 600 decodes"
