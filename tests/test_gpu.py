@@ -337,13 +337,16 @@ def test_check_decoded_rejects_none_and_foreign_buffers(cmu1):
     with wsitool.open_slide(cmu1) as s:
         lv = s.levels[0]
         dst = np.zeros((240, 240, 3), np.uint8)
+        image = decode.nvimgcodec.as_image(dst)
         with pytest.raises(TileDecodeError, match="no image"):
-            decode.check_decoded(lv, 3, 4, None, dst)
+            decode.check_decoded(lv, 3, 4, None, image, dst.shape)
         other = decode.nvimgcodec.as_image(np.zeros((240, 240, 3), np.uint8))
         with pytest.raises(TileDecodeError, match="did not write into the caller's buffer") as info:
-            decode.check_decoded(lv, 3, 4, other, dst)
+            decode.check_decoded(lv, 3, 4, other, image, dst.shape)
         assert (info.value.col, info.value.row) == (3, 4)
-        decode.check_decoded(lv, 3, 4, decode.nvimgcodec.as_image(dst), dst)  # its own buffer: ok
+        with pytest.raises(TileDecodeError, match="did not write"):
+            decode.check_decoded(lv, 3, 4, image, image, (120, 240, 3))
+        decode.check_decoded(lv, 3, 4, image, image, dst.shape)  # its own buffer: ok
 
 
 def test_gpu_check_scripts_are_ready():

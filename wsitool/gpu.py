@@ -545,12 +545,12 @@ def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays, *, fallback: b
                     results.append(decoder.decode(t.cs, image=image, cuda_stream=arrays.stream_ptr))
                 except Exception as exc:
                     results.append(exc)
-    for t, result in zip(tiles, results):
+    for t, image, result in zip(tiles, images, results):
         col, row = t.job[0], t.job[1]
         try:
             if isinstance(result, Exception):
                 raise TileDecodeError(lv._path, lv.index, col, row, f"decoder error: {result}")
-            check_decoded(lv, col, row, result, t.dst)
+            check_decoded(lv, col, row, result, image, t.dst.shape)
         except TileDecodeError as exc:
             if fallback and arrays.cpu_fallback and _cpu_fallback(lv, t, arrays):
                 continue
