@@ -12,8 +12,10 @@ The path of one region read:
    computed, the parts outside are filled with transparent black (RGBA
    ``0, 0, 0, 0``; 0 in ``rgb`` and ``raw`` modes).
 3. Every tile the inside part touches becomes one job with a source rectangle
-   (in tile pixels) and a destination sub-view of the output.  Jobs are split
-   over ``threads`` workers: the calling thread plus workers of a shared pool.
+   (in tile pixels) and a destination sub-view of the output.  The kernel is
+   asked to read the tiles' bytes ahead (``posix_fadvise``), then the jobs are
+   shared by ``threads`` workers (the calling thread plus workers of a shared
+   pool), each taking the next job as soon as it is free.
 4. Each job reads its bytes with ``os.pread`` and decodes through the calling
    thread's own decoder (:mod:`wsitool.decode`): whole interior tiles straight
    into the output sub-view, partial tiles as a sub-region of the code stream
@@ -27,7 +29,8 @@ Output modes:
   inside the slide and 0 outside it and on missing tiles.  nvImageCodec's CPU
   backend cannot decode into 4-channel strided buffers (we saw it write the
   wrong pixels), so RGBA decodes each tile into a per-thread RGB scratch buffer
-  and copies it, which costs one extra pass over the pixels.
+  (hot in cache) and widens it to RGBA in one vectorised pass (:func:`_widen_rgba`);
+  that pass costs about a tenth of a tile decode.
 * ``"raw"``: ``(height, width, samples)`` in the level's native dtype (e.g.
   uint16, byte order native), values exactly as stored.
 
@@ -266,34 +269,114 @@ def _fill_outside(out: np.ndarray, rx: int, ry: int, inside) -> None:
     out[top:bottom, right:] = 0
 
 
+#: Regions touching fewer tiles are not prefetched (the first decode would
+#: wait for its bytes anyway, and the advice calls cost more than they save).
+_PREFETCH_MIN_TILES = 8
+
+
+def _prefetch(lv: "Level", jobs) -> None:
+    """Ask the kernel to start reading the region's tile bytes (``POSIX_FADV_WILLNEED``).
+
+    The read-ahead runs while the first tiles decode, so a cold file's reads
+    overlap the decodes; on a cached file it costs one cheap call per tile row
+    of the region (the tiles of one grid row are usually adjacent in the file;
+    when they are not, each tile gets its own call).  Advisory only: errors are
+    ignored.
+    """
+    if lv._fd < 0 or lv._planes != 1:
+        return
+    offsets, counts, across = lv._offsets, lv._bytecounts, lv.tiles_across
+    try:
+        first = 0
+        n = len(jobs)
+        while first < n:
+            row = jobs[first][1]
+            last = first
+            while last + 1 < n and jobs[last + 1][1] == row:
+                last += 1
+            i0 = row * across + jobs[first][0]
+            i1 = row * across + jobs[last][0] + 1
+            offs = offsets[i0:i1]
+            ends = offs + counts[i0:i1]
+            lo, hi = int(offs.min()), int(ends.max())
+            if lo > 0 and hi - lo <= 2 * int(counts[i0:i1].sum()):
+                os.posix_fadvise(lv._fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+            else:
+                for off, end in zip(offs.tolist(), ends.tolist()):
+                    if off:
+                        os.posix_fadvise(lv._fd, off, end - off, os.POSIX_FADV_WILLNEED)
+            first = last + 1
+    except OSError:  # pragma: no cover - advisory only
+        pass
+
+
 def _fill_region(lv: "Level", x: int, y: int, w: int, h: int, out: np.ndarray, mode: str,
                  threads: int | None, on_error: str, pool) -> None:
-    """Decode every tile of the region into ``out`` (already validated)."""
+    """Decode every tile of the region into ``out`` (already validated).
+
+    Work distribution: the jobs sit in one shared iterator; each of the ``k``
+    threads (the caller plus ``k - 1`` pool workers) takes the next job when it
+    has finished its last one, so threads that drew cheap partial tiles do not
+    wait idle for one that drew whole ones.
+    """
     rx, ry = level_rect(lv, x, y)
     inside, jobs = plan_tiles(lv, rx, ry, w, h)
     _fill_outside(out, rx, ry, inside)
     if not jobs:
         return
+    if len(jobs) >= _PREFETCH_MIN_TILES and hasattr(os, "posix_fadvise"):
+        _prefetch(lv, jobs)
     nthreads = threads if threads is not None else (os.cpu_count() or 1)
     k = max(1, min(nthreads, len(jobs)))
     worker = _TileWorker(lv, out, mode, on_error, pool)
     if k == 1:
         worker.run(jobs)
         return
-    chunks = [jobs[i::k] for i in range(k)]
+    shared = _SharedJobs(jobs)
     executor = _get_executor()
-    futures = [executor.submit(worker.run, chunk) for chunk in chunks[1:]]
+    futures = [executor.submit(worker.run, shared) for _ in range(k - 1)]
     first_error: BaseException | None = None
     try:
-        worker.run(chunks[0])
+        worker.run(shared)
     except BaseException as exc:  # wait for the others before raising
         first_error = exc
+        shared.stop()
     for fut in futures:
         exc = fut.exception()
         if exc is not None and first_error is None:
             first_error = exc
+            shared.stop()
     if first_error is not None:
         raise first_error
+
+
+class _SharedJobs:
+    """Iterator over a job list shared by several threads (each job handed out once)."""
+
+    def __init__(self, jobs):
+        self._jobs = jobs
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Hand out no more jobs (after an error: fail fast)."""
+        with self._lock:
+            self._next = len(self._jobs)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            i = self._next
+            if i >= len(self._jobs):
+                raise StopIteration
+            self._next = i + 1
+        return self._jobs[i]
+
+
+#: Alpha byte of an RGBA pixel read as a little-endian 32-bit word.
+_OPAQUE = np.uint32(0xFF000000)
 
 
 class _TileWorker:
@@ -307,6 +390,12 @@ class _TileWorker:
         self.pool = pool
         # Decode straight into the output: 3-channel uint8 output, no colour transform.
         self.in_place = mode in ("rgb", "raw") and not lv._ycbcr_after_decode
+        # RGBA from an RGB decode: the tile is decoded into a per-thread RGB
+        # scratch and widened to RGBA in one vectorised pass (see _widen_rgba).
+        self.rgba = mode == "rgba" and not lv._ycbcr_after_decode and lv._codec == "nv"
+        if self.rgba:
+            h, w = out.shape[:2]
+            self.out32 = out.view("<u4").reshape(h, w)
 
     def run(self, jobs) -> None:
         state = self.pool.state()
@@ -334,6 +423,13 @@ class _TileWorker:
             if self.in_place:
                 decode_into(lv, col, row, data, dst, src, state)
                 return
+            if self.rgba:
+                h, w = dy1 - dy0, dx1 - dx0
+                flat = state.scratch((lv.tile_height * lv.tile_width * 3 + 4,))
+                rgb = flat[: h * w * 3].reshape(h, w, 3)
+                decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False)
+                _widen_rgba(flat, h, w, self.out32[dy0:dy1, dx0:dx1])
+                return
             scratch = state.scratch((lv.tile_height, lv.tile_width, 3))
             rgb = scratch[: dy1 - dy0, : dx1 - dx0]
             decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False)
@@ -360,6 +456,20 @@ class _TileWorker:
         dst[..., :3] = rgb
         if self.mode == "rgba":
             dst[..., 3] = 255 if alpha is None else alpha
+
+
+def _widen_rgba(flat: np.ndarray, h: int, w: int, dst32: np.ndarray) -> None:
+    """Write the ``(h, w, 3)`` RGB pixels at the start of ``flat`` as opaque RGBA.
+
+    ``flat`` is a 1-D uint8 buffer holding the packed RGB pixels followed by at
+    least one spare byte; ``dst32`` is the ``(h, w)`` little-endian uint32 view of
+    the RGBA destination.  Pixel ``i`` is read as the 32-bit word at byte ``3 i``
+    (its R, G, B and one byte of the next pixel) and OR-ed with ``0xFF000000``,
+    which replaces that fourth byte by alpha 255: one vectorised pass instead
+    of a 3-of-4-channel strided copy plus an alpha fill (about 9x faster).
+    """
+    src32 = np.ndarray((h, w), dtype="<u4", buffer=flat, strides=(w * 3, 3))
+    np.bitwise_or(src32, _OPAQUE, out=dst32)
 
 
 def ycbcr_to_rgb(ycc: np.ndarray) -> np.ndarray:
