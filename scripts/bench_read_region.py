@@ -4,7 +4,7 @@
 Usage::
 
     python scripts/bench_read_region.py SLIDE [--size 256,1024,4096] [--threads 1,2]
-        [--regions N] [--budget-mp 24] [--reps 3] [--level 0] [--seed 0]
+        [--regions N] [--budget-mp 24] [--rounds 3] [--reps 1] [--level 0] [--seed 0]
         [--tools wsitool,openslide,tiffslide,floor] [--json out.json]
 
 Make a slide first with ``scripts/make_bench_slide.py`` (real tissue tiles).
@@ -14,9 +14,13 @@ What one run does:
 * Draws, per region size ``S``, the same seeded random ``S x S`` regions inside
   level ``--level`` (``--regions N`` of them, or by default as many as fill
   ``--budget-mp`` megapixels, at least 2).
-* Runs each tool in its own subprocess (so peak RSS is per tool): a warm-up pass
-  over the first regions, then ``--reps`` timed passes over all regions; the
-  reported time is the median pass.  Throughput = region megapixels / median time.
+* Runs each tool in its own subprocess (so peak RSS is per tool): a warm-up over
+  the first regions, then ``--reps`` timed passes over all regions.  This is done
+  ``--rounds`` times, the tools taking turns inside each round, so that a load
+  change on a shared machine hits every tool alike; the reported time is the
+  median pass over all rounds.  ``MP/s`` = region megapixels / median wall time;
+  ``MP/cpu-s`` = megapixels / median process CPU time (all threads; less
+  sensitive to other processes on a busy machine).
 * Peak RSS: before the timed passes of each configuration the process's high-water
   mark is reset (``/proc/self/clear_refs``, Linux); ``peak+`` is VmHWM minus the
   RSS of the idle (opened, warmed-up) process, next to the size of one output.
@@ -115,10 +119,11 @@ def _timed_passes(read_one, regions, reps: int, threads: int, warm: int):
     gc.collect()
     idle = rss_mib()
     reset_peak()
-    times = []
+    times, cpu = [], []
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
     try:
         for _ in range(reps):
+            c0 = time.process_time()
             t0 = time.perf_counter()
             if pool is None:
                 for loc in regions:
@@ -128,10 +133,11 @@ def _timed_passes(read_one, regions, reps: int, threads: int, warm: int):
                 for arr in pool.map(read_one, regions):
                     del arr
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     finally:
         if pool is not None:
             pool.shutdown()
-    return times, idle, peak_mib()
+    return (times, cpu), idle, peak_mib()
 
 
 def _checksum(arr) -> int:
@@ -145,13 +151,11 @@ def worker(spec: dict) -> list[dict]:
     results = []
 
     def record(size, threads, config, regions, times, idle, peak, out_bytes, checksum):
-        px = size * size * len(regions)
-        med = statistics.median(times)
+        times, cpu = times
         results.append(dict(
             tool=tool, config=config, size=size, threads=threads, regions=len(regions),
-            times_s=times, median_s=med, mp_per_s=px / med / 1e6,
-            idle_rss_mib=idle, peak_rss_mib=peak, peak_over_idle_mib=peak - idle,
-            output_mib=out_bytes / 2**20, checksum=checksum,
+            times_s=times, cpu_s=cpu, idle_rss_mib=idle, peak_rss_mib=peak,
+            peak_over_idle_mib=peak - idle, output_mib=out_bytes / 2**20, checksum=checksum,
         ))
 
     if tool == "wsitool":
@@ -252,19 +256,18 @@ def floor_worker(spec: dict) -> list[dict]:
         gc.collect()
         idle = rss_mib()
         reset_peak()
-        times = []
+        times, cpu = [], []
         for _ in range(spec["reps"]):
+            c0 = time.process_time()
             t0 = time.perf_counter()
             one_pass()
             times.append(time.perf_counter() - t0)
-        med = statistics.median(times)
-        px = size * size * len(regions)
+            cpu.append(time.process_time() - c0)
         out.append(dict(
-            tool="floor", config=f"decode {tiles_per_region:.1f} whole tiles/region", size=size,
-            threads=1, regions=len(regions), times_s=times, median_s=med,
-            mp_per_s=px / med / 1e6, idle_rss_mib=idle, peak_rss_mib=peak_mib(),
+            tool="floor", config=f"{tiles_per_region:.1f} whole tiles/region", size=size,
+            threads=1, regions=len(regions), times_s=times, cpu_s=cpu,
+            idle_rss_mib=idle, peak_rss_mib=peak_mib(),
             peak_over_idle_mib=peak_mib() - idle, output_mib=0.0, checksum=None,
-            tile_mp_per_s=len(streams) * tw * th / med / 1e6,
         ))
     return out
 
@@ -287,45 +290,115 @@ def run_tool(tool: str, spec: dict, timeout: float) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """Join the per-round records of each (tool, config, size, threads); add medians."""
+    merged: dict[tuple, dict] = {}
+    for recs in rounds:
+        for r in recs:
+            key = (r["tool"], r["config"], r["size"], r["threads"])
+            m = merged.get(key)
+            if m is None:
+                merged[key] = dict(r, times_s=list(r["times_s"]), cpu_s=list(r["cpu_s"]))
+            else:
+                m["times_s"] += r["times_s"]
+                m["cpu_s"] += r["cpu_s"]
+                for k in ("peak_rss_mib", "peak_over_idle_mib"):
+                    m[k] = max(m[k], r[k])
+    for m in merged.values():
+        px = m["size"] ** 2 * m["regions"]
+        m["median_s"] = statistics.median(m["times_s"])
+        m["mp_per_s"] = px / m["median_s"] / 1e6
+        m["mp_per_cpu_s"] = px / statistics.median(m["cpu_s"]) / 1e6
+    return list(merged.values())
+
+
+def _best(results, tool, size, threads, prefix=""):
+    cands = [r for r in results if r["tool"] == tool and r["size"] == size
+             and r["threads"] == threads and r["config"].startswith(prefix)]
+    return max(cands, key=lambda r: r["mp_per_s"]) if cands else None
+
+
 def print_table(results: list[dict], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    def best(tool, size, threads, prefix=""):
-        cands = [r for r in results if r["tool"] == tool and r["size"] == size
-                 and r["threads"] == threads and r["config"].startswith(prefix)]
-        return max(cands, key=lambda r: r["mp_per_s"]) if cands else None
-
-    table = Table(title=title)
-    for col in ("size", "thr", "tool", "config", "MP/s", "/OpenSlide", "/tiffslide", "/floor",
-                "peak+ MiB", "out MiB"):
+    table = Table(title=title, title_justify="left")
+    for col in ("size", "thr", "tool", "config", "MP/s", "MP/cpu-s", "/OpenSlide", "/tiffslide",
+                "/floor", "peak+ MiB", "out MiB"):
         table.add_column(col, justify="left" if col in ("tool", "config") else "right")
     sizes = sorted({r["size"] for r in results})
     threads_list = sorted({r["threads"] for r in results})
     order = {t: i for i, t in enumerate(TOOLS)}
     for size in sizes:
-        floor = best("floor", size, 1)
+        floor = _best(results, "floor", size, 1)
         for threads in threads_list:
-            osl, tsl = best("openslide", size, threads), best("tiffslide", size, threads)
+            osl = _best(results, "openslide", size, threads)
+            tsl = _best(results, "tiffslide", size, threads)
             rows = [r for r in results if r["size"] == size and r["threads"] == threads]
             rows.sort(key=lambda r: (order.get(r["tool"], 9), r["config"]))
             for r in rows:
-                ratio = lambda ref: f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-"
                 is_ws = r["tool"] == "wsitool"
+
+                def ratio(ref, r=r, is_ws=is_ws):
+                    if not is_ws:
+                        return ""
+                    return f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-"
+
                 table.add_row(
                     str(size), str(threads), r["tool"], r["config"], f"{r['mp_per_s']:.1f}",
-                    ratio(osl) if is_ws else "", ratio(tsl) if is_ws else "",
-                    ratio(floor) if is_ws else "",
+                    f"{r['mp_per_cpu_s']:.1f}", ratio(osl), ratio(tsl),
+                    ratio(floor) if threads == 1 else "",
                     f"{r['peak_over_idle_mib']:.1f}", f"{r['output_mib']:.1f}",
                 )
         table.add_section()
-    Console(width=150).print(table)
-    # checksums
+    Console(width=160).print(table)
     for size in sizes:
-        sums = {(r["tool"], r["config"].split()[0]): r["checksum"] for r in results
+        sums = {f"{r['tool']} {r['config'].split()[0]}": r["checksum"] for r in results
                 if r["size"] == size and r["checksum"] is not None}
         if len(set(sums.values())) > 1:
             print(f"WARNING: tools read different pixels for the first {size}x{size} region: {sums}")
+
+
+def target_summary(results: list[dict]) -> list[tuple[str, str, bool | None]]:
+    """The issue's targets: (what, measured, met) -- None when not measurable here."""
+    out = []
+
+    def mp(tool, size, threads, prefix=""):
+        r = _best(results, tool, size, threads, prefix)
+        return r["mp_per_s"] if r else None
+
+    def add(what, num, den, need):
+        if num is None or den is None:
+            out.append((what, "not measured", None))
+        else:
+            v = num / den
+            out.append((what, f"{v:.2f}x (need >= {need}x)", v >= need))
+
+    add("1024 RGB 1 thread / whole-tile decode floor", mp("wsitool", 1024, 1, "rgb "),
+        mp("floor", 1024, 1), 1.1)
+    add("256 RGB 1 thread / whole-tile decode floor", mp("wsitool", 256, 1, "rgb "),
+        mp("floor", 256, 1), 1.5)
+    for ref, need in (("openslide", 5.0), ("tiffslide", 2.3)):
+        add(f"1024 RGB 2 threads / {ref} 1 thread (the issue's reference)",
+            mp("wsitool", 1024, 2, "rgb "), mp(ref, 1024, 1), need)
+        add(f"1024 RGB 2 threads / {ref} 2 threads (pool)",
+            mp("wsitool", 1024, 2, "rgb "), mp(ref, 1024, 2), need)
+    rgb, rgba = mp("wsitool", 1024, 1, "rgb "), mp("wsitool", 1024, 1, "rgba")
+    if rgb and rgba:
+        cost = rgb / rgba - 1
+        out.append(("RGBA cost over RGB, 1024, 1 thread (time)", f"{cost * 100:+.1f}% (need < 15%)",
+                    cost < 0.15))
+    r = _best(results, "wsitool", 4096, 1, "rgb ")
+    if r:
+        over = r["peak_over_idle_mib"] - r["output_mib"]
+        out.append(("4096 RGB 1 thread peak RSS over idle minus output",
+                    f"{over:+.1f} MiB (need <= 32)", over <= 32))
+    r = _best(results, "wsitool", 4096, 1, "rgba")
+    if r:
+        over = r["peak_over_idle_mib"] - r["output_mib"]
+        out.append(("4096 RGBA 1 thread peak RSS over idle minus output",
+                    f"{over:+.1f} MiB (need <= 32)", over <= 32))
+    return out
 
 
 def main(argv=None) -> int:
@@ -341,7 +414,9 @@ def main(argv=None) -> int:
                     help="regions per size (default: fill --budget-mp, at least 2)")
     ap.add_argument("--budget-mp", type=float, default=24.0,
                     help="megapixels per timed pass when --regions is not given")
-    ap.add_argument("--reps", type=int, default=3, help="timed passes (median reported)")
+    ap.add_argument("--reps", type=int, default=1, help="timed passes per round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds; each runs every tool once, in turn (median over all passes)")
     ap.add_argument("--level", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="rgb,rgba", help="wsitool output modes")
@@ -367,19 +442,34 @@ def main(argv=None) -> int:
     spec = dict(slide=str(Path(args.slide).resolve()), level=args.level, reps=args.reps,
                 regions=regions, threads=threads, modes=args.modes.split(","),
                 warm=2)
-    results = []
-    for tool in args.tools.split(","):
-        t0 = time.perf_counter()
-        results.extend(run_tool(tool, spec, args.timeout))
-        print(f"[{tool}] done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    rounds = []
+    for rnd in range(args.rounds):
+        recs = []
+        for tool in args.tools.split(","):
+            t0 = time.perf_counter()
+            recs.extend(run_tool(tool, spec, args.timeout))
+            print(f"[round {rnd + 1}/{args.rounds}] {tool} done in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        rounds.append(recs)
+    results = merge_rounds(rounds)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    title = (f"{desc}; {when}; {os.cpu_count()} CPU cores; medians of {args.reps} passes; "
-             f"regions per size: " + ", ".join(f"{s}:{len(r)}" for s, r in regions.items()))
+    try:
+        load = "load avg %.1f" % os.getloadavg()[0]
+    except OSError:
+        load = ""
+    title = (f"{desc}; {when}; {os.cpu_count()} CPU cores, {load}; medians of "
+             f"{args.rounds} rounds x {args.reps} passes; regions per size: "
+             + ", ".join(f"{s}:{len(r)}" for s, r in regions.items()))
     print_table(results, title)
+    summary = target_summary(results) if args.level == 0 else []
+    for what, measured, met in summary:
+        flag = {True: "met", False: "NOT met", None: "-"}[met]
+        print(f"  {flag:8s} {what}: {measured}")
     if args.json:
         args.json.write_text(json.dumps(dict(
             slide=args.slide, description=desc, date=when, cpu_count=os.cpu_count(),
-            machine=platform.platform(), reps=args.reps, regions=regions, results=results,
+            machine=platform.platform(), reps=args.reps, rounds=args.rounds, regions=regions,
+            results=results, targets=[dict(what=w, measured=m, met=t) for w, m, t in summary],
         ), indent=1))
     return 0
 

@@ -16,7 +16,8 @@ The path of one region read:
    asked to read the tiles' bytes ahead (``posix_fadvise``), then the jobs are
    shared by ``threads`` workers (the calling thread plus workers of a shared
    pool), each taking the next job as soon as it is free.
-4. Each job reads its bytes with ``os.pread`` and decodes through the calling
+4. Each job reads its bytes with ``os.preadv`` into the thread's reusable
+   buffer (behind the JPEG tables, see :func:`~wsitool.decode.read_tile_stream`) and decodes through the calling
    thread's own decoder (:mod:`wsitool.decode`): whole interior tiles straight
    into the output sub-view, partial tiles as a sub-region of the code stream
    straight into the output, and only RGBA output or colour transforms go
@@ -61,7 +62,7 @@ from .decode import (
     decode_array,
     decode_into,
     get_pool,
-    read_tile_bytes,
+    read_tile_stream,
 )
 from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
 from .settings import get_limits
@@ -415,24 +416,26 @@ class _TileWorker:
         col, row, src, (dy0, dy1, dx0, dx1) = job
         dst = self.out[dy0:dy1, dx0:dx1]
         if lv._codec == "nv":
-            data = read_tile_bytes(lv, row * lv.tiles_across + col, col, row, state.stats)
+            data = read_tile_stream(lv, row * lv.tiles_across + col, col, row, state)
             if data is None:
                 state.stats.tiles_missing += 1
                 dst[...] = 0
                 return
             if self.in_place:
-                decode_into(lv, col, row, data, dst, src, state)
+                decode_into(lv, col, row, data, dst, src, state, complete=True)
                 return
             if self.rgba:
                 h, w = dy1 - dy0, dx1 - dx0
                 flat = state.scratch((lv.tile_height * lv.tile_width * 3 + 4,))
                 rgb = flat[: h * w * 3].reshape(h, w, 3)
-                decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False)
+                decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False,
+                            complete=True)
                 _widen_rgba(flat, h, w, self.out32[dy0:dy1, dx0:dx1])
                 return
             scratch = state.scratch((lv.tile_height, lv.tile_width, 3))
             rgb = scratch[: dy1 - dy0, : dx1 - dx0]
-            decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False)
+            decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False,
+                        complete=True)
             if lv._ycbcr_after_decode:
                 rgb = ycbcr_to_rgb(rgb)
             if self.mode == "raw":
