@@ -85,13 +85,17 @@ def handle_errors(func: Callable) -> Callable:
     return wrapper
 
 
-def _apply_max_pixels(max_pixels: Optional[int]) -> None:
-    if max_pixels is not None:
-        from .settings import set_limits
+def max_pixels_scope(max_pixels: Optional[int]):
+    """Context manager applying ``--max-pixels`` (pixels per region) for one command."""
+    import contextlib
 
-        if max_pixels <= 0:
-            raise fail("--max-pixels must be positive", 2)
-        set_limits(max_region_pixels=max_pixels, max_region_bytes=max(max_pixels * 8, 2**31))
+    from .settings import limits
+
+    if max_pixels is None:
+        return contextlib.nullcontext()
+    if max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
+    return limits(max_region_pixels=max_pixels, max_region_bytes=max(max_pixels * 8, 2**31))
 
 
 # ---------------------------------------------------------------------- info
@@ -173,8 +177,9 @@ def info(
     bt.add_column("backend")
     bt.add_column("available")
     bt.add_column("decodes")
+    bt.add_column("detail")
     for b in data["backends"]:
-        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"])
+        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"], b.get("detail", ""))
     console.print(bt)
 
 
@@ -239,11 +244,10 @@ def read_region_cmd(
     """Read a region (OpenSlide semantics) and write it to an image file."""
     from .slide import open_slide
 
-    _apply_max_pixels(max_pixels)
     ext = output.suffix.lower()
     if ext not in (".png", ".tif", ".tiff", ".npy"):
         raise fail(f"{output}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)", 2)
-    with open_slide(slide) as s:
+    with max_pixels_scope(max_pixels), open_slide(slide) as s:
         arr = s.read_region(location, level, size, mode=mode, threads=threads, on_error=on_error,
                             device=device)
     if device != "cpu":

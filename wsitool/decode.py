@@ -66,6 +66,10 @@ __all__ = [
     "read_tile_stream",
     "decode_into",
     "decode_array",
+    "plan_decode",
+    "count_decoded",
+    "check_decoded",
+    "data_pointer",
     "FORCE_SCRATCH",
     "USE_ROI_DECODE",
 ]
@@ -169,7 +173,6 @@ class _ThreadState:
             self._scratch[key] = buf
             self.stats.scratch_allocations += 1
         return buf
-
 
     def read_buffer(self, nbytes: int) -> tuple[np.ndarray, memoryview]:
         """A uint8 buffer of at least ``nbytes`` bytes (and its memoryview), reused
@@ -456,6 +459,59 @@ def _codestream(level: "Level", data, col: int, row: int, complete: bool = False
     return cs, width, height
 
 
+def plan_decode(level: "Level", col: int, row: int, data,
+                src_rect: tuple[int, int, int, int], complete: bool = False):
+    """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
+
+    Shared by the per-tile CPU path (:func:`decode_into`) and the batched GPU
+    path (:mod:`wsitool.gpu`).  Checks the code stream header against the tile
+    grid and ``src_rect`` against the code stream.
+
+    Args:
+        level, col, row: the tile.
+        data: its encoded bytes (:func:`read_tile_bytes`), or with
+            ``complete=True`` the complete stream of :func:`read_tile_stream`.
+        src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile.
+        complete: ``data`` already has the JPEG prefix merged and SOI checked.
+
+    Returns:
+        ``(code_stream, how, (width, height))``: ``how`` is ``"direct"`` (the
+        whole tile, decode straight into a ``(y1 - y0, x1 - x0, 3)``
+        destination), ``"roi"`` (``code_stream`` is the sub-region, same
+        destination) or ``"scratch"`` (decode the whole ``(height, width, 3)``
+        tile into a scratch buffer, then copy ``src_rect`` out of it);
+        ``width, height`` is the code stream's declared size.
+
+    Raises:
+        TileDecodeError: unreadable header, header/grid mismatch, or
+            ``src_rect`` outside the tile.
+    """
+    x0, y0, x1, y1 = src_rect
+    cs, width, height = _codestream(level, data, col, row, complete)
+    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"requested tile sub-region {src_rect} is outside the {width}x{height} tile",
+        )
+    whole = (x0, y0, x1, y1) == (0, 0, width, height)
+    if FORCE_SCRATCH or not (whole or USE_ROI_DECODE):
+        return cs, "scratch", (width, height)
+    if whole:
+        return cs, "direct", (width, height)
+    return cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1)), "roi", (width, height)
+
+
+def count_decoded(stats: DecodeStats, how: str, caller_buffer: bool = True) -> None:
+    """Count one decoded tile in ``stats`` by the way :func:`plan_decode` chose."""
+    if how == "scratch" or not caller_buffer:
+        stats.tiles_scratch += 1
+    elif how == "direct":
+        stats.tiles_direct += 1
+    else:
+        stats.tiles_roi += 1
+    stats.tiles_decoded += 1
+
+
 def decode_into(
     level: "Level",
     col: int,
@@ -492,32 +548,52 @@ def decode_into(
             that did not write into ``dst``.
     """
     x0, y0, x1, y1 = src_rect
-    cs, width, height = _codestream(level, data, col, row, complete)
-    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"requested tile sub-region {src_rect} is outside the {width}x{height} tile",
-        )
+    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete)
     if dst.shape[:2] != (y1 - y0, x1 - x0):
         raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
-    stats = state.stats
-    whole = (x0, y0, x1, y1) == (0, 0, width, height)
-    if not FORCE_SCRATCH and (whole or USE_ROI_DECODE):
-        if not whole:
-            cs = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
-        _decode_checked(level, col, row, cs, dst, state)
-        if not caller_buffer:
-            stats.tiles_scratch += 1
-        elif whole:
-            stats.tiles_direct += 1
-        else:
-            stats.tiles_roi += 1
-    else:
+    if how == "scratch":
         scratch = state.scratch((height, width, 3))
         _decode_checked(level, col, row, cs, scratch, state)
         dst[...] = scratch[y0:y1, x0:x1]
-        stats.tiles_scratch += 1
-    stats.tiles_decoded += 1
+    else:
+        _decode_checked(level, col, row, cs, dst, state)
+    count_decoded(state.stats, how, caller_buffer)
+
+
+def data_pointer(obj) -> int:
+    """Address of the first element of a numpy / CuPy array or nvImageCodec Image.
+
+    Uses ``__cuda_array_interface__`` for device buffers and
+    ``__array_interface__`` for host buffers.
+    """
+    kind = getattr(obj, "buffer_kind", None)
+    if kind is not None:  # an nvimgcodec.Image
+        if kind == nvimgcodec.ImageBufferKind.STRIDED_DEVICE:
+            return obj.__cuda_array_interface__["data"][0]
+        return obj.__array_interface__["data"][0]
+    iface = getattr(obj, "__cuda_array_interface__", None)
+    if iface is None:
+        iface = obj.__array_interface__
+    return iface["data"][0]
+
+
+def check_decoded(level: "Level", col: int, row: int, result, dst) -> None:
+    """Verify a decode result: an image, written into ``dst`` itself, of its shape.
+
+    Raises:
+        TileDecodeError: ``result`` is None (the decoder could not decode the
+            tile) or is not ``dst``'s buffer (a replacement buffer, a silent no-op).
+    """
+    if result is None:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            "decoder returned no image (corrupt or truncated tile data)",
+        )
+    if data_pointer(result) != data_pointer(dst) or tuple(result.shape) != tuple(dst.shape):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            "decoder did not write into the caller's buffer",
+        )
 
 
 def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState) -> None:
@@ -531,17 +607,7 @@ def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState) -
             raise TileDecodeError(
                 level._path, level.index, col, row, f"decoder error: {exc}"
             ) from None
-    if result is None:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            "decoder returned no image (corrupt or truncated tile data)",
-        )
-    ptr = result.__array_interface__["data"][0]
-    if ptr != dst.__array_interface__["data"][0] or tuple(result.shape) != dst.shape:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            "decoder did not write into the caller's buffer",
-        )
+    check_decoded(level, col, row, result, dst)
 
 
 def decode_array(level: "Level", col: int, row: int, state: _ThreadState) -> np.ndarray | None:

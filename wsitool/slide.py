@@ -250,7 +250,11 @@ class Slide:
         except (ValueError, OSError, IndexError, KeyError, struct.error) as exc:
             raise CorruptFileError(f"{self.path}: unreadable TIFF structure: {exc}") from None
         if not pages:
-            raise UnsupportedFormatError(f"{self.path}: TIFF file without images")
+            # TIFF 6.0 section 2 requires at least one IFD; none readable means a
+            # truncated file or a first-IFD offset pointing nowhere.
+            raise CorruptFileError(
+                f"{self.path}: no readable image file directory (truncated or corrupt TIFF)"
+            )
         first_desc = _description(pages[0])
         self.vendor = "generic-tiff"
         if first_desc.startswith("Aperio"):
