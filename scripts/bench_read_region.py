@@ -32,7 +32,8 @@ What one run does:
     (regions one after another), and a pool of 2 threads over regions with
     ``threads=1`` per read (how a data loader parallelises patches).
   - OpenSlide (openslide-python + openslide-bin): ``read_region`` -> PIL RGBA image
-    (the numpy conversion is NOT timed, in OpenSlide's favour).  2 threads: a pool
+    (the numpy conversion is NOT timed, in OpenSlide's favour); its tile cache is
+    set to 0 bytes, since the passes repeat the same regions.  2 threads: a pool
     of 2 threads over regions sharing one ``OpenSlide`` object.
   - tiffslide: ``read_region(..., as_array=True)`` -> RGB numpy.  2 threads: a pool
     of 2 threads over regions sharing one ``TiffSlide``.
@@ -185,6 +186,11 @@ def worker(spec: dict) -> list[dict]:
         import openslide
 
         slide = openslide.OpenSlide(path)
+        if hasattr(openslide, "OpenSlideCache"):
+            # No tile cache: the warm-up and the passes read the same regions, which
+            # would otherwise come from OpenSlide's 32 MiB cache (the other tools
+            # have no cache, and random regions of a real workload rarely repeat).
+            slide.set_cache(openslide.OpenSlideCache(0))
         for size_s, regions in spec["regions"].items():
             size = int(size_s)
             cks = _checksum(slide.read_region(regions[0], level, (size, size)))
@@ -417,6 +423,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=1, help="timed passes per round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds; each runs every tool once, in turn (median over all passes)")
+    ap.add_argument("--warm", type=int, default=1, help="warm-up regions per configuration")
     ap.add_argument("--level", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="rgb,rgba", help="wsitool output modes")
@@ -438,10 +445,11 @@ def main(argv=None) -> int:
     regions = {}
     for s in sizes:
         n = args.regions or max(2, int(round(args.budget_mp * 1e6 / (s * s))))
+        n = max(1, n)
         regions[str(s)] = make_regions(lw, lh, s, n, args.seed, ds)
     spec = dict(slide=str(Path(args.slide).resolve()), level=args.level, reps=args.reps,
                 regions=regions, threads=threads, modes=args.modes.split(","),
-                warm=2)
+                warm=args.warm)
     rounds = []
     for rnd in range(args.rounds):
         recs = []

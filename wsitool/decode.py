@@ -566,6 +566,8 @@ def data_pointer(obj) -> int:
     Uses ``__cuda_array_interface__`` for device buffers and
     ``__array_interface__`` for host buffers.
     """
+    if type(obj) is np.ndarray:  # the common case, without attribute probing
+        return obj.__array_interface__["data"][0]
     kind = getattr(obj, "buffer_kind", None)
     if kind is not None:  # an nvimgcodec.Image
         if kind == nvimgcodec.ImageBufferKind.STRIDED_DEVICE:
