@@ -13,7 +13,7 @@ What one run does:
 
 * Draws, per region size ``S``, the same seeded random ``S x S`` regions inside
   level ``--level`` (``--regions N`` of them, or by default as many as fill
-  ``--budget-mp`` megapixels, at least 2).
+  ``--budget-mp`` megapixels, at least 1).
 * Runs each tool in its own subprocess (so peak RSS is per tool): a warm-up over
   the first regions, then ``--reps`` timed passes over all regions.  This is done
   ``--rounds`` times, the tools taking turns inside each round, so that a load
@@ -365,45 +365,56 @@ def print_table(results: list[dict], title: str) -> None:
             print(f"WARNING: tools read different pixels for the first {size}x{size} region: {sums}")
 
 
-def target_summary(results: list[dict]) -> list[tuple[str, str, bool | None]]:
-    """The issue's targets: (what, measured, met) -- None when not measurable here."""
+def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool | None]]:
+    """The issue's targets: (what, measured, met); met is judged on wall-clock MP/s.
+
+    Each line also gives the ratio of CPU-time throughputs (``cpu``), which a busy
+    shared machine disturbs much less for single-thread runs.
+    """
     out = []
 
-    def mp(tool, size, threads, prefix=""):
-        r = _best(results, tool, size, threads, prefix)
-        return r["mp_per_s"] if r else None
+    def get(tool, size, threads, prefix=""):
+        return _best(results, tool, size, threads, prefix)
 
-    def add(what, num, den, need):
-        if num is None or den is None:
+    def add(what, a, b, need):
+        if a is None or b is None:
             out.append((what, "not measured", None))
-        else:
-            v = num / den
-            out.append((what, f"{v:.2f}x (need >= {need}x)", v >= need))
+            return
+        v = a["mp_per_s"] / b["mp_per_s"]
+        c = a["mp_per_cpu_s"] / b["mp_per_cpu_s"]
+        cpu = f"; cpu {c:.2f}x" if a["threads"] == 1 and b["threads"] == 1 else ""
+        out.append((what, f"{v:.2f}x{cpu} (need >= {need}x)", v >= need))
 
-    add("1024 RGB 1 thread / whole-tile decode floor", mp("wsitool", 1024, 1, "rgb "),
-        mp("floor", 1024, 1), 1.1)
-    add("256 RGB 1 thread / whole-tile decode floor", mp("wsitool", 256, 1, "rgb "),
-        mp("floor", 256, 1), 1.5)
+    if j2k:
+        for size in (1024, 256, 4096):
+            add(f"J2K {size} RGB 1 thread / OpenSlide 1 thread", get("wsitool", size, 1, "rgb "),
+                get("openslide", size, 1), 1.0)
+            add(f"J2K {size} RGB 2 threads / OpenSlide 1 thread", get("wsitool", size, 2, "rgb "),
+                get("openslide", size, 1), 1.8)
+            add(f"J2K {size} RGB 2 threads / OpenSlide 2 threads (pool)",
+                get("wsitool", size, 2, "rgb "), get("openslide", size, 2), 1.8)
+        return out
+    add("1024 RGB 1 thread / whole-tile decode floor", get("wsitool", 1024, 1, "rgb "),
+        get("floor", 1024, 1), 1.1)
+    add("256 RGB 1 thread / whole-tile decode floor", get("wsitool", 256, 1, "rgb "),
+        get("floor", 256, 1), 1.5)
     for ref, need in (("openslide", 5.0), ("tiffslide", 2.3)):
         add(f"1024 RGB 2 threads / {ref} 1 thread (the issue's reference)",
-            mp("wsitool", 1024, 2, "rgb "), mp(ref, 1024, 1), need)
+            get("wsitool", 1024, 2, "rgb "), get(ref, 1024, 1), need)
         add(f"1024 RGB 2 threads / {ref} 2 threads (pool)",
-            mp("wsitool", 1024, 2, "rgb "), mp(ref, 1024, 2), need)
-    rgb, rgba = mp("wsitool", 1024, 1, "rgb "), mp("wsitool", 1024, 1, "rgba")
+            get("wsitool", 1024, 2, "rgb "), get(ref, 1024, 2), need)
+    rgb, rgba = get("wsitool", 1024, 1, "rgb "), get("wsitool", 1024, 1, "rgba")
     if rgb and rgba:
-        cost = rgb / rgba - 1
-        out.append(("RGBA cost over RGB, 1024, 1 thread (time)", f"{cost * 100:+.1f}% (need < 15%)",
-                    cost < 0.15))
-    r = _best(results, "wsitool", 4096, 1, "rgb ")
-    if r:
-        over = r["peak_over_idle_mib"] - r["output_mib"]
-        out.append(("4096 RGB 1 thread peak RSS over idle minus output",
-                    f"{over:+.1f} MiB (need <= 32)", over <= 32))
-    r = _best(results, "wsitool", 4096, 1, "rgba")
-    if r:
-        over = r["peak_over_idle_mib"] - r["output_mib"]
-        out.append(("4096 RGBA 1 thread peak RSS over idle minus output",
-                    f"{over:+.1f} MiB (need <= 32)", over <= 32))
+        cost = rgb["mp_per_s"] / rgba["mp_per_s"] - 1
+        cpu = rgb["mp_per_cpu_s"] / rgba["mp_per_cpu_s"] - 1
+        out.append(("RGBA cost over RGB, 1024, 1 thread (time)",
+                    f"{cost * 100:+.1f}%; cpu {cpu * 100:+.1f}% (need < 15%)", cost < 0.15))
+    for mode in ("rgb ", "rgba"):
+        r = get("wsitool", 4096, 1, mode)
+        if r:
+            over = r["peak_over_idle_mib"] - r["output_mib"]
+            out.append((f"4096 {mode.strip().upper()} 1 thread peak RSS over idle minus output",
+                        f"{over:+.1f} MiB (need <= 32)", over <= 32))
     return out
 
 
@@ -417,7 +428,7 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="256,1024,4096", help="region sizes (square), comma list")
     ap.add_argument("--threads", default="1,2", help="thread counts, comma list")
     ap.add_argument("--regions", type=int, default=None,
-                    help="regions per size (default: fill --budget-mp, at least 2)")
+                    help="regions per size (default: fill --budget-mp, at least 1)")
     ap.add_argument("--budget-mp", type=float, default=24.0,
                     help="megapixels per timed pass when --regions is not given")
     ap.add_argument("--reps", type=int, default=1, help="timed passes per round")
@@ -438,14 +449,14 @@ def main(argv=None) -> int:
     with wsitool.open_slide(args.slide) as slide:
         lv = slide.levels[args.level]
         lw, lh, ds = lv.width, lv.height, lv.downsample
+        j2k = lv._stream_kind == "j2k"
         desc = f"{Path(args.slide).name}: level {args.level} {lw}x{lh}, {lv.compression}, " \
                f"tiles {lv.tile_width}x{lv.tile_height}"
     sizes = [int(s) for s in args.size.split(",") if s]
     threads = [int(t) for t in args.threads.split(",") if t]
     regions = {}
     for s in sizes:
-        n = args.regions or max(2, int(round(args.budget_mp * 1e6 / (s * s))))
-        n = max(1, n)
+        n = args.regions or max(1, int(round(args.budget_mp * 1e6 / (s * s))))
         regions[str(s)] = make_regions(lw, lh, s, n, args.seed, ds)
     spec = dict(slide=str(Path(args.slide).resolve()), level=args.level, reps=args.reps,
                 regions=regions, threads=threads, modes=args.modes.split(","),
@@ -469,7 +480,7 @@ def main(argv=None) -> int:
              f"{args.rounds} rounds x {args.reps} passes; regions per size: "
              + ", ".join(f"{s}:{len(r)}" for s, r in regions.items()))
     print_table(results, title)
-    summary = target_summary(results) if args.level == 0 else []
+    summary = target_summary(results, j2k) if args.level == 0 else []
     for what, measured, met in summary:
         flag = {True: "met", False: "NOT met", None: "-"}[met]
         print(f"  {flag:8s} {what}: {measured}")
