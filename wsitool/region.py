@@ -96,6 +96,8 @@ def _get_executor() -> ThreadPoolExecutor:
 
 
 def _as_int(value, what: str, path: str) -> int:
+    if type(value) is int:  # the common case, without the ABC checks below
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and float(value).is_integer():
             return int(value)
