@@ -5,7 +5,8 @@ Usage::
 
     python scripts/bench_read_region.py SLIDE [--size 256,1024,4096] [--threads 1,2]
         [--regions N] [--budget-mp 24] [--rounds 3] [--reps 1] [--level 0] [--seed 0]
-        [--tools wsitool,openslide,tiffslide,floor] [--json out.json]
+        [--tools wsitool,openslide,tiffslide,floor] [--json out.json] [--markdown]
+    python scripts/bench_read_region.py --render out.json [--markdown]   # re-print a saved run
 
 Make a slide first with ``scripts/make_bench_slide.py`` (real tissue tiles).
 
@@ -224,6 +225,7 @@ def floor_worker(spec: dict) -> list[dict]:
     """Whole-tile decode floor: one nvImageCodec CPU decoder, one thread, no placement."""
     import wsitool
     from wsitool.decode import nvimgcodec
+    from wsitool.region import level_rect
 
     slide = wsitool.open_slide(spec["slide"])
     lv = slide.levels[spec["level"]]
@@ -241,7 +243,7 @@ def floor_worker(spec: dict) -> list[dict]:
         size = int(size_s)
         streams = []
         for x0, y0 in regions:
-            x, y = int(x0 // lv.downsample), int(y0 // lv.downsample)
+            x, y = level_rect(lv, x0, y0)  # the level pixel wsitool reads too
             for row in range(y // th, (y + size - 1) // th + 1):
                 for col in range(x // tw, (x + size - 1) // tw + 1):
                     i = row * lv.tiles_across + col
@@ -365,6 +367,32 @@ def print_table(results: list[dict], title: str) -> None:
             print(f"WARNING: tools read different pixels for the first {size}x{size} region: {sums}")
 
 
+def markdown_table(results: list[dict]) -> str:
+    """The table as GitHub Markdown (for the README)."""
+    lines = ["| size | threads | tool | config | MP/s | MP/cpu-s | /OpenSlide | /tiffslide | /floor "
+             "| peak+ MiB | out MiB |", "|" + "---:|" * 2 + "---|---|" + "---:|" * 7]
+    order = {t: i for i, t in enumerate(TOOLS)}
+    for size in sorted({r["size"] for r in results}):
+        floor = _best(results, "floor", size, 1)
+        for threads in sorted({r["threads"] for r in results}):
+            osl = _best(results, "openslide", size, threads)
+            tsl = _best(results, "tiffslide", size, threads)
+            rows = [r for r in results if r["size"] == size and r["threads"] == threads]
+            rows.sort(key=lambda r: (order.get(r["tool"], 9), r["config"]))
+            for r in rows:
+                ws = r["tool"] == "wsitool"
+
+                def ratio(ref, r=r, ws=ws):
+                    return (f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-") if ws else ""
+
+                lines.append(
+                    f"| {size} | {threads} | {r['tool']} | {r['config']} | {r['mp_per_s']:.1f} | "
+                    f"{r['mp_per_cpu_s']:.1f} | {ratio(osl)} | {ratio(tsl)} | "
+                    f"{ratio(floor) if threads == 1 else ''} | {r['peak_over_idle_mib']:.1f} | "
+                    f"{r['output_mib']:.1f} |")
+    return "\n".join(lines)
+
+
 def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool | None]]:
     """The issue's targets: (what, measured, met); met is judged on wall-clock MP/s.
 
@@ -423,6 +451,13 @@ def main(argv=None) -> int:
         spec = json.loads(sys.stdin.read())
         print(json.dumps(worker(spec)))
         return 0
+    if argv is None and "--render" in sys.argv[1:]:
+        # re-print a saved run: --render RUN.json [--markdown]
+        rp = argparse.ArgumentParser(description="re-print a saved benchmark run")
+        rp.add_argument("--render", type=Path, required=True)
+        rp.add_argument("--markdown", action="store_true")
+        a = rp.parse_args()
+        return render(json.loads(a.render.read_text()), a.markdown)
     ap = argparse.ArgumentParser(description="wsitool vs OpenSlide vs tiffslide vs decode floor")
     ap.add_argument("slide")
     ap.add_argument("--size", default="256,1024,4096", help="region sizes (square), comma list")
@@ -441,6 +476,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per tool subprocess")
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
+    ap.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
@@ -473,23 +509,39 @@ def main(argv=None) -> int:
     results = merge_rounds(rounds)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
-        load = "load avg %.1f" % os.getloadavg()[0]
+        load = os.getloadavg()[0]
     except OSError:
-        load = ""
-    title = (f"{desc}; {when}; {os.cpu_count()} CPU cores, {load}; medians of "
-             f"{args.rounds} rounds x {args.reps} passes; regions per size: "
-             + ", ".join(f"{s}:{len(r)}" for s, r in regions.items()))
-    print_table(results, title)
+        load = None
+    run = dict(
+        slide=args.slide, description=desc, date=when, cpu_count=os.cpu_count(), load_avg=load,
+        machine=platform.platform(), reps=args.reps, rounds=args.rounds, regions=regions,
+        j2k=j2k, level=args.level, results=results,
+    )
     summary = target_summary(results, j2k) if args.level == 0 else []
-    for what, measured, met in summary:
-        flag = {True: "met", False: "NOT met", None: "-"}[met]
-        print(f"  {flag:8s} {what}: {measured}")
+    run["targets"] = [dict(what=w, measured=m, met=t) for w, m, t in summary]
     if args.json:
-        args.json.write_text(json.dumps(dict(
-            slide=args.slide, description=desc, date=when, cpu_count=os.cpu_count(),
-            machine=platform.platform(), reps=args.reps, rounds=args.rounds, regions=regions,
-            results=results, targets=[dict(what=w, measured=m, met=t) for w, m, t in summary],
-        ), indent=1))
+        args.json.write_text(json.dumps(run, indent=1))
+    return render(run, args.markdown)
+
+
+def render(run: dict, markdown: bool = False) -> int:
+    """Print the table, the checksum check and the target lines of a run."""
+    results = run["results"]
+    load = run.get("load_avg")
+    title = (f"{run['description']}; {run['date']}; {run['cpu_count']} CPU cores"
+             + (f", load avg {load:.1f}" if load is not None else "")
+             + f"; medians of {run.get('rounds', 1)} rounds x {run.get('reps', 1)} passes; "
+             + "regions per size: "
+             + ", ".join(f"{s}:{len(r)}" for s, r in run["regions"].items()))
+    print_table(results, title)
+    for t in run.get("targets", []):
+        flag = {True: "met", False: "NOT met", None: "-"}[t["met"]]
+        print(f"  {flag:8s} {t['what']}: {t['measured']}")
+    if markdown:
+        print()
+        print(title)
+        print()
+        print(markdown_table(results))
     return 0
 
 

@@ -177,3 +177,68 @@ def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch):
         calls.clear()
         slide.read_region((rx0, ry0), 0, (10, 10), mode="rgb", threads=1)  # one tile: no advice
         assert calls == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads):
+    """Batches of code streams in one decode call give the per-tile pixels and counts."""
+    rng = np.random.default_rng(5)
+    with wsitool.open_slide(cmu1) as slide:
+        lv = slide.levels[0]
+        regions = random_regions(rng, lv.width, lv.height, 6, max_size=900)
+        regions.append((0, 0, lv.width, lv.height))
+        pool = get_pool("cpu")
+        got, counts = [], []
+        for batch in (region.BATCH_TILES, 1):
+            monkeypatch.setattr(region, "BATCH_TILES", batch)
+            pool.reset_stats()
+            got.append([slide.read_region((x, y), 0, (w, h), mode="rgb", threads=threads)
+                        for x, y, w, h in regions])
+            st = pool.stats()
+            counts.append((st.tiles_decoded, st.tiles_direct, st.tiles_roi, st.tiles_scratch))
+        for a, b in zip(*got):
+            assert np.array_equal(a, b)
+        assert counts[0] == counts[1] and counts[0][0] > 0
+
+
+def _cut_tile(src, tmp_path, index: int):
+    """``src`` with tile ``index`` cut to 40 % of its scan data (libjpeg-turbo gives up)."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        page = tf.pages[0]
+        off, count = page.dataoffsets[index], page.databytecounts[index]
+        tag = tf.pages[0].tags["TileByteCounts"]
+        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
+        pos = tag.valueoffset + index * item
+    cut = len(data[off:off + count]) * 4 // 10
+    data[pos:pos + item] = cut.to_bytes(item, "little")
+    out = tmp_path / f"cut-{index}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monkeypatch):
+    """A tile the decoder gives up on, in the middle of a batch: the error names it
+    (on_error="raise"), and with on_error="fill" only that tile is background and
+    the result equals the per-tile path's."""
+    bad = _cut_tile(sample_jpeg, tmp_path, 1)
+    with wsitool.open_slide(bad) as slide:
+        lv = slide.levels[0]
+        size = (min(lv.width, 4 * lv.tile_width), min(lv.height, 2 * lv.tile_height))
+        with pytest.raises(wsitool.TileDecodeError) as info:
+            slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
+        assert (info.value.col, info.value.row) == (1, 0)
+        outs = []
+        for batch in (region.BATCH_TILES, 1):
+            monkeypatch.setattr(region, "BATCH_TILES", batch)
+            get_pool("cpu").reset_stats()
+            with pytest.warns(region.TileWarning):
+                outs.append(slide.read_region((0, 0), 0, size, mode="rgb", threads=1,
+                                              on_error="fill"))
+            assert get_pool("cpu").stats().tiles_failed == 1
+        assert np.array_equal(outs[0], outs[1])
+        tw, th = lv.tile_width, lv.tile_height
+        assert not outs[0][:th, tw:2 * tw].any()   # the bad tile is background
+        assert outs[0][:th, :tw].any()             # its neighbours are decoded

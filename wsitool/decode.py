@@ -154,8 +154,7 @@ class _ThreadState:
         self.lock = threading.Lock()
         self._decoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
-        self._read_buf: np.ndarray | None = None
-        self._read_view: memoryview | None = None
+        self._read_bufs: dict[int, tuple[np.ndarray, memoryview]] = {}
 
     @property
     def decoder(self):
@@ -174,20 +173,21 @@ class _ThreadState:
             self.stats.scratch_allocations += 1
         return buf
 
-    def read_buffer(self, nbytes: int) -> tuple[np.ndarray, memoryview]:
+    def read_buffer(self, nbytes: int, slot: int = 0) -> tuple[np.ndarray, memoryview]:
         """A uint8 buffer of at least ``nbytes`` bytes (and its memoryview), reused
-        by this thread for tile bytes; larger than :data:`_READ_BUFFER_KEEP` it is
-        a one-off allocation that is not kept."""
-        buf = self._read_buf
-        if buf is not None and len(buf) >= nbytes:
-            return buf, self._read_view
-        size = max(nbytes, 2 * len(buf) if buf is not None else 65536)
+        by this thread for tile bytes.  ``slot`` selects one of several buffers
+        (a batch of tiles needs one per tile).  A buffer larger than
+        :data:`_READ_BUFFER_KEEP` is a one-off allocation that is not kept."""
+        kept = self._read_bufs.get(slot)
+        if kept is not None and len(kept[0]) >= nbytes:
+            return kept
+        size = max(nbytes, 2 * len(kept[0]) if kept is not None else 65536)
         buf = np.empty(size, np.uint8)
-        view = memoryview(buf)
+        pair = (buf, memoryview(buf))
         if size <= _READ_BUFFER_KEEP:
-            self._read_buf, self._read_view = buf, view
+            self._read_bufs[slot] = pair
             self.stats.scratch_allocations += 1
-        return buf, view
+        return pair
 
 
 #: Largest per-thread tile-bytes buffer kept between reads (bytes).
@@ -318,7 +318,7 @@ def read_tile_bytes(level: "Level", index: int, col: int, row: int, stats: Decod
 
 
 def read_tile_stream(level: "Level", index: int, col: int, row: int,
-                     state: _ThreadState) -> np.ndarray | None:
+                     state: _ThreadState, slot: int = 0) -> np.ndarray | None:
     """Read tile ``index`` of an nvImageCodec level as a complete code stream.
 
     Same checks, errors and statistics as :func:`read_tile_bytes`, plus the
@@ -326,7 +326,8 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
     thread's reusable read buffer with the JPEG prefix (SOI, Adobe marker,
     JPEGTables) already in front, with one ``preadv`` and no intermediate
     ``bytes`` objects.  Returns a ``(n,)`` uint8 view of that buffer (valid
-    until this thread's next read), or ``None`` for a missing tile.
+    until this thread's next read into the same ``slot``), or ``None`` for a
+    missing tile.
 
     Raises:
         TileDecodeError: segment past the end of the file, short read, or a
@@ -345,7 +346,7 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
     jpeg = level._stream_kind == "jpeg"
     prefix = level._jpeg_prefix if jpeg else b""
     start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
-    buf, view = state.read_buffer(start + count)
+    buf, view = state.read_buffer(start + count, slot)
     got = os.preadv(level._fd, [view[start:start + count]], offset)
     if got != count:
         raise TileDecodeError(
