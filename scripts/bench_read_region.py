@@ -394,10 +394,14 @@ def markdown_table(results: list[dict]) -> str:
 
 
 def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool | None]]:
-    """The issue's targets: (what, measured, met); met is judged on wall-clock MP/s.
+    """The issue's targets: (what, measured, met).
 
-    Each line also gives the ratio of CPU-time throughputs (``cpu``), which a busy
-    shared machine disturbs much less for single-thread runs.
+    Every line gives the ratio of wall-clock throughputs; single-thread
+    comparisons also give the ratio of CPU-time throughputs (``cpu``).  On an
+    idle machine the two agree; on a busy shared one the wall-clock times of
+    two separate processes depend on how much CPU each was given, so ``met``
+    is judged on the CPU-time ratio where both sides ran one thread, and on
+    wall-clock time otherwise (parallel speed-up only shows there).
     """
     out = []
 
@@ -410,8 +414,10 @@ def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool 
             return
         v = a["mp_per_s"] / b["mp_per_s"]
         c = a["mp_per_cpu_s"] / b["mp_per_cpu_s"]
-        cpu = f"; cpu {c:.2f}x" if a["threads"] == 1 and b["threads"] == 1 else ""
-        out.append((what, f"{v:.2f}x{cpu} (need >= {need}x)", v >= need))
+        if a["threads"] == 1 and b["threads"] == 1:
+            out.append((what, f"wall {v:.2f}x, cpu {c:.2f}x (need >= {need}x)", c >= need))
+        else:
+            out.append((what, f"wall {v:.2f}x (need >= {need}x)", v >= need))
 
     if j2k:
         for size in (1024, 256, 4096):
@@ -436,7 +442,7 @@ def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool 
         cost = rgb["mp_per_s"] / rgba["mp_per_s"] - 1
         cpu = rgb["mp_per_cpu_s"] / rgba["mp_per_cpu_s"] - 1
         out.append(("RGBA cost over RGB, 1024, 1 thread (time)",
-                    f"{cost * 100:+.1f}%; cpu {cpu * 100:+.1f}% (need < 15%)", cost < 0.15))
+                    f"wall {cost * 100:+.1f}%, cpu {cpu * 100:+.1f}% (need < 15%)", cpu < 0.15))
     for mode in ("rgb ", "rgba"):
         r = get("wsitool", 4096, 1, mode)
         if r:
@@ -534,9 +540,11 @@ def render(run: dict, markdown: bool = False) -> int:
              + "regions per size: "
              + ", ".join(f"{s}:{len(r)}" for s, r in run["regions"].items()))
     print_table(results, title)
-    for t in run.get("targets", []):
-        flag = {True: "met", False: "NOT met", None: "-"}[t["met"]]
-        print(f"  {flag:8s} {t['what']}: {t['measured']}")
+    j2k = run.get("j2k", "JP2000" in run["description"] or "J2K" in run["description"])
+    if run.get("level", 0) == 0:
+        for what, measured, met in target_summary(results, j2k):
+            flag = {True: "met", False: "NOT met", None: "-"}[met]
+            print(f"  {flag:8s} {what}: {measured}")
     if markdown:
         print()
         print(title)
