@@ -153,6 +153,7 @@ class _ThreadState:
         self.stats = stats
         self.lock = threading.Lock()
         self._decoder: Any = None
+        self._encoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
         self._read_bufs: dict[int, tuple[np.ndarray, memoryview]] = {}
 
@@ -162,6 +163,13 @@ class _ThreadState:
             self._decoder = self.pool._create_decoder()
             self.stats.decoders_created += 1
         return self._decoder
+
+    @property
+    def encoder(self):
+        """This thread's nvImageCodec encoder (created on first use; call under ``lock``)."""
+        if self._encoder is None:
+            self._encoder = self.pool._create_encoder()
+        return self._encoder
 
     def scratch(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
         """A C-contiguous buffer of ``shape``, reused across calls on this thread."""
@@ -203,7 +211,10 @@ class DecoderPool:
 
     Each thread calling :meth:`state` gets its own decoder, created lazily
     under the pool's mutex; the pool keeps only the per-thread counters, so a
-    decoder is released when its thread ends.
+    decoder is released when its thread ends.  The same per-thread state
+    also holds an nvImageCodec encoder (``state().encoder``, used by
+    :mod:`wsitool.export`), created the same way on first use; the pool
+    counts them in ``encoders_created``.
 
     Raises:
         DeviceUnavailableError: ``device`` is a CUDA device and none is usable.
@@ -214,6 +225,7 @@ class DecoderPool:
         self._create_lock = threading.Lock()
         self._local = threading.local()
         self._all_stats: list[DecodeStats] = []
+        self.encoders_created = 0
         if device == "cpu":
             self._device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
         elif device.startswith("cuda"):
@@ -223,27 +235,40 @@ class DecoderPool:
         else:
             raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
 
-    def _create_decoder(self):
+    def _create(self, cls, what: str):
+        """One nvImageCodec ``Decoder`` or ``Encoder`` for this pool's device.
+
+        CPU: the CPU backend only (``device_id=NVIMGCODEC_DEVICE_CPU_ONLY``;
+        without it the library tries the GPU and fails on machines without
+        one).  CUDA: GPU backends first (the hardware JPEG engine for
+        decoders), the CPU backend as fallback.  One CPU thread per instance:
+        parallelism comes from our own per-thread instances.
+        """
+        kinds = [nvimgcodec.BackendKind.CPU_ONLY]
+        if self.device != "cpu":
+            gpu = [nvimgcodec.BackendKind.GPU_ONLY, nvimgcodec.BackendKind.HYBRID_CPU_GPU]
+            if cls is nvimgcodec.Decoder:
+                gpu.insert(0, nvimgcodec.BackendKind.HW_GPU_ONLY)
+            kinds = gpu + kinds
         with self._create_lock:
-            if self.device == "cpu":
-                backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)]
-            else:
-                backends = [
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY),
-                ]
             try:
-                # One CPU thread per decoder: parallelism comes from our own
-                # per-thread decoders, not from a pool inside each decoder.
-                return nvimgcodec.Decoder(
-                    device_id=self._device_id, max_num_cpu_threads=1, backends=backends
-                )
+                return cls(device_id=self._device_id, max_num_cpu_threads=1,
+                           backends=[nvimgcodec.Backend(k) for k in kinds])
             except Exception as exc:  # pragma: no cover - depends on the machine
                 raise DeviceUnavailableError(
-                    f"could not create an nvImageCodec decoder for {self.device}: {exc}"
+                    f"could not create an nvImageCodec {what} for {self.device}: {exc}"
                 ) from exc
+
+    def _create_encoder(self):
+        """A new per-thread encoder (see :meth:`_create`); counted in ``encoders_created``."""
+        encoder = self._create(nvimgcodec.Encoder, "encoder")
+        with self._create_lock:
+            self.encoders_created += 1
+        return encoder
+
+    def _create_decoder(self):
+        """A new per-thread decoder (see :meth:`_create`)."""
+        return self._create(nvimgcodec.Decoder, "decoder")
 
     def state(self) -> _ThreadState:
         """The calling thread's decoder state (created on first use)."""

@@ -487,6 +487,18 @@ class Slide:
         return read_region(self, location, level, size, out=out, mode=mode, threads=threads,
                            on_error=on_error, device=device)
 
+    def to_dask(self, level=0, *, chunks="tile"):
+        """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
+
+        Each chunk is read with ``read_region(..., mode="rgb")`` when computed;
+        the graph holds this slide's path, not the open file, so it runs on
+        remote Dask workers.  See :func:`wsitool.distributed.level_to_dask`
+        (chunking, errors).  Needs the optional extra ``wsitool[dask]``.
+        """
+        from .distributed import level_to_dask
+
+        return level_to_dask(self, level, chunks=chunks)
+
     def _read_associated(self, name: str, page: tifffile.TiffPage) -> np.ndarray:
         try:
             with self._lock, warnings.catch_warnings():
