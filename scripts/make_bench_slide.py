@@ -25,7 +25,7 @@ that set.
 
 Layout (the Aperio layout OpenSlide expects, openslide.org/formats/aperio): IFD 0
 is level 0 (tiled); IFD 1 a stripped JPEG thumbnail; then the lower levels, tiled,
-at downsamples 4 and 16 (more while a level is still larger than 4 tiles).  Lower
+at downsamples 4, 16, ... while a level is at least 4 tiles wide and high.  Lower
 levels are filled the same way, with copied level-0-resolution tiles (their content
 is not a true downsample, which does not matter for read benchmarks).  The first
 ImageDescription starts with ``Aperio`` and carries ``AppMag = 20|MPP = 0.499``.
@@ -87,17 +87,16 @@ def tissue_tiles(path: Path) -> tuple[list[bytes], tifffile.TiffPage, bytes | No
 
 
 def level_sizes(width: int, height: int, tile: int) -> list[tuple[int, int]]:
+    """Level 0 and the levels at downsample 4, 16, 64, ... that are still at
+    least 4 tiles wide and high (Aperio's factor-4 pyramids)."""
     sizes = [(width, height)]
     d = 4
     while True:
         w, h = -(-width // d), -(-height // d)
-        if w < tile * 4 and h < tile * 4 and len(sizes) > 1:
-            break
+        if w < 4 * tile or h < 4 * tile:
+            return sizes
         sizes.append((w, h))
-        if len(sizes) >= 3 and (w < tile * 8 or h < tile * 8):
-            break
         d *= 4
-    return sizes
 
 
 def main(argv=None) -> int:
