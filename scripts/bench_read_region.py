@@ -4,7 +4,7 @@
 Usage::
 
     python scripts/bench_read_region.py SLIDE [--size 256,1024,4096] [--threads 1,2]
-        [--regions N] [--budget-mp 24] [--rounds 3] [--reps 1] [--level 0] [--seed 0]
+        [--regions N] [--budget-mp 8] [--rounds 5] [--reps 1] [--level 0] [--seed 0]
         [--tools wsitool,openslide,tiffslide,floor] [--json out.json] [--markdown]
     python scripts/bench_read_region.py --render out.json [--markdown]   # re-print a saved run
 
@@ -470,10 +470,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2", help="thread counts, comma list")
     ap.add_argument("--regions", type=int, default=None,
                     help="regions per size (default: fill --budget-mp, at least 1)")
-    ap.add_argument("--budget-mp", type=float, default=24.0,
+    ap.add_argument("--budget-mp", type=float, default=8.0,
                     help="megapixels per timed pass when --regions is not given")
     ap.add_argument("--reps", type=int, default=1, help="timed passes per round")
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=5,
                     help="rounds; each runs every tool once, in turn (median over all passes)")
     ap.add_argument("--warm", type=int, default=1, help="warm-up regions per configuration")
     ap.add_argument("--level", type=int, default=0)
