@@ -63,6 +63,7 @@ __all__ = [
     "get_pool",
     "nvimgcodec",
     "read_tile_bytes",
+    "read_tile_stream",
     "decode_into",
     "decode_array",
     "plan_decode",
@@ -153,6 +154,7 @@ class _ThreadState:
         self._decoder: Any = None
         self._encoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
+        self._read_bufs: dict[int, tuple[np.ndarray, memoryview]] = {}
 
     @property
     def decoder(self):
@@ -177,6 +179,26 @@ class _ThreadState:
             self._scratch[key] = buf
             self.stats.scratch_allocations += 1
         return buf
+
+    def read_buffer(self, nbytes: int, slot: int = 0) -> tuple[np.ndarray, memoryview]:
+        """A uint8 buffer of at least ``nbytes`` bytes (and its memoryview), reused
+        by this thread for tile bytes.  ``slot`` selects one of several buffers
+        (a batch of tiles needs one per tile).  A buffer larger than
+        :data:`_READ_BUFFER_KEEP` is a one-off allocation that is not kept."""
+        kept = self._read_bufs.get(slot)
+        if kept is not None and len(kept[0]) >= nbytes:
+            return kept
+        size = max(nbytes, 2 * len(kept[0]) if kept is not None else 65536)
+        buf = np.empty(size, np.uint8)
+        pair = (buf, memoryview(buf))
+        if size <= _READ_BUFFER_KEEP:
+            self._read_bufs[slot] = pair
+            self.stats.scratch_allocations += 1
+        return pair
+
+
+#: Largest per-thread tile-bytes buffer kept between reads (bytes).
+_READ_BUFFER_KEEP = 16 << 20
 
 
 class DecoderPool:
@@ -319,6 +341,55 @@ def read_tile_bytes(level: "Level", index: int, col: int, row: int, stats: Decod
     return data
 
 
+def read_tile_stream(level: "Level", index: int, col: int, row: int,
+                     state: _ThreadState, slot: int = 0) -> np.ndarray | None:
+    """Read tile ``index`` of an nvImageCodec level as a complete code stream.
+
+    Same checks, errors and statistics as :func:`read_tile_bytes`, plus the
+    JPEG start-of-image check of the tile, but the bytes land in the calling
+    thread's reusable read buffer with the JPEG prefix (SOI, Adobe marker,
+    JPEGTables) already in front, with one ``preadv`` and no intermediate
+    ``bytes`` objects.  Returns a ``(n,)`` uint8 view of that buffer (valid
+    until this thread's next read into the same ``slot``), or ``None`` for a
+    missing tile.
+
+    Raises:
+        TileDecodeError: segment past the end of the file, short read, or a
+            JPEG tile that does not start with SOI.
+    """
+    offset = int(level._offsets[index])
+    count = int(level._bytecounts[index])
+    if offset == 0 or count == 0:
+        return None
+    if offset + count > level._file_size:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
+            f"file ({level._file_size} bytes): truncated file",
+        )
+    jpeg = level._stream_kind == "jpeg"
+    prefix = level._jpeg_prefix if jpeg else b""
+    start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
+    buf, view = state.read_buffer(start + count, slot)
+    got = os.preadv(level._fd, [view[start:start + count]], offset)
+    if got != count:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"short read: {got} of {count} bytes at offset {offset}",
+        )
+    state.stats.bytes_read += count
+    if jpeg:
+        if count < 2 or buf[start] != 0xFF or buf[start + 1] != 0xD8:
+            raise TileDecodeError(
+                level._path, level.index, col, row,
+                f"not a JPEG stream (starts with {bytes(buf[start:start + 2]).hex()} "
+                "instead of ffd8)",
+            )
+        if prefix:
+            view[:start + 2] = prefix
+    return buf[:start + count]
+
+
 def _jpeg_stream(level: "Level", data: bytes, col: int, row: int) -> bytes:
     """Complete JPEG stream for nvImageCodec: tile + JPEGTables (+ Adobe RGB marker)."""
     if not data.startswith(_SOI):
@@ -392,13 +463,15 @@ def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
         _codestream(level, data, col, row)
 
 
-def _codestream(level: "Level", data: bytes, col: int, row: int):
+def _codestream(level: "Level", data, col: int, row: int, complete: bool = False):
     """Parse the code stream header and check it against the tile grid.
 
-    The expected size is the full tile cell, or for the last row/column the
-    part inside the image (some writers crop edge tiles; strips are cropped).
+    ``data`` is the tile's bytes, or with ``complete=True`` a complete stream
+    from :func:`read_tile_stream`.  The expected size is the full tile cell, or
+    for the last row/column the part inside the image (some writers crop edge
+    tiles; strips are cropped).
     """
-    if level._stream_kind == "jpeg":
+    if level._stream_kind == "jpeg" and not complete:
         data = _jpeg_stream(level, data, col, row)
     try:
         cs = nvimgcodec.CodeStream(data)
@@ -411,8 +484,8 @@ def _codestream(level: "Level", data: bytes, col: int, row: int):
     return cs, width, height
 
 
-def plan_decode(level: "Level", col: int, row: int, data: bytes,
-                src_rect: tuple[int, int, int, int]):
+def plan_decode(level: "Level", col: int, row: int, data,
+                src_rect: tuple[int, int, int, int], complete: bool = False):
     """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
 
     Shared by the per-tile CPU path (:func:`decode_into`) and the batched GPU
@@ -421,8 +494,10 @@ def plan_decode(level: "Level", col: int, row: int, data: bytes,
 
     Args:
         level, col, row: the tile.
-        data: its encoded bytes (:func:`read_tile_bytes`).
+        data: its encoded bytes (:func:`read_tile_bytes`), or with
+            ``complete=True`` the complete stream of :func:`read_tile_stream`.
         src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile.
+        complete: ``data`` already has the JPEG prefix merged and SOI checked.
 
     Returns:
         ``(code_stream, how, (width, height))``: ``how`` is ``"direct"`` (the
@@ -437,7 +512,7 @@ def plan_decode(level: "Level", col: int, row: int, data: bytes,
             ``src_rect`` outside the tile.
     """
     x0, y0, x1, y1 = src_rect
-    cs, width, height = _codestream(level, data, col, row)
+    cs, width, height = _codestream(level, data, col, row, complete)
     if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
         raise TileDecodeError(
             level._path, level.index, col, row,
@@ -472,13 +547,15 @@ def decode_into(
     state: _ThreadState,
     *,
     caller_buffer: bool = True,
+    complete: bool = False,
 ) -> None:
     """Decode part of one nvImageCodec-decodable tile into ``dst``.
 
     Args:
         level: the :class:`~wsitool.slide.Level` the tile belongs to.
         col, row: tile column and row in the level's grid.
-        data: the tile's encoded bytes (see :func:`read_tile_bytes`).
+        data: the tile's encoded bytes (see :func:`read_tile_bytes`), or with
+            ``complete=True`` the uint8 array of :func:`read_tile_stream`.
         dst: ``(y1 - y0, x1 - x0, 3)`` uint8 array, C-contiguous except for
             row padding (a sub-view of a C-contiguous ``(H, W, 3)`` array is
             fine).  It receives the pixels.
@@ -488,13 +565,15 @@ def decode_into(
         caller_buffer: True when ``dst`` is (a view of) the caller's output;
             only used to count ``tiles_direct`` / ``tiles_roi`` versus
             ``tiles_scratch`` in :class:`DecodeStats`.
+        complete: ``data`` is already a complete code stream (JPEG prefix
+            merged, SOI checked) from :func:`read_tile_stream`.
 
     Raises:
         TileDecodeError: header/grid mismatch, decoder failure, or a decoder
             that did not write into ``dst``.
     """
     x0, y0, x1, y1 = src_rect
-    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect)
+    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete)
     if dst.shape[:2] != (y1 - y0, x1 - x0):
         raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
     if how == "scratch":

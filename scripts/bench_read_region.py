@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""Benchmark region reads: wsitool against OpenSlide, tiffslide and the decode floor.
+
+Usage::
+
+    python scripts/bench_read_region.py SLIDE [--size 256,1024,4096] [--threads 1,2]
+        [--regions N] [--budget-mp 8] [--rounds 5] [--reps 1] [--level 0] [--seed 0]
+        [--tools wsitool,openslide,tiffslide,floor] [--json out.json] [--markdown]
+    python scripts/bench_read_region.py --render out.json [--markdown]   # re-print a saved run
+
+Make a slide first with ``scripts/make_bench_slide.py`` (real tissue tiles).
+
+What one run does:
+
+* Draws, per region size ``S``, the same seeded random ``S x S`` regions inside
+  level ``--level`` (``--regions N`` of them, or by default as many as fill
+  ``--budget-mp`` megapixels, at least 1).
+* Runs each tool in its own subprocess (so peak RSS is per tool): a warm-up over
+  the first regions, then ``--reps`` timed passes over all regions.  This is done
+  ``--rounds`` times, the tools taking turns inside each round, so that a load
+  change on a shared machine hits every tool alike; the reported time is the
+  median pass over all rounds.  ``MP/s`` = region megapixels / median wall time;
+  ``MP/cpu-s`` = megapixels / median process CPU time (all threads; less
+  sensitive to other processes on a busy machine).
+* Peak RSS: before the timed passes of each configuration the process's high-water
+  mark is reset (``/proc/self/clear_refs``, Linux); ``peak+`` is VmHWM minus the
+  RSS of the idle (opened, warmed-up) process, next to the size of one output.
+  Each pass drops a region's array before reading the next.
+* Tools and what is timed:
+
+  - ``wsitool``: ``Slide.read_region(..., mode="rgb" | "rgba")`` -> numpy.  With 2
+    threads two ways are measured and both printed: ``threads=2`` inside each read
+    (regions one after another), and a pool of 2 threads over regions with
+    ``threads=1`` per read (how a data loader parallelises patches).
+  - OpenSlide (openslide-python + openslide-bin): ``read_region`` -> PIL RGBA image
+    (the numpy conversion is NOT timed, in OpenSlide's favour); its tile cache is
+    set to 0 bytes, since the passes repeat the same regions.  2 threads: a pool
+    of 2 threads over regions sharing one ``OpenSlide`` object.
+  - tiffslide: ``read_region(..., as_array=True)`` -> RGB numpy.  2 threads: a pool
+    of 2 threads over regions sharing one ``TiffSlide``.
+  - ``floor``: the decode floor.  The whole tiles each region touches (counted once
+    per region, as a reader without a cache must) are read into memory first and
+    made complete code streams (JPEGTables merged, as wsitool does); the timed part
+    is only ``Decoder.decode`` of each whole tile into one reused tile buffer, one
+    nvImageCodec CPU decoder (libjpeg-turbo / OpenJPEG), one thread, no placement.
+    ``wsitool / floor`` > 1 means wsitool is faster than merely decoding the tiles
+    (possible because partial tiles are decoded as sub-regions).
+
+A checksum of the first region of each size is compared between tools and a
+mismatch is reported (the tools must read the same pixels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = ("wsitool", "openslide", "tiffslide", "floor")
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss_mib() -> float:
+    return _status_kib("VmRSS") / 1024.0
+
+
+def reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_mib() -> float:
+    return _status_kib("VmHWM") / 1024.0
+
+
+# ----------------------------------------------------------------------------- regions
+
+
+def make_regions(width: int, height: int, size: int, count: int, seed: int, downsample: float):
+    """``count`` (x0, y0) level-0 locations of ``size x size`` regions inside the level."""
+    rng = np.random.default_rng([seed, size])
+    xs = rng.integers(0, max(1, width - size), count)
+    ys = rng.integers(0, max(1, height - size), count)
+    return [(int(round(x * downsample)), int(round(y * downsample))) for x, y in zip(xs, ys)]
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def _timed_passes(read_one, regions, reps: int, threads: int, warm: int):
+    """Warm up, reset the peak, run ``reps`` passes; return (times, idle MiB, peak MiB)."""
+    for loc in regions[:warm]:
+        arr = read_one(loc)
+        del arr
+    gc.collect()
+    idle = rss_mib()
+    reset_peak()
+    times, cpu = [], []
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        for _ in range(reps):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            if pool is None:
+                for loc in regions:
+                    arr = read_one(loc)
+                    del arr
+            else:
+                for arr in pool.map(read_one, regions):
+                    del arr
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return (times, cpu), idle, peak_mib()
+
+
+def _checksum(arr) -> int:
+    a = np.asarray(arr)
+    return int(a[..., :3].astype(np.uint64).sum())
+
+
+def worker(spec: dict) -> list[dict]:
+    tool = spec["tool"]
+    path, level, reps = spec["slide"], spec["level"], spec["reps"]
+    results = []
+
+    def record(size, threads, config, regions, times, idle, peak, out_bytes, checksum):
+        times, cpu = times
+        results.append(dict(
+            tool=tool, config=config, size=size, threads=threads, regions=len(regions),
+            times_s=times, cpu_s=cpu, idle_rss_mib=idle, peak_rss_mib=peak,
+            peak_over_idle_mib=peak - idle, output_mib=out_bytes / 2**20, checksum=checksum,
+        ))
+
+    if tool == "wsitool":
+        import wsitool
+
+        slide = wsitool.open_slide(path)
+        for size_s, regions in spec["regions"].items():
+            size = int(size_s)
+            for mode in spec["modes"]:
+                chans = 3 if mode == "rgb" else 4
+                first = slide.read_region(regions[0], level, (size, size), mode=mode, threads=1)
+                cks = _checksum(first)
+                del first
+                for threads in spec["threads"]:
+                    variants = [("threads=1", 1, 1)] if threads == 1 else [
+                        (f"threads={threads}", threads, 1),
+                        (f"pool{threads}", 1, threads),
+                    ]
+                    for name, intra, pool in variants:
+                        def read_one(loc, intra=intra, mode=mode, size=size):
+                            return slide.read_region(loc, level, (size, size), mode=mode,
+                                                     threads=intra)
+                        t, idle, peak = _timed_passes(read_one, regions, reps, pool, spec["warm"])
+                        record(size, threads, f"{mode} {name}", regions, t, idle, peak,
+                               size * size * chans, cks)
+    elif tool == "openslide":
+        import openslide
+
+        slide = openslide.OpenSlide(path)
+        if hasattr(openslide, "OpenSlideCache"):
+            # No tile cache: the warm-up and the passes read the same regions, which
+            # would otherwise come from OpenSlide's 32 MiB cache (the other tools
+            # have no cache, and random regions of a real workload rarely repeat).
+            slide.set_cache(openslide.OpenSlideCache(0))
+        for size_s, regions in spec["regions"].items():
+            size = int(size_s)
+            cks = _checksum(slide.read_region(regions[0], level, (size, size)))
+            for threads in spec["threads"]:
+                def read_one(loc, size=size):
+                    return slide.read_region(loc, level, (size, size))
+                t, idle, peak = _timed_passes(read_one, regions, reps, threads, spec["warm"])
+                record(size, threads, "rgba PIL" + (f" pool{threads}" if threads > 1 else ""),
+                       regions, t, idle, peak, size * size * 4, cks)
+    elif tool == "tiffslide":
+        import tiffslide
+
+        slide = tiffslide.TiffSlide(path)
+        for size_s, regions in spec["regions"].items():
+            size = int(size_s)
+            cks = _checksum(slide.read_region(regions[0], level, (size, size), as_array=True))
+            for threads in spec["threads"]:
+                def read_one(loc, size=size):
+                    return slide.read_region(loc, level, (size, size), as_array=True)
+                t, idle, peak = _timed_passes(read_one, regions, reps, threads, spec["warm"])
+                record(size, threads, "rgb numpy" + (f" pool{threads}" if threads > 1 else ""),
+                       regions, t, idle, peak, size * size * 3, cks)
+    elif tool == "floor":
+        results.extend(floor_worker(spec))
+    else:
+        raise SystemExit(f"unknown tool {tool}")
+    return results
+
+
+def floor_worker(spec: dict) -> list[dict]:
+    """Whole-tile decode floor: one nvImageCodec CPU decoder, one thread, no placement."""
+    import wsitool
+    from wsitool.decode import nvimgcodec
+    from wsitool.region import level_rect
+
+    slide = wsitool.open_slide(spec["slide"])
+    lv = slide.levels[spec["level"]]
+    if lv.decoder != "nvimagecodec":
+        return []
+    tw, th = lv.tile_width, lv.tile_height
+    decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                 max_num_cpu_threads=1,
+                                 backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
+    buf = np.empty((th, tw, 3), np.uint8)
+    image = nvimgcodec.as_image(buf)
+    prefix = lv._jpeg_prefix
+    out = []
+    for size_s, regions in spec["regions"].items():
+        size = int(size_s)
+        streams = []
+        for x0, y0 in regions:
+            x, y = level_rect(lv, x0, y0)  # the level pixel wsitool reads too
+            for row in range(y // th, (y + size - 1) // th + 1):
+                for col in range(x // tw, (x + size - 1) // tw + 1):
+                    i = row * lv.tiles_across + col
+                    off, cnt = int(lv._offsets[i]), int(lv._bytecounts[i])
+                    data = os.pread(lv._fd, cnt, off)
+                    if prefix:
+                        data = prefix + data[2:]
+                    streams.append(nvimgcodec.CodeStream(data))
+        tiles_per_region = len(streams) / len(regions)
+
+        def one_pass():
+            for cs in streams:
+                r = decoder.decode(cs, image=image)
+                if r is None:
+                    raise RuntimeError("floor decode failed")
+
+        one_pass()  # warm-up
+        gc.collect()
+        idle = rss_mib()
+        reset_peak()
+        times, cpu = [], []
+        for _ in range(spec["reps"]):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            one_pass()
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        out.append(dict(
+            tool="floor", config=f"{tiles_per_region:.1f} whole tiles/region", size=size,
+            threads=1, regions=len(regions), times_s=times, cpu_s=cpu,
+            idle_rss_mib=idle, peak_rss_mib=peak_mib(),
+            peak_over_idle_mib=peak_mib() - idle, output_mib=0.0, checksum=None,
+        ))
+    return out
+
+
+# ----------------------------------------------------------------------------- parent
+
+
+def run_tool(tool: str, spec: dict, timeout: float) -> list[dict]:
+    spec = dict(spec, tool=tool)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker"], input=json.dumps(spec), text=True,
+        capture_output=True, env=env, timeout=timeout,
+    )
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        print(f"[{tool}] failed (exit {proc.returncode}): " + " | ".join(tail), file=sys.stderr)
+        return []
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """Join the per-round records of each (tool, config, size, threads); add medians."""
+    merged: dict[tuple, dict] = {}
+    for recs in rounds:
+        for r in recs:
+            key = (r["tool"], r["config"], r["size"], r["threads"])
+            m = merged.get(key)
+            if m is None:
+                merged[key] = dict(r, times_s=list(r["times_s"]), cpu_s=list(r["cpu_s"]))
+            else:
+                m["times_s"] += r["times_s"]
+                m["cpu_s"] += r["cpu_s"]
+                for k in ("peak_rss_mib", "peak_over_idle_mib"):
+                    m[k] = max(m[k], r[k])
+    for m in merged.values():
+        px = m["size"] ** 2 * m["regions"]
+        m["median_s"] = statistics.median(m["times_s"])
+        m["mp_per_s"] = px / m["median_s"] / 1e6
+        m["mp_per_cpu_s"] = px / statistics.median(m["cpu_s"]) / 1e6
+    return list(merged.values())
+
+
+def _best(results, tool, size, threads, prefix=""):
+    cands = [r for r in results if r["tool"] == tool and r["size"] == size
+             and r["threads"] == threads and r["config"].startswith(prefix)]
+    return max(cands, key=lambda r: r["mp_per_s"]) if cands else None
+
+
+def print_table(results: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in ("size", "thr", "tool", "config", "MP/s", "MP/cpu-s", "/OpenSlide", "/tiffslide",
+                "/floor", "peak+ MiB", "out MiB"):
+        table.add_column(col, justify="left" if col in ("tool", "config") else "right")
+    sizes = sorted({r["size"] for r in results})
+    threads_list = sorted({r["threads"] for r in results})
+    order = {t: i for i, t in enumerate(TOOLS)}
+    for size in sizes:
+        floor = _best(results, "floor", size, 1)
+        for threads in threads_list:
+            osl = _best(results, "openslide", size, threads)
+            tsl = _best(results, "tiffslide", size, threads)
+            rows = [r for r in results if r["size"] == size and r["threads"] == threads]
+            rows.sort(key=lambda r: (order.get(r["tool"], 9), r["config"]))
+            for r in rows:
+                is_ws = r["tool"] == "wsitool"
+
+                def ratio(ref, r=r, is_ws=is_ws):
+                    if not is_ws:
+                        return ""
+                    return f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-"
+
+                table.add_row(
+                    str(size), str(threads), r["tool"], r["config"], f"{r['mp_per_s']:.1f}",
+                    f"{r['mp_per_cpu_s']:.1f}", ratio(osl), ratio(tsl),
+                    ratio(floor) if threads == 1 else "",
+                    f"{r['peak_over_idle_mib']:.1f}", f"{r['output_mib']:.1f}",
+                )
+        table.add_section()
+    Console(width=160).print(table)
+    for size in sizes:
+        sums = {f"{r['tool']} {r['config'].split()[0]}": r["checksum"] for r in results
+                if r["size"] == size and r["checksum"] is not None}
+        if len(set(sums.values())) > 1:
+            print(f"WARNING: tools read different pixels for the first {size}x{size} region: {sums}")
+
+
+def markdown_table(results: list[dict]) -> str:
+    """The table as GitHub Markdown (for the README)."""
+    lines = ["| size | threads | tool | config | MP/s | MP/cpu-s | /OpenSlide | /tiffslide | /floor "
+             "| peak+ MiB | out MiB |", "|" + "---:|" * 2 + "---|---|" + "---:|" * 7]
+    order = {t: i for i, t in enumerate(TOOLS)}
+    for size in sorted({r["size"] for r in results}):
+        floor = _best(results, "floor", size, 1)
+        for threads in sorted({r["threads"] for r in results}):
+            osl = _best(results, "openslide", size, threads)
+            tsl = _best(results, "tiffslide", size, threads)
+            rows = [r for r in results if r["size"] == size and r["threads"] == threads]
+            rows.sort(key=lambda r: (order.get(r["tool"], 9), r["config"]))
+            for r in rows:
+                ws = r["tool"] == "wsitool"
+
+                def ratio(ref, r=r, ws=ws):
+                    return (f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-") if ws else ""
+
+                lines.append(
+                    f"| {size} | {threads} | {r['tool']} | {r['config']} | {r['mp_per_s']:.1f} | "
+                    f"{r['mp_per_cpu_s']:.1f} | {ratio(osl)} | {ratio(tsl)} | "
+                    f"{ratio(floor) if threads == 1 else ''} | {r['peak_over_idle_mib']:.1f} | "
+                    f"{r['output_mib']:.1f} |")
+    return "\n".join(lines)
+
+
+def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool | None]]:
+    """The issue's targets: (what, measured, met).
+
+    Every line gives the ratio of wall-clock throughputs; single-thread
+    comparisons also give the ratio of CPU-time throughputs (``cpu``).  On an
+    idle machine the two agree; on a busy shared one the wall-clock times of
+    two separate processes depend on how much CPU each was given, so ``met``
+    is judged on the CPU-time ratio where both sides ran one thread, and on
+    wall-clock time otherwise (parallel speed-up only shows there).
+    """
+    out = []
+
+    def get(tool, size, threads, prefix=""):
+        return _best(results, tool, size, threads, prefix)
+
+    def add(what, a, b, need):
+        if a is None or b is None:
+            out.append((what, "not measured", None))
+            return
+        v = a["mp_per_s"] / b["mp_per_s"]
+        c = a["mp_per_cpu_s"] / b["mp_per_cpu_s"]
+        if a["threads"] == 1 and b["threads"] == 1:
+            out.append((what, f"wall {v:.2f}x, cpu {c:.2f}x (need >= {need}x)", c >= need))
+        else:
+            out.append((what, f"wall {v:.2f}x (need >= {need}x)", v >= need))
+
+    if j2k:
+        for size in (1024, 256, 4096):
+            add(f"J2K {size} RGB 1 thread / OpenSlide 1 thread", get("wsitool", size, 1, "rgb "),
+                get("openslide", size, 1), 1.0)
+            add(f"J2K {size} RGB 2 threads / OpenSlide 1 thread", get("wsitool", size, 2, "rgb "),
+                get("openslide", size, 1), 1.8)
+            add(f"J2K {size} RGB 2 threads / OpenSlide 2 threads (pool)",
+                get("wsitool", size, 2, "rgb "), get("openslide", size, 2), 1.8)
+        return out
+    add("1024 RGB 1 thread / whole-tile decode floor", get("wsitool", 1024, 1, "rgb "),
+        get("floor", 1024, 1), 1.1)
+    add("256 RGB 1 thread / whole-tile decode floor", get("wsitool", 256, 1, "rgb "),
+        get("floor", 256, 1), 1.5)
+    for ref, need in (("openslide", 5.0), ("tiffslide", 2.3)):
+        add(f"1024 RGB 2 threads / {ref} 1 thread (the issue's reference)",
+            get("wsitool", 1024, 2, "rgb "), get(ref, 1024, 1), need)
+        add(f"1024 RGB 2 threads / {ref} 2 threads (pool)",
+            get("wsitool", 1024, 2, "rgb "), get(ref, 1024, 2), need)
+    rgb, rgba = get("wsitool", 1024, 1, "rgb "), get("wsitool", 1024, 1, "rgba")
+    if rgb and rgba:
+        cost = rgb["mp_per_s"] / rgba["mp_per_s"] - 1
+        cpu = rgb["mp_per_cpu_s"] / rgba["mp_per_cpu_s"] - 1
+        out.append(("RGBA cost over RGB, 1024, 1 thread (time)",
+                    f"wall {cost * 100:+.1f}%, cpu {cpu * 100:+.1f}% (need < 15%)", cpu < 0.15))
+    for mode in ("rgb ", "rgba"):
+        r = get("wsitool", 4096, 1, mode)
+        if r:
+            over = r["peak_over_idle_mib"] - r["output_mib"]
+            out.append((f"4096 {mode.strip().upper()} 1 thread peak RSS over idle minus output",
+                        f"{over:+.1f} MiB (need <= 32)", over <= 32))
+    return out
+
+
+def main(argv=None) -> int:
+    if argv is None and "--worker" in sys.argv[1:]:
+        spec = json.loads(sys.stdin.read())
+        print(json.dumps(worker(spec)))
+        return 0
+    if argv is None and "--render" in sys.argv[1:]:
+        # re-print a saved run: --render RUN.json [--markdown]
+        rp = argparse.ArgumentParser(description="re-print a saved benchmark run")
+        rp.add_argument("--render", type=Path, required=True)
+        rp.add_argument("--markdown", action="store_true")
+        a = rp.parse_args()
+        return render(json.loads(a.render.read_text()), a.markdown)
+    ap = argparse.ArgumentParser(description="wsitool vs OpenSlide vs tiffslide vs decode floor")
+    ap.add_argument("slide")
+    ap.add_argument("--size", default="256,1024,4096", help="region sizes (square), comma list")
+    ap.add_argument("--threads", default="1,2", help="thread counts, comma list")
+    ap.add_argument("--regions", type=int, default=None,
+                    help="regions per size (default: fill --budget-mp, at least 1)")
+    ap.add_argument("--budget-mp", type=float, default=8.0,
+                    help="megapixels per timed pass when --regions is not given")
+    ap.add_argument("--reps", type=int, default=1, help="timed passes per round")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds; each runs every tool once, in turn (median over all passes)")
+    ap.add_argument("--warm", type=int, default=1, help="warm-up regions per configuration")
+    ap.add_argument("--level", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default="rgb,rgba", help="wsitool output modes")
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per tool subprocess")
+    ap.add_argument("--json", type=Path, default=None, help="write all results here")
+    ap.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(REPO))
+    import wsitool
+
+    with wsitool.open_slide(args.slide) as slide:
+        lv = slide.levels[args.level]
+        lw, lh, ds = lv.width, lv.height, lv.downsample
+        j2k = lv._stream_kind == "j2k"
+        desc = f"{Path(args.slide).name}: level {args.level} {lw}x{lh}, {lv.compression}, " \
+               f"tiles {lv.tile_width}x{lv.tile_height}"
+    sizes = [int(s) for s in args.size.split(",") if s]
+    threads = [int(t) for t in args.threads.split(",") if t]
+    regions = {}
+    for s in sizes:
+        n = args.regions or max(1, int(round(args.budget_mp * 1e6 / (s * s))))
+        regions[str(s)] = make_regions(lw, lh, s, n, args.seed, ds)
+    spec = dict(slide=str(Path(args.slide).resolve()), level=args.level, reps=args.reps,
+                regions=regions, threads=threads, modes=args.modes.split(","),
+                warm=args.warm)
+    rounds = []
+    for rnd in range(args.rounds):
+        recs = []
+        for tool in args.tools.split(","):
+            t0 = time.perf_counter()
+            recs.extend(run_tool(tool, spec, args.timeout))
+            print(f"[round {rnd + 1}/{args.rounds}] {tool} done in "
+                  f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        rounds.append(recs)
+    results = merge_rounds(rounds)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    run = dict(
+        slide=args.slide, description=desc, date=when, cpu_count=os.cpu_count(), load_avg=load,
+        machine=platform.platform(), reps=args.reps, rounds=args.rounds, regions=regions,
+        j2k=j2k, level=args.level, results=results,
+    )
+    summary = target_summary(results, j2k) if args.level == 0 else []
+    run["targets"] = [dict(what=w, measured=m, met=t) for w, m, t in summary]
+    if args.json:
+        args.json.write_text(json.dumps(run, indent=1))
+    return render(run, args.markdown)
+
+
+def render(run: dict, markdown: bool = False) -> int:
+    """Print the table, the checksum check and the target lines of a run."""
+    results = run["results"]
+    load = run.get("load_avg")
+    title = (f"{run['description']}; {run['date']}; {run['cpu_count']} CPU cores"
+             + (f", load avg {load:.1f}" if load is not None else "")
+             + f"; medians of {run.get('rounds', 1)} rounds x {run.get('reps', 1)} passes; "
+             + "regions per size: "
+             + ", ".join(f"{s}:{len(r)}" for s, r in run["regions"].items()))
+    print_table(results, title)
+    j2k = run.get("j2k", "JP2000" in run["description"] or "J2K" in run["description"])
+    if run.get("level", 0) == 0:
+        for what, measured, met in target_summary(results, j2k):
+            flag = {True: "met", False: "NOT met", None: "-"}[met]
+            print(f"  {flag:8s} {what}: {measured}")
+    if markdown:
+        print()
+        print(title)
+        print()
+        print(markdown_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

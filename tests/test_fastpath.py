@@ -1,0 +1,244 @@
+"""The fast read path: tile bytes read behind the JPEG prefix, RGBA widening,
+the shared job queue across threads, and read-ahead advice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wsitool
+from wsitool import decode, region
+from wsitool.decode import get_pool, read_tile_bytes, read_tile_stream
+
+from conftest import random_regions, repo_samples
+
+
+def _nv_slides(cmu1):
+    return [cmu1] + [p for p in repo_samples() if p.suffix == ".svs"]
+
+
+def test_read_tile_stream_is_prefix_plus_tile(cmu1, tcga_j2k):
+    """The buffer path yields byte for byte the stream the bytes path builds."""
+    for path in (cmu1, tcga_j2k):
+        with wsitool.open_slide(path) as slide:
+            lv = slide.levels[0]
+            state = get_pool("cpu").state()
+            for index in (0, 1, lv.tiles_across + 1, len(lv._offsets) - 1):
+                col, row = index % lv.tiles_across, index // lv.tiles_across
+                data = read_tile_bytes(lv, index, col, row, state.stats)
+                expected = decode._jpeg_stream(lv, data, col, row) if lv._stream_kind == "jpeg" else data
+                got = read_tile_stream(lv, index, col, row, state)
+                assert bytes(got) == expected
+
+
+def _with_tile_bytes(src, tmp_path, index: int, mutate) -> "object":
+    """Copy ``src`` with tile ``index`` of level 0 rewritten by ``mutate(bytes) -> bytes``."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        page = tf.pages[0]
+        off, count = page.dataoffsets[index], page.databytecounts[index]
+    new = mutate(bytes(data[off:off + count]))
+    assert len(new) == count
+    data[off:off + count] = new
+    out = tmp_path / f"mut-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path):
+    bad = _with_tile_bytes(sample_jpeg, tmp_path, 0, lambda b: b"\x00\x00" + b[2:])
+    with wsitool.open_slide(bad) as slide:
+        with pytest.raises(wsitool.TileDecodeError, match="not a JPEG stream") as info:
+            slide.read_region((0, 0), 0, (64, 64), mode="rgb")
+        assert (info.value.col, info.value.row) == (0, 0)
+        with pytest.warns(region.TileWarning):
+            out = slide.read_region((0, 0), 0, (64, 64), on_error="fill")
+        assert not out.any()
+
+
+def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path):
+    data = sample_jpeg.read_bytes()
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        last = int(np.argmax(lv._offsets[: lv.tiles_across * lv.tiles_down]))
+        cut_at = int(lv._offsets[last]) + 10
+        col, row = last % lv.tiles_across, last // lv.tiles_across
+        loc = (col * lv.tile_width, row * lv.tile_height)
+    short = tmp_path / "short.svs"
+    short.write_bytes(data[:cut_at])
+    try:
+        slide = wsitool.open_slide(short)
+    except wsitool.WsiError:
+        pytest.skip("tifffile refuses the cut file before any tile read")
+    with slide:
+        with pytest.raises(wsitool.TileDecodeError, match="truncated file"):
+            slide.read_region(loc, 0, (16, 16), mode="rgb")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_rgba_is_rgb_plus_opaque_alpha(cmu1, threads):
+    """The widened RGBA path gives the RGB pixels and alpha 255 inside, 0 outside,
+    for every kind of tile cut, on one thread and on the shared job queue."""
+    rng = np.random.default_rng(11)
+    for path in _nv_slides(cmu1):
+        with wsitool.open_slide(path) as slide:
+            for lv in slide.levels:
+                for xl, yl, w, h in random_regions(rng, lv.width, lv.height, 8, max_size=500):
+                    loc = (round(xl * lv.downsample), round(yl * lv.downsample))
+                    rgb = slide.read_region(loc, lv.index, (w, h), mode="rgb", threads=threads)
+                    rgba = slide.read_region(loc, lv.index, (w, h), threads=threads)
+                    assert np.array_equal(rgba[..., :3], rgb)
+                    alpha = rgba[..., 3]
+                    assert set(np.unique(alpha)) <= {0, 255}
+                    assert not rgba[alpha == 0].any()
+
+
+def test_rgba_widening_matches_scratch_path(cmu1, monkeypatch):
+    with wsitool.open_slide(cmu1) as slide:
+        loc, size = (117, 95), (700, 530)
+        fast = slide.read_region(loc, 0, size)
+        get_pool("cpu").reset_stats()
+        monkeypatch.setattr(decode, "FORCE_SCRATCH", True)
+        ref = slide.read_region(loc, 0, size)
+        assert get_pool("cpu").stats().tiles_scratch > 0
+    assert np.array_equal(fast, ref)
+
+
+def test_widen_rgba_exact_on_small_buffers():
+    rng = np.random.default_rng(3)
+    for h, w in ((1, 1), (1, 5), (3, 1), (7, 13)):
+        rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        flat = np.empty(h * w * 3 + 4, np.uint8)
+        flat[: h * w * 3] = rgb.ravel()
+        flat[h * w * 3:] = 0x5A
+        out = np.zeros((h + 2, w + 2, 4), np.uint8)
+        out32 = out.view("<u4").reshape(h + 2, w + 2)
+        region._widen_rgba(flat, h, w, out32[1:1 + h, 1:1 + w])
+        assert np.array_equal(out[1:1 + h, 1:1 + w, :3], rgb)
+        assert (out[1:1 + h, 1:1 + w, 3] == 255).all()
+        out[1:1 + h, 1:1 + w] = 0
+        assert not out.any()  # nothing written outside the destination
+
+
+def test_shared_queue_hands_each_job_out_once():
+    import threading
+
+    jobs = list(range(1000))
+    shared = region._SharedJobs(jobs)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def take():
+        for j in shared:
+            with lock:
+                seen.append(j)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen) == jobs
+    stopped = region._SharedJobs(jobs)
+    next(stopped)
+    stopped.stop()
+    assert list(stopped) == []
+
+
+def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path):
+    """A corrupt tile on any worker raises from read_region (after all workers end)."""
+    bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x00" + b[2:])
+    with wsitool.open_slide(bad) as slide:
+        lv = slide.levels[0]
+        with pytest.raises(wsitool.TileDecodeError):
+            slide.read_region((0, 0), 0, (min(lv.width, 4 * lv.tile_width), lv.tile_height * 2),
+                              mode="rgb", threads=4)
+
+
+def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch):
+    calls = []
+    monkeypatch.setattr(region.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)),
+                        raising=False)
+    monkeypatch.setattr(region.os, "POSIX_FADV_WILLNEED", 3, raising=False)
+    with wsitool.open_slide(cmu1) as slide:
+        lv = slide.levels[0]
+        rx0, ry0, w, h = 100, 130, 3 * lv.tile_width, 3 * lv.tile_height
+        slide.read_region((rx0, ry0), 0, (w, h), mode="rgb", threads=1)
+        _, jobs = region.plan_tiles(lv, rx0, ry0, w, h)
+        assert len(jobs) >= region._PREFETCH_MIN_TILES
+        covered = []
+        for col, row, _s, _d in jobs:
+            i = row * lv.tiles_across + col
+            off, cnt = int(lv._offsets[i]), int(lv._bytecounts[i])
+            covered.append(any(a <= off and off + cnt <= a + n for a, n in calls))
+        assert all(covered)
+        calls.clear()
+        slide.read_region((rx0, ry0), 0, (10, 10), mode="rgb", threads=1)  # one tile: no advice
+        assert calls == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads):
+    """Batches of code streams in one decode call give the per-tile pixels and counts."""
+    rng = np.random.default_rng(5)
+    with wsitool.open_slide(cmu1) as slide:
+        lv = slide.levels[0]
+        regions = random_regions(rng, lv.width, lv.height, 6, max_size=900)
+        regions.append((0, 0, lv.width, lv.height))
+        pool = get_pool("cpu")
+        got, counts = [], []
+        for batch in (region.BATCH_TILES, 1):
+            monkeypatch.setattr(region, "BATCH_TILES", batch)
+            pool.reset_stats()
+            got.append([slide.read_region((x, y), 0, (w, h), mode="rgb", threads=threads)
+                        for x, y, w, h in regions])
+            st = pool.stats()
+            counts.append((st.tiles_decoded, st.tiles_direct, st.tiles_roi, st.tiles_scratch))
+        for a, b in zip(*got):
+            assert np.array_equal(a, b)
+        assert counts[0] == counts[1] and counts[0][0] > 0
+
+
+def _cut_tile(src, tmp_path, index: int):
+    """``src`` with tile ``index`` cut to 40 % of its scan data (libjpeg-turbo gives up)."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        page = tf.pages[0]
+        off, count = page.dataoffsets[index], page.databytecounts[index]
+        tag = tf.pages[0].tags["TileByteCounts"]
+        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
+        pos = tag.valueoffset + index * item
+    cut = len(data[off:off + count]) * 4 // 10
+    data[pos:pos + item] = cut.to_bytes(item, "little")
+    out = tmp_path / f"cut-{index}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monkeypatch):
+    """A tile the decoder gives up on, in the middle of a batch: the error names it
+    (on_error="raise"), and with on_error="fill" only that tile is background and
+    the result equals the per-tile path's."""
+    bad = _cut_tile(sample_jpeg, tmp_path, 1)
+    with wsitool.open_slide(bad) as slide:
+        lv = slide.levels[0]
+        size = (min(lv.width, 4 * lv.tile_width), min(lv.height, 2 * lv.tile_height))
+        with pytest.raises(wsitool.TileDecodeError) as info:
+            slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
+        assert (info.value.col, info.value.row) == (1, 0)
+        outs = []
+        for batch in (region.BATCH_TILES, 1):
+            monkeypatch.setattr(region, "BATCH_TILES", batch)
+            get_pool("cpu").reset_stats()
+            with pytest.warns(region.TileWarning):
+                outs.append(slide.read_region((0, 0), 0, size, mode="rgb", threads=1,
+                                              on_error="fill"))
+            assert get_pool("cpu").stats().tiles_failed == 1
+        assert np.array_equal(outs[0], outs[1])
+        tw, th = lv.tile_width, lv.tile_height
+        assert not outs[0][:th, tw:2 * tw].any()   # the bad tile is background
+        assert outs[0][:th, :tw].any()             # its neighbours are decoded
