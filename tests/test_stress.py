@@ -276,3 +276,21 @@ def test_nvimagecodec_reads_do_not_accumulate_python_objects():
         finally:
             tracemalloc.stop()
     assert grown < 600 * 32 // 4, f"{grown} bytes of Python objects kept by 600 decodes"
+
+
+def test_gpu_memory_growth_is_summarised_for_the_leak_verdict():
+    """device='cuda' runs sample wsitool.gpu.gpu_memory_sample; its growth after
+    warm-up is reported and compared with max_growth_mb like RSS."""
+    from wsitool.stress import SAMPLERS, _gpu_growth
+
+    assert "wsitool.gpu:gpu_memory_sample" in SAMPLERS["cuda"]
+    assert "wsitool.gpu:gpu_memory_sample" not in SAMPLERS["cpu"]
+    mib = 1024 * 1024
+    measured = [
+        {"extra": {"pool_used_bytes": 10 * mib + i * 50 * mib, "device_used_bytes": 500 * mib}}
+        for i in range(4)
+    ]
+    gpu = _gpu_growth(measured)
+    assert gpu["pool_used_growth_mb"] == 150.0 and gpu["device_used_growth_mb"] == 0.0
+    assert gpu["pool_used_start_mb"] == 10.0
+    assert _gpu_growth([{"extra": {"threads": 3}}, {}]) is None

@@ -119,7 +119,7 @@ _SEVERITY = ("crash", "hang", "mismatch", "error", "leak")
 #: mapping ``{name: number}``.  The GPU memory sampler registers itself here.
 SAMPLERS: dict[str, list[str]] = {
     "cpu": ["wsitool.stress_worker:process_counts"],
-    "cuda": ["wsitool.stress_worker:process_counts"],
+    "cuda": ["wsitool.stress_worker:process_counts", "wsitool.gpu:gpu_memory_sample"],
 }
 
 MAX_LISTED = 10
@@ -395,6 +395,24 @@ class _Verifier(threading.Thread):
 # --------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------
+
+
+def _gpu_growth(measured: list[dict]) -> Optional[dict]:
+    """GPU memory after warm-up from the ``gpu_memory_sample`` sampler, or None.
+
+    Growth (end - start, MiB) of CuPy's pool bytes in use and of the device's
+    used memory; either above ``max_growth_mb`` makes the verdict ``leak``.
+    """
+    rows = [s["extra"] for s in measured if "device_used_bytes" in s.get("extra", {})]
+    if not rows:
+        return None
+    out: dict[str, float] = {}
+    for key, name in (("pool_used_bytes", "pool_used"), ("device_used_bytes", "device_used")):
+        start, end = rows[0][key] / _MIB, rows[-1][key] / _MIB
+        out[f"{name}_start_mb"] = round(start, 3)
+        out[f"{name}_end_mb"] = round(end, 3)
+        out[f"{name}_growth_mb"] = round(end - start, 3)
+    return out
 
 
 def run_stress(
@@ -727,6 +745,7 @@ def run_stress(
         "slope_mb_per_1k": None if b is None else b * 1000.0,
         "fit_intercept_mb": a,
         "max_growth_mb": max_growth_mb,
+        "gpu": _gpu_growth(meas),
         "samples": rss_samples,
     }
 
@@ -760,7 +779,11 @@ def run_stress(
         problems.append("mismatch")
     if read_errors:
         problems.append("error")
-    if growth is not None and growth > max_growth_mb:
+    gpu_growth = max((v for k, v in (memory["gpu"] or {}).items() if k.endswith("growth_mb")),
+                     default=None)
+    if (growth is not None and growth > max_growth_mb) or (
+        gpu_growth is not None and gpu_growth > max_growth_mb
+    ):
         problems.append("leak")
     problems.sort(key=_SEVERITY.index)
     verdict = problems[0] if problems else "ok"
