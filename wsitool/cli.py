@@ -378,7 +378,7 @@ def export_pyramid_cmd(
     fmt: str = typer.Option("tiff", "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi."),
     tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
     compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
-    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else size quality/1000."),
+    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else a target size of quality/300 of the raw tile."),
     region: Optional[Tuple[int, int, int, int]] = typer.Option(
         None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
     level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
