@@ -427,7 +427,12 @@ def decode_into(
     whole = (x0, y0, x1, y1) == (0, 0, width, height)
     if not FORCE_SCRATCH and (whole or USE_ROI_DECODE):
         if not whole:
-            cs = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
+            try:
+                cs = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
+            except Exception as exc:
+                raise TileDecodeError(
+                    level._path, level.index, col, row, f"unusable code stream ({exc})"
+                ) from None
         _decode_checked(level, col, row, cs, dst, state)
         if not caller_buffer:
             stats.tiles_scratch += 1
@@ -519,11 +524,24 @@ def decode_array(level: "Level", col: int, row: int, state: _ThreadState) -> np.
 
 
 def check_tile_limit(level: "Level") -> None:
-    """Raise :class:`ResourceLimitError` if one tile of ``level`` exceeds the tile limit."""
+    """Raise :class:`ResourceLimitError` if one tile of ``level`` is too large to decode.
+
+    A tile (or strip) is refused when its pixel count exceeds ``max_tile_pixels``
+    or its decoded size (pixels x samples x bytes per sample) exceeds
+    ``max_region_bytes``, since a tile is decoded whole into memory; both are
+    checked before any tile is read.
+    """
     pixels = level.tile_width * level.tile_height
-    limit = get_limits().max_tile_pixels
-    if pixels > limit:
+    lim = get_limits()
+    if pixels > lim.max_tile_pixels:
         raise ResourceLimitError(
             f"{level._path}: level {level.index} has {level.tile_width}x{level.tile_height} "
-            f"tiles ({pixels} pixels), over the max_tile_pixels limit {limit}"
+            f"tiles ({pixels} pixels), over the max_tile_pixels limit {lim.max_tile_pixels}"
+        )
+    nbytes = pixels * level.samples * level.dtype.itemsize
+    if nbytes > lim.max_region_bytes:
+        raise ResourceLimitError(
+            f"{level._path}: level {level.index} tiles decode to {nbytes} bytes "
+            f"({level.tile_width}x{level.tile_height}x{level.samples} {level.dtype}), over the "
+            f"max_region_bytes limit {lim.max_region_bytes}"
         )
