@@ -339,6 +339,35 @@ def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def webp_frame_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from a WebP stream's first image chunk, or None.
+
+    RFC 9649 (WebP container): ``RIFF <size> WEBP`` then a chunk.  ``VP8X``
+    stores canvas width - 1 and height - 1 as 24-bit little-endian values at
+    payload bytes 4 and 7; ``VP8L`` has the signature byte 0x2F and then
+    14-bit width - 1 and height - 1; ``VP8 `` (lossy) has a 3-byte frame tag,
+    the start code 9D 01 2A and 14-bit width and height (RFC 6386 section 9.1).
+    """
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    chunk, payload = data[12:16], data[20:]
+    if chunk == b"VP8X":
+        width = 1 + int.from_bytes(payload[4:7], "little")
+        height = 1 + int.from_bytes(payload[7:10], "little")
+        return width, height
+    if chunk == b"VP8L":
+        if payload[0] != 0x2F:
+            return None
+        bits = int.from_bytes(payload[1:5], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 ":
+        if payload[3:6] != b"\x9d\x01\x2a":
+            return None
+        return (int.from_bytes(payload[6:8], "little") & 0x3FFF,
+                int.from_bytes(payload[8:10], "little") & 0x3FFF)
+    return None
+
+
 def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> None:
     """Refuse a code stream whose declared size is not the tile cell (or its cropped part)."""
     cell_w, cell_h = level.tile_width, level.tile_height
@@ -353,7 +382,12 @@ def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> 
 
 
 def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
-    """Check a JPEG / JPEG 2000 tile header against the grid before a tifffile decode."""
+    """Check a JPEG / JPEG 2000 / WebP tile header against the grid before a tifffile decode.
+
+    Raises :class:`TileDecodeError` when the header is unreadable or declares a
+    size other than the tile cell (or its part inside the image), so a
+    decompression bomb is refused before the decoder allocates its output.
+    """
     if level._stream_kind == "jpeg":
         size = jpeg_frame_size(data)
         if size is None:
@@ -362,6 +396,12 @@ def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
         _check_cell(level, col, row, *size)
     elif level._stream_kind == "j2k":
         _codestream(level, data, col, row)
+    elif level._stream_kind == "webp":
+        size = webp_frame_size(data)
+        if size is None:
+            raise TileDecodeError(level._path, level.index, col, row,
+                                  "WebP stream without a readable frame header")
+        _check_cell(level, col, row, *size)
 
 
 def _codestream(level: "Level", data: bytes, col: int, row: int):

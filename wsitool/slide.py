@@ -52,6 +52,7 @@ __all__ = ["Level", "Slide", "open_slide"]
 
 _JPEG = 7
 _J2K_COMPRESSIONS = {33003, 33005, 34712}
+_WEBP_COMPRESSIONS = {34927, 50001}  # tifffile COMPRESSION.WEBP (50001) and the older code
 _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"  # APP14, transform 0
 _PHOTOMETRIC_RGB = 2
 _PHOTOMETRIC_YCBCR = 6
@@ -124,7 +125,12 @@ class Level:
         eight_bit_rgb = (
             self.samples == 3 and self._planes == 1 and self.dtype == np.uint8
         )
-        self._stream_kind = "jpeg" if comp == _JPEG else ("j2k" if comp in _J2K_COMPRESSIONS else None)
+        self._stream_kind = (
+            "jpeg" if comp == _JPEG
+            else "j2k" if comp in _J2K_COMPRESSIONS
+            else "webp" if comp in _WEBP_COMPRESSIONS
+            else None
+        )
         # Colour transform wsitool applies after decoding: Aperio 33003 stores YCbCr J2K.
         self._ycbcr_after_decode = comp == 33003
         if comp == _JPEG and eight_bit_rgb and self._photometric_code in (
@@ -149,6 +155,8 @@ class Level:
                               if page.extrasamples is not None else ())
         self._colormap = page.colormap
         self._bits = int(page.bitspersample)
+        #: Why ``rgb`` / ``rgba`` reads of this level are refused (None: they work).
+        self._rgb_problem = _rgb_problem(page)
 
     @property
     def dimensions(self) -> tuple[int, int]:
@@ -513,6 +521,9 @@ class Slide:
         from .region import to_rgb8
         from .settings import get_limits
 
+        problem = _rgb_problem(page)
+        if problem:
+            raise UnsupportedFormatError(f"{self.path}: associated image {name!r}: {problem}")
         h, w, s = int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
         itemsize = np.dtype(page.dtype).itemsize if page.dtype is not None else 8
         lim = get_limits()
@@ -591,6 +602,38 @@ def open_slide(path: str | os.PathLike) -> Slide:
 
 
 # ---------------------------------------------------------------------- helpers
+
+_CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
+
+
+def _rgb_problem(page) -> str | None:
+    """Why the samples of ``page`` cannot be shown as RGB, or None if they can.
+
+    wsitool converts to 8-bit RGB (see :func:`wsitool.region.to_rgb8`):
+    MinIsWhite / MinIsBlack (1 colour sample), RGB (3), Palette, CMYK
+    (Separated with InkSet 1 and 4 colour samples, TIFF 6.0 section 16), and
+    YCbCr when the codec itself returns RGB (JPEG, JPEG 2000).  Other
+    photometric interpretations (CIELab, LogLuv, CFA, Separated inks that are
+    not CMYK, ...) are readable only with ``mode="raw"``.
+    """
+    photometric = int(page.photometric)
+    samples = int(page.samplesperpixel)
+    extras = len(np.atleast_1d(page.extrasamples)) if page.extrasamples is not None else 0
+    colour = samples - extras
+    if photometric in (0, 1, 3):
+        return None if colour >= 1 else "no colour sample"
+    if photometric == 2:
+        return None if colour >= 3 else f"photometric RGB with {colour} colour sample(s)"
+    if photometric == 5:
+        inkset = page.tags.valueof(332, _CMYK_INKSET)
+        if inkset == _CMYK_INKSET and samples >= 4:
+            return None
+        return (f"photometric Separated with InkSet {inkset} and {samples} samples is not CMYK; "
+                "no RGB conversion is defined")
+    if photometric == 6 and int(page.compression) in (_JPEG, *_J2K_COMPRESSIONS) and samples >= 3:
+        return None
+    return f"no RGB conversion for photometric {_enum_name(page.photometric)}"
+
 
 #: Exception types that tifffile (or our own arithmetic on its values) raises
 #: for tags of the wrong type, count or range; they mean "malformed file".
