@@ -415,9 +415,16 @@ def worker_main(mem_limit_mb: int) -> None:
     out.flush()
     for line in sys.stdin:
         req = json.loads(line)
+        selftest = req.get("selftest")  # proves the harness sees each fault kind (tests)
+        if selftest == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif selftest == "hang":
+            time.sleep(3600)
         try:
+            if selftest == "exception":
+                raise TypeError("self-test exception")
             res = exercise(req["path"], req["seed"])
-        except MemoryError as exc:
+        except Exception as exc:  # exercise() classifies wsitool errors itself; last resort
             res = _exc_result(exc, "worker")
         out.write(RESULT_PREFIX + json.dumps(res) + "\n")
         out.flush()
@@ -483,12 +490,16 @@ class Worker:
                 return None
             self._buf += chunk
 
-    def check(self, path: str, seed: int = 0) -> dict:
+    def check(self, path: str, seed: int = 0, selftest: str | None = None) -> dict:
+        """Exercise ``path`` in the worker (``seed`` picks the regions); see the class doc."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         assert self.proc is not None and self.proc.stdin is not None
+        req = {"path": str(path), "seed": seed}
+        if selftest:
+            req["selftest"] = selftest
         try:
-            self.proc.stdin.write((json.dumps({"path": str(path), "seed": seed}) + "\n").encode())
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
