@@ -67,6 +67,9 @@ def test_sof_bomb_tile_fill_policy_exit_0(tmp_path):
     out = tmp_path / "r.npy"
     res = _read(path, out, "--location", 200, 200, "--size", 150, 150, "--on-error", "fill")
     assert res.exit_code == 0, res.output
+    warn = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert warn[0].startswith("wsitool: warning:") and "col 1, row 1" in warn[0]
+    assert warn[-1] == "wsitool: warning: 1 bad tile(s) filled with background"
     arr = np.load(out)
     assert arr.shape == (150, 150, 4)
     assert (arr[:56, :56, 3] == 255).all() and (arr[56:, 56:, 3] == 0).all()
