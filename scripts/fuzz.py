@@ -401,9 +401,10 @@ def _exc_result(exc: BaseException, where: str) -> dict:
 
 def worker_main(mem_limit_mb: int) -> None:
     """Child-process loop: one JSON request per stdin line, one result line per request."""
-    if mem_limit_mb > 0:
-        import resource
+    import resource
 
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
+    if mem_limit_mb > 0:
         lim = mem_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     sys.path.insert(0, str(REPO))
@@ -446,6 +447,7 @@ class Worker:
         self.mem_limit_mb = mem_limit_mb
         self.proc: subprocess.Popen | None = None
         self._buf = b""
+        self._eof = False
         self._stderr = tempfile.TemporaryFile()
 
     def _start(self) -> None:
@@ -486,7 +488,8 @@ class Worker:
             if not ready:
                 return None
             chunk = os.read(fd, 65536)
-            if not chunk:
+            if not chunk:  # the worker closed its stdout: it died
+                self._eof = True
                 return None
             self._buf += chunk
 
@@ -503,10 +506,16 @@ class Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
+        self._eof = False
         res = self._read_result(self.timeout)
         if res is not None:
             return res
         rc = self.proc.poll()
+        if rc is None and self._eof:  # dying: its exit status is not collected yet
+            try:
+                rc = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                rc = None
         if rc is None:  # alive but silent: a hang
             self.kill()
             return {"status": "hang", "timeout_s": self.timeout, "stderr_tail": self._stderr_tail()}

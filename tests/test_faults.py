@@ -339,3 +339,67 @@ def test_wrong_count_offsets_is_corrupt_file_error(tmp_path):
     with pytest.raises(WsiError):
         with wsitool.open_slide(path) as s:
             s.read_region((0, 0), 0, (64, 64))
+
+
+# ---------------------------------------------------------------------- truncated JPEG 2000 (fuzz find)
+
+
+def _j2k_tiff(tmp_path):
+    img = np.random.default_rng(6).integers(0, 255, (64, 128, 3), np.uint8)
+    path = tmp_path / "j2k.tif"
+    tifffile.imwrite(path, img, tile=(64, 64), compression="jpeg2000", photometric="rgb")
+    with tifffile.TiffFile(path) as t:
+        page = t.pages[0]
+        tag = page.tags["TileByteCounts"]
+        return path, img, page.dataoffsets[1], tag.valueoffset, {3: "<H", 4: "<I"}[int(tag.dtype)]
+
+
+def test_j2k_header_problem_finds_truncated_main_headers(tmp_path):
+    from wsitool.decode import j2k_header_problem
+
+    path, _img, off, _where, _fmt = _j2k_tiff(tmp_path)
+    raw = path.read_bytes()
+    with tifffile.TiffFile(path) as t:
+        n = t.pages[0].databytecounts[1]
+    tile = raw[off:off + n]
+    assert j2k_header_problem(tile) is None
+    sot = tile.index(b"\xff\x90")
+    for cut in range(4, sot + 12):  # anywhere before the first tile-part header is whole
+        assert j2k_header_problem(tile[:cut]) is not None, cut
+    assert j2k_header_problem(tile[:sot + 12]) is None
+    assert "not a JPEG 2000" in j2k_header_problem(b"\xff\xd8\xff\xe0" + bytes(20))
+
+
+def test_truncated_j2k_tile_is_a_tile_error_not_a_crash(tmp_path):
+    """nvImageCodec's CPU JPEG 2000 decoder crashed on this; run it in a child process."""
+    import json
+    import subprocess
+    import sys
+
+    path, img, off, where, fmt = _j2k_tiff(tmp_path)
+    raw = path.read_bytes()
+    tile = raw[off:]
+    sot = tile.index(b"\xff\x90")
+    patched = bytearray(raw)
+    struct.pack_into(fmt, patched, where + struct.calcsize(fmt), sot - 10)  # cut inside the main header
+    path.write_bytes(patched)
+    code = (
+        "import json, sys, wsitool, numpy as np\n"
+        "s = wsitool.open_slide(sys.argv[1])\n"
+        "good = s.read_region((0, 0), 0, (64, 64), mode='rgb')\n"
+        "try:\n"
+        "    s.read_region((64, 0), 0, (64, 64))\n"
+        "    out = {'error': None}\n"
+        "except wsitool.TileDecodeError as e:\n"
+        "    out = {'error': str(e), 'col': e.col, 'row': e.row}\n"
+        "np.save(sys.argv[2], good)\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "good.npy")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-500:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"] and "main header truncated" in out["error"]
+    assert (out["col"], out["row"]) == (1, 0)
+    good = np.load(tmp_path / "good.npy")
+    assert np.abs(good.astype(int) - img[:, :64]).mean() < 3  # lossy J2K, neighbour intact

@@ -368,6 +368,61 @@ def webp_frame_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+
+
+def j2k_header_problem(data: bytes) -> str | None:
+    """Why a JPEG 2000 tile's main header is unusable, or None if it is complete.
+
+    Accepts a raw code stream (SOC ``FF4F`` then SIZ ``FF51``, ITU-T T.800
+    annex A) or a JP2 file (ISO/IEC 15444-1 annex I: boxes of ``LBox``,
+    ``TBox`` [, ``XLBox``]; the code stream is the content of the ``jp2c``
+    box).  The main header is complete when every marker segment after SOC
+    lies inside ``data`` (each carries a 2-byte big-endian length) up to the
+    first SOT (``FF90``) segment, which must be present whole.
+
+    Why: nvImageCodec's CPU JPEG 2000 decoder crashed the process (SIGSEGV,
+    found by scripts/fuzz.py) on a tile truncated inside its main header; a
+    tile truncated after that returns no image and is reported normally.
+    """
+    n = len(data)
+    i = 0
+    if data.startswith(_JP2_SIGNATURE):
+        while True:
+            if i + 8 > n:
+                return "JP2 file without a code stream box (truncated)"
+            lbox = int.from_bytes(data[i:i + 4], "big")
+            tbox = data[i + 4:i + 8]
+            header = 8
+            if lbox == 1:
+                if i + 16 > n:
+                    return "truncated JP2 box header"
+                lbox = int.from_bytes(data[i + 8:i + 16], "big")
+                header = 16
+            elif lbox == 0:
+                lbox = n - i
+            if lbox < header:
+                return f"invalid JP2 box length {lbox}"
+            if tbox == b"jp2c":
+                i += header
+                break
+            i += lbox
+    if data[i:i + 4] != b"\xff\x4f\xff\x51":
+        return "not a JPEG 2000 code stream (no SOC + SIZ markers)"
+    i += 2
+    while True:
+        if i + 4 > n:
+            return "JPEG 2000 main header truncated"
+        if data[i] != 0xFF:
+            return f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header"
+        if data[i + 1] == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
+            return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if length < 2:
+            return f"invalid JPEG 2000 marker segment length {length}"
+        i += 2 + length
+
+
 def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> None:
     """Refuse a code stream whose declared size is not the tile cell (or its cropped part)."""
     cell_w, cell_h = level.tile_width, level.tile_height
@@ -412,6 +467,10 @@ def _codestream(level: "Level", data: bytes, col: int, row: int):
     """
     if level._stream_kind == "jpeg":
         data = _jpeg_stream(level, data, col, row)
+    elif level._stream_kind == "j2k":
+        problem = j2k_header_problem(data)
+        if problem:
+            raise TileDecodeError(level._path, level.index, col, row, problem)
     try:
         cs = nvimgcodec.CodeStream(data)
         width, height = cs.width, cs.height
