@@ -680,7 +680,15 @@ def _check_page(path: str, page, ifd: int) -> None:
     for attr, tag in (("dataoffsets", "TileOffsets/StripOffsets"),
                       ("databytecounts", "TileByteCounts/StripByteCounts")):
         values = getattr(page, attr, ())
-        if not isinstance(values, (tuple, list, np.ndarray)) or not all(_is_uint(v) for v in values):
+        ok = isinstance(values, (tuple, list, np.ndarray))
+        if ok and len(values):
+            try:
+                arr = np.asarray(values)
+            except (ValueError, TypeError, OverflowError):
+                arr = None
+            ok = (arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu"
+                  and int(arr.min()) >= 0)
+        if not ok:
             raise CorruptFileError(f"{where}: tag {tag} does not hold non-negative integers")
     tables = page.jpegtables
     if tables is not None and not isinstance(tables, (bytes, bytearray)):
