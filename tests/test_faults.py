@@ -403,3 +403,75 @@ def test_truncated_j2k_tile_is_a_tile_error_not_a_crash(tmp_path):
     assert (out["col"], out["row"]) == (1, 0)
     good = np.load(tmp_path / "good.npy")
     assert np.abs(good.astype(int) - img[:, :64]).mean() < 3  # lossy J2K, neighbour intact
+
+
+# ---------------------------------------------------------------------- corrupt LZW (fuzz find)
+
+
+def _lzw_pack(codes):
+    """TIFF LZW bit packing (MSB first, early change) of a list of codes."""
+    bits, width, nxt, first = [], 9, 258, True
+    for c in codes:
+        bits.append(format(c, f"0{width}b"))
+        if c == 256:
+            width, nxt, first = 9, 258, True
+            continue
+        if not first:
+            nxt += 1
+        first = False
+        if nxt + 1 >= (1 << width) and width < 12:
+            width += 1
+    s = "".join(bits)
+    s += "0" * (-len(s) % 8)
+    return int(s, 2).to_bytes(len(s) // 8, "big")
+
+
+def test_lzw_problem_flags_non_literal_first_codes():
+    from wsitool.decode import lzw_problem
+
+    imagecodecs = pytest.importorskip("imagecodecs")
+    assert imagecodecs.lzw_decode(_lzw_pack([256, 65, 66, 258, 257])) == b"ABAB"  # packer is right
+    assert lzw_problem(_lzw_pack([256, 65, 66, 258, 257])) is None
+    assert "398" in lzw_problem(_lzw_pack([256, 398, 258, 257]))
+    assert "300" in lzw_problem(_lzw_pack([256, 65, 66, 256, 300, 257]))  # after a later Clear
+    # a real stream with many Clear codes (table refills) passes, also with its bytes changed
+    rng = np.random.default_rng(0)
+    data = (rng.integers(0, 4, (512, 512, 3)) * 60).astype(np.uint8).tobytes()
+    enc = imagecodecs.lzw_encode(data)
+    assert len(enc) > 20_000 and lzw_problem(enc) is None
+    assert lzw_problem(enc[:12345]) is None  # truncation alone is the decoder's business
+
+
+def test_corrupt_lzw_tile_is_a_tile_error_not_a_crash(tmp_path):
+    """imagecodecs' LZW decoder crashed on this; run it in a child process."""
+    import json
+    import subprocess
+    import sys
+
+    img = np.random.default_rng(7).integers(0, 255, (64, 128), np.uint8)
+    path = tmp_path / "lzw.tif"
+    tifffile.imwrite(path, img, tile=(64, 64), compression="lzw")
+    with tifffile.TiffFile(path) as t:
+        off, n = t.pages[0].dataoffsets[1], t.pages[0].databytecounts[1]
+    bad = _lzw_pack([256, 398, 258, 259, 257])
+    raw = bytearray(path.read_bytes())
+    raw[off:off + n] = bad + bytes(n - len(bad))
+    path.write_bytes(raw)
+    code = (
+        "import json, sys, wsitool\n"
+        "s = wsitool.open_slide(sys.argv[1])\n"
+        "good = s.read_region((0, 0), 0, (64, 64), mode='raw')\n"
+        "try:\n"
+        "    s.read_region((64, 0), 0, (64, 64), mode='raw')\n"
+        "    out = {'error': None}\n"
+        "except wsitool.TileDecodeError as e:\n"
+        "    out = {'error': str(e), 'col': e.col}\n"
+        "out['good_sum'] = int(good.sum())\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-500:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["error"] and "not a literal" in out["error"] and out["col"] == 1
+    assert out["good_sum"] == int(img[:, :64].sum())

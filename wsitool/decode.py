@@ -423,6 +423,61 @@ def j2k_header_problem(data: bytes) -> str | None:
         i += 2 + length
 
 
+# Code widths of one TIFF LZW run between Clear codes (TIFF 6.0 section 13 with
+# the "early change" of libtiff and every current writer): after a Clear the
+# table's next entry is 258; the width grows from 9 to 10, 11 and 12 bits one
+# code before the next entry would need the wider code (entries 511, 1023, 2047).
+_LZW_WIDTHS = np.array([9] * 254 + [10] * 512 + [11] * 1024 + [12] * 2306, np.int64)
+_LZW_STARTS = np.concatenate([[0], np.cumsum(_LZW_WIDTHS)[:-1]])
+_LZW_CLEAR, _LZW_EOI = 256, 257
+
+
+def lzw_problem(data: bytes) -> str | None:
+    """Why a TIFF LZW strip or tile would be unsafe to decode, or None.
+
+    Checks that the first code after every Clear code (and at the start) is a
+    literal (< 256) or EOI, as TIFF 6.0 section 13 requires: the decoder
+    builds its next table entry from that first string.  imagecodecs'
+    ``lzw_decode`` (2026.3.6) crashes the process (SIGSEGV) on a non-literal
+    first code followed by a reference to the entry built from it -- found by
+    scripts/fuzz.py.  Other invalid codes are reported by the decoder itself.
+
+    The code layout between two Clear codes is fixed by the widths above, so
+    each run is checked with numpy (one run covers at least 5 KB of data).
+    """
+    nbits = len(data) * 8
+    if nbits < 9:
+        return None
+    buf = np.frombuffer(data + b"\x00\x00\x00", np.uint8).astype(np.int64)
+    pos = 0
+    while pos + 9 <= nbits:
+        starts = pos + _LZW_STARTS
+        count = int(np.searchsorted(starts + _LZW_WIDTHS, nbits, side="right"))
+        if count == 0:
+            return None
+        st, widths = starts[:count], _LZW_WIDTHS[:count]
+        byte = st >> 3
+        word = (buf[byte] << 16) | (buf[byte + 1] << 8) | buf[byte + 2]  # 24 bits hold any code
+        codes = (word >> (24 - (st & 7) - widths)) & ((1 << widths) - 1)
+        first = int(codes[0])
+        if first == _LZW_CLEAR:  # repeated Clear
+            pos += 9
+            continue
+        if first == _LZW_EOI:
+            return None
+        if first > 255:
+            return f"LZW code {first} after a Clear code is not a literal (corrupt data)"
+        special = np.flatnonzero(codes[1:] >= _LZW_CLEAR) + 1
+        special = special[(codes[special] == _LZW_CLEAR) | (codes[special] == _LZW_EOI)]
+        if len(special) == 0:
+            return None
+        k = int(special[0])
+        if int(codes[k]) == _LZW_EOI:
+            return None
+        pos = int(st[k] + widths[k])
+    return None
+
+
 def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> None:
     """Refuse a code stream whose declared size is not the tile cell (or its cropped part)."""
     cell_w, cell_h = level.tile_width, level.tile_height
@@ -451,6 +506,10 @@ def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
         _check_cell(level, col, row, *size)
     elif level._stream_kind == "j2k":
         _codestream(level, data, col, row)
+    elif level._stream_kind == "lzw":
+        problem = lzw_problem(data)
+        if problem:
+            raise TileDecodeError(level._path, level.index, col, row, problem)
     elif level._stream_kind == "webp":
         size = webp_frame_size(data)
         if size is None:

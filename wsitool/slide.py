@@ -51,6 +51,7 @@ from .errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError
 __all__ = ["Level", "Slide", "open_slide"]
 
 _JPEG = 7
+_LZW = 5
 _J2K_COMPRESSIONS = {33003, 33005, 34712}
 _WEBP_COMPRESSIONS = {34927, 50001}  # tifffile COMPRESSION.WEBP (50001) and the older code
 _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"  # APP14, transform 0
@@ -129,6 +130,7 @@ class Level:
             "jpeg" if comp == _JPEG
             else "j2k" if comp in _J2K_COMPRESSIONS
             else "webp" if comp in _WEBP_COMPRESSIONS
+            else "lzw" if comp == _LZW
             else None
         )
         # Colour transform wsitool applies after decoding: Aperio 33003 stores YCbCr J2K.
