@@ -475,3 +475,54 @@ def test_corrupt_lzw_tile_is_a_tile_error_not_a_crash(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["error"] and "not a literal" in out["error"] and out["col"] == 1
     assert out["good_sum"] == int(img[:, :64].sum())
+
+
+# ---------------------------------------------------------------------- decompressed size vs grid
+
+
+def _append_tile(path, index: int, payload: bytes) -> None:
+    """Append ``payload`` to the file and point tile ``index`` at it."""
+    with tifffile.TiffFile(path) as t:
+        tags = t.pages[0].tags
+        offs, counts = tags["TileOffsets"], tags["TileByteCounts"]
+        spec = [(offs.valueoffset, {3: "<H", 4: "<I"}[int(offs.dtype)]),
+                (counts.valueoffset, {3: "<H", 4: "<I"}[int(counts.dtype)])]
+    raw = bytearray(path.read_bytes())
+    at = len(raw)
+    raw += payload
+    for (where, fmt), value in zip(spec, (at, len(payload))):
+        struct.pack_into(fmt, raw, where + index * struct.calcsize(fmt), value)
+    path.write_bytes(raw)
+
+
+@pytest.mark.parametrize("compression", ["zlib", "zstd", "lzw"])
+def test_tile_decompressing_past_its_cell_is_refused_bounded(tmp_path, compression):
+    """A tile whose data inflates beyond its grid cell (a deflate/zstd/LZW bomb): the decoder
+    output is bounded by the cell size (tifffile passes ``out=cell bytes`` to imagecodecs),
+    so nothing near the bomb's size is allocated.  zlib and zstd report the overflow (a tile
+    error); imagecodecs' LZW decoder stops at the buffer's end, so that tile reads as the
+    first cell's worth of its data."""
+    imagecodecs = pytest.importorskip("imagecodecs")
+    img = np.random.default_rng(8).integers(0, 255, (64, 128, 3), np.uint8)
+    path = tmp_path / "bomb.tif"
+    tifffile.imwrite(path, img, tile=(64, 64), compression=compression, photometric="rgb")
+    big = bytes(64 << 20)  # 64 MiB of zeros; the cell holds 12 KiB
+    payload = {"zlib": imagecodecs.zlib_encode, "zstd": imagecodecs.zstd_encode,
+               "lzw": imagecodecs.lzw_encode}[compression](big)
+    assert len(payload) < 2 << 20
+    _append_tile(path, 1, payload)
+    with wsitool.open_slide(path) as s:
+        np.testing.assert_array_equal(s.read_region((0, 0), 0, (64, 64), mode="rgb"), img[:, :64])
+        tracemalloc.start()
+        try:
+            if compression == "lzw":
+                arr = s.read_region((64, 0), 0, (64, 64), mode="rgb", threads=1)
+                assert (arr == 0).all()
+            else:
+                with pytest.raises(TileDecodeError) as info:
+                    s.read_region((64, 0), 0, (64, 64), mode="rgb", threads=1)
+                assert (info.value.col, info.value.row) == (1, 0)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak} bytes traced while decoding a 64 MiB bomb"
