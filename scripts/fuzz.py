@@ -404,6 +404,9 @@ def worker_main(mem_limit_mb: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
+    import faulthandler
+
+    faulthandler.enable()  # the Python stack of a native crash goes to stderr (signature)
     if mem_limit_mb > 0:
         lim = mem_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
@@ -520,9 +523,11 @@ class Worker:
             self.kill()
             return {"status": "hang", "timeout_s": self.timeout, "stderr_tail": self._stderr_tail()}
         self.proc = None
-        out = {"status": "crash", "returncode": rc, "stderr_tail": self._stderr_tail()}
+        tail = self._stderr_tail()
+        out = {"status": "crash", "returncode": rc, "stderr_tail": tail}
         if rc < 0:
             out["signal"] = signal.Signals(-rc).name
+        out["signature"] = f"crash {out.get('signal', rc)}" + _crash_frame(tail)
         return out
 
     def kill(self) -> None:
@@ -544,6 +549,22 @@ class Worker:
 
 
 FAULTS = ("exception", "crash", "hang")
+
+
+def _crash_frame(stderr_tail: str) -> str:
+    """`` at file:line`` of the innermost frame of the crashing thread (faulthandler's dump)."""
+    lines = stderr_tail.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Current thread") and i + 1 < len(lines):
+            frame = lines[i + 1].strip()  # File "/path/x.py", line 123 in func
+            if frame.startswith("File "):
+                try:
+                    fname = frame.split('"')[1]
+                    lineno = frame.split(", line ")[1].split()[0]
+                    return f" at {Path(fname).name}:{lineno}"
+                except IndexError:
+                    return ""
+    return ""
 
 
 def save_fault(out_dir: Path, n: int, recipe: dict, result: dict, data: bytes) -> Path:
@@ -574,39 +595,44 @@ def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = No
     deadline = start + minutes * 60
     last_log = start
     n_fault = 0
+    interrupted = False
     try:
         # the unmutated seeds first
         queue = [{"seed_file": str(p), "kinds": ["none"], "patches": [], "truncate": None} for p in files]
-        while time.monotonic() < deadline:
-            if queue:
-                recipe = queue.pop(0)
-            else:
-                recipe = make_recipe(targets[str(rng.choice(files))], rng)
-            data = apply_recipe(recipe)
-            path = work / ("input" + Path(recipe["seed_file"]).suffix)
-            path.write_bytes(data)
-            case_seed = rng.getrandbits(32)
-            recipe["case_seed"] = case_seed
-            res = worker.check(str(path), case_seed)
-            counts["tried"] += 1
-            counts[res["status"]] = counts.get(res["status"], 0) + 1
-            for k in recipe["kinds"]:
-                by_kind[k] = by_kind.get(k, 0) + 1
-            if res["status"] in FAULTS:
-                n_fault += 1
-                sig = res.get("signature") or f"{res['status']} {res.get('signal', res.get('returncode', ''))}"
-                saved = save_fault(out_dir, n_fault, recipe, res, data)
-                first = sig not in signatures
-                signatures.setdefault(sig, {"count": 0, "example": str(saved)})["count"] += 1
-                if first:
-                    log(f"FAULT {res['status']}: {sig} ({res.get('message', '')[:160]}) -> {saved}")
-            now = time.monotonic()
-            if now - last_log >= 60:
-                last_log = now
-                log(f"[{(now - start) / 60:5.1f} min] tried {counts['tried']}, ok {counts['ok']}, "
-                    f"documented errors {counts['documented']}, faults "
-                    f"{counts['exception'] + counts['crash'] + counts['hang']} "
-                    f"({len(signatures)} distinct)")
+        try:
+            while time.monotonic() < deadline:
+                if queue:
+                    recipe = queue.pop(0)
+                else:
+                    recipe = make_recipe(targets[str(rng.choice(files))], rng)
+                data = apply_recipe(recipe)
+                path = work / ("input" + Path(recipe["seed_file"]).suffix)
+                path.write_bytes(data)
+                case_seed = rng.getrandbits(32)
+                recipe["case_seed"] = case_seed
+                res = worker.check(str(path), case_seed)
+                counts["tried"] += 1
+                counts[res["status"]] = counts.get(res["status"], 0) + 1
+                for k in recipe["kinds"]:
+                    by_kind[k] = by_kind.get(k, 0) + 1
+                if res["status"] in FAULTS:
+                    n_fault += 1
+                    sig = res.get("signature") or f"{res['status']} {res.get('signal', res.get('returncode', ''))}"
+                    saved = save_fault(out_dir, n_fault, recipe, res, data)
+                    first = sig not in signatures
+                    signatures.setdefault(sig, {"count": 0, "example": str(saved)})["count"] += 1
+                    if first:
+                        log(f"FAULT {res['status']}: {sig} ({res.get('message', '')[:160]}) -> {saved}")
+                now = time.monotonic()
+                if now - last_log >= 60:
+                    last_log = now
+                    log(f"[{(now - start) / 60:5.1f} min] tried {counts['tried']}, ok {counts['ok']}, "
+                        f"documented errors {counts['documented']}, faults "
+                        f"{counts['exception'] + counts['crash'] + counts['hang']} "
+                        f"({len(signatures)} distinct)")
+        except KeyboardInterrupt:  # Ctrl-C: stop and summarise what was tried
+            interrupted = True
+            log("interrupted")
     finally:
         worker.close()
         for p in work.iterdir():
@@ -621,6 +647,7 @@ def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = No
         "distinct_faults": signatures,
         "mutations_by_kind": by_kind,
         "out_dir": str(out_dir),
+        "interrupted": interrupted,
     }
     return summary
 

@@ -434,6 +434,9 @@ def test_lzw_problem_flags_non_literal_first_codes():
     assert lzw_problem(_lzw_pack([256, 65, 66, 258, 257])) is None
     assert "398" in lzw_problem(_lzw_pack([256, 398, 258, 257]))
     assert "300" in lzw_problem(_lzw_pack([256, 65, 66, 256, 300, 257]))  # after a later Clear
+    assert "does not start with a Clear" in lzw_problem(_lzw_pack([65, 66, 258, 257]))
+    # garbage starting with a zero byte looks like old-style LSB-first LZW (crashed imagecodecs)
+    assert "old-style" in lzw_problem(bytes.fromhex("004b6a00004bd200004c3900004c9f00"))
     # a real stream with many Clear codes (table refills) passes, also with its bytes changed
     rng = np.random.default_rng(0)
     data = (rng.integers(0, 4, (512, 512, 3)) * 60).astype(np.uint8).tobytes()

@@ -435,12 +435,17 @@ _LZW_CLEAR, _LZW_EOI = 256, 257
 def lzw_problem(data: bytes) -> str | None:
     """Why a TIFF LZW strip or tile would be unsafe to decode, or None.
 
-    Checks that the first code after every Clear code (and at the start) is a
-    literal (< 256) or EOI, as TIFF 6.0 section 13 requires: the decoder
-    builds its next table entry from that first string.  imagecodecs'
-    ``lzw_decode`` (2026.3.6) crashes the process (SIGSEGV) on a non-literal
-    first code followed by a reference to the entry built from it -- found by
-    scripts/fuzz.py.  Other invalid codes are reported by the decoder itself.
+    Checks that the data starts with a Clear code (the TIFF 6.0 section 13
+    encoder writes one first; the first 9 bits are then ``100000000``) and
+    that the first code after every Clear code is a literal (< 256) or EOI:
+    the decoder builds its next table entry from that first string.
+    imagecodecs' ``lzw_decode`` (2026.3.6) crashed the process (SIGSEGV) on a
+    non-literal first code followed by a reference to the entry built from
+    it, and on garbage starting with a zero byte, which it takes for the
+    old-style (pre-TIFF 6.0, LSB-first) LZW variant -- both found by
+    scripts/fuzz.py.  That variant (first byte 0, low bit of the second set;
+    the same test libtiff uses) is refused: no whole-slide writer produces it.
+    Other invalid codes are reported by the decoder itself.
 
     The code layout between two Clear codes is fixed by the widths above, so
     each run is checked with numpy (one run covers at least 5 KB of data).
@@ -448,8 +453,12 @@ def lzw_problem(data: bytes) -> str | None:
     nbits = len(data) * 8
     if nbits < 9:
         return None
+    if data[0] == 0 and data[1] & 1:
+        return "old-style (pre-TIFF 6.0, LSB-first) LZW data is not supported (or corrupt data)"
+    if data[0] != 0x80 or data[1] & 0x80:
+        return "LZW data does not start with a Clear code (corrupt data)"
     buf = np.frombuffer(data + b"\x00\x00\x00", np.uint8).astype(np.int64)
-    pos = 0
+    pos = 9
     while pos + 9 <= nbits:
         starts = pos + _LZW_STARTS
         count = int(np.searchsorted(starts + _LZW_WIDTHS, nbits, side="right"))
