@@ -19,6 +19,7 @@ from .errors import (
     UnsupportedFormatError,
     WsiError,
 )
+from .export import ExportResult, export_pyramid
 from .region import TileWarning
 from .settings import Limits, get_limits, limits, set_limits
 from .slide import Level, Slide, open_slide
@@ -41,4 +42,6 @@ __all__ = [
     "TileDecodeError",
     "DeviceUnavailableError",
     "TileWarning",
+    "export_pyramid",
+    "ExportResult",
 ]

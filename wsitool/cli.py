@@ -14,6 +14,7 @@ Exit codes:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -85,13 +86,17 @@ def handle_errors(func: Callable) -> Callable:
     return wrapper
 
 
-def _apply_max_pixels(max_pixels: Optional[int]) -> None:
-    if max_pixels is not None:
-        from .settings import set_limits
+def max_pixels_scope(max_pixels: Optional[int]):
+    """Context manager applying ``--max-pixels`` (pixels per region) for one command."""
+    import contextlib
 
-        if max_pixels <= 0:
-            raise fail("--max-pixels must be positive", 2)
-        set_limits(max_region_pixels=max_pixels, max_region_bytes=max(max_pixels * 8, 2**31))
+    from .settings import limits
+
+    if max_pixels is None:
+        return contextlib.nullcontext()
+    if max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
+    return limits(max_region_pixels=max_pixels, max_region_bytes=max(max_pixels * 8, 2**31))
 
 
 # ---------------------------------------------------------------------- info
@@ -173,8 +178,9 @@ def info(
     bt.add_column("backend")
     bt.add_column("available")
     bt.add_column("decodes")
+    bt.add_column("detail")
     for b in data["backends"]:
-        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"])
+        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"], b.get("detail", ""))
     console.print(bt)
 
 
@@ -224,22 +230,57 @@ def write_image(path: Path, array, *, overwrite: bool = True) -> None:
 @handle_errors
 def read_region_cmd(
     slide: Path = typer.Argument(..., help="Slide file."),
-    location: Tuple[int, int] = typer.Option(
-        (0, 0), "--location", "-l", help="X Y of the top-left pixel, level-0 pixels."
+    location: Optional[Tuple[int, int]] = typer.Option(
+        None, "--location", "-l", help="X Y of the top-left pixel, level-0 pixels (default 0 0)."
     ),
-    level: int = typer.Option(0, "--level", "-L", help="Pyramid level (0 = full resolution)."),
-    size: Tuple[int, int] = typer.Option(..., "--size", "-s", help="WIDTH HEIGHT in pixels of LEVEL."),
-    output: Path = typer.Option(..., "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
+    level: Optional[int] = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
+    size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", help="WIDTH HEIGHT in pixels of LEVEL."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
     mode: str = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Decode threads (default: CPU count)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
     on_error: str = typer.Option("raise", "--on-error", help="raise (default) or fill corrupt tiles with background."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+    regions: Optional[Path] = typer.Option(None, "--regions", help="CSV of many regions (columns x,y,level,width,height[,name]); needs --output-dir."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Folder for the --regions outputs."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="With --regions: png (default), tif, npy; with --pack: npz (default) or zarr."),
+    pack: bool = typer.Option(False, "--pack", help="With --regions: one <slide>-regions.npz (or .zarr) store instead of one file per region."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT."),
+    quiet: bool = typer.Option(False, "--quiet", help="With --regions: no progress bar."),
 ) -> None:
-    """Read a region (OpenSlide semantics) and write it to an image file."""
+    """Read a region (OpenSlide semantics) and write it to an image file.
+
+    With --regions FILE.csv --output-dir DIR, read many regions (see
+    wsitool.distributed.read_regions); exit status 0 when all were written,
+    else the exit code of the first failed region's error.
+    """
     from .slide import open_slide
 
-    _apply_max_pixels(max_pixels)
+    if regions is not None:
+        single = [o for o, v in (("--size", size), ("--output", output), ("--location", location),
+                                 ("--level", level)) if v is not None]
+        if single:
+            raise fail(f"{', '.join(single)} cannot be combined with --regions (the CSV gives each "
+                       "region's location, level and size; use --output-dir for the outputs)", 2)
+        if output_dir is None:
+            raise fail("--regions needs --output-dir DIR", 2)
+        if device != "cpu":
+            raise fail("--regions reads on the CPU only (drop --device)", 2)
+        with max_pixels_scope(max_pixels):
+            _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
+                                threads, quiet)
+        return
+    batch_only = [o for o, v in (("--output-dir", output_dir), ("--format", fmt),
+                                 ("--scheduler", scheduler)) if v is not None]
+    if pack:
+        batch_only.append("--pack")
+    if batch_only:
+        raise fail(f"{', '.join(batch_only)} need(s) --regions FILE.csv", 2)
+    if size is None or output is None:
+        missing = " and ".join(o for o, v in (("--size", size), ("--output", output)) if v is None)
+        raise fail(f"missing {missing} (or give --regions FILE.csv --output-dir DIR)", 2)
+    location = location or (0, 0)
+    level = 0 if level is None else level
     ext = output.suffix.lower()
     if ext not in (".png", ".tif", ".tiff", ".npy"):
         raise fail(f"{output}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)", 2)
@@ -247,7 +288,8 @@ def read_region_cmd(
 
     from .region import TileWarning
 
-    with open_slide(slide) as s, warnings.catch_warnings(record=True) as caught:
+    with max_pixels_scope(max_pixels), open_slide(slide) as s, \
+            warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TileWarning)
         arr = s.read_region(location, level, size, mode=mode, threads=threads, on_error=on_error,
                             device=device)
@@ -265,6 +307,234 @@ def read_region_cmd(
         f"from {slide} level {level} at ({location[0]}, {location[1]})",
         highlight=False,
     )
+
+
+def _batch_progress(quiet: bool):
+    """A rich Progress for batch commands (disabled when quiet or not a terminal)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                    disable=quiet or not err_console.is_terminal, transient=False)
+
+
+@contextlib.contextmanager
+def _usage_errors():
+    """Report a BatchOptionError (unknown scheduler/format, clashing outputs) as usage, exit 2."""
+    from .distributed import BatchOptionError
+
+    try:
+        yield
+    except BatchOptionError as exc:
+        raise fail(str(exc), 2) from None
+
+
+def _failure_code(error_types: tuple[str, ...]) -> int:
+    """Exit code of a failure recorded by class names (see wsitool.distributed)."""
+    for cls, code in EXIT_CODES:
+        if cls.__name__ in error_types:
+            return code
+    if "ValueError" in error_types:  # an invalid export option, as in the single-slide form
+        return 2
+    return 1
+
+
+def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
+                        threads, quiet) -> None:
+    from .distributed import load_regions_csv, read_regions
+
+    if scheduler is not None and scheduler != "threads" and threads is not None:
+        raise fail("--threads applies to the local thread pool; on Dask the workers' threads are used", 2)
+    requests = load_regions_csv(regions)
+    with _batch_progress(quiet) as bar, _usage_errors():
+        task = bar.add_task("regions", total=len(requests))
+        outcomes = read_regions(slide, requests, output_dir, format=fmt, pack=pack, mode=mode,
+                                on_error=on_error, scheduler=scheduler, workers=threads,
+                                progress=lambda o: bar.advance(task))
+    failed = [o for o in outcomes if o.status != "ok"]
+    for o in failed:
+        err_console.print(f"[red]failed[/] {o.request.name}: {o.error}", highlight=False, soft_wrap=True)
+    where = outcomes[0].path if pack and len(outcomes) > len(failed) else str(output_dir)
+    console.print(f"wrote {len(outcomes) - len(failed)} of {len(outcomes)} region(s) from {slide} "
+                  f"to {where}", highlight=False)
+    if failed:
+        raise fail(f"{len(failed)} of {len(outcomes)} region(s) failed (first: {failed[0].error})",
+                   _failure_code(failed[0].error_types))
+
+
+# ---------------------------------------------------------------------- export-pyramid
+
+
+def _parse_background(text: str) -> Tuple[int, int, int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0 <= v <= 255 for v in values):
+        raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2)
+    return values  # type: ignore[return-value]
+
+
+@app.command("export-pyramid")
+@handle_errors
+def export_pyramid_cmd(
+    sources: Optional[List[Path]] = typer.Argument(
+        None, help="Source slide file(s) (or quoted glob patterns), followed by OUTPUT.",
+        show_default=False),
+    output: Path = typer.Argument(..., help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
+                                            "Several slides (batch): an output folder."),
+    fmt: str = typer.Option("tiff", "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi."),
+    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
+    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
+    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else size quality/1000."),
+    region: Optional[Tuple[int, int, int, int]] = typer.Option(
+        None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
+    level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
+    overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
+    background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+    from_list: Optional[Path] = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
+) -> None:
+    """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
+
+    Batch mode (several sources, --from-list, an existing output folder or
+    --scheduler): each slide becomes OUTPUT/<stem>.tiff|.ome.tiff|.dzi, one
+    Dask task per slide; a failed slide is reported and the others go on;
+    completed outputs are skipped on a re-run (resume) unless --overwrite.
+    Exit status 0 when every slide was exported or skipped, else the exit
+    code of the first failed slide's error.
+    """
+    from .export import COMPRESSIONS, FORMATS
+
+    fmt = fmt.lower()
+    if fmt not in FORMATS:
+        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
+    if compression.lower() not in COMPRESSIONS:
+        raise fail(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}", 2)
+    if max_pixels is not None and max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
+    bg = _parse_background(background)
+    srcs = list(sources or [])
+    options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
+                   region=tuple(region) if region else None, level=level, overlap=overlap,
+                   threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels)
+    batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
+             or str(output).endswith(os.sep))
+    if batch:
+        _export_batch(srcs, from_list, output, scheduler, quiet, options)
+    else:
+        _export_single(srcs[0], output, quiet, options)
+
+
+def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> None:
+    from .export import export_pyramid
+
+    show = not quiet and err_console.is_terminal
+    progress_bar = None
+    callback = None
+    if show:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
+                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+        progress_bar = Progress(
+            TextColumn("[bold]export[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tiles"),
+            TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=err_console, transient=True,
+        )
+        import time
+
+        task = progress_bar.add_task("export", total=None, rate="")
+        t0 = time.perf_counter()
+
+        def on_progress(done: int, total: int) -> None:
+            elapsed = time.perf_counter() - t0
+            rate = f"{done / elapsed:.0f} tiles/s" if elapsed > 0 else ""
+            progress_bar.update(task, completed=done, total=total, rate=rate)
+
+        callback = on_progress
+
+    try:
+        if progress_bar is not None:
+            progress_bar.start()
+        try:
+            result = export_pyramid(slide, output, progress=callback, **options)
+        finally:
+            if progress_bar is not None:
+                progress_bar.stop()
+    except (FileExistsError, IsADirectoryError) as exc:
+        raise fail(str(exc) if not exc.filename else f"{exc.filename}: {exc.strerror}", 9) from None
+    except ValueError as exc:
+        if isinstance(exc, errors.WsiError):
+            raise
+        raise fail(f"{slide}: {exc}", 2) from None
+    dims = result.level_dimensions
+    console.print(
+        f"wrote {result.output} ({result.format}, {result.compression}, {len(dims)} levels "
+        f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
+        f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
+        highlight=False,
+    )
+    if result.tiles_missing or result.tiles_failed:
+        err_console.print(
+            f"[yellow]wsitool: warning:[/] {slide}: {result.tiles_missing} missing and "
+            f"{result.tiles_failed} undecodable source tile(s) were painted with the background",
+            highlight=False,
+        )
+
+
+def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, scheduler: Optional[str],
+                  quiet: bool, options: dict) -> None:
+    """Batch export-pyramid: many slides into the folder ``output`` (wsitool.distributed)."""
+    from .distributed import dask_available, expand_sources, export_many
+
+    paths = expand_sources(srcs, from_list)
+    if not paths:
+        raise fail("no input slides (give paths, a glob pattern or --from-list FILE)", 2)
+    if output.exists() and not output.is_dir():
+        raise fail(f"{output}: exists and is not a folder (several slides need an output folder)", 2)
+    if scheduler is None and len(paths) > 1 and not dask_available():
+        err_console.print(f"Dask is not installed: exporting {len(paths)} slides one after another "
+                          '(pip install "wsitool[dask]" to run them in parallel)', highlight=False)
+    counts = {"ok": 0, "skipped": 0, "failed": 0}
+    with _batch_progress(quiet) as bar:
+        task = bar.add_task("slides", total=len(paths))
+        tiles_task = bar.add_task("tiles", total=None)
+        tile_state: dict[int, tuple[int, int]] = {}
+
+        def on_tiles(index: int, done: int, total: int) -> None:
+            tile_state[index] = (done, total)
+            bar.update(tiles_task, completed=sum(d for d, _ in tile_state.values()),
+                       total=sum(t for _, t in tile_state.values()))
+
+        def on_done(o) -> None:
+            counts[o.status] += 1
+            bar.advance(task)
+            line = {"ok": f"[green]ok[/] {o.source} -> {o.output} ({o.seconds:.1f} s)",
+                    "skipped": f"[yellow]skipped[/] {o.source} ({o.output} exists)",
+                    "failed": f"[red]failed[/] {o.error}"}[o.status]
+            (err_console if o.status == "failed" else console).print(line, highlight=False,
+                                                                     soft_wrap=True)
+            res = o.result
+            if res is not None and (res.tiles_missing or res.tiles_failed):
+                err_console.print(
+                    f"[yellow]wsitool: warning:[/] {o.source}: {res.tiles_missing} missing and "
+                    f"{res.tiles_failed} undecodable source tile(s) were painted with the background",
+                    highlight=False)
+
+        with _usage_errors():
+            outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
+                                   tile_progress=None if bar.disable else on_tiles, **options)
+    console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
+                  f"of {len(outcomes)} slide(s) into {output}", highlight=False)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise typer.Exit(_failure_code(failed[0].error_types))
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -65,6 +65,10 @@ __all__ = [
     "read_tile_bytes",
     "decode_into",
     "decode_array",
+    "plan_decode",
+    "count_decoded",
+    "check_decoded",
+    "data_pointer",
     "FORCE_SCRATCH",
     "USE_ROI_DECODE",
 ]
@@ -148,6 +152,7 @@ class _ThreadState:
         self.stats = stats
         self.lock = threading.Lock()
         self._decoder: Any = None
+        self._encoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
 
     @property
@@ -156,6 +161,13 @@ class _ThreadState:
             self._decoder = self.pool._create_decoder()
             self.stats.decoders_created += 1
         return self._decoder
+
+    @property
+    def encoder(self):
+        """This thread's nvImageCodec encoder (created on first use; call under ``lock``)."""
+        if self._encoder is None:
+            self._encoder = self.pool._create_encoder()
+        return self._encoder
 
     def scratch(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
         """A C-contiguous buffer of ``shape``, reused across calls on this thread."""
@@ -177,7 +189,10 @@ class DecoderPool:
 
     Each thread calling :meth:`state` gets its own decoder, created lazily
     under the pool's mutex; the pool keeps only the per-thread counters, so a
-    decoder is released when its thread ends.
+    decoder is released when its thread ends.  The same per-thread state
+    also holds an nvImageCodec encoder (``state().encoder``, used by
+    :mod:`wsitool.export`), created the same way on first use; the pool
+    counts them in ``encoders_created``.
 
     Raises:
         DeviceUnavailableError: ``device`` is a CUDA device and none is usable.
@@ -188,6 +203,7 @@ class DecoderPool:
         self._create_lock = threading.Lock()
         self._local = threading.local()
         self._all_stats: list[DecodeStats] = []
+        self.encoders_created = 0
         if device == "cpu":
             self._device_id = nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY
         elif device.startswith("cuda"):
@@ -197,27 +213,40 @@ class DecoderPool:
         else:
             raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
 
-    def _create_decoder(self):
+    def _create(self, cls, what: str):
+        """One nvImageCodec ``Decoder`` or ``Encoder`` for this pool's device.
+
+        CPU: the CPU backend only (``device_id=NVIMGCODEC_DEVICE_CPU_ONLY``;
+        without it the library tries the GPU and fails on machines without
+        one).  CUDA: GPU backends first (the hardware JPEG engine for
+        decoders), the CPU backend as fallback.  One CPU thread per instance:
+        parallelism comes from our own per-thread instances.
+        """
+        kinds = [nvimgcodec.BackendKind.CPU_ONLY]
+        if self.device != "cpu":
+            gpu = [nvimgcodec.BackendKind.GPU_ONLY, nvimgcodec.BackendKind.HYBRID_CPU_GPU]
+            if cls is nvimgcodec.Decoder:
+                gpu.insert(0, nvimgcodec.BackendKind.HW_GPU_ONLY)
+            kinds = gpu + kinds
         with self._create_lock:
-            if self.device == "cpu":
-                backends = [nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)]
-            else:
-                backends = [
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.HYBRID_CPU_GPU),
-                    nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY),
-                ]
             try:
-                # One CPU thread per decoder: parallelism comes from our own
-                # per-thread decoders, not from a pool inside each decoder.
-                return nvimgcodec.Decoder(
-                    device_id=self._device_id, max_num_cpu_threads=1, backends=backends
-                )
+                return cls(device_id=self._device_id, max_num_cpu_threads=1,
+                           backends=[nvimgcodec.Backend(k) for k in kinds])
             except Exception as exc:  # pragma: no cover - depends on the machine
                 raise DeviceUnavailableError(
-                    f"could not create an nvImageCodec decoder for {self.device}: {exc}"
+                    f"could not create an nvImageCodec {what} for {self.device}: {exc}"
                 ) from exc
+
+    def _create_encoder(self):
+        """A new per-thread encoder (see :meth:`_create`); counted in ``encoders_created``."""
+        encoder = self._create(nvimgcodec.Encoder, "encoder")
+        with self._create_lock:
+            self.encoders_created += 1
+        return encoder
+
+    def _create_decoder(self):
+        """A new per-thread decoder (see :meth:`_create`)."""
+        return self._create(nvimgcodec.Decoder, "decoder")
 
     def state(self) -> _ThreadState:
         """The calling thread's decoder state (created on first use)."""
@@ -550,6 +579,63 @@ def _codestream(level: "Level", data: bytes, col: int, row: int):
     return cs, width, height
 
 
+def plan_decode(level: "Level", col: int, row: int, data: bytes,
+                src_rect: tuple[int, int, int, int]):
+    """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
+
+    Shared by the per-tile CPU path (:func:`decode_into`) and the batched GPU
+    path (:mod:`wsitool.gpu`).  Checks the code stream header against the tile
+    grid and ``src_rect`` against the code stream.
+
+    Args:
+        level, col, row: the tile.
+        data: its encoded bytes (:func:`read_tile_bytes`).
+        src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile.
+
+    Returns:
+        ``(code_stream, how, (width, height))``: ``how`` is ``"direct"`` (the
+        whole tile, decode straight into a ``(y1 - y0, x1 - x0, 3)``
+        destination), ``"roi"`` (``code_stream`` is the sub-region, same
+        destination) or ``"scratch"`` (decode the whole ``(height, width, 3)``
+        tile into a scratch buffer, then copy ``src_rect`` out of it);
+        ``width, height`` is the code stream's declared size.
+
+    Raises:
+        TileDecodeError: unreadable header, header/grid mismatch, or
+            ``src_rect`` outside the tile.
+    """
+    x0, y0, x1, y1 = src_rect
+    cs, width, height = _codestream(level, data, col, row)
+    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            f"requested tile sub-region {src_rect} is outside the {width}x{height} tile",
+        )
+    whole = (x0, y0, x1, y1) == (0, 0, width, height)
+    if FORCE_SCRATCH or not (whole or USE_ROI_DECODE):
+        return cs, "scratch", (width, height)
+    if whole:
+        return cs, "direct", (width, height)
+    try:
+        sub = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
+    except Exception as exc:
+        raise TileDecodeError(
+            level._path, level.index, col, row, f"unusable code stream ({exc})"
+        ) from None
+    return sub, "roi", (width, height)
+
+
+def count_decoded(stats: DecodeStats, how: str, caller_buffer: bool = True) -> None:
+    """Count one decoded tile in ``stats`` by the way :func:`plan_decode` chose."""
+    if how == "scratch" or not caller_buffer:
+        stats.tiles_scratch += 1
+    elif how == "direct":
+        stats.tiles_direct += 1
+    else:
+        stats.tiles_roi += 1
+    stats.tiles_decoded += 1
+
+
 def decode_into(
     level: "Level",
     col: int,
@@ -582,37 +668,52 @@ def decode_into(
             that did not write into ``dst``.
     """
     x0, y0, x1, y1 = src_rect
-    cs, width, height = _codestream(level, data, col, row)
-    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"requested tile sub-region {src_rect} is outside the {width}x{height} tile",
-        )
+    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect)
     if dst.shape[:2] != (y1 - y0, x1 - x0):
         raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
-    stats = state.stats
-    whole = (x0, y0, x1, y1) == (0, 0, width, height)
-    if not FORCE_SCRATCH and (whole or USE_ROI_DECODE):
-        if not whole:
-            try:
-                cs = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
-            except Exception as exc:
-                raise TileDecodeError(
-                    level._path, level.index, col, row, f"unusable code stream ({exc})"
-                ) from None
-        _decode_checked(level, col, row, cs, dst, state)
-        if not caller_buffer:
-            stats.tiles_scratch += 1
-        elif whole:
-            stats.tiles_direct += 1
-        else:
-            stats.tiles_roi += 1
-    else:
+    if how == "scratch":
         scratch = state.scratch((height, width, 3))
         _decode_checked(level, col, row, cs, scratch, state)
         dst[...] = scratch[y0:y1, x0:x1]
-        stats.tiles_scratch += 1
-    stats.tiles_decoded += 1
+    else:
+        _decode_checked(level, col, row, cs, dst, state)
+    count_decoded(state.stats, how, caller_buffer)
+
+
+def data_pointer(obj) -> int:
+    """Address of the first element of a numpy / CuPy array or nvImageCodec Image.
+
+    Uses ``__cuda_array_interface__`` for device buffers and
+    ``__array_interface__`` for host buffers.
+    """
+    kind = getattr(obj, "buffer_kind", None)
+    if kind is not None:  # an nvimgcodec.Image
+        if kind == nvimgcodec.ImageBufferKind.STRIDED_DEVICE:
+            return obj.__cuda_array_interface__["data"][0]
+        return obj.__array_interface__["data"][0]
+    iface = getattr(obj, "__cuda_array_interface__", None)
+    if iface is None:
+        iface = obj.__array_interface__
+    return iface["data"][0]
+
+
+def check_decoded(level: "Level", col: int, row: int, result, dst) -> None:
+    """Verify a decode result: an image, written into ``dst`` itself, of its shape.
+
+    Raises:
+        TileDecodeError: ``result`` is None (the decoder could not decode the
+            tile) or is not ``dst``'s buffer (a replacement buffer, a silent no-op).
+    """
+    if result is None:
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            "decoder returned no image (corrupt or truncated tile data)",
+        )
+    if data_pointer(result) != data_pointer(dst) or tuple(result.shape) != tuple(dst.shape):
+        raise TileDecodeError(
+            level._path, level.index, col, row,
+            "decoder did not write into the caller's buffer",
+        )
 
 
 def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState) -> None:
@@ -626,17 +727,7 @@ def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState) -
             raise TileDecodeError(
                 level._path, level.index, col, row, f"decoder error: {exc}"
             ) from None
-    if result is None:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            "decoder returned no image (corrupt or truncated tile data)",
-        )
-    ptr = result.__array_interface__["data"][0]
-    if ptr != dst.__array_interface__["data"][0] or tuple(result.shape) != dst.shape:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            "decoder did not write into the caller's buffer",
-        )
+    check_decoded(level, col, row, result, dst)
 
 
 def decode_array(level: "Level", col: int, row: int, state: _ThreadState) -> np.ndarray | None:

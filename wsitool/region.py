@@ -7,8 +7,10 @@ The path of one region read:
    dtype, contiguity, writability) and the pixel/byte limits of
    :mod:`wsitool.settings` (raising :class:`ResourceLimitError` before any
    allocation).
-2. The level-0 location is mapped to the level's frame with
-   ``floor(x / downsample)``; the part of the region inside the level is
+2. The level-0 location is mapped to the level's frame by taking the nearest
+   level pixel, ``floor(x / downsample + 0.5)`` (the pixel OpenSlide weights
+   most: OpenSlide blends neighbouring pixels for sub-pixel positions, wsitool
+   never resamples); the part of the region inside the level is
    computed, the parts outside are filled with transparent black (RGBA
    ``0, 0, 0, 0``; 0 in ``rgb`` and ``raw`` modes).
 3. Every tile the inside part touches becomes one job with a source rectangle
@@ -179,14 +181,17 @@ def validate_request(slide: "Slide", location, level, size, mode: str):
     return lv, x, y, w, h
 
 
-def _check_out(out, shape, dtype, path: str) -> np.ndarray:
-    if not isinstance(out, np.ndarray):
-        raise InvalidRegionError(f"{path}: out must be a numpy.ndarray, got {type(out).__name__}")
+def _check_out(out, shape, dtype, path: str, array_type: type = np.ndarray,
+               type_name: str = "numpy.ndarray"):
+    """Check a caller's ``out`` buffer (numpy, or CuPy for ``device="cuda"``)."""
+    if not isinstance(out, array_type):
+        raise InvalidRegionError(f"{path}: out must be a {type_name}, got {type(out).__name__}")
     if out.shape != shape or out.dtype != dtype:
         raise InvalidRegionError(
             f"{path}: out has shape {out.shape} dtype {out.dtype}; expected {shape} {dtype}"
         )
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    # CuPy arrays have no "writeable" flag (device memory is always writable).
+    if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
         raise InvalidRegionError(f"{path}: out must be C-contiguous and writeable")
     return out
 
@@ -248,10 +253,10 @@ def read_region(slide: "Slide", location, level, size, *, out=None, mode: str = 
 
 
 def level_rect(lv: "Level", x: int, y: int) -> tuple[int, int]:
-    """Map a level-0 location to the level's frame: ``floor(x / downsample)``."""
+    """Map a level-0 location to the level's frame: ``floor(x / downsample + 0.5)``."""
     if lv.index == 0:
         return x, y
-    return math.floor(x / lv.downsample), math.floor(y / lv.downsample)
+    return math.floor(x / lv.downsample + 0.5), math.floor(y / lv.downsample + 0.5)
 
 
 def plan_tiles(lv: "Level", rx: int, ry: int, w: int, h: int):
@@ -322,6 +327,15 @@ def _fill_region(lv: "Level", x: int, y: int, w: int, h: int, out: np.ndarray, m
         raise first_error
 
 
+def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:
+    """Count a failed tile in ``stats``; re-raise ``exc`` or, for ``on_error="fill"``,
+    emit it as a :class:`TileWarning` (the caller then fills the tile with background)."""
+    stats.tiles_failed += 1
+    if on_error != "fill":
+        raise exc
+    warnings.warn(str(exc), TileWarning, stacklevel=3)
+
+
 class _TileWorker:
     """Decodes a list of tile jobs of one region (runs on any thread)."""
 
@@ -340,10 +354,7 @@ class _TileWorker:
             try:
                 self._one(job, state)
             except TileDecodeError as exc:
-                state.stats.tiles_failed += 1
-                if self.on_error != "fill":
-                    raise
-                warnings.warn(str(exc), TileWarning, stacklevel=2)
+                tile_failed(exc, self.on_error, state.stats)
                 dy0, dy1, dx0, dx1 = job[3]
                 self.out[dy0:dy1, dx0:dx1] = 0
 
@@ -388,19 +399,36 @@ class _TileWorker:
             dst[..., 3] = 255 if alpha is None else alpha
 
 
-def ycbcr_to_rgb(ycc: np.ndarray) -> np.ndarray:
+def array_module(arr):
+    """The array library of ``arr``: ``numpy``, or ``cupy`` for a CuPy array.
+
+    CuPy is only imported when ``arr`` already is a CuPy array.
+    """
+    if isinstance(arr, np.ndarray):
+        return np
+    if type(arr).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def ycbcr_to_rgb(ycc):
     """Full-range YCbCr -> RGB (ITU-R BT.601 / JFIF coefficients), uint8 in and out.
 
+    ``ycc`` is an ``(h, w, 3)`` uint8 numpy or CuPy array; the result is a new
+    ``(h, w, 3)`` uint8 array of the same library (on the GPU for CuPy).
     Used for Aperio JPEG 2000 compression 33003, whose code streams hold
     YCbCr components without the JPEG 2000 colour transform.
     """
-    f = ycc.astype(np.float32)
+    xp = array_module(ycc)
+    f = ycc.astype(xp.float32)
     y, cb, cr = f[..., 0], f[..., 1] - 128.0, f[..., 2] - 128.0
-    rgb = np.empty(ycc.shape[:2] + (3,), np.float32)
+    rgb = xp.empty(ycc.shape[:2] + (3,), xp.float32)
     rgb[..., 0] = y + 1.402 * cr
     rgb[..., 1] = y - 0.344136 * cb - 0.714136 * cr
     rgb[..., 2] = y + 1.772 * cb
-    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+    return xp.clip(xp.rint(rgb), 0, 255).astype(xp.uint8)
 
 
 def _to_uint8(arr: np.ndarray, bits: int) -> np.ndarray:

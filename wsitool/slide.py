@@ -276,7 +276,11 @@ class Slide:
     def _find_levels(self, pages: list) -> None:
         """Apply the level-detection rule of the module docstring to ``pages``."""
         if not pages:
-            raise UnsupportedFormatError(f"{self.path}: TIFF file without images")
+            # TIFF 6.0 section 2 requires at least one IFD; none readable means a
+            # truncated file or a first-IFD offset pointing nowhere.
+            raise CorruptFileError(
+                f"{self.path}: no readable image file directory (truncated or corrupt TIFF)"
+            )
         first_desc = _description(pages[0])
         self.vendor = "generic-tiff"
         if first_desc.startswith("Aperio"):
@@ -509,6 +513,18 @@ class Slide:
 
         return read_region(self, location, level, size, out=out, mode=mode, threads=threads,
                            on_error=on_error, device=device)
+
+    def to_dask(self, level=0, *, chunks="tile"):
+        """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
+
+        Each chunk is read with ``read_region(..., mode="rgb")`` when computed;
+        the graph holds this slide's path, not the open file, so it runs on
+        remote Dask workers.  See :func:`wsitool.distributed.level_to_dask`
+        (chunking, errors).  Needs the optional extra ``wsitool[dask]``.
+        """
+        from .distributed import level_to_dask
+
+        return level_to_dask(self, level, chunks=chunks)
 
     def _read_associated(self, name: str, page: tifffile.TiffPage) -> np.ndarray:
         """Decode an associated image to ``(height, width, 3)`` uint8 RGB.

@@ -1,0 +1,193 @@
+"""Slide model: levels, metadata and associated images against OpenSlide on real files."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import wsitool
+from wsitool import CorruptFileError, UnsupportedFormatError, WsiError
+
+from conftest import SHARED_SAMPLES, repo_samples, shared_sample, tiff_samples
+
+openslide = pytest.importorskip("openslide", reason="openslide-python is the test oracle")
+
+
+def _openslide_or_none(path):
+    try:
+        return openslide.OpenSlide(str(path))
+    except Exception:
+        return None
+
+
+# OpenSlide has no OME-TIFF support: it opens an OME pyramid's base image as a
+# one-level generic TIFF and ignores its SubIFD levels, so it is no oracle there.
+ORACLE_FILES = [
+    p for p in tiff_samples() + repo_samples()
+    if ".ome." not in p.name and _openslide_or_none(p) is not None
+]
+NON_ORACLE_FILES = [p for p in tiff_samples() if _openslide_or_none(p) is None]
+
+
+def test_shared_samples_present_or_skipped():
+    if not SHARED_SAMPLES.is_dir():
+        pytest.skip(f"real slides folder {SHARED_SAMPLES} is absent")
+    # the oracle set must not be empty when the folder exists: it holds Aperio and generic TIFFs
+    assert len(ORACLE_FILES) >= 8
+
+
+@pytest.mark.parametrize("path", ORACLE_FILES, ids=lambda p: p.name)
+def test_geometry_and_mpp_match_openslide(path):
+    osr = openslide.OpenSlide(str(path))
+    with wsitool.open_slide(path) as slide:
+        assert slide.level_count == osr.level_count
+        assert slide.level_dimensions == osr.level_dimensions
+        for ours, theirs in zip(slide.level_downsamples, osr.level_downsamples):
+            assert math.isclose(ours, theirs, rel_tol=1e-9)
+        for key in ("openslide.mpp-x", "openslide.mpp-y", "openslide.objective-power"):
+            theirs = osr.properties.get(key)
+            ours = slide.properties.get(key)
+            if theirs is None:
+                assert ours is None or osr.properties.get("openslide.vendor") == "generic-tiff"
+            else:
+                assert ours is not None, key
+                assert math.isclose(float(ours), float(theirs), rel_tol=1e-9), key
+        if osr.properties["openslide.vendor"] == "aperio":
+            assert slide.vendor == "aperio"
+            assert set(slide.associated_images) == set(osr.associated_images)
+        for d in (0.5, 1.0, 1.5, 2.0, 2.01, 3.9, 4.0, 4.02, 8.0, 9.0, 16.5, 100.0):
+            assert slide.get_best_level_for_downsample(d) == osr.get_best_level_for_downsample(d), d
+        for lv in slide.levels:
+            p = f"openslide.level[{lv.index}]"
+            assert int(slide.properties[f"{p}.width"]) == lv.width
+            assert (lv.tile_width, lv.tile_height) == (
+                int(osr.properties.get(f"{p}.tile-width", lv.tile_width)),
+                int(osr.properties.get(f"{p}.tile-height", lv.tile_height)),
+            )
+
+
+def test_aperio_metadata_and_associated_images(cmu1):
+    osr = openslide.OpenSlide(str(cmu1))
+    with wsitool.open_slide(cmu1) as slide:
+        assert slide.mpp == (0.499, 0.499)
+        assert slide.objective_power == 20
+        assert slide.properties["aperio.AppMag"] == osr.properties["aperio.AppMag"]
+        assert slide.properties["aperio.MPP"] == osr.properties["aperio.MPP"]
+        for name in ("label", "macro", "thumbnail"):
+            ours = slide.associated_images[name]
+            theirs = np.asarray(osr.associated_images[name].convert("RGB"))
+            assert ours.dtype == np.uint8 and ours.shape == theirs.shape
+            assert np.abs(ours.astype(int) - theirs).max() <= 1, name
+        with pytest.raises(KeyError):
+            slide.associated_images["nope"]
+
+
+def test_jpeg2000_aperio_levels(tcga_j2k):
+    with wsitool.open_slide(tcga_j2k) as slide:
+        assert slide.levels[0].compression == "APERIO_JP2000_RGB"
+        assert slide.levels[0].decoder == "nvimagecodec"
+        assert slide.mpp is None  # this TCGA file has no MPP field, as OpenSlide reports
+        assert list(slide.associated_images) == ["thumbnail"]
+
+
+@pytest.mark.parametrize("path", NON_ORACLE_FILES, ids=lambda p: p.name)
+def test_files_openslide_rejects_give_clear_result(path):
+    """Either a clean wsitool error naming the file, or a slide whose reads work or fail cleanly."""
+    try:
+        slide = wsitool.open_slide(path)
+    except WsiError as exc:
+        assert str(path) in str(exc)
+        return
+    with slide:
+        for lv in slide.levels:
+            try:
+                arr = slide.read_region((0, 0), lv.index, (min(lv.width, 64), min(lv.height, 64)))
+            except WsiError as exc:
+                assert str(path) in str(exc)
+            else:
+                assert arr.shape == (min(lv.height, 64), min(lv.width, 64), 4)
+
+
+@pytest.mark.parametrize(
+    "name,error",
+    [
+        ("broken-not-a-tiff-random-ascii.svs", UnsupportedFormatError),
+        ("broken-tiff-bad-version.tif", UnsupportedFormatError),
+        ("broken-bigtiff-bad-header.tif", CorruptFileError),
+        ("broken-zero-height.tif", CorruptFileError),
+        ("dicom-google-jpeg-ybr-957x715.dcm", UnsupportedFormatError),
+        ("dicom-openslide-boxes", UnsupportedFormatError),
+    ],
+)
+def test_bad_files_raise_documented_errors(name, error):
+    path = shared_sample(name)
+    with pytest.raises(error) as info:
+        wsitool.open_slide(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        wsitool.open_slide(tmp_path / "nope.svs")
+
+
+def test_truncated_file_gives_wsi_error_or_correct_pixels(cmu1, tmp_path):
+    """A truncated copy either fails with a WsiError naming it, or whatever it
+    still holds reads back exactly like the original (CMU-1 stores its tiles
+    before its IFDs, so cutting only the tail loses the associated images)."""
+    data = cmu1.read_bytes()
+    with wsitool.open_slide(cmu1) as good:
+        w, h = good.dimensions
+        reference = good.read_region((0, 0), 0, (w, h), mode="rgb")
+    errors = 0
+    for frac in (0.02, 0.3, 0.5, 0.66, 0.9, 0.999):
+        bad = tmp_path / f"trunc-{frac}.svs"
+        bad.write_bytes(data[: int(len(data) * frac)])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                slide = wsitool.open_slide(bad)
+        except WsiError as exc:
+            assert str(bad) in str(exc)
+            errors += 1
+            continue
+        with slide:
+            try:
+                arr = slide.read_region((0, 0), 0, (w, h), mode="rgb")
+            except WsiError as exc:
+                assert str(bad) in str(exc)
+                errors += 1
+            else:
+                assert np.array_equal(arr, reference)
+            for name in slide.associated_images:
+                try:
+                    slide.associated_images[name]
+                except WsiError as exc:
+                    assert str(bad) in str(exc)
+    assert errors >= 2
+
+
+def test_level_detection_rule_on_repo_samples():
+    samples = {p.name: p for p in repo_samples()}
+    with wsitool.open_slide(samples["sample-ome-pyramid.ome.tif"]) as s:
+        # OME pyramid whose lower levels are only reachable through SubIFDs
+        assert s.vendor == "ome-tiff"
+        assert s.level_count == 3
+        assert s.mpp == (0.25, 0.25)
+        assert [round(d) for d in s.level_downsamples] == [1, 2, 4]
+    with wsitool.open_slide(samples["sample-aperio-jpeg.svs"]) as s:
+        # the stripped thumbnail has the slide's aspect ratio but is not a level
+        assert s.level_count == 3
+        assert "thumbnail" in s.associated_images
+        assert s.associated_images["thumbnail"].shape[2] == 3
+
+
+def test_closed_slide_refuses_reads(sample_jpeg):
+    slide = wsitool.open_slide(sample_jpeg)
+    slide.close()
+    assert slide.closed
+    with pytest.raises(WsiError):
+        slide.read_region((0, 0), 0, (10, 10))
