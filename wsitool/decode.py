@@ -439,17 +439,73 @@ def j2k_header_problem(data: bytes) -> str | None:
     if data[i:i + 4] != b"\xff\x4f\xff\x51":
         return "not a JPEG 2000 code stream (no SOC + SIZ markers)"
     i += 2
+    csiz = 0
     while True:
         if i + 4 > n:
             return "JPEG 2000 main header truncated"
         if data[i] != 0xFF:
             return f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header"
-        if data[i + 1] == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
+        marker = data[i + 1]
+        if marker == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
             return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
         length = int.from_bytes(data[i + 2:i + 4], "big")
         if length < 2:
             return f"invalid JPEG 2000 marker segment length {length}"
+        if i + 2 + length > n:
+            return "JPEG 2000 main header truncated"
+        seg = data[i + 4:i + 2 + length]
+        if marker == 0x51:
+            problem, csiz = _j2k_siz_problem(seg)
+        elif marker == 0x52:  # COD: Scod, SGcod (4 bytes), SPcod
+            problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
+            if problem is None and seg[1] > 4:
+                problem = f"invalid progression order {seg[1]}"
+            if problem is None and int.from_bytes(seg[2:4], "big") == 0:
+                problem = "zero quality layers"
+        elif marker == 0x53:  # COC: Ccoc (1 or 2 bytes), Scoc, SPcoc
+            k = 1 if csiz < 257 else 2
+            problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
+                       else "short COC")
+        elif marker == 0x5C:  # QCD: Sqcd, quantisation style in the low 5 bits
+            problem = (None if seg and (seg[0] & 0x1F) in (0, 1, 2)
+                       else "invalid QCD quantisation style")
+        else:
+            problem = None
+        if problem:
+            return f"invalid JPEG 2000 main header: {problem}"
         i += 2 + length
+
+
+def _j2k_siz_problem(seg: bytes) -> tuple[str | None, int]:
+    """Range checks of a SIZ segment (ITU-T T.800 A.5.1); returns (problem, Csiz)."""
+    if len(seg) < 36:
+        return "short SIZ", 0
+    xsiz, ysiz, xo, yo, xt, yt, xto, yto = (int.from_bytes(seg[2 + 4 * k:6 + 4 * k], "big")
+                                            for k in range(8))
+    csiz = int.from_bytes(seg[34:36], "big")
+    if not 1 <= csiz <= 16384 or len(seg) < 36 + 3 * csiz:
+        return f"invalid component count {csiz}", csiz
+    if xsiz <= xo or ysiz <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo:
+        return "inconsistent image/tile geometry in SIZ", csiz
+    for c in range(csiz):
+        ssiz, xr, yr = seg[36 + 3 * c:39 + 3 * c]
+        if (ssiz & 0x7F) + 1 > 38 or xr == 0 or yr == 0:
+            return f"invalid component {c} in SIZ", csiz
+    return None, csiz
+
+
+def _j2k_coding_problem(seg: bytes, base: int, name: str) -> str | None:
+    """Range checks of SPcod / SPcoc (T.800 A.6.1, table A.15): decomposition levels
+    <= 32, code-block exponents xcb, ycb <= 8 with xcb + ycb <= 8, transform 0 or 1.
+    ``seg[base + 5 ...]`` is SPcod (``base`` = 0 for COD)."""
+    levels, xcb, ycb, _style, transform = seg[base + 5:base + 10]
+    if levels > 32:
+        return f"{levels} decomposition levels in {name}"
+    if xcb > 8 or ycb > 8 or xcb + ycb > 8:
+        return f"code-block exponents {xcb}, {ycb} in {name}"
+    if transform > 1:
+        return f"wavelet transform {transform} in {name}"
+    return None
 
 
 # Code widths of one TIFF LZW run between Clear codes (TIFF 6.0 section 13 with
