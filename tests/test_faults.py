@@ -368,6 +368,15 @@ def test_j2k_header_problem_finds_truncated_main_headers(tmp_path):
         assert j2k_header_problem(tile[:cut]) is not None, cut
     assert j2k_header_problem(tile[:sot + 12]) is None
     assert "not a JPEG 2000" in j2k_header_problem(b"\xff\xd8\xff\xe0" + bytes(20))
+    # out-of-range COD parameters (T.800 table A.15) crashed nvImageCodec's CPU decoder too
+    cod = tile.index(b"\xff\x52")
+    # COD from its marker: FF52, Lcod(2), Scod, progression, layers(2), MCT, levels, xcb, ycb, style, transform
+    for field, value, what in ((10, 6, "code-block exponents"), (10, 75, "code-block exponents"),
+                               (9, 40, "decomposition levels"), (13, 3, "wavelet transform"),
+                               (5, 9, "progression order")):
+        bad = bytearray(tile)
+        bad[cod + field] = value
+        assert what in (j2k_header_problem(bytes(bad)) or ""), (field, value)
 
 
 def test_truncated_j2k_tile_is_a_tile_error_not_a_crash(tmp_path):
