@@ -373,7 +373,8 @@ def test_j2k_header_problem_finds_truncated_main_headers(tmp_path):
     # COD from its marker: FF52, Lcod(2), Scod, progression, layers(2), MCT, levels, xcb, ycb, style, transform
     for field, value, what in ((10, 6, "code-block exponents"), (10, 75, "code-block exponents"),
                                (9, 40, "decomposition levels"), (13, 3, "wavelet transform"),
-                               (5, 9, "progression order")):
+                               (5, 9, "progression order"), (4, 0xEE, "invalid Scod"),
+                               (4, 1, "precinct sizes missing")):
         bad = bytearray(tile)
         bad[cod + field] = value
         assert what in (j2k_header_problem(bytes(bad)) or ""), (field, value)

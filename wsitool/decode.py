@@ -458,6 +458,8 @@ def j2k_header_problem(data: bytes) -> str | None:
             problem, csiz = _j2k_siz_problem(seg)
         elif marker == 0x52:  # COD: Scod, SGcod (4 bytes), SPcod
             problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
+            if problem is None and (seg[0] > 7 or (seg[0] & 1 and len(seg) < 11 + seg[5])):
+                problem = f"invalid Scod {seg[0]} (or precinct sizes missing)"
             if problem is None and seg[1] > 4:
                 problem = f"invalid progression order {seg[1]}"
             if problem is None and int.from_bytes(seg[2:4], "big") == 0:
@@ -466,6 +468,8 @@ def j2k_header_problem(data: bytes) -> str | None:
             k = 1 if csiz < 257 else 2
             problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
                        else "short COC")
+            if problem is None and (seg[k] > 1 or (seg[k] & 1 and len(seg) < k + 7 + seg[k + 1])):
+                problem = f"invalid Scoc {seg[k]} (or precinct sizes missing)"
         elif marker == 0x5C:  # QCD: Sqcd, quantisation style in the low 5 bits
             problem = (None if seg and (seg[0] & 0x1F) in (0, 1, 2)
                        else "invalid QCD quantisation style")
