@@ -286,9 +286,21 @@ def read_region_cmd(
     ext = output.suffix.lower()
     if ext not in (".png", ".tif", ".tiff", ".npy"):
         raise fail(f"{output}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)", 2)
-    with max_pixels_scope(max_pixels), open_slide(slide) as s:
+    import warnings
+
+    from .region import TileWarning
+
+    with max_pixels_scope(max_pixels), open_slide(slide) as s, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TileWarning)
         arr = s.read_region(location, level, size, mode=mode, threads=threads, on_error=on_error,
                             device=device)
+    filled = [w for w in caught if issubclass(w.category, TileWarning)]
+    for w in filled:  # --on-error fill: one line per bad tile, then the count
+        err_console.print(f"[yellow]wsitool: warning:[/] {w.message}", highlight=False, soft_wrap=True)
+    if filled:
+        err_console.print(f"[yellow]wsitool: warning:[/] {len(filled)} bad tile(s) filled with background",
+                          highlight=False, soft_wrap=True)
     if device != "cpu":
         arr = arr.get()
     write_image(output, arr)

@@ -438,6 +438,214 @@ def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+def webp_frame_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from a WebP stream's first image chunk, or None.
+
+    RFC 9649 (WebP container): ``RIFF <size> WEBP`` then a chunk.  ``VP8X``
+    stores canvas width - 1 and height - 1 as 24-bit little-endian values at
+    payload bytes 4 and 7; ``VP8L`` has the signature byte 0x2F and then
+    14-bit width - 1 and height - 1; ``VP8 `` (lossy) has a 3-byte frame tag,
+    the start code 9D 01 2A and 14-bit width and height (RFC 6386 section 9.1).
+    """
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    chunk, payload = data[12:16], data[20:]
+    if chunk == b"VP8X":
+        width = 1 + int.from_bytes(payload[4:7], "little")
+        height = 1 + int.from_bytes(payload[7:10], "little")
+        return width, height
+    if chunk == b"VP8L":
+        if payload[0] != 0x2F:
+            return None
+        bits = int.from_bytes(payload[1:5], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 ":
+        if payload[3:6] != b"\x9d\x01\x2a":
+            return None
+        return (int.from_bytes(payload[6:8], "little") & 0x3FFF,
+                int.from_bytes(payload[8:10], "little") & 0x3FFF)
+    return None
+
+
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+
+
+def j2k_header_problem(data: bytes) -> str | None:
+    """Why a JPEG 2000 tile's main header is unusable, or None if it is complete.
+
+    Accepts a raw code stream (SOC ``FF4F`` then SIZ ``FF51``, ITU-T T.800
+    annex A) or a JP2 file (ISO/IEC 15444-1 annex I: boxes of ``LBox``,
+    ``TBox`` [, ``XLBox``]; the code stream is the content of the ``jp2c``
+    box).  The main header is complete when every marker segment after SOC
+    lies inside ``data`` (each carries a 2-byte big-endian length) up to the
+    first SOT (``FF90``) segment, which must be present whole.
+
+    Why: nvImageCodec's CPU JPEG 2000 decoder crashed the process (SIGSEGV,
+    found by scripts/fuzz.py) on a tile truncated inside its main header; a
+    tile truncated after that returns no image and is reported normally.
+    """
+    n = len(data)
+    i = 0
+    if data.startswith(_JP2_SIGNATURE):
+        while True:
+            if i + 8 > n:
+                return "JP2 file without a code stream box (truncated)"
+            lbox = int.from_bytes(data[i:i + 4], "big")
+            tbox = data[i + 4:i + 8]
+            header = 8
+            if lbox == 1:
+                if i + 16 > n:
+                    return "truncated JP2 box header"
+                lbox = int.from_bytes(data[i + 8:i + 16], "big")
+                header = 16
+            elif lbox == 0:
+                lbox = n - i
+            if lbox < header:
+                return f"invalid JP2 box length {lbox}"
+            if tbox == b"jp2c":
+                i += header
+                break
+            i += lbox
+    if data[i:i + 4] != b"\xff\x4f\xff\x51":
+        return "not a JPEG 2000 code stream (no SOC + SIZ markers)"
+    i += 2
+    csiz = 0
+    while True:
+        if i + 4 > n:
+            return "JPEG 2000 main header truncated"
+        if data[i] != 0xFF:
+            return f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header"
+        marker = data[i + 1]
+        if marker == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
+            return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if length < 2:
+            return f"invalid JPEG 2000 marker segment length {length}"
+        if i + 2 + length > n:
+            return "JPEG 2000 main header truncated"
+        seg = data[i + 4:i + 2 + length]
+        if marker == 0x51:
+            problem, csiz = _j2k_siz_problem(seg)
+        elif marker == 0x52:  # COD: Scod, SGcod (4 bytes), SPcod
+            problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
+            if problem is None and (seg[0] > 7 or (seg[0] & 1 and len(seg) < 11 + seg[5])):
+                problem = f"invalid Scod {seg[0]} (or precinct sizes missing)"
+            if problem is None and seg[1] > 4:
+                problem = f"invalid progression order {seg[1]}"
+            if problem is None and int.from_bytes(seg[2:4], "big") == 0:
+                problem = "zero quality layers"
+        elif marker == 0x53:  # COC: Ccoc (1 or 2 bytes), Scoc, SPcoc
+            k = 1 if csiz < 257 else 2
+            problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
+                       else "short COC")
+            if problem is None and (seg[k] > 1 or (seg[k] & 1 and len(seg) < k + 7 + seg[k + 1])):
+                problem = f"invalid Scoc {seg[k]} (or precinct sizes missing)"
+        elif marker == 0x5C:  # QCD: Sqcd, quantisation style in the low 5 bits
+            problem = (None if seg and (seg[0] & 0x1F) in (0, 1, 2)
+                       else "invalid QCD quantisation style")
+        else:
+            problem = None
+        if problem:
+            return f"invalid JPEG 2000 main header: {problem}"
+        i += 2 + length
+
+
+def _j2k_siz_problem(seg: bytes) -> tuple[str | None, int]:
+    """Range checks of a SIZ segment (ITU-T T.800 A.5.1); returns (problem, Csiz)."""
+    if len(seg) < 36:
+        return "short SIZ", 0
+    xsiz, ysiz, xo, yo, xt, yt, xto, yto = (int.from_bytes(seg[2 + 4 * k:6 + 4 * k], "big")
+                                            for k in range(8))
+    csiz = int.from_bytes(seg[34:36], "big")
+    if not 1 <= csiz <= 16384 or len(seg) < 36 + 3 * csiz:
+        return f"invalid component count {csiz}", csiz
+    if xsiz <= xo or ysiz <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo:
+        return "inconsistent image/tile geometry in SIZ", csiz
+    for c in range(csiz):
+        ssiz, xr, yr = seg[36 + 3 * c:39 + 3 * c]
+        if (ssiz & 0x7F) + 1 > 38 or xr == 0 or yr == 0:
+            return f"invalid component {c} in SIZ", csiz
+    return None, csiz
+
+
+def _j2k_coding_problem(seg: bytes, base: int, name: str) -> str | None:
+    """Range checks of SPcod / SPcoc (T.800 A.6.1, table A.15): decomposition levels
+    <= 32, code-block exponents xcb, ycb <= 8 with xcb + ycb <= 8, transform 0 or 1.
+    ``seg[base + 5 ...]`` is SPcod (``base`` = 0 for COD)."""
+    levels, xcb, ycb, _style, transform = seg[base + 5:base + 10]
+    if levels > 32:
+        return f"{levels} decomposition levels in {name}"
+    if xcb > 8 or ycb > 8 or xcb + ycb > 8:
+        return f"code-block exponents {xcb}, {ycb} in {name}"
+    if transform > 1:
+        return f"wavelet transform {transform} in {name}"
+    return None
+
+
+# Code widths of one TIFF LZW run between Clear codes (TIFF 6.0 section 13 with
+# the "early change" of libtiff and every current writer): after a Clear the
+# table's next entry is 258; the width grows from 9 to 10, 11 and 12 bits one
+# code before the next entry would need the wider code (entries 511, 1023, 2047).
+_LZW_WIDTHS = np.array([9] * 254 + [10] * 512 + [11] * 1024 + [12] * 2306, np.int64)
+_LZW_STARTS = np.concatenate([[0], np.cumsum(_LZW_WIDTHS)[:-1]])
+_LZW_CLEAR, _LZW_EOI = 256, 257
+
+
+def lzw_problem(data: bytes) -> str | None:
+    """Why a TIFF LZW strip or tile would be unsafe to decode, or None.
+
+    Checks that the data starts with a Clear code (the TIFF 6.0 section 13
+    encoder writes one first; the first 9 bits are then ``100000000``) and
+    that the first code after every Clear code is a literal (< 256) or EOI:
+    the decoder builds its next table entry from that first string.
+    imagecodecs' ``lzw_decode`` (2026.3.6) crashed the process (SIGSEGV) on a
+    non-literal first code followed by a reference to the entry built from
+    it, and on garbage starting with a zero byte, which it takes for the
+    old-style (pre-TIFF 6.0, LSB-first) LZW variant -- both found by
+    scripts/fuzz.py.  That variant (first byte 0, low bit of the second set;
+    the same test libtiff uses) is refused: no whole-slide writer produces it.
+    Other invalid codes are reported by the decoder itself.
+
+    The code layout between two Clear codes is fixed by the widths above, so
+    each run is checked with numpy (one run covers at least 5 KB of data).
+    """
+    nbits = len(data) * 8
+    if nbits < 9:
+        return None
+    if data[0] == 0 and data[1] & 1:
+        return "old-style (pre-TIFF 6.0, LSB-first) LZW data is not supported (or corrupt data)"
+    if data[0] != 0x80 or data[1] & 0x80:
+        return "LZW data does not start with a Clear code (corrupt data)"
+    buf = np.frombuffer(data + b"\x00\x00\x00", np.uint8).astype(np.int64)
+    pos = 9
+    while pos + 9 <= nbits:
+        starts = pos + _LZW_STARTS
+        count = int(np.searchsorted(starts + _LZW_WIDTHS, nbits, side="right"))
+        if count == 0:
+            return None
+        st, widths = starts[:count], _LZW_WIDTHS[:count]
+        byte = st >> 3
+        word = (buf[byte] << 16) | (buf[byte + 1] << 8) | buf[byte + 2]  # 24 bits hold any code
+        codes = (word >> (24 - (st & 7) - widths)) & ((1 << widths) - 1)
+        first = int(codes[0])
+        if first == _LZW_CLEAR:  # repeated Clear
+            pos += 9
+            continue
+        if first == _LZW_EOI:
+            return None
+        if first > 255:
+            return f"LZW code {first} after a Clear code is not a literal (corrupt data)"
+        special = np.flatnonzero(codes[1:] >= _LZW_CLEAR) + 1
+        special = special[(codes[special] == _LZW_CLEAR) | (codes[special] == _LZW_EOI)]
+        if len(special) == 0:
+            return None
+        k = int(special[0])
+        if int(codes[k]) == _LZW_EOI:
+            return None
+        pos = int(st[k] + widths[k])
+    return None
+
+
 def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> None:
     """Refuse a code stream whose declared size is not the tile cell (or its cropped part)."""
     cell_w, cell_h = level.tile_width, level.tile_height
@@ -452,7 +660,12 @@ def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> 
 
 
 def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
-    """Check a JPEG / JPEG 2000 tile header against the grid before a tifffile decode."""
+    """Check a JPEG / JPEG 2000 / WebP tile header against the grid before a tifffile decode.
+
+    Raises :class:`TileDecodeError` when the header is unreadable or declares a
+    size other than the tile cell (or its part inside the image), so a
+    decompression bomb is refused before the decoder allocates its output.
+    """
     if level._stream_kind == "jpeg":
         size = jpeg_frame_size(data)
         if size is None:
@@ -461,6 +674,16 @@ def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
         _check_cell(level, col, row, *size)
     elif level._stream_kind == "j2k":
         _codestream(level, data, col, row)
+    elif level._stream_kind == "lzw":
+        problem = lzw_problem(data)
+        if problem:
+            raise TileDecodeError(level._path, level.index, col, row, problem)
+    elif level._stream_kind == "webp":
+        size = webp_frame_size(data)
+        if size is None:
+            raise TileDecodeError(level._path, level.index, col, row,
+                                  "WebP stream without a readable frame header")
+        _check_cell(level, col, row, *size)
 
 
 def _codestream(level: "Level", data, col: int, row: int, complete: bool = False):
@@ -473,6 +696,10 @@ def _codestream(level: "Level", data, col: int, row: int, complete: bool = False
     """
     if level._stream_kind == "jpeg" and not complete:
         data = _jpeg_stream(level, data, col, row)
+    elif level._stream_kind == "j2k":
+        problem = j2k_header_problem(data)
+        if problem:
+            raise TileDecodeError(level._path, level.index, col, row, problem)
     try:
         cs = nvimgcodec.CodeStream(data)
         width, height = cs.width, cs.height
@@ -523,7 +750,13 @@ def plan_decode(level: "Level", col: int, row: int, data,
         return cs, "scratch", (width, height)
     if whole:
         return cs, "direct", (width, height)
-    return cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1)), "roi", (width, height)
+    try:
+        sub = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
+    except Exception as exc:
+        raise TileDecodeError(
+            level._path, level.index, col, row, f"unusable code stream ({exc})"
+        ) from None
+    return sub, "roi", (width, height)
 
 
 def count_decoded(stats: DecodeStats, how: str, caller_buffer: bool = True) -> None:
@@ -676,11 +909,24 @@ def decode_array(level: "Level", col: int, row: int, state: _ThreadState) -> np.
 
 
 def check_tile_limit(level: "Level") -> None:
-    """Raise :class:`ResourceLimitError` if one tile of ``level`` exceeds the tile limit."""
+    """Raise :class:`ResourceLimitError` if one tile of ``level`` is too large to decode.
+
+    A tile (or strip) is refused when its pixel count exceeds ``max_tile_pixels``
+    or its decoded size (pixels x samples x bytes per sample) exceeds
+    ``max_region_bytes``, since a tile is decoded whole into memory; both are
+    checked before any tile is read.
+    """
     pixels = level.tile_width * level.tile_height
-    limit = get_limits().max_tile_pixels
-    if pixels > limit:
+    lim = get_limits()
+    if pixels > lim.max_tile_pixels:
         raise ResourceLimitError(
             f"{level._path}: level {level.index} has {level.tile_width}x{level.tile_height} "
-            f"tiles ({pixels} pixels), over the max_tile_pixels limit {limit}"
+            f"tiles ({pixels} pixels), over the max_tile_pixels limit {lim.max_tile_pixels}"
+        )
+    nbytes = pixels * level.samples * level.dtype.itemsize
+    if nbytes > lim.max_region_bytes:
+        raise ResourceLimitError(
+            f"{level._path}: level {level.index} tiles decode to {nbytes} bytes "
+            f"({level.tile_width}x{level.tile_height}x{level.samples} {level.dtype}), over the "
+            f"max_region_bytes limit {lim.max_region_bytes}"
         )

@@ -43,8 +43,20 @@ Conversion of non-RGB data to 8-bit RGB (``rgb`` / ``rgba`` modes), see
 ``round(v * 255 / (2**BitsPerSample - 1))`` (so 16-bit 65535 -> 255); floats
 are clipped to [0, 1] and scaled by 255; one-sample images (MinIsBlack) are
 replicated to grey RGB, MinIsWhite is inverted; palette images go through
-their ColorMap; CMYK (photometric Separated, 4 samples) becomes
+their ColorMap; CMYK (photometric Separated, InkSet CMYK, 4 samples) becomes
 ``R = 255 (1 - C)(1 - K)`` etc.; an ExtraSamples alpha channel becomes alpha.
+
+CMYK sample convention: inside a TIFF the samples mean what TIFF 6.0
+section 16 says (0 = no ink, 2**bits - 1 = full ink), whatever the codec.  For
+JPEG-compressed CMYK tiles the decoder (libjpeg via imagecodecs) returns the
+stored components; an Adobe APP14 marker with transform 2 (YCCK) is turned
+into CMYK by the decoder, transform 0 means the components are CMYK as stored.
+The "inverted CMYK" habit of stand-alone Adobe Photoshop JPEG files is *not*
+applied: it is not signalled by any marker field (libjpeg writes the same
+APP14 for plain CMYK) and it contradicts the TIFF definition of the samples.
+Levels whose photometric interpretation has no RGB conversion (CIELab,
+Separated inks other than CMYK, ...) are refused in ``rgb`` / ``rgba`` modes
+with :class:`~wsitool.errors.UnsupportedFormatError`; ``raw`` reads them.
 """
 
 from __future__ import annotations
@@ -73,7 +85,13 @@ from .decode import (
     plan_decode,
     read_tile_stream,
 )
-from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
+from .errors import (
+    InvalidRegionError,
+    ResourceLimitError,
+    TileDecodeError,
+    UnsupportedFormatError,
+    WsiError,
+)
 from .settings import get_limits
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,6 +151,8 @@ def validate_request(slide: "Slide", location, level, size, mode: str):
 
     Raises:
         InvalidRegionError: bad level, location, size or mode.
+        UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
+            an RGB conversion (see :func:`to_rgb8`).
         ResourceLimitError: the output would exceed the configured limits.
         WsiError: the slide is closed.
     """
@@ -152,6 +172,10 @@ def validate_request(slide: "Slide", location, level, size, mode: str):
     if w <= 0 or h <= 0:
         raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
     lv = slide.levels[lvl]
+    if mode != "raw" and lv._rgb_problem:
+        raise UnsupportedFormatError(
+            f"{path}: level {lvl}: {lv._rgb_problem} (read it with mode='raw')"
+        )
     shape, dtype = output_shape(lv, (w, h), mode)
     lim = get_limits()
     pixels = w * h
@@ -215,6 +239,8 @@ def read_region(slide: "Slide", location, level, size, *, out=None, mode: str = 
     Raises:
         InvalidRegionError: malformed request or ``out`` (also a ``ValueError``).
         ResourceLimitError: output over the configured limits (before allocating).
+        UnsupportedFormatError: ``rgb`` / ``rgba`` for samples without an RGB
+            conversion (e.g. CIELab); use ``mode="raw"``.
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
         DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
     """
@@ -648,7 +674,9 @@ def to_rgb8(arr: np.ndarray, photometric: int, bits: int, colormap=None,
         cmyk = a8[..., :4].astype(np.float32) / 255.0
         k = 1.0 - cmyk[..., 3:4]
         rgb = np.rint(255.0 * (1.0 - cmyk[..., :3]) * k)
-        return rgb.astype(np.uint8), None
+        if samples > 4 and extrasamples and extrasamples[0] in (1, 2):
+            alpha = a8[..., 4]
+        return rgb.astype(np.uint8), alpha
     if samples >= 3 and photometric not in (0, 1):
         rgb = a8[..., :3]
         n_color = 3

@@ -46,12 +46,14 @@ from typing import Any, Iterator
 import numpy as np
 import tifffile
 
-from .errors import CorruptFileError, UnsupportedFormatError, WsiError
+from .errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError
 
 __all__ = ["Level", "Slide", "open_slide"]
 
 _JPEG = 7
+_LZW = 5
 _J2K_COMPRESSIONS = {33003, 33005, 34712}
+_WEBP_COMPRESSIONS = {34927, 50001}  # tifffile COMPRESSION.WEBP (50001) and the older code
 _ADOBE_RGB = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"  # APP14, transform 0
 _PHOTOMETRIC_RGB = 2
 _PHOTOMETRIC_YCBCR = 6
@@ -124,7 +126,13 @@ class Level:
         eight_bit_rgb = (
             self.samples == 3 and self._planes == 1 and self.dtype == np.uint8
         )
-        self._stream_kind = "jpeg" if comp == _JPEG else ("j2k" if comp in _J2K_COMPRESSIONS else None)
+        self._stream_kind = (
+            "jpeg" if comp == _JPEG
+            else "j2k" if comp in _J2K_COMPRESSIONS
+            else "webp" if comp in _WEBP_COMPRESSIONS
+            else "lzw" if comp == _LZW
+            else None
+        )
         # Colour transform wsitool applies after decoding: Aperio 33003 stores YCbCr J2K.
         self._ycbcr_after_decode = comp == 33003
         if comp == _JPEG and eight_bit_rgb and self._photometric_code in (
@@ -145,9 +153,12 @@ class Level:
             if tables and len(tables) > 4:
                 prefix += bytes(tables[2:-2])
             self._jpeg_prefix = prefix if prefix != b"\xff\xd8" else b""
-        self._extrasamples = tuple(page.extrasamples) if page.extrasamples else ()
+        self._extrasamples = (tuple(np.atleast_1d(page.extrasamples).tolist())
+                              if page.extrasamples is not None else ())
         self._colormap = page.colormap
         self._bits = int(page.bitspersample)
+        #: Why ``rgb`` / ``rgba`` reads of this level are refused (None: they work).
+        self._rgb_problem = _rgb_problem(page)
 
     @property
     def dimensions(self) -> tuple[int, int]:
@@ -247,8 +258,23 @@ class Slide:
                 pages = list(self._tiff.pages)
         except tifffile.TiffFileError as exc:
             raise CorruptFileError(f"{self.path}: unreadable TIFF structure: {exc}") from None
-        except (ValueError, OSError, IndexError, KeyError, struct.error) as exc:
-            raise CorruptFileError(f"{self.path}: unreadable TIFF structure: {exc}") from None
+        except _MALFORMED as exc:
+            # tifffile trusts tag types and counts; a tag of the wrong type or
+            # count surfaces as TypeError/ValueError/... deep inside it.
+            raise CorruptFileError(
+                f"{self.path}: unreadable TIFF structure: {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            self._find_levels(pages)
+        except WsiError:
+            raise
+        except _MALFORMED as exc:
+            raise CorruptFileError(
+                f"{self.path}: malformed TIFF tags: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def _find_levels(self, pages: list) -> None:
+        """Apply the level-detection rule of the module docstring to ``pages``."""
         if not pages:
             # TIFF 6.0 section 2 requires at least one IFD; none readable means a
             # truncated file or a first-IFD offset pointing nowhere.
@@ -280,6 +306,7 @@ class Slide:
         associated: dict[str, tifffile.TiffPage] = {}
         level_pool: list[tifffile.TiffPage] = []
         for page, top_index in candidates:
+            _check_page(self.path, page, top_index)
             if page.imagewidth <= 0 or page.imagelength <= 0:
                 continue
             if int(page.subfiletype) & 4:  # transparency mask
@@ -500,21 +527,48 @@ class Slide:
         return level_to_dask(self, level, chunks=chunks)
 
     def _read_associated(self, name: str, page: tifffile.TiffPage) -> np.ndarray:
+        """Decode an associated image to ``(height, width, 3)`` uint8 RGB.
+
+        Raises:
+            ResourceLimitError: the image is larger than the region limits
+                (checked before decoding, see :mod:`wsitool.settings`).
+            CorruptFileError: the decoded data does not have the declared
+                ``height x width x samples`` shape.
+            WsiError: the image could not be decoded.
+        """
+        from .region import to_rgb8
+        from .settings import get_limits
+
+        problem = _rgb_problem(page)
+        if problem:
+            raise UnsupportedFormatError(f"{self.path}: associated image {name!r}: {problem}")
+        h, w, s = int(page.imagelength), int(page.imagewidth), int(page.samplesperpixel)
+        itemsize = np.dtype(page.dtype).itemsize if page.dtype is not None else 8
+        lim = get_limits()
+        if h * w > lim.max_region_pixels or h * w * s * itemsize > lim.max_region_bytes:
+            raise ResourceLimitError(
+                f"{self.path}: associated image {name!r} is {w}x{h}x{s}, over the region limits "
+                f"({lim.max_region_pixels} pixels, {lim.max_region_bytes} bytes)"
+            )
         try:
             with self._lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 arr = page.asarray()
         except Exception as exc:
             raise WsiError(f"{self.path}: associated image {name!r} could not be decoded: {exc}") from None
-        from .region import to_rgb8
-
         arr = np.asarray(arr)
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        if int(page.planarconfig) == 2 and arr.ndim == 3 and arr.shape[0] == page.samplesperpixel:
-            arr = np.moveaxis(arr, 0, -1)
+        if arr.size != h * w * s:
+            raise CorruptFileError(
+                f"{self.path}: associated image {name!r} decoded to shape {arr.shape}, "
+                f"not the declared {w}x{h}x{s}"
+            )
+        if int(page.planarconfig) == 2 and s > 1:
+            arr = arr.reshape(s, h, w).transpose(1, 2, 0)
+        else:
+            arr = arr.reshape(h, w, s)
         rgb, _alpha = to_rgb8(arr, int(page.photometric), int(page.bitspersample), page.colormap,
-                              tuple(page.extrasamples or ()))
+                              tuple(np.atleast_1d(page.extrasamples).tolist())
+                              if page.extrasamples is not None else ())
         return np.ascontiguousarray(rgb)
 
     # ------------------------------------------------------------------ lifetime
@@ -566,6 +620,105 @@ def open_slide(path: str | os.PathLike) -> Slide:
 
 
 # ---------------------------------------------------------------------- helpers
+
+_CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
+
+
+def _rgb_problem(page) -> str | None:
+    """Why the samples of ``page`` cannot be shown as RGB, or None if they can.
+
+    wsitool converts to 8-bit RGB (see :func:`wsitool.region.to_rgb8`):
+    MinIsWhite / MinIsBlack (1 colour sample), RGB (3), Palette, CMYK
+    (Separated with InkSet 1 and 4 colour samples, TIFF 6.0 section 16), and
+    YCbCr when the codec itself returns RGB (JPEG, JPEG 2000).  Other
+    photometric interpretations (CIELab, LogLuv, CFA, Separated inks that are
+    not CMYK, ...) are readable only with ``mode="raw"``.
+    """
+    photometric = int(page.photometric)
+    samples = int(page.samplesperpixel)
+    extras = len(np.atleast_1d(page.extrasamples)) if page.extrasamples is not None else 0
+    colour = samples - extras
+    if photometric in (0, 1, 3):
+        return None if colour >= 1 else "no colour sample"
+    if photometric == 2:
+        return None if colour >= 3 else f"photometric RGB with {colour} colour sample(s)"
+    if photometric == 5:
+        inkset = page.tags.valueof(332, _CMYK_INKSET)
+        if inkset == _CMYK_INKSET and samples >= 4:
+            return None
+        return (f"photometric Separated with InkSet {inkset} and {samples} samples is not CMYK; "
+                "no RGB conversion is defined")
+    if photometric == 6 and int(page.compression) in (_JPEG, *_J2K_COMPRESSIONS) and samples >= 3:
+        return None
+    return f"no RGB conversion for photometric {_enum_name(page.photometric)}"
+
+
+#: Exception types that tifffile (or our own arithmetic on its values) raises
+#: for tags of the wrong type, count or range; they mean "malformed file".
+_MALFORMED = (ValueError, TypeError, OverflowError, ZeroDivisionError, IndexError, KeyError,
+              AttributeError, UnicodeError, EOFError, OSError, struct.error)
+
+# Tags read as one unsigned integer (TIFF 6.0 section 8 gives them SHORT or
+# LONG; BigTIFF adds LONG8).  tifffile keeps whatever type and count the file
+# declares, so a mutated entry can hand back a string, a float or a tuple.
+_SCALAR_INT_TAGS = (
+    ("imagewidth", "ImageWidth"), ("imagelength", "ImageLength"), ("tilewidth", "TileWidth"),
+    ("tilelength", "TileLength"), ("rowsperstrip", "RowsPerStrip"),
+    ("samplesperpixel", "SamplesPerPixel"), ("compression", "Compression"),
+    ("photometric", "PhotometricInterpretation"), ("planarconfig", "PlanarConfiguration"),
+    ("subfiletype", "NewSubfileType"), ("imagedepth", "ImageDepth"),
+    ("bitspersample", "BitsPerSample"), ("sampleformat", "SampleFormat"),
+    ("predictor", "Predictor"),
+)
+
+
+def _is_uint(value, limit: int = 2**63) -> bool:
+    return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            and 0 <= int(value) < limit)
+
+
+def _check_page(path: str, page, ifd: int) -> None:
+    """Refuse an IFD whose structural tags have the wrong type, count or range.
+
+    Checked (TIFF 6.0 section 8, TIFF Technical Note 2): the scalar tags of
+    :data:`_SCALAR_INT_TAGS` are one non-negative integer; Tile/Strip offsets
+    and byte counts are sequences of non-negative integers; JPEGTables is a
+    byte string; ExtraSamples are integers; a palette image (photometric 3)
+    has a ``(3, N)`` ColorMap.  This turns every "tag of the wrong shape" fault
+    into one :class:`CorruptFileError` naming the IFD and the tag, instead of a
+    TypeError deep inside tifffile or numpy.
+    """
+    where = f"{path}: IFD {ifd}"
+    for attr, tag in _SCALAR_INT_TAGS:
+        value = getattr(page, attr, 0)
+        if not _is_uint(value, 2**32 if attr not in ("imagewidth", "imagelength") else 2**63):
+            raise CorruptFileError(
+                f"{where}: tag {tag} holds {str(value)[:40]!r}, expected one non-negative integer"
+            )
+    for attr, tag in (("dataoffsets", "TileOffsets/StripOffsets"),
+                      ("databytecounts", "TileByteCounts/StripByteCounts")):
+        values = getattr(page, attr, ())
+        ok = isinstance(values, (tuple, list, np.ndarray))
+        if ok and len(values):
+            try:
+                arr = np.asarray(values)
+            except (ValueError, TypeError, OverflowError):
+                arr = None
+            ok = (arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu"
+                  and int(arr.min()) >= 0)
+        if not ok:
+            raise CorruptFileError(f"{where}: tag {tag} does not hold non-negative integers")
+    tables = page.jpegtables
+    if tables is not None and not isinstance(tables, (bytes, bytearray)):
+        raise CorruptFileError(f"{where}: tag JPEGTables is not a byte string")
+    extras = page.extrasamples
+    if extras is not None and not all(_is_uint(v) for v in np.atleast_1d(extras).tolist()):
+        raise CorruptFileError(f"{where}: tag ExtraSamples does not hold integers")
+    if int(page.photometric) == 3:
+        cmap = page.colormap
+        if not (isinstance(cmap, np.ndarray) and cmap.ndim == 2 and cmap.shape[0] == 3
+                and cmap.shape[1] >= 2 and np.issubdtype(cmap.dtype, np.integer)):
+            raise CorruptFileError(f"{where}: palette image without a valid (3, N) ColorMap")
 
 
 def _description(page) -> str:

@@ -1,0 +1,711 @@
+#!/usr/bin/env python
+"""Mutation fuzzer for wsitool's readers (open, metadata, associated images, region reads).
+
+Usage::
+
+    python scripts/fuzz.py --minutes 20 [--seed S] [--out DIR] [--files A.tif B.svs ...]
+
+It takes real slides (``../shared/samples``) and the field-fault files
+(``../shared/bug-inputs``) as seeds, mutates their bytes where it matters and
+hands each mutated file to a *worker child process* that opens it and reads
+metadata, associated images and random regions of every level.  The only
+exceptions allowed out of wsitool are its documented ones
+(:class:`wsitool.WsiError` and subclasses).  A fault is one of:
+
+* ``exception`` -- any other exception type escaped (traceback recorded);
+* ``crash`` -- the worker died (signal, e.g. SIGSEGV / SIGABRT, or a non-zero
+  exit), i.e. a native decoder or library crashed;
+* ``hang`` -- no answer within the per-input timeout (the worker is killed).
+
+Every fault is saved under ``--out`` as the mutated file plus a ``.json`` with
+the mutation recipe (seed file, byte patches, truncation) and the details, so
+it can be replayed with ``--replay FILE.json``.  A recipe is pure data:
+:func:`apply_recipe` rebuilds the mutated bytes from the original file, so
+tests can regenerate an input without copying any file into the repository.
+
+Mutations target the places readers trip over, located with tifffile: the
+TIFF header, IFD entries (type, count, value/offset fields), the values of
+structural tags (ImageWidth, TileWidth, BitsPerSample, Compression,
+SamplesPerPixel, SubIFDs, JPEGTables, ...), tile/strip offsets and byte
+counts, the tile bytes themselves (bit flips, zeroed runs, JPEG SOF sizes and
+marker lengths), plus random bytes and truncation.
+
+The worker applies tight limits (``wsitool.set_limits``) and an address-space
+cap so a missing limit check shows up as a ``MemoryError`` fault instead of
+exhausting the machine.
+
+The machinery (:class:`Worker`, :func:`seed_targets`, :func:`make_recipe`,
+:func:`apply_recipe`) is imported by ``tests/test_fuzz.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared"))
+SEED_DIRS = (SHARED / "samples", SHARED / "bug-inputs")
+SEED_SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff")
+RESULT_PREFIX = "@@FUZZ "
+
+#: Mutation kinds (each recipe stacks one to three of them).
+KINDS = (
+    "header", "ifd_entry", "tag_value", "tile_offset", "tile_bytecount",
+    "tile_bytes", "jpeg_header", "random_bytes", "truncate",
+)
+
+# Tags whose values steer structure and decoding (TIFF 6.0 + TIFF/EP + Adobe tech notes).
+STRUCT_TAGS = {
+    254: "NewSubfileType", 256: "ImageWidth", 257: "ImageLength", 258: "BitsPerSample",
+    259: "Compression", 262: "PhotometricInterpretation", 273: "StripOffsets",
+    277: "SamplesPerPixel", 278: "RowsPerStrip", 279: "StripByteCounts",
+    284: "PlanarConfiguration", 317: "Predictor", 320: "ColorMap", 322: "TileWidth",
+    323: "TileLength", 324: "TileOffsets", 325: "TileByteCounts", 330: "SubIFDs",
+    332: "InkSet", 338: "ExtraSamples", 339: "SampleFormat", 347: "JPEGTables",
+    530: "YCbCrSubSampling", 270: "ImageDescription", 282: "XResolution", 296: "ResolutionUnit",
+    32997: "ImageDepth",
+}
+_INTERESTING = (0, 1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 127, 128, 255, 256,
+                257, 511, 512, 1023, 1024, 4095, 4096, 32767, 32768, 65535, 65536,
+                2**24, 2**31 - 1, 2**31, 2**32 - 1)
+_DTYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8,
+               13: 4, 16: 8, 17: 8, 18: 8}
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclasses.dataclass
+class Targets:
+    """Byte locations in one seed file where mutations are most telling."""
+
+    path: str
+    size: int
+    byteorder: str  # "<" or ">"
+    header_len: int
+    entry_size: int  # 12 (classic TIFF) or 20 (BigTIFF)
+    count_size: int  # 4 or 8
+    entries: list  # file offsets of IFD entries
+    tag_values: list  # (valueoffset, item size, count, code) of structural tags
+    offset_arrays: list  # (valueoffset, item size, count) of Tile/StripOffsets
+    count_arrays: list  # same for Tile/StripByteCounts
+    segments: list  # (offset, bytecount) of tile/strip data
+    jpeg_tables: list  # (valueoffset, count) of JPEGTables
+
+
+def _all_pages(tif):
+    import tifffile
+
+    out = []
+    for page in tif.pages:
+        if not isinstance(page, tifffile.TiffPage):
+            continue
+        out.append(page)
+        if page.subifds:
+            try:
+                out.extend(p for p in tifffile.TiffPages(page) if isinstance(p, tifffile.TiffPage))
+            except Exception:
+                pass
+    return out
+
+
+def seed_targets(path: str | os.PathLike) -> Targets:
+    """Locate header, IFD entries, structural tag values and tile data of a TIFF with tifffile."""
+    import logging
+    import warnings
+
+    import tifffile
+
+    logging.getLogger("tifffile").setLevel(logging.CRITICAL)
+    path = str(path)
+    size = os.path.getsize(path)
+    t = Targets(path, size, "<", 8, 12, 4, [], [], [], [], [], [])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with tifffile.TiffFile(path) as tif:
+                t.byteorder = tif.byteorder
+                t.header_len = 16 if tif.is_bigtiff else 8
+                t.entry_size = tif.tiff.tagsize
+                t.count_size = 8 if tif.is_bigtiff else 4
+                for page in _all_pages(tif):
+                    for tag in page.tags.values():
+                        t.entries.append(tag.offset)
+                        isize = _DTYPE_SIZE.get(int(tag.dtype), 1)
+                        if tag.code in STRUCT_TAGS:
+                            t.tag_values.append((tag.valueoffset, isize, tag.count, tag.code))
+                        if tag.code in (273, 324):
+                            t.offset_arrays.append((tag.valueoffset, isize, tag.count))
+                        elif tag.code in (279, 325):
+                            t.count_arrays.append((tag.valueoffset, isize, tag.count))
+                        elif tag.code == 347:
+                            t.jpeg_tables.append((tag.valueoffset, tag.count))
+                    for off, cnt in zip(page.dataoffsets, page.databytecounts):
+                        if off and cnt and off + cnt <= size:
+                            t.segments.append((int(off), int(cnt)))
+    except Exception:
+        pass  # not a (readable) TIFF: header / random / truncate mutations still apply
+    return t
+
+
+def seed_files(limit_bytes: int = 8 * 2**20) -> list[Path]:
+    """TIFF-based seed files from ../shared (samples and bug inputs), smallest first."""
+    files = []
+    for d in SEED_DIRS:
+        if d.is_dir():
+            files += [p for p in d.iterdir()
+                      if p.is_file() and p.suffix.lower() in SEED_SUFFIXES
+                      and p.stat().st_size <= limit_bytes]
+    return sorted(files, key=lambda p: (p.stat().st_size, p.name))
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+def _pack(value: int, nbytes: int, byteorder: str) -> bytes:
+    value &= (1 << (8 * nbytes)) - 1
+    return value.to_bytes(nbytes, "little" if byteorder == "<" else "big")
+
+
+def _interesting(rng: random.Random, original: int | None = None, file_size: int | None = None) -> int:
+    r = rng.random()
+    if original is not None and r < 0.3:
+        return max(0, original + rng.choice((-1, 1, -2, 2, -8, 8, -256, 256, original, -original)))
+    if file_size is not None and r < 0.45:
+        return file_size + rng.choice((-1, 0, 1, -16, 100))
+    if r < 0.85:
+        return rng.choice(_INTERESTING)
+    return rng.getrandbits(32)
+
+
+def _read_int(data: bytes, off: int, nbytes: int, byteorder: str) -> int:
+    return int.from_bytes(data[off:off + nbytes], "little" if byteorder == "<" else "big")
+
+
+def _one_mutation(t: Targets, data: bytes, rng: random.Random, kind: str) -> tuple[list, int | None]:
+    """Patches ``[(offset, hex)]`` and optional truncation length for one mutation."""
+    bo, size = t.byteorder, t.size
+    patches: list[tuple[int, str]] = []
+    truncate = None
+
+    def put(off: int, raw: bytes) -> None:
+        if 0 <= off < size:
+            patches.append((off, raw[: size - off].hex()))
+
+    if kind == "header":
+        for _ in range(rng.randint(1, 3)):
+            put(rng.randrange(min(t.header_len, size) or 1), bytes([rng.getrandbits(8)]))
+    elif kind == "ifd_entry" and t.entries:
+        e = rng.choice(t.entries)
+        field = rng.choice(("code", "type", "count", "value"))
+        if field == "code":
+            put(e, _pack(rng.choice(list(STRUCT_TAGS) + [rng.getrandbits(16)]), 2, bo))
+        elif field == "type":
+            put(e + 2, _pack(rng.choice((0, 1, 2, 3, 4, 5, 7, 11, 12, 13, 16, 17, 18, 19, 255)), 2, bo))
+        elif field == "count":
+            orig = _read_int(data, e + 4, t.count_size, bo)
+            put(e + 4, _pack(_interesting(rng, orig), t.count_size, bo))
+        else:
+            vo = e + 4 + t.count_size
+            orig = _read_int(data, vo, t.count_size, bo)
+            put(vo, _pack(_interesting(rng, orig, size), t.count_size, bo))
+    elif kind == "tag_value" and t.tag_values:
+        vo, isize, count, _code = rng.choice(t.tag_values)
+        idx = rng.randrange(max(1, min(count, 64)))
+        off = vo + idx * isize
+        n = min(isize, 8)
+        orig = _read_int(data, off, n, bo)
+        put(off, _pack(_interesting(rng, orig, size), n, bo))
+    elif kind in ("tile_offset", "tile_bytecount") and (t.offset_arrays if kind == "tile_offset" else t.count_arrays):
+        vo, isize, count = rng.choice(t.offset_arrays if kind == "tile_offset" else t.count_arrays)
+        n = min(isize, 8)
+        for _ in range(rng.randint(1, 3)):
+            idx = rng.randrange(max(1, count))
+            off = vo + idx * isize
+            orig = _read_int(data, off, n, bo)
+            if kind == "tile_bytecount" and rng.random() < 0.4:
+                new = max(0, int(orig * rng.choice((0.0, 0.1, 0.5, 0.9, 1.5, 4.0))))
+            elif kind == "tile_offset" and rng.random() < 0.3 and count > 1:
+                new = _read_int(data, vo + rng.randrange(count) * isize, n, bo)  # alias another tile
+            else:
+                new = _interesting(rng, orig, size)
+            put(off, _pack(new, n, bo))
+    elif kind == "tile_bytes" and t.segments:
+        off, cnt = rng.choice(t.segments)
+        how = rng.random()
+        if how < 0.5:
+            for _ in range(rng.randint(1, 8)):
+                p = off + rng.randrange(cnt)
+                put(p, bytes([data[p] ^ (1 << rng.randrange(8))]))
+        elif how < 0.75:
+            p = off + rng.randrange(cnt)
+            put(p, bytes([rng.choice((0, 0xFF))]) * rng.randint(1, 64))
+        else:
+            p = off + rng.randrange(min(cnt, 16))
+            put(p, bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 16))))
+    elif kind == "jpeg_header" and (t.segments or t.jpeg_tables):
+        regions = [(o, c) for o, c in t.segments[:2000]] + list(t.jpeg_tables)
+        off, cnt = rng.choice(regions)
+        blob = data[off:off + min(cnt, 2048)]
+        markers = [i for i in range(len(blob) - 3) if blob[i] == 0xFF and 0xC0 <= blob[i + 1] <= 0xFE]
+        if markers:
+            i = rng.choice(markers)
+            mk = blob[i + 1]
+            if 0xC0 <= mk <= 0xCF and mk not in (0xC4, 0xC8, 0xCC) and i + 9 <= len(blob):
+                field = rng.choice((5, 7, 4, 9))  # height, width, precision, components
+                nbytes = 2 if field in (5, 7) else 1
+                put(off + i + field, _pack(_interesting(rng, _read_int(blob, i + field, nbytes, ">")), nbytes, ">"))
+            elif rng.random() < 0.5:
+                put(off + i + 2, _pack(_interesting(rng, _read_int(blob, i + 2, 2, ">")), 2, ">"))
+            else:
+                put(off + i + 1, bytes([rng.choice((0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xD9, 0xDA, 0xDB, 0xDD, 0xEE, 0xD0))]))
+        else:
+            put(off + rng.randrange(max(1, min(cnt, 32))), bytes([rng.getrandbits(8)]))
+    elif kind == "truncate":
+        truncate = rng.randrange(max(1, size))
+    else:  # random_bytes (also the fallback when a file lacks the targeted structure)
+        for _ in range(rng.randint(1, 16)):
+            put(rng.randrange(max(1, size)), bytes([rng.getrandbits(8)]))
+    return patches, truncate
+
+
+def make_recipe(t: Targets, rng: random.Random, kinds: list[str] | None = None) -> dict:
+    """A mutation recipe for seed ``t``: ``{"seed_file", "kinds", "patches", "truncate"}``.
+
+    ``patches`` is a list of ``[offset, hex bytes]`` applied in order; ``truncate``
+    (or None) cuts the file to that many bytes after patching.
+    """
+    with open(t.path, "rb") as fh:
+        data = fh.read()
+    if kinds is None:
+        kinds = [rng.choice(KINDS) for _ in range(rng.choice((1, 1, 1, 2, 3)))]
+    patches: list = []
+    truncate = None
+    for kind in kinds:
+        p, tr = _one_mutation(t, data, rng, kind)
+        patches += [list(x) for x in p]
+        if tr is not None:
+            truncate = tr
+    return {"seed_file": t.path, "kinds": list(kinds), "patches": patches, "truncate": truncate}
+
+
+def apply_recipe(recipe: dict, original: bytes | None = None) -> bytes:
+    """Rebuild the mutated bytes of ``recipe`` from its seed file (or ``original``)."""
+    if original is None:
+        with open(recipe["seed_file"], "rb") as fh:
+            original = fh.read()
+    buf = bytearray(original)
+    for off, hexbytes in recipe["patches"]:
+        raw = bytes.fromhex(hexbytes)
+        buf[off:off + len(raw)] = raw[: max(0, len(buf) - off)]
+    if recipe.get("truncate") is not None:
+        del buf[recipe["truncate"]:]
+    return bytes(buf)
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def exercise(path: str, seed: int) -> dict:
+    """Open ``path`` with wsitool and read everything; returns a result dict.
+
+    ``{"status": "ok" | "documented" | "exception", "errors": [...], ...}``;
+    "exception" means an undocumented exception type escaped (a fault).
+    """
+    import warnings
+
+    import numpy as np
+
+    import wsitool
+
+    rng = random.Random(seed)
+    documented: list[str] = []
+
+    def guarded(fn):
+        try:
+            return fn()
+        except wsitool.WsiError as exc:
+            documented.append(type(exc).__name__)
+            return None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            slide = wsitool.open_slide(path)
+        except wsitool.WsiError as exc:
+            return {"status": "documented", "errors": [type(exc).__name__], "where": "open"}
+        except Exception as exc:
+            return _exc_result(exc, "open")
+        try:
+            with slide:
+                where = "metadata"
+                dict(slide.properties)
+                _ = (slide.mpp, slide.objective_power, slide.level_dimensions, slide.level_downsamples)
+                for d in (1.0, 3.0, 1e9):
+                    slide.get_best_level_for_downsample(d)
+                where = "associated"
+                for name in list(slide.associated_images):
+                    img = guarded(lambda: slide.associated_images[name])
+                    if img is not None:
+                        assert img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8, img.shape
+                for lv in slide.levels[:8]:
+                    where = f"level {lv.index}"
+                    ds = lv.downsample
+                    for _ in range(3):
+                        w = rng.randint(1, min(600, lv.width + 64))
+                        h = rng.randint(1, min(600, lv.height + 64))
+                        x = rng.randint(-w, lv.width + 16)
+                        y = rng.randint(-h, lv.height + 16)
+                        mode = rng.choice(("rgba", "rgb", "raw"))
+                        on_error = rng.choice(("raise", "fill"))
+                        threads = rng.choice((1, 2))
+                        loc = (int(x * ds), int(y * ds))
+                        arr = guarded(lambda: slide.read_region(loc, lv.index, (w, h), mode=mode,
+                                                                on_error=on_error, threads=threads))
+                        if arr is not None:
+                            want_c = 4 if mode == "rgba" else 3 if mode == "rgb" else lv.samples
+                            assert arr.shape == (h, w, want_c), (arr.shape, (h, w, want_c))
+        except wsitool.WsiError as exc:  # e.g. from metadata
+            documented.append(type(exc).__name__)
+        except Exception as exc:
+            return _exc_result(exc, where)
+    if any(issubclass(w.category, wsitool.TileWarning) for w in caught):
+        documented.append("TileWarning")  # on_error="fill" reported a bad tile
+    return {"status": "documented" if documented else "ok", "errors": sorted(set(documented))}
+
+
+def _exc_result(exc: BaseException, where: str) -> dict:
+    tb = traceback.extract_tb(exc.__traceback__)
+    frame = tb[-1] if tb else None
+    sig = f"{type(exc).__name__} at {Path(frame.filename).name}:{frame.lineno}" if frame else type(exc).__name__
+    return {
+        "status": "exception",
+        "type": type(exc).__name__,
+        "message": str(exc)[:500],
+        "where": where,
+        "signature": sig,
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
+    }
+
+
+def worker_main(mem_limit_mb: int) -> None:
+    """Child-process loop: one JSON request per stdin line, one result line per request."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
+    import faulthandler
+
+    faulthandler.enable()  # the Python stack of a native crash goes to stderr (signature)
+    if mem_limit_mb > 0:
+        lim = mem_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    sys.path.insert(0, str(REPO))
+    import wsitool
+
+    wsitool.set_limits(max_region_pixels=2**22, max_region_bytes=2**26, max_tile_pixels=2**24)
+    out = sys.stdout
+    out.write(RESULT_PREFIX + json.dumps({"status": "ready"}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        req = json.loads(line)
+        selftest = req.get("selftest")  # proves the harness sees each fault kind (tests)
+        if selftest == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif selftest == "hang":
+            time.sleep(3600)
+        try:
+            if selftest == "exception":
+                raise TypeError("self-test exception")
+            res = exercise(req["path"], req["seed"])
+        except Exception as exc:  # exercise() classifies wsitool errors itself; last resort
+            res = _exc_result(exc, "worker")
+        out.write(RESULT_PREFIX + json.dumps(res) + "\n")
+        out.flush()
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class Worker:
+    """A child process that runs :func:`exercise` on files; survives crashes by restarting.
+
+    ``check(path, seed)`` returns the result dict, or for a dead worker
+    ``{"status": "crash", "signal"/"returncode", "stderr_tail"}``, or for a
+    timeout ``{"status": "hang"}`` (the worker is then killed and restarted).
+    """
+
+    def __init__(self, timeout: float = 30.0, mem_limit_mb: int = 6144):
+        self.timeout = timeout
+        self.mem_limit_mb = mem_limit_mb
+        self.proc: subprocess.Popen | None = None
+        self._buf = b""
+        self._eof = False
+        self._stderr = tempfile.TemporaryFile()
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self._stderr.seek(0)
+        self._stderr.truncate()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(Path(__file__).resolve()), "--worker",
+             "--mem-limit-mb", str(self.mem_limit_mb)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
+        )
+        self._buf = b""
+        ready = self._read_result(120.0)
+        if ready is None or ready.get("status") != "ready":
+            raise RuntimeError(f"fuzz worker did not start: {ready} {self._stderr_tail()}")
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()[-2000:].decode("utf-8", "replace")
+
+    def _read_result(self, timeout: float) -> dict | None:
+        """Next result line, or None on timeout / EOF."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                text = line.decode("utf-8", "replace")
+                if text.startswith(RESULT_PREFIX):
+                    return json.loads(text[len(RESULT_PREFIX):])
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:  # the worker closed its stdout: it died
+                self._eof = True
+                return None
+            self._buf += chunk
+
+    def check(self, path: str, seed: int = 0, selftest: str | None = None) -> dict:
+        """Exercise ``path`` in the worker (``seed`` picks the regions); see the class doc."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        req = {"path": str(path), "seed": seed}
+        if selftest:
+            req["selftest"] = selftest
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        self._eof = False
+        res = self._read_result(self.timeout)
+        if res is not None:
+            return res
+        rc = self.proc.poll()
+        if rc is None and self._eof:  # dying: its exit status is not collected yet
+            try:
+                rc = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                rc = None
+        if rc is None:  # alive but silent: a hang
+            self.kill()
+            return {"status": "hang", "timeout_s": self.timeout, "stderr_tail": self._stderr_tail()}
+        self.proc = None
+        tail = self._stderr_tail()
+        out = {"status": "crash", "returncode": rc, "stderr_tail": tail}
+        if rc < 0:
+            out["signal"] = signal.Signals(-rc).name
+        out["signature"] = f"crash {out.get('signal', rc)}" + _crash_frame(tail)
+        return out
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except Exception:
+                pass
+        self.kill()
+        self._stderr.close()
+
+
+FAULTS = ("exception", "crash", "hang")
+
+
+def _crash_frame(stderr_tail: str) -> str:
+    """`` at file:line`` of the innermost frame of the crashing thread (faulthandler's dump)."""
+    lines = stderr_tail.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Current thread") and i + 1 < len(lines):
+            frame = lines[i + 1].strip()  # File "/path/x.py", line 123 in func
+            if frame.startswith("File "):
+                try:
+                    fname = frame.split('"')[1]
+                    lineno = frame.split(", line ")[1].split()[0]
+                    return f" at {Path(fname).name}:{lineno}"
+                except IndexError:
+                    return ""
+    return ""
+
+
+def save_fault(out_dir: Path, n: int, recipe: dict, result: dict, data: bytes) -> Path:
+    """Write the mutated input and a JSON with recipe and result; return the input's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = Path(recipe["seed_file"]).suffix or ".tif"
+    stem = f"fault-{n:04d}-{result['status']}-{Path(recipe['seed_file']).stem}"
+    inp = out_dir / (stem + suffix)
+    inp.write_bytes(data)
+    (out_dir / (stem + ".json")).write_text(json.dumps({"recipe": recipe, "result": result}, indent=1))
+    return inp
+
+
+def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = None,
+         timeout: float = 30.0, log=print) -> dict:
+    """Run the fuzz loop for ``minutes``; return a summary dict."""
+    files = files or seed_files()
+    if not files:
+        raise SystemExit(f"no seed files found under {', '.join(map(str, SEED_DIRS))}")
+    rng = random.Random(seed)
+    targets = {str(p): seed_targets(p) for p in files}
+    work = Path(tempfile.mkdtemp(prefix="wsitool-fuzz-work-"))
+    worker = Worker(timeout=timeout)
+    counts = {"tried": 0, "ok": 0, "documented": 0, "exception": 0, "crash": 0, "hang": 0}
+    by_kind: dict[str, int] = {}
+    signatures: dict[str, dict] = {}
+    start = time.monotonic()
+    deadline = start + minutes * 60
+    last_log = start
+    n_fault = 0
+    interrupted = False
+    try:
+        # the unmutated seeds first
+        queue = [{"seed_file": str(p), "kinds": ["none"], "patches": [], "truncate": None} for p in files]
+        try:
+            while time.monotonic() < deadline:
+                if queue:
+                    recipe = queue.pop(0)
+                else:
+                    recipe = make_recipe(targets[str(rng.choice(files))], rng)
+                data = apply_recipe(recipe)
+                path = work / ("input" + Path(recipe["seed_file"]).suffix)
+                path.write_bytes(data)
+                case_seed = rng.getrandbits(32)
+                recipe["case_seed"] = case_seed
+                res = worker.check(str(path), case_seed)
+                counts["tried"] += 1
+                counts[res["status"]] = counts.get(res["status"], 0) + 1
+                for k in recipe["kinds"]:
+                    by_kind[k] = by_kind.get(k, 0) + 1
+                if res["status"] in FAULTS:
+                    n_fault += 1
+                    sig = res.get("signature") or f"{res['status']} {res.get('signal', res.get('returncode', ''))}"
+                    saved = save_fault(out_dir, n_fault, recipe, res, data)
+                    first = sig not in signatures
+                    signatures.setdefault(sig, {"count": 0, "example": str(saved)})["count"] += 1
+                    if first:
+                        log(f"FAULT {res['status']}: {sig} ({res.get('message', '')[:160]}) -> {saved}")
+                now = time.monotonic()
+                if now - last_log >= 60:
+                    last_log = now
+                    log(f"[{(now - start) / 60:5.1f} min] tried {counts['tried']}, ok {counts['ok']}, "
+                        f"documented errors {counts['documented']}, faults "
+                        f"{counts['exception'] + counts['crash'] + counts['hang']} "
+                        f"({len(signatures)} distinct)")
+        except KeyboardInterrupt:  # Ctrl-C: stop and summarise what was tried
+            interrupted = True
+            log("interrupted")
+    finally:
+        worker.close()
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+    summary = {
+        "minutes": round((time.monotonic() - start) / 60, 2),
+        "seed": seed,
+        "seed_files": len(files),
+        "counts": counts,
+        "faults": counts["exception"] + counts["crash"] + counts["hang"],
+        "distinct_faults": signatures,
+        "mutations_by_kind": by_kind,
+        "out_dir": str(out_dir),
+        "interrupted": interrupted,
+    }
+    return summary
+
+
+def replay(json_path: Path, timeout: float = 30.0) -> dict:
+    """Re-run a saved fault (its ``.json``) in a fresh worker; return the result."""
+    info = json.loads(Path(json_path).read_text())
+    recipe = info["recipe"]
+    data = apply_recipe(recipe)
+    with tempfile.TemporaryDirectory(prefix="wsitool-fuzz-replay-") as d:
+        path = Path(d) / ("input" + Path(recipe["seed_file"]).suffix)
+        path.write_bytes(data)
+        w = Worker(timeout=timeout)
+        try:
+            return w.check(str(path), recipe.get("case_seed", 0))
+        finally:
+            w.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=1.0, help="how long to fuzz (default 1)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--out", type=Path, default=None, help="where faults are saved (default: a new temp dir)")
+    ap.add_argument("--timeout", type=float, default=30.0, help="seconds per input before it counts as a hang")
+    ap.add_argument("--files", type=Path, nargs="*", help="seed files (default: ../shared samples + bug inputs)")
+    ap.add_argument("--replay", type=Path, help="re-run one saved fault .json and print the result")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mem-limit-mb", type=int, default=6144, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker_main(args.mem_limit_mb)
+        return 0
+    if args.replay:
+        res = replay(args.replay, args.timeout)
+        print(json.dumps(res, indent=1))
+        return 1 if res["status"] in FAULTS else 0
+    out = args.out or Path(tempfile.mkdtemp(prefix="wsitool-fuzz-faults-"))
+    summary = fuzz(args.minutes, args.seed, out, args.files, args.timeout,
+                   log=lambda m: print(m, flush=True))
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        c = summary["counts"]
+        print(f"inputs tried: {c['tried']} in {summary['minutes']} min from {summary['seed_files']} seed files "
+              f"(seed {args.seed})")
+        print(f"  opened/read without error: {c['ok']}; refused with a documented wsitool error: {c['documented']}")
+        print(f"  faults: {summary['faults']} (exceptions {c['exception']}, crashes {c['crash']}, "
+              f"hangs {c['hang']}), distinct: {len(summary['distinct_faults'])}")
+        for sig, d in summary["distinct_faults"].items():
+            print(f"    {d['count']:5d} x {sig}  e.g. {d['example']}")
+        print(f"  mutations by kind: {summary['mutations_by_kind']}")
+        print(f"  faults saved under: {out}")
+    return 1 if summary["faults"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""CLI: each error class of the bug inputs maps to one clear line and its documented exit code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import wsitool
+from wsitool import errors
+from wsitool.cli import EXIT_CODES, app, exit_code_for
+
+from conftest import BUG_INPUTS, NO_BUGS, SHARED_SAMPLES
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _restore_limits():
+    before = wsitool.get_limits()  # --max-pixels changes the process-wide limits
+    yield
+    wsitool.set_limits(max_region_pixels=before.max_region_pixels,
+                       max_region_bytes=before.max_region_bytes,
+                       max_tile_pixels=before.max_tile_pixels)
+
+
+def _path(folder, name):
+    p = folder / name
+    if not p.exists():
+        pytest.skip(f"{NO_BUGS} (needs {name})")
+    return p
+
+
+def _read(path, out, *args):
+    return runner.invoke(app, ["read-region", str(path), "-o", str(out), *map(str, args)])
+
+
+def _one_error_line(result, *needles):
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("wsitool: error:")
+    assert "Traceback" not in result.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_exit_codes_are_distinct_per_class():
+    classes = [errors.UnsupportedFormatError, errors.CorruptFileError, errors.InvalidRegionError,
+               errors.ResourceLimitError, errors.TileDecodeError, errors.DeviceUnavailableError]
+    codes = [exit_code_for(c.__new__(c)) for c in classes]
+    assert len(set(codes)) == len(codes) and 0 not in codes and 1 not in codes and 2 not in codes
+    assert dict(EXIT_CODES)[errors.ResourceLimitError] == 6
+    assert dict(EXIT_CODES)[errors.TileDecodeError] == 7
+
+
+def test_sof_bomb_tile_exit_7(tmp_path):
+    path = _path(BUG_INPUTS, "B26_jpeg_sof_declares_8000x8000.tif")
+    out = tmp_path / "r.png"
+    res = _read(path, out, "--location", 300, 300, "--size", 150, 150)
+    assert res.exit_code == 7, res.output
+    _one_error_line(res, str(path), "level 0", "col 1", "row 1", "8000x8000")
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_sof_bomb_tile_fill_policy_exit_0(tmp_path):
+    path = _path(BUG_INPUTS, "B26_jpeg_sof_declares_8000x8000.tif")
+    out = tmp_path / "r.npy"
+    res = _read(path, out, "--location", 200, 200, "--size", 150, 150, "--on-error", "fill")
+    assert res.exit_code == 0, res.output
+    warn = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert warn[0].startswith("wsitool: warning:") and "col 1, row 1" in warn[0]
+    assert warn[-1] == "wsitool: warning: 1 bad tile(s) filled with background"
+    arr = np.load(out)
+    assert arr.shape == (150, 150, 4)
+    assert (arr[:56, :56, 3] == 255).all() and (arr[56:, 56:, 3] == 0).all()
+
+
+def test_huge_region_exit_6(tmp_path):
+    path = _path(BUG_INPUTS, "B25_huge_declared_100k_x_100k.tif")
+    out = tmp_path / "r.png"
+    res = _read(path, out, "--size", 100000, 100000)
+    assert res.exit_code == 6, res.output
+    _one_error_line(res, str(path), "100000x100000", "max_region_pixels")
+    assert not out.exists()
+
+
+def test_max_pixels_option(tmp_path):
+    path = _path(BUG_INPUTS, "B25_huge_declared_100k_x_100k.tif")
+    res = _read(path, tmp_path / "a.png", "--location", 512, 512, "--size", 128, 128,
+                "--max-pixels", 128 * 127)
+    assert res.exit_code == 6
+    _one_error_line(res, "max_region_pixels")
+    res = _read(path, tmp_path / "b.png", "--location", 512, 512, "--size", 128, 128,
+                "--max-pixels", 128 * 128)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "b.png").exists()
+
+
+def test_corrupt_tile_exit_7_names_tile(tmp_path):
+    path = _path(BUG_INPUTS, "B04_corrupt_tiles_level1.tif")
+    res = _read(path, tmp_path / "r.png", "--location", 600, 0, "--level", 1, "--size", 100, 100)
+    assert res.exit_code == 7
+    _one_error_line(res, "level 1", "col 1", "row 0")
+
+
+def test_level_out_of_range_exit_5(tmp_path):
+    path = _path(BUG_INPUTS, "B05_out_of_bounds.tif")
+    res = _read(path, tmp_path / "r.png", "--level", 9, "--size", 10, 10)
+    assert res.exit_code == 5
+    _one_error_line(res, "level 9 out of range")
+
+
+def test_cmyk_rgb_ok_and_unconvertible_exit_3(tmp_path):
+    import tifffile
+
+    path = tmp_path / "inks.tif"
+    tifffile.imwrite(path, np.zeros((32, 32, 4), np.uint8), photometric="separated",
+                     extratags=[(332, "H", 1, 2, True)])
+    res = _read(path, tmp_path / "r.png", "--size", 8, 8)
+    assert res.exit_code == 3
+    _one_error_line(res, "InkSet 2", "mode='raw'")
+    res = _read(path, tmp_path / "r.npy", "--size", 8, 8, "--mode", "raw")
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("name, code", [
+    ("broken-not-a-tiff-random-ascii.svs", 3),
+    ("broken-zero-height.tif", 4),
+])
+def test_broken_files_exit_codes(tmp_path, name, code):
+    path = SHARED_SAMPLES / name
+    if not path.exists():
+        pytest.skip(f"{SHARED_SAMPLES} lacks {name}")
+    res = runner.invoke(app, ["info", str(path)])
+    assert res.exit_code == code
+    _one_error_line(res, str(path))
