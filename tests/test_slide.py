@@ -191,3 +191,26 @@ def test_closed_slide_refuses_reads(sample_jpeg):
     assert slide.closed
     with pytest.raises(WsiError):
         slide.read_region((0, 0), 0, (10, 10))
+
+
+def test_level_rule_keeps_small_levels_of_elongated_images(tmp_path):
+    """Small levels of an elongated pyramid (2000 x 300 halved down to 16 x 3) are
+    levels; a square overview next to a 4:3 pyramid is not."""
+    import tifffile
+
+    from wsitool.slide import _same_aspect
+
+    path = tmp_path / "long.tif"
+    sizes = [(2000, 300)]
+    while sizes[-1][0] > 16:
+        w, h = sizes[-1]
+        sizes.append(((w + 1) // 2, (h + 1) // 2))
+    with tifffile.TiffWriter(path) as tw:
+        for i, (w, h) in enumerate(sizes):
+            tw.write(np.full((h, w, 3), 200, np.uint8), tile=(16, 16), photometric="rgb",
+                     subfiletype=1 if i else 0, compression="zlib")
+    with wsitool.open_slide(path) as slide:
+        assert slide.level_dimensions == tuple(sizes)
+    assert _same_aspect(2000, 300, 16, 3)
+    assert not _same_aspect(1024, 768, 200, 200)
+    assert _same_aspect(1024, 768, 256, 192) and _same_aspect(205, 205, 102, 102)

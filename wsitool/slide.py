@@ -19,9 +19,9 @@ Level-detection rule (one rule for every layout):
 3. Level 0 is the candidate with the largest area (the first one in file order
    on a tie).  Every other candidate is a level if it has the same samples
    per pixel and sample type, a strictly smaller area than the previous level,
-   and the same aspect ratio within one pixel of rounding: with
-   ``d = (W0 / w + H0 / h) / 2`` both ``|W0 / d - w|`` and ``|H0 / d - h|``
-   are at most 1.  Neither the reduced-resolution flag, nor tiling, nor
+   and the same aspect ratio within one pixel of rounding: some single factor
+   ``d`` gives both ``|W0 / d - w| < 1`` and ``|H0 / d - h| < 1`` (the ranges
+   of factors allowed by each axis overlap).  Neither the reduced-resolution flag, nor tiling, nor
    power-of-two factors are required: stripped levels are read strip by strip
    as one-column tile grids, and downsamples such as 3 or 12 are valid.
    Candidates that fail the test (e.g. a 200 x 200 stripped overview in a
@@ -333,8 +333,7 @@ class Slide:
                 continue
             if page.samplesperpixel != base.samplesperpixel or page.dtype != base.dtype:
                 continue
-            d = (w0 / w + h0 / h) / 2.0
-            if abs(w0 / d - w) <= 1.0 and abs(h0 / d - h) <= 1.0:
+            if _same_aspect(w0, h0, w, h):
                 chosen.append(page)
         self.levels: tuple[Level, ...] = tuple(
             Level(self.path, self._fd, self._file_size, i, page, (w0, h0))
@@ -719,6 +718,23 @@ def _check_page(path: str, page, ifd: int) -> None:
         if not (isinstance(cmap, np.ndarray) and cmap.ndim == 2 and cmap.shape[0] == 3
                 and cmap.shape[1] >= 2 and np.issubdtype(cmap.dtype, np.integer)):
             raise CorruptFileError(f"{where}: palette image without a valid (3, N) ColorMap")
+
+
+def _factor_range(full: int, reduced: int) -> tuple[float, float]:
+    """Downsample factors ``d`` for which ``reduced`` is ``full / d`` within one pixel."""
+    low = full / (reduced + 1)
+    high = full / (reduced - 1) if reduced > 1 else math.inf
+    return low, high
+
+
+def _same_aspect(w0: int, h0: int, w: int, h: int) -> bool:
+    """True if ``w x h`` is ``w0 x h0`` reduced by one factor, within one pixel of
+    rounding on each axis: the factor ranges of the two axes overlap.  Small
+    levels of elongated images (e.g. 16 x 3 from 2000 x 300) pass; an overview
+    of another aspect (200 x 200 in a 1024 x 768 pyramid) does not."""
+    lx, hx = _factor_range(w0, w)
+    ly, hy = _factor_range(h0, h)
+    return max(lx, ly) <= min(hx, hy)
 
 
 def _description(page) -> str:
