@@ -47,6 +47,18 @@ def repo_samples() -> list[Path]:
     return sorted(REPO_SAMPLES.glob("sample-*"))
 
 
+@pytest.fixture(autouse=True)
+def _restore_limits():
+    """Every test starts and ends with the limits in force before it (set_limits is process-wide)."""
+    import wsitool
+
+    before = wsitool.get_limits()
+    yield
+    wsitool.set_limits(max_region_pixels=before.max_region_pixels,
+                       max_region_bytes=before.max_region_bytes,
+                       max_tile_pixels=before.max_tile_pixels)
+
+
 @pytest.fixture
 def cmu1() -> Path:
     """Aperio CMU-1-Small-Region: JPEG tiles, photometric RGB, 240x240 tiles."""

@@ -71,15 +71,6 @@ def refs():
         return {k: npz[k] for k in npz.files}
 
 
-@pytest.fixture(autouse=True)
-def _restore_limits():
-    before = wsitool.get_limits()
-    yield
-    wsitool.set_limits(max_region_pixels=before.max_region_pixels,
-                       max_region_bytes=before.max_region_bytes,
-                       max_tile_pixels=before.max_tile_pixels)
-
-
 def _compare(actual: np.ndarray, ref: np.ndarray, metric: str, tol: float, what: str) -> None:
     assert actual.shape == ref.shape, f"{what}: shape {actual.shape} != reference {ref.shape}"
     if metric == "exact" or tol == 0:

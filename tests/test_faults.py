@@ -36,15 +36,6 @@ def bug(name: str):
     return path
 
 
-@pytest.fixture(autouse=True)
-def _restore_limits():
-    before = wsitool.get_limits()
-    yield
-    wsitool.set_limits(max_region_pixels=before.max_region_pixels,
-                       max_region_bytes=before.max_region_bytes,
-                       max_tile_pixels=before.max_tile_pixels)
-
-
 # ---------------------------------------------------------------------- corrupt tiles (B04)
 
 

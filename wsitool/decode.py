@@ -321,6 +321,18 @@ def read_tile_bytes(level: "Level", index: int, col: int, row: int, stats: Decod
     writers use for sparse slides).  Raises :class:`TileDecodeError` if the
     segment lies outside the file (truncated file) or the read is short.
     """
+    where = _segment(level, index, col, row)
+    if where is None:
+        return None
+    offset, count = where
+    data = os.pread(level._fd, count, offset)
+    _check_read(level, col, row, len(data), count, offset)
+    stats.bytes_read += count
+    return data
+
+
+def _segment(level: "Level", index: int, col: int, row: int) -> tuple[int, int] | None:
+    """``(offset, byte count)`` of segment ``index``, None if missing; checked against the file size."""
     offset = int(level._offsets[index])
     count = int(level._bytecounts[index])
     if offset == 0 or count == 0:
@@ -331,14 +343,15 @@ def read_tile_bytes(level: "Level", index: int, col: int, row: int, stats: Decod
             f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
             f"file ({level._file_size} bytes): truncated file",
         )
-    data = os.pread(level._fd, count, offset)
-    if len(data) != count:
+    return offset, count
+
+
+def _check_read(level: "Level", col: int, row: int, got: int, count: int, offset: int) -> None:
+    if got != count:
         raise TileDecodeError(
             level._path, level.index, col, row,
-            f"short read: {len(data)} of {count} bytes at offset {offset}",
+            f"short read: {got} of {count} bytes at offset {offset}",
         )
-    stats.bytes_read += count
-    return data
 
 
 def read_tile_stream(level: "Level", index: int, col: int, row: int,
@@ -357,26 +370,16 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
         TileDecodeError: segment past the end of the file, short read, or a
             JPEG tile that does not start with SOI.
     """
-    offset = int(level._offsets[index])
-    count = int(level._bytecounts[index])
-    if offset == 0 or count == 0:
+    where = _segment(level, index, col, row)
+    if where is None:
         return None
-    if offset + count > level._file_size:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
-            f"file ({level._file_size} bytes): truncated file",
-        )
+    offset, count = where
     jpeg = level._stream_kind == "jpeg"
     prefix = level._jpeg_prefix if jpeg else b""
     start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
     buf, view = state.read_buffer(start + count, slot)
     got = os.preadv(level._fd, [view[start:start + count]], offset)
-    if got != count:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"short read: {got} of {count} bytes at offset {offset}",
-        )
+    _check_read(level, col, row, got, count, offset)
     state.stats.bytes_read += count
     if jpeg:
         if count < 2 or buf[start] != 0xFF or buf[start + 1] != 0xD8:
