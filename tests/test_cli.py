@@ -129,3 +129,26 @@ def test_console_script_installed_and_quiet(sample_jpeg, tmp_path):
     ok = subprocess.run(cmd[:5] + ["-s", "64", "64", "-o", str(tmp_path / "y.png")],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+
+
+def test_export_format_follows_output_extension(sample_jpeg, tmp_path):
+    region = ["--region", 0, 0, 300, 200, "--quiet"]
+    res = run("export-pyramid", sample_jpeg, tmp_path / "a.dzi", *region)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "a_files").is_dir() and (tmp_path / "a.dzi").read_text().startswith("<?xml")
+    res = run("export-pyramid", sample_jpeg, tmp_path / "b.ome.tif", *region)
+    assert res.exit_code == 0, res.output
+    with tifffile.TiffFile(tmp_path / "b.ome.tif") as tf:
+        assert tf.is_ome
+    res = run("export-pyramid", sample_jpeg, tmp_path / "c.bmp", *region)
+    assert res.exit_code == 2 and "unknown output extension" in res.output
+    res = run("export-pyramid", sample_jpeg, tmp_path / "d.tif", "--format", "dzi", *region)
+    assert res.exit_code == 2 and "the extension means tiff" in res.output
+    assert not (tmp_path / "c.bmp").exists() and not (tmp_path / "d.tif").exists()
+
+
+def test_missing_output_folder_names_the_output(sample_jpeg, tmp_path):
+    out = tmp_path / "nope" / "x.png"
+    res = run("read-region", sample_jpeg, "-s", 8, 8, "-o", out)
+    assert res.exit_code == 9
+    assert f"{out}: output folder does not exist" in res.output and ".partial" not in res.output

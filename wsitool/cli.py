@@ -34,8 +34,10 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Read, convert and stress-test tiled pyramidal whole-slide images (SVS, TIFF, OME-TIFF).",
 )
-console = Console()
-err_console = Console(stderr=True)
+# Not on a terminal (pipes, logs, CI): wide lines instead of rich's 80 columns, so
+# tables and messages are not cut or wrapped mid-sentence.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (errors.UnsupportedFormatError, 3),
@@ -202,6 +204,8 @@ def write_image(path: Path, array, *, overwrite: bool = True) -> None:
         raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(2, "output folder does not exist", str(path))
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         if ext == ".npy":
@@ -387,7 +391,7 @@ def export_pyramid_cmd(
         show_default=False),
     output: Path = typer.Argument(..., help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
                                             "Several slides (batch): an output folder."),
-    fmt: str = typer.Option("tiff", "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder)."),
     tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
     compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
     quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else a target size of quality/300 of the raw tile."),
@@ -414,24 +418,46 @@ def export_pyramid_cmd(
     """
     from .export import COMPRESSIONS, FORMATS
 
-    fmt = fmt.lower()
-    if fmt not in FORMATS:
-        raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
+    srcs = list(sources or [])
+    batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
+             or str(output).endswith(os.sep))
+    if fmt is not None:
+        fmt = fmt.lower()
+        if fmt not in FORMATS:
+            raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
+    if not batch:
+        implied = format_for_output(output)
+        if implied is None:
+            raise fail(f"{output}: unknown output extension (use .svs/.tif/.tiff for tiff, "
+                       ".ome.tif/.ome.tiff for ome-tiff, .dzi for dzi)", 2)
+        if fmt is not None and fmt != implied:
+            raise fail(f"{output}: the extension means {implied}, but --format is {fmt}", 2)
+        fmt = implied
+    fmt = fmt or "tiff"
     if compression.lower() not in COMPRESSIONS:
         raise fail(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}", 2)
     if max_pixels is not None and max_pixels <= 0:
         raise fail("--max-pixels must be positive", 2)
     bg = _parse_background(background)
-    srcs = list(sources or [])
     options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
                    region=tuple(region) if region else None, level=level, overlap=overlap,
                    threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels)
-    batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
-             or str(output).endswith(os.sep))
     if batch:
         _export_batch(srcs, from_list, output, scheduler, quiet, options)
     else:
         _export_single(srcs[0], output, quiet, options)
+
+
+def format_for_output(output: Path) -> Optional[str]:
+    """Export format implied by an output file name, or None for an unknown extension."""
+    name = output.name.lower()
+    if name.endswith((".ome.tif", ".ome.tiff")):
+        return "ome-tiff"
+    if name.endswith(".dzi"):
+        return "dzi"
+    if name.endswith((".svs", ".tif", ".tiff")):
+        return "tiff"
+    return None
 
 
 def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> None:
