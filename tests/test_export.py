@@ -517,10 +517,25 @@ def test_jp2_codestream_extraction():
 
 
 def test_level0_coordinate_inverse():
-    for ds in (1.0, 2.0, 2.001, 4.016, 8.0857):
-        for v in (-7, 0, 1, 5, 123, 4999):
-            t = export._to_level0(v, ds)
-            assert int(np.floor(t / ds)) == v
+    """Strip origins aim at exactly the level pixel read_region maps them to."""
+    from wsitool.region import level0_coordinate
+
+    for ds in (1.0, 1.1, 1.5, 2.0, 2.001, 4.016, 8.0857):
+        for v in (-7, 0, 1, 2, 3, 4, 5, 123, 4999):
+            t = level0_coordinate(v, ds)
+            assert int(np.floor(t / ds + 0.5)) == v
+            assert int(np.floor((t - 1) / ds + 0.5)) < v  # the smallest such t
+
+
+def test_region_origin_means_what_read_region_means(sample_jpeg, tmp_path):
+    """--region X Y at a level > 0 exports exactly read_region((X, Y), level, ...)."""
+    out = tmp_path / "r.tif"
+    export.export_pyramid(sample_jpeg, out, region=(3, 3, 64, 48), level=1,
+                          compression="deflate", tile_size=64)
+    with wsitool.open_slide(sample_jpeg) as src, wsitool.open_slide(out) as dst:
+        expected = src.read_region((3, 3), 1, (64, 48), mode="rgb")
+        got = dst.read_region((0, 0), 0, (64, 48), mode="rgb")
+    assert np.array_equal(got, expected)
 
 
 def test_missing_tiles_and_alpha_become_background(tmp_path):

@@ -208,7 +208,7 @@ def test_missing_tiles_fill_transparent_and_are_counted(tmp_path):
         tag = tf.pages[0].tags["TileByteCounts"]
         offset, count, dtype = tag.valueoffset, tag.count, tag.dtype
     raw = bytearray(path.read_bytes())
-    item = 4 if tag.dtype in (4, 16) else 2 if tag.dtype == 3 else 8
+    item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]  # SHORT, LONG, LONG8
     pos = offset + 3 * item
     raw[pos:pos + item] = b"\0" * item
     path.write_bytes(bytes(raw))

@@ -289,7 +289,8 @@ class DecoderPool:
         return total
 
     def reset_stats(self) -> None:
-        """Zero every thread's counters."""
+        """Zero every thread's counters.  Call it while no thread decodes: the
+        counters are updated without a lock, so a concurrent update may be lost."""
         with self._create_lock:
             for s in self._all_stats:
                 for f in dataclasses.fields(s):

@@ -49,7 +49,6 @@ import dataclasses
 import errno
 import functools
 import glob as _glob
-import math
 import os
 import re
 import threading
@@ -63,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidRegionError, WsiError
+from .region import level0_coordinate
 
 __all__ = [
     "DaskUnavailableError",
@@ -186,22 +186,6 @@ def _read_chunk(path: str, stamp: tuple[int, int], level: int, x0: int, y0: int,
     return slide.read_region((x0, y0), level, (w, h), mode="rgb", threads=threads)
 
 
-def _level0(coord: int, downsample: float) -> int:
-    """Smallest level-0 coordinate ``c`` with ``floor(c / downsample) == coord``.
-
-    Inverse of the level mapping of :func:`wsitool.region.level_rect`; every
-    level coordinate is reachable because ``downsample >= 1``.
-    """
-    if downsample == 1.0:
-        return coord
-    c = math.ceil(coord * downsample)
-    while math.floor((c - 1) / downsample) >= coord:
-        c -= 1
-    while math.floor(c / downsample) < coord:
-        c += 1
-    return c
-
-
 def _axis_chunks(total: int, step: int) -> tuple[int, ...]:
     full, rest = divmod(total, step)
     return (step,) * full + ((rest,) if rest else ())
@@ -281,9 +265,9 @@ def level_to_dask(slide, level: int = 0, *, chunks="tile", threads: int = 1):
     y = 0
     for i, h in enumerate(ychunks):
         x = 0
-        y0 = _level0(y, lv.downsample)
+        y0 = level0_coordinate(y, lv.downsample)
         for j, w in enumerate(xchunks):
-            dsk[(name, i, j, 0)] = (_read_chunk, path, stamp, level, _level0(x, lv.downsample), y0,
+            dsk[(name, i, j, 0)] = (_read_chunk, path, stamp, level, level0_coordinate(x, lv.downsample), y0,
                                     w, h, threads)
             x += w
         y += h

@@ -120,7 +120,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import os
 import secrets
 import shutil
@@ -137,6 +136,7 @@ import numpy as np
 
 from .decode import get_pool, nvimgcodec
 from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
+from .region import level0_coordinate, level_rect
 from .settings import get_limits
 from .slide import Slide, open_slide
 
@@ -197,7 +197,12 @@ def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "t
     Level ``k`` is ``ceil(width / 2**k) x ceil(height / 2**k)``.  TIFF and
     OME-TIFF pyramids stop at the first level that fits in one tile; Deep Zoom
     goes on down to 1 x 1 (as ``DeepZoomGenerator`` does).
+
+    Raises:
+        ValueError: ``tile_size`` is not a positive integer.
     """
+    if not isinstance(tile_size, int) or tile_size < 1:
+        raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}")
     dims = [(int(width), int(height))]
     while True:
         w, h = dims[-1]
@@ -280,20 +285,6 @@ def _window_rows(T: int, O: int, R: int) -> tuple[int, int]:
     next level (pairs of the strip plus the unpaired row), fewer below.
     """
     return T + 2 * O + R, T + 2 * O + R // 2 + 3
-
-
-def _to_level0(v: int, ds: float) -> int:
-    """An integer level-0 coordinate ``t`` with ``floor(t / ds) == v`` (ds >= 1).
-
-    :func:`wsitool.region.read_region` maps a level-0 location to level pixels
-    with ``floor(t / downsample)``; this is its inverse for strip origins.
-    """
-    t = math.ceil(v * ds)
-    while math.floor(t / ds) > v:
-        t -= 1
-    while math.floor(t / ds) < v:
-        t += 1
-    return t
 
 
 # --------------------------------------------------------------------------- tile codecs
@@ -591,7 +582,7 @@ class _Source:
     def _loc(self, lx: int, ly: int) -> tuple[int, int]:
         if self.level == 0:
             return lx, ly
-        return _to_level0(lx, self.ds), _to_level0(ly, self.ds)
+        return level0_coordinate(lx, self.ds), level0_coordinate(ly, self.ds)
 
     def _missing_grid(self) -> np.ndarray:
         """Boolean (tiles_down, tiles_across): tile absent from the file (offset or count 0)."""
@@ -894,7 +885,6 @@ def export_pyramid(
             raise ValueError(f"{final}: output is the source slide")
         L = _level_index(slide, level)
         lv = slide.levels[L]
-        ds = lv.downsample if L > 0 else 1.0
         if region is None:
             x0, y0, w, h = 0, 0, lv.width, lv.height
         else:
@@ -904,8 +894,7 @@ def export_pyramid(
                 raise InvalidRegionError(f"{slide.path}: region must be 4 integers X Y W H ({exc})") from None
         if w <= 0 or h <= 0:
             raise InvalidRegionError(f"{slide.path}: region size must be positive, got {w}x{h}")
-        rx = x0 if L == 0 else math.floor(x0 / ds)
-        ry = y0 if L == 0 else math.floor(y0 / ds)
+        rx, ry = level_rect(lv, x0, y0)
         if rx >= lv.width or ry >= lv.height or rx + w <= 0 or ry + h <= 0:
             raise InvalidRegionError(
                 f"{slide.path}: region {x0},{y0} {w}x{h} (level {L}) lies outside the "

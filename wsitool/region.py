@@ -272,6 +272,23 @@ def level_rect(lv: "Level", x: int, y: int) -> tuple[int, int]:
     return math.floor(x / lv.downsample + 0.5), math.floor(y / lv.downsample + 0.5)
 
 
+def level0_coordinate(t: int, downsample: float) -> int:
+    """Smallest level-0 coordinate that :func:`level_rect` maps to level coordinate ``t``.
+
+    The inverse of ``floor(x / downsample + 0.5)``: ``ceil((t - 0.5) * downsample)``
+    (exact for ``downsample >= 1``, which every level has).  Used to aim reads
+    at a given level pixel (export strips, Dask chunks).
+    """
+    if downsample == 1.0:
+        return t
+    x = math.ceil((t - 0.5) * downsample)
+    while math.floor((x - 1) / downsample + 0.5) >= t:  # guard float rounding
+        x -= 1
+    while math.floor(x / downsample + 0.5) < t:
+        x += 1
+    return x
+
+
 def plan_tiles(lv: "Level", rx: int, ry: int, w: int, h: int):
     """Tiles touched by the region ``[rx, rx + w) x [ry, ry + h)`` of level ``lv``.
 

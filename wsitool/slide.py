@@ -32,6 +32,7 @@ The downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -573,16 +574,24 @@ class Slide:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Release the file.  Reading afterwards raises :class:`WsiError`."""
-        if getattr(self, "_tiff", None) is not None:
-            self._tiff.close()
-            self._tiff = None
-        fd = getattr(self, "_fd", -1)
-        if fd >= 0:
-            os.close(fd)
-            self._fd = -1
-            for lv in getattr(self, "levels", ()):
-                lv._fd = -1
+        """Release the file.  Reading afterwards raises :class:`WsiError`.
+
+        Idempotent and safe to call from any thread, but not while reads of
+        this slide are still running in other threads (finish or join them
+        first): a read in flight may then fail with an error.
+        """
+        lock = getattr(self, "_lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
+            if getattr(self, "_tiff", None) is not None:
+                self._tiff.close()
+                self._tiff = None
+            fd = getattr(self, "_fd", -1)
+            if fd >= 0:
+                # mark closed before releasing the descriptor, so no new read uses it
+                self._fd = -1
+                for lv in getattr(self, "levels", ()):
+                    lv._fd = -1
+                os.close(fd)
 
     @property
     def closed(self) -> bool:
