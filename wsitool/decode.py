@@ -514,6 +514,7 @@ def j2k_header_problem(data: bytes) -> str | None:
         return "not a JPEG 2000 code stream (no SOC + SIZ markers)"
     i += 2
     csiz = 0
+    seen: set[int] = set()
     while True:
         if i + 4 > n:
             return "JPEG 2000 main header truncated"
@@ -521,7 +522,13 @@ def j2k_header_problem(data: bytes) -> str | None:
             return f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header"
         marker = data[i + 1]
         if marker == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
+            # COD and QCD are required in the main header (T.800 A.2, table A.1);
+            # OpenJPEG inside nvImageCodec crashed the process without COD (fuzzing)
+            missing = [name for code, name in ((0x52, "COD"), (0x5C, "QCD")) if code not in seen]
+            if missing:
+                return f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing"
             return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
+        seen.add(marker)
         length = int.from_bytes(data[i + 2:i + 4], "big")
         if length < 2:
             return f"invalid JPEG 2000 marker segment length {length}"
