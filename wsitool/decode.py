@@ -140,6 +140,7 @@ class DecodeStats:
     bytes_read: int = 0
 
     def add(self, other: "DecodeStats") -> None:
+        """Add ``other``'s counters to these (in place)."""
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
@@ -817,6 +818,7 @@ def decode_into(
     Raises:
         TileDecodeError: header/grid mismatch, decoder failure, or a decoder
             that did not write into ``dst``.
+        ValueError: ``dst`` does not have the shape of ``src_rect`` (a caller bug).
     """
     x0, y0, x1, y1 = src_rect
     cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete)

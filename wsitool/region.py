@@ -491,9 +491,7 @@ class _TileWorker:
             try:
                 self._one(job, state)
             except TileDecodeError as exc:
-                tile_failed(exc, self.on_error, state.stats)
-                dy0, dy1, dx0, dx1 = job[3]
-                self.out[dy0:dy1, dx0:dx1] = 0
+                self._failed(exc, job, state)
 
     def _failed(self, exc: TileDecodeError, job, state: _ThreadState) -> None:
         tile_failed(exc, self.on_error, state.stats)

@@ -470,7 +470,13 @@ class Slide:
     @property
     def associated_images(self) -> Mapping[str, np.ndarray]:
         """Lazy mapping of associated image name (``label``, ``macro``,
-        ``thumbnail``) to a ``(height, width, 3)`` uint8 RGB array."""
+        ``thumbnail``) to a ``(height, width, 3)`` uint8 RGB array.
+
+        Each image is decoded on first access.  Reading an entry raises
+        ``KeyError`` for an unknown name, :class:`ResourceLimitError` for an
+        image over the region limits, :class:`UnsupportedFormatError` for
+        samples without an RGB conversion, :class:`CorruptFileError` or
+        :class:`WsiError` when it cannot be decoded."""
         return self._associated
 
     def get_best_level_for_downsample(self, downsample: float) -> int:
@@ -508,6 +514,13 @@ class Slide:
 
         Returns:
             The filled array (``out`` itself when given).
+
+        Raises:
+            InvalidRegionError: malformed request or ``out`` (also ``ValueError``).
+            ResourceLimitError: output over the configured limits (before allocating).
+            TileDecodeError: a corrupt tile, with ``on_error="raise"``.
+            UnsupportedFormatError: ``rgb``/``rgba`` for samples without an RGB conversion.
+            DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
         """
         from .region import read_region
 
@@ -521,6 +534,10 @@ class Slide:
         the graph holds this slide's path, not the open file, so it runs on
         remote Dask workers.  See :func:`wsitool.distributed.level_to_dask`
         (chunking, errors).  Needs the optional extra ``wsitool[dask]``.
+
+        Raises:
+            DaskUnavailableError: dask is not installed.
+            InvalidRegionError: ``level`` out of range or bad ``chunks``.
         """
         from .distributed import level_to_dask
 
@@ -532,6 +549,7 @@ class Slide:
         Raises:
             ResourceLimitError: the image is larger than the region limits
                 (checked before decoding, see :mod:`wsitool.settings`).
+            UnsupportedFormatError: samples without an RGB conversion.
             CorruptFileError: the decoded data does not have the declared
                 ``height x width x samples`` shape.
             WsiError: the image could not be decoded.
