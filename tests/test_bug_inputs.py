@@ -39,6 +39,7 @@ import numpy as np
 import pytest
 
 import wsitool
+from wsitool.region import level_rect
 from wsitool.decode import get_pool
 from wsitool.errors import ResourceLimitError, TileDecodeError, WsiError
 from wsitool.region import TileWarning
@@ -85,9 +86,7 @@ def _compare(actual: np.ndarray, ref: np.ndarray, metric: str, tol: float, what:
 
 def _tiles_touched(slide, level: int, location, size):
     lv = slide.levels[level]
-    ds = lv.downsample
-    x0 = math.floor(location[0] / ds) if level else location[0]
-    y0 = math.floor(location[1] / ds) if level else location[1]
+    x0, y0 = level_rect(lv, *location)
     x1, y1 = min(x0 + size[0], lv.width), min(y0 + size[1], lv.height)
     x0, y0 = max(x0, 0), max(y0, 0)
     return {(c, r) for c in range(x0 // lv.tile_width, (x1 - 1) // lv.tile_width + 1)
@@ -177,8 +176,7 @@ def _check_region(slide, check, refs, name):
         _compare(arr[..., 3], refs[check["alpha_ref"]], "exact", 0, what + " alpha")
     else:
         lv = slide.levels[level]
-        xl = math.floor(loc[0] / lv.downsample) if level else loc[0]
-        yl = math.floor(loc[1] / lv.downsample) if level else loc[1]
+        xl, yl = level_rect(lv, *loc)
         if xl >= 0 and yl >= 0 and xl + size[0] <= lv.width and yl + size[1] <= lv.height:
             assert (arr[..., 3] == 255).all(), f"{what}: region inside the slide is not opaque"
     if "forbid_rgb" in check:

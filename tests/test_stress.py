@@ -9,6 +9,7 @@ report and the exit code.
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -115,7 +116,9 @@ def test_regions_are_seeded_and_cover_edges_and_outside():
     outside_left = right_edge = inside = 0
     for lv, x0, y0, w, h in regs:
         L = levels[lv]
-        xl, yl = int(x0 // L["downsample"]), int(y0 // L["downsample"])
+        # the product's mapping of a level-0 location to the level (nearest pixel)
+        xl = math.floor(x0 / L["downsample"] + 0.5)
+        yl = math.floor(y0 / L["downsample"] + 0.5)
         outside_left += xl < 0 or yl < 0
         right_edge += xl + w > L["width"] or yl + h > L["height"]
         inside += 0 <= xl and 0 <= yl and xl + w <= L["width"] and yl + h <= L["height"]
