@@ -276,14 +276,16 @@ def _check_export(path: Path, check: dict) -> None:
                 h = last.shape[0] + ((rows - 1) * ts - ov if rows > 1 else 0)
                 assert (w, h) == (ew, eh), f"DZI level {lvl}: {w}x{h} != {ew}x{eh}"
         else:
-            # B25: a 100000 x 100000 export is refused unless max-pixels allows it, before
-            # any allocation and without leaving anything behind.  (The limit is passed
-            # explicitly: an export that is *not* refused would stream 10 gigapixels.)
+            # B25: a 100000 x 100000 export is refused by default (max_export_pixels) and
+            # with a max-pixels below its size, before any allocation and without leaving
+            # anything behind.
             out = d / "out.tif"
             import tracemalloc
 
             tracemalloc.start()
             try:
+                with pytest.raises(ResourceLimitError, match="100000x100000"):
+                    _call_export(export, path, out, format=check["format"])
                 with pytest.raises(ResourceLimitError, match="100000x100000"):
                     _call_export(export, path, out, format=check["format"],
                                  max_pixels=wsitool.get_limits().max_region_pixels)

@@ -152,3 +152,18 @@ def test_missing_output_folder_names_the_output(sample_jpeg, tmp_path):
     res = run("read-region", sample_jpeg, "-s", 8, 8, "-o", out)
     assert res.exit_code == 9
     assert f"{out}: output folder does not exist" in res.output and ".partial" not in res.output
+
+
+def test_export_of_absurd_declared_size_refused_by_default(tmp_path):
+    from conftest import BUG_INPUTS
+
+    path = BUG_INPUTS / "B25_huge_declared_100k_x_100k.tif"
+    if not path.exists():
+        pytest.skip(f"bug-inputs folder {BUG_INPUTS} is absent")
+    res = run("export-pyramid", path, tmp_path / "out.tif", "--quiet")
+    assert res.exit_code == 6, res.output
+    assert "exceeds the limit" in res.output and "--max-pixels" in res.output
+    assert list(tmp_path.iterdir()) == []
+    # a region of it is fine
+    res = run("export-pyramid", path, tmp_path / "part.tif", "--region", 0, 0, 512, 512, "--quiet")
+    assert res.exit_code == 0, res.output

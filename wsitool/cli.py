@@ -403,7 +403,7 @@ def export_pyramid_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
     background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels)."),
     from_list: Optional[Path] = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
 ) -> None:

@@ -811,7 +811,9 @@ def export_pyramid(
             transparent (outside the slide, missing or undecodable tiles).
         progress: called as ``progress(tiles_done, tiles_total)`` from the
             calling thread as tiles are written.
-        max_pixels: refuse regions of more than this many pixels (``w * h``).
+        max_pixels: refuse exports of more than this many level-0 pixels
+            (``w * h``); default: ``max_export_pixels`` of :mod:`wsitool.settings`
+            (``2**33``).
 
     Returns:
         :class:`ExportResult`.
@@ -820,7 +822,8 @@ def export_pyramid(
         ValueError: an invalid option (format, compression, tile size,
             quality, overlap, threads, background; output equal to the source).
         InvalidRegionError: bad level or region (also a ``ValueError``).
-        ResourceLimitError: the region exceeds ``max_pixels``.
+        ResourceLimitError: the exported area exceeds ``max_pixels`` (or the
+            default export limit), checked before anything is read or written.
         FileExistsError: the output exists and ``overwrite`` is False.
         FileNotFoundError: the source or the output folder does not exist.
         UnsupportedFormatError, CorruptFileError: the source is not readable.
@@ -900,9 +903,11 @@ def export_pyramid(
                 f"{slide.path}: region {x0},{y0} {w}x{h} (level {L}) lies outside the "
                 f"{lv.width}x{lv.height} level"
             )
-        if max_pixels is not None and w * h > max_pixels:
+        limit = max_pixels if max_pixels is not None else get_limits().max_export_pixels
+        if w * h > limit:
             raise ResourceLimitError(
-                f"{slide.path}: region {w}x{h} ({w * h} pixels) exceeds --max-pixels {max_pixels}"
+                f"{slide.path}: export of {w}x{h} ({w * h} pixels) exceeds the limit of {limit} "
+                "pixels (raise it with --max-pixels / max_pixels=)"
             )
         dims = pyramid_dimensions(w, h, T, fmt)
         src = _Source(slide, L, rx, ry, w, h, T, nthreads, bg)

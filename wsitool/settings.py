@@ -7,6 +7,13 @@ The limits are checked before any allocation or decode:
   ``2**28`` (268 million pixels, 1 GiB as RGBA).
 * ``max_region_bytes`` -- the largest output buffer in bytes.  Default
   ``2**31`` (2 GiB).
+* ``max_export_pixels`` -- the largest level 0 (width x height) that
+  :func:`wsitool.export_pyramid` writes when no ``max_pixels`` is given.
+  Default ``2**33`` (8.6 gigapixels, e.g. 100,000 x 85,000, the size of a
+  large 40x scan): a file declaring more (such as a 300 KB TIFF claiming
+  100,000 x 100,000) is refused unless the caller raises the limit
+  (``max_pixels=`` / ``--max-pixels``).  Export streams in bounded memory,
+  so this guards time and disk, not RAM.
 * ``max_tile_pixels`` -- the largest tile or strip (width x height) that will
   be decoded.  TIFF tiles are normally 256 to 1024 pixels square and strips a
   few rows of the image width, so the default ``2**26`` (64 million pixels)
@@ -32,6 +39,7 @@ class Limits:
     max_region_pixels: int = 2**28
     max_region_bytes: int = 2**31
     max_tile_pixels: int = 2**26
+    max_export_pixels: int = 2**33
 
 
 _lock = threading.Lock()
@@ -48,6 +56,7 @@ def set_limits(
     max_region_pixels: int | None = None,
     max_region_bytes: int | None = None,
     max_tile_pixels: int | None = None,
+    max_export_pixels: int | None = None,
 ) -> Limits:
     """Change the process-wide limits; arguments left ``None`` keep their value.
 
@@ -61,6 +70,7 @@ def set_limits(
             max_region_pixels=max_region_pixels,
             max_region_bytes=max_region_bytes,
             max_tile_pixels=max_tile_pixels,
+            max_export_pixels=max_export_pixels,
         ).items()
         if v is not None
     }
