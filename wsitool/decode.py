@@ -582,11 +582,17 @@ def _j2k_siz_problem(seg: bytes) -> tuple[str | None, int]:
 
 def _j2k_coding_problem(seg: bytes, base: int, name: str) -> str | None:
     """Range checks of SPcod / SPcoc (T.800 A.6.1, table A.15): decomposition levels
-    <= 32, code-block exponents xcb, ycb <= 8 with xcb + ycb <= 8, transform 0 or 1.
+    <= 32, code-block exponents xcb, ycb <= 8 with xcb + ycb <= 8, code-block
+    style without bit 7, transform 0 or 1.
     ``seg[base + 5 ...]`` is SPcod (``base`` = 0 for COD)."""
-    levels, xcb, ycb, _style, transform = seg[base + 5:base + 10]
+    levels, xcb, ycb, style, transform = seg[base + 5:base + 10]
     if levels > 32:
         return f"{levels} decomposition levels in {name}"
+    if style & 0x80:
+        # bit 7: reserved in Part 1, "mixed" HT code-blocks in Part 15 (T.814
+        # table A.4), which OpenJPEG rejects -- and that rejection crashed the
+        # process inside nvImageCodec (found by fuzzing)
+        return f"unsupported code-block style 0x{style:02x} in {name}"
     if xcb > 8 or ycb > 8 or xcb + ycb > 8:
         return f"code-block exponents {xcb}, {ycb} in {name}"
     if transform > 1:
