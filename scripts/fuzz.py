@@ -47,7 +47,6 @@ import os
 import random
 import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -157,6 +157,8 @@ def test_region_wholly_outside_is_transparent(sample_jpeg):
         dict(location=(0, 0), level=7, size=(10, 10)),
         dict(location=(0, 0), level=-1, size=(10, 10)),
         dict(location=(0.5, 0), level=0, size=(10, 10)),
+        dict(location=(True, 0), level=0, size=(10, 10)),
+        dict(location=(0, 0), level=False, size=(10, 10)),
         dict(location=(0, 0), level=0, size=(10,)),
         dict(location="ab", level=0, size=(10, 10)),
         dict(location=(0, 0), level=0, size=(10, 10), mode="bgr"),
@@ -206,7 +208,7 @@ def test_missing_tiles_fill_transparent_and_are_counted(tmp_path):
     # zero the byte count of tile 3 (bottom right) in place
     with tifffile.TiffFile(path) as tf:
         tag = tf.pages[0].tags["TileByteCounts"]
-        offset, count, dtype = tag.valueoffset, tag.count, tag.dtype
+        offset = tag.valueoffset
     raw = bytearray(path.read_bytes())
     item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]  # SHORT, LONG, LONG8
     pos = offset + 3 * item

@@ -684,24 +684,19 @@ def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
     size other than the tile cell (or its part inside the image), so a
     decompression bomb is refused before the decoder allocates its output.
     """
-    if level._stream_kind == "jpeg":
-        size = jpeg_frame_size(data)
+    kind = level._stream_kind
+    if kind in ("jpeg", "webp"):
+        size = jpeg_frame_size(data) if kind == "jpeg" else webp_frame_size(data)
         if size is None:
             raise TileDecodeError(level._path, level.index, col, row,
-                                  "JPEG stream without a readable frame header (SOF)")
+                                  f"{kind.upper()} stream without a readable frame header")
         _check_cell(level, col, row, *size)
-    elif level._stream_kind == "j2k":
+    elif kind == "j2k":
         _codestream(level, data, col, row)
-    elif level._stream_kind == "lzw":
+    elif kind == "lzw":
         problem = lzw_problem(data)
         if problem:
             raise TileDecodeError(level._path, level.index, col, row, problem)
-    elif level._stream_kind == "webp":
-        size = webp_frame_size(data)
-        if size is None:
-            raise TileDecodeError(level._path, level.index, col, row,
-                                  "WebP stream without a readable frame header")
-        _check_cell(level, col, row, *size)
 
 
 def _codestream(level: "Level", data, col: int, row: int, complete: bool = False):

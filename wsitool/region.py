@@ -123,7 +123,9 @@ def _get_executor() -> ThreadPoolExecutor:
 def _as_int(value, what: str, path: str) -> int:
     if type(value) is int:  # the common case, without the ABC checks below
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, (bool, np.bool_)):
+        raise InvalidRegionError(f"{path}: {what} must be an integer, got {value!r}")
+    if not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and float(value).is_integer():
             return int(value)
         raise InvalidRegionError(f"{path}: {what} must be an integer, got {value!r}")
@@ -510,8 +512,7 @@ class _TileWorker:
                 data = read_tile_stream(lv, row * lv.tiles_across + col, col, row, state,
                                         len(pending))
                 if data is None:
-                    state.stats.tiles_missing += 1
-                    self.out[dy0:dy1, dx0:dx1] = 0
+                    _missing(self.out[dy0:dy1, dx0:dx1], state)
                     continue
                 cs, how, _size = plan_decode(lv, col, row, data, src, complete=True)
             except TileDecodeError as exc:
@@ -556,8 +557,7 @@ class _TileWorker:
         if lv._codec == "nv":
             data = read_tile_stream(lv, row * lv.tiles_across + col, col, row, state)
             if data is None:
-                state.stats.tiles_missing += 1
-                dst[...] = 0
+                _missing(dst, state)
                 return
             if self.in_place:
                 decode_into(lv, col, row, data, dst, src, state, complete=True)
@@ -585,8 +585,7 @@ class _TileWorker:
             return
         arr = decode_array(lv, col, row, state)
         if arr is None:
-            state.stats.tiles_missing += 1
-            dst[...] = 0
+            _missing(dst, state)
             return
         sx0, sy0, sx1, sy1 = src
         sub = arr[sy0:sy1, sx0:sx1]
@@ -597,6 +596,12 @@ class _TileWorker:
         dst[..., :3] = rgb
         if self.mode == "rgba":
             dst[..., 3] = 255 if alpha is None else alpha
+
+
+def _missing(dst: np.ndarray, state: _ThreadState) -> None:
+    """A missing tile (offset or byte count 0): transparent background, counted."""
+    state.stats.tiles_missing += 1
+    dst[...] = 0
 
 
 def _widen_rgba(flat: np.ndarray, h: int, w: int, dst32: np.ndarray) -> None:
