@@ -384,7 +384,8 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
     _check_read(level, col, row, got, count, offset)
     state.stats.bytes_read += count
     if jpeg:
-        if count < 2 or buf[start] != 0xFF or buf[start + 1] != 0xD8:
+        # (memoryview indexing gives plain ints: cheaper than numpy scalars)
+        if count < 2 or view[start] != 0xFF or view[start + 1] != 0xD8:
             raise TileDecodeError(
                 level._path, level.index, col, row,
                 f"not a JPEG stream (starts with {bytes(buf[start:start + 2]).hex()} "
@@ -722,7 +723,8 @@ def _codestream(level: "Level", data, col: int, row: int, complete: bool = False
         raise TileDecodeError(
             level._path, level.index, col, row, f"unreadable code stream header ({exc})"
         ) from None
-    _check_cell(level, col, row, width, height)
+    if width != level.tile_width or height != level.tile_height:  # else a whole cell: fine
+        _check_cell(level, col, row, width, height)
     return cs, width, height
 
 
