@@ -389,8 +389,15 @@ def _fill_region(lv: "Level", x: int, y: int, w: int, h: int, out: np.ndarray, m
     nthreads = threads if threads is not None else (os.cpu_count() or 1)
     k = max(1, min(nthreads, len(jobs)))
     # Batch size: up to BATCH_TILES, but small enough that every thread gets
-    # about two batches (so the shared queue still balances the work).
-    batch = BATCH_TILES if k == 1 else max(1, min(BATCH_TILES, len(jobs) // (2 * k)))
+    # about two batches (so the shared queue still balances the work).  JPEG 2000
+    # tiles are not batched: each takes milliseconds to decode, so one call per
+    # tile costs nothing measurable, and handing out single tiles keeps the
+    # threads evenly loaded (batches of 6 left one of 2 threads idle for up to
+    # a fifth of a 1024 x 1024 read).
+    if lv._stream_kind == "j2k":
+        batch = 1
+    else:
+        batch = BATCH_TILES if k == 1 else max(1, min(BATCH_TILES, len(jobs) // (2 * k)))
     worker = _TileWorker(lv, out, mode, on_error, pool, batch)
     if k == 1:
         worker.run(jobs)
