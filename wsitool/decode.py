@@ -155,6 +155,7 @@ class _ThreadState:
         self._decoder: Any = None
         self._encoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
+        self._tile_views: dict[tuple, tuple] = {}
         self._read_bufs: dict[int, tuple[np.ndarray, memoryview]] = {}
 
     @property
@@ -180,6 +181,25 @@ class _ThreadState:
             self._scratch[key] = buf
             self.stats.scratch_allocations += 1
         return buf
+
+    def tile_rgb(self, tile_h: int, tile_w: int, h: int, w: int):
+        """``(flat, view, image)``: this thread's RGB scratch for tiles of
+        ``tile_h x tile_w`` pixels, ``flat`` a 1-D uint8 buffer of
+        ``tile_h * tile_w * 3 + 4`` bytes (the spare bytes let
+        :func:`wsitool.region._widen_rgba` read whole 32-bit words), ``view`` its
+        first ``h * w`` pixels as ``(h, w, 3)`` uint8 and ``image`` the nvImageCodec
+        image of ``view``.  The triple for the whole-tile shape is made once per
+        thread and reused (wrapping a buffer costs about as much as a tenth of a
+        small tile's decode); other shapes are made per call."""
+        key = (tile_h, tile_w, h, w)
+        hit = self._tile_views.get(key)
+        if hit is None:
+            flat = self.scratch((tile_h * tile_w * 3 + 4,))
+            view = flat[: h * w * 3].reshape(h, w, 3)
+            hit = (flat, view, nvimgcodec.as_image(view))
+            if (h, w) == (tile_h, tile_w):
+                self._tile_views[key] = hit
+        return hit
 
     def read_buffer(self, nbytes: int, slot: int = 0) -> tuple[np.ndarray, memoryview]:
         """A uint8 buffer of at least ``nbytes`` bytes (and its memoryview), reused
@@ -798,6 +818,7 @@ def decode_into(
     *,
     caller_buffer: bool = True,
     complete: bool = False,
+    image=None,
 ) -> None:
     """Decode part of one nvImageCodec-decodable tile into ``dst``.
 
@@ -817,6 +838,8 @@ def decode_into(
             ``tiles_scratch`` in :class:`DecodeStats`.
         complete: ``data`` is already a complete code stream (JPEG prefix
             merged, SOI checked) from :func:`read_tile_stream`.
+        image: the nvImageCodec image of ``dst``, when the caller keeps one
+            (:meth:`_ThreadState.tile_rgb`); made here otherwise.
 
     Raises:
         TileDecodeError: header/grid mismatch, decoder failure, or a decoder
@@ -832,7 +855,7 @@ def decode_into(
         _decode_checked(level, col, row, cs, scratch, state)
         dst[...] = scratch[y0:y1, x0:x1]
     else:
-        _decode_checked(level, col, row, cs, dst, state)
+        _decode_checked(level, col, row, cs, dst, state, image)
     count_decoded(state.stats, how, caller_buffer)
 
 
@@ -861,9 +884,12 @@ def check_decoded(level: "Level", col: int, row: int, result, image, shape) -> N
         )
 
 
-def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState) -> None:
-    """Run one decode into ``dst`` under the thread's decoder lock and verify it."""
-    image = nvimgcodec.as_image(dst)
+def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState,
+                    image=None) -> None:
+    """Run one decode into ``dst`` (through ``image``, its nvImageCodec image, if
+    given) under the thread's decoder lock and verify it."""
+    if image is None:
+        image = nvimgcodec.as_image(dst)
     decoder = state.decoder
     with state.lock:
         try:

@@ -585,10 +585,9 @@ class _TileWorker:
                 return
             if self.rgba:
                 h, w = dy1 - dy0, dx1 - dx0
-                flat = state.scratch((lv.tile_height * lv.tile_width * 3 + 4,))
-                rgb = flat[: h * w * 3].reshape(h, w, 3)
+                flat, rgb, image = state.tile_rgb(lv.tile_height, lv.tile_width, h, w)
                 decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False,
-                            complete=True)
+                            complete=True, image=image)
                 _widen_rgba(flat, h, w, self.out32[dy0:dy1, dx0:dx1])
                 return
             scratch = state.scratch((lv.tile_height, lv.tile_width, 3))
