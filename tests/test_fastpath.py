@@ -242,3 +242,42 @@ def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monk
         tw, th = lv.tile_width, lv.tile_height
         assert not outs[0][:th, tw:2 * tw].any()   # the bad tile is background
         assert outs[0][:th, :tw].any()             # its neighbours are decoded
+
+
+def test_rgba_keeps_one_wrapped_scratch_per_tile_size(sample_jpeg):
+    """RGBA reads reuse the thread's wrapped whole-tile scratch, and never keep one
+    per partial-tile shape (which would grow with every odd region)."""
+    rng = np.random.default_rng(21)
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        for xl, yl, w, h in random_regions(rng, lv.width, lv.height, 25, max_size=700):
+            rgba = slide.read_region((xl, yl), 0, (w, h), threads=1)
+            assert np.array_equal(rgba[..., :3],
+                                  slide.read_region((xl, yl), 0, (w, h), mode="rgb", threads=1))
+        kept = list(get_pool("cpu").state()._tile_views)
+    whole = (lv.tile_height, lv.tile_width, lv.tile_height, lv.tile_width)
+    assert whole in kept
+    assert all(key[:2] == key[2:] for key in kept)  # whole-tile shapes only
+
+
+def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch):
+    """JPEG 2000 tiles (milliseconds each) go to the threads one by one; JPEG tiles
+    in batches.  Both give the single-thread pixels."""
+    flushed = []
+    real_flush = region._TileWorker._flush
+
+    def spy(self, pending, state):
+        flushed.append((self.lv._stream_kind, len(pending)))
+        return real_flush(self, pending, state)
+
+    monkeypatch.setattr(region._TileWorker, "_flush", spy)
+    for path in (sample_jpeg, sample_jpeg.with_name("sample-aperio-j2k.svs")):
+        with wsitool.open_slide(path) as slide:
+            lv = slide.levels[0]
+            size = (min(lv.width, 3 * lv.tile_width), min(lv.height, 3 * lv.tile_height))
+            two = slide.read_region((0, 0), 0, size, mode="rgb", threads=2)
+            one = slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
+            assert np.array_equal(one, two)
+    kinds = {kind for kind, _n in flushed}
+    assert kinds == {"jpeg"}
+    assert max(n for _k, n in flushed) > 1
