@@ -392,8 +392,8 @@ def _fill_region(lv: "Level", x: int, y: int, w: int, h: int, out: np.ndarray, m
     # about two batches (so the shared queue still balances the work).  JPEG 2000
     # tiles are not batched: each takes milliseconds to decode, so one call per
     # tile costs nothing measurable, and handing out single tiles keeps the
-    # threads evenly loaded (batches of 6 left one of 2 threads idle for up to
-    # a fifth of a 1024 x 1024 read).
+    # threads evenly loaded (2 threads, 1024 x 1024 regions of 256 x 256 tiles:
+    # 25.4 MP/s with batches of 6, 29.0 MP/s tile by tile even for RGBA).
     if lv._stream_kind == "j2k":
         batch = 1
     else:
