@@ -114,11 +114,12 @@ def make_regions(width: int, height: int, size: int, count: int, seed: int, down
 
 
 def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -> int:
-    """Read once every tile the regions touch, so that every tool, in every round,
-    reads the same bytes from the page cache (a benchmark of decoding and placing
-    tiles, not of the disk: on a machine whose page cache is small or shared, the
-    first tool of the first round would otherwise pay for the disk alone).
-    Returns the number of bytes read."""
+    """Read once every tile the regions touch, so that every tool reads the same
+    bytes from the page cache (a benchmark of decoding and placing tiles, not of
+    the disk: otherwise the first tool of the first round pays for the disk
+    alone).  It assumes the tiles fit in the page cache until the last round
+    (here: tens of MiB).  Reads the first plane only (the bench slides are
+    chunky RGB).  Returns the number of bytes read."""
     import wsitool
     from wsitool.region import level_rect, plan_tiles
 
@@ -463,7 +464,7 @@ def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool 
     add("256 RGB 1 thread / whole-tile decode floor", get("wsitool", 256, 1, "rgb "),
         get("floor", 256, 1), 1.5)
     for ref, need in (("openslide", 5.0), ("tiffslide", 2.3)):
-        add(f"1024 RGB 2 threads / {ref} 1 thread (the issue's reference)",
+        add(f"1024 RGB 2 threads / {ref} 1 thread (issue 6's reference)",
             get("wsitool", 1024, 2, "rgb "), get(ref, 1024, 1), need)
         add(f"1024 RGB 2 threads / {ref} 2 threads (pool)",
             get("wsitool", 1024, 2, "rgb "), get(ref, 1024, 2), need)
@@ -494,8 +495,10 @@ def main(argv=None) -> int:
         rp.add_argument("--markdown", action="store_true")
         a = rp.parse_args()
         return render(json.loads(a.render.read_text()), a.markdown)
-    ap = argparse.ArgumentParser(description="wsitool vs OpenSlide vs tiffslide vs decode floor")
-    ap.add_argument("slide")
+    ap = argparse.ArgumentParser(
+        description="wsitool vs OpenSlide vs tiffslide vs decode floor",
+        epilog="Re-print a saved run: bench_read_region.py --render RUN.json [--markdown]")
+    ap.add_argument("slide", help="a large slide, e.g. from scripts/make_bench_slide.py")
     ap.add_argument("--size", default="256,1024,4096", help="region sizes (square), comma list")
     ap.add_argument("--threads", default="1,2", help="thread counts, comma list")
     ap.add_argument("--regions", type=int, default=None,
@@ -514,6 +517,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
     ap.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     args = ap.parse_args(argv)
+    if not Path(args.slide).is_file():
+        ap.error(f"{args.slide}: no such file (make one with scripts/make_bench_slide.py)")
 
     sys.path.insert(0, str(REPO))
     import wsitool

@@ -12,9 +12,9 @@ into a bigger tile grid, so compression ratios and decode costs are those of rea
 tissue:
 
 * ``--codec jpeg`` (default): tiles of ``aperio-cmu1-small-region-jpeg.svs``
-  (CMU-1-Small-Region: 240 x 240 JPEG tiles, photometric RGB, shared JPEGTables;
-  tifffile does not write the source's YCbCrSubSampling tag for photometric RGB,
-  which no reader needs since the JPEG frame header carries the sampling).
+  (CMU-1-Small-Region: 240 x 240 JPEG tiles coded in RGB, 4:4:4, shared
+  JPEGTables; tagged like the source: photometric RGB, with the YCbCrSubSampling
+  tag (2, 2) that Aperio writes too and readers ignore for RGB).
 * ``--codec j2k``: tiles of ``aperio-tcga-cr-7395-jp2k-33005-2level.svs``
   (256 x 256 Aperio JPEG 2000 tiles, compression 33005, RGB).
 
@@ -101,12 +101,15 @@ def level_sizes(width: int, height: int, tile: int) -> list[tuple[int, int]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--width", type=int, default=40000)
-    ap.add_argument("--height", type=int, default=30000)
-    ap.add_argument("--codec", choices=sorted(SOURCES), default="jpeg")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES)
+    ap.add_argument("out", type=Path, help="slide to write (outside the repository, e.g. /tmp)")
+    ap.add_argument("--width", type=int, default=40000, help="level-0 width in pixels (default 40000)")
+    ap.add_argument("--height", type=int, default=30000, help="level-0 height in pixels (default 30000)")
+    ap.add_argument("--codec", choices=sorted(SOURCES), default="jpeg",
+                    help="whose tiles to copy (default jpeg)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the tile draw (default 0)")
+    ap.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES,
+                    help=f"folder of the source slides (default {DEFAULT_SAMPLES}; "
+                         "or set WSITOOL_SHARED to the folder holding samples/)")
     args = ap.parse_args(argv)
     if args.width <= 0 or args.height <= 0:
         ap.error("--width and --height must be positive")
@@ -155,6 +158,9 @@ def main(argv=None) -> int:
                     (tiles[k] for k in grid.ravel()),
                     shape=(h, w, 3), dtype=np.uint8, tile=(th, tw),
                     compression=compression, photometric="rgb",
+                    # tifffile tags JPEG-compressed RGB as YCbCr unless told the
+                    # stored colour space; these tiles are coded in RGB.
+                    compressionargs={"outcolorspace": "rgb"} if args.codec == "jpeg" else None,
                     jpegtables=jpegtables if args.codec == "jpeg" else None,
                     description=desc, metadata=None,
                 )

@@ -80,7 +80,9 @@ def test_read_region_raw_mode_npy(tmp_path):
         (["--size", 100000, 100000], 6, "max_region_pixels"),
         (["--size", 100, 100, "--max-pixels", 50], 6, "max_region_pixels"),
         (["--size", 10, 10, "--device", "cuda"], 8, "no CUDA device available"),
-        (["--size", 10, 10, "--mode", "cmyk"], 5, "mode must be one of"),
+        (["--size", 10, 10, "--mode", "cmyk"], 2, "--mode"),         # usage errors: exit 2
+        (["--size", 10, 10, "--on-error", "bogus"], 2, "--on-error"),
+        (["--size", 10, 10, "--threads", 0], 2, "--threads"),
     ],
 )
 def test_read_region_errors(sample_jpeg, tmp_path, args, code, needle):

@@ -69,7 +69,7 @@ def test_sof_bomb_tile_fill_policy_exit_0(tmp_path):
     assert res.exit_code == 0, res.output
     warn = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert warn[0].startswith("wsitool: warning:") and "col 1, row 1" in warn[0]
-    assert warn[-1] == "wsitool: warning: 1 bad tile(s) filled with background"
+    assert warn[-1] == "wsitool: warning: 1 bad tile(s) filled with transparent background"
     arr = np.load(out)
     assert arr.shape == (150, 150, 4)
     assert (arr[:56, :56, 3] == 255).all() and (arr[56:, 56:, 3] == 0).all()
@@ -134,3 +134,30 @@ def test_broken_files_exit_codes(tmp_path, name, code):
     res = runner.invoke(app, ["info", str(path)])
     assert res.exit_code == code
     _one_error_line(res, str(path))
+
+
+def test_truncated_structure_is_one_warning_line_not_a_library_log(sample_jpeg, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A file cut inside its IFD chain opens with the levels that could be read; what
+    tifffile reports comes out once, as a SlideWarning naming the file (and in the
+    CLI as one ``wsitool: warning:`` line), not as tifffile's own log line."""
+    import warnings
+
+    import wsitool
+    from wsitool import cli
+
+    cut = tmp_path / "cut.svs"
+    cut.write_bytes(sample_jpeg.read_bytes()[:20000])
+    with pytest.warns(wsitool.SlideWarning, match="invalid page offset") as caught:
+        with wsitool.open_slide(cut) as slide:
+            assert slide.level_count >= 1
+            assert slide.problems and "invalid page offset" in slide.problems[0]
+    assert str(cut) in str(caught[0].message)
+    assert "tifffile" not in capsys.readouterr().err
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it
+    with pytest.raises(SystemExit) as done:
+        cli.main(["info", str(cut)])
+    assert done.value.code == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("wsitool: warning:") and str(cut) in err[0]

@@ -281,3 +281,20 @@ def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch):
     kinds = {kind for kind, _n in flushed}
     assert kinds == {"jpeg"}
     assert max(n for _k, n in flushed) > 1
+
+
+def test_out_with_a_length_one_axis_of_any_stride(sample_jpeg):
+    """numpy calls an array C-contiguous whatever the stride of a length-1 axis;
+    such an ``out`` (here a transposed one-pixel-wide column) is filled like a
+    fresh one on the batched path, on one thread and on two."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        h = min(lv.height, 5 * lv.tile_height)
+        ref = slide.read_region((lv.tile_width // 2, 0), 0, (1, h), mode="rgb", threads=1)
+        for threads in (1, 2):
+            out = np.empty((1, h, 3), np.uint8).transpose(1, 0, 2)
+            assert out.flags.c_contiguous and out.strides[1] != 3
+            got = slide.read_region((lv.tile_width // 2, 0), 0, (1, h), mode="rgb",
+                                    threads=threads, out=out)
+            assert got is out
+            assert np.array_equal(out, ref)

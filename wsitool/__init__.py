@@ -15,6 +15,7 @@ from .errors import (
     DeviceUnavailableError,
     InvalidRegionError,
     ResourceLimitError,
+    SlideWarning,
     TileDecodeError,
     UnsupportedFormatError,
     WsiError,
@@ -42,6 +43,7 @@ __all__ = [
     "TileDecodeError",
     "DeviceUnavailableError",
     "TileWarning",
+    "SlideWarning",
     "export_pyramid",
     "ExportResult",
 ]

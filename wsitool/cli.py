@@ -20,8 +20,9 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Literal, Optional, Tuple
 
 import typer
 from rich.console import Console
@@ -242,9 +243,9 @@ def read_region_cmd(
     level: Optional[int] = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
     size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", help="WIDTH HEIGHT in pixels of LEVEL."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
-    mode: str = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
-    on_error: str = typer.Option("raise", "--on-error", help="raise (default) or fill corrupt tiles with background."),
+    mode: Literal["rgba", "rgb", "raw"] = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
+    on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default) or fill corrupt tiles with transparent background."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
     regions: Optional[Path] = typer.Option(None, "--regions", help="CSV of many regions (columns x,y,level,width,height[,name]); needs --output-dir."),
@@ -290,7 +291,6 @@ def read_region_cmd(
     ext = output.suffix.lower()
     if ext not in (".png", ".tif", ".tiff", ".npy"):
         raise fail(f"{output}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)", 2)
-    import warnings
 
     from .region import TileWarning
 
@@ -303,7 +303,7 @@ def read_region_cmd(
     for w in filled:  # --on-error fill: one line per bad tile, then the count
         err_console.print(f"[yellow]wsitool: warning:[/] {w.message}", highlight=False, soft_wrap=True)
     if filled:
-        err_console.print(f"[yellow]wsitool: warning:[/] {len(filled)} bad tile(s) filled with background",
+        err_console.print(f"[yellow]wsitool: warning:[/] {len(filled)} bad tile(s) filled with transparent background",
                           highlight=False, soft_wrap=True)
     if device != "cpu":
         arr = arr.get()
@@ -399,7 +399,7 @@ def export_pyramid_cmd(
         None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
     level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
     overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
     background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
@@ -572,7 +572,7 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
 @handle_errors
 def stress_cmd(
     slide: Path = typer.Argument(..., help="Slide file."),
-    workers: int = typer.Option(16, "--workers", "-w", help="Reader threads sharing one opened slide."),
+    workers: int = typer.Option(16, "--workers", "-w", min=1, help="Reader threads sharing one opened slide."),
     iterations: Optional[int] = typer.Option(None, "--iterations", "-n",
                                              help="Total reads over all workers (default 10000)."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Run this many seconds instead of --iterations."),
@@ -584,8 +584,8 @@ def stress_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Plot RSS vs iterations (.png/.svg/.pdf; needs the 'plot' extra)."),
     max_growth_mb: float = typer.Option(64.0, "--max-growth-mb", help="RSS growth after warm-up (MiB) counted as a leak."),
     warmup: float = typer.Option(0.1, "--warmup", help="Fraction of the run not measured (warm-up)."),
-    mode: str = typer.Option("rgb", "--mode", help="rgb (decode into caller buffers), rgba or raw."),
-    read_threads: int = typer.Option(1, "--read-threads", help="threads= of each read."),
+    mode: Literal["rgb", "rgba", "raw"] = typer.Option("rgb", "--mode", help="rgb (decode into caller buffers), rgba or raw."),
+    read_threads: int = typer.Option(1, "--read-threads", min=1, help="threads= of each read."),
     stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds without progress before the run counts as hung."),
     sample_interval: float = typer.Option(0.1, "--sample-interval", help="Seconds between RSS samples."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
@@ -638,9 +638,15 @@ def stress_cmd(
         raise typer.Exit(result.exit_code)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Print a Python warning as one ``wsitool: warning:`` line on stderr."""
+    err_console.print(f"[yellow]wsitool: warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Console-script entry point."""
     logging.getLogger("tifffile").setLevel(logging.ERROR)
+    warnings.showwarning = _show_warning
     app(args=argv, prog_name="wsitool")
 
 

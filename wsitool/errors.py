@@ -34,6 +34,7 @@ __all__ = [
     "ResourceLimitError",
     "TileDecodeError",
     "DeviceUnavailableError",
+    "SlideWarning",
 ]
 
 
@@ -87,3 +88,13 @@ class TileDecodeError(WsiError):
 
     def __reduce__(self):  # keep picklable across processes (stress, dask)
         return (type(self), (self.path, self.level, self.col, self.row, self.reason))
+
+
+class SlideWarning(UserWarning):
+    """A problem in a slide's structure that does not stop it from being read.
+
+    Emitted by :func:`wsitool.open_slide` for what tifffile reports while it
+    parses the file (for example an IFD offset past the end of the file, which
+    is what a truncated file looks like): the slide opens with the levels that
+    could be read, and :attr:`wsitool.Slide.problems` lists the messages.
+    """

@@ -519,10 +519,14 @@ class _TileWorker:
         lv = self.lv
         out = self.out
         base = out.__array_interface__["data"][0]
-        s0, s1 = out.strides[0], out.strides[1]
-        strides = out.strides
         typestr = out.dtype.str
         channels = out.shape[2]
+        # The strides of the C-contiguous layout, computed rather than taken
+        # from ``out.strides``: numpy calls an array C-contiguous whatever the
+        # stride of a length-1 axis (a transposed (h, 1, 3) buffer, say), and
+        # nvImageCodec refuses any pixel stride that is not packed.
+        strides = (out.shape[1] * channels * out.itemsize, channels * out.itemsize, out.itemsize)
+        s0, s1 = strides[0], strides[1]
         across = lv.tiles_across
         pending: list[tuple] = []
         for job in jobs:
@@ -548,9 +552,10 @@ class _TileWorker:
     def _flush(self, pending: list[tuple], state: _ThreadState) -> None:
         lv = self.lv
         as_image = nvimgcodec.as_image  # (one call per block: faster than as_images here)
-        images = [as_image(p[4]) for p in pending]
+        images = [None] * len(pending)
         with state.lock:
             try:
+                images = [as_image(p[4]) for p in pending]
                 results = state.decoder.decode([p[1] for p in pending], images=images)
             except Exception:  # one bad stream failed the call: decode one by one
                 results = None
@@ -623,10 +628,11 @@ class _Block:
     """A strided block of a host array, described by ``__array_interface__``
     (numpy's array interface protocol, version 3) for ``nvimgcodec.as_image``.
 
-    ``owner`` is the array the block lies in: the block keeps it alive, and the
-    nvImageCodec image keeps the block alive.  ``address`` is the block's first
-    byte; ``shape`` is ``(height, width, channels)``; ``strides`` (bytes) and
-    ``typestr`` are the owner's.
+    ``owner`` is the C-contiguous array the block lies in: the block keeps it
+    alive, and the nvImageCodec image keeps the block alive.  ``address`` is the
+    block's first byte; ``shape`` is ``(height, width, channels)``; ``strides``
+    (bytes) are those of the owner's C-contiguous layout; ``typestr`` is the
+    owner's dtype string (e.g. ``"|u1"``).
     """
 
     __slots__ = ("__array_interface__", "owner")

@@ -33,6 +33,7 @@ The downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import re
@@ -47,7 +48,13 @@ from typing import Any, Iterator
 import numpy as np
 import tifffile
 
-from .errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError
+from .errors import (
+    CorruptFileError,
+    ResourceLimitError,
+    SlideWarning,
+    UnsupportedFormatError,
+    WsiError,
+)
 
 __all__ = ["Level", "Slide", "open_slide"]
 
@@ -235,12 +242,21 @@ class Slide:
         self._fd = os.open(self.path, os.O_RDONLY)  # FileNotFoundError passes through
         self._lock = threading.Lock()
         self._tiff: tifffile.TiffFile | None = None
+        #: What tifffile reported while parsing the structure (e.g. "invalid page
+        #: offset 828578": an IFD past the end of the file, i.e. a truncated
+        #: file); each is also emitted as a :class:`~wsitool.errors.SlideWarning`.
+        self.problems: list[str] = []
         try:
             self._file_size = os.fstat(self._fd).st_size
-            self._open()
+            with _tifffile_messages() as messages:
+                self._open()
         except BaseException:
             self.close()
             raise
+        for message in messages:
+            self.problems.append(message)
+            warnings.warn(f"{self.path}: TIFF structure: {message} (opened anyway, with "
+                          f"{self.level_count} level(s))", SlideWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ opening
 
@@ -646,6 +662,60 @@ def open_slide(path: str | os.PathLike) -> Slide:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+class _TifffileCapture(logging.Handler):
+    """Routes each tifffile log record to the message list of the thread that emitted it."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lists: dict[int, list[str]] = {}  # thread id -> messages (under _capture_lock)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        messages = self.lists.get(record.thread)
+        if messages is not None:
+            # tifffile prefixes the object that complains: "<tifffile.TiffPages @8> ..."
+            messages.append(re.sub(r"^<[^>]*>\s*", "", record.getMessage()))
+
+
+_capture = _TifffileCapture()
+_capture_lock = threading.Lock()
+_capture_state: dict[str, Any] = {"users": 0, "level": logging.NOTSET, "propagate": True}
+
+
+@contextlib.contextmanager
+def _tifffile_messages():
+    """Collect, as a list of strings, what tifffile logs from this thread meanwhile.
+
+    Whatever logging the application configured, while any thread is inside
+    this block the "tifffile" logger passes WARNING and above to the capture
+    handler only (its level is lowered to WARNING if it was higher, and records
+    do not propagate to the application's handlers or to Python's last-resort
+    handler, which would print them on stderr); both settings are restored when
+    the last thread leaves.  Records of other threads meanwhile are dropped.
+    """
+    logger = logging.getLogger("tifffile")
+    me = threading.get_ident()
+    messages: list[str] = []
+    with _capture_lock:
+        _capture.lists[me] = messages
+        if _capture_state["users"] == 0:
+            _capture_state["level"], _capture_state["propagate"] = logger.level, logger.propagate
+            logger.addHandler(_capture)
+            logger.propagate = False
+            if logger.getEffectiveLevel() > logging.WARNING:
+                logger.setLevel(logging.WARNING)
+        _capture_state["users"] += 1
+    try:
+        yield messages
+    finally:
+        with _capture_lock:
+            del _capture.lists[me]
+            _capture_state["users"] -= 1
+            if _capture_state["users"] == 0:
+                logger.removeHandler(_capture)
+                logger.setLevel(_capture_state["level"])
+                logger.propagate = _capture_state["propagate"]
 
 _CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
 
