@@ -18,8 +18,9 @@ What one run does:
 * Reads every tile those regions touch once before the first round, so that all
   tools read from the page cache (the benchmark measures decoding and placing,
   not the disk).
-* Runs each tool in its own subprocess (so peak RSS is per tool): a warm-up over
-  the first regions, then ``--reps`` timed passes over all regions.  This is done
+* Runs each tool in its own subprocess (so peak RSS is per tool): an untimed
+  warm-up pass over all regions (``--warm N``: the first N only), then ``--reps``
+  timed passes over all regions.  This is done
   ``--rounds`` times, the tools taking turns inside each round, so that a load
   change on a shared machine hits every tool alike; the reported time is the
   median pass over all rounds.  ``MP/s`` = region megapixels / median wall time;
@@ -144,8 +145,9 @@ def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -
 # ----------------------------------------------------------------------------- workers
 
 
-def _timed_passes(read_one, regions, reps: int, threads: int, warm: int):
-    """Warm up, reset the peak, run ``reps`` passes; return (times, idle MiB, peak MiB)."""
+def _timed_passes(read_one, regions, reps: int, threads: int, warm: int | None):
+    """Warm up over ``regions[:warm]`` (all if None), reset the peak, run ``reps``
+    passes; return (times, idle MiB, peak MiB)."""
     for loc in regions[:warm]:
         arr = read_one(loc)
         del arr
@@ -508,7 +510,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=1, help="timed passes per round")
     ap.add_argument("--rounds", type=int, default=5,
                     help="rounds; each runs every tool once, in turn (median over all passes)")
-    ap.add_argument("--warm", type=int, default=1, help="warm-up regions per configuration")
+    ap.add_argument("--warm", type=int, default=None,
+                    help="warm-up regions per configuration (default: all, one untimed pass)")
     ap.add_argument("--level", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="rgb,rgba", help="wsitool output modes")
