@@ -36,9 +36,16 @@ app = typer.Typer(
     help="Read, convert and stress-test tiled pyramidal whole-slide images (SVS, TIFF, OME-TIFF).",
 )
 # Not on a terminal (pipes, logs, CI): wide lines instead of rich's 80 columns, so
-# tables and messages are not cut or wrapped mid-sentence.
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# tables and messages are not cut or wrapped mid-sentence -- unless COLUMNS says
+# how wide (rich reads it when no width is given).
+
+
+def _width(stream) -> int | None:
+    return None if stream.isatty() or os.environ.get("COLUMNS") else 200
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (errors.UnsupportedFormatError, 3),
