@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -161,3 +163,25 @@ def test_truncated_structure_is_one_warning_line_not_a_library_log(sample_jpeg, 
     assert done.value.code == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("wsitool: warning:") and str(cut) in err[0]
+
+
+@pytest.mark.parametrize("level", [logging.NOTSET, logging.DEBUG, logging.CRITICAL])
+def test_opening_leaves_the_tifffile_logger_as_the_application_set_it(sample_jpeg, tmp_path,
+                                                                      level):
+    """The capture of tifffile's messages during open is temporary: level, propagation
+    and handlers of the "tifffile" logger are as before, and debug records are not
+    turned into warnings; the problem is reported whatever the application's level."""
+    import wsitool
+
+    cut = tmp_path / "cut.svs"
+    cut.write_bytes(sample_jpeg.read_bytes()[:20000])
+    logger = logging.getLogger("tifffile")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    logger.setLevel(level)
+    try:
+        with pytest.warns(wsitool.SlideWarning) as caught:
+            wsitool.open_slide(cut).close()
+        assert len(caught) == 1 and "invalid page offset" in str(caught[0].message)
+        assert (logger.level, logger.propagate, logger.handlers) == (level, saved[1], saved[2])
+    finally:
+        logger.setLevel(saved[0])

@@ -668,7 +668,7 @@ class _TifffileCapture(logging.Handler):
     """Routes each tifffile log record to the message list of the thread that emitted it."""
 
     def __init__(self):
-        super().__init__(logging.DEBUG)
+        super().__init__(logging.WARNING)  # problems, not tifffile's debug chatter
         self.lists: dict[int, list[str]] = {}  # thread id -> messages (under _capture_lock)
 
     def emit(self, record: logging.LogRecord) -> None:
