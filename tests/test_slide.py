@@ -29,7 +29,10 @@ ORACLE_FILES = [
     p for p in tiff_samples() + repo_samples()
     if ".ome." not in p.name and _openslide_or_none(p) is not None
 ]
-NON_ORACLE_FILES = [p for p in tiff_samples() if _openslide_or_none(p) is None]
+NON_ORACLE_FILES = [p for p in tiff_samples() if _openslide_or_none(p) is None] or [
+    pytest.param(None, marks=pytest.mark.skip(
+        reason=f"real slides folder {SHARED_SAMPLES} is absent (no files OpenSlide rejects)"))
+]
 
 
 def test_shared_samples_present_or_skipped():
@@ -93,7 +96,7 @@ def test_jpeg2000_aperio_levels(tcga_j2k):
         assert list(slide.associated_images) == ["thumbnail"]
 
 
-@pytest.mark.parametrize("path", NON_ORACLE_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NON_ORACLE_FILES, ids=lambda p: getattr(p, "name", "none"))
 def test_files_openslide_rejects_give_clear_result(path):
     """Either a clean wsitool error naming the file, or a slide whose reads work or fail cleanly."""
     try:
