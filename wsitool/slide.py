@@ -559,6 +559,45 @@ class Slide:
 
         return level_to_dask(self, level, chunks=chunks)
 
+    def _check_associated_segments(self, name: str, page: tifffile.TiffPage) -> None:
+        """Check the strips / tiles of an LZW or JPEG associated image before
+        tifffile hands them to imagecodecs, as tiles are checked before decoding
+        (:func:`wsitool.decode.check_header`): LZW data that imagecodecs' decoder
+        crashes on (:func:`~wsitool.decode.lzw_problem`; found by scripts/fuzz.py
+        on a mutated Aperio label), and JPEG frames without a readable header or
+        declaring more pixels than the image (decompression bombs).
+
+        Raises:
+            CorruptFileError: a segment lies past the end of the file or fails a check.
+        """
+        comp = int(page.compression)
+        if comp not in (_LZW, _JPEG):
+            return
+        from .decode import jpeg_frame_size, lzw_problem
+
+        max_w = max(int(page.imagewidth), int(page.tilewidth or 0))
+        max_h = max(int(page.imagelength), int(page.tilelength or 0))
+        where = f"{self.path}: associated image {name!r}"
+        for off, count in zip(page.dataoffsets, page.databytecounts):
+            off, count = int(off), int(count)
+            if off == 0 or count == 0:
+                continue
+            if off + count > self._file_size:
+                raise CorruptFileError(f"{where}: data at offset {off} (+{count} bytes) lies past "
+                                       f"the end of the file ({self._file_size} bytes): truncated file")
+            data = os.pread(self._fd, count, off)
+            if comp == _LZW:
+                problem = lzw_problem(data)
+                if problem:
+                    raise CorruptFileError(f"{where}: {problem}")
+                continue
+            size = jpeg_frame_size(data)
+            if size is None:
+                raise CorruptFileError(f"{where}: JPEG stream without a readable frame header")
+            if size[0] > max_w or size[1] > max_h:
+                raise CorruptFileError(f"{where}: a JPEG frame declares {size[0]}x{size[1]} pixels, "
+                                       f"more than the {int(page.imagewidth)}x{int(page.imagelength)} image")
+
     def _read_associated(self, name: str, page: tifffile.TiffPage) -> np.ndarray:
         """Decode an associated image to ``(height, width, 3)`` uint8 RGB.
 
@@ -566,8 +605,9 @@ class Slide:
             ResourceLimitError: the image is larger than the region limits
                 (checked before decoding, see :mod:`wsitool.settings`).
             UnsupportedFormatError: samples without an RGB conversion.
-            CorruptFileError: the decoded data does not have the declared
-                ``height x width x samples`` shape.
+            CorruptFileError: a strip or tile fails the checks of
+                :meth:`_check_associated_segments`, or the decoded data does
+                not have the declared ``height x width x samples`` shape.
             WsiError: the image could not be decoded.
         """
         from .region import to_rgb8
@@ -584,6 +624,7 @@ class Slide:
                 f"{self.path}: associated image {name!r} is {w}x{h}x{s}, over the region limits "
                 f"({lim.max_region_pixels} pixels, {lim.max_region_bytes} bytes)"
             )
+        self._check_associated_segments(name, page)
         try:
             with self._lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
