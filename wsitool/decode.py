@@ -497,6 +497,16 @@ def webp_frame_size(data: bytes) -> tuple[int, int] | None:
 _JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
 
 
+#: Marker segments allowed in a JPEG 2000 main header (second byte of FFxx):
+#: ITU-T T.800 table A.2 (SIZ 51, COD 52, COC 53, TLM 55, PLM 57, QCD 5C,
+#: QCC 5D, RGN 5E, POC 5F, PPM 60, CRG 63, COM 64), T.801 (Part 2: MCT 74,
+#: MCC 75, MCO 77, CBD 78) and T.814 (HTJ2K: CAP 50, CPF 59).
+_J2K_MAIN_HEADER_MARKERS = frozenset(
+    (0x50, 0x51, 0x52, 0x53, 0x55, 0x57, 0x59, 0x5C, 0x5D, 0x5E, 0x5F, 0x60, 0x63, 0x64,
+     0x74, 0x75, 0x77, 0x78)
+)
+
+
 def j2k_header_problem(data: bytes) -> str | None:
     """Why a JPEG 2000 tile's main header is unusable, or None if it is complete.
 
@@ -551,6 +561,11 @@ def j2k_header_problem(data: bytes) -> str | None:
             if missing:
                 return f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing"
             return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
+        if marker not in _J2K_MAIN_HEADER_MARKERS:
+            # OpenJPEG skips unknown markers by searching for the next known one;
+            # when that runs off the end, nvImageCodec's decoder crashed (SIGSEGV,
+            # scripts/fuzz.py: a COM marker FF64 turned into FF40)
+            return f"invalid JPEG 2000 main header: unknown marker ff{marker:02x}"
         seen.add(marker)
         length = int.from_bytes(data[i + 2:i + 4], "big")
         if length < 2:
