@@ -359,51 +359,14 @@ def _best(results, tool, size, threads, prefix=""):
     return max(cands, key=lambda r: r["mp_per_s"]) if cands else None
 
 
-def print_table(results: list[dict], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for col in ("size", "thr", "tool", "config", "MP/s", "MP/cpu-s", "/OpenSlide", "/tiffslide",
-                "/floor", "peak+ MiB", "out MiB"):
-        table.add_column(col, justify="left" if col in ("tool", "config") else "right")
-    sizes = sorted({r["size"] for r in results})
-    threads_list = sorted({r["threads"] for r in results})
-    order = {t: i for i, t in enumerate(TOOLS)}
-    for size in sizes:
-        floor = _best(results, "floor", size, 1)
-        for threads in threads_list:
-            osl = _best(results, "openslide", size, threads)
-            tsl = _best(results, "tiffslide", size, threads)
-            rows = [r for r in results if r["size"] == size and r["threads"] == threads]
-            rows.sort(key=lambda r: (order.get(r["tool"], 9), r["config"]))
-            for r in rows:
-                is_ws = r["tool"] == "wsitool"
-
-                def ratio(ref, r=r, is_ws=is_ws):
-                    if not is_ws:
-                        return ""
-                    return f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-"
-
-                table.add_row(
-                    str(size), str(threads), r["tool"], r["config"], f"{r['mp_per_s']:.1f}",
-                    f"{r['mp_per_cpu_s']:.1f}", ratio(osl), ratio(tsl),
-                    ratio(floor) if threads == 1 else "",
-                    f"{r['peak_over_idle_mib']:.1f}", f"{r['output_mib']:.1f}",
-                )
-        table.add_section()
-    Console(width=160).print(table)
-    for size in sizes:
-        sums = {f"{r['tool']} {r['config'].split()[0]}": r["checksum"] for r in results
-                if r["size"] == size and r["checksum"] is not None}
-        if len(set(sums.values())) > 1:
-            print(f"WARNING: tools read different pixels for the first {size}x{size} region: {sums}")
+COLUMNS = ("size", "threads", "tool", "config", "MP/s", "MP/cpu-s", "/OpenSlide", "/tiffslide",
+           "/floor", "peak+ MiB", "out MiB")
 
 
-def markdown_table(results: list[dict]) -> str:
-    """The table as GitHub Markdown (for the README)."""
-    lines = ["| size | threads | tool | config | MP/s | MP/cpu-s | /OpenSlide | /tiffslide | /floor "
-             "| peak+ MiB | out MiB |", "|" + "---:|" * 2 + "---|---|" + "---:|" * 7]
+def table_rows(results: list[dict]):
+    """Yield ``(size, cells)``: one row of text cells (see COLUMNS) per result, by size,
+    thread count and tool; wsitool rows carry its ratios to OpenSlide and tiffslide
+    at the same thread count and, on one thread, to the decode floor."""
     order = {t: i for i, t in enumerate(TOOLS)}
     for size in sorted({r["size"] for r in results}):
         floor = _best(results, "floor", size, 1)
@@ -413,16 +376,43 @@ def markdown_table(results: list[dict]) -> str:
             rows = [r for r in results if r["size"] == size and r["threads"] == threads]
             rows.sort(key=lambda r: (order.get(r["tool"], 9), r["config"]))
             for r in rows:
-                ws = r["tool"] == "wsitool"
+                def ratio(ref, r=r):
+                    if r["tool"] != "wsitool":
+                        return ""
+                    return f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-"
 
-                def ratio(ref, r=r, ws=ws):
-                    return (f"{r['mp_per_s'] / ref['mp_per_s']:.2f}x" if ref else "-") if ws else ""
+                yield size, [str(size), str(threads), r["tool"], r["config"], f"{r['mp_per_s']:.1f}",
+                             f"{r['mp_per_cpu_s']:.1f}", ratio(osl), ratio(tsl),
+                             ratio(floor) if threads == 1 else "",
+                             f"{r['peak_over_idle_mib']:.1f}", f"{r['output_mib']:.1f}"]
 
-                lines.append(
-                    f"| {size} | {threads} | {r['tool']} | {r['config']} | {r['mp_per_s']:.1f} | "
-                    f"{r['mp_per_cpu_s']:.1f} | {ratio(osl)} | {ratio(tsl)} | "
-                    f"{ratio(floor) if threads == 1 else ''} | {r['peak_over_idle_mib']:.1f} | "
-                    f"{r['output_mib']:.1f} |")
+
+def print_table(results: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in COLUMNS:
+        table.add_column("thr" if col == "threads" else col,
+                         justify="left" if col in ("tool", "config") else "right")
+    last = None
+    for size, cells in table_rows(results):
+        if last is not None and size != last:
+            table.add_section()
+        last = size
+        table.add_row(*cells)
+    Console(width=160).print(table)
+    for size in sorted({r["size"] for r in results}):
+        sums = {f"{r['tool']} {r['config'].split()[0]}": r["checksum"] for r in results
+                if r["size"] == size and r["checksum"] is not None}
+        if len(set(sums.values())) > 1:
+            print(f"WARNING: tools read different pixels for the first {size}x{size} region: {sums}")
+
+
+def markdown_table(results: list[dict]) -> str:
+    """The table as GitHub Markdown (for the README)."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---:|" * 2 + "---|---|" + "---:|" * 7]
+    lines += ["| " + " | ".join(cells) + " |" for _size, cells in table_rows(results)]
     return "\n".join(lines)
 
 
