@@ -162,18 +162,15 @@ def test_load_regions_csv(tmp_path):
     assert reqs[1].name == "000002_x100_y50_L1_256x256"
     assert (reqs[2].x, reqs[2].y, reqs[2].level, reqs[2].width, reqs[2].height) == (-20, -30, 2, 100, 100)
     bad = tmp_path / "bad.csv"
-    bad.write_text("x,y,level,width\n1,2,0,5\n")
-    with pytest.raises(wsitool.InvalidRegionError, match="missing column"):
-        D.load_regions_csv(bad)
-    bad.write_text("x,y,level,width,height\n1,2,0,5,abc\n")
-    with pytest.raises(wsitool.InvalidRegionError, match="line 2"):
-        D.load_regions_csv(bad)
-    bad.write_text("x,y,level,width,height,name\n1,2,0,5,5,a\n1,2,0,5,5,a\n")
-    with pytest.raises(wsitool.InvalidRegionError, match="duplicate"):
-        D.load_regions_csv(bad)
-    bad.write_text("x,y,level,width,height,name\n1,2,0,5,5,../escape\n")
-    with pytest.raises(wsitool.InvalidRegionError, match="invalid region name"):
-        D.load_regions_csv(bad)
+    for text, match in [
+        ("x,y,level,width\n1,2,0,5\n", "missing column"),
+        ("x,y,level,width,height\n1,2,0,5,abc\n", "line 2"),
+        ("x,y,level,width,height,name\n1,2,0,5,5,a\n1,2,0,5,5,a\n", "duplicate"),
+        ("x,y,level,width,height,name\n1,2,0,5,5,../escape\n", "invalid region name"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(wsitool.InvalidRegionError, match=match):
+            D.load_regions_csv(bad)
 
 
 @pytest.mark.parametrize("fmt", ["npy", "png"])
