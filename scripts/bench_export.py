@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        args.tool = args.child
-        if args.tile_size is None:
-            args.tile_size = 254 if args.format == "dzi" else 256
+        args.tool = args.child  # the parent always passes --tile-size
         _child(args)
         return 0
 

@@ -231,3 +231,15 @@ def test_read_after_close_and_reopen(sample_jpeg):
         s.read_region((5, 5), 0, (50, 50))
     with wsitool.open_slide(sample_jpeg) as s2:
         assert np.array_equal(a, s2.read_region((5, 5), 0, (50, 50)))
+
+
+def test_level0_coordinate_inverse():
+    """level0_coordinate gives the smallest level-0 coordinate that read_region maps
+    to a given level pixel (export strips and Dask chunks aim with it)."""
+    from wsitool.region import level0_coordinate
+
+    for ds in (1.0, 1.1, 1.5, 2.0, 2.001, 4.016, 8.0857):
+        for v in (-7, 0, 1, 2, 3, 4, 5, 123, 4999):
+            t = level0_coordinate(v, ds)
+            assert int(np.floor(t / ds + 0.5)) == v
+            assert int(np.floor((t - 1) / ds + 0.5)) < v  # the smallest such t

@@ -819,7 +819,10 @@ def _output_complete(output: Path, format: str) -> bool:
     ``<stem>_files`` folder.
     """
     if format == "dzi":
-        return output.is_file() and output.with_name(output.stem + "_files").is_dir()
+        from .export import _dzi_paths
+
+        dzi, files, _stem = _dzi_paths(output)
+        return dzi.is_file() and files.is_dir()
     return output.is_file()
 
 

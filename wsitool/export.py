@@ -136,7 +136,7 @@ import numpy as np
 
 from .decode import get_pool, nvimgcodec
 from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
-from .region import level0_coordinate, level_rect
+from .region import level0_coordinate, level_index, level_rect
 from .settings import get_limits
 from .slide import Slide, open_slide
 
@@ -328,7 +328,6 @@ class _TileCodec:
     def __init__(self, fmt: str, compression: str, quality: int):
         self.fmt = fmt
         self.compression = compression
-        self.quality = quality
         self._params = None
         if compression == "jpeg":
             self._codec = "jpeg"
@@ -381,13 +380,11 @@ class _Rows:
     """Sliding window of rows of one output level (RGB, uint8 for level 0, float32 below)."""
 
     def __init__(self, k: int, width: int, height: int, base: tuple[int, int], tile: int,
-                 overlap: int, capacity: int, dtype):
+                 capacity: int, dtype):
         self.k = k
         self.width = width
         self.height = height
         self.base_w, self.base_h = base
-        self.tile = tile
-        self.overlap = overlap
         self.buf = np.empty((capacity, width, 3), dtype)
         self.start = 0  # level row held in buf[0]
         self.n = 0  # rows held
@@ -436,7 +433,7 @@ class _Pyramid:
         base = dims[0]
         c0, ck = _window_rows(tile, overlap, strip)
         self.levels = [
-            _Rows(k, w, h, base, tile, overlap, c0 if k == 0 else ck, np.uint8 if k == 0 else np.float32)
+            _Rows(k, w, h, base, tile, c0 if k == 0 else ck, np.uint8 if k == 0 else np.float32)
             for k, (w, h) in enumerate(dims)
         ]
 
@@ -569,8 +566,7 @@ class _Source:
         self.first = self.strip - (ry % self.strip) if aligned else self.strip
         self.slide = slide
         self.level = level
-        self.lv = slide.levels[level]
-        self.ds = self.lv.downsample if level > 0 else 1.0
+        self.lv = lv
         self.rx, self.ry, self.w, self.h = rx, ry, w, h
         self.threads = threads
         self.background = background
@@ -580,9 +576,8 @@ class _Source:
         self._missing = self._missing_grid()
 
     def _loc(self, lx: int, ly: int) -> tuple[int, int]:
-        if self.level == 0:
-            return lx, ly
-        return level0_coordinate(lx, self.ds), level0_coordinate(ly, self.ds)
+        ds = self.lv.downsample
+        return level0_coordinate(lx, ds), level0_coordinate(ly, ds)
 
     def _missing_grid(self) -> np.ndarray:
         """Boolean (tiles_down, tiles_across): tile absent from the file (offset or count 0)."""
@@ -825,6 +820,8 @@ def export_pyramid(
         ResourceLimitError: the exported area exceeds ``max_pixels`` (or the
             default export limit), checked before anything is read or written.
         FileExistsError: the output exists and ``overwrite`` is False.
+        IsADirectoryError: the output path (the ``.dzi`` file for Deep Zoom) is
+            a directory and ``overwrite`` is True.
         FileNotFoundError: the source or the output folder does not exist.
         UnsupportedFormatError, CorruptFileError: the source is not readable.
         WsiError: an encoder failure.
@@ -886,7 +883,7 @@ def export_pyramid(
     try:
         if final.exists() and os.path.samefile(final, slide.path):
             raise ValueError(f"{final}: output is the source slide")
-        L = _level_index(slide, level)
+        L = level_index(slide, level)
         lv = slide.levels[L]
         if region is None:
             x0, y0, w, h = 0, 0, lv.width, lv.height
@@ -921,7 +918,7 @@ def export_pyramid(
         codec = _TileCodec(fmt, compression, q)
         pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
         tiles = _encoded_tiles(src, pyramid, codec, nthreads)
-        meta = _metadata(slide, L, dims)
+        meta = _metadata(slide, L)
         if fmt == "dzi":
             nbytes = _write_dzi(tiles, final, files_dir, stem, dims, T, O, compression, overwrite, counter)
         else:
@@ -956,19 +953,6 @@ def _background(value) -> np.ndarray:
     return np.array(vals, np.uint8)
 
 
-def _level_index(slide, level) -> int:
-    try:
-        L = _int_option(level, "level")
-    except ValueError as exc:
-        raise InvalidRegionError(f"{slide.path}: {exc}") from None
-    if not 0 <= L < slide.level_count:
-        raise InvalidRegionError(
-            f"{slide.path}: level {L} out of range (the slide has {slide.level_count} level(s): "
-            f"0..{slide.level_count - 1})"
-        )
-    return L
-
-
 class _Counter:
     def __init__(self, total: int, progress):
         self.total = total
@@ -987,7 +971,7 @@ class _Counter:
             raise RuntimeError(f"wrote {self.done} tiles, expected {self.total}")
 
 
-def _metadata(slide, L: int, dims) -> dict:
+def _metadata(slide, L: int) -> dict:
     """MPP (µm per output level-0 pixel) and objective power of the output."""
     lv0, lv = slide.levels[0], slide.levels[L]
     fx, fy = lv0.width / lv.width, lv0.height / lv.height

@@ -148,6 +148,21 @@ def output_shape(level: "Level", size: tuple[int, int], mode: str) -> tuple[tupl
     return (h, w, 4 if mode == "rgba" else 3), np.dtype(np.uint8)
 
 
+def level_index(slide: "Slide", level) -> int:
+    """``level`` as an int index of ``slide``'s levels.
+
+    Raises:
+        InvalidRegionError: not an integer, or not in ``0 .. level_count - 1``.
+    """
+    lvl = _as_int(level, "level", slide.path)
+    if not 0 <= lvl < slide.level_count:
+        raise InvalidRegionError(
+            f"{slide.path}: level {lvl} out of range (the slide has {slide.level_count} level(s): "
+            f"0..{slide.level_count - 1})"
+        )
+    return lvl
+
+
 def validate_request(slide: "Slide", location, level, size, mode: str):
     """Check a region request; return ``(Level, x, y, w, h)``.
 
@@ -163,12 +178,7 @@ def validate_request(slide: "Slide", location, level, size, mode: str):
         raise WsiError(f"{path}: slide is closed")
     if mode not in _MODES:
         raise InvalidRegionError(f"{path}: mode must be one of {_MODES}, got {mode!r}")
-    lvl = _as_int(level, "level", path)
-    if not 0 <= lvl < slide.level_count:
-        raise InvalidRegionError(
-            f"{path}: level {lvl} out of range (the slide has {slide.level_count} level(s): "
-            f"0..{slide.level_count - 1})"
-        )
+    lvl = level_index(slide, level)
     x, y = _pair(location, "location", path)
     w, h = _pair(size, "size", path)
     if w <= 0 or h <= 0:

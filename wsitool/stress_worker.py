@@ -40,7 +40,6 @@ import faulthandler
 import hashlib
 import importlib
 import json
-import math
 import os
 import random
 import signal
@@ -100,8 +99,11 @@ def region_for(seed: int, index: int, levels: list[dict], region_size: int):
     else:
         x = rng.randint(-w, lw + 32)
         y = rng.randint(-h, lh + 32)
+    # the level-0 location that read_region maps back to level pixel (x, y)
+    from .region import level0_coordinate
+
     ds = lv["downsample"]
-    return lv["index"], math.floor(x * ds), math.floor(y * ds), w, h
+    return lv["index"], level0_coordinate(x, ds), level0_coordinate(y, ds), w, h
 
 
 def _rss() -> int:
