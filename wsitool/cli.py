@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import errors
+from .export import write_image
 
 app = typer.Typer(
     add_completion=False,
@@ -197,47 +198,6 @@ def info(
 
 
 # ---------------------------------------------------------------------- read-region
-
-
-def write_image(path: Path, array, *, overwrite: bool = True) -> None:
-    """Write ``array`` ((h, w, c) numpy) to PNG, TIFF or .npy by extension, atomically.
-
-    The data goes to a temporary file in the destination folder, renamed over
-    ``path`` only when complete.  Raises ``ValueError`` for an unknown extension.
-    """
-    import numpy as np
-
-    ext = path.suffix.lower()
-    if ext not in (".png", ".tif", ".tiff", ".npy"):
-        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path}: exists")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(2, "output folder does not exist", str(path))
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        if ext == ".npy":
-            with open(tmp, "wb") as fh:
-                np.save(fh, array)
-        elif ext == ".png":
-            import imagecodecs
-
-            arr = array
-            if arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4):
-                arr = arr[..., :3]
-            with open(tmp, "wb") as fh:
-                fh.write(imagecodecs.png_encode(np.ascontiguousarray(arr)))
-        else:
-            import tifffile
-
-            photometric = "rgb" if array.ndim == 3 and array.shape[2] in (3, 4) else "minisblack"
-            extrasamples = ("unassalpha",) if array.ndim == 3 and array.shape[2] == 4 else None
-            tifffile.imwrite(tmp, array, photometric=photometric, extrasamples=extrasamples,
-                             compression="zlib")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 @app.command("read-region")

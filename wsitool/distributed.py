@@ -487,6 +487,8 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
     except Exception as exc:
         msg, types = _error_record(exc)
         return [(RegionOutcome(r, "failed", error=msg, error_types=types), None) for r in requests]
+    from .export import write_image
+
     for req in requests:
         try:
             arr = slide.read_region((req.x, req.y), req.level, (req.width, req.height),
@@ -494,8 +496,6 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
             if return_arrays:
                 results.append((RegionOutcome(req, "ok", shape=arr.shape), arr))
             else:
-                from .cli import write_image
-
                 dest = Path(output_dir) / f"{req.name}.{fmt}"
                 write_image(dest, arr)
                 results.append((RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None))
@@ -588,7 +588,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         output_dir: folder for the outputs (created if absent).
         format: without ``pack``, the file type of each region ``<name>.<fmt>``:
             ``"png"`` (default), ``"tif"``/``"tiff"`` or ``"npy"``
-            (written with :func:`wsitool.cli.write_image`, atomically).  With
+            (written with :func:`wsitool.export.write_image`, atomically).  With
             ``pack``: ``"npz"`` (default; one ``.npy`` member per region, key =
             name, uncompressed) or ``"zarr"`` (a Zarr group, one array per
             region; needs the ``zarr`` package).

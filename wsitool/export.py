@@ -141,6 +141,7 @@ from .settings import get_limits
 from .slide import Slide, open_slide
 
 __all__ = ["ExportResult", "export_pyramid", "pyramid_dimensions", "memory_bound", "strip_rows",
+           "write_image",
            "FORMATS", "COMPRESSIONS"]
 
 #: Output formats.
@@ -722,6 +723,50 @@ def _tiff_compression(fmt: str, compression: str, quality: int) -> tuple[dict, s
 
 def _partial_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def write_image(path: Path, array, *, overwrite: bool = True) -> None:
+    """Write one region, ``array`` (``(height, width, channels)`` numpy, e.g. uint8
+    RGB/RGBA or the level's dtype for raw reads), to PNG, TIFF (zlib) or ``.npy``
+    by the extension of ``path``, atomically: the data goes to a temporary file
+    in the destination folder, renamed over ``path`` only when complete.
+
+    Raises:
+        ValueError: unknown extension.
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+        FileNotFoundError: the destination folder does not exist.
+    """
+    ext = path.suffix.lower()
+    if ext not in (".png", ".tif", ".tiff", ".npy"):
+        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: exists")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(2, "output folder does not exist", str(path))
+    tmp = _partial_name(path)
+    try:
+        if ext == ".npy":
+            with open(tmp, "wb") as fh:
+                np.save(fh, array)
+        elif ext == ".png":
+            import imagecodecs
+
+            arr = array
+            if arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4):
+                arr = arr[..., :3]
+            with open(tmp, "wb") as fh:
+                fh.write(imagecodecs.png_encode(np.ascontiguousarray(arr)))
+        else:
+            import tifffile
+
+            photometric = "rgb" if array.ndim == 3 and array.shape[2] in (3, 4) else "minisblack"
+            extrasamples = ("unassalpha",) if array.ndim == 3 and array.shape[2] == 4 else None
+            tifffile.imwrite(tmp, array, photometric=photometric, extrasamples=extrasamples,
+                             compression="zlib")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _commit_file(tmp: Path, final: Path, overwrite: bool) -> None:
