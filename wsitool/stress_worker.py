@@ -154,6 +154,8 @@ class _Workload:
         self.target = cfg["iterations"]  # None in duration mode
         self.duration = cfg["duration"]
         self.fault = os.environ.get(FAULT_ENV) or None
+        self._fault_lock = threading.Lock()
+        self._fault_fired = False
         self.claim_lock = threading.Lock()
         self.next_index = 0
         self.completed = 0
@@ -305,11 +307,20 @@ class _Workload:
                         })
 
     def _fault_due(self) -> bool:
+        """True for exactly one call, once the fault is due: a second thread
+        sending SIGSEGV while faulthandler is still writing the first dump would
+        kill the child mid-dump (seen as a cut "Fatal Python error: " line)."""
         if self.samples_sent < 2:
             return False
         if self.target is not None:
-            return self.completed >= max(1, self.target // 4)
-        return time.monotonic() - self.t0 >= 1.0
+            due = self.completed >= max(1, self.target // 4)
+        else:
+            due = time.monotonic() - self.t0 >= 1.0
+        if not due:
+            return False
+        with self._fault_lock:
+            fired, self._fault_fired = self._fault_fired, True
+        return not fired
 
     def monitor(self) -> None:
         interval = self.cfg["sample_interval"]
