@@ -446,8 +446,9 @@ class Worker:
     timeout ``{"status": "hang"}`` (the worker is then killed and restarted).
     """
 
-    def __init__(self, timeout: float = 30.0, mem_limit_mb: int = 6144):
+    def __init__(self, timeout: float = 30.0, mem_limit_mb: int = 6144, env: dict | None = None):
         self.timeout = timeout
+        self.env = dict(env or {})  # extra environment of the child (e.g. WSITOOL_NATIVE=0)
         self.mem_limit_mb = mem_limit_mb
         self.proc: subprocess.Popen | None = None
         self._buf = b""
@@ -458,6 +459,7 @@ class Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(self.env)
         self._stderr.seek(0)
         self._stderr.truncate()
         self.proc = subprocess.Popen(

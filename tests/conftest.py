@@ -99,3 +99,27 @@ def random_regions(rng: np.random.Generator, level_w: int, level_h: int, n: int,
             y = int(rng.integers(-h, level_h + 32))
         out.append((x, y, w, h))
     return out
+
+
+@pytest.fixture
+def python_path(monkeypatch):
+    """Turn the compiled JPEG tile loop off for this test: for tests of the Python
+    read path's own machinery (its batches, scratch images, block destinations)."""
+    from wsitool import native
+
+    monkeypatch.setattr(native, "ENABLED", False)
+
+
+@pytest.fixture(params=["compiled", "python"])
+def read_path(request, monkeypatch):
+    """Run the test on both JPEG read paths: the compiled tile loop (skipped, with
+    the reason, where it is not built) and the Python path."""
+    from wsitool import native
+
+    if request.param == "python":
+        monkeypatch.setattr(native, "ENABLED", False)
+    else:
+        monkeypatch.setattr(native, "ENABLED", True)
+        if native._load() is None:
+            pytest.skip(f"compiled JPEG loop: {native.status()}")
+    return request.param

@@ -43,7 +43,7 @@ def _regions_with_every_tile_kind(lv, rng):
     return regions
 
 
-def test_zero_copy_path_equals_scratch_path(cmu1, force_scratch):
+def test_zero_copy_path_equals_scratch_path(cmu1, force_scratch, read_path):
     """Parity: decoding into the output's sub-views (whole tiles and JPEG
     sub-regions) gives byte-identical pixels to whole-tile scratch decoding."""
     rng = np.random.default_rng(7)
@@ -67,7 +67,7 @@ def test_zero_copy_path_equals_scratch_path(cmu1, force_scratch):
                     assert ref_stats.tiles_scratch == fast_stats.tiles_direct + fast_stats.tiles_roi
 
 
-def test_fast_path_really_used(cmu1):
+def test_fast_path_really_used(cmu1, read_path):
     pool = get_pool()
     with wsitool.open_slide(cmu1) as slide:
         pool.reset_stats()
@@ -76,7 +76,7 @@ def test_fast_path_really_used(cmu1):
     assert st.tiles_direct > 0 and st.tiles_roi > 0 and st.tiles_scratch == 0
 
 
-def test_decoder_writes_into_callers_buffer(cmu1):
+def test_decoder_writes_into_callers_buffer(cmu1, read_path):
     with wsitool.open_slide(cmu1) as slide:
         out = np.zeros((960, 960, 3), np.uint8)
         pool = get_pool()
@@ -94,7 +94,7 @@ def test_decoder_writes_into_callers_buffer(cmu1):
         assert np.array_equal(out, reference)
 
 
-def test_repeated_reads_into_out_allocate_no_region_sized_arrays(cmu1):
+def test_repeated_reads_into_out_allocate_no_region_sized_arrays(cmu1, read_path):
     with wsitool.open_slide(cmu1) as slide:
         for mode, channels in (("rgb", 3), ("rgba", 4)):
             out = np.empty((1024, 1024, channels), np.uint8)
@@ -136,7 +136,7 @@ def test_each_thread_has_its_own_decoder(sample_jpeg):
     assert st.decoder is pool.state().decoder
 
 
-def test_sixteen_threads_match_serial_reads(cmu1, tcga_j2k):
+def test_sixteen_threads_match_serial_reads(cmu1, tcga_j2k, read_path):
     """16 threads share one Slide and read random regions for a few seconds;
     every result equals the same read done serially beforehand."""
     rng = np.random.default_rng(99)
@@ -174,7 +174,7 @@ def test_sixteen_threads_match_serial_reads(cmu1, tcga_j2k):
     assert sum(counts) >= 16
 
 
-def test_decode_returning_none_is_an_error_not_a_blank(sample_jpeg, tmp_path):
+def test_decode_returning_none_is_an_error_not_a_blank(sample_jpeg, tmp_path, read_path):
     """A tile whose entropy-coded data is cut makes libjpeg-turbo give up; the
     decoder's None must become a TileDecodeError naming the tile."""
     import tifffile

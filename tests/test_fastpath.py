@@ -47,7 +47,7 @@ def _with_tile_bytes(src, tmp_path, index: int, mutate) -> "object":
     return out
 
 
-def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path):
+def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path, read_path):
     bad = _with_tile_bytes(sample_jpeg, tmp_path, 0, lambda b: b"\x00\x00" + b[2:])
     with wsitool.open_slide(bad) as slide:
         with pytest.raises(wsitool.TileDecodeError, match="not a JPEG stream") as info:
@@ -58,7 +58,7 @@ def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path):
         assert not out.any()
 
 
-def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path):
+def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path, read_path):
     data = sample_jpeg.read_bytes()
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
@@ -78,7 +78,7 @@ def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_rgba_is_rgb_plus_opaque_alpha(cmu1, threads):
+def test_rgba_is_rgb_plus_opaque_alpha(cmu1, threads, read_path):
     """The widened RGBA path gives the RGB pixels and alpha 255 inside, 0 outside,
     for every kind of tile cut, on one thread and on the shared job queue."""
     rng = np.random.default_rng(11)
@@ -147,7 +147,7 @@ def test_shared_queue_hands_each_job_out_once():
     assert list(stopped) == []
 
 
-def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path):
+def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path, read_path):
     """A corrupt tile on any worker raises from read_region (after all workers end)."""
     bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x00" + b[2:])
     with wsitool.open_slide(bad) as slide:
@@ -157,7 +157,7 @@ def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path):
                               mode="rgb", threads=4)
 
 
-def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch):
+def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch, read_path):
     calls = []
     monkeypatch.setattr(region.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)),
                         raising=False)
@@ -180,7 +180,7 @@ def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads):
+def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads, python_path):
     """Batches of code streams in one decode call give the per-tile pixels and counts."""
     rng = np.random.default_rng(5)
     with wsitool.open_slide(cmu1) as slide:
@@ -219,7 +219,7 @@ def _cut_tile(src, tmp_path, index: int):
     return out
 
 
-def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monkeypatch):
+def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monkeypatch, python_path):
     """A tile the decoder gives up on, in the middle of a batch: the error names it
     (on_error="raise"), and with on_error="fill" only that tile is background and
     the result equals the per-tile path's."""
@@ -244,7 +244,7 @@ def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monk
         assert outs[0][:th, :tw].any()             # its neighbours are decoded
 
 
-def test_rgba_keeps_one_wrapped_scratch_per_tile_size(sample_jpeg):
+def test_rgba_keeps_one_wrapped_scratch_per_tile_size(sample_jpeg, python_path):
     """RGBA reads reuse the thread's wrapped whole-tile scratch, and never keep one
     per partial-tile shape (which would grow with every odd region)."""
     rng = np.random.default_rng(21)
@@ -260,7 +260,7 @@ def test_rgba_keeps_one_wrapped_scratch_per_tile_size(sample_jpeg):
     assert all(key[:2] == key[2:] for key in kept)  # whole-tile shapes only
 
 
-def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch):
+def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch, python_path):
     """JPEG 2000 tiles (milliseconds each) go to the threads one by one; JPEG tiles
     in batches.  Both give the single-thread pixels."""
     flushed = []
@@ -283,7 +283,7 @@ def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch):
     assert max(n for _k, n in flushed) > 1
 
 
-def test_out_with_a_length_one_axis_of_any_stride(sample_jpeg):
+def test_out_with_a_length_one_axis_of_any_stride(sample_jpeg, read_path):
     """numpy calls an array C-contiguous whatever the stride of a length-1 axis;
     such an ``out`` (here a transposed one-pixel-wide column) is filled like a
     fresh one on the batched path, on one thread and on two."""

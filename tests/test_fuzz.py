@@ -57,6 +57,14 @@ def worker():
 
 
 @pytest.fixture(scope="module")
+def python_worker():
+    """A worker whose wsitool reads JPEG tiles on the Python path (WSITOOL_NATIVE=0)."""
+    w = fuzz.Worker(timeout=30.0, env={"WSITOOL_NATIVE": "0"})
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
 def scratch():
     with tempfile.TemporaryDirectory(prefix="wsitool-fuzz-test-") as d:
         yield Path(d)
@@ -136,9 +144,13 @@ def test_mutations_hit_tiff_structure():
 # ---------------------------------------------------------------------- regressions
 
 
+@pytest.mark.parametrize("path", ["default", "python"])
 @pytest.mark.parametrize("case", REGRESSIONS, ids=[f"{i}-{c['found']}" for i, c in enumerate(REGRESSIONS)])
-def test_fuzz_regression(case, worker, scratch):
-    """Inputs the fuzzer once turned into undocumented exceptions (rebuilt from their recipe)."""
+def test_fuzz_regression(case, path, worker, python_worker, scratch):
+    """Inputs the fuzzer once turned into undocumented exceptions (rebuilt from their
+    recipe), on the default read path (the compiled JPEG loop where it is built)
+    and on the Python path."""
+    worker = worker if path == "default" else python_worker
     seed_file = SHARED / case["seed"]
     if not seed_file.exists():
         pytest.skip(f"seed file {seed_file} is absent")

@@ -153,6 +153,7 @@ class _ThreadState:
         self.stats = stats
         self.lock = threading.Lock()
         self._decoder: Any = None
+        self._native: Any = None
         self._encoder: Any = None
         self._scratch: dict[tuple, np.ndarray] = {}
         self._tile_views: dict[tuple, tuple] = {}
@@ -164,6 +165,18 @@ class _ThreadState:
             self._decoder = self.pool._create_decoder()
             self.stats.decoders_created += 1
         return self._decoder
+
+    def native_decoder(self):
+        """This thread's decoder of the compiled JPEG tile loop (:mod:`wsitool.native`),
+        created on first use under the pool's mutex and counted in
+        ``decoders_created``; call under ``lock``."""
+        if self._native is None:
+            from .native import new_decoder
+
+            with self.pool._create_lock:
+                self._native = new_decoder()
+            self.stats.decoders_created += 1
+        return self._native
 
     @property
     def encoder(self):

@@ -1,0 +1,342 @@
+"""The compiled JPEG tile loop (wsitool._jpegloop, wsitool/native.py) pinned to the Python path.
+
+Every test reads the same thing twice, once through the compiled loop and once
+with it turned off (``native.ENABLED = False``: the Python path of
+region._TileWorker, the reference), and asserts the same pixels, the same
+decoder counters, and for bad tiles the same error type, tile and message.
+Without the compiled loop (no C compiler at install time) these tests skip
+with the reason :func:`wsitool.native.status` gives; the Python path is then
+what every other test exercises.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import wsitool
+from wsitool import native, region
+from wsitool.decode import get_pool
+
+from conftest import BUG_INPUTS, random_regions, repo_samples, tiff_samples
+
+
+def _require_native():
+    native.ENABLED = True
+    if native._load() is None:
+        pytest.skip(f"compiled JPEG loop: {native.status()}")
+
+
+@pytest.fixture(autouse=True)
+def _native_on():
+    before = native.ENABLED
+    _require_native()
+    yield
+    native.ENABLED = before
+
+
+_COUNTERS = ("tiles_decoded", "tiles_direct", "tiles_roi", "tiles_scratch", "tiles_missing",
+             "tiles_failed", "bytes_read")
+
+
+def _read(slide, loc, level, size, *, compiled: bool, **kw):
+    """(pixels or exception, counters, warning messages) of one read on one path."""
+    native.ENABLED = compiled
+    pool = get_pool("cpu")
+    pool.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = slide.read_region(loc, level, size, **kw)
+        except (wsitool.TileDecodeError, OSError) as exc:
+            result = exc
+    st = pool.stats()
+    native.ENABLED = True
+    msgs = [str(w.message) for w in caught if issubclass(w.category, region.TileWarning)]
+    return result, tuple(getattr(st, c) for c in _COUNTERS), msgs
+
+
+_DETAIL = re.compile(r"(unreadable code stream header|decoder returned no image|unusable code stream) \(.*\)$")
+
+
+def _normal(msg: str) -> str:
+    """A message without the detail in parentheses after 'unreadable code stream
+    header' / 'decoder returned no image' / 'unusable code stream': nvImageCodec
+    words it differently in its Python binding and its C status codes."""
+    return _DETAIL.sub(r"\1 (...)", msg)
+
+
+def _same_message(a: str, b: str) -> bool:
+    return _normal(a) == _normal(b)
+
+
+def _assert_parity(slide, loc, level, size, **kw):
+    fast, fast_counts, fast_warn = _read(slide, loc, level, size, compiled=True, **kw)
+    ref, ref_counts, ref_warn = _read(slide, loc, level, size, compiled=False, **kw)
+    what = f"{slide.path} level {level} {loc} {size} {kw}"
+    if isinstance(ref, Exception):
+        assert type(fast) is type(ref), f"{what}: {fast!r} vs {ref!r}"
+        if isinstance(ref, wsitool.TileDecodeError):
+            assert (fast.level, fast.col, fast.row) == (ref.level, ref.col, ref.row), what
+            assert _same_message(str(fast), str(ref)), f"{what}:\n{fast}\n{ref}"
+        return None
+    assert not isinstance(fast, Exception), f"{what}: compiled loop raised {fast!r}"
+    assert np.array_equal(fast, ref), what
+    assert fast_counts == ref_counts, f"{what}: {dict(zip(_COUNTERS, fast_counts))} vs " \
+                                      f"{dict(zip(_COUNTERS, ref_counts))}"
+    # (the threads finish their tiles in any order)
+    assert sorted(map(_normal, fast_warn)) == sorted(map(_normal, ref_warn)), what
+    return fast
+
+
+def _jpeg_levels(slide):
+    probe = {"rgb": np.empty((1, 1, 3), np.uint8), "rgba": np.empty((1, 1, 4), np.uint8)}
+    return [lv for lv in slide.levels if native.applies(lv, "rgb", probe["rgb"])]
+
+
+def _jpeg_slides():
+    paths = [p for p in tiff_samples() + repo_samples() + sorted(BUG_INPUTS.glob("*.tif"))]
+    found = []
+    for p in paths:
+        try:
+            with wsitool.open_slide(p) as slide:
+                if _jpeg_levels(slide):
+                    found.append(p)
+        except wsitool.WsiError:
+            continue
+    return found
+
+
+def test_status_says_in_use():
+    assert native.status().startswith("in use")
+    native.ENABLED = False
+    assert native.status().startswith("off")
+
+
+def test_the_compiled_loop_is_what_reads_jpeg(sample_jpeg, monkeypatch):
+    """A JPEG read goes through RegionJobs.run; turned off, it does not."""
+    calls = []
+    real = native.RegionJobs.run
+    monkeypatch.setattr(native.RegionJobs, "run", lambda self, pool: (calls.append(1), real(self, pool)))
+    with wsitool.open_slide(sample_jpeg) as slide:
+        slide.read_region((0, 0), 0, (300, 300), mode="rgb")
+        assert calls
+        calls.clear()
+        native.ENABLED = False
+        slide.read_region((0, 0), 0, (300, 300), mode="rgb")
+        assert not calls
+
+
+@pytest.mark.parametrize("mode", ["rgb", "rgba", "raw"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pixels_and_counters_equal_the_python_path(mode, threads):
+    """Random regions (inside, across the edges, outside) of every level of every
+    JPEG slide at hand: same pixels, same counters."""
+    slides = _jpeg_slides()
+    if not slides:
+        pytest.skip("no JPEG slide decoded by nvImageCodec at hand")
+    rng = np.random.default_rng([7, threads, len(mode)])
+    checked = 0
+    for path in slides:
+        with wsitool.open_slide(path) as slide:
+            for lv in _jpeg_levels(slide):
+                regions = random_regions(rng, lv.width, lv.height, 4, max_size=700)
+                regions += [(-37, -11, min(300, lv.width + 50), 90), (lv.width - 5, lv.height - 7, 40, 40)]
+                for xl, yl, w, h in regions:
+                    loc = (round(xl * lv.downsample), round(yl * lv.downsample))
+                    _assert_parity(slide, loc, lv.index, (w, h), mode=mode, threads=threads,
+                                   on_error="fill")
+                    checked += 1
+    assert checked >= 6
+
+
+def _with_tile_bytes(src, tmp_path, index: int, mutate, name: str):
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        page = tf.pages[0]
+        off, count = page.dataoffsets[index], page.databytecounts[index]
+    new = mutate(bytes(data[off:off + count]))
+    assert len(new) == count
+    data[off:off + count] = new
+    out = tmp_path / f"{name}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _set_byte_count(src, tmp_path, index: int, count: int, name: str):
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        tag = tf.pages[0].tags["TileByteCounts"]
+        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
+        pos = tag.valueoffset + index * item
+    data[pos:pos + item] = count.to_bytes(item, "little")
+    out = tmp_path / f"{name}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _sof_size(data: bytes, width: int, height: int) -> bytes:
+    i = data.index(b"\xff\xc0")
+    return data[:i + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[i + 9:]
+
+
+#: What each fault of tile (1, 0) must give (None: a missing tile, not an error).
+_FAULT_OUTCOME = {
+    "no-soi": "not a JPEG stream (starts with 0001",
+    "cut-scan": "decoder returned no image",
+    "zero-count": None,
+    "past-eof": "truncated file",
+    "sof-8000": "declares 8000x8000 pixels",
+    "sof-smaller": "declares 16x16 pixels",
+    "garbage": "unreadable code stream header",
+}
+
+
+@pytest.mark.parametrize("fault", ["no-soi", "cut-scan", "zero-count", "past-eof", "sof-8000",
+                                   "sof-smaller", "garbage"])
+@pytest.mark.parametrize("on_error", ["raise", "fill"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bad_tile_gives_the_python_paths_error(sample_jpeg, tmp_path, fault, on_error, threads):
+    """One bad tile among good ones: the same error (type, tile, message) with
+    ``on_error="raise"``; the same pixels, counters and warnings with ``"fill"``."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        size_of = int(lv._bytecounts[1])
+        file_size = lv._file_size
+    if fault == "no-soi":
+        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x01" + b[2:], fault)
+    elif fault == "cut-scan":
+        bad = _set_byte_count(sample_jpeg, tmp_path, 1, size_of * 4 // 10, fault)
+    elif fault == "zero-count":
+        bad = _set_byte_count(sample_jpeg, tmp_path, 1, 0, fault)
+    elif fault == "past-eof":
+        bad = _set_byte_count(sample_jpeg, tmp_path, 1, file_size, fault)
+    elif fault == "sof-8000":
+        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: _sof_size(b, 8000, 8000), fault)
+    elif fault == "sof-smaller":
+        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: _sof_size(b, 16, 16), fault)
+    else:
+        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1,
+                               lambda b: b[:2] + bytes(range(256)) * (len(b) // 256) + b[2 + 256 * (len(b) // 256):],
+                               fault)
+    with wsitool.open_slide(bad) as slide:
+        lv = slide.levels[0]
+        size = (min(lv.width, 3 * lv.tile_width + 17), min(lv.height, 2 * lv.tile_height - 5))
+        for mode in ("rgb", "rgba"):
+            got = _assert_parity(slide, (9, 3), 0, size, mode=mode, threads=threads, on_error=on_error)
+            fast, counts, warned = _read(slide, (9, 3), 0, size, compiled=True, mode=mode,
+                                         threads=threads, on_error=on_error)
+            expect = _FAULT_OUTCOME[fault]
+            if expect is None:  # not an error: the tile is missing (background)
+                assert counts[_COUNTERS.index("tiles_missing")] == 1 and not warned
+            elif on_error == "raise":
+                assert isinstance(fast, wsitool.TileDecodeError) and (fast.col, fast.row) == (1, 0)
+                assert expect in str(fast), str(fast)
+            else:
+                assert len(warned) == 1 and expect in warned[0], warned
+                assert counts[_COUNTERS.index("tiles_failed")] == 1
+                tw, th = lv.tile_width, lv.tile_height
+                assert not got[:th - 3, tw - 9:2 * tw - 9].any()  # the bad tile
+                assert got[:th - 3, :tw - 9].any()                # a good one
+
+
+def test_truncated_file_gives_the_python_paths_error(sample_jpeg, tmp_path):
+    data = sample_jpeg.read_bytes()
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        last = int(np.argmax(lv._offsets[: lv.tiles_across * lv.tiles_down]))
+        col, row = last % lv.tiles_across, last // lv.tiles_across
+        loc = (col * lv.tile_width, row * lv.tile_height)
+    short = tmp_path / "short.svs"
+    short.write_bytes(data[: int(lv._offsets[last]) + 10])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", wsitool.SlideWarning)
+        slide = wsitool.open_slide(short)
+    with slide:
+        err = _read(slide, loc, 0, (16, 16), compiled=True, mode="rgb")[0]
+        assert isinstance(err, wsitool.TileDecodeError) and "truncated file" in str(err)
+        _assert_parity(slide, loc, 0, (16, 16), mode="rgb")
+
+
+def test_out_view_is_filled_and_nothing_around_it(sample_jpeg):
+    """A caller's ``out`` that is a C-contiguous block of a bigger array: filled in
+    place (the very buffer), nothing written before or after it."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        w, h = min(lv.width, 500), min(lv.height, 300)
+        big = np.full((h + 4, w, 3), 77, np.uint8)
+        out = big[2:2 + h]
+        got = slide.read_region((5, 5), 0, (w, h), mode="rgb", out=out, threads=2)
+        assert got is out
+        native.ENABLED = False
+        ref = slide.read_region((5, 5), 0, (w, h), mode="rgb", threads=2)
+    assert np.array_equal(out, ref)
+    assert (big[:2] == 77).all() and (big[2 + h:] == 77).all()
+
+
+def test_one_decoder_per_thread_and_threads_agree(sample_jpeg):
+    """Eight threads reading the same regions at once through their own compiled
+    decoders get the single-thread pixels; each thread makes one decoder."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        rng = np.random.default_rng(3)
+        regions = random_regions(rng, lv.width, lv.height, 6, max_size=600)
+        ref = [slide.read_region((x, y), 0, (w, h), mode="rgb", threads=1) for x, y, w, h in regions]
+        made = []
+        errors = []
+
+        def work():
+            try:
+                state = get_pool("cpu").state()
+                for _ in range(3):
+                    for (x, y, w, h), r in zip(regions, ref):
+                        got = slide.read_region((x, y), 0, (w, h), mode="rgb", threads=1)
+                        assert np.array_equal(got, r)
+                made.append(state.stats.decoders_created)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert made == [1] * 8
+
+
+def test_bad_arguments_are_refused_not_crashed(sample_jpeg):
+    """The C entry point checks what it is given (a caller bug, not a file fault)."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        dec = native.new_decoder()
+        out = np.zeros((10, 10, 3), np.uint8)
+        level = (lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv._file_size)
+        ok_region = (0, 0, 0, 0, 10, 10)
+        prefix = lv._jpeg_prefix or b""
+        args = (lv._fd, prefix, out, lv._offsets, lv._bytecounts, level, ok_region, 0, 1, 4)
+        assert dec.decode_tiles(*args)[5] == 1  # the good call decodes its tile
+        bad = [
+            (lv._fd, prefix, out[:, :, :2], *args[3:]),                       # 2 channels
+            (lv._fd, prefix, out.astype(np.uint16), *args[3:]),               # not uint8
+            (lv._fd, prefix, out[:, ::2], *args[3:]),                         # not contiguous
+            (lv._fd, prefix, np.zeros((10, 10, 3), np.uint8)[:5].view()[::-1], *args[3:]),
+            (*args[:6], (0, 0, 0, 0, 11, 10), 0, 1, 4),                        # region wider than out
+            (*args[:6], (0, 0, 0, 0, lv.width + 1, 10), 0, 1, 4),              # region past the level
+            (*args[:7], 0, 2, 4),                                              # job past the region
+            (*args[:7], 0, 1, 0),                                              # batch 0
+            (*args[:7], 0, 1, 65),                                             # batch > MAX_BATCH
+            (*args[:3], lv._offsets[:-1], *args[4:]),                          # offsets vs counts
+        ]
+        for call in bad:
+            with pytest.raises((ValueError, BufferError, TypeError)):
+                dec.decode_tiles(*call)
+        assert dec.decode_tiles(*args)[5] == 1  # and the decoder still works

@@ -1,0 +1,762 @@
+/* wsitool._jpegloop: the per-tile loop of a JPEG region read, in C.
+ *
+ * What it does, for one thread and a range of the tiles of one region:
+ * read each tile's bytes with pread() behind the level's JPEG prefix
+ * (SOI + Adobe marker + JPEGTables, built by wsitool.slide), check them
+ * (segment inside the file, full read, SOI, readable header, header size equal
+ * to the tile grid cell, wanted rectangle inside the tile), make nvImageCodec
+ * code streams (a sub-code-stream with a region for partial tiles) and images
+ * that point into the caller's output, decode up to `batch` tiles in one
+ * nvimgcodecDecoderDecode call, and check every tile's processing status.
+ *
+ * It is the same plan and the same checks as the Python path in
+ * wsitool/region.py (_TileWorker) and wsitool/decode.py (read_tile_stream,
+ * plan_decode, check_decoded), which stays the reference: tests pin this
+ * loop to it pixel for pixel and error for error.  Only the per-tile Python
+ * calls (about 30 us a tile against about 300 us of decoding) are gone, and
+ * the GIL is released for the whole call.
+ *
+ * The library is not linked: wsitool.native passes the path of the
+ * libnvimgcodec.so.0 that the nvidia-nvimgcodec package loaded, and the
+ * functions are looked up with dlsym.  The version the library reports must
+ * equal the version of the header this file was compiled with (the structure
+ * layouts are that header's), else load() refuses and wsitool keeps its
+ * Python path.
+ *
+ * Errors are not raised from here: each failed tile is zero-filled in the
+ * output (transparent background, as the Python path does) and reported as
+ * (job index, code, a, b); wsitool.native turns that into the same
+ * TileDecodeError message the Python path gives.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <stddef.h> /* nvimgcodec.h uses ptrdiff_t without including it */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nvimgcodec.h"
+
+/* Failure codes (mirrored in wsitool/native.py). */
+enum {
+    F_PAST_EOF = 1,    /* a = offset, b = byte count */
+    F_SHORT_READ = 2,  /* a = bytes read, b = byte count */
+    F_IO_ERROR = 3,    /* a = errno */
+    F_NOT_SOI = 4,     /* a = first two bytes (big-endian), b = how many there were */
+    F_HEADER = 5,      /* a = nvImageCodec status */
+    F_GRID = 6,        /* a = declared width, b = declared height */
+    F_OUTSIDE = 7,     /* a = declared width, b = declared height */
+    F_SUBSTREAM = 8,   /* a = nvImageCodec status */
+    F_IMAGE = 9,       /* a = nvImageCodec status */
+    F_DECODE = 10,     /* a = processing status (0: none reported), b = call status */
+    F_NO_SEGMENT = 11, /* a = segment index, b = number of segments */
+    F_NO_MEMORY = 12,
+};
+
+#define MAX_BATCH 64
+/* Largest tile-bytes buffer a decoder keeps between calls (as decode._READ_BUFFER_KEEP). */
+#define KEEP_BYTES ((size_t)16 << 20)
+#define IS_LITTLE_ENDIAN (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+
+typedef nvimgcodecStatus_t (*GetProperties_t)(nvimgcodecProperties_t*);
+typedef nvimgcodecStatus_t (*InstanceCreate_t)(nvimgcodecInstance_t*, const nvimgcodecInstanceCreateInfo_t*);
+typedef nvimgcodecStatus_t (*DecoderCreate_t)(nvimgcodecInstance_t, nvimgcodecDecoder_t*,
+                                              const nvimgcodecExecutionParams_t*, const char*);
+typedef nvimgcodecStatus_t (*DecoderDestroy_t)(nvimgcodecDecoder_t);
+typedef nvimgcodecStatus_t (*StreamFromMem_t)(nvimgcodecInstance_t, nvimgcodecCodeStream_t*,
+                                              const unsigned char*, size_t, const nvimgcodecCodeStreamView_t*);
+typedef nvimgcodecStatus_t (*StreamDestroy_t)(nvimgcodecCodeStream_t);
+typedef nvimgcodecStatus_t (*SubStream_t)(nvimgcodecCodeStream_t, nvimgcodecCodeStream_t*,
+                                          const nvimgcodecCodeStreamView_t*);
+typedef nvimgcodecStatus_t (*StreamImageInfo_t)(nvimgcodecCodeStream_t, nvimgcodecImageInfo_t*);
+typedef nvimgcodecStatus_t (*ImageCreate_t)(nvimgcodecInstance_t, nvimgcodecImage_t*, const nvimgcodecImageInfo_t*);
+typedef nvimgcodecStatus_t (*ImageDestroy_t)(nvimgcodecImage_t);
+typedef nvimgcodecStatus_t (*Decode_t)(nvimgcodecDecoder_t, const nvimgcodecCodeStream_t*, const nvimgcodecImage_t*,
+                                       int, const nvimgcodecDecodeParams_t*, nvimgcodecFuture_t*);
+typedef nvimgcodecStatus_t (*FutureWait_t)(nvimgcodecFuture_t);
+typedef nvimgcodecStatus_t (*FutureStatus_t)(nvimgcodecFuture_t, nvimgcodecProcessingStatus_t*, size_t*);
+typedef nvimgcodecStatus_t (*FutureDestroy_t)(nvimgcodecFuture_t);
+
+static struct {
+    void* lib;
+    GetProperties_t get_properties;
+    InstanceCreate_t instance_create;
+    DecoderCreate_t decoder_create;
+    DecoderDestroy_t decoder_destroy;
+    StreamFromMem_t stream_from_mem;
+    StreamDestroy_t stream_destroy;
+    SubStream_t sub_stream;
+    StreamImageInfo_t stream_image_info;
+    ImageCreate_t image_create;
+    ImageDestroy_t image_destroy;
+    Decode_t decode;
+    FutureWait_t future_wait;
+    FutureStatus_t future_status;
+    FutureDestroy_t future_destroy;
+    nvimgcodecInstance_t instance;
+    unsigned version;
+} api;
+
+static void* need(const char* name, int* missing)
+{
+    void* f = dlsym(api.lib, name);
+    if (f == NULL)
+        *missing = 1;
+    return f;
+}
+
+static PyObject* jl_load(PyObject* self, PyObject* args)
+{
+    const char* lib_path;
+    const char* ext_path;
+    if (!PyArg_ParseTuple(args, "ss", &lib_path, &ext_path))
+        return NULL;
+    if (api.instance != NULL)
+        return PyLong_FromUnsignedLong(api.version);
+    void* lib = dlopen(lib_path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        PyErr_Format(PyExc_ImportError, "cannot load %s: %s", lib_path, dlerror());
+        return NULL;
+    }
+    api.lib = lib;
+    int missing = 0;
+    api.get_properties = (GetProperties_t)need("nvimgcodecGetProperties", &missing);
+    api.instance_create = (InstanceCreate_t)need("nvimgcodecInstanceCreate", &missing);
+    api.decoder_create = (DecoderCreate_t)need("nvimgcodecDecoderCreate", &missing);
+    api.decoder_destroy = (DecoderDestroy_t)need("nvimgcodecDecoderDestroy", &missing);
+    api.stream_from_mem = (StreamFromMem_t)need("nvimgcodecCodeStreamCreateFromHostMem", &missing);
+    api.stream_destroy = (StreamDestroy_t)need("nvimgcodecCodeStreamDestroy", &missing);
+    api.sub_stream = (SubStream_t)need("nvimgcodecCodeStreamGetSubCodeStream", &missing);
+    api.stream_image_info = (StreamImageInfo_t)need("nvimgcodecCodeStreamGetImageInfo", &missing);
+    api.image_create = (ImageCreate_t)need("nvimgcodecImageCreate", &missing);
+    api.image_destroy = (ImageDestroy_t)need("nvimgcodecImageDestroy", &missing);
+    api.decode = (Decode_t)need("nvimgcodecDecoderDecode", &missing);
+    api.future_wait = (FutureWait_t)need("nvimgcodecFutureWaitForAll", &missing);
+    api.future_status = (FutureStatus_t)need("nvimgcodecFutureGetProcessingStatus", &missing);
+    api.future_destroy = (FutureDestroy_t)need("nvimgcodecFutureDestroy", &missing);
+    if (missing) {
+        PyErr_Format(PyExc_ImportError, "%s lacks functions of the nvImageCodec C API", lib_path);
+        return NULL;
+    }
+    nvimgcodecProperties_t props;
+    memset(&props, 0, sizeof props);
+    props.struct_type = NVIMGCODEC_STRUCTURE_TYPE_PROPERTIES;
+    props.struct_size = sizeof props;
+    if (api.get_properties(&props) != NVIMGCODEC_STATUS_SUCCESS) {
+        PyErr_SetString(PyExc_ImportError, "nvimgcodecGetProperties failed");
+        return NULL;
+    }
+    if (props.version != NVIMGCODEC_VER) {
+        PyErr_Format(PyExc_ImportError,
+                     "libnvimgcodec is version %u, this extension was built for %u",
+                     props.version, (unsigned)NVIMGCODEC_VER);
+        return NULL;
+    }
+    nvimgcodecInstanceCreateInfo_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_type = NVIMGCODEC_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    info.struct_size = sizeof info;
+    info.load_builtin_modules = 1;
+    info.load_extension_modules = 1;
+    info.extension_modules_path = ext_path;
+    info.create_debug_messenger = 0;
+    nvimgcodecInstance_t instance = NULL;
+    nvimgcodecStatus_t st = api.instance_create(&instance, &info);
+    if (st != NVIMGCODEC_STATUS_SUCCESS || instance == NULL) {
+        PyErr_Format(PyExc_ImportError, "nvimgcodecInstanceCreate failed (status %d)", (int)st);
+        return NULL;
+    }
+    /* The instance lives as long as the process (like the Python binding's). */
+    api.instance = instance;
+    api.version = props.version;
+    return PyLong_FromUnsignedLong(api.version);
+}
+
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    nvimgcodecDecoder_t decoder;
+    pthread_mutex_t mutex;
+    unsigned char* read_buf[MAX_BATCH];
+    size_t read_cap[MAX_BATCH];
+    unsigned char* rgb_buf[MAX_BATCH];
+    size_t rgb_cap[MAX_BATCH];
+} Decoder;
+
+static int Decoder_init(Decoder* self, PyObject* args, PyObject* kwds)
+{
+    if (api.instance == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "wsitool._jpegloop.load() was not called");
+        return -1;
+    }
+    if (self->decoder != NULL)
+        return 0;
+    nvimgcodecBackend_t backend;
+    memset(&backend, 0, sizeof backend);
+    backend.struct_type = NVIMGCODEC_STRUCTURE_TYPE_BACKEND;
+    backend.struct_size = sizeof backend;
+    backend.kind = NVIMGCODEC_BACKEND_KIND_CPU_ONLY;
+    backend.params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_BACKEND_PARAMS;
+    backend.params.struct_size = sizeof backend.params;
+    backend.params.load_hint = 1.0f;
+    backend.params.load_hint_policy = NVIMGCODEC_LOAD_HINT_POLICY_FIXED;
+    nvimgcodecExecutionParams_t exec;
+    memset(&exec, 0, sizeof exec);
+    exec.struct_type = NVIMGCODEC_STRUCTURE_TYPE_EXECUTION_PARAMS;
+    exec.struct_size = sizeof exec;
+    exec.max_num_cpu_threads = 1;
+    exec.device_id = NVIMGCODEC_DEVICE_CPU_ONLY;
+    exec.num_backends = 1;
+    exec.backends = &backend;
+    nvimgcodecStatus_t st = api.decoder_create(api.instance, &self->decoder, &exec, NULL);
+    if (st != NVIMGCODEC_STATUS_SUCCESS || self->decoder == NULL) {
+        self->decoder = NULL;
+        PyErr_Format(PyExc_RuntimeError, "nvimgcodecDecoderCreate failed (status %d)", (int)st);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject* Decoder_new(PyTypeObject* type, PyObject* args, PyObject* kwds)
+{
+    Decoder* self = (Decoder*)type->tp_alloc(type, 0);
+    if (self != NULL)
+        pthread_mutex_init(&self->mutex, NULL);
+    return (PyObject*)self;
+}
+
+static void Decoder_dealloc(Decoder* self)
+{
+    if (self->decoder != NULL)
+        api.decoder_destroy(self->decoder);
+    for (int i = 0; i < MAX_BATCH; i++) {
+        free(self->read_buf[i]);
+        free(self->rgb_buf[i]);
+    }
+    pthread_mutex_destroy(&self->mutex);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* Grow buffer *buf (capacity *cap) to at least n bytes; 0 on failure. */
+static int reserve(unsigned char** buf, size_t* cap, size_t n)
+{
+    if (*cap >= n)
+        return 1;
+    size_t want = n < 65536 ? 65536 : n;
+    if (want < 2 * *cap)
+        want = 2 * *cap;
+    unsigned char* p = (unsigned char*)malloc(want);
+    if (p == NULL)
+        return 0;
+    free(*buf);
+    *buf = p;
+    *cap = want;
+    return 1;
+}
+
+typedef struct {
+    /* level geometry */
+    int64_t tile_w, tile_h, level_w, level_h, across, file_size;
+    const int64_t* offsets;
+    const int64_t* counts;
+    Py_ssize_t n_segments;
+    int fd;
+    const unsigned char* prefix;
+    size_t prefix_len;
+    /* region and output */
+    int64_t rx, ry, cx0, cy0, cx1, cy1, c0, r0, ncols;
+    unsigned char* out;
+    int64_t out_w, out_h, channels;
+} Plan;
+
+typedef struct {
+    Py_ssize_t job;
+    int code;
+    long long a, b;
+} Failure;
+
+typedef struct {
+    long long direct, roi, scratch, missing, bytes_read, decoded;
+    Failure* failures;
+    Py_ssize_t n_failures, cap_failures;
+    int oom;
+} Tally;
+
+typedef struct {
+    Py_ssize_t job;
+    int how; /* 0 direct, 1 roi */
+    int64_t dy0, dy1, dx0, dx1;
+    nvimgcodecCodeStream_t stream, sub;
+    nvimgcodecImage_t image;
+    unsigned char* rgb; /* RGBA output: the RGB scratch decoded into */
+} Pending;
+
+static void zero_rect(const Plan* p, int64_t dy0, int64_t dy1, int64_t dx0, int64_t dx1)
+{
+    size_t row_bytes = (size_t)(p->out_w * p->channels);
+    size_t n = (size_t)((dx1 - dx0) * p->channels);
+    for (int64_t y = dy0; y < dy1; y++)
+        memset(p->out + (size_t)y * row_bytes + (size_t)(dx0 * p->channels), 0, n);
+}
+
+static void fail(Tally* t, const Plan* p, Py_ssize_t job, int code, long long a, long long b,
+                 int64_t dy0, int64_t dy1, int64_t dx0, int64_t dx1)
+{
+    zero_rect(p, dy0, dy1, dx0, dx1);
+    if (t->n_failures == t->cap_failures) {
+        Py_ssize_t cap = t->cap_failures ? 2 * t->cap_failures : 8;
+        Failure* f = (Failure*)realloc(t->failures, (size_t)cap * sizeof(Failure));
+        if (f == NULL) {
+            t->oom = 1;
+            return;
+        }
+        t->failures = f;
+        t->cap_failures = cap;
+    }
+    Failure* f = &t->failures[t->n_failures++];
+    f->job = job;
+    f->code = code;
+    f->a = a;
+    f->b = b;
+}
+
+static void release(Pending* q)
+{
+    if (q->image != NULL)
+        api.image_destroy(q->image);
+    if (q->sub != NULL)
+        api.stream_destroy(q->sub);
+    if (q->stream != NULL)
+        api.stream_destroy(q->stream);
+    q->image = NULL;
+    q->sub = q->stream = NULL;
+}
+
+/* Write the (h, w, 3) RGB pixels at rgb into the output as opaque RGBA
+ * (one 32-bit store per pixel; the output rows are 4-byte aligned when the
+ * buffer is, and memcpy keeps it correct when it is not). */
+static void widen(const Plan* p, const unsigned char* rgb, int64_t dy0, int64_t dy1, int64_t dx0, int64_t dx1)
+{
+    int64_t w = dx1 - dx0;
+    size_t row_bytes = (size_t)(p->out_w * 4);
+    for (int64_t y = dy0; y < dy1; y++) {
+        unsigned char* d = p->out + (size_t)y * row_bytes + (size_t)dx0 * 4;
+        const unsigned char* s = rgb + (size_t)(y - dy0) * (size_t)w * 3;
+        for (int64_t x = 0; x < w; x++) {
+            uint32_t v = (uint32_t)s[3 * x] | ((uint32_t)s[3 * x + 1] << 8) | ((uint32_t)s[3 * x + 2] << 16)
+                         | 0xFF000000u;
+            if (!IS_LITTLE_ENDIAN)
+                v = __builtin_bswap32(v);
+            memcpy(d + 4 * x, &v, 4);
+        }
+    }
+}
+
+/* Decode the pending tiles in one call and check each; releases them all. */
+static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
+{
+    if (n == 0)
+        return;
+    nvimgcodecCodeStream_t streams[MAX_BATCH];
+    nvimgcodecImage_t images[MAX_BATCH];
+    nvimgcodecProcessingStatus_t status[MAX_BATCH];
+    for (int i = 0; i < n; i++) {
+        streams[i] = q[i].sub != NULL ? q[i].sub : q[i].stream;
+        images[i] = q[i].image;
+        status[i] = NVIMGCODEC_PROCESSING_STATUS_UNKNOWN;
+    }
+    nvimgcodecDecodeParams_t params;
+    memset(&params, 0, sizeof params);
+    params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS;
+    params.struct_size = sizeof params;
+    params.apply_exif_orientation = 1; /* the Python binding's default */
+    nvimgcodecFuture_t future = NULL;
+    nvimgcodecStatus_t call = api.decode(self->decoder, streams, images, n, &params, &future);
+    size_t got = 0;
+    if (call == NVIMGCODEC_STATUS_SUCCESS && future != NULL) {
+        call = api.future_wait(future);
+        if (call == NVIMGCODEC_STATUS_SUCCESS) {
+            got = (size_t)n;
+            call = api.future_status(future, status, &got);
+        }
+    }
+    if (future != NULL)
+        api.future_destroy(future);
+    for (int i = 0; i < n; i++) {
+        Pending* e = &q[i];
+        int ok = call == NVIMGCODEC_STATUS_SUCCESS && got == (size_t)n
+                 && status[i] == NVIMGCODEC_PROCESSING_STATUS_SUCCESS;
+        if (!ok) {
+            fail(t, p, e->job, F_DECODE, (long long)status[i], (long long)call, e->dy0, e->dy1, e->dx0, e->dx1);
+        } else {
+            if (e->rgb != NULL) {
+                widen(p, e->rgb, e->dy0, e->dy1, e->dx0, e->dx1);
+                t->scratch++;
+            } else if (e->how == 0) {
+                t->direct++;
+            } else {
+                t->roi++;
+            }
+            t->decoded++;
+        }
+        release(e);
+    }
+}
+
+static void fill_image_info(nvimgcodecImageInfo_t* info, unsigned char* buffer, int64_t w, int64_t h,
+                            size_t row_stride)
+{
+    memset(info, 0, sizeof *info);
+    info->struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_INFO;
+    info->struct_size = sizeof *info;
+    info->color_spec = NVIMGCODEC_COLORSPEC_SRGB;
+    info->chroma_subsampling = NVIMGCODEC_SAMPLING_NONE;
+    info->sample_format = NVIMGCODEC_SAMPLEFORMAT_I_RGB;
+    info->orientation.struct_type = NVIMGCODEC_STRUCTURE_TYPE_ORIENTATION;
+    info->orientation.struct_size = sizeof info->orientation;
+    info->num_planes = 1;
+    nvimgcodecImagePlaneInfo_t* pl = &info->plane_info[0];
+    pl->struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_PLANE_INFO;
+    pl->struct_size = sizeof *pl;
+    pl->width = (uint32_t)w;
+    pl->height = (uint32_t)h;
+    pl->row_stride = row_stride;
+    pl->num_channels = 3;
+    pl->sample_type = NVIMGCODEC_SAMPLE_DATA_TYPE_UINT8;
+    pl->precision = 8;
+    info->buffer = buffer;
+    info->buffer_kind = NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_HOST;
+}
+
+static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t)
+{
+    Pending q[MAX_BATCH];
+    int n = 0;
+    size_t start = p->prefix_len ? p->prefix_len - 2 : 0; /* the tile's SOI lands under the prefix's end */
+    for (Py_ssize_t k = j0; k < j1; k++) {
+        int64_t row = p->r0 + k / p->ncols, col = p->c0 + k % p->ncols;
+        int64_t tx0 = col * p->tile_w, ty0 = row * p->tile_h;
+        int64_t ox0 = tx0 > p->cx0 ? tx0 : p->cx0, ox1 = tx0 + p->tile_w < p->cx1 ? tx0 + p->tile_w : p->cx1;
+        int64_t oy0 = ty0 > p->cy0 ? ty0 : p->cy0, oy1 = ty0 + p->tile_h < p->cy1 ? ty0 + p->tile_h : p->cy1;
+        int64_t sx0 = ox0 - tx0, sy0 = oy0 - ty0, sx1 = ox1 - tx0, sy1 = oy1 - ty0;
+        int64_t dy0 = oy0 - p->ry, dy1 = oy1 - p->ry, dx0 = ox0 - p->rx, dx1 = ox1 - p->rx;
+        int64_t index = row * p->across + col;
+        if (index < 0 || index >= p->n_segments) {
+            fail(t, p, k, F_NO_SEGMENT, index, p->n_segments, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        int64_t offset = p->offsets[index], count = p->counts[index];
+        if (offset == 0 || count == 0) {
+            zero_rect(p, dy0, dy1, dx0, dx1);
+            t->missing++;
+            continue;
+        }
+        if (offset < 0 || count < 0 || count > p->file_size || offset > p->file_size - count) {
+            fail(t, p, k, F_PAST_EOF, offset, count, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        Pending* e = &q[n];
+        memset(e, 0, sizeof *e);
+        e->job = k;
+        e->dy0 = dy0;
+        e->dy1 = dy1;
+        e->dx0 = dx0;
+        e->dx1 = dx1;
+        if (!reserve(&self->read_buf[n], &self->read_cap[n], start + (size_t)count)) {
+            fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        unsigned char* buf = self->read_buf[n];
+        ssize_t got = pread(p->fd, buf + start, (size_t)count, (off_t)offset);
+        if (got < 0) {
+            fail(t, p, k, F_IO_ERROR, errno, 0, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        if (got != count) {
+            fail(t, p, k, F_SHORT_READ, (long long)got, count, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        t->bytes_read += count;
+        if (count < 2 || buf[start] != 0xFF || buf[start + 1] != 0xD8) {
+            long long first = count >= 2 ? ((long long)buf[start] << 8) | buf[start + 1] : (count ? buf[start] : 0);
+            fail(t, p, k, F_NOT_SOI, first, count < 2 ? count : 2, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        if (p->prefix_len)
+            memcpy(buf, p->prefix, p->prefix_len);
+        nvimgcodecStatus_t st = api.stream_from_mem(api.instance, &e->stream, buf, start + (size_t)count, NULL);
+        nvimgcodecImageInfo_t info;
+        if (st == NVIMGCODEC_STATUS_SUCCESS && e->stream != NULL) {
+            memset(&info, 0, sizeof info);
+            info.struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_INFO;
+            info.struct_size = sizeof info;
+            st = api.stream_image_info(e->stream, &info);
+        } else if (st == NVIMGCODEC_STATUS_SUCCESS) {
+            st = NVIMGCODEC_STATUS_BAD_CODESTREAM;
+        }
+        if (st != NVIMGCODEC_STATUS_SUCCESS) {
+            release(e);
+            fail(t, p, k, F_HEADER, (long long)st, 0, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        int64_t width = info.plane_info[0].width, height = info.plane_info[0].height;
+        if (width != p->tile_w || height != p->tile_h) {
+            int64_t inner_w = p->level_w - col * p->tile_w, inner_h = p->level_h - row * p->tile_h;
+            if (inner_w > p->tile_w)
+                inner_w = p->tile_w;
+            if (inner_h > p->tile_h)
+                inner_h = p->tile_h;
+            if ((width != p->tile_w && width != inner_w) || (height != p->tile_h && height != inner_h)) {
+                release(e);
+                fail(t, p, k, F_GRID, width, height, dy0, dy1, dx0, dx1);
+                continue;
+            }
+        }
+        if (!(0 <= sx0 && sx0 < sx1 && sx1 <= width && 0 <= sy0 && sy0 < sy1 && sy1 <= height)) {
+            release(e);
+            fail(t, p, k, F_OUTSIDE, width, height, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        if (sx0 == 0 && sy0 == 0 && sx1 == width && sy1 == height) {
+            e->how = 0;
+        } else {
+            e->how = 1;
+            nvimgcodecCodeStreamView_t view;
+            memset(&view, 0, sizeof view);
+            view.struct_type = NVIMGCODEC_STRUCTURE_TYPE_CODE_STREAM_VIEW;
+            view.struct_size = sizeof view;
+            view.image_idx = 0;
+            view.region.struct_type = NVIMGCODEC_STRUCTURE_TYPE_REGION;
+            view.region.struct_size = sizeof view.region;
+            view.region.ndim = 2;
+            view.region.start[0] = (int)sy0;
+            view.region.start[1] = (int)sx0;
+            view.region.end[0] = (int)sy1;
+            view.region.end[1] = (int)sx1;
+            st = api.sub_stream(e->stream, &e->sub, &view);
+            if (st != NVIMGCODEC_STATUS_SUCCESS || e->sub == NULL) {
+                e->sub = NULL;
+                release(e);
+                fail(t, p, k, F_SUBSTREAM, (long long)st, 0, dy0, dy1, dx0, dx1);
+                continue;
+            }
+        }
+        int64_t w = sx1 - sx0, h = sy1 - sy0;
+        unsigned char* target;
+        size_t row_stride;
+        if (p->channels == 3) {
+            row_stride = (size_t)(p->out_w * 3);
+            target = p->out + (size_t)dy0 * row_stride + (size_t)dx0 * 3;
+        } else {
+            if (!reserve(&self->rgb_buf[n], &self->rgb_cap[n], (size_t)(w * h * 3))) {
+                release(e);
+                fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
+                continue;
+            }
+            e->rgb = self->rgb_buf[n];
+            row_stride = (size_t)w * 3;
+            target = e->rgb;
+        }
+        nvimgcodecImageInfo_t img;
+        fill_image_info(&img, target, w, h, row_stride);
+        st = api.image_create(api.instance, &e->image, &img);
+        if (st != NVIMGCODEC_STATUS_SUCCESS || e->image == NULL) {
+            e->image = NULL;
+            release(e);
+            fail(t, p, k, F_IMAGE, (long long)st, 0, dy0, dy1, dx0, dx1);
+            continue;
+        }
+        if (++n == batch) {
+            flush(self, p, q, n, t);
+            n = 0;
+        }
+    }
+    flush(self, p, q, n, t);
+}
+
+static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
+{
+    PyObject* o = PyTuple_GetItem(seq, i);
+    if (o == NULL)
+        return 0;
+    long long x = PyLong_AsLongLong(o);
+    if (x == -1 && PyErr_Occurred())
+        return 0;
+    *v = (int64_t)x;
+    return 1;
+}
+
+static const char decode_tiles_doc[] =
+    "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch)\n"
+    "--\n\n"
+    "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/native.py).\n\n"
+    "fd: the slide's file descriptor; prefix: bytes put in front of each tile\n"
+    "(JPEG prefix, or b''); out: writable C-contiguous (h, w, 3 or 4) uint8 buffer;\n"
+    "offsets, counts: the level's segment offsets and byte counts, int64;\n"
+    "level: (tile_w, tile_h, level_w, level_h, tiles_across, file_size);\n"
+    "region: (rx, ry, cx0, cy0, cx1, cy1) in level pixels (region origin and\n"
+    "its part inside the level); batch: tiles per decode call (1..64).\n\n"
+    "Returns (direct, roi, scratch, missing, bytes_read, decoded, failures), failures a\n"
+    "list of (job, code, a, b).  Raises MemoryError if the failure list itself\n"
+    "cannot be allocated; never raises for a bad tile.";
+
+static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
+{
+    int fd, batch;
+    Py_buffer prefix, out, offsets, counts;
+    PyObject *out_obj, *level, *region;
+    Py_ssize_t j0, j1;
+    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni", &fd, &prefix, &out_obj, &offsets, &counts, &PyTuple_Type,
+                          &level, &PyTuple_Type, &region, &j0, &j1, &batch))
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&prefix);
+        PyBuffer_Release(&offsets);
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    PyObject* result = NULL;
+    Plan p;
+    memset(&p, 0, sizeof p);
+    Tally t;
+    memset(&t, 0, sizeof t);
+    if (self->decoder == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decoder not initialised");
+        goto done;
+    }
+    if (PyTuple_GET_SIZE(level) != 6 || PyTuple_GET_SIZE(region) != 6) {
+        PyErr_SetString(PyExc_ValueError, "level and region must be 6-tuples");
+        goto done;
+    }
+    int64_t v[6];
+    for (int i = 0; i < 6; i++)
+        if (!get_i64(level, i, &v[i]))
+            goto done;
+    p.tile_w = v[0], p.tile_h = v[1], p.level_w = v[2], p.level_h = v[3], p.across = v[4], p.file_size = v[5];
+    for (int i = 0; i < 6; i++)
+        if (!get_i64(region, i, &v[i]))
+            goto done;
+    p.rx = v[0], p.ry = v[1], p.cx0 = v[2], p.cy0 = v[3], p.cx1 = v[4], p.cy1 = v[5];
+    if (out.ndim != 3 || out.itemsize != 1 || out.format == NULL || strcmp(out.format, "B") != 0
+        || (out.shape[2] != 3 && out.shape[2] != 4)) {
+        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous (h, w, 3 or 4) uint8 buffer");
+        goto done;
+    }
+    p.out = (unsigned char*)out.buf;
+    p.out_h = out.shape[0];
+    p.out_w = out.shape[1];
+    p.channels = out.shape[2];
+    if (offsets.len % 8 != 0 || offsets.len != counts.len) {
+        PyErr_SetString(PyExc_ValueError, "offsets and counts must be int64 arrays of one length");
+        goto done;
+    }
+    p.offsets = (const int64_t*)offsets.buf;
+    p.counts = (const int64_t*)counts.buf;
+    p.n_segments = offsets.len / 8;
+    p.fd = fd;
+    p.prefix = (const unsigned char*)prefix.buf;
+    p.prefix_len = (size_t)prefix.len;
+    if (p.prefix_len == 1 || p.tile_w < 1 || p.tile_h < 1 || p.across < 1 || batch < 1 || batch > MAX_BATCH
+        || p.cx0 >= p.cx1 || p.cy0 >= p.cy1 || p.cx0 < 0 || p.cy0 < 0 || p.cx1 > p.level_w || p.cy1 > p.level_h
+        || p.cx0 < p.rx || p.cy0 < p.ry || p.cx1 - p.rx > p.out_w || p.cy1 - p.ry > p.out_h) {
+        PyErr_SetString(PyExc_ValueError, "inconsistent level, region, out or batch");
+        goto done;
+    }
+    p.c0 = p.cx0 / p.tile_w;
+    p.r0 = p.cy0 / p.tile_h;
+    p.ncols = (p.cx1 - 1) / p.tile_w - p.c0 + 1;
+    int64_t nrows = (p.cy1 - 1) / p.tile_h - p.r0 + 1;
+    if (j0 < 0 || j1 > p.ncols * nrows || j0 > j1) {
+        PyErr_SetString(PyExc_ValueError, "job range outside the region's tiles");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mutex);
+    run_jobs(self, &p, j0, j1, batch, &t);
+    for (int i = 0; i < MAX_BATCH; i++) {
+        if (self->read_cap[i] > KEEP_BYTES) { /* a one-off: do not keep it */
+            free(self->read_buf[i]);
+            self->read_buf[i] = NULL;
+            self->read_cap[i] = 0;
+        }
+    }
+    pthread_mutex_unlock(&self->mutex);
+    Py_END_ALLOW_THREADS
+    if (t.oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject* failures = PyList_New(t.n_failures);
+    if (failures == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < t.n_failures; i++) {
+        Failure* f = &t.failures[i];
+        PyObject* item = Py_BuildValue("(niLL)", f->job, f->code, f->a, f->b);
+        if (item == NULL) {
+            Py_DECREF(failures);
+            goto done;
+        }
+        PyList_SET_ITEM(failures, i, item);
+    }
+    result = Py_BuildValue("(LLLLLLN)", t.direct, t.roi, t.scratch, t.missing, t.bytes_read, t.decoded, failures);
+done:
+    free(t.failures);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&counts);
+    return result;
+}
+
+static PyMethodDef Decoder_methods[] = {
+    {"decode_tiles", (PyCFunction)Decoder_decode_tiles, METH_VARARGS, decode_tiles_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "wsitool._jpegloop.Decoder",
+    .tp_doc = "One CPU-only nvImageCodec decoder (one thread of libjpeg-turbo) and its reusable buffers.\n\n"
+              "Calls are serialised by the decoder's own mutex; wsitool keeps one per thread.",
+    .tp_basicsize = sizeof(Decoder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Decoder_new,
+    .tp_init = (initproc)Decoder_init,
+    .tp_dealloc = (destructor)Decoder_dealloc,
+    .tp_methods = Decoder_methods,
+};
+
+static PyMethodDef module_methods[] = {
+    {"load", jl_load, METH_VARARGS,
+     "load(lib_path, extensions_path) -> version: open libnvimgcodec and create the instance (once)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "wsitool._jpegloop",
+    "The per-tile loop of JPEG region reads in C (see wsitool/native.py).", -1, module_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__jpegloop(void)
+{
+    if (PyType_Ready(&DecoderType) < 0)
+        return NULL;
+    PyObject* m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&DecoderType);
+    if (PyModule_AddObject(m, "Decoder", (PyObject*)&DecoderType) < 0) {
+        Py_DECREF(&DecoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "HEADER_VERSION", NVIMGCODEC_VER);
+    PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH);
+    return m;
+}
