@@ -316,13 +316,18 @@ def floor_worker(spec: dict) -> list[dict]:
 # ----------------------------------------------------------------------------- parent
 
 
-def run_tool(tool: str, spec: dict, timeout: float) -> list[dict]:
-    spec = dict(spec, tool=tool)
+def _child_env() -> dict:
+    """The environment of a tool's subprocess: this one, with the repository on PYTHONPATH."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_tool(tool: str, spec: dict, timeout: float) -> list[dict]:
+    spec = dict(spec, tool=tool)
     proc = subprocess.run(
         [sys.executable, __file__, "--worker"], input=json.dumps(spec), text=True,
-        capture_output=True, env=env, timeout=timeout,
+        capture_output=True, env=_child_env(), timeout=timeout,
     )
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-5:]
@@ -551,7 +556,7 @@ def main(argv=None) -> int:
         load = None
     run = dict(
         slide=args.slide, description=desc, date=when, cpu_count=os.cpu_count(), load_avg=load,
-        machine=platform.platform(), reps=args.reps, rounds=args.rounds, regions=regions,
+        machine=platform.platform(), native=native_status(), reps=args.reps, rounds=args.rounds, regions=regions,
         j2k=j2k, level=args.level, results=results,
     )
     summary = target_summary(results, j2k) if args.level == 0 else []
@@ -559,6 +564,18 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(run, indent=1))
     return render(run, args.markdown)
+
+
+def native_status() -> str:
+    """What ``wsitool.native.status()`` says in a fresh interpreter (the read path
+    wsitool's workers used): whether the compiled JPEG tile loop is in use."""
+    code = "import wsitool.native as n; print(n.status())"
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, cwd=str(REPO), env=_child_env())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    return res.stdout.strip() or f"unknown (exit {res.returncode})"
 
 
 def render(run: dict, markdown: bool = False) -> int:
@@ -569,7 +586,8 @@ def render(run: dict, markdown: bool = False) -> int:
              + (f", load avg {load:.1f}" if load is not None else "")
              + f"; medians of {run.get('rounds', 1)} rounds x {run.get('reps', 1)} passes; "
              + "regions per size: "
-             + ", ".join(f"{s}:{len(r)}" for s, r in run["regions"].items()))
+             + ", ".join(f"{s}:{len(r)}" for s, r in run["regions"].items())
+             + (f"; wsitool's compiled JPEG tile loop: {run['native']}" if run.get("native") else ""))
     print_table(results, title)
     j2k = run.get("j2k", "JP2000" in run["description"] or "J2K" in run["description"])
     if run.get("level", 0) == 0:

@@ -21,13 +21,18 @@ one reused output buffer, tile bytes in the page cache) it times, in turns, with
   from tile bytes already in memory;
 * ``+reads``: the tile bytes also read per tile with ``os.preadv`` into a
   reused buffer (JPEG tables merged in front);
-* ``read_region``: ``Slide.read_region(..., mode="rgb", threads=1, out=...)``.
+* ``read_region py``: ``Slide.read_region(..., mode="rgb", threads=1, out=...)``
+  on the Python path (``wsitool.native.ENABLED = False``);
+* ``read_region``: the same call as users make it: through the compiled JPEG
+  tile loop (:mod:`wsitool.native`) where it is built and applies, else the
+  Python path again.
 
 Each line prints megapixels of region per CPU-second, the ratio to the floor and
-the cost per tile added over ``decode`` by all steps up to it (cumulative), so the gap between ``decode`` and
-``read_region`` is split into image wrapping, code-stream parsing, file reads
-and the rest (wsitool's own checks, counters and bookkeeping).  Only
-nvImageCodec-decoded levels (JPEG, JPEG 2000) are supported.
+the cost per tile added over ``decode`` by all steps up to it (cumulative), so
+the gap between ``decode`` and ``read_region py`` is split into image wrapping,
+code-stream parsing, file reads and the rest (wsitool's own checks, counters
+and bookkeeping), and the last line shows what the compiled loop leaves of it.
+Only nvImageCodec-decoded levels (JPEG, JPEG 2000) are supported.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(REPO))
     import wsitool
+    from wsitool import native
     from wsitool.decode import nvimgcodec
     from wsitool.region import plan_tiles
 
@@ -128,8 +134,16 @@ def main(argv=None) -> int:
         for loc in locs:
             slide.read_region(loc, 0, (size, size), mode="rgb", threads=1, out=out)
 
+    def read_region_py():
+        native.ENABLED = False
+        try:
+            read_region()
+        finally:
+            native.ENABLED = True
+
     steps = [("floor", floor), ("decode", decode), ("+images", plus_images),
-             ("+streams", plus_streams), ("+reads", plus_reads), ("read_region", read_region)]
+             ("+streams", plus_streams), ("+reads", plus_reads), ("read_region py", read_region_py),
+             ("read_region", read_region)]
     best = {name: float("inf") for name, _f in steps}
     for fn in (f for _n, f in steps):  # warm-up
         fn()
@@ -143,11 +157,12 @@ def main(argv=None) -> int:
     print(f"{Path(args.slide).name}: {len(locs)} regions of {size}x{size}, {ntiles / len(locs):.1f} "
           f"tiles/region, {lv.compression} {lv.tile_width}x{lv.tile_height} tiles; one thread, "
           f"best of {args.rounds}; {os.cpu_count()} CPU cores, load avg {os.getloadavg()[0]:.1f}")
-    print(f"{'step':12s} {'MP/cpu-s':>9s} {'/floor':>7s} {'us/tile over decode':>20s}")
+    print(f"read_region: compiled JPEG tile loop {native.status()}")
+    print(f"{'step':15s} {'MP/cpu-s':>9s} {'/floor':>7s} {'us/tile over decode':>20s}")
     for name, _f in steps:
         t = best[name]
         extra = (t - best["decode"]) / ntiles * 1e6
-        print(f"{name:12s} {mp / t:9.1f} {best['floor'] / t:6.2f}x "
+        print(f"{name:15s} {mp / t:9.1f} {best['floor'] / t:6.2f}x "
               f"{'' if name in ('floor', 'decode') else f'{extra:+.1f}':>20s}")
     slide.close()
     return 0

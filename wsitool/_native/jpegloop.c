@@ -357,7 +357,13 @@ static void widen(const Plan* p, const unsigned char* rgb, int64_t dy0, int64_t 
     }
 }
 
-/* Decode the pending tiles in one call and check each; releases them all. */
+/* Decode the pending tiles in one call and check each; releases them all.
+ *
+ * Thread safety: each thread has its own Decoder (decoder, buffers, mutex);
+ * code streams and images are made per tile.  The shared instance is only
+ * read: its codec registry does not change after creation, and every code
+ * stream gets a parser of its own (nvImageCodec src/codec_registry.cpp,
+ * CodecRegistry::getParser; src/code_stream.cpp). */
 static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
 {
     if (n == 0)
@@ -387,6 +393,13 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
     }
     if (future != NULL)
         api.future_destroy(future);
+    if (n > 1 && (call != NVIMGCODEC_STATUS_SUCCESS || got != (size_t)n)) {
+        /* The call as a whole failed: decode the tiles one by one, so only the
+         * bad one fails (as the Python path retries a failed batch call). */
+        for (int i = 0; i < n; i++)
+            flush(self, p, &q[i], 1, t);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         Pending* e = &q[i];
         int ok = call == NVIMGCODEC_STATUS_SUCCESS && got == (size_t)n
@@ -651,13 +664,15 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     p.out_h = out.shape[0];
     p.out_w = out.shape[1];
     p.channels = out.shape[2];
-    if (offsets.len % 8 != 0 || offsets.len != counts.len) {
-        PyErr_SetString(PyExc_ValueError, "offsets and counts must be int64 arrays of one length");
+    if (offsets.len % 8 != 0 || counts.len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "offsets and counts must be arrays of 8-byte integers");
         goto done;
     }
     p.offsets = (const int64_t*)offsets.buf;
     p.counts = (const int64_t*)counts.buf;
-    p.n_segments = offsets.len / 8;
+    /* A file may list more offsets than byte counts or the reverse (the level
+     * checked that both cover its grid): only indices both have are read. */
+    p.n_segments = (offsets.len < counts.len ? offsets.len : counts.len) / 8;
     p.fd = fd;
     p.prefix = (const unsigned char*)prefix.buf;
     p.prefix_len = (size_t)prefix.len;
