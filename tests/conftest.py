@@ -101,6 +101,40 @@ def random_regions(rng: np.random.Generator, level_w: int, level_h: int, n: int,
     return out
 
 
+def with_tile_bytes(src: Path, tmp_path: Path, index: int, mutate, name: str = "mut") -> Path:
+    """A copy of ``src`` (under ``tmp_path``) with tile ``index`` of level 0 rewritten
+    by ``mutate(bytes) -> bytes`` (same length)."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        page = tf.pages[0]
+        off, count = page.dataoffsets[index], page.databytecounts[index]
+    new = mutate(bytes(data[off:off + count]))
+    assert len(new) == count
+    data[off:off + count] = new
+    out = tmp_path / f"{name}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def with_byte_count(src: Path, tmp_path: Path, index: int, count: int, name: str = "count") -> Path:
+    """A copy of ``src`` (under ``tmp_path``) whose TileByteCounts entry ``index`` of
+    level 0 says ``count`` (0: a missing tile; less than the tile: a cut tile;
+    past the end of the file: a truncated one)."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        tag = tf.pages[0].tags["TileByteCounts"]
+        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
+        pos = tag.valueoffset + index * item
+    data[pos:pos + item] = count.to_bytes(item, "little")
+    out = tmp_path / f"{name}-{index}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
 @pytest.fixture
 def python_path(monkeypatch):
     """Turn the compiled JPEG tile loop off for this test: for tests of the Python

@@ -10,7 +10,7 @@ import wsitool
 from wsitool import decode, region
 from wsitool.decode import get_pool, read_tile_bytes, read_tile_stream
 
-from conftest import random_regions, repo_samples
+from conftest import random_regions, repo_samples, with_byte_count, with_tile_bytes
 
 
 def _nv_slides(cmu1):
@@ -31,24 +31,8 @@ def test_read_tile_stream_is_prefix_plus_tile(cmu1, tcga_j2k):
                 assert bytes(got) == expected
 
 
-def _with_tile_bytes(src, tmp_path, index: int, mutate) -> "object":
-    """Copy ``src`` with tile ``index`` of level 0 rewritten by ``mutate(bytes) -> bytes``."""
-    import tifffile
-
-    data = bytearray(src.read_bytes())
-    with tifffile.TiffFile(src) as tf:
-        page = tf.pages[0]
-        off, count = page.dataoffsets[index], page.databytecounts[index]
-    new = mutate(bytes(data[off:off + count]))
-    assert len(new) == count
-    data[off:off + count] = new
-    out = tmp_path / f"mut-{src.name}"
-    out.write_bytes(bytes(data))
-    return out
-
-
 def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path, read_path):
-    bad = _with_tile_bytes(sample_jpeg, tmp_path, 0, lambda b: b"\x00\x00" + b[2:])
+    bad = with_tile_bytes(sample_jpeg, tmp_path, 0, lambda b: b"\x00\x00" + b[2:])
     with wsitool.open_slide(bad) as slide:
         with pytest.raises(wsitool.TileDecodeError, match="not a JPEG stream") as info:
             slide.read_region((0, 0), 0, (64, 64), mode="rgb")
@@ -149,7 +133,7 @@ def test_shared_queue_hands_each_job_out_once():
 
 def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path, read_path):
     """A corrupt tile on any worker raises from read_region (after all workers end)."""
-    bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x00" + b[2:])
+    bad = with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x00" + b[2:])
     with wsitool.open_slide(bad) as slide:
         lv = slide.levels[0]
         with pytest.raises(wsitool.TileDecodeError):
@@ -201,29 +185,13 @@ def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads, pytho
         assert counts[0] == counts[1] and counts[0][0] > 0
 
 
-def _cut_tile(src, tmp_path, index: int):
-    """``src`` with tile ``index`` cut to 40 % of its scan data (libjpeg-turbo gives up)."""
-    import tifffile
-
-    data = bytearray(src.read_bytes())
-    with tifffile.TiffFile(src) as tf:
-        page = tf.pages[0]
-        off, count = page.dataoffsets[index], page.databytecounts[index]
-        tag = tf.pages[0].tags["TileByteCounts"]
-        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
-        pos = tag.valueoffset + index * item
-    cut = len(data[off:off + count]) * 4 // 10
-    data[pos:pos + item] = cut.to_bytes(item, "little")
-    out = tmp_path / f"cut-{index}-{src.name}"
-    out.write_bytes(bytes(data))
-    return out
-
-
 def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monkeypatch, python_path):
     """A tile the decoder gives up on, in the middle of a batch: the error names it
     (on_error="raise"), and with on_error="fill" only that tile is background and
     the result equals the per-tile path's."""
-    bad = _cut_tile(sample_jpeg, tmp_path, 1)
+    with wsitool.open_slide(sample_jpeg) as slide:
+        whole = int(slide.levels[0]._bytecounts[1])
+    bad = with_byte_count(sample_jpeg, tmp_path, 1, whole * 4 // 10)  # libjpeg-turbo gives up
     with wsitool.open_slide(bad) as slide:
         lv = slide.levels[0]
         size = (min(lv.width, 4 * lv.tile_width), min(lv.height, 2 * lv.tile_height))

@@ -22,7 +22,8 @@ import wsitool
 from wsitool import native, region
 from wsitool.decode import get_pool
 
-from conftest import BUG_INPUTS, random_regions, repo_samples, tiff_samples
+from conftest import (BUG_INPUTS, random_regions, repo_samples, tiff_samples, with_byte_count,
+                      with_tile_bytes)
 
 
 def _require_native():
@@ -154,35 +155,6 @@ def test_pixels_and_counters_equal_the_python_path(mode, threads):
     assert checked >= 6
 
 
-def _with_tile_bytes(src, tmp_path, index: int, mutate, name: str):
-    import tifffile
-
-    data = bytearray(src.read_bytes())
-    with tifffile.TiffFile(src) as tf:
-        page = tf.pages[0]
-        off, count = page.dataoffsets[index], page.databytecounts[index]
-    new = mutate(bytes(data[off:off + count]))
-    assert len(new) == count
-    data[off:off + count] = new
-    out = tmp_path / f"{name}-{src.name}"
-    out.write_bytes(bytes(data))
-    return out
-
-
-def _set_byte_count(src, tmp_path, index: int, count: int, name: str):
-    import tifffile
-
-    data = bytearray(src.read_bytes())
-    with tifffile.TiffFile(src) as tf:
-        tag = tf.pages[0].tags["TileByteCounts"]
-        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
-        pos = tag.valueoffset + index * item
-    data[pos:pos + item] = count.to_bytes(item, "little")
-    out = tmp_path / f"{name}-{src.name}"
-    out.write_bytes(bytes(data))
-    return out
-
-
 def _sof_size(data: bytes, width: int, height: int) -> bytes:
     i = data.index(b"\xff\xc0")
     return data[:i + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[i + 9:]
@@ -212,19 +184,19 @@ def test_bad_tile_gives_the_python_paths_error(sample_jpeg, tmp_path, fault, on_
         size_of = int(lv._bytecounts[1])
         file_size = lv._file_size
     if fault == "no-soi":
-        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x01" + b[2:], fault)
+        bad = with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x01" + b[2:], fault)
     elif fault == "cut-scan":
-        bad = _set_byte_count(sample_jpeg, tmp_path, 1, size_of * 4 // 10, fault)
+        bad = with_byte_count(sample_jpeg, tmp_path, 1, size_of * 4 // 10, fault)
     elif fault == "zero-count":
-        bad = _set_byte_count(sample_jpeg, tmp_path, 1, 0, fault)
+        bad = with_byte_count(sample_jpeg, tmp_path, 1, 0, fault)
     elif fault == "past-eof":
-        bad = _set_byte_count(sample_jpeg, tmp_path, 1, file_size, fault)
+        bad = with_byte_count(sample_jpeg, tmp_path, 1, file_size, fault)
     elif fault == "sof-8000":
-        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: _sof_size(b, 8000, 8000), fault)
+        bad = with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: _sof_size(b, 8000, 8000), fault)
     elif fault == "sof-smaller":
-        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: _sof_size(b, 16, 16), fault)
+        bad = with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: _sof_size(b, 16, 16), fault)
     else:
-        bad = _with_tile_bytes(sample_jpeg, tmp_path, 1,
+        bad = with_tile_bytes(sample_jpeg, tmp_path, 1,
                                lambda b: b[:2] + bytes(range(256)) * (len(b) // 256) + b[2 + 256 * (len(b) // 256):],
                                fault)
     with wsitool.open_slide(bad) as slide:

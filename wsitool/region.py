@@ -384,7 +384,9 @@ def _fill_region(lv: "Level", x: int, y: int, w: int, h: int, out: np.ndarray, m
     Work distribution: the jobs sit in one shared iterator; each of the ``k``
     threads (the caller plus ``k - 1`` pool workers) takes the next job when it
     has finished its last one, so threads that drew cheap partial tiles do not
-    wait idle for one that drew whole ones.
+    wait idle for one that drew whole ones.  Where the compiled JPEG tile loop
+    applies (:func:`wsitool.native.applies`) the same plan runs through it
+    (:func:`_fill_region_native`); else on :class:`_TileWorker`, the reference.
     """
     rx, ry = level_rect(lv, x, y)
     if native.applies(lv, mode, out):
