@@ -314,3 +314,99 @@ def test_bad_arguments_are_refused_not_crashed(sample_jpeg):
         assert dec.decode_tiles(*args)[5] == 1  # and the decoder still works
         # offsets and byte counts of different lengths (as some files list them): fine
         assert dec.decode_tiles(lv._fd, prefix, out, lv._offsets[:-1], *args[4:])[5] == 1
+
+
+def _replace_tile(src, tmp_path, index: int, data: bytes, name: str):
+    """A copy of ``src`` whose level-0 tile ``index`` is ``data`` (appended at the end)."""
+    import tifffile
+
+    raw = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        tags = tf.pages[0].tags
+        spots = []
+        for tag_name in ("TileOffsets", "TileByteCounts"):
+            tag = tags[tag_name]
+            spots.append((tag.valueoffset, {3: 2, 4: 4, 16: 8}[int(tag.dtype)]))
+    while len(raw) % 2:
+        raw.append(0)
+    offset = len(raw)
+    raw += data
+    for (pos, item), value in zip(spots, (offset, len(data))):
+        raw[pos + index * item:pos + (index + 1) * item] = value.to_bytes(item, "little")
+    out = tmp_path / f"{name}-{src.name}"
+    out.write_bytes(bytes(raw))
+    return out
+
+
+def _exif_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """``jpeg`` with an APP1 Exif segment holding only the Orientation tag (TIFF 6.0 IFD, little-endian)."""
+    ifd = (b"II*\x00\x08\x00\x00\x00\x01\x00" + (0x0112).to_bytes(2, "little") + (3).to_bytes(2, "little")
+           + (1).to_bytes(4, "little") + orientation.to_bytes(2, "little") + b"\x00\x00" + bytes(4))
+    payload = b"Exif\x00\x00" + ifd
+    return jpeg[:2] + b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload + jpeg[2:]
+
+
+@pytest.mark.parametrize("orientation", [3, 6])
+def test_exif_orientation_in_a_tile_is_ignored_on_both_paths(sample_jpeg, tmp_path, orientation):
+    """A tile whose code stream carries an EXIF Orientation: the stored pixels on
+    both paths (the TIFF Orientation tag, not the tile's, says how the image lies)."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        tw, th = lv.tile_width, lv.tile_height
+        plain = slide.read_region((tw, 0), 0, (tw, th), mode="rgb")
+        off, count = int(lv._offsets[1]), int(lv._bytecounts[1])
+    stream = sample_jpeg.read_bytes()[off:off + count]
+    bad = _replace_tile(sample_jpeg, tmp_path, 1, _exif_orientation(stream, orientation), "exif")
+    with wsitool.open_slide(bad) as slide:
+        for mode in ("rgb", "rgba"):
+            for loc, size in (((tw, 0), (tw, th)), ((tw + 5, 3), (tw - 30, th - 7))):
+                got = _assert_parity(slide, loc, 0, size, mode=mode, threads=1, on_error="raise")
+                x0, y0 = loc[0] - tw, loc[1]
+                assert np.array_equal(got[..., :3], plain[y0:y0 + size[1], x0:x0 + size[0]])
+
+
+def test_one_byte_tile_names_only_its_byte(sample_jpeg, tmp_path):
+    """A 1-byte tile: the message shows that byte, not a leftover of an earlier read."""
+    bad = _replace_tile(sample_jpeg, tmp_path, 1, b"\xab", "one-byte")
+    with wsitool.open_slide(bad) as slide:
+        lv = slide.levels[0]
+        for mode in ("rgb", "rgba"):
+            err = _read(slide, (0, 0), 0, (2 * lv.tile_width, lv.tile_height), compiled=False, mode=mode)[0]
+            assert isinstance(err, wsitool.TileDecodeError) and "starts with ab instead" in str(err), err
+            _assert_parity(slide, (0, 0), 0, (2 * lv.tile_width, lv.tile_height), mode=mode)
+
+
+def test_first_bad_tile_in_tile_order_is_raised(sample_jpeg, tmp_path):
+    """A decode failure (tile 1) before a read-time failure (tile 2) of the same
+    batch: both paths raise tile 1's error, in every mode, on one thread."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        cut = int(lv._bytecounts[1]) * 4 // 10
+    bad = with_byte_count(sample_jpeg, tmp_path, 1, cut, "cut")
+    bad = with_tile_bytes(bad, tmp_path, 2, lambda b: b"\x00\x01" + b[2:], "no-soi")
+    with wsitool.open_slide(bad) as slide:
+        lv = slide.levels[0]
+        for mode in ("rgb", "rgba", "raw"):
+            err = _read(slide, (0, 0), 0, (4 * lv.tile_width, lv.tile_height), compiled=True, mode=mode,
+                        threads=1)[0]
+            assert isinstance(err, wsitool.TileDecodeError) and (err.col, err.row) == (1, 0), err
+            _assert_parity(slide, (0, 0), 0, (4 * lv.tile_width, lv.tile_height), mode=mode, threads=1)
+
+
+def test_coordinates_that_would_overflow_are_refused(sample_jpeg):
+    """decode_tiles with sizes or coordinates near 2**63 raises, never writes out of bounds."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        dec = native.new_decoder()
+        out = np.zeros((10, 10, 3), np.uint8)
+        offsets = np.array([1, 0], np.uint64)
+        counts = np.array([1, 1], np.uint64)
+        calls = [
+            ((lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv._file_size),
+             (-2**63, 0, 0, 0, 10, 10)),
+            ((2**62, 1, 2**62 + 10, 10, 1, lv._file_size), (2**62, 0, 2**62, 0, 2**62 + 10, 10)),
+            ((1, 1, 2**40, 2**40, 2**62, lv._file_size), (0, 2**39, 0, 2**39, 10, 2**39 + 10)),
+        ]
+        for level, region in calls:
+            with pytest.raises(ValueError):
+                dec.decode_tiles(lv._fd, b"", out, offsets, counts, level, region, 0, 1, 1)

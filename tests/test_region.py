@@ -243,3 +243,81 @@ def test_level0_coordinate_inverse():
             t = level0_coordinate(v, ds)
             assert int(np.floor(t / ds + 0.5)) == v
             assert int(np.floor((t - 1) / ds + 0.5)) < v  # the smallest such t
+
+
+def test_close_waits_for_reads_in_flight(sample_jpeg, read_path):
+    """close() from another thread while reads run: each read either completes with
+    the right pixels or raises 'slide is closed'; none reads a descriptor number
+    the process has meanwhile given to another file."""
+    import os as _os
+    import threading
+
+    with wsitool.open_slide(sample_jpeg) as ref_slide:
+        lv = ref_slide.levels[0]
+        size = (min(lv.width, 700), min(lv.height, 500))
+        ref = ref_slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
+    outcomes, wrong = [], []
+    for attempt in range(5):
+        slide = wsitool.open_slide(sample_jpeg)
+        started = threading.Barrier(5)
+
+        def work():
+            started.wait()
+            for _ in range(200):
+                try:
+                    got = slide.read_region((0, 0), 0, size, mode="rgb", threads=2)
+                except wsitool.WsiError as exc:
+                    assert "slide is closed" in str(exc), exc
+                    outcomes.append("closed")
+                    return
+                outcomes.append("read")
+                if not np.array_equal(got, ref):
+                    wrong.append(attempt)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        started.wait()
+        slide.close()
+        # take descriptor numbers the slide may just have released
+        fds = [_os.open(__file__, _os.O_RDONLY) for _ in range(4)]
+        for t in threads:
+            t.join()
+        for fd in fds:
+            _os.close(fd)
+        assert slide.closed
+    assert not wrong
+    assert outcomes.count("closed") == 4 * 5
+
+
+def test_forked_child_reads_with_threads(sample_jpeg, read_path):
+    """After os.fork() (PyTorch DataLoader workers are forked), the child reads with
+    several threads and gets the parent's pixels: the parent's worker threads and
+    decoders are not waited for in the child."""
+    import os as _os
+    import time
+
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        size = (min(lv.width, 600), min(lv.height, 400))
+        ref = slide.read_region((3, 5), 0, size, mode="rgb", threads=2)  # parent threads exist
+        pid = _os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit code
+            code = 3
+            try:
+                a = slide.read_region((3, 5), 0, size, mode="rgb", threads=2)
+                b = slide.read_region((3, 5), 0, size, mode="rgb")  # default: CPU count
+                code = 0 if np.array_equal(a, ref) and np.array_equal(b, ref) else 4
+            finally:
+                _os._exit(code)
+        deadline = time.monotonic() + 60
+        while True:
+            done, status = _os.waitpid(pid, _os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                _os.kill(pid, 9)
+                _os.waitpid(pid, 0)
+                pytest.fail("the forked child hung reading with threads")
+            time.sleep(0.05)
+    assert _os.waitstatus_to_exitcode(status) == 0

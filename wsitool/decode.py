@@ -232,6 +232,11 @@ class _ThreadState:
         return pair
 
 
+#: Decode parameters of TIFF tiles: an EXIF orientation inside a tile's code
+#: stream is ignored (TIFF 6.0 section 8: the Orientation tag of the IFD says
+#: how the image is oriented, and wsitool reports the stored pixel grid).
+TILE_DECODE_PARAMS = nvimgcodec.DecodeParams(apply_exif_orientation=False)
+
 #: Largest per-thread tile-bytes buffer kept between reads (bytes).
 _READ_BUFFER_KEEP = 16 << 20
 
@@ -334,6 +339,23 @@ class DecoderPool:
 
 _pools: dict[str, DecoderPool] = {}
 _pools_lock = threading.Lock()
+# Pools of a parent process, kept (never used, never freed) in a forked child.
+_forked_pools: list[DecoderPool] = []
+
+
+def _new_pools_after_fork() -> None:
+    """In a forked child: make new decoders.  The parent's decoders may count on
+    threads that do not exist in the child (nvImageCodec's executors), so they
+    are neither used nor destroyed there; they stay referenced in
+    ``_forked_pools``.  (PyTorch DataLoader workers are forked children.)"""
+    global _pools_lock
+    _forked_pools.extend(_pools.values())
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_pools_after_fork)
 
 
 def get_pool(device: str = "cpu") -> DecoderPool:
@@ -422,7 +444,7 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
         if count < 2 or view[start] != 0xFF or view[start + 1] != 0xD8:
             raise TileDecodeError(
                 level._path, level.index, col, row,
-                f"not a JPEG stream (starts with {bytes(buf[start:start + 2]).hex()} "
+                f"not a JPEG stream (starts with {bytes(buf[start:start + min(count, 2)]).hex()} "
                 "instead of ffd8)",
             )
         if prefix:
@@ -922,7 +944,7 @@ def _decode_checked(level, col, row, cs, dst: np.ndarray, state: _ThreadState,
     decoder = state.decoder
     with state.lock:
         try:
-            result = decoder.decode(cs, image=image)
+            result = decoder.decode(cs, image=image, params=TILE_DECODE_PARAMS)
         except Exception as exc:
             raise TileDecodeError(
                 level._path, level.index, col, row, f"decoder error: {exc}"

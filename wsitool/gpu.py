@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .decode import (
+    TILE_DECODE_PARAMS,
     _codestream,
     check_decoded,
     count_decoded,
@@ -532,7 +533,8 @@ def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays, *, fallback: b
     results: list[Any]
     with state.lock:
         try:
-            results = list(decoder.decode(streams, images=images, cuda_stream=arrays.stream_ptr))
+            results = list(decoder.decode(streams, images=images, params=TILE_DECODE_PARAMS,
+                                          cuda_stream=arrays.stream_ptr))
         except Exception:
             results = []
         if count:
@@ -542,7 +544,8 @@ def _decode_batch(lv: "Level", tiles: list[_Tile], state, arrays, *, fallback: b
             results = []
             for t, image in zip(tiles, images):
                 try:
-                    results.append(decoder.decode(t.cs, image=image, cuda_stream=arrays.stream_ptr))
+                    results.append(decoder.decode(t.cs, image=image, params=TILE_DECODE_PARAMS,
+                                              cuda_stream=arrays.stream_ptr))
                 except Exception as exc:
                     results.append(exc)
     for t, image, result in zip(tiles, images, results):

@@ -198,7 +198,9 @@ class RegionJobs:
             st.tiles_missing += missing
             st.bytes_read += nbytes
             st.tiles_decoded += decoded
-            for job, code, a, b in failures:
+            # (the C loop reports read-time failures before the decode failures
+            # of earlier tiles of the same batch: report in tile order)
+            for job, code, a, b in sorted(failures):
                 self._failed(job, code, a, b, state)
 
     def _failed(self, job: int, code: int, a: int, b: int, state) -> None:

@@ -111,6 +111,18 @@ _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
 
+def _forget_executor_after_fork() -> None:
+    """In a forked child: the parent's worker threads do not exist there, so a
+    read with ``threads > 1`` would wait for them forever; start afresh."""
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_executor_after_fork)
+
+
 def _get_executor() -> ThreadPoolExecutor:
     global _executor
     with _executor_lock:
@@ -267,14 +279,16 @@ def read_region(slide: "Slide", location, level, size, *, out=None, mode: str = 
     if device != "cpu":
         from .gpu import read_region_cuda
 
-        return read_region_cuda(slide, lv, x, y, w, h, out=out, mode=mode, threads=threads,
-                                on_error=on_error, device=device)
+        with slide._reading():
+            return read_region_cuda(slide, lv, x, y, w, h, out=out, mode=mode, threads=threads,
+                                    on_error=on_error, device=device)
     shape, dtype = output_shape(lv, (w, h), mode)
     if out is None:
         out = np.empty(shape, dtype)
     else:
         _check_out(out, shape, dtype, slide.path)
-    _fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"))
+    with slide._reading():
+        _fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"))
     return out
 
 
@@ -592,6 +606,10 @@ class _TileWorker:
                     continue
                 cs, how, _size = plan_decode(lv, col, row, data, src, complete=True)
             except TileDecodeError as exc:
+                if pending and self.on_error != "fill":
+                    # an earlier tile's decode error comes first (tile order)
+                    self._flush(pending, state)
+                    pending = []
                 self._failed(exc, job, state)
                 continue
             shape = (dy1 - dy0, dx1 - dx0, channels)
@@ -610,7 +628,8 @@ class _TileWorker:
         with state.lock:
             try:
                 images = [as_image(p[4]) for p in pending]
-                results = state.decoder.decode([p[1] for p in pending], images=images)
+                results = state.decoder.decode([p[1] for p in pending], images=images,
+                                                   params=_decode.TILE_DECODE_PARAMS)
             except Exception:  # one bad stream failed the call: decode one by one
                 results = None
         if results is None or len(results) != len(pending):

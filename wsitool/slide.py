@@ -241,6 +241,11 @@ class Slide:
             )
         self._fd = os.open(self.path, os.O_RDONLY)  # FileNotFoundError passes through
         self._lock = threading.Lock()
+        # Reads in flight (see _reading): close() waits for them, so a read never
+        # uses a descriptor number the process has meanwhile given to another file.
+        self._readers = 0
+        self._closing = False
+        self._idle = threading.Condition(self._lock)
         self._tiff: tifffile.TiffFile | None = None
         #: What tifffile reported while parsing the structure (e.g. "invalid page
         #: offset 828578": an IFD past the end of the file, i.e. a truncated
@@ -648,14 +653,42 @@ class Slide:
 
     # ------------------------------------------------------------------ lifetime
 
+    @contextlib.contextmanager
+    def _reading(self):
+        """Keep the file open for the duration of one read (region reads enter here).
+
+        Raises:
+            WsiError: the slide is closed or closing.
+        """
+        with self._lock:
+            if self._fd < 0 or self._closing:
+                raise WsiError(f"{self.path}: slide is closed")
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._idle.notify_all()
+
     def close(self) -> None:
         """Release the file.  Reading afterwards raises :class:`WsiError`.
 
-        Idempotent and safe to call from any thread, but not while reads of
-        this slide are still running in other threads (finish or join them
-        first): a read in flight may then fail with an error.
+        Idempotent and safe to call from any thread.  Region reads already
+        running in other threads finish first (``close`` waits for them), and
+        reads started once ``close`` was called raise :class:`WsiError`; so no
+        read ever uses the descriptor after it was released (the process may
+        give its number to another file).  Do not call it from inside a read
+        of the same slide (it would wait for itself).
         """
         lock = getattr(self, "_lock", None)
+        idle = getattr(self, "_idle", None)
+        if idle is not None:
+            with idle:
+                self._closing = True
+                while self._readers:
+                    idle.wait()
         with lock if lock is not None else contextlib.nullcontext():
             if getattr(self, "_tiff", None) is not None:
                 self._tiff.close()

@@ -58,6 +58,9 @@ enum {
 };
 
 #define MAX_BATCH 64
+/* Largest magnitude accepted for a size or coordinate (2^48 pixels: far beyond
+ * any TIFF's 32-bit sizes), so that no sum or difference of them overflows int64. */
+#define COORD_MAX ((int64_t)1 << 48)
 /* Largest tile-bytes buffer a decoder keeps between calls (as decode._READ_BUFFER_KEEP). */
 #define KEEP_BYTES ((size_t)16 << 20)
 #define IS_LITTLE_ENDIAN (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
@@ -380,7 +383,10 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
     memset(&params, 0, sizeof params);
     params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS;
     params.struct_size = sizeof params;
-    params.apply_exif_orientation = 1; /* the Python binding's default */
+    /* EXIF orientation in a tile is ignored, as wsitool.decode.TILE_DECODE_PARAMS
+     * does (with 1 and the identity orientation of our images it was ignored
+     * anyway, while the Python binding applied it). */
+    params.apply_exif_orientation = 0;
     nvimgcodecFuture_t future = NULL;
     nvimgcodecStatus_t call = api.decode(self->decoder, streams, images, n, &params, &future);
     size_t got = 0;
@@ -458,7 +464,9 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
         int64_t oy0 = ty0 > p->cy0 ? ty0 : p->cy0, oy1 = ty0 + p->tile_h < p->cy1 ? ty0 + p->tile_h : p->cy1;
         int64_t sx0 = ox0 - tx0, sy0 = oy0 - ty0, sx1 = ox1 - tx0, sy1 = oy1 - ty0;
         int64_t dy0 = oy0 - p->ry, dy1 = oy1 - p->ry, dx0 = ox0 - p->rx, dx1 = ox1 - p->rx;
-        int64_t index = row * p->across + col;
+        int64_t index;
+        if (__builtin_mul_overflow(row, p->across, &index) || __builtin_add_overflow(index, col, &index))
+            index = -1; /* reported as F_NO_SEGMENT */
         if (index < 0 || index >= p->n_segments) {
             fail(t, p, k, F_NO_SEGMENT, index, p->n_segments, dy0, dy1, dx0, dx1);
             continue;
@@ -676,6 +684,11 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     p.fd = fd;
     p.prefix = (const unsigned char*)prefix.buf;
     p.prefix_len = (size_t)prefix.len;
+    if (p.tile_w > COORD_MAX || p.tile_h > COORD_MAX || p.level_w > COORD_MAX || p.level_h > COORD_MAX
+        || p.across > COORD_MAX || p.rx < -COORD_MAX || p.ry < -COORD_MAX || p.rx > COORD_MAX || p.ry > COORD_MAX) {
+        PyErr_SetString(PyExc_ValueError, "level or region size out of range");
+        goto done;
+    }
     if (p.prefix_len == 1 || p.tile_w < 1 || p.tile_h < 1 || p.across < 1 || batch < 1 || batch > MAX_BATCH
         || p.cx0 >= p.cx1 || p.cy0 >= p.cy1 || p.cx0 < 0 || p.cy0 < 0 || p.cx1 > p.level_w || p.cy1 > p.level_h
         || p.cx0 < p.rx || p.cy0 < p.ry || p.cx1 - p.rx > p.out_w || p.cy1 - p.ry > p.out_h) {
