@@ -587,7 +587,7 @@ def render(run: dict, markdown: bool = False) -> int:
              + f"; medians of {run.get('rounds', 1)} rounds x {run.get('reps', 1)} passes; "
              + "regions per size: "
              + ", ".join(f"{s}:{len(r)}" for s, r in run["regions"].items())
-             + (f"; wsitool's compiled JPEG tile loop: {run['native']}" if run.get("native") else ""))
+             + (f"; wsitool's compiled JPEG tile loop (JPEG levels): {run['native']}" if run.get("native") else ""))
     print_table(results, title)
     j2k = run.get("j2k", "JP2000" in run["description"] or "J2K" in run["description"])
     if run.get("level", 0) == 0:
