@@ -134,12 +134,14 @@ def main(argv=None) -> int:
         for loc in locs:
             slide.read_region(loc, 0, (size, size), mode="rgb", threads=1, out=out)
 
+    enabled = native.ENABLED  # (WSITOOL_NATIVE=0 turns the compiled loop off for both lines)
+
     def read_region_py():
         native.ENABLED = False
         try:
             read_region()
         finally:
-            native.ENABLED = True
+            native.ENABLED = enabled
 
     steps = [("floor", floor), ("decode", decode), ("+images", plus_images),
              ("+streams", plus_streams), ("+reads", plus_reads), ("read_region py", read_region_py),
@@ -157,7 +159,9 @@ def main(argv=None) -> int:
     print(f"{Path(args.slide).name}: {len(locs)} regions of {size}x{size}, {ntiles / len(locs):.1f} "
           f"tiles/region, {lv.compression} {lv.tile_width}x{lv.tile_height} tiles; one thread, "
           f"best of {args.rounds}; {os.cpu_count()} CPU cores, load avg {os.getloadavg()[0]:.1f}")
-    print(f"read_region: compiled JPEG tile loop {native.status()}")
+    uses = native.applies(lv, "rgb", out)
+    print(f"read_region: compiled JPEG tile loop {native.status()}; "
+          f"{'used' if uses else 'not used'} for this level")
     print(f"{'step':15s} {'MP/cpu-s':>9s} {'/floor':>7s} {'us/tile over decode':>20s}")
     for name, _f in steps:
         t = best[name]

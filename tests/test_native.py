@@ -410,3 +410,28 @@ def test_coordinates_that_would_overflow_are_refused(sample_jpeg):
         for level, region in calls:
             with pytest.raises(ValueError):
                 dec.decode_tiles(lv._fd, b"", out, offsets, counts, level, region, 0, 1, 1)
+
+
+def test_without_the_extension_reads_take_the_python_path(sample_jpeg, monkeypatch):
+    """As on a machine without a C compiler: status() says why, applies() is False,
+    reads give the same pixels, and `wsitool info`'s backend table shows it."""
+    import sys
+
+    from wsitool.gpu import backend_report
+
+    with wsitool.open_slide(sample_jpeg) as slide:
+        ref = slide.read_region((7, 9), 0, (300, 200), mode="rgb")
+        monkeypatch.setitem(sys.modules, "wsitool._jpegloop", None)  # import fails
+        monkeypatch.delattr(wsitool, "_jpegloop", raising=False)
+        monkeypatch.setattr(native, "_tried", False)
+        monkeypatch.setattr(native, "_module", None)
+        assert native.status().startswith("not in use: not built")
+        assert not native.applies(slide.levels[0], "rgb", ref)
+        assert np.array_equal(slide.read_region((7, 9), 0, (300, 200), mode="rgb"), ref)
+        row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
+        assert len(row) == 1 and not row[0]["available"] and "not built" in row[0]["detail"]
+    monkeypatch.undo()
+    native._tried = False
+    assert native.status().startswith("in use")
+    row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
+    assert row[0]["available"]

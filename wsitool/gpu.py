@@ -759,6 +759,18 @@ def _gpu_name(device_id: int) -> str:
         return "unknown GPU"
 
 
+def _native_entry() -> dict:
+    """The compiled JPEG tile loop's row of :func:`backend_report`."""
+    from . import native
+
+    status = native.status()
+    return {"name": "CPU: compiled JPEG tile loop (wsitool._jpegloop)", "device": "cpu",
+            "available": status.startswith("in use"),
+            "decodes": "JPEG (7) RGB/YCbCr tiles of rgb/rgba/raw reads, through nvImageCodec's C API "
+                       "(the same decodes, less Python per tile); device cpu",
+            "detail": status}
+
+
 def backend_report(probe: bool = True) -> list[dict]:
     """Which decode backends exist here and what each decodes (for ``wsitool info``).
 
@@ -810,6 +822,7 @@ def backend_report(probe: bool = True) -> list[dict]:
         hw,
         gpu_entry("CUDA: nvJPEG2000", "GPU_ONLY", "j2k", nvjpeg2k_lib, "nvidia-nvjpeg2k-cu12",
                   "JPEG 2000 (33003, 33005, 34712); device cuda"),
+        _native_entry(),
         {"name": "CPU: tifffile + imagecodecs", "device": "cpu", "available": True,
          "decodes": "all other compressions (none, LZW, deflate, zstd, WebP, gray/CMYK JPEG, "
                     "16-bit); device cuda: decoded on the CPU, then copied",

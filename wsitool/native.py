@@ -69,8 +69,9 @@ def _load():
         _tried = True
         try:
             from . import _jpegloop
-        except ImportError as exc:
-            _reason = f"the compiled loop is not built ({exc})"
+        except ImportError:
+            _reason = ("not built (was there a C compiler at install time? `pip install -v .` "
+                       "shows the build log); JPEG reads take the Python path")
             return None
         base = os.path.dirname(_decode.nvimgcodec.__file__)
         lib = os.path.join(base, "libnvimgcodec.so.0")
@@ -80,7 +81,7 @@ def _load():
             with _decode._stderr_silenced():
                 _jpegloop.load(lib, os.path.join(base, "extensions"))
         except (ImportError, OSError, RuntimeError) as exc:
-            _reason = f"the compiled loop cannot use {lib}: {exc}"
+            _reason = f"cannot use {lib} ({exc}); JPEG reads take the Python path"
             return None
         if _jpegloop.MAX_BATCH != MAX_CHUNK:  # pragma: no cover - a stale build
             _reason = f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK})"
