@@ -435,3 +435,28 @@ def test_without_the_extension_reads_take_the_python_path(sample_jpeg, monkeypat
     assert native.status().startswith("in use")
     row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
     assert row[0]["available"]
+
+
+def test_buffers_are_made_once_per_thread_then_reused(sample_jpeg):
+    """A thread's first reads allocate its decoder's tile-bytes and RGB buffers
+    (counted in scratch_allocations); the same reads again allocate none."""
+    got = {}
+
+    def work():
+        state = get_pool("cpu").state()
+        with wsitool.open_slide(sample_jpeg) as slide:
+            lv = slide.levels[0]
+            size = (min(lv.width, 900), min(lv.height, 700))
+            for mode in ("rgb", "rgba"):
+                slide.read_region((11, 13), 0, size, mode=mode, threads=1)
+            got["first"] = state.stats.scratch_allocations
+            for _ in range(3):
+                for mode in ("rgb", "rgba"):
+                    slide.read_region((11, 13), 0, size, mode=mode, threads=1)
+            got["again"] = state.stats.scratch_allocations
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert got["first"] > 0
+    assert got["again"] == got["first"]

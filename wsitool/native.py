@@ -189,7 +189,7 @@ class RegionJobs:
                 return
             with state.lock:
                 dec = state.native_decoder()
-                direct, roi, scratch, missing, nbytes, decoded, failures = dec.decode_tiles(
+                direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
                     lv._fd, self.prefix, self.out, offsets, counts, self.level, self.region,
                     span[0], span[1], self.chunk)
             st = state.stats
@@ -199,6 +199,7 @@ class RegionJobs:
             st.tiles_missing += missing
             st.bytes_read += nbytes
             st.tiles_decoded += decoded
+            st.scratch_allocations += allocs  # the decoder's tile-bytes and RGB buffers
             # (the C loop reports read-time failures before the decode failures
             # of earlier tiles of the same batch: report in tile order)
             for job, code, a, b in sorted(failures):

@@ -245,11 +245,13 @@ static void Decoder_dealloc(Decoder* self)
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-/* Grow buffer *buf (capacity *cap) to at least n bytes; 0 on failure. */
-static int reserve(unsigned char** buf, size_t* cap, size_t n)
+/* Grow buffer *buf (capacity *cap) to at least n bytes, counting each
+ * allocation in *allocations; 0 on failure. */
+static int reserve(unsigned char** buf, size_t* cap, size_t n, long long* allocations)
 {
     if (*cap >= n)
         return 1;
+    ++*allocations;
     size_t want = n < 65536 ? 65536 : n;
     if (want < 2 * *cap)
         want = 2 * *cap;
@@ -284,7 +286,7 @@ typedef struct {
 } Failure;
 
 typedef struct {
-    long long direct, roi, scratch, missing, bytes_read, decoded;
+    long long direct, roi, scratch, missing, bytes_read, decoded, allocations;
     Failure* failures;
     Py_ssize_t n_failures, cap_failures;
     int oom;
@@ -488,7 +490,7 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
         e->dy1 = dy1;
         e->dx0 = dx0;
         e->dx1 = dx1;
-        if (!reserve(&self->read_buf[n], &self->read_cap[n], start + (size_t)count)) {
+        if (!reserve(&self->read_buf[n], &self->read_cap[n], start + (size_t)count, &t->allocations)) {
             fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
             continue;
         }
@@ -574,7 +576,7 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
             row_stride = (size_t)(p->out_w * 3);
             target = p->out + (size_t)dy0 * row_stride + (size_t)dx0 * 3;
         } else {
-            if (!reserve(&self->rgb_buf[n], &self->rgb_cap[n], (size_t)(w * h * 3))) {
+            if (!reserve(&self->rgb_buf[n], &self->rgb_cap[n], (size_t)(w * h * 3), &t->allocations)) {
                 release(e);
                 fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
                 continue;
@@ -622,9 +624,10 @@ static const char decode_tiles_doc[] =
     "level: (tile_w, tile_h, level_w, level_h, tiles_across, file_size);\n"
     "region: (rx, ry, cx0, cy0, cx1, cy1) in level pixels (region origin and\n"
     "its part inside the level); batch: tiles per decode call (1..64).\n\n"
-    "Returns (direct, roi, scratch, missing, bytes_read, decoded, failures), failures a\n"
-    "list of (job, code, a, b).  Raises MemoryError if the failure list itself\n"
-    "cannot be allocated; never raises for a bad tile.";
+    "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, failures):\n"
+    "tile counts, bytes read, buffers (re)allocated, and failures a list of\n"
+    "(job, code, a, b).  Raises MemoryError if the failure list itself cannot be\n"
+    "allocated; never raises for a bad tile.";
 
 static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
 {
@@ -731,7 +734,8 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         }
         PyList_SET_ITEM(failures, i, item);
     }
-    result = Py_BuildValue("(LLLLLLN)", t.direct, t.roi, t.scratch, t.missing, t.bytes_read, t.decoded, failures);
+    result = Py_BuildValue("(LLLLLLLN)", t.direct, t.roi, t.scratch, t.missing, t.bytes_read, t.decoded,
+                           t.allocations, failures);
 done:
     free(t.failures);
     PyBuffer_Release(&prefix);
