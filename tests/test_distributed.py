@@ -428,9 +428,24 @@ def test_read_regions_pack_zarr(tmp_path):
 
 
 @needs_dask
-def test_read_regions_own_local_cluster(tmp_path):
-    """scheduler="local" starts (and closes) a LocalCluster of worker processes."""
+def test_read_regions_own_local_cluster(tmp_path, monkeypatch):
+    """scheduler="local" starts a LocalCluster of worker processes, runs the reads
+    there, and closes it."""
+    import distributed
+
+    made = []
+
+    class SpyCluster(distributed.LocalCluster):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append((self, [type(w).__name__ for w in self.workers.values()]))
+
+    monkeypatch.setattr(distributed, "LocalCluster", SpyCluster)
     reqs = [D.RegionRequest(200, 300, 0, 64, 48, "a"), D.RegionRequest(0, 0, 2, 384, 288, "b")]
     outcomes = D.read_regions(SAMPLE, reqs, tmp_path, format="npy", scheduler="local")
     for r, o in zip(reqs, outcomes):
         np.testing.assert_array_equal(np.load(o.path), _single(SAMPLE, r))
+    assert len(made) == 1
+    cluster, kinds = made[0]
+    assert kinds and set(kinds) == {"Nanny"}  # worker processes, not threads of this one
+    assert cluster.status.name == "closed"
