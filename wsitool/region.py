@@ -351,6 +351,8 @@ def _fill_outside(out: np.ndarray, rx: int, ry: int, inside) -> None:
     cx0, cy0, cx1, cy1 = inside
     top, bottom = cy0 - ry, cy1 - ry
     left, right = cx0 - rx, cx1 - rx
+    if top == 0 and left == 0 and bottom == out.shape[0] and right == out.shape[1]:
+        return  # the region lies inside the level (the common case)
     out[:top] = 0
     out[bottom:] = 0
     out[top:bottom, :left] = 0
