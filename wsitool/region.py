@@ -468,6 +468,8 @@ def _run_threads(k: int, work, stop) -> None:
 #: (1024 x 1024 regions, one thread: batch 4 at 1.06x the decode floor, 16 at 1.04x).
 NATIVE_BATCH_RGB = 16
 NATIVE_BATCH_RGBA = 4
+#: Largest RGB tile (bytes) decoded in RGBA batches; bigger ones go one by one.
+_NATIVE_RGBA_BATCH_BYTES = 1 << 20
 
 
 def _fill_region_native(lv: "Level", rx: int, ry: int, w: int, h: int, out: np.ndarray,
@@ -478,7 +480,11 @@ def _fill_region_native(lv: "Level", rx: int, ry: int, w: int, h: int, out: np.n
     _fill_outside(out, rx, ry, inside)
     if inside is None:
         return
-    most = NATIVE_BATCH_RGBA if mode == "rgba" else NATIVE_BATCH_RGB
+    most = NATIVE_BATCH_RGB
+    if mode == "rgba":
+        # one RGB scratch per tile of a batch: big tiles go one at a time, so
+        # the scratch stays one tile (peak memory near the output's size)
+        most = NATIVE_BATCH_RGBA if lv.tile_width * lv.tile_height * 3 <= _NATIVE_RGBA_BATCH_BYTES else 1
     region = native.RegionJobs(lv, out, rx, ry, inside, on_error)
     if region.count >= _PREFETCH_MIN_TILES and hasattr(os, "posix_fadvise"):
         _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)

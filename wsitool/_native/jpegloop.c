@@ -61,7 +61,7 @@ enum {
 /* Largest magnitude accepted for a size or coordinate (2^48 pixels: far beyond
  * any TIFF's 32-bit sizes), so that no sum or difference of them overflows int64. */
 #define COORD_MAX ((int64_t)1 << 48)
-/* Largest tile-bytes buffer a decoder keeps between calls (as decode._READ_BUFFER_KEEP). */
+/* Largest tile-bytes or RGB buffer a decoder keeps between calls (as decode._READ_BUFFER_KEEP). */
 #define KEEP_BYTES ((size_t)16 << 20)
 #define IS_LITTLE_ENDIAN (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
 
@@ -709,11 +709,16 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mutex);
     run_jobs(self, &p, j0, j1, batch, &t);
-    for (int i = 0; i < MAX_BATCH; i++) {
-        if (self->read_cap[i] > KEEP_BYTES) { /* a one-off: do not keep it */
+    for (int i = 0; i < MAX_BATCH; i++) { /* one-offs (huge tiles): not kept */
+        if (self->read_cap[i] > KEEP_BYTES) {
             free(self->read_buf[i]);
             self->read_buf[i] = NULL;
             self->read_cap[i] = 0;
+        }
+        if (self->rgb_cap[i] > KEEP_BYTES) {
+            free(self->rgb_buf[i]);
+            self->rgb_buf[i] = NULL;
+            self->rgb_cap[i] = 0;
         }
     }
     pthread_mutex_unlock(&self->mutex);
