@@ -460,3 +460,28 @@ def test_buffers_are_made_once_per_thread_then_reused(sample_jpeg):
     t.join()
     assert got["first"] > 0
     assert got["again"] == got["first"]
+
+
+def test_a_failed_batch_call_is_retried_tile_by_tile(sample_jpeg, tmp_path):
+    """When nvImageCodec refuses a batch decode call as a whole (forced here through
+    the extension's test hook), the loop decodes its tiles one by one: same pixels
+    and counters, and a bad tile in that batch is still the only one that fails."""
+    mod = native._load()
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = slide.levels[0]
+        size = (min(lv.width, 3 * lv.tile_width + 17), min(lv.height, 2 * lv.tile_height - 5))
+        ref, ref_counts, _ = _read(slide, (9, 3), 0, size, compiled=True, mode="rgb", threads=1)
+        mod._fail_batch_calls(1)
+        got, counts, _ = _read(slide, (9, 3), 0, size, compiled=True, mode="rgb", threads=1)
+        mod._fail_batch_calls(0)
+        assert np.array_equal(got, ref) and counts == ref_counts
+        whole = int(lv._bytecounts[1])
+    bad = with_byte_count(sample_jpeg, tmp_path, 1, whole * 4 // 10, "cut")
+    with wsitool.open_slide(bad) as slide:
+        mod._fail_batch_calls(1)
+        got, counts, warned = _read(slide, (9, 3), 0, size, compiled=True, mode="rgb", threads=1,
+                                    on_error="fill")
+        mod._fail_batch_calls(0)
+        assert len(warned) == 1 and "(col 1, row 0)" in warned[0], warned
+        assert counts[_COUNTERS.index("tiles_failed")] == 1
+        assert counts[_COUNTERS.index("tiles_decoded")] == ref_counts[0] - 1

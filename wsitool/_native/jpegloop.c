@@ -35,6 +35,7 @@
 #include <stddef.h> /* nvimgcodec.h uses ptrdiff_t without including it */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -177,6 +178,19 @@ static PyObject* jl_load(PyObject* self, PyObject* args)
     api.instance = instance;
     api.version = props.version;
     return PyLong_FromUnsignedLong(api.version);
+}
+
+/* Test hook: the next N batch decode calls (of more than one tile) fail as a
+ * whole without decoding, so the tests can reach the tile-by-tile retry. */
+static atomic_int fail_batch_calls;
+
+static PyObject* jl_fail_batch_calls(PyObject* self, PyObject* args)
+{
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n))
+        return NULL;
+    atomic_store(&fail_batch_calls, n < 0 ? 0 : n);
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -390,7 +404,13 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
      * anyway, while the Python binding applied it). */
     params.apply_exif_orientation = 0;
     nvimgcodecFuture_t future = NULL;
-    nvimgcodecStatus_t call = api.decode(self->decoder, streams, images, n, &params, &future);
+    nvimgcodecStatus_t call;
+    if (n > 1 && atomic_load(&fail_batch_calls) > 0) { /* test hook, see jl_fail_batch_calls */
+        atomic_fetch_sub(&fail_batch_calls, 1);
+        call = NVIMGCODEC_STATUS_EXECUTION_FAILED;
+    } else {
+        call = api.decode(self->decoder, streams, images, n, &params, &future);
+    }
     size_t got = 0;
     if (call == NVIMGCODEC_STATUS_SUCCESS && future != NULL) {
         call = api.future_wait(future);
@@ -771,6 +791,8 @@ static PyTypeObject DecoderType = {
 static PyMethodDef module_methods[] = {
     {"load", jl_load, METH_VARARGS,
      "load(lib_path, extensions_path) -> version: open libnvimgcodec and create the instance (once)."},
+    {"_fail_batch_calls", jl_fail_batch_calls, METH_VARARGS,
+     "_fail_batch_calls(n): test hook; the next n decode calls of more than one tile fail as a whole."},
     {NULL, NULL, 0, NULL},
 };
 
