@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import errors
-from .export import write_image
+from .export import check_image_extension, write_image
 
 app = typer.Typer(
     add_completion=False,
@@ -255,9 +255,10 @@ def read_region_cmd(
         raise fail(f"missing {missing} (or give --regions FILE.csv --output-dir DIR)", 2)
     location = location or (0, 0)
     level = 0 if level is None else level
-    ext = output.suffix.lower()
-    if ext not in (".png", ".tif", ".tiff", ".npy"):
-        raise fail(f"{output}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)", 2)
+    try:
+        check_image_extension(output)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
 
     from .region import TileWarning
 

@@ -389,6 +389,52 @@ def read_tile_bytes(level: "Level", index: int, col: int, row: int, stats: Decod
     return data
 
 
+# Why a tile failed, in one wording for the Python path and the compiled JPEG
+# loop (wsitool.native builds its TileDecodeErrors with these too).
+
+def past_eof_reason(offset: int, count: int, file_size: int) -> str:
+    """A segment of ``count`` bytes at ``offset`` beyond a ``file_size``-byte file."""
+    return (f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
+            f"file ({file_size} bytes): truncated file")
+
+
+def short_read_reason(got: int, count: int, offset: int) -> str:
+    """A read of ``count`` bytes at ``offset`` that returned ``got``."""
+    return f"short read: {got} of {count} bytes at offset {offset}"
+
+
+def not_soi_reason(first: bytes) -> str:
+    """A JPEG tile whose first (up to two) bytes ``first`` are not SOI (ITU-T T.81 B.2.1)."""
+    return f"not a JPEG stream (starts with {first.hex()} instead of ffd8)"
+
+
+def grid_reason(level: "Level", width: int, height: int) -> str:
+    """A code stream declaring ``width x height`` pixels, not the tile grid cell."""
+    return (f"code stream declares {width}x{height} pixels but the tile grid cell is "
+            f"{level.tile_width}x{level.tile_height}; refusing to decode")
+
+
+def outside_reason(src_rect: tuple[int, int, int, int], width: int, height: int) -> str:
+    """A wanted ``(x0, y0, x1, y1)`` tile sub-region outside a ``width x height`` tile."""
+    return f"requested tile sub-region {src_rect} is outside the {width}x{height} tile"
+
+
+def unreadable_header_reason(detail) -> str:
+    """A code stream header nvImageCodec could not parse (``detail``: its message or status)."""
+    return f"unreadable code stream header ({detail})"
+
+
+def unusable_stream_reason(detail) -> str:
+    """A sub-region code stream nvImageCodec could not make."""
+    return f"unusable code stream ({detail})"
+
+
+def no_image_reason(detail: str | None = None) -> str:
+    """A decode that produced no image (libjpeg-turbo / OpenJPEG gave up on the data)."""
+    return ("decoder returned no image (corrupt or truncated tile data"
+            + (f"; {detail})" if detail else ")"))
+
+
 def _segment(level: "Level", index: int, col: int, row: int) -> tuple[int, int] | None:
     """``(offset, byte count)`` of segment ``index``, None if missing; checked against the file size."""
     offset = int(level._offsets[index])
@@ -396,20 +442,15 @@ def _segment(level: "Level", index: int, col: int, row: int) -> tuple[int, int] 
     if offset == 0 or count == 0:
         return None
     if offset + count > level._file_size:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
-            f"file ({level._file_size} bytes): truncated file",
-        )
+        raise TileDecodeError(level._path, level.index, col, row,
+                              past_eof_reason(offset, count, level._file_size))
     return offset, count
 
 
 def _check_read(level: "Level", col: int, row: int, got: int, count: int, offset: int) -> None:
     if got != count:
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"short read: {got} of {count} bytes at offset {offset}",
-        )
+        raise TileDecodeError(level._path, level.index, col, row,
+                              short_read_reason(got, count, offset))
 
 
 def read_tile_stream(level: "Level", index: int, col: int, row: int,
@@ -442,11 +483,8 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
     if jpeg:
         # (memoryview indexing gives plain ints: cheaper than numpy scalars)
         if count < 2 or view[start] != 0xFF or view[start + 1] != 0xD8:
-            raise TileDecodeError(
-                level._path, level.index, col, row,
-                f"not a JPEG stream (starts with {bytes(buf[start:start + min(count, 2)]).hex()} "
-                "instead of ffd8)",
-            )
+            raise TileDecodeError(level._path, level.index, col, row,
+                                  not_soi_reason(bytes(buf[start:start + min(count, 2)])))
         if prefix:
             view[:start + 2] = prefix
     return buf[:start + count]
@@ -455,10 +493,7 @@ def read_tile_stream(level: "Level", index: int, col: int, row: int,
 def _jpeg_stream(level: "Level", data: bytes, col: int, row: int) -> bytes:
     """Complete JPEG stream for nvImageCodec: tile + JPEGTables (+ Adobe RGB marker)."""
     if not data.startswith(_SOI):
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"not a JPEG stream (starts with {data[:2].hex()} instead of ffd8)",
-        )
+        raise TileDecodeError(level._path, level.index, col, row, not_soi_reason(data[:2]))
     prefix = level._jpeg_prefix
     return prefix + data[2:] if prefix else data
 
@@ -742,11 +777,8 @@ def _check_cell(level: "Level", col: int, row: int, width: int, height: int) -> 
     inner_w = min(cell_w, level.width - col * cell_w)
     inner_h = min(cell_h, level.height - row * cell_h)
     if width not in (cell_w, inner_w) or height not in (cell_h, inner_h):
-        raise TileDecodeError(
-            level._path, level.index, col, row,
-            f"code stream declares {width}x{height} pixels but the tile grid cell is "
-            f"{cell_w}x{cell_h}; refusing to decode",
-        )
+        raise TileDecodeError(level._path, level.index, col, row,
+                              grid_reason(level, width, height))
 
 
 def check_header(level: "Level", data: bytes, col: int, row: int) -> None:
@@ -792,7 +824,7 @@ def _codestream(level: "Level", data, col: int, row: int, complete: bool = False
         width, height = cs.width, cs.height
     except Exception as exc:
         raise TileDecodeError(
-            level._path, level.index, col, row, f"unreadable code stream header ({exc})"
+            level._path, level.index, col, row, unreadable_header_reason(exc)
         ) from None
     if width != level.tile_width or height != level.tile_height:  # else a whole cell: fine
         _check_cell(level, col, row, width, height)
@@ -831,7 +863,7 @@ def plan_decode(level: "Level", col: int, row: int, data,
     if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
         raise TileDecodeError(
             level._path, level.index, col, row,
-            f"requested tile sub-region {src_rect} is outside the {width}x{height} tile",
+            outside_reason(src_rect, width, height),
         )
     whole = (x0, y0, x1, y1) == (0, 0, width, height)
     if FORCE_SCRATCH or not (whole or USE_ROI_DECODE):
@@ -842,7 +874,7 @@ def plan_decode(level: "Level", col: int, row: int, data,
         sub = cs.get_sub_code_stream(region=nvimgcodec.Region(y0, x0, y1, x1))
     except Exception as exc:
         raise TileDecodeError(
-            level._path, level.index, col, row, f"unusable code stream ({exc})"
+            level._path, level.index, col, row, unusable_stream_reason(exc)
         ) from None
     return sub, "roi", (width, height)
 
@@ -926,7 +958,7 @@ def check_decoded(level: "Level", col: int, row: int, result, image, shape) -> N
     if result is None:
         raise TileDecodeError(
             level._path, level.index, col, row,
-            "decoder returned no image (corrupt or truncated tile data)",
+            no_image_reason(),
         )
     if result is not image or tuple(result.shape) != tuple(shape):
         raise TileDecodeError(

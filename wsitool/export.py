@@ -141,7 +141,7 @@ from .settings import get_limits
 from .slide import Slide, open_slide
 
 __all__ = ["ExportResult", "export_pyramid", "pyramid_dimensions", "memory_bound", "strip_rows",
-           "write_image",
+           "write_image", "check_image_extension", "IMAGE_EXTENSIONS",
            "FORMATS", "COMPRESSIONS"]
 
 #: Output formats.
@@ -725,6 +725,22 @@ def _partial_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
 
 
+#: File types :func:`write_image` writes, by extension.
+IMAGE_EXTENSIONS = (".png", ".tif", ".tiff", ".npy")
+
+
+def check_image_extension(path: Path) -> None:
+    """Refuse a ``path`` whose extension :func:`write_image` cannot write (call it
+    before reading anything).
+
+    Raises:
+        ValueError: the extension is not one of :data:`IMAGE_EXTENSIONS`.
+    """
+    ext = path.suffix.lower()
+    if ext not in IMAGE_EXTENSIONS:
+        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
+
+
 def write_image(path: Path, array, *, overwrite: bool = True) -> None:
     """Write one region, ``array`` (``(height, width, channels)`` numpy, e.g. uint8
     RGB/RGBA or the level's dtype for raw reads), to PNG, TIFF (zlib) or ``.npy``
@@ -736,9 +752,8 @@ def write_image(path: Path, array, *, overwrite: bool = True) -> None:
         FileExistsError: ``path`` exists and ``overwrite`` is False.
         FileNotFoundError: the destination folder does not exist.
     """
+    check_image_extension(path)
     ext = path.suffix.lower()
-    if ext not in (".png", ".tif", ".tiff", ".npy"):
-        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path}: exists")
     if not path.parent.is_dir():

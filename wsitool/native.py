@@ -120,7 +120,7 @@ def applies(lv: "Level", mode: str, out: np.ndarray) -> bool:
         return False
     if out.shape[2] != (4 if mode == "rgba" else 3) or not out.flags.c_contiguous:
         return False
-    return _load() is not None
+    return _module is not None or _load() is not None
 
 
 class RegionJobs:
@@ -141,7 +141,6 @@ class RegionJobs:
     def __init__(self, lv: "Level", out: np.ndarray, rx: int, ry: int, inside, on_error: str):
         self.lv = lv
         self.out = out
-        self.rx, self.ry = rx, ry
         self.region = (rx, ry) + tuple(inside)
         cx0, cy0, cx1, cy1 = inside
         tw, th = lv.tile_width, lv.tile_height
@@ -206,7 +205,10 @@ class RegionJobs:
                 self._failed(job, code, a, b, state)
 
     def _failed(self, job: int, code: int, a: int, b: int, state) -> None:
-        from .region import tile_failed
+        """Raise or (``on_error="fill"``) count and warn for failure ``(job, code, a, b)``
+        of the C loop, with the Python path's error and wording (the reason
+        builders of :mod:`wsitool.decode`)."""
+        from .region import plan_tiles, tile_failed
 
         lv = self.lv
         col, row = self.c0 + job % self.ncols, self.r0 + job // self.ncols
@@ -217,37 +219,29 @@ class RegionJobs:
         index = row * lv.tiles_across + col
         offset, count = int(lv._offsets[index]), int(lv._bytecounts[index])
         if code == _PAST_EOF:
-            msg = (f"tile data at offset {offset} (+{count} bytes) lies past the end of the "
-                   f"file ({lv._file_size} bytes): truncated file")
+            reason = _decode.past_eof_reason(offset, count, lv._file_size)
         elif code == _SHORT_READ:
-            msg = f"short read: {a} of {count} bytes at offset {offset}"
+            reason = _decode.short_read_reason(a, count, offset)
         elif code == _NOT_SOI:
-            first = a.to_bytes(2, "big")[-b:] if b else b""
-            msg = f"not a JPEG stream (starts with {first.hex()} instead of ffd8)"
+            reason = _decode.not_soi_reason(a.to_bytes(2, "big")[-b:] if b else b"")
         elif code == _HEADER:
-            msg = f"unreadable code stream header (nvImageCodec status {a})"
+            reason = _decode.unreadable_header_reason(f"nvImageCodec status {a}")
         elif code == _GRID:
-            msg = (f"code stream declares {a}x{b} pixels but the tile grid cell is "
-                   f"{lv.tile_width}x{lv.tile_height}; refusing to decode")
-        elif code == _OUTSIDE:
-            msg = f"requested tile sub-region {self._src_rect(col, row)} is outside the {a}x{b} tile"
+            reason = _decode.grid_reason(lv, a, b)
+        elif code == _OUTSIDE:  # the job's source rectangle, as the Python path plans it
+            rx, ry = self.region[:2]
+            h, w = self.out.shape[:2]
+            src = next(j[2] for j in plan_tiles(lv, rx, ry, w, h)[1] if j[:2] == (col, row))
+            reason = _decode.outside_reason(src, a, b)
         elif code == _SUBSTREAM:
-            msg = f"unusable code stream (nvImageCodec status {a})"
+            reason = _decode.unusable_stream_reason(f"nvImageCodec status {a}")
         elif code == _IMAGE:
-            msg = f"decoder error: cannot describe the destination (nvImageCodec status {a})"
+            reason = f"decoder error: cannot describe the destination (nvImageCodec status {a})"
         elif code == _DECODE:
-            msg = (f"decoder returned no image (corrupt or truncated tile data; "
-                   f"nvImageCodec processing status {a:#x}, call status {b})")
+            reason = _decode.no_image_reason(f"nvImageCodec processing status {a:#x}, call status {b}")
         else:
-            msg = f"no tile segment {a} (the level has {b})"
-        tile_failed(TileDecodeError(lv._path, lv.index, col, row, msg), self.on_error, state.stats)
-
-    def _src_rect(self, col: int, row: int) -> tuple[int, int, int, int]:
-        """The wanted part of tile ``(col, row)`` in tile pixels (as ``plan_tiles`` gives it)."""
-        _rx, _ry, cx0, cy0, cx1, cy1 = self.region
-        tw, th = self.lv.tile_width, self.lv.tile_height
-        tx0, ty0 = col * tw, row * th
-        return (max(tx0, cx0) - tx0, max(ty0, cy0) - ty0, min(tx0 + tw, cx1) - tx0, min(ty0 + th, cy1) - ty0)
+            reason = f"no tile segment {a} (the level has {b})"
+        tile_failed(TileDecodeError(lv._path, lv.index, col, row, reason), self.on_error, state.stats)
 
 
 def new_decoder():

@@ -445,6 +445,9 @@ def _batch_size(most: int, k: int, njobs: int, per_thread: int = 2) -> int:
 def _run_threads(k: int, work, stop) -> None:
     """Run ``work()`` on the calling thread and ``k - 1`` pool threads; wait for
     all, call ``stop()`` after the first error and re-raise that error."""
+    if k == 1:
+        work()
+        return
     executor = _get_executor()
     futures = [executor.submit(work) for _ in range(k - 1)]
     first_error: BaseException | None = None
@@ -494,9 +497,6 @@ def _fill_region_native(lv: "Level", rx: int, ry: int, w: int, h: int, out: np.n
     # regions of 240 x 240 tiles: 249 MP/s with about 4 chunks per thread, 241
     # with 2).
     region.chunk = min(_batch_size(most, k, region.count, per_thread=4), native.MAX_CHUNK)
-    if k == 1:
-        region.run(pool)
-        return
     _run_threads(k, lambda: region.run(pool), region.stop)
 
 
