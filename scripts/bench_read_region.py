@@ -122,7 +122,7 @@ def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -
     (here: tens of MiB).  Reads the first plane only (the bench slides are
     chunky RGB).  Returns the number of bytes read."""
     import wsitool
-    from wsitool.region import level_rect, plan_tiles
+    from wsitool.geometry import level_rect, plan_tiles
 
     total = 0
     with wsitool.open_slide(slide_path) as slide:
@@ -136,9 +136,9 @@ def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -
                     i = row * lv.tiles_across + col
                     if i not in seen:
                         seen.add(i)
-                        off, cnt = int(lv._offsets[i]), int(lv._bytecounts[i])
+                        off, cnt = int(lv.tiles.offsets[i]), int(lv.tiles.bytecounts[i])
                         if off and cnt:
-                            total += len(os.pread(lv._fd, cnt, off))
+                            total += len(os.pread(lv.source.fileno(), cnt, off))
     return total
 
 
@@ -258,7 +258,7 @@ def floor_worker(spec: dict) -> list[dict]:
     """Whole-tile decode floor: one nvImageCodec CPU decoder, one thread, no placement."""
     import wsitool
     from wsitool.decode import nvimgcodec
-    from wsitool.region import level_rect
+    from wsitool.geometry import level_rect
 
     slide = wsitool.open_slide(spec["slide"])
     lv = slide.levels[spec["level"]]
@@ -270,7 +270,7 @@ def floor_worker(spec: dict) -> list[dict]:
                                  backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
     buf = np.empty((th, tw, 3), np.uint8)
     image = nvimgcodec.as_image(buf)
-    prefix = lv._jpeg_prefix
+    prefix = lv.encoding.jpeg_prefix
     out = []
     for size_s, regions in spec["regions"].items():
         size = int(size_s)
@@ -280,8 +280,8 @@ def floor_worker(spec: dict) -> list[dict]:
             for row in range(y // th, (y + size - 1) // th + 1):
                 for col in range(x // tw, (x + size - 1) // tw + 1):
                     i = row * lv.tiles_across + col
-                    off, cnt = int(lv._offsets[i]), int(lv._bytecounts[i])
-                    data = os.pread(lv._fd, cnt, off)
+                    off, cnt = int(lv.tiles.offsets[i]), int(lv.tiles.bytecounts[i])
+                    data = os.pread(lv.source.fileno(), cnt, off)
                     if prefix:
                         data = prefix + data[2:]
                     streams.append(nvimgcodec.CodeStream(data))
@@ -524,7 +524,7 @@ def main(argv=None) -> int:
     with wsitool.open_slide(args.slide) as slide:
         lv = slide.levels[args.level]
         lw, lh, ds = lv.width, lv.height, lv.downsample
-        j2k = lv._stream_kind == "j2k"
+        j2k = lv.encoding.stream == "j2k"
         desc = f"{Path(args.slide).name}: level {args.level} {lw}x{lh}, {lv.compression}, " \
                f"tiles {lv.tile_width}x{lv.tile_height}"
     sizes = [int(s) for s in args.size.split(",") if s]
@@ -567,7 +567,7 @@ def main(argv=None) -> int:
 
 
 def native_status() -> str:
-    """What ``wsitool.native.status()`` says in a fresh interpreter (the read path
+    """What ``wsitool.codec.jpegloop.status()`` says in a fresh interpreter (the read path
     wsitool's workers used): whether the compiled JPEG tile loop is in use."""
     code = "import wsitool.native as n; print(n.status())"
     try:

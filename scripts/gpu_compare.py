@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     logging.getLogger("tifffile").setLevel(logging.ERROR)
 
     if args.device != "cpu":
-        from wsitool.gpu import cuda_device_id
+        from wsitool.device import cuda_device_id
 
         try:
             cuda_device_id(args.device)
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
               f"{r['mean']:>8.4f} {'same' if r['alpha_equal'] else 'DIFF':>5}  {'ok' if r['ok'] else 'FAIL'}")
     result = {"device": args.device, "slides": records}
     if args.device != "cpu":
-        from wsitool.gpu import gpu_stats
+        from wsitool.read.cuda import gpu_stats
 
         # levels_on_cpu > 0 or tiles_cpu_fallback > 0 means some pixels above
         # were not decoded on the GPU at all (see wsitool/gpu.py).

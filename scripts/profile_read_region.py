@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     import wsitool
     from wsitool import native
     from wsitool.decode import nvimgcodec
-    from wsitool.region import plan_tiles
+    from wsitool.geometry import plan_tiles
 
     if not Path(args.slide).is_file():
         ap.error(f"{args.slide}: no such file")
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
                                  max_num_cpu_threads=1,
                                  backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
-    prefix = lv._jpeg_prefix
+    prefix = lv.encoding.jpeg_prefix
     start = len(prefix) - 2 if prefix else 0
     out = np.empty((size, size, 3), np.uint8)
 
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     for x, y in locs:
         for col, row, src, dst in plan_tiles(lv, x, y, size, size)[1]:
             i = row * lv.tiles_across + col
-            off, cnt = int(lv._offsets[i]), int(lv._bytecounts[i])
-            data = os.pread(lv._fd, cnt, off)
+            off, cnt = int(lv.tiles.offsets[i]), int(lv.tiles.bytecounts[i])
+            data = os.pread(lv.source.fileno(), cnt, off)
             jobs.append((off, cnt, src, dst, prefix + data[2:] if prefix else data))
     ntiles = len(jobs)
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
 
     def plus_reads():
         for off, cnt, src, (dy0, dy1, dx0, dx1), _b in jobs:
-            os.preadv(lv._fd, [read_view[start:start + cnt]], off)
+            os.preadv(lv.source.fileno(), [read_view[start:start + cnt]], off)
             if prefix:
                 read_view[:start + 2] = prefix
             decoder.decode(stream(read_buf[:start + cnt], src),

@@ -139,21 +139,20 @@ def with_byte_count(src: Path, tmp_path: Path, index: int, count: int, name: str
 def python_path(monkeypatch):
     """Turn the compiled JPEG tile loop off for this test: for tests of the Python
     read path's own machinery (its batches, scratch images, block destinations)."""
-    from wsitool import native
+    from wsitool.settings import decode_paths
 
-    monkeypatch.setattr(native, "ENABLED", False)
+    with decode_paths(native=False):
+        yield
 
 
 @pytest.fixture(params=["compiled", "python"])
 def read_path(request, monkeypatch):
     """Run the test on both JPEG read paths: the compiled tile loop (skipped, with
     the reason, where it is not built) and the Python path."""
-    from wsitool import native
+    from wsitool.codec import jpegloop
+    from wsitool.settings import decode_paths
 
-    if request.param == "python":
-        monkeypatch.setattr(native, "ENABLED", False)
-    else:
-        monkeypatch.setattr(native, "ENABLED", True)
-        if native._load() is None:
-            pytest.skip(f"compiled JPEG loop: {native.status()}")
-    return request.param
+    with decode_paths(native=request.param == "compiled"):
+        if request.param == "compiled" and jpegloop._load() is None:
+            pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
+        yield request.param

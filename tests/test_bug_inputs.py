@@ -39,10 +39,10 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool.region import level_rect
-from wsitool.decode import get_pool
+from wsitool.geometry import level_rect
+from wsitool.codec.pool import get_pool
 from wsitool.errors import ResourceLimitError, TileDecodeError, WsiError
-from wsitool.region import TileWarning
+from wsitool.errors import TileWarning
 
 from conftest import BUG_INPUTS, NO_BUGS
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import tracemalloc
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool import decode
-from wsitool.decode import get_pool, jpeg_frame_size
+from wsitool.bitstream import jpeg_frame_size
+from wsitool.codec.pool import get_pool
+from wsitool.settings import decode_paths
 
 from conftest import random_regions, repo_samples
 
@@ -22,11 +24,16 @@ def _nv_slides(cmu1_path):
 
 
 @pytest.fixture
-def force_scratch(monkeypatch):
-    def set_(value: bool):
-        monkeypatch.setattr(decode, "FORCE_SCRATCH", value)
+def force_scratch():
+    """A setter of ``DecodePaths.force_scratch`` for this test (restored afterwards)."""
+    stack = contextlib.ExitStack()
 
-    return set_
+    def set_(value: bool):
+        stack.close()
+        stack.enter_context(decode_paths(force_scratch=value))
+
+    yield set_
+    stack.close()
 
 
 def _regions_with_every_tile_kind(lv, rng):
@@ -86,11 +93,8 @@ def test_decoder_writes_into_callers_buffer(cmu1, read_path):
         assert out.any()
         assert pool.stats().tiles_direct == 16  # 4x4 whole tiles, aligned
         # the in-place result equals the reference path (whole tiles into scratch, then copied)
-        decode.FORCE_SCRATCH = True
-        try:
+        with decode_paths(force_scratch=True):
             reference = slide.read_region((240, 480), 0, (960, 960), mode="rgb")
-        finally:
-            decode.FORCE_SCRATCH = False
         assert np.array_equal(out, reference)
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 import wsitool
 from wsitool import distributed as D
 from wsitool.cli import app, exit_code_for
-from wsitool.decode import get_pool
+from wsitool.codec.pool import get_pool
 
 from conftest import REPO_SAMPLES, SHARED_SAMPLES, shared_sample
 

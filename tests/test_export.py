@@ -488,7 +488,7 @@ def test_refuses_to_write_over_its_source(tmp_path, sample_jpeg):
 
 def test_progress_and_encoders_per_thread(tmp_path, sample_jpeg):
     seen = []
-    pool = wsitool.decode.get_pool("cpu")
+    pool = wsitool.codec.pool.get_pool("cpu")
     created = pool.encoders_created
     res = export_pyramid(sample_jpeg, tmp_path / "p.svs", threads=2,
                          progress=lambda done, total: seen.append((done, total)))
@@ -582,7 +582,7 @@ def test_strips_follow_source_tiles_so_each_is_decoded_once(tmp_path, cmu1):
     """CMU-1 has 240-pixel tiles; Deep Zoom tiles are 254: strips still start on source tile rows."""
     assert export.strip_rows(254, 240) == 240
     assert export.strip_rows(256, 100) == 200 and export.strip_rows(64, 1024) == 64
-    pool = wsitool.decode.get_pool("cpu")
+    pool = wsitool.codec.pool.get_pool("cpu")
     before = pool.stats().tiles_decoded
     export_pyramid(cmu1, tmp_path / "d.dzi", format="dzi", region=(0, 100, 2220, 1000),
                    tile_size=254, overlap=1, threads=1)

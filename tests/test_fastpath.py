@@ -7,8 +7,12 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool import decode, region
-from wsitool.decode import get_pool, read_tile_bytes, read_tile_stream
+from wsitool.geometry import plan_tiles
+from wsitool.read import fill, threads as read_threads, worker
+from wsitool.settings import decode_paths
+from wsitool.storage import local
+from wsitool.codec.pool import get_pool
+from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes, read_tile_stream
 
 from conftest import random_regions, repo_samples, with_byte_count, with_tile_bytes
 
@@ -23,10 +27,10 @@ def test_read_tile_stream_is_prefix_plus_tile(cmu1, tcga_j2k):
         with wsitool.open_slide(path) as slide:
             lv = slide.levels[0]
             state = get_pool("cpu").state()
-            for index in (0, 1, lv.tiles_across + 1, len(lv._offsets) - 1):
+            for index in (0, 1, lv.tiles_across + 1, len(lv.tiles.offsets) - 1):
                 col, row = index % lv.tiles_across, index // lv.tiles_across
                 data = read_tile_bytes(lv, index, col, row, state.stats)
-                expected = decode._jpeg_stream(lv, data, col, row) if lv._stream_kind == "jpeg" else data
+                expected = jpeg_stream(lv, data, col, row) if lv.encoding.stream == "jpeg" else data
                 got = read_tile_stream(lv, index, col, row, state)
                 assert bytes(got) == expected
 
@@ -37,7 +41,7 @@ def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path, read_path):
         with pytest.raises(wsitool.TileDecodeError, match="not a JPEG stream") as info:
             slide.read_region((0, 0), 0, (64, 64), mode="rgb")
         assert (info.value.col, info.value.row) == (0, 0)
-        with pytest.warns(region.TileWarning):
+        with pytest.warns(wsitool.TileWarning):
             out = slide.read_region((0, 0), 0, (64, 64), on_error="fill")
         assert not out.any()
 
@@ -46,8 +50,8 @@ def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path, read_path):
     data = sample_jpeg.read_bytes()
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
-        last = int(np.argmax(lv._offsets[: lv.tiles_across * lv.tiles_down]))
-        cut_at = int(lv._offsets[last]) + 10
+        last = int(np.argmax(lv.tiles.offsets[: lv.tiles_across * lv.tiles_down]))
+        cut_at = int(lv.tiles.offsets[last]) + 10
         col, row = last % lv.tiles_across, last // lv.tiles_across
         loc = (col * lv.tile_width, row * lv.tile_height)
     short = tmp_path / "short.svs"
@@ -84,8 +88,8 @@ def test_rgba_widening_matches_scratch_path(cmu1, monkeypatch):
         loc, size = (117, 95), (700, 530)
         fast = slide.read_region(loc, 0, size)
         get_pool("cpu").reset_stats()
-        monkeypatch.setattr(decode, "FORCE_SCRATCH", True)
-        ref = slide.read_region(loc, 0, size)
+        with decode_paths(force_scratch=True):
+            ref = slide.read_region(loc, 0, size)
         assert get_pool("cpu").stats().tiles_scratch > 0
     assert np.array_equal(fast, ref)
 
@@ -99,7 +103,7 @@ def test_widen_rgba_exact_on_small_buffers():
         flat[h * w * 3:] = 0x5A
         out = np.zeros((h + 2, w + 2, 4), np.uint8)
         out32 = out.view("<u4").reshape(h + 2, w + 2)
-        region._widen_rgba(flat, h, w, out32[1:1 + h, 1:1 + w])
+        worker.widen_rgba(flat, h, w, out32[1:1 + h, 1:1 + w])
         assert np.array_equal(out[1:1 + h, 1:1 + w, :3], rgb)
         assert (out[1:1 + h, 1:1 + w, 3] == 255).all()
         out[1:1 + h, 1:1 + w] = 0
@@ -110,7 +114,7 @@ def test_shared_queue_hands_each_job_out_once():
     import threading
 
     jobs = list(range(1000))
-    shared = region._SharedJobs(jobs)
+    shared = read_threads.SharedJobs(jobs)
     seen: list[int] = []
     lock = threading.Lock()
 
@@ -125,7 +129,7 @@ def test_shared_queue_hands_each_job_out_once():
     for t in threads:
         t.join()
     assert sorted(seen) == jobs
-    stopped = region._SharedJobs(jobs)
+    stopped = read_threads.SharedJobs(jobs)
     next(stopped)
     stopped.stop()
     assert list(stopped) == []
@@ -143,19 +147,19 @@ def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path, read_path):
 
 def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch, read_path):
     calls = []
-    monkeypatch.setattr(region.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)),
+    monkeypatch.setattr(local.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)),
                         raising=False)
-    monkeypatch.setattr(region.os, "POSIX_FADV_WILLNEED", 3, raising=False)
+    monkeypatch.setattr(local.os, "POSIX_FADV_WILLNEED", 3, raising=False)
     with wsitool.open_slide(cmu1) as slide:
         lv = slide.levels[0]
         rx0, ry0, w, h = 100, 130, 3 * lv.tile_width, 3 * lv.tile_height
         slide.read_region((rx0, ry0), 0, (w, h), mode="rgb", threads=1)
-        _, jobs = region.plan_tiles(lv, rx0, ry0, w, h)
-        assert len(jobs) >= region._PREFETCH_MIN_TILES
+        _, jobs = plan_tiles(lv, rx0, ry0, w, h)
+        assert len(jobs) >= fill._PREFETCH_MIN_TILES
         covered = []
         for col, row, _s, _d in jobs:
             i = row * lv.tiles_across + col
-            off, cnt = int(lv._offsets[i]), int(lv._bytecounts[i])
+            off, cnt = int(lv.tiles.offsets[i]), int(lv.tiles.bytecounts[i])
             covered.append(any(a <= off and off + cnt <= a + n for a, n in calls))
         assert all(covered)
         calls.clear()
@@ -173,8 +177,8 @@ def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads, pytho
         regions.append((0, 0, lv.width, lv.height))
         pool = get_pool("cpu")
         got, counts = [], []
-        for batch in (region.BATCH_TILES, 1):
-            monkeypatch.setattr(region, "BATCH_TILES", batch)
+        for batch in (worker.BATCH_TILES, 1):
+            monkeypatch.setattr(fill, "BATCH_TILES", batch)
             pool.reset_stats()
             got.append([slide.read_region((x, y), 0, (w, h), mode="rgb", threads=threads)
                         for x, y, w, h in regions])
@@ -190,7 +194,7 @@ def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monk
     (on_error="raise"), and with on_error="fill" only that tile is background and
     the result equals the per-tile path's."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        whole = int(slide.levels[0]._bytecounts[1])
+        whole = int(slide.levels[0].tiles.bytecounts[1])
     bad = with_byte_count(sample_jpeg, tmp_path, 1, whole * 4 // 10)  # libjpeg-turbo gives up
     with wsitool.open_slide(bad) as slide:
         lv = slide.levels[0]
@@ -199,10 +203,10 @@ def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monk
             slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
         assert (info.value.col, info.value.row) == (1, 0)
         outs = []
-        for batch in (region.BATCH_TILES, 1):
-            monkeypatch.setattr(region, "BATCH_TILES", batch)
+        for batch in (worker.BATCH_TILES, 1):
+            monkeypatch.setattr(fill, "BATCH_TILES", batch)
             get_pool("cpu").reset_stats()
-            with pytest.warns(region.TileWarning):
+            with pytest.warns(wsitool.TileWarning):
                 outs.append(slide.read_region((0, 0), 0, size, mode="rgb", threads=1,
                                               on_error="fill"))
             assert get_pool("cpu").stats().tiles_failed == 1
@@ -222,7 +226,7 @@ def test_rgba_keeps_one_wrapped_scratch_per_tile_size(sample_jpeg, python_path):
             rgba = slide.read_region((xl, yl), 0, (w, h), threads=1)
             assert np.array_equal(rgba[..., :3],
                                   slide.read_region((xl, yl), 0, (w, h), mode="rgb", threads=1))
-        kept = list(get_pool("cpu").state()._tile_views)
+        kept = get_pool("cpu").state().tile_shapes()
     whole = (lv.tile_height, lv.tile_width, lv.tile_height, lv.tile_width)
     assert whole in kept
     assert all(key[:2] == key[2:] for key in kept)  # whole-tile shapes only
@@ -232,13 +236,13 @@ def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch, python_path):
     """JPEG 2000 tiles (milliseconds each) go to the threads one by one; JPEG tiles
     in batches.  Both give the single-thread pixels."""
     flushed = []
-    real_flush = region._TileWorker._flush
+    real_flush = worker.TileWorker.flush
 
     def spy(self, pending, state):
-        flushed.append((self.lv._stream_kind, len(pending)))
+        flushed.append((self.lv.encoding.stream, len(pending)))
         return real_flush(self, pending, state)
 
-    monkeypatch.setattr(region._TileWorker, "_flush", spy)
+    monkeypatch.setattr(worker.TileWorker, "flush", spy)
     for path in (sample_jpeg, sample_jpeg.with_name("sample-aperio-j2k.svs")):
         with wsitool.open_slide(path) as slide:
             lv = slide.levels[0]

@@ -15,8 +15,9 @@ import pytest
 import tifffile
 
 import wsitool
-from wsitool import decode as decode_mod
-from wsitool.decode import get_pool, webp_frame_size
+from wsitool.codec import nvdecode
+from wsitool.bitstream import webp_frame_size
+from wsitool.codec.pool import get_pool
 from wsitool.errors import (
     CorruptFileError,
     ResourceLimitError,
@@ -24,7 +25,7 @@ from wsitool.errors import (
     UnsupportedFormatError,
     WsiError,
 )
-from wsitool.region import TileWarning
+from wsitool.errors import TileWarning
 
 from conftest import BUG_INPUTS, NO_BUGS
 
@@ -118,13 +119,13 @@ def test_missing_tile_in_generated_deflate_file(tmp_path):
 def test_sof_bomb_rejected_before_decode(monkeypatch):
     path = bug("B26_jpeg_sof_declares_8000x8000.tif")
     decoded = []
-    real = decode_mod._decode_checked
+    real = nvdecode.decode_checked
 
     def spy(level, col, row, *a, **k):
         decoded.append((col, row))
         return real(level, col, row, *a, **k)
 
-    monkeypatch.setattr(decode_mod, "_decode_checked", spy)
+    monkeypatch.setattr(nvdecode, "decode_checked", spy)
     with wsitool.open_slide(path) as s:
         with pytest.raises(TileDecodeError, match="declares 8000x8000") as info:
             s.read_region((0, 0), 0, (512, 512), threads=1)
@@ -267,7 +268,7 @@ def test_cmyk_convention_and_conversion():
     with wsitool.open_slide(path) as s:
         lv = s.levels[0]
         assert lv.photometric == "SEPARATED" and lv.samples == 4
-        assert lv._page.tags.valueof(332) == 1  # InkSet CMYK
+        assert lv.encoding.page.tags.valueof(332) == 1  # InkSet CMYK
         raw = s.read_region((0, 0), 0, (512, 512), mode="raw")
         rgb = s.read_region((0, 0), 0, (512, 512), mode="rgb")
         rgba = s.read_region((0, 0), 0, (512, 512))
@@ -346,7 +347,7 @@ def _j2k_tiff(tmp_path):
 
 
 def test_j2k_header_problem_finds_truncated_main_headers(tmp_path):
-    from wsitool.decode import j2k_header_problem
+    from wsitool.bitstream import j2k_header_problem
 
     path, _img, off, _where, _fmt = _j2k_tiff(tmp_path)
     raw = path.read_bytes()
@@ -428,7 +429,7 @@ def _lzw_pack(codes):
 
 
 def test_lzw_problem_flags_non_literal_first_codes():
-    from wsitool.decode import lzw_problem
+    from wsitool.bitstream import lzw_problem
 
     imagecodecs = pytest.importorskip("imagecodecs")
     assert imagecodecs.lzw_decode(_lzw_pack([256, 65, 66, 258, 257])) == b"ABAB"  # packer is right

@@ -1,7 +1,7 @@
 """GPU decoding (``device="cuda"``): CPU tests of the shared logic, GPU tests that skip without one.
 
-The batched region path of :mod:`wsitool.gpu` is array-library agnostic: run
-with numpy targets and the CPU decoder pool (``gpu._HostArrays``) it performs
+The batched region path of :mod:`wsitool.read.cuda` is array-library agnostic: run
+with numpy targets and the CPU decoder pool (``wsitool.read.cuda.HostArrays``) it performs
 the same planning, code-stream preparation, single batched decode call,
 verification, scratch handling, colour conversion and error filling as on the
 GPU, so the CPU tests below compare it pixel for pixel with the per-tile CPU
@@ -10,6 +10,8 @@ reason otherwise; ``scripts/gpu_check.sh`` runs them on a GPU machine.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import importlib.util as importlib_util
 import json
@@ -23,14 +25,20 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool import decode, gpu
+from wsitool import device
+from wsitool.codec import backends, nvdecode, pool as codec_pool
+from wsitool.codec.library import nv as nvimgcodec
+from wsitool.forksafe import PerProcess
+from wsitool.read import cuda as gpu
+from wsitool.settings import decode_paths
 from wsitool.errors import DeviceUnavailableError, InvalidRegionError, TileDecodeError
-from wsitool.region import TileWarning, validate_request
+from wsitool.errors import TileWarning
+from wsitool.read.request import validate_request
 
 from conftest import REPO, random_regions, shared_sample
 
-HAS_CUDA = gpu.cuda_available()
-NO_GPU_REASON = f"no CUDA device available: {gpu._cuda_probe()[1]}"
+HAS_CUDA = device.cuda_available()
+NO_GPU_REASON = f"no CUDA device available: {device.cuda_probe()[1]}"
 needs_gpu = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
 needs_no_gpu = pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present (tests the no-GPU path)")
 
@@ -50,12 +58,12 @@ def _env() -> dict:
 
 def _batched_host(slide, location, level, size, mode, on_error="raise", out=None):
     """Read a region through the batched path with numpy targets and the CPU decoder."""
-    lv, x, y, w, h = validate_request(slide, location, level, size, mode)
+    lv, x, y, w, h = validate_request(slide.levels, slide.path, location, level, size, mode)
     shape = (h, w, {"rgba": 4, "rgb": 3}.get(mode, lv.samples))
     if out is None:
         out = np.full(shape, 77, lv.dtype if mode == "raw" else np.uint8)  # not zero: catches gaps
-    gpu.fill_region_batched(lv, x, y, w, h, out, mode, None, on_error, decode.get_pool("cpu"),
-                            gpu._HostArrays())
+    gpu.fill_region_batched(lv, x, y, w, h, out, mode, None, on_error, codec_pool.get_pool("cpu"),
+                            gpu.HostArrays())
     return out
 
 
@@ -119,7 +127,7 @@ def test_bad_device_strings(cmu1):
 
 
 def test_backend_report_lists_cpu_cuda_and_hardware_jpeg():
-    report = gpu.backend_report(probe=False)
+    report = backends.backend_report(probe=False)
     json.dumps(report)  # serialisable for `wsitool info --json`
     by_device = {}
     for entry in report:
@@ -168,7 +176,7 @@ def test_batched_path_matches_cpu_path(name):
 
 def test_one_batched_decode_call_per_region(cmu1, monkeypatch):
     with wsitool.open_slide(cmu1) as s:
-        state = decode.get_pool("cpu").state()
+        state = codec_pool.get_pool("cpu").state()
         spy = _SpyDecoder(state.decoder)
         monkeypatch.setattr(state, "_decoder", spy)
         # 700 x 500 at (100, 50): columns 0..3, rows 0..2 of the 240 x 240 grid = 12 tiles.
@@ -183,7 +191,7 @@ def test_one_batched_decode_call_per_region(cmu1, monkeypatch):
 
 
 def test_caller_buffer_interior_direct_edges_roi(cmu1):
-    pool = decode.get_pool("cpu")
+    pool = codec_pool.get_pool("cpu")
     with wsitool.open_slide(cmu1) as s:
         out = np.zeros((500, 700, 3), np.uint8)
         pool.reset_stats()
@@ -194,17 +202,17 @@ def test_caller_buffer_interior_direct_edges_roi(cmu1):
     assert stats.tiles_direct == 2 and stats.tiles_roi == 10 and stats.tiles_scratch == 0
 
 
-@pytest.mark.parametrize("hook,value", [("FORCE_SCRATCH", True), ("USE_ROI_DECODE", False)])
-def test_scratch_slots_give_the_same_pixels(cmu1, monkeypatch, hook, value):
+@pytest.mark.parametrize("hook,value", [("force_scratch", True), ("roi_decode", False)])
+def test_scratch_slots_give_the_same_pixels(cmu1, hook, value):
     with wsitool.open_slide(cmu1) as s:
         ref = s.read_region((100, 50), 0, (700, 500), mode="rgb")
-        monkeypatch.setattr(decode, hook, value)
-        pool = decode.get_pool("cpu")
-        pool.reset_stats()
-        got = _batched_host(s, (100, 50), 0, (700, 500), "rgb")
-        stats = pool.stats()
+        with decode_paths(**{hook: value}):
+            pool = codec_pool.get_pool("cpu")
+            pool.reset_stats()
+            got = _batched_host(s, (100, 50), 0, (700, 500), "rgb")
+            stats = pool.stats()
     assert np.array_equal(got, ref)
-    assert stats.tiles_scratch == (12 if hook == "FORCE_SCRATCH" else 10)
+    assert stats.tiles_scratch == (12 if hook == "force_scratch" else 10)
 
 
 def test_rgba_expands_on_the_target_with_transparent_outside(cmu1):
@@ -221,13 +229,13 @@ def test_ycbcr_after_decode_converted_like_the_cpu_path(monkeypatch):
     path = shared_sample(TCGA_J2K)
     with wsitool.open_slide(path) as s:
         lv = s.levels[1]
-        monkeypatch.setattr(lv, "_ycbcr_after_decode", True)  # as for Aperio 33003
+        monkeypatch.setattr(lv, "encoding", dataclasses.replace(lv.encoding, ycbcr_after_decode=True))  # as for Aperio 33003
         loc = (int(500 * lv.downsample), int(300 * lv.downsample))
         for mode in ("rgb", "rgba", "raw"):
             ref = s.read_region(loc, 1, (400, 300), mode=mode)
             assert np.array_equal(_batched_host(s, loc, 1, (400, 300), mode), ref)
         plain = _batched_host(s, loc, 1, (400, 300), "rgb")
-        monkeypatch.setattr(lv, "_ycbcr_after_decode", False)
+        monkeypatch.setattr(lv, "encoding", dataclasses.replace(lv.encoding, ycbcr_after_decode=False))
         assert not np.array_equal(plain, _batched_host(s, loc, 1, (400, 300), "rgb"))
 
 
@@ -291,18 +299,18 @@ class _InvertingDecoder(_SpyDecoder):
 
 def test_colour_check_moves_a_disagreeing_level_to_the_cpu(cmu1, monkeypatch):
     monkeypatch.setattr(gpu, "_colour_ok", {})
-    pool = decode.DecoderPool("cpu")  # stands for the GPU pool; the reference is get_pool("cpu")
+    pool = codec_pool.DecoderPool("cpu")  # stands for the GPU pool; the reference is get_pool("cpu")
     state = pool.state()
     spy = _InvertingDecoder(state.decoder)
     monkeypatch.setattr(state, "_decoder", spy)
-    arrays = gpu._HostArrays()
+    arrays = gpu.HostArrays()
     arrays.check_colour, arrays.device_key = True, "fake-gpu"
     before = gpu.gpu_stats()
     messages = []
     with wsitool.open_slide(cmu1) as s:
         for loc in ((100, 50), (1000, 900)):  # the second read skips the check (cached)
             ref = s.read_region(loc, 0, (700, 500), mode="rgb")
-            lv, x, y, w, h = validate_request(s, loc, 0, (700, 500), "rgb")
+            lv, x, y, w, h = validate_request(s.levels, s.path, loc, 0, (700, 500), "rgb")
             out = np.zeros((500, 700, 3), np.uint8)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -316,15 +324,15 @@ def test_colour_check_moves_a_disagreeing_level_to_the_cpu(cmu1, monkeypatch):
 
 def test_colour_check_keeps_an_agreeing_level_on_the_device(cmu1, monkeypatch):
     monkeypatch.setattr(gpu, "_colour_ok", {})
-    pool = decode.DecoderPool("cpu")
+    pool = codec_pool.DecoderPool("cpu")
     state = pool.state()
     spy = _SpyDecoder(state.decoder)
     monkeypatch.setattr(state, "_decoder", spy)
-    arrays = gpu._HostArrays()
+    arrays = gpu.HostArrays()
     arrays.check_colour, arrays.device_key = True, "fake-gpu"
     with wsitool.open_slide(cmu1) as s:
         ref = s.read_region((100, 50), 0, (700, 500), mode="rgb")
-        lv, x, y, w, h = validate_request(s, (100, 50), 0, (700, 500), "rgb")
+        lv, x, y, w, h = validate_request(s.levels, s.path, (100, 50), 0, (700, 500), "rgb")
         out = np.zeros((500, 700, 3), np.uint8)
         gpu.fill_region_batched(lv, x, y, w, h, out, "rgb", None, "raise", pool, arrays)
     assert np.array_equal(out, ref)
@@ -336,16 +344,16 @@ def test_check_decoded_rejects_none_and_foreign_buffers(cmu1):
     with wsitool.open_slide(cmu1) as s:
         lv = s.levels[0]
         dst = np.zeros((240, 240, 3), np.uint8)
-        image = decode.nvimgcodec.as_image(dst)
+        image = nvimgcodec().as_image(dst)
         with pytest.raises(TileDecodeError, match="no image"):
-            decode.check_decoded(lv, 3, 4, None, image, dst.shape)
-        other = decode.nvimgcodec.as_image(np.zeros((240, 240, 3), np.uint8))
+            nvdecode.check_decoded(lv, 3, 4, None, image, dst.shape)
+        other = nvimgcodec().as_image(np.zeros((240, 240, 3), np.uint8))
         with pytest.raises(TileDecodeError, match="did not write into the caller's buffer") as info:
-            decode.check_decoded(lv, 3, 4, other, image, dst.shape)
+            nvdecode.check_decoded(lv, 3, 4, other, image, dst.shape)
         assert (info.value.col, info.value.row) == (3, 4)
         with pytest.raises(TileDecodeError, match="did not write"):
-            decode.check_decoded(lv, 3, 4, image, image, (120, 240, 3))
-        decode.check_decoded(lv, 3, 4, image, image, dst.shape)  # its own buffer: ok
+            nvdecode.check_decoded(lv, 3, 4, image, image, (120, 240, 3))
+        nvdecode.check_decoded(lv, 3, 4, image, image, dst.shape)  # its own buffer: ok
 
 
 def test_gpu_check_scripts_are_ready():
@@ -438,19 +446,19 @@ def fake_cupy(monkeypatch):
     if HAS_CUDA:
         pytest.skip("a real CUDA device is present: the GPU tests cover this code")
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    gpu._cuda_probe.cache_clear()
+    device.cuda_probe.cache_clear()
     monkeypatch.setattr(gpu, "_local", threading.local())
     monkeypatch.setattr(gpu, "_colour_ok", {})
-    monkeypatch.setattr(decode, "_pools", {})
+    monkeypatch.setattr(codec_pool, "_pools", PerProcess(codec_pool._Pools))
 
     def cpu_decoder(self):  # the "GPU" decoder is a CPU one here
-        nv = decode.nvimgcodec
+        nv = nvimgcodec()
         return nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
                           backends=[nv.Backend(nv.BackendKind.CPU_ONLY)])
 
-    monkeypatch.setattr(decode.DecoderPool, "_create_decoder", cpu_decoder)
+    monkeypatch.setattr(codec_pool.DecoderPool, "_create_decoder", cpu_decoder)
     yield sys.modules["cupy"]
-    gpu._cuda_probe.cache_clear()
+    device.cuda_probe.cache_clear()
 
 
 def test_read_region_cuda_orchestration_with_stand_in(fake_cupy, cmu1):
@@ -470,7 +478,7 @@ def test_read_region_cuda_orchestration_with_stand_in(fake_cupy, cmu1):
             s.read_region((0, 0), 0, (8, 8), device="cuda:3")
     arrays = gpu._local.arrays[0]
     assert arrays.stream.waited == arrays.stream.synced >= 4  # every read waited and synced
-    assert decode.get_pool("cuda:0").stats().tiles_decoded > 0
+    assert codec_pool.get_pool("cuda:0").stats().tiles_decoded > 0
     if importlib_util.find_spec("imagecodecs"):
         with wsitool.open_slide(path) as s:  # a tifffile level: CPU decode, then copy
             ref = s.read_region((5000, 2000), 1, (300, 200), mode="rgba")
@@ -481,7 +489,7 @@ def test_read_region_cuda_orchestration_with_stand_in(fake_cupy, cmu1):
 def test_gpu_memory_sample_and_report_with_stand_in(fake_cupy):
     assert gpu.gpu_memory_sample() == {"device": 0, "pool_used_bytes": 10, "pool_total_bytes": 20,
                                        "device_used_bytes": 700, "device_total_bytes": 1000}
-    report = gpu.backend_report(probe=False)
+    report = backends.backend_report(probe=False)
     hw = next(e for e in report if "hardware" in e["name"])
     assert "Fake H200" in hw["detail"] and "has a JPEG engine" in hw["detail"]
 
@@ -524,7 +532,7 @@ def test_gpu_out_buffer_honoured_and_decoded_in_place(cmu1):
     cp = _cupy()
     with wsitool.open_slide(cmu1) as s:
         out = cp.full((500, 700, 3), 9, cp.uint8)
-        pool = decode.get_pool(f"cuda:{cp.cuda.runtime.getDevice()}")
+        pool = codec_pool.get_pool(f"cuda:{cp.cuda.runtime.getDevice()}")
         pool.reset_stats()
         before = gpu.gpu_stats()
         res = s.read_region((100, 50), 0, (700, 500), mode="rgb", out=out, device="cuda")
@@ -590,6 +598,6 @@ def test_gpu_memory_sample_and_backend_report():
     sample = gpu.gpu_memory_sample()
     assert sample["device_total_bytes"] > sample["device_used_bytes"] > 0
     assert sample["pool_total_bytes"] >= sample["pool_used_bytes"] >= 0
-    report = gpu.backend_report()
+    report = backends.backend_report()
     nvjpeg = next(e for e in report if e["name"] == "CUDA: nvJPEG")
     assert nvjpeg["available"], nvjpeg["detail"]

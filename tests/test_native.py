@@ -1,16 +1,17 @@
-"""The compiled JPEG tile loop (wsitool._jpegloop, wsitool/native.py) pinned to the Python path.
+"""The compiled JPEG tile loop (wsitool._jpegloop, wsitool/codec/jpegloop.py) pinned to the Python path.
 
 Every test reads the same thing twice, once through the compiled loop and once
-with it turned off (``native.ENABLED = False``: the Python path of
-region._TileWorker, the reference), and asserts the same pixels, the same
+with it turned off (``decode_paths(native=False)``: the Python path of
+wsitool.read.worker.TileWorker, the reference), and asserts the same pixels, the same
 decoder counters, and for bad tiles the same error type, tile and message.
 Without the compiled loop (no C compiler at install time) these tests skip
-with the reason :func:`wsitool.native.status` gives; the Python path is then
+with the reason :func:`wsitool.codec.jpegloop.status` gives; the Python path is then
 what every other test exercises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import warnings
@@ -19,25 +20,34 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool import native, region
-from wsitool.decode import get_pool
+from wsitool.codec import jpegloop
+from wsitool.settings import decode_paths
+from wsitool.codec.pool import get_pool
 
 from conftest import (BUG_INPUTS, random_regions, repo_samples, tiff_samples, with_byte_count,
                       with_tile_bytes)
 
 
+_paths = contextlib.ExitStack()
+
+
+def _use_native(flag: bool) -> None:
+    """Turn the compiled loop on or off until the test ends (``decode_paths(native=flag)``)."""
+    _paths.close()
+    _paths.enter_context(decode_paths(native=flag))
+
+
 def _require_native():
-    native.ENABLED = True
-    if native._load() is None:
-        pytest.skip(f"compiled JPEG loop: {native.status()}")
+    _use_native(True)
+    if jpegloop._load() is None:
+        pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
 
 
 @pytest.fixture(autouse=True)
 def _native_on():
-    before = native.ENABLED
     _require_native()
     yield
-    native.ENABLED = before
+    _paths.close()
 
 
 _COUNTERS = ("tiles_decoded", "tiles_direct", "tiles_roi", "tiles_scratch", "tiles_missing",
@@ -46,7 +56,7 @@ _COUNTERS = ("tiles_decoded", "tiles_direct", "tiles_roi", "tiles_scratch", "til
 
 def _read(slide, loc, level, size, *, compiled: bool, **kw):
     """(pixels or exception, counters, warning messages) of one read on one path."""
-    native.ENABLED = compiled
+    _use_native(compiled)
     pool = get_pool("cpu")
     pool.reset_stats()
     with warnings.catch_warnings(record=True) as caught:
@@ -56,8 +66,8 @@ def _read(slide, loc, level, size, *, compiled: bool, **kw):
         except (wsitool.TileDecodeError, OSError) as exc:
             result = exc
     st = pool.stats()
-    native.ENABLED = True
-    msgs = [str(w.message) for w in caught if issubclass(w.category, region.TileWarning)]
+    _use_native(True)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, wsitool.TileWarning)]
     return result, tuple(getattr(st, c) for c in _COUNTERS), msgs
 
 
@@ -96,7 +106,7 @@ def _assert_parity(slide, loc, level, size, **kw):
 
 def _jpeg_levels(slide):
     probe = {"rgb": np.empty((1, 1, 3), np.uint8), "rgba": np.empty((1, 1, 4), np.uint8)}
-    return [lv for lv in slide.levels if native.applies(lv, "rgb", probe["rgb"])]
+    return [lv for lv in slide.levels if jpegloop.applies(lv, "rgb", probe["rgb"])]
 
 
 def _jpeg_slides():
@@ -113,21 +123,21 @@ def _jpeg_slides():
 
 
 def test_status_says_in_use():
-    assert native.status().startswith("in use")
-    native.ENABLED = False
-    assert native.status().startswith("off")
+    assert jpegloop.status().startswith("in use")
+    _use_native(False)
+    assert jpegloop.status().startswith("off")
 
 
 def test_the_compiled_loop_is_what_reads_jpeg(sample_jpeg, monkeypatch):
     """A JPEG read goes through RegionJobs.run; turned off, it does not."""
     calls = []
-    real = native.RegionJobs.run
-    monkeypatch.setattr(native.RegionJobs, "run", lambda self, pool: (calls.append(1), real(self, pool)))
+    real = jpegloop.RegionJobs.run
+    monkeypatch.setattr(jpegloop.RegionJobs, "run", lambda self, pool: (calls.append(1), real(self, pool)))
     with wsitool.open_slide(sample_jpeg) as slide:
         slide.read_region((0, 0), 0, (300, 300), mode="rgb")
         assert calls
         calls.clear()
-        native.ENABLED = False
+        _use_native(False)
         slide.read_region((0, 0), 0, (300, 300), mode="rgb")
         assert not calls
 
@@ -181,8 +191,8 @@ def test_bad_tile_gives_the_python_paths_error(sample_jpeg, tmp_path, fault, on_
     ``on_error="raise"``; the same pixels, counters and warnings with ``"fill"``."""
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
-        size_of = int(lv._bytecounts[1])
-        file_size = lv._file_size
+        size_of = int(lv.tiles.bytecounts[1])
+        file_size = lv.source.size
     if fault == "no-soi":
         bad = with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x01" + b[2:], fault)
     elif fault == "cut-scan":
@@ -224,11 +234,11 @@ def test_truncated_file_gives_the_python_paths_error(sample_jpeg, tmp_path):
     data = sample_jpeg.read_bytes()
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
-        last = int(np.argmax(lv._offsets[: lv.tiles_across * lv.tiles_down]))
+        last = int(np.argmax(lv.tiles.offsets[: lv.tiles_across * lv.tiles_down]))
         col, row = last % lv.tiles_across, last // lv.tiles_across
         loc = (col * lv.tile_width, row * lv.tile_height)
     short = tmp_path / "short.svs"
-    short.write_bytes(data[: int(lv._offsets[last]) + 10])
+    short.write_bytes(data[: int(lv.tiles.offsets[last]) + 10])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", wsitool.SlideWarning)
         slide = wsitool.open_slide(short)
@@ -248,7 +258,7 @@ def test_out_view_is_filled_and_nothing_around_it(sample_jpeg):
         out = big[2:2 + h]
         got = slide.read_region((5, 5), 0, (w, h), mode="rgb", out=out, threads=2)
         assert got is out
-        native.ENABLED = False
+        _use_native(False)
         ref = slide.read_region((5, 5), 0, (w, h), mode="rgb", threads=2)
     assert np.array_equal(out, ref)
     assert (big[:2] == 77).all() and (big[2 + h:] == 77).all()
@@ -289,31 +299,31 @@ def test_bad_arguments_are_refused_not_crashed(sample_jpeg):
     """The C entry point checks what it is given (a caller bug, not a file fault)."""
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
-        dec = native.new_decoder()
+        dec = jpegloop.new_decoder()
         out = np.zeros((10, 10, 3), np.uint8)
-        level = (lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv._file_size)
+        level = (lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv.source.size)
         ok_region = (0, 0, 0, 0, 10, 10)
-        prefix = lv._jpeg_prefix or b""
-        args = (lv._fd, prefix, out, lv._offsets, lv._bytecounts, level, ok_region, 0, 1, 4)
+        prefix = lv.encoding.jpeg_prefix or b""
+        args = (lv.source.fileno(), prefix, out, lv.tiles.offsets, lv.tiles.bytecounts, level, ok_region, 0, 1, 4)
         assert dec.decode_tiles(*args)[5] == 1  # the good call decodes its tile
         bad = [
-            (lv._fd, prefix, out[:, :, :2], *args[3:]),                       # 2 channels
-            (lv._fd, prefix, out.astype(np.uint16), *args[3:]),               # not uint8
-            (lv._fd, prefix, out[:, ::2], *args[3:]),                         # not contiguous
-            (lv._fd, prefix, np.zeros((10, 10, 3), np.uint8)[:5].view()[::-1], *args[3:]),
+            (lv.source.fileno(), prefix, out[:, :, :2], *args[3:]),                       # 2 channels
+            (lv.source.fileno(), prefix, out.astype(np.uint16), *args[3:]),               # not uint8
+            (lv.source.fileno(), prefix, out[:, ::2], *args[3:]),                         # not contiguous
+            (lv.source.fileno(), prefix, np.zeros((10, 10, 3), np.uint8)[:5].view()[::-1], *args[3:]),
             (*args[:6], (0, 0, 0, 0, 11, 10), 0, 1, 4),                        # region wider than out
             (*args[:6], (0, 0, 0, 0, lv.width + 1, 10), 0, 1, 4),              # region past the level
             (*args[:7], 0, 2, 4),                                              # job past the region
             (*args[:7], 0, 1, 0),                                              # batch 0
             (*args[:7], 0, 1, 65),                                             # batch > MAX_BATCH
-            (*args[:3], lv._offsets.view(np.uint8)[:-1], *args[4:]),           # not 8-byte items
+            (*args[:3], lv.tiles.offsets.view(np.uint8)[:-1], *args[4:]),           # not 8-byte items
         ]
         for call in bad:
             with pytest.raises((ValueError, BufferError, TypeError)):
                 dec.decode_tiles(*call)
         assert dec.decode_tiles(*args)[5] == 1  # and the decoder still works
         # offsets and byte counts of different lengths (as some files list them): fine
-        assert dec.decode_tiles(lv._fd, prefix, out, lv._offsets[:-1], *args[4:])[5] == 1
+        assert dec.decode_tiles(lv.source.fileno(), prefix, out, lv.tiles.offsets[:-1], *args[4:])[5] == 1
 
 
 def _replace_tile(src, tmp_path, index: int, data: bytes, name: str):
@@ -354,7 +364,7 @@ def test_exif_orientation_in_a_tile_is_ignored_on_both_paths(sample_jpeg, tmp_pa
         lv = slide.levels[0]
         tw, th = lv.tile_width, lv.tile_height
         plain = slide.read_region((tw, 0), 0, (tw, th), mode="rgb")
-        off, count = int(lv._offsets[1]), int(lv._bytecounts[1])
+        off, count = int(lv.tiles.offsets[1]), int(lv.tiles.bytecounts[1])
     stream = sample_jpeg.read_bytes()[off:off + count]
     bad = _replace_tile(sample_jpeg, tmp_path, 1, _exif_orientation(stream, orientation), "exif")
     with wsitool.open_slide(bad) as slide:
@@ -381,7 +391,7 @@ def test_first_bad_tile_in_tile_order_is_raised(sample_jpeg, tmp_path):
     batch: both paths raise tile 1's error, in every mode, on one thread."""
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
-        cut = int(lv._bytecounts[1]) * 4 // 10
+        cut = int(lv.tiles.bytecounts[1]) * 4 // 10
     bad = with_byte_count(sample_jpeg, tmp_path, 1, cut, "cut")
     bad = with_tile_bytes(bad, tmp_path, 2, lambda b: b"\x00\x01" + b[2:], "no-soi")
     with wsitool.open_slide(bad) as slide:
@@ -397,19 +407,19 @@ def test_coordinates_that_would_overflow_are_refused(sample_jpeg):
     """decode_tiles with sizes or coordinates near 2**63 raises, never writes out of bounds."""
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
-        dec = native.new_decoder()
+        dec = jpegloop.new_decoder()
         out = np.zeros((10, 10, 3), np.uint8)
         offsets = np.array([1, 0], np.uint64)
         counts = np.array([1, 1], np.uint64)
         calls = [
-            ((lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv._file_size),
+            ((lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv.source.size),
              (-2**63, 0, 0, 0, 10, 10)),
-            ((2**62, 1, 2**62 + 10, 10, 1, lv._file_size), (2**62, 0, 2**62, 0, 2**62 + 10, 10)),
-            ((1, 1, 2**40, 2**40, 2**62, lv._file_size), (0, 2**39, 0, 2**39, 10, 2**39 + 10)),
+            ((2**62, 1, 2**62 + 10, 10, 1, lv.source.size), (2**62, 0, 2**62, 0, 2**62 + 10, 10)),
+            ((1, 1, 2**40, 2**40, 2**62, lv.source.size), (0, 2**39, 0, 2**39, 10, 2**39 + 10)),
         ]
         for level, region in calls:
             with pytest.raises(ValueError):
-                dec.decode_tiles(lv._fd, b"", out, offsets, counts, level, region, 0, 1, 1)
+                dec.decode_tiles(lv.source.fileno(), b"", out, offsets, counts, level, region, 0, 1, 1)
 
 
 def test_without_the_extension_reads_take_the_python_path(sample_jpeg, monkeypatch):
@@ -417,22 +427,22 @@ def test_without_the_extension_reads_take_the_python_path(sample_jpeg, monkeypat
     reads give the same pixels, and `wsitool info`'s backend table shows it."""
     import sys
 
-    from wsitool.gpu import backend_report
+    from wsitool.codec.backends import backend_report
 
     with wsitool.open_slide(sample_jpeg) as slide:
         ref = slide.read_region((7, 9), 0, (300, 200), mode="rgb")
         monkeypatch.setitem(sys.modules, "wsitool._jpegloop", None)  # import fails
         monkeypatch.delattr(wsitool, "_jpegloop", raising=False)
-        monkeypatch.setattr(native, "_tried", False)
-        monkeypatch.setattr(native, "_module", None)
-        assert native.status().startswith("not in use: not built")
-        assert not native.applies(slide.levels[0], "rgb", ref)
+        monkeypatch.setattr(jpegloop, "_tried", False)
+        monkeypatch.setattr(jpegloop, "_module", None)
+        assert jpegloop.status().startswith("not in use: not built")
+        assert not jpegloop.applies(slide.levels[0], "rgb", ref)
         assert np.array_equal(slide.read_region((7, 9), 0, (300, 200), mode="rgb"), ref)
         row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
         assert len(row) == 1 and not row[0]["available"] and "not built" in row[0]["detail"]
     monkeypatch.undo()
-    native._tried = False
-    assert native.status().startswith("in use")
+    jpegloop._tried = False
+    assert jpegloop.status().startswith("in use")
     row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
     assert row[0]["available"]
 
@@ -466,7 +476,7 @@ def test_a_failed_batch_call_is_retried_tile_by_tile(sample_jpeg, tmp_path):
     """When nvImageCodec refuses a batch decode call as a whole (forced here through
     the extension's test hook), the loop decodes its tiles one by one: same pixels
     and counters, and a bad tile in that batch is still the only one that fails."""
-    mod = native._load()
+    mod = jpegloop._load()
     with wsitool.open_slide(sample_jpeg) as slide:
         lv = slide.levels[0]
         size = (min(lv.width, 3 * lv.tile_width + 17), min(lv.height, 2 * lv.tile_height - 5))
@@ -475,7 +485,7 @@ def test_a_failed_batch_call_is_retried_tile_by_tile(sample_jpeg, tmp_path):
         got, counts, _ = _read(slide, (9, 3), 0, size, compiled=True, mode="rgb", threads=1)
         mod._fail_batch_calls(0)
         assert np.array_equal(got, ref) and counts == ref_counts
-        whole = int(lv._bytecounts[1])
+        whole = int(lv.tiles.bytecounts[1])
     bad = with_byte_count(sample_jpeg, tmp_path, 1, whole * 4 // 10, "cut")
     with wsitool.open_slide(bad) as slide:
         mod._fail_batch_calls(1)

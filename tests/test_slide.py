@@ -201,7 +201,7 @@ def test_level_rule_keeps_small_levels_of_elongated_images(tmp_path):
     levels; a square overview next to a 4:3 pyramid is not."""
     import tifffile
 
-    from wsitool.slide import _same_aspect
+    from wsitool.formats.tiff.levels import same_aspect
 
     path = tmp_path / "long.tif"
     sizes = [(2000, 300)]
@@ -214,6 +214,6 @@ def test_level_rule_keeps_small_levels_of_elongated_images(tmp_path):
                      subfiletype=1 if i else 0, compression="zlib")
     with wsitool.open_slide(path) as slide:
         assert slide.level_dimensions == tuple(sizes)
-    assert _same_aspect(2000, 300, 16, 3)
-    assert not _same_aspect(1024, 768, 200, 200)
-    assert _same_aspect(1024, 768, 256, 192) and _same_aspect(205, 205, 102, 102)
+    assert same_aspect(2000, 300, 16, 3)
+    assert not same_aspect(1024, 768, 200, 200)
+    assert same_aspect(1024, 768, 256, 192) and same_aspect(205, 205, 102, 102)

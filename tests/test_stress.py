@@ -213,7 +213,7 @@ def test_bad_arguments(monkeypatch, tmp_path):
 
 
 def test_cuda_without_gpu_is_one_line():
-    from wsitool.gpu import cuda_available
+    from wsitool.device import cuda_available
 
     if cuda_available():
         pytest.skip("a CUDA device is present")
@@ -282,12 +282,12 @@ def test_nvimagecodec_reads_do_not_accumulate_python_objects():
 
 
 def test_gpu_memory_growth_is_summarised_for_the_leak_verdict():
-    """device='cuda' runs sample wsitool.gpu.gpu_memory_sample; its growth after
+    """device='cuda' runs sample wsitool.read.cuda.gpu_memory_sample; its growth after
     warm-up is reported and compared with max_growth_mb like RSS."""
     from wsitool.stress import SAMPLERS, _gpu_growth
 
-    assert "wsitool.gpu:gpu_memory_sample" in SAMPLERS["cuda"]
-    assert "wsitool.gpu:gpu_memory_sample" not in SAMPLERS["cpu"]
+    assert "wsitool.read.cuda:gpu_memory_sample" in SAMPLERS["cuda"]
+    assert "wsitool.read.cuda:gpu_memory_sample" not in SAMPLERS["cpu"]
     mib = 1024 * 1024
     measured = [
         {"extra": {"pool_used_bytes": 10 * mib + i * 50 * mib, "device_used_bytes": 500 * mib}}

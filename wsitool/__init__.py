@@ -7,7 +7,7 @@ Quick start::
         print(slide.level_dimensions, slide.mpp)
         tile = slide.read_region((1000, 2000), 0, (512, 512))  # (512, 512, 4) uint8 RGBA
 
-See :class:`wsitool.slide.Slide` and :func:`wsitool.region.read_region`.
+See :class:`wsitool.slide.Slide` and :func:`wsitool.read.region.read_region`.
 """
 
 from .errors import (
@@ -17,15 +17,15 @@ from .errors import (
     ResourceLimitError,
     SlideWarning,
     TileDecodeError,
+    TileWarning,
     UnsupportedFormatError,
     WsiError,
 )
 from .export import ExportResult, export_pyramid
-from .region import TileWarning
 from .settings import Limits, get_limits, limits, set_limits
 from .slide import Level, Slide, open_slide
+from .version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "open_slide",

@@ -122,7 +122,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ) -> None:
     """Show levels, tile sizes, compression, MPP, vendor and associated images."""
-    from .gpu import backend_report
+    from .codec.backends import backend_report
     from .slide import open_slide
 
     with open_slide(slide) as s:
@@ -260,7 +260,7 @@ def read_region_cmd(
     except ValueError as exc:
         raise fail(str(exc), 2) from None
 
-    from .region import TileWarning
+    from .errors import TileWarning
 
     with max_pixels_scope(max_pixels), open_slide(slide) as s, \
             warnings.catch_warnings(record=True) as caught:

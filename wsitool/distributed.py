@@ -61,8 +61,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidRegionError, WsiError
-from .region import level0_coordinate
+from .errors import DaskUnavailableError, InvalidRegionError, WsiError
+from .read.lazy import INSTALL_HINT, import_dask_array as _import_dask_array, level_array
+from .read.request import validate_request
+from .slide import Slide, cached_slide, chunk_read_count, file_stamp, open_slide, read_chunk_by_path
 
 __all__ = [
     "DaskUnavailableError",
@@ -80,24 +82,9 @@ __all__ = [
     "chunk_read_count",
 ]
 
-INSTALL_HINT = 'install the optional Dask extra: pip install "wsitool[dask]"'
-
-
-class DaskUnavailableError(WsiError):
-    """Dask (``dask[array]`` / ``distributed``) is needed but not importable."""
-
-
 class BatchOptionError(WsiError, ValueError):
     """A bad option of a batch call: unknown scheduler or format, or two
     sources that would be written to the same output (a usage error)."""
-
-
-def _import_dask_array():
-    try:
-        import dask.array as da
-    except ImportError as exc:
-        raise DaskUnavailableError(f"Dask arrays need dask[array] ({exc}); {INSTALL_HINT}") from None
-    return da
 
 
 def _import_distributed():
@@ -118,162 +105,28 @@ def dask_available() -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------
-# Per-process cache of open slides
-# ---------------------------------------------------------------------------
-
-
-def _stamp(path: str) -> tuple[int, int]:
-    """``(mtime_ns, size in bytes)`` of ``path``; identifies one version of a file."""
-    st = os.stat(path)
-    return (st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=16)
-def _open_cached(path: str, stamp: tuple[int, int]):
-    from .slide import open_slide
-
-    return open_slide(path)
-
-
-def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None):
-    """This process's shared open :class:`~wsitool.slide.Slide` for ``path``.
-
-    Slides are cached per process (16 most recent), keyed by absolute path
-    and the file's ``(mtime_ns, size)``, so a task opens a slide once per
-    worker process and a rewritten file is opened afresh.  The returned slide
-    is shared: do not close it.
-
-    Args:
-        path: slide file.
-        stamp: the ``(mtime_ns, size)`` the caller expects, or None.
-
-    Raises:
-        WsiError: ``stamp`` is given and the file changed since it was taken.
-        FileNotFoundError, UnsupportedFormatError, CorruptFileError: as
-            :func:`wsitool.open_slide`.
-    """
-    path = os.path.abspath(os.fspath(path))
-    now = _stamp(path)
-    if stamp is not None and tuple(stamp) != now:
-        raise WsiError(
-            f"{path}: the file changed since the task was built (mtime/size "
-            f"{tuple(stamp)} -> {now}); rebuild the Dask array"
-        )
-    return _open_cached(path, now)
-
-
-# ---------------------------------------------------------------------------
-# Lazy Dask arrays of levels
-# ---------------------------------------------------------------------------
-
-_chunk_reads = 0
-_chunk_reads_lock = threading.Lock()
-
-
-def chunk_read_count() -> int:
-    """Number of chunk reads done by :func:`level_to_dask` arrays in this process."""
-    return _chunk_reads
-
-
-def _read_chunk(path: str, stamp: tuple[int, int], level: int, x0: int, y0: int,
-                w: int, h: int, threads: int) -> np.ndarray:
-    """Dask task: one chunk ``(h, w, 3)`` uint8 of a level, by path."""
-    global _chunk_reads
-    slide = cached_slide(path, stamp)
-    with _chunk_reads_lock:
-        _chunk_reads += 1
-    return slide.read_region((x0, y0), level, (w, h), mode="rgb", threads=threads)
-
-
-def _axis_chunks(total: int, step: int) -> tuple[int, ...]:
-    full, rest = divmod(total, step)
-    return (step,) * full + ((rest,) if rest else ())
-
-
-def _chunk_shape(level, chunks) -> tuple[int, int]:
-    if isinstance(chunks, str):
-        if chunks != "tile":
-            raise InvalidRegionError(f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}")
-        # Whole tiles, grown to at least 128 px a side so tiny tiles do not
-        # make millions of tasks; no tile is ever read by two chunks.
-        th, tw = level.tile_height, level.tile_width
-        return th * max(1, -(-128 // th)), tw * max(1, -(-128 // tw))
-    if isinstance(chunks, (int, np.integer)) and not isinstance(chunks, bool):
-        rows = cols = int(chunks)
-    else:
-        try:
-            rows, cols = (int(v) for v in chunks)
-        except (TypeError, ValueError):
-            raise InvalidRegionError(
-                f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}"
-            ) from None
-    if rows <= 0 or cols <= 0:
-        raise InvalidRegionError(f"chunks must be positive, got {chunks!r}")
-    return rows, cols
-
-
 def level_to_dask(slide, level: int = 0, *, chunks="tile", threads: int = 1):
-    """A level of a slide as a lazy ``dask.array.Array``.
+    """A level of a slide as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
 
     Args:
         slide: an open :class:`~wsitool.slide.Slide` or a path.  Only its path
-            goes into the graph.
-        level: level index.
-        chunks: ``"tile"`` (default): whole tiles of the level, several tiles
-            per chunk only where a tile is under 128 px a side (a stripped
-            level's "tile" is a band of whole strips, full width); an int
-            ``n`` for ``n x n`` chunks; or ``(rows, cols)`` in level pixels.
-            Chunks aligned to the tile grid read every tile once.
-        threads: decode threads per chunk read (default 1: Dask already runs
-            chunks in parallel).
-
-    Returns:
-        ``dask.array.Array`` of shape ``(height, width, 3)``, dtype uint8, chunked
-        ``(rows, cols, 3)``.  Computing a chunk calls
-        ``read_region(location, level, (cols, rows), mode="rgb")`` on the slide
-        opened by path in the worker process (:func:`cached_slide`); slicing
-        the array computes only the chunks the slice overlaps.
+            goes into the graph; each worker process opens it once
+            (:func:`~wsitool.slide.cached_slide`).
+        level, chunks, threads: as :func:`wsitool.read.lazy.level_array`.
 
     Raises:
         DaskUnavailableError: ``dask[array]`` is not installed.
         InvalidRegionError: bad level or chunks.
         WsiError: at compute time, the file changed since the array was built.
     """
-    da = _import_dask_array()
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    from .slide import Slide
-
     if isinstance(slide, Slide):
         path = os.path.abspath(slide.path)
         lvls = slide.levels
     else:
         path = os.path.abspath(os.fspath(slide))
         lvls = cached_slide(path).levels
-    if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not 0 <= level < len(lvls):
-        raise InvalidRegionError(f"{path}: level {level!r} out of range (0..{len(lvls) - 1})")
-    level = int(level)
-    lv = lvls[level]
-    rows, cols = _chunk_shape(lv, chunks)
-    stamp = _stamp(path)
-    ychunks = _axis_chunks(lv.height, rows)
-    xchunks = _axis_chunks(lv.width, cols)
-    name = "wsitool-level-" + tokenize(path, stamp, level, rows, cols, threads)
-    dsk: dict = {}
-    y = 0
-    for i, h in enumerate(ychunks):
-        x = 0
-        y0 = level0_coordinate(y, lv.downsample)
-        for j, w in enumerate(xchunks):
-            dsk[(name, i, j, 0)] = (_read_chunk, path, stamp, level, level0_coordinate(x, lv.downsample), y0,
-                                    w, h, threads)
-            x += w
-        y += h
-    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
-    return da.Array(graph, name, (ychunks, xchunks, (3,)), dtype=np.uint8,
-                    meta=np.empty((0, 0, 0), np.uint8))
+    return level_array(lvls, path, level, read_chunk_by_path, stamp=file_stamp(path),
+                       chunks=chunks, threads=threads)
 
 
 # ---------------------------------------------------------------------------
@@ -623,9 +476,6 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         FileNotFoundError, UnsupportedFormatError, CorruptFileError: the slide
             cannot be opened.
     """
-    from .region import validate_request
-    from .slide import Slide, open_slide
-
     if on_error not in ("raise", "fill"):
         raise InvalidRegionError(f"on_error must be 'raise' or 'fill', got {on_error!r}")
     if pack:
@@ -653,7 +503,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
                 raise InvalidRegionError(f"{path}: duplicate region name {r.name!r}")
             names.add(r.name)
             try:
-                lv, *_ = validate_request(s, (r.x, r.y), r.level, (r.width, r.height), mode)
+                lv, *_ = validate_request(s.levels, s.path, (r.x, r.y), r.level, (r.width, r.height), mode)
             except WsiError as exc:
                 raise type(exc)(f"{exc} ({where}, #{i + 1})") from None
             if fmt == "png" and mode == "raw" and (lv.dtype != np.uint8 or lv.samples > 4):
@@ -664,7 +514,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
     finally:
         if own:
             s.close()
-    stamp = _stamp(path)
+    stamp = file_stamp(path)
     out_dir = Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = _PackWriter(out_dir / f"{_slide_stem(path)}-regions.{fmt}", fmt) if pack else None

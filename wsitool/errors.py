@@ -35,6 +35,8 @@ __all__ = [
     "TileDecodeError",
     "DeviceUnavailableError",
     "SlideWarning",
+    "TileWarning",
+    "DaskUnavailableError",
 ]
 
 
@@ -90,6 +92,11 @@ class TileDecodeError(WsiError):
         return (type(self), (self.path, self.level, self.col, self.row, self.reason))
 
 
+class DaskUnavailableError(WsiError):
+    """Dask (``dask[array]`` / ``distributed``) is needed but not importable
+    (install the optional extra: ``pip install "wsitool[dask]"``)."""
+
+
 class SlideWarning(UserWarning):
     """A problem in a slide's structure that does not stop it from being read.
 
@@ -98,3 +105,7 @@ class SlideWarning(UserWarning):
     is what a truncated file looks like): the slide opens with the levels that
     could be read, and :attr:`wsitool.Slide.problems` lists the messages.
     """
+
+
+class TileWarning(UserWarning):
+    """Emitted when ``on_error="fill"`` replaced a corrupt tile by background."""

@@ -134,9 +134,11 @@ from xml.sax.saxutils import quoteattr
 import imagecodecs
 import numpy as np
 
-from .decode import get_pool, nvimgcodec
+from .codec.library import nv
+from .codec.pool import get_pool
 from .errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
-from .region import level0_coordinate, level_index, level_rect
+from .geometry import level0_coordinate, level_rect
+from .read.request import level_index
 from .settings import get_limits
 from .slide import Slide, open_slide
 
@@ -332,19 +334,19 @@ class _TileCodec:
         self._params = None
         if compression == "jpeg":
             self._codec = "jpeg"
-            self._params = nvimgcodec.EncodeParams(
-                quality_type=nvimgcodec.QualityType.QUALITY, quality_value=float(quality),
-                chroma_subsampling=(nvimgcodec.ChromaSubsampling.CSS_444
+            self._params = nv().EncodeParams(
+                quality_type=nv().QualityType.QUALITY, quality_value=float(quality),
+                chroma_subsampling=(nv().ChromaSubsampling.CSS_444
                                     if _jpeg_subsampling(quality) == (1, 1)
-                                    else nvimgcodec.ChromaSubsampling.CSS_420),
+                                    else nv().ChromaSubsampling.CSS_420),
             )
         elif compression == "jpeg2000":
             self._codec = "jpeg2k"
             if quality >= 100:
-                self._params = nvimgcodec.EncodeParams(quality_type=nvimgcodec.QualityType.LOSSLESS)
+                self._params = nv().EncodeParams(quality_type=nv().QualityType.LOSSLESS)
             else:
-                self._params = nvimgcodec.EncodeParams(
-                    quality_type=nvimgcodec.QualityType.SIZE_RATIO, quality_value=quality / 300.0
+                self._params = nv().EncodeParams(
+                    quality_type=nv().QualityType.SIZE_RATIO, quality_value=quality / 300.0
                 )
 
     def encode(self, tile: np.ndarray) -> bytes:
@@ -572,7 +574,7 @@ class _Source:
         self.threads = threads
         self.background = background
         self.failed: set[tuple[int, int]] = set()
-        self.alpha = any(code in (1, 2) for code in self.lv._extrasamples)
+        self.alpha = any(code in (1, 2) for code in self.lv.encoding.extrasamples)
         self._rgba = np.empty((min(self.strip, h), w, 4), np.uint8) if self.alpha else None
         self._missing = self._missing_grid()
 
@@ -584,9 +586,10 @@ class _Source:
         """Boolean (tiles_down, tiles_across): tile absent from the file (offset or count 0)."""
         lv = self.lv
         n = lv.tiles_across * lv.tiles_down
-        shape = (lv._planes, lv.tiles_down, lv.tiles_across)
-        offs = np.asarray(lv._offsets[:lv._planes * n]).reshape(shape)
-        cnts = np.asarray(lv._bytecounts[:lv._planes * n]).reshape(shape)
+        planes = lv.tiles.planes
+        shape = (planes, lv.tiles_down, lv.tiles_across)
+        offs = np.asarray(lv.tiles.offsets[:planes * n]).reshape(shape)
+        cnts = np.asarray(lv.tiles.bytecounts[:planes * n]).reshape(shape)
         return ((offs == 0) | (cnts == 0)).any(axis=0)
 
     def _tile_span(self, y0: int, y1: int):
@@ -943,7 +946,7 @@ def export_pyramid(
     try:
         if final.exists() and os.path.samefile(final, slide.path):
             raise ValueError(f"{final}: output is the source slide")
-        L = level_index(slide, level)
+        L = level_index(level, slide.level_count, slide.path)
         lv = slide.levels[L]
         if region is None:
             x0, y0, w, h = 0, 0, lv.width, lv.height

@@ -21,15 +21,23 @@ The limits are checked before any allocation or decode:
 
 Change them with :func:`set_limits` (process-wide) or temporarily with the
 :func:`limits` context manager; the CLI exposes ``--max-pixels``.
+
+The module also holds :class:`DecodePaths`, which decode paths region reads may
+take (the compiled JPEG loop, sub-region decodes): the switches that parity
+tests and diagnosis use to pin a read to the reference path.
+
+Ground floor (standard library only).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 
-__all__ = ["Limits", "get_limits", "set_limits", "limits"]
+__all__ = ["Limits", "get_limits", "set_limits", "limits", "DecodePaths", "get_decode_paths",
+           "decode_paths"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,3 +101,58 @@ def limits(**changes: int):
         global _current
         with _lock:
             _current = previous
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePaths:
+    """Which decode paths region reads may take; every combination gives the same pixels.
+
+    Fields:
+        native: use the compiled JPEG tile loop (``wsitool._jpegloop``) where it
+            applies.  Default from the environment when wsitool is imported:
+            ``WSITOOL_NATIVE=0`` (or ``false``, ``no``, ``off``) turns it off.
+        roi_decode: decode partial tiles as a sub-region of the code stream
+            straight into the output; when False they are decoded whole into a
+            scratch buffer and cropped (the reference the ROI path is pinned to).
+        force_scratch: decode every nvImageCodec tile whole into scratch and
+            copy (the reference of the in-place path).
+    """
+
+    native: bool = True
+    roi_decode: bool = True
+    force_scratch: bool = False
+
+
+def _paths_from_environment() -> DecodePaths:
+    flag = os.environ.get("WSITOOL_NATIVE", "1").strip().lower()
+    return DecodePaths(native=flag not in ("0", "false", "no", "off"))
+
+
+#: (``WSITOOL_NATIVE`` is read once, when wsitool is imported, as before any read.)
+_paths: DecodePaths = _paths_from_environment()
+
+
+def get_decode_paths() -> DecodePaths:
+    """The :class:`DecodePaths` in force."""
+    return _paths
+
+
+@contextlib.contextmanager
+def decode_paths(**changes: bool):
+    """Context manager: change :class:`DecodePaths` fields process-wide; on exit each
+    changed field gets back the value it had on entry (the other fields are left
+    as they are then, so nested uses that change different fields compose).
+
+    Raises:
+        TypeError: an unknown field name.
+    """
+    global _paths
+    with _lock:
+        previous = {name: getattr(_paths, name) for name in changes}
+        _paths = dataclasses.replace(_paths, **changes)
+        current = _paths
+    try:
+        yield current
+    finally:
+        with _lock:
+            _paths = dataclasses.replace(_paths, **previous)

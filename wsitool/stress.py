@@ -119,7 +119,7 @@ _SEVERITY = ("crash", "hang", "mismatch", "error", "leak")
 #: mapping ``{name: number}``.  The GPU memory sampler registers itself here.
 SAMPLERS: dict[str, list[str]] = {
     "cpu": ["wsitool.stress_worker:process_counts"],
-    "cuda": ["wsitool.stress_worker:process_counts", "wsitool.gpu:gpu_memory_sample"],
+    "cuda": ["wsitool.stress_worker:process_counts", "wsitool.read.cuda:gpu_memory_sample"],
 }
 
 MAX_LISTED = 10
@@ -476,13 +476,13 @@ def run_stress(
         WsiError: the child could not start or failed before its first read.
     """
     from . import __version__
-    from .region import output_shape
+    from .read.request import output_shape
     from .slide import open_slide
     from .stress_worker import size_bounds
 
     path = os.fspath(path)
     if device != "cpu":
-        from .gpu import cuda_device_id
+        from .device import cuda_device_id
 
         cuda_device_id(device)  # DeviceUnavailableError: "no CUDA device available ..."
     kind = "cpu" if device == "cpu" else "cuda"

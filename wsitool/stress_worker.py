@@ -100,7 +100,7 @@ def region_for(seed: int, index: int, levels: list[dict], region_size: int):
         x = rng.randint(-w, lw + 32)
         y = rng.randint(-h, lh + 32)
     # the level-0 location that read_region maps back to level pixel (x, y)
-    from .region import level0_coordinate
+    from .geometry import level0_coordinate
 
     ds = lv["downsample"]
     return lv["index"], level0_coordinate(x, ds), level0_coordinate(y, ds), w, h
@@ -191,7 +191,7 @@ class _Workload:
     def decode_stats(self) -> dict:
         import dataclasses
 
-        from .decode import get_pool
+        from .codec.pool import get_pool
 
         return dataclasses.asdict(get_pool(self.device).stats())
 

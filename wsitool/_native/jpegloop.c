@@ -42,7 +42,7 @@
 
 #include "nvimgcodec.h"
 
-/* Failure codes (mirrored in wsitool/native.py). */
+/* Failure codes, exported to Python as F_* module constants (wsitool/codec/jpegloop.py reads them). */
 enum {
     F_PAST_EOF = 1,    /* a = offset, b = byte count */
     F_SHORT_READ = 2,  /* a = bytes read, b = byte count */
@@ -798,7 +798,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "wsitool._jpegloop",
-    "The per-tile loop of JPEG region reads in C (see wsitool/native.py).", -1, module_methods,
+    "The per-tile loop of JPEG region reads in C (see wsitool/codec/jpegloop.py).", -1, module_methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -817,5 +817,17 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     }
     PyModule_AddIntConstant(m, "HEADER_VERSION", NVIMGCODEC_VER);
     PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH);
+    PyModule_AddIntConstant(m, "F_PAST_EOF", F_PAST_EOF);
+    PyModule_AddIntConstant(m, "F_SHORT_READ", F_SHORT_READ);
+    PyModule_AddIntConstant(m, "F_IO_ERROR", F_IO_ERROR);
+    PyModule_AddIntConstant(m, "F_NOT_SOI", F_NOT_SOI);
+    PyModule_AddIntConstant(m, "F_HEADER", F_HEADER);
+    PyModule_AddIntConstant(m, "F_GRID", F_GRID);
+    PyModule_AddIntConstant(m, "F_OUTSIDE", F_OUTSIDE);
+    PyModule_AddIntConstant(m, "F_SUBSTREAM", F_SUBSTREAM);
+    PyModule_AddIntConstant(m, "F_IMAGE", F_IMAGE);
+    PyModule_AddIntConstant(m, "F_DECODE", F_DECODE);
+    PyModule_AddIntConstant(m, "F_NO_SEGMENT", F_NO_SEGMENT);
+    PyModule_AddIntConstant(m, "F_NO_MEMORY", F_NO_MEMORY);
     return m;
 }

@@ -1,7 +1,7 @@
-"""The compiled tile loop for JPEG levels (``wsitool._jpegloop``) and its Python face.
+"""The compiled tile loop for JPEG levels (``wsitool._jpegloop``) and its Python face (floor 3).
 
 Why it exists: decoding a 240 x 240 JPEG tile takes about 300 us on one core,
-and the Python path (:class:`wsitool.region._TileWorker`) spends another
+and the Python path (:class:`wsitool.read.worker.TileWorker`) spends another
 30-37 us a tile around it: nvImageCodec's Python objects for the code stream,
 the sub-region stream and the destination image, the ``preadv``, and
 wsitool's own checks.  ``wsitool._jpegloop`` does the same work for a range of
@@ -19,10 +19,11 @@ It is an accelerator, never a requirement:
 * at run time it is used only when the loaded ``libnvimgcodec`` reports the
   version of the header the extension was compiled with (the structure
   layouts are that header's); :func:`status` says why it is not used;
-* ``WSITOOL_NATIVE=0`` in the environment, or :data:`ENABLED` set to False,
-  keeps every read on the Python path.
+* ``WSITOOL_NATIVE=0`` in the environment, or
+  ``wsitool.settings.decode_paths(native=False)``, keeps every read on the
+  Python path.
 
-The Python path stays the reference: ``tests/test_native.py`` pins this loop
+The Python path stays the reference: ``tests/codec/test_jpegloop.py`` pins this loop
 to it pixel for pixel, counter for counter and error message for error
 message, and wsitool uses it only where the two do the same thing (JPEG
 levels decoded by nvImageCodec without a colour transform after decoding, one
@@ -34,22 +35,17 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import decode as _decode
-from .errors import TileDecodeError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .slide import Level
-
-#: Use the compiled loop where it applies (set False to force the Python path).
-ENABLED = os.environ.get("WSITOOL_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-# Failure codes of jpegloop.c.
-_PAST_EOF, _SHORT_READ, _IO_ERROR, _NOT_SOI, _HEADER, _GRID, _OUTSIDE, _SUBSTREAM, _IMAGE, \
-    _DECODE, _NO_SEGMENT, _NO_MEMORY = range(1, 13)
+from ..errors import TileDecodeError
+from ..geometry import plan_tiles
+from ..model import Level
+from ..settings import get_decode_paths
+from ..silence import stderr_silenced
+from . import failures as reasons
+from .failures import tile_failed
+from .library import nv
 
 #: Most tiles one call of the compiled loop takes (``MAX_BATCH`` in jpegloop.c).
 MAX_CHUNK = 64
@@ -68,22 +64,23 @@ def _load():
             return _module
         _tried = True
         try:
-            from . import _jpegloop
+            # the compiled extension is optional: absent when it was not built
+            from .. import _jpegloop
         except ImportError:
             _reason = ("not built (was there a C compiler at install time? `pip install -v .` "
                        "shows the build log); JPEG reads take the Python path")
             return None
-        base = os.path.dirname(_decode.nvimgcodec.__file__)
+        base = os.path.dirname(nv().__file__)
         lib = os.path.join(base, "libnvimgcodec.so.0")
         try:
             # Creating the instance loads nvImageCodec's extensions, which print
             # one line per missing GPU library; expected on CPU-only machines.
-            with _decode._stderr_silenced():
+            with stderr_silenced():
                 _jpegloop.load(lib, os.path.join(base, "extensions"))
         except (ImportError, OSError, RuntimeError) as exc:
             _reason = f"cannot use {lib} ({exc}); JPEG reads take the Python path"
             return None
-        if _jpegloop.MAX_BATCH != MAX_CHUNK:  # pragma: no cover - a stale build
+        if _jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY"):  # pragma: no cover
             _reason = f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK})"
             return None
         _module = _jpegloop
@@ -92,8 +89,8 @@ def _load():
 
 def status() -> str:
     """One line saying whether the compiled JPEG tile loop is in use, and if not, why."""
-    if not ENABLED:
-        return "off (WSITOOL_NATIVE=0 or wsitool.native.ENABLED = False)"
+    if not get_decode_paths().native:
+        return "off (WSITOOL_NATIVE=0 or wsitool.settings.decode_paths(native=False))"
     mod = _load()
     if mod is None:
         return f"not in use: {_reason}"
@@ -101,20 +98,22 @@ def status() -> str:
            f".{mod.HEADER_VERSION % 100})"
 
 
-def applies(lv: "Level", mode: str, out: np.ndarray) -> bool:
+def applies(lv: Level, mode: str, out: np.ndarray) -> bool:
     """True when a region read of ``lv`` into ``out`` can take the compiled loop.
 
     That is: the loop is enabled and loaded; the level is JPEG decoded by
     nvImageCodec with no colour transform after decoding, one sample plane,
     an open file; ``mode`` is ``rgb``, ``raw`` or ``rgba``; ``out`` is a
     C-contiguous ``(h, w, 3)`` (``rgba``: ``(h, w, 4)``) uint8 numpy array; and
-    neither test hook of :mod:`wsitool.decode` forces the scratch path.
+    neither switch of :class:`wsitool.settings.DecodePaths` forces the scratch path.
     """
-    if not ENABLED or lv._codec != "nv" or lv._stream_kind != "jpeg" or lv._ycbcr_after_decode:
+    paths = get_decode_paths()
+    enc = lv.encoding
+    if not paths.native or enc.codec != "nv" or enc.stream != "jpeg" or enc.ycbcr_after_decode:
         return False
-    if lv._planes != 1 or lv._fd < 0 or mode not in ("rgb", "raw", "rgba"):
+    if lv.tiles.planes != 1 or lv.source.fileno() is None or mode not in ("rgb", "raw", "rgba"):
         return False
-    if _decode.FORCE_SCRATCH or not _decode.USE_ROI_DECODE:
+    if paths.force_scratch or not paths.roi_decode:
         return False
     if type(out) is not np.ndarray or out.dtype != np.uint8 or out.ndim != 3:
         return False
@@ -127,7 +126,7 @@ class RegionJobs:
     """The tiles of one region for the compiled loop, handed out in chunks.
 
     Jobs are numbered in row-major order over the region's tile grid, as in
-    :func:`wsitool.region.plan_tiles`; a chunk is ``[j0, j1)``.
+    :func:`wsitool.geometry.plan_tiles`; a chunk is ``[j0, j1)``.
 
     Args:
         lv: the level (see :func:`applies`).
@@ -138,7 +137,7 @@ class RegionJobs:
         on_error: ``"raise"`` or ``"fill"`` (see :func:`wsitool.read_region`).
     """
 
-    def __init__(self, lv: "Level", out: np.ndarray, rx: int, ry: int, inside, on_error: str):
+    def __init__(self, lv: Level, out: np.ndarray, rx: int, ry: int, inside, on_error: str):
         self.lv = lv
         self.out = out
         self.region = (rx, ry) + tuple(inside)
@@ -151,8 +150,8 @@ class RegionJobs:
         #: Tiles per call (and per nvImageCodec decode call), 1..MAX_CHUNK; set by the caller.
         self.chunk = 1
         self.on_error = on_error
-        self.level = (tw, th, lv.width, lv.height, lv.tiles_across, lv._file_size)
-        self.prefix = lv._jpeg_prefix or b""
+        self.level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
+        self.prefix = lv.encoding.jpeg_prefix or b""
         self._next = 0
         self._lock = threading.Lock()
 
@@ -181,15 +180,16 @@ class RegionJobs:
         """
         state = pool.state()
         lv = self.lv
-        offsets, counts = lv._offsets, lv._bytecounts  # C-contiguous uint64 (slide.Level)
+        offsets, counts = lv.tiles.offsets, lv.tiles.bytecounts  # C-contiguous uint64 (model.TileIndex)
+        fd = lv.source.fileno()
         while True:
             span = self._take()
             if span is None:
                 return
             with state.lock:
-                dec = state.native_decoder()
+                dec = state.slot("jpegloop", new_decoder)
                 direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
-                    lv._fd, self.prefix, self.out, offsets, counts, self.level, self.region,
+                    fd, self.prefix, self.out, offsets, counts, self.level, self.region,
                     span[0], span[1], self.chunk)
             st = state.stats
             st.tiles_direct += direct
@@ -207,46 +207,45 @@ class RegionJobs:
     def _failed(self, job: int, code: int, a: int, b: int, state) -> None:
         """Raise or (``on_error="fill"``) count and warn for failure ``(job, code, a, b)``
         of the C loop, with the Python path's error and wording (the reason
-        builders of :mod:`wsitool.decode`)."""
-        from .region import plan_tiles, tile_failed
-
+        builders of :mod:`wsitool.codec.failures`)."""
+        mod = _module
         lv = self.lv
         col, row = self.c0 + job % self.ncols, self.r0 + job // self.ncols
-        if code == _IO_ERROR:
-            raise OSError(a, os.strerror(a), lv._path)
-        if code == _NO_MEMORY:
-            raise MemoryError(f"{lv._path}: no memory for the bytes of tile ({col}, {row})")
+        if code == mod.F_IO_ERROR:
+            raise OSError(a, os.strerror(a), lv.path)
+        if code == mod.F_NO_MEMORY:
+            raise MemoryError(f"{lv.path}: no memory for the bytes of tile ({col}, {row})")
         index = row * lv.tiles_across + col
-        offset, count = int(lv._offsets[index]), int(lv._bytecounts[index])
-        if code == _PAST_EOF:
-            reason = _decode.past_eof_reason(offset, count, lv._file_size)
-        elif code == _SHORT_READ:
-            reason = _decode.short_read_reason(a, count, offset)
-        elif code == _NOT_SOI:
-            reason = _decode.not_soi_reason(a.to_bytes(2, "big")[-b:] if b else b"")
-        elif code == _HEADER:
-            reason = _decode.unreadable_header_reason(f"nvImageCodec status {a}")
-        elif code == _GRID:
-            reason = _decode.grid_reason(lv, a, b)
-        elif code == _OUTSIDE:  # the job's source rectangle, as the Python path plans it
+        offset, count = int(lv.tiles.offsets[index]), int(lv.tiles.bytecounts[index])
+        if code == mod.F_PAST_EOF:
+            reason = reasons.past_eof_reason(offset, count, lv.source.size)
+        elif code == mod.F_SHORT_READ:
+            reason = reasons.short_read_reason(a, count, offset)
+        elif code == mod.F_NOT_SOI:
+            reason = reasons.not_soi_reason(a.to_bytes(2, "big")[-b:] if b else b"")
+        elif code == mod.F_HEADER:
+            reason = reasons.unreadable_header_reason(f"nvImageCodec status {a}")
+        elif code == mod.F_GRID:
+            reason = reasons.grid_reason(lv, a, b)
+        elif code == mod.F_OUTSIDE:  # the job's source rectangle, as the Python path plans it
             rx, ry = self.region[:2]
             h, w = self.out.shape[:2]
-            src = next(j[2] for j in plan_tiles(lv, rx, ry, w, h)[1] if j[:2] == (col, row))
-            reason = _decode.outside_reason(src, a, b)
-        elif code == _SUBSTREAM:
-            reason = _decode.unusable_stream_reason(f"nvImageCodec status {a}")
-        elif code == _IMAGE:
+            src = next(j.src for j in plan_tiles(lv, rx, ry, w, h)[1] if (j.col, j.row) == (col, row))
+            reason = reasons.outside_reason(src, a, b)
+        elif code == mod.F_SUBSTREAM:
+            reason = reasons.unusable_stream_reason(f"nvImageCodec status {a}")
+        elif code == mod.F_IMAGE:
             reason = f"decoder error: cannot describe the destination (nvImageCodec status {a})"
-        elif code == _DECODE:
-            reason = _decode.no_image_reason(f"nvImageCodec processing status {a:#x}, call status {b}")
+        elif code == mod.F_DECODE:
+            reason = reasons.no_image_reason(f"nvImageCodec processing status {a:#x}, call status {b}")
         else:
             reason = f"no tile segment {a} (the level has {b})"
-        tile_failed(TileDecodeError(lv._path, lv.index, col, row, reason), self.on_error, state.stats)
+        tile_failed(TileDecodeError(lv.path, lv.index, col, row, reason), self.on_error, state.stats)
 
 
 def new_decoder():
     """A new ``wsitool._jpegloop.Decoder`` (CPU-only, one libjpeg-turbo thread); see :func:`applies`."""
     mod = _load()
     if mod is None:  # pragma: no cover - callers check applies() first
-        raise RuntimeError(f"wsitool.native: {_reason}")
+        raise RuntimeError(f"wsitool.codec.jpegloop: {_reason}")
     return mod.Decoder()

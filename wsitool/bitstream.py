@@ -1,0 +1,334 @@
+"""Code-stream headers read without decoding: JPEG SOF, JPEG 2000 SIZ and main header, JP2 boxes, WebP, LZW.
+
+Ground floor (imports only numpy and :mod:`wsitool.errors`).  These checks keep
+streams that native decoders are known to crash on, or that declare more pixels
+than their tile (decompression bombs), away from those decoders; the format
+layer (associated images), the codec layer (tiles) and the exporter (JP2 output
+of the encoder) share them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "ADOBE_RGB_MARKER",
+    "SOI",
+    "jpeg_frame_size",
+    "webp_frame_size",
+    "j2k_header_problem",
+    "jp2_codestream_start",
+    "jp2_codestream",
+    "lzw_problem",
+]
+
+#: An Adobe APP14 segment with transform flag 0 (Adobe Technical Note #5116,
+#: "APP14"): tells a JPEG decoder the components are RGB, not YCbCr.
+ADOBE_RGB_MARKER = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+#: JPEG start-of-image marker (ITU-T T.81 B.2.1).
+SOI = b"\xff\xd8"
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from the first SOF segment of a JPEG stream, or None.
+
+    Walks the marker segments from SOI (ITU-T T.81 annex B.1.1): every
+    segment but SOI/RSTn/TEM carries a 2-byte big-endian length.  Returns
+    None if the scan reaches SOS or the end of the data without a frame header.
+    """
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    i = 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
+            i += 2
+            continue
+        if marker == 0xDA or marker == 0xD9:
+            return None
+        length = (data[i + 2] << 8) | data[i + 3]
+        if marker in _SOF_MARKERS:
+            if i + 9 > n or length < 7:
+                return None
+            height = (data[i + 5] << 8) | data[i + 6]
+            width = (data[i + 7] << 8) | data[i + 8]
+            return width, height
+        i += 2 + length
+    return None
+
+
+def webp_frame_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from a WebP stream's first image chunk, or None.
+
+    RFC 9649 (WebP container): ``RIFF <size> WEBP`` then a chunk.  ``VP8X``
+    stores canvas width - 1 and height - 1 as 24-bit little-endian values at
+    payload bytes 4 and 7; ``VP8L`` has the signature byte 0x2F and then
+    14-bit width - 1 and height - 1; ``VP8 `` (lossy) has a 3-byte frame tag,
+    the start code 9D 01 2A and 14-bit width and height (RFC 6386 section 9.1).
+    """
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    chunk, payload = data[12:16], data[20:]
+    if chunk == b"VP8X":
+        width = 1 + int.from_bytes(payload[4:7], "little")
+        height = 1 + int.from_bytes(payload[7:10], "little")
+        return width, height
+    if chunk == b"VP8L":
+        if payload[0] != 0x2F:
+            return None
+        bits = int.from_bytes(payload[1:5], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8 ":
+        if payload[3:6] != b"\x9d\x01\x2a":
+            return None
+        return (int.from_bytes(payload[6:8], "little") & 0x3FFF,
+                int.from_bytes(payload[8:10], "little") & 0x3FFF)
+    return None
+
+
+_JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+
+
+#: Marker segments allowed in a JPEG 2000 main header (second byte of FFxx):
+#: ITU-T T.800 table A.2 (SIZ 51, COD 52, COC 53, TLM 55, PLM 57, QCD 5C,
+#: QCC 5D, RGN 5E, POC 5F, PPM 60, CRG 63, COM 64), T.801 (Part 2: MCT 74,
+#: MCC 75, MCO 77, CBD 78) and T.814 (HTJ2K: CAP 50, CPF 59).
+_J2K_MAIN_HEADER_MARKERS = frozenset(
+    (0x50, 0x51, 0x52, 0x53, 0x55, 0x57, 0x59, 0x5C, 0x5D, 0x5E, 0x5F, 0x60, 0x63, 0x64,
+     0x74, 0x75, 0x77, 0x78)
+)
+
+
+def jp2_codestream_start(data: bytes) -> tuple[int, int, str | None]:
+    """Byte range ``[start, end)`` of the code stream inside ``data``, and why it cannot be found.
+
+    ``data`` is a raw JPEG 2000 code stream (offset 0) or a JP2 file (ISO/IEC
+    15444-1 annex I.4: boxes of a 4-byte big-endian length ``LBox`` and a 4-byte
+    type ``TBox``; ``LBox`` 1 means an 8-byte ``XLBox`` follows, 0 means "to the
+    end of the file"); the code stream is the content of the ``jp2c`` box.
+    Returns ``(start, end, None)``, or ``(0, 0, problem)`` for a JP2 file whose
+    boxes are truncated or invalid.  Anything that does not start with the JP2
+    signature box is taken as a raw code stream.
+    """
+    if not data.startswith(_JP2_SIGNATURE):
+        return 0, len(data), None
+    i, n = 0, len(data)
+    while True:
+        if i + 8 > n:
+            return 0, 0, "JP2 file without a code stream box (truncated)"
+        lbox = int.from_bytes(data[i:i + 4], "big")
+        tbox = data[i + 4:i + 8]
+        header = 8
+        if lbox == 1:
+            if i + 16 > n:
+                return 0, 0, "truncated JP2 box header"
+            lbox = int.from_bytes(data[i + 8:i + 16], "big")
+            header = 16
+        elif lbox == 0:
+            lbox = n - i
+        if lbox < header:
+            return 0, 0, f"invalid JP2 box length {lbox}"
+        if tbox == b"jp2c":
+            return i + header, min(i + lbox, n), None
+        i += lbox
+
+
+def jp2_codestream(data: bytes) -> bytes:
+    """The contiguous code stream of a JP2 file (the payload of its ``jp2c`` box,
+    see :func:`jp2_codestream_start`); a raw code stream is returned unchanged.
+
+    Raises:
+        ValueError: ``data`` is a JP2 file without a readable ``jp2c`` box.
+    """
+    start, end, problem = jp2_codestream_start(data)
+    if problem:
+        raise ValueError(problem)
+    return data[start:end] if (start, end) != (0, len(data)) else data
+
+
+def j2k_header_problem(data: bytes) -> str | None:
+    """Why a JPEG 2000 tile's main header is unusable, or None if it is complete.
+
+    Accepts a raw code stream (SOC ``FF4F`` then SIZ ``FF51``, ITU-T T.800
+    annex A) or a JP2 file (ISO/IEC 15444-1 annex I: boxes of ``LBox``,
+    ``TBox`` [, ``XLBox``]; the code stream is the content of the ``jp2c``
+    box).  The main header is complete when every marker segment after SOC
+    lies inside ``data`` (each carries a 2-byte big-endian length) up to the
+    first SOT (``FF90``) segment, which must be present whole.
+
+    Why: nvImageCodec's CPU JPEG 2000 decoder crashed the process (SIGSEGV,
+    found by scripts/fuzz.py) on a tile truncated inside its main header; a
+    tile truncated after that returns no image and is reported normally.
+    """
+    n = len(data)
+    i, _end, problem = jp2_codestream_start(data)
+    if problem:
+        return problem
+    if data[i:i + 4] != b"\xff\x4f\xff\x51":
+        return "not a JPEG 2000 code stream (no SOC + SIZ markers)"
+    i += 2
+    csiz = 0
+    seen: set[int] = set()
+    while True:
+        if i + 4 > n:
+            return "JPEG 2000 main header truncated"
+        if data[i] != 0xFF:
+            return f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header"
+        marker = data[i + 1]
+        if marker == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
+            # COD and QCD are required in the main header (T.800 A.2, table A.1);
+            # OpenJPEG inside nvImageCodec crashed the process without COD (fuzzing)
+            missing = [name for code, name in ((0x52, "COD"), (0x5C, "QCD")) if code not in seen]
+            if missing:
+                return f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing"
+            return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
+        if marker not in _J2K_MAIN_HEADER_MARKERS:
+            # OpenJPEG skips unknown markers by searching for the next known one;
+            # when that runs off the end, nvImageCodec's decoder crashed (SIGSEGV,
+            # scripts/fuzz.py: a COM marker FF64 turned into FF40)
+            return f"invalid JPEG 2000 main header: unknown marker ff{marker:02x}"
+        seen.add(marker)
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if length < 2:
+            return f"invalid JPEG 2000 marker segment length {length}"
+        if i + 2 + length > n:
+            return "JPEG 2000 main header truncated"
+        seg = data[i + 4:i + 2 + length]
+        if marker == 0x51:
+            problem, csiz = _j2k_siz_problem(seg)
+        elif marker == 0x52:  # COD: Scod, SGcod (4 bytes), SPcod
+            problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
+            if problem is None and (seg[0] > 7 or (seg[0] & 1 and len(seg) < 11 + seg[5])):
+                problem = f"invalid Scod {seg[0]} (or precinct sizes missing)"
+            if problem is None and seg[1] > 4:
+                problem = f"invalid progression order {seg[1]}"
+            if problem is None and int.from_bytes(seg[2:4], "big") == 0:
+                problem = "zero quality layers"
+        elif marker == 0x53:  # COC: Ccoc (1 or 2 bytes), Scoc, SPcoc
+            k = 1 if csiz < 257 else 2
+            problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
+                       else "short COC")
+            if problem is None and (seg[k] > 1 or (seg[k] & 1 and len(seg) < k + 7 + seg[k + 1])):
+                problem = f"invalid Scoc {seg[k]} (or precinct sizes missing)"
+        elif marker == 0x5C:  # QCD: Sqcd, quantisation style in the low 5 bits
+            problem = (None if seg and (seg[0] & 0x1F) in (0, 1, 2)
+                       else "invalid QCD quantisation style")
+        else:
+            problem = None
+        if problem:
+            return f"invalid JPEG 2000 main header: {problem}"
+        i += 2 + length
+
+
+def _j2k_siz_problem(seg: bytes) -> tuple[str | None, int]:
+    """Range checks of a SIZ segment (ITU-T T.800 A.5.1); returns (problem, Csiz)."""
+    if len(seg) < 36:
+        return "short SIZ", 0
+    xsiz, ysiz, xo, yo, xt, yt, xto, yto = (int.from_bytes(seg[2 + 4 * k:6 + 4 * k], "big")
+                                            for k in range(8))
+    csiz = int.from_bytes(seg[34:36], "big")
+    if not 1 <= csiz <= 16384 or len(seg) < 36 + 3 * csiz:
+        return f"invalid component count {csiz}", csiz
+    if xsiz <= xo or ysiz <= yo or xt == 0 or yt == 0 or xto > xo or yto > yo:
+        return "inconsistent image/tile geometry in SIZ", csiz
+    for c in range(csiz):
+        ssiz, xr, yr = seg[36 + 3 * c:39 + 3 * c]
+        if (ssiz & 0x7F) + 1 > 38 or xr == 0 or yr == 0:
+            return f"invalid component {c} in SIZ", csiz
+    return None, csiz
+
+
+def _j2k_coding_problem(seg: bytes, base: int, name: str) -> str | None:
+    """Range checks of SPcod / SPcoc (T.800 A.6.1, table A.15): decomposition levels
+    <= 32, code-block exponents xcb, ycb <= 8 with xcb + ycb <= 8, code-block
+    style without bit 7, transform 0 or 1.
+    ``seg[base + 5 ...]`` is SPcod (``base`` = 0 for COD)."""
+    levels, xcb, ycb, style, transform = seg[base + 5:base + 10]
+    if levels > 32:
+        return f"{levels} decomposition levels in {name}"
+    if style & 0x80:
+        # bit 7: reserved in Part 1, "mixed" HT code-blocks in Part 15 (T.814
+        # table A.4), which OpenJPEG rejects -- and that rejection crashed the
+        # process inside nvImageCodec (found by fuzzing)
+        return f"unsupported code-block style 0x{style:02x} in {name}"
+    if xcb > 8 or ycb > 8 or xcb + ycb > 8:
+        return f"code-block exponents {xcb}, {ycb} in {name}"
+    if transform > 1:
+        return f"wavelet transform {transform} in {name}"
+    return None
+
+
+# Code widths of one TIFF LZW run between Clear codes (TIFF 6.0 section 13 with
+# the "early change" of libtiff and every current writer): after a Clear the
+# table's next entry is 258; the width grows from 9 to 10, 11 and 12 bits one
+# code before the next entry would need the wider code (entries 511, 1023, 2047).
+_LZW_WIDTHS = np.array([9] * 254 + [10] * 512 + [11] * 1024 + [12] * 2306, np.int64)
+
+
+_LZW_STARTS = np.concatenate([[0], np.cumsum(_LZW_WIDTHS)[:-1]])
+
+
+_LZW_CLEAR, _LZW_EOI = 256, 257
+
+
+def lzw_problem(data: bytes) -> str | None:
+    """Why a TIFF LZW strip or tile would be unsafe to decode, or None.
+
+    Checks that the data starts with a Clear code (the TIFF 6.0 section 13
+    encoder writes one first; the first 9 bits are then ``100000000``) and
+    that the first code after every Clear code is a literal (< 256) or EOI:
+    the decoder builds its next table entry from that first string.
+    imagecodecs' ``lzw_decode`` (2026.3.6) crashed the process (SIGSEGV) on a
+    non-literal first code followed by a reference to the entry built from
+    it, and on garbage starting with a zero byte, which it takes for the
+    old-style (pre-TIFF 6.0, LSB-first) LZW variant -- both found by
+    scripts/fuzz.py.  That variant (first byte 0, low bit of the second set;
+    the same test libtiff uses) is refused: no whole-slide writer produces it.
+    Other invalid codes are reported by the decoder itself.
+
+    The code layout between two Clear codes is fixed by the widths above, so
+    each run is checked with numpy (one run covers at least 5 KB of data).
+    """
+    nbits = len(data) * 8
+    if nbits < 9:
+        return None
+    if data[0] == 0 and data[1] & 1:
+        return "old-style (pre-TIFF 6.0, LSB-first) LZW data is not supported (or corrupt data)"
+    if data[0] != 0x80 or data[1] & 0x80:
+        return "LZW data does not start with a Clear code (corrupt data)"
+    buf = np.frombuffer(data + b"\x00\x00\x00", np.uint8).astype(np.int64)
+    pos = 9
+    while pos + 9 <= nbits:
+        starts = pos + _LZW_STARTS
+        count = int(np.searchsorted(starts + _LZW_WIDTHS, nbits, side="right"))
+        if count == 0:
+            return None
+        st, widths = starts[:count], _LZW_WIDTHS[:count]
+        byte = st >> 3
+        word = (buf[byte] << 16) | (buf[byte + 1] << 8) | buf[byte + 2]  # 24 bits hold any code
+        codes = (word >> (24 - (st & 7) - widths)) & ((1 << widths) - 1)
+        first = int(codes[0])
+        if first == _LZW_CLEAR:  # repeated Clear
+            pos += 9
+            continue
+        if first == _LZW_EOI:
+            return None
+        if first > 255:
+            return f"LZW code {first} after a Clear code is not a literal (corrupt data)"
+        special = np.flatnonzero(codes[1:] >= _LZW_CLEAR) + 1
+        special = special[(codes[special] == _LZW_CLEAR) | (codes[special] == _LZW_EOI)]
+        if len(special) == 0:
+            return None
+        k = int(special[0])
+        if int(codes[k]) == _LZW_EOI:
+            return None
+        pos = int(st[k] + widths[k])
+    return None

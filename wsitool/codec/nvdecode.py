@@ -1,0 +1,186 @@
+"""The nvImageCodec tile path: decode (part of) a JPEG / JPEG 2000 tile straight into the caller's buffer (floor 3).
+
+* **Caller buffers are honoured.**  :func:`decode_into` decodes into the array
+  it is given (usually a strided sub-view of the caller's output) through
+  ``nvimgcodec.as_image``; the result is checked to be that very buffer, never a
+  replacement.  Partial tiles are decoded as a sub-region of the code stream
+  (``CodeStream.get_sub_code_stream(region=)``), also straight into the output.
+  Only where that is not possible (RGBA output, colour transforms, or forced by
+  :class:`wsitool.settings.DecodePaths` for parity tests) is a per-thread scratch
+  buffer used, allocated once per thread and shape.
+* **Every decode is checked.**  A decode returning ``None``, an image of the
+  wrong size, or a code stream whose header disagrees with the tile grid raises
+  :class:`~wsitool.errors.TileDecodeError` naming level, column and row.
+* The per-thread decoder of :mod:`wsitool.codec.pool` is always called under
+  its thread state's lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TileDecodeError
+from ..model import Level
+from ..settings import get_decode_paths
+from .failures import no_image_reason, outside_reason, unusable_stream_reason
+from .headers import codestream
+from .library import decode_params, nv
+from .pool import DecodeStats, ThreadState
+
+__all__ = ["plan_decode", "count_decoded", "decode_into", "check_decoded", "decode_checked"]
+
+
+def plan_decode(level: Level, col: int, row: int, data,
+                src_rect: tuple[int, int, int, int], complete: bool = False):
+    """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
+
+    Shared by the per-tile CPU path (:func:`decode_into`) and the batched GPU
+    path (:mod:`wsitool.gpu`).  Checks the code stream header against the tile
+    grid and ``src_rect`` against the code stream.
+
+    Args:
+        level, col, row: the tile.
+        data: its encoded bytes (:func:`read_tile_bytes`), or with
+            ``complete=True`` the complete stream of :func:`read_tile_stream`.
+        src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile.
+        complete: ``data`` already has the JPEG prefix merged and SOI checked.
+
+    Returns:
+        ``(code_stream, how, (width, height))``: ``how`` is ``"direct"`` (the
+        whole tile, decode straight into a ``(y1 - y0, x1 - x0, 3)``
+        destination), ``"roi"`` (``code_stream`` is the sub-region, same
+        destination) or ``"scratch"`` (decode the whole ``(height, width, 3)``
+        tile into a scratch buffer, then copy ``src_rect`` out of it);
+        ``width, height`` is the code stream's declared size.
+
+    Raises:
+        TileDecodeError: unreadable header, header/grid mismatch, or
+            ``src_rect`` outside the tile.
+    """
+    x0, y0, x1, y1 = src_rect
+    cs, width, height = codestream(level, data, col, row, complete)
+    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+        raise TileDecodeError(
+            level.path, level.index, col, row,
+            outside_reason(src_rect, width, height),
+        )
+    whole = (x0, y0, x1, y1) == (0, 0, width, height)
+    paths = get_decode_paths()
+    if paths.force_scratch or not (whole or paths.roi_decode):
+        return cs, "scratch", (width, height)
+    if whole:
+        return cs, "direct", (width, height)
+    try:
+        sub = cs.get_sub_code_stream(region=nv().Region(y0, x0, y1, x1))
+    except Exception as exc:
+        raise TileDecodeError(
+            level.path, level.index, col, row, unusable_stream_reason(exc)
+        ) from None
+    return sub, "roi", (width, height)
+
+
+def count_decoded(stats: DecodeStats, how: str, caller_buffer: bool = True) -> None:
+    """Count one decoded tile in ``stats`` by the way :func:`plan_decode` chose."""
+    if how == "scratch" or not caller_buffer:
+        stats.tiles_scratch += 1
+    elif how == "direct":
+        stats.tiles_direct += 1
+    else:
+        stats.tiles_roi += 1
+    stats.tiles_decoded += 1
+
+
+def decode_into(
+    level: Level,
+    col: int,
+    row: int,
+    data: bytes,
+    dst: np.ndarray,
+    src_rect: tuple[int, int, int, int],
+    state: ThreadState,
+    *,
+    caller_buffer: bool = True,
+    complete: bool = False,
+    image=None,
+) -> None:
+    """Decode part of one nvImageCodec-decodable tile into ``dst``.
+
+    Args:
+        level: the :class:`~wsitool.slide.Level` the tile belongs to.
+        col, row: tile column and row in the level's grid.
+        data: the tile's encoded bytes (see :func:`read_tile_bytes`), or with
+            ``complete=True`` the uint8 array of :func:`read_tile_stream`.
+        dst: ``(y1 - y0, x1 - x0, 3)`` uint8 array, C-contiguous except for
+            row padding (a sub-view of a C-contiguous ``(H, W, 3)`` array is
+            fine).  It receives the pixels.
+        src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile (0 <= x0 < x1 <=
+            tile width, same for y), the part of the tile wanted.
+        state: the calling thread's :class:`ThreadState`.
+        caller_buffer: True when ``dst`` is (a view of) the caller's output;
+            only used to count ``tiles_direct`` / ``tiles_roi`` versus
+            ``tiles_scratch`` in :class:`DecodeStats`.
+        complete: ``data`` is already a complete code stream (JPEG prefix
+            merged, SOI checked) from :func:`read_tile_stream`.
+        image: the nvImageCodec image of ``dst``, when the caller keeps one
+            (:meth:`ThreadState.tile_rgb`); made here otherwise.
+
+    Raises:
+        TileDecodeError: header/grid mismatch, decoder failure, or a decoder
+            that did not write into ``dst``.
+        ValueError: ``dst`` does not have the shape of ``src_rect`` (a caller bug).
+    """
+    x0, y0, x1, y1 = src_rect
+    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete)
+    if dst.shape[:2] != (y1 - y0, x1 - x0):
+        raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
+    if how == "scratch":
+        scratch = state.scratch((height, width, 3))
+        decode_checked(level, col, row, cs, scratch, state)
+        dst[...] = scratch[y0:y1, x0:x1]
+    else:
+        decode_checked(level, col, row, cs, dst, state, image)
+    count_decoded(state.stats, how, caller_buffer)
+
+
+def check_decoded(level: Level, col: int, row: int, result, image, shape) -> None:
+    """Verify a decode result: an image, the very ``image`` that wraps the target, of ``shape``.
+
+    ``image`` is the ``nv().as_image`` wrapper of the caller's (or the
+    scratch) buffer; a decoder that honours it hands back that same object.
+    The check is by identity, not through ``result.__array_interface__``: in
+    nvImageCodec 0.9.0 every read of that attribute leaks one Python int
+    (32 bytes per tile), found by ``wsitool stress``.
+
+    Raises:
+        TileDecodeError: ``result`` is None (the decoder could not decode the
+            tile) or is not ``image`` / not of ``shape`` (a replacement buffer).
+    """
+    if result is None:
+        raise TileDecodeError(
+            level.path, level.index, col, row,
+            no_image_reason(),
+        )
+    if result is not image or tuple(result.shape) != tuple(shape):
+        raise TileDecodeError(
+            level.path, level.index, col, row,
+            "decoder did not write into the caller's buffer",
+        )
+
+
+def decode_checked(level, col, row, cs, dst: np.ndarray, state: ThreadState,
+                    image=None) -> None:
+    """Run one decode into ``dst`` (through ``image``, its nvImageCodec image, if
+    given) under the thread's decoder lock and verify it."""
+    if image is None:
+        image = nv().as_image(dst)
+    decoder = state.decoder
+    with state.lock:
+        try:
+            result = decoder.decode(cs, image=image, params=decode_params())
+        except Exception as exc:
+            raise TileDecodeError(
+                level.path, level.index, col, row, f"decoder error: {exc}"
+            ) from None
+    check_decoded(level, col, row, result, image, dst.shape)
+
+

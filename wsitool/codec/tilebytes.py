@@ -1,0 +1,100 @@
+"""Reading one tile's encoded bytes from its level's byte source, with the checks every path shares (floor 3).
+
+A missing tile (offset or byte count 0, as sparse slides write) reads as None;
+a segment past the end of the file, a short read or a JPEG tile without SOI
+raise :class:`~wsitool.errors.TileDecodeError` naming level, column and row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..bitstream import SOI
+from ..errors import TileDecodeError
+from ..model import Level
+from .failures import not_soi_reason, past_eof_reason, short_read_reason
+from .pool import DecodeStats, ThreadState
+
+__all__ = ["read_tile_bytes", "read_tile_stream", "jpeg_stream"]
+
+
+def read_tile_bytes(level: Level, index: int, col: int, row: int, stats: DecodeStats) -> bytes | None:
+    """Read the encoded bytes of segment ``index`` (tile or strip) of ``level``.
+
+    Returns ``None`` for a missing tile (offset 0 or byte count 0, which TIFF
+    writers use for sparse slides).  Raises :class:`TileDecodeError` if the
+    segment lies outside the file (truncated file) or the read is short.
+    """
+    where = _segment(level, index, col, row)
+    if where is None:
+        return None
+    offset, count = where
+    data = level.source.read(offset, count)
+    _check_read(level, col, row, len(data), count, offset)
+    stats.bytes_read += count
+    return data
+
+
+def _segment(level: Level, index: int, col: int, row: int) -> tuple[int, int] | None:
+    """``(offset, byte count)`` of segment ``index``, None if missing; checked against the file size."""
+    offset = int(level.tiles.offsets[index])
+    count = int(level.tiles.bytecounts[index])
+    if offset == 0 or count == 0:
+        return None
+    if offset + count > level.source.size:
+        raise TileDecodeError(level.path, level.index, col, row,
+                              past_eof_reason(offset, count, level.source.size))
+    return offset, count
+
+
+def _check_read(level: Level, col: int, row: int, got: int, count: int, offset: int) -> None:
+    if got != count:
+        raise TileDecodeError(level.path, level.index, col, row,
+                              short_read_reason(got, count, offset))
+
+
+def read_tile_stream(level: Level, index: int, col: int, row: int,
+                     state: ThreadState, slot: int = 0) -> np.ndarray | None:
+    """Read tile ``index`` of an nvImageCodec level as a complete code stream.
+
+    Same checks, errors and statistics as :func:`read_tile_bytes`, plus the
+    JPEG start-of-image check of the tile, but the bytes land in the calling
+    thread's reusable read buffer with the JPEG prefix (SOI, Adobe marker,
+    JPEGTables) already in front, with one ``preadv`` and no intermediate
+    ``bytes`` objects.  Returns a ``(n,)`` uint8 view of that buffer (valid
+    until this thread's next read into the same ``slot``), or ``None`` for a
+    missing tile.
+
+    Raises:
+        TileDecodeError: segment past the end of the file, short read, or a
+            JPEG tile that does not start with SOI.
+    """
+    where = _segment(level, index, col, row)
+    if where is None:
+        return None
+    offset, count = where
+    jpeg = level.encoding.stream == "jpeg"
+    prefix = level.encoding.jpeg_prefix if jpeg else b""
+    start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
+    buf, view = state.read_buffer(start + count, slot)
+    got = level.source.readinto(offset, view[start:start + count])
+    _check_read(level, col, row, got, count, offset)
+    state.stats.bytes_read += count
+    if jpeg:
+        # (memoryview indexing gives plain ints: cheaper than numpy scalars)
+        if count < 2 or view[start] != 0xFF or view[start + 1] != 0xD8:
+            raise TileDecodeError(level.path, level.index, col, row,
+                                  not_soi_reason(bytes(buf[start:start + min(count, 2)])))
+        if prefix:
+            view[:start + 2] = prefix
+    return buf[:start + count]
+
+
+def jpeg_stream(level: Level, data: bytes, col: int, row: int) -> bytes:
+    """Complete JPEG stream for nvImageCodec: tile + JPEGTables (+ Adobe RGB marker)."""
+    if not data.startswith(SOI):
+        raise TileDecodeError(level.path, level.index, col, row, not_soi_reason(data[:2]))
+    prefix = level.encoding.jpeg_prefix
+    return prefix + data[2:] if prefix else data
+
+

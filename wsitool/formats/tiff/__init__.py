@@ -1,0 +1,146 @@
+"""TIFF-based slides: Aperio SVS, generic tiled TIFF, OME-TIFF (floor 3).
+
+tifffile parses the structure (IFDs, SubIFDs, tags); this package decides which
+images are pyramid levels (:mod:`.levels`) and which are associated images
+(vendor rules: :mod:`.aperio`), describes how their segments are encoded
+(:mod:`.encoding`) and gathers the metadata (:mod:`.properties`, :mod:`.ome`).
+It decodes nothing.
+
+Candidates are all IFDs of the file, top-level and SubIFDs (TIFF tag 330, used
+by OME-TIFF pyramids), with non-zero width and height that are not transparency
+masks (NewSubfileType bit 2).  Vendor layouts first remove associated images
+(Aperio: every stripped IFD, see :mod:`.aperio`); the rest go through the level
+rule of :mod:`.levels`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import tifffile
+
+from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...model import Pyramid
+from ...storage import ByteSource
+from . import aperio, ome
+from .encoding import associated_from_page, level_from_page
+from .levels import choose_levels
+from .logcapture import tifffile_messages
+from .properties import build_properties
+from .tags import MALFORMED, check_page, description
+
+__all__ = ["sniff", "open_pyramid"]
+
+_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # TIFF 6.0 section 2; BigTIFF
+
+
+def sniff(head: bytes) -> bool:
+    """True when the first bytes of a file are a TIFF or BigTIFF header."""
+    return head[:4] in _MAGIC
+
+
+def open_pyramid(path: str, source: ByteSource) -> Pyramid:
+    """Describe the TIFF at ``path`` (whose bytes ``source`` reads) as a :class:`~wsitool.model.Pyramid`.
+
+    What tifffile logs while parsing (an IFD offset past the end of the file, a
+    tag it could not read) becomes ``Pyramid.problems``.
+
+    Raises:
+        UnsupportedFormatError: not a TIFF, or no image usable as a level.
+        CorruptFileError: the TIFF structure or its tags are broken.
+    """
+    head = source.read(0, 4)
+    if not sniff(head):
+        raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
+    with tifffile_messages() as messages:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tiff = tifffile.TiffFile(path)
+                pages = list(tiff.pages)
+        except tifffile.TiffFileError as exc:
+            raise CorruptFileError(f"{path}: unreadable TIFF structure: {exc}") from None
+        except MALFORMED as exc:
+            # tifffile trusts tag types and counts; a tag of the wrong type or
+            # count surfaces as TypeError/ValueError/... deep inside it.
+            raise CorruptFileError(
+                f"{path}: unreadable TIFF structure: {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            pyramid = _describe(path, source, tiff, pages)
+        except WsiError:
+            tiff.close()
+            raise
+        except MALFORMED as exc:
+            tiff.close()
+            raise CorruptFileError(f"{path}: malformed TIFF tags: {type(exc).__name__}: {exc}") from None
+        except BaseException:
+            tiff.close()
+            raise
+    pyramid.problems = list(messages)
+    return pyramid
+
+
+def _candidates(path: str, pages: list) -> list[tuple[tifffile.TiffPage, int]]:
+    """Every IFD and SubIFD as ``(page, index of its top-level IFD)``."""
+    candidates: list[tuple[tifffile.TiffPage, int]] = []
+    for i, page in enumerate(pages):
+        if not isinstance(page, tifffile.TiffPage):
+            continue
+        candidates.append((page, i))
+        if page.subifds:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    for sub in tifffile.TiffPages(page):
+                        if isinstance(sub, tifffile.TiffPage):
+                            candidates.append((sub, i))
+            except Exception as exc:
+                raise CorruptFileError(f"{path}: unreadable SubIFD: {exc}") from None
+    return candidates
+
+
+def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list) -> Pyramid:
+    if not pages:
+        # TIFF 6.0 section 2 requires at least one IFD; none readable means a
+        # truncated file or a first-IFD offset pointing nowhere.
+        raise CorruptFileError(f"{path}: no readable image file directory (truncated or corrupt TIFF)")
+    first_desc = description(pages[0])
+    vendor = "generic-tiff"
+    if aperio.is_aperio(first_desc):
+        vendor = "aperio"
+    elif tiff.is_ome:
+        vendor = "ome-tiff"
+    candidates = _candidates(path, pages)
+    associated_pages: dict[str, tifffile.TiffPage] = {}
+    pool: list[tifffile.TiffPage] = []
+    for page, top_index in candidates:
+        check_page(path, page, top_index)
+        if page.imagewidth <= 0 or page.imagelength <= 0:
+            continue
+        if int(page.subfiletype) & 4:  # transparency mask
+            continue
+        name = aperio.associated_name(page, top_index) if vendor == "aperio" else None
+        if name is not None:
+            associated_pages.setdefault(name, page)
+        else:
+            pool.append(page)
+    if not pool:
+        if any(p.imagewidth <= 0 or p.imagelength <= 0 for p, _ in candidates):
+            raise CorruptFileError(f"{path}: image has zero width or height")
+        raise UnsupportedFormatError(f"{path}: no image usable as a slide level")
+    chosen = choose_levels(pool)
+    base = chosen[0]
+    base_size = (int(base.imagewidth), int(base.imagelength))
+    levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
+    vendor_props: dict[str, str] = {}
+    mpp: tuple = (None, None)
+    objective = None
+    if vendor == "aperio":
+        *mpp, objective = aperio.description_metadata(first_desc, vendor_props)
+    elif vendor == "ome-tiff":
+        *mpp, objective = ome.ome_metadata(tiff.ome_metadata or "", vendor_props)
+    properties = build_properties(vendor, base, levels, vendor_props, tuple(mpp), objective)
+    associated = {name: associated_from_page(name, page) for name, page in associated_pages.items()}
+    return Pyramid(vendor=vendor, levels=levels, associated=associated, properties=properties,
+                   release=tiff.close)

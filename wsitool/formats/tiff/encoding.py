@@ -1,0 +1,174 @@
+"""How the tiles of a TIFF image are encoded, and the Level / AssociatedImage descriptions of its IFDs (floor 3).
+
+Codec policy (what the codec layer is told): JPEG (compression 7) with 3
+samples of 8 bits, photometric RGB or YCbCr, and JPEG 2000 (Aperio 33003,
+33005; 34712) with 3 samples of 8 bits go to nvImageCodec; everything else
+(none, LZW, deflate, zstd, WebP, gray / CMYK / 2-sample JPEG, predictors,
+big-endian, planar-separate) to tifffile's ``TiffPage.decode`` over imagecodecs.
+
+JPEG facts: abbreviated JPEG tiles share the DQT/DHT segments stored once in
+the JPEGTables tag (TIFF Technical Note #2, "JPEGTables"); the tile stream and
+the tables are merged by inserting the tables after the tile's SOI marker.
+Aperio writes RGB JPEG tiles (photometric RGB, no colour transform) with
+component ids 0, 1, 2 and neither a JFIF nor an Adobe marker, so libjpeg guesses
+YCbCr; an Adobe APP14 segment with transform flag 0 (Adobe Technical Note #5116)
+tells the decoder the components are RGB.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tifffile
+
+from ...bitstream import ADOBE_RGB_MARKER, SOI
+from ...errors import CorruptFileError, UnsupportedFormatError
+from ...model import AssociatedImage, Level, TileEncoding, TileIndex
+from ...storage import ByteSource
+from .tags import enum_name
+
+__all__ = ["level_from_page", "associated_from_page", "rgb_problem", "JPEG", "LZW", "J2K_COMPRESSIONS"]
+
+JPEG = 7
+LZW = 5
+J2K_COMPRESSIONS = frozenset({33003, 33005, 34712})
+WEBP_COMPRESSIONS = frozenset({34927, 50001})  # tifffile COMPRESSION.WEBP (50001) and the older code
+_PHOTOMETRIC_RGB = 2
+_PHOTOMETRIC_YCBCR = 6
+
+
+def _extrasamples(page) -> tuple:
+    return tuple(np.atleast_1d(page.extrasamples).tolist()) if page.extrasamples is not None else ()
+
+
+def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> TileEncoding:
+    """The :class:`~wsitool.model.TileEncoding` of an IFD's segments (codec policy of the module docstring)."""
+    comp = int(page.compression)
+    photometric = int(page.photometric)
+    eight_bit_rgb = samples == 3 and planes == 1 and dtype == np.uint8
+    stream = ("jpeg" if comp == JPEG
+              else "j2k" if comp in J2K_COMPRESSIONS
+              else "webp" if comp in WEBP_COMPRESSIONS
+              else "lzw" if comp == LZW
+              else None)
+    if comp == JPEG and eight_bit_rgb and photometric in (_PHOTOMETRIC_RGB, _PHOTOMETRIC_YCBCR):
+        codec = "nv"
+    elif comp in J2K_COMPRESSIONS and eight_bit_rgb:
+        codec = "nv"
+    else:
+        codec = "generic"
+    jpeg_prefix = b""
+    if comp == JPEG:
+        tables = page.jpegtables
+        prefix = SOI
+        if photometric == _PHOTOMETRIC_RGB and codec == "nv":
+            prefix += ADOBE_RGB_MARKER
+        if tables and len(tables) > 4:
+            prefix += bytes(tables[2:-2])
+        jpeg_prefix = prefix if prefix != SOI else b""
+    return TileEncoding(
+        compression=enum_name(page.compression), compression_code=comp,
+        photometric=enum_name(page.photometric), photometric_code=photometric,
+        bits=int(page.bitspersample), stream=stream, codec=codec, jpeg_prefix=jpeg_prefix,
+        # Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform
+        ycbcr_after_decode=comp == 33003,
+        colormap=page.colormap, extrasamples=_extrasamples(page),
+        rgb_problem=rgb_problem(page), page=page,
+    )
+
+
+def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.TiffPage,
+                    base_size: tuple[int, int]) -> Level:
+    """The :class:`~wsitool.model.Level` of one IFD.
+
+    Args:
+        path: the slide's path (for messages); source: its byte source.
+        index: the level number; page: the IFD.
+        base_size: ``(width, height)`` of level 0 in pixels.
+
+    Raises:
+        CorruptFileError: zero tile size, or fewer tile offsets than the grid has tiles.
+        UnsupportedFormatError: an unsupported sample format or a volumetric image.
+    """
+    width, height = int(page.imagewidth), int(page.imagelength)
+    w0, h0 = base_size
+    tiled = bool(page.is_tiled)
+    if tiled:
+        tile_width, tile_height = int(page.tilewidth), int(page.tilelength)
+    else:
+        rps = int(page.rowsperstrip or height)
+        tile_width, tile_height = width, max(1, min(rps, height))
+    if tile_width <= 0 or tile_height <= 0:
+        raise CorruptFileError(f"{path}: level {index} has a zero tile size")
+    samples = int(page.samplesperpixel)
+    dtype = np.dtype(page.dtype).newbyteorder("=") if page.dtype is not None else None
+    if dtype is None:
+        raise UnsupportedFormatError(
+            f"{path}: level {index}: unsupported sample format "
+            f"({page.bitspersample} bits, SampleFormat {page.sampleformat})"
+        )
+    if page.imagedepth > 1:
+        raise UnsupportedFormatError(f"{path}: level {index}: volumetric TIFF (ImageDepth > 1)")
+    planes = samples if (int(page.planarconfig) == 2 and samples > 1) else 1
+    offsets = np.ascontiguousarray(page.dataoffsets, dtype=np.uint64)
+    bytecounts = np.ascontiguousarray(page.databytecounts, dtype=np.uint64)
+    expected = planes * -(-width // tile_width) * -(-height // tile_height)
+    if len(offsets) < expected or len(bytecounts) < expected:
+        raise CorruptFileError(
+            f"{path}: level {index}: {len(offsets)} tile offsets for a grid of {expected} tiles"
+        )
+    return Level(index=index, width=width, height=height,
+                 downsample=(w0 / width + h0 / height) / 2.0,
+                 tile_width=tile_width, tile_height=tile_height, tiled=tiled, samples=samples,
+                 dtype=dtype, encoding=page_encoding(page, samples, planes, dtype),
+                 tiles=TileIndex(offsets, bytecounts, planes), source=source, path=path)
+
+
+def associated_from_page(name: str, page: tifffile.TiffPage) -> AssociatedImage:
+    """The :class:`~wsitool.model.AssociatedImage` of a stripped or tiled IFD (label, macro, thumbnail)."""
+    samples = int(page.samplesperpixel)
+    itemsize = np.dtype(page.dtype).itemsize if page.dtype is not None else 8
+    planar = int(page.planarconfig) == 2 and samples > 1
+    dtype = np.dtype(page.dtype) if page.dtype is not None else None
+    return AssociatedImage(
+        name=name, width=int(page.imagewidth), height=int(page.imagelength), samples=samples,
+        itemsize=itemsize, planar=planar,
+        encoding=page_encoding(page, samples, samples if planar else 1, dtype),
+        offsets=tuple(int(v) for v in page.dataoffsets),
+        bytecounts=tuple(int(v) for v in page.databytecounts),
+        max_segment=(max(int(page.imagewidth), int(page.tilewidth or 0)),
+                     max(int(page.imagelength), int(page.tilelength or 0))),
+    )
+
+
+_CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
+
+
+def rgb_problem(page) -> str | None:
+    """Why the samples of ``page`` cannot be shown as RGB, or None if they can.
+
+    wsitool converts to 8-bit RGB (see :func:`wsitool.region.to_rgb8`):
+    MinIsWhite / MinIsBlack (1 colour sample), RGB (3), Palette, CMYK
+    (Separated with InkSet 1 and 4 colour samples, TIFF 6.0 section 16), and
+    YCbCr when the codec itself returns RGB (JPEG, JPEG 2000).  Other
+    photometric interpretations (CIELab, LogLuv, CFA, Separated inks that are
+    not CMYK, ...) are readable only with ``mode="raw"``.
+    """
+    photometric = int(page.photometric)
+    samples = int(page.samplesperpixel)
+    extras = len(np.atleast_1d(page.extrasamples)) if page.extrasamples is not None else 0
+    colour = samples - extras
+    if photometric in (0, 1, 3):
+        return None if colour >= 1 else "no colour sample"
+    if photometric == 2:
+        return None if colour >= 3 else f"photometric RGB with {colour} colour sample(s)"
+    if photometric == 5:
+        inkset = page.tags.valueof(332, _CMYK_INKSET)
+        if inkset == _CMYK_INKSET and samples >= 4:
+            return None
+        return (f"photometric Separated with InkSet {inkset} and {samples} samples is not CMYK; "
+                "no RGB conversion is defined")
+    if photometric == 6 and int(page.compression) in (JPEG, *J2K_COMPRESSIONS) and samples >= 3:
+        return None
+    return f"no RGB conversion for photometric {enum_name(page.photometric)}"
+
+

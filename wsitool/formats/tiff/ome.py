@@ -1,0 +1,41 @@
+"""OME-TIFF metadata: MPP and objective power from the OME-XML (floor 3).
+
+Source: the OME Data Model (openmicroscopy.org/Schemas/OME/2016-06):
+``Pixels@PhysicalSizeX/Y`` with ``PhysicalSizeXUnit`` (default "µm"),
+``Objective@NominalMagnification``.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from .properties import positive_float
+
+__all__ = ["ome_metadata"]
+
+
+OME_UNITS_UM = {"pm": 1e-6, "nm": 1e-3, "µm": 1.0, "um": 1.0, "mm": 1e3, "cm": 1e4, "m": 1e6}
+
+
+def ome_metadata(xml: str, props: dict[str, str]) -> tuple[float | None, float | None, float | None]:
+    """MPP and objective power from OME-XML (OME schema: Pixels@PhysicalSizeX/Y,
+    PhysicalSizeXUnit default "µm"; Objective@NominalMagnification)."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return None, None, None
+    mpp = [None, None]
+    objective = None
+    for el in root.iter():
+        tag = el.tag.rsplit("}", 1)[-1]
+        if tag == "Pixels" and mpp[0] is None:
+            for i, axis in enumerate("XY"):
+                v = positive_float(el.get(f"PhysicalSize{axis}"))
+                unit = el.get(f"PhysicalSize{axis}Unit", "µm")
+                if v is not None and unit in OME_UNITS_UM:
+                    mpp[i] = v * OME_UNITS_UM[unit]
+                    props[f"ome.PhysicalSize{axis}"] = el.get(f"PhysicalSize{axis}")
+                    props[f"ome.PhysicalSize{axis}Unit"] = unit
+        elif tag == "Objective" and objective is None:
+            objective = positive_float(el.get("NominalMagnification"))
+    return mpp[0], mpp[1], objective

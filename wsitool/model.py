@@ -1,0 +1,198 @@
+"""The format-neutral pyramid: what a container format describes and the layers above read (floor 2).
+
+A format (:mod:`wsitool.formats`) turns a file into a :class:`Pyramid`: its
+:class:`Level` objects (geometry, tile grid, where each tile's bytes are and how
+they are encoded) and its associated images.  It decodes nothing; the codec
+layer (:mod:`wsitool.codec`) decodes what a :class:`TileEncoding` describes,
+the region layer (:mod:`wsitool.read`) plans and fills reads, the facade
+(:mod:`wsitool.slide`) wires them together.
+
+Coordinates: sizes are in pixels of the level they belong to; tiles are
+addressed by ``(col, row)`` in the level's grid, and segment ``index = plane *
+tiles_across * tiles_down + row * tiles_across + col``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from .storage import ByteSource
+
+__all__ = ["TileEncoding", "TileIndex", "Level", "AssociatedImage", "Pyramid"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TileEncoding:
+    """How every tile (segment) of one image is encoded.
+
+    Attributes:
+        compression, compression_code: TIFF compression name and code (TIFF 6.0
+            section 8 and the TIFF registry, e.g. ``"JPEG"`` 7, Aperio 33003 /
+            33005, 34712 JPEG 2000); other containers map to these codes.
+        photometric, photometric_code: TIFF PhotometricInterpretation name and code.
+        bits: BitsPerSample.
+        stream: which header check guards the decoder: ``"jpeg"``, ``"j2k"``,
+            ``"webp"``, ``"lzw"`` or None.
+        codec: ``"nv"`` (nvImageCodec decodes 8-bit 3-sample JPEG / JPEG 2000
+            tiles into the caller's buffer) or ``"generic"`` (tifffile/imagecodecs).
+        jpeg_prefix: bytes that replace each JPEG tile's SOI to make it a
+            complete stream: SOI, an Adobe APP14 "RGB" marker where the samples
+            are RGB-coded, and the shared JPEGTables (TIFF Technical Note #2);
+            empty when nothing is merged.
+        ycbcr_after_decode: the decoded samples are YCbCr to convert to RGB
+            (Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform).
+        colormap: ``(3, 2**bits)`` ColorMap of palette images, else None.
+        extrasamples: ExtraSamples codes (1, 2: alpha).
+        rgb_problem: why ``rgb`` / ``rgba`` reads are refused, or None.
+        page: the format's handle for the generic path (a ``tifffile.TiffPage``
+            whose ``decode`` the codec layer calls), or None.
+    """
+
+    compression: str
+    compression_code: int
+    photometric: str
+    photometric_code: int
+    bits: int
+    stream: str | None
+    codec: str
+    jpeg_prefix: bytes = b""
+    ycbcr_after_decode: bool = False
+    colormap: Any = None
+    extrasamples: tuple = ()
+    rgb_problem: str | None = None
+    page: Any = None
+
+    @property
+    def decoder(self) -> str:
+        """``"nvimagecodec"`` or ``"tifffile"``: who decodes the tiles."""
+        return "nvimagecodec" if self.codec == "nv" else "tifffile"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TileIndex:
+    """Where each segment's bytes are.
+
+    Attributes:
+        offsets, bytecounts: ``(n,)`` C-contiguous uint64 arrays, byte offset and
+            length of each segment in the source; offset or count 0 marks a
+            missing tile (transparent).  At least ``planes * tiles_across *
+            tiles_down`` entries (the two arrays may differ in length beyond that).
+        planes: 1, or the sample count for planar-separate data (one segment per
+            sample plane of each tile).
+    """
+
+    offsets: np.ndarray
+    bytecounts: np.ndarray
+    planes: int = 1
+
+
+class Level:
+    """One pyramid level: geometry, tile grid, encoding and byte source.
+
+    Public attributes (read-only by convention):
+        index: level number, 0 = full resolution.
+        width, height: level size in pixels of this level.
+        downsample: ``(W0 / width + H0 / height) / 2`` relative to level 0 (as
+            OpenSlide computes it).
+        tile_width, tile_height: tile size in pixels; for a stripped level the
+            image width and RowsPerStrip.
+        tiles_across, tiles_down: size of the tile grid (columns, rows).
+        tiled: False for a stripped level (read strip by strip).
+        compression: compression name, e.g. ``"JPEG"``, ``"APERIO_JP2000_RGB"``.
+        photometric: photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
+        samples: samples per pixel.
+        dtype: numpy dtype of one sample (native byte order).
+        decoder: ``"nvimagecodec"`` or ``"tifffile"``, who decodes the tiles.
+        path: the slide's path (named in messages).
+        source: the :class:`~wsitool.storage.ByteSource` the tiles are read from.
+        tiles: the :class:`TileIndex`; encoding: the :class:`TileEncoding`.
+    """
+
+    def __init__(self, *, index: int, width: int, height: int, downsample: float,
+                 tile_width: int, tile_height: int, tiled: bool, samples: int, dtype: np.dtype,
+                 encoding: TileEncoding, tiles: TileIndex, source: ByteSource, path: str):
+        self.index = index
+        self.width = width
+        self.height = height
+        self.downsample = downsample
+        self.tile_width = tile_width
+        self.tile_height = tile_height
+        self.tiles_across = -(-width // tile_width)
+        self.tiles_down = -(-height // tile_height)
+        self.tiled = tiled
+        self.samples = samples
+        self.dtype = dtype
+        self.encoding = encoding
+        self.tiles = tiles
+        self.source = source
+        self.path = path
+        self.compression = encoding.compression
+        self.photometric = encoding.photometric
+        self.decoder = encoding.decoder
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels of this level."""
+        return (self.width, self.height)
+
+    @property
+    def tile_size(self) -> tuple[int, int]:
+        """``(tile_width, tile_height)`` in pixels."""
+        return (self.tile_width, self.tile_height)
+
+    def __repr__(self) -> str:
+        return (
+            f"Level({self.index}, {self.width}x{self.height}, downsample={self.downsample:.4g}, "
+            f"tile={self.tile_width}x{self.tile_height}, {self.compression}/{self.photometric}, "
+            f"{self.samples}x{self.dtype})"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AssociatedImage:
+    """An image beside the pyramid (label, macro, thumbnail), described, not decoded.
+
+    Attributes:
+        name: ``"label"``, ``"macro"``, ``"thumbnail"`` or ``"associated-N"``.
+        width, height, samples: size in pixels and samples per pixel.
+        itemsize: bytes per sample (for the limits check before decoding).
+        planar: planar-separate samples.
+        encoding: how its strips or tiles are encoded.
+        offsets, bytecounts: its segments in the source (checked before decoding).
+        max_segment: ``(width, height)`` a segment's code stream may declare at most.
+    """
+
+    name: str
+    width: int
+    height: int
+    samples: int
+    itemsize: int
+    planar: bool
+    encoding: TileEncoding
+    offsets: tuple[int, ...]
+    bytecounts: tuple[int, ...]
+    max_segment: tuple[int, int]
+
+
+@dataclasses.dataclass(eq=False)
+class Pyramid:
+    """What a format makes of a file.
+
+    Attributes:
+        vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``, ...
+        levels: the levels, largest first.
+        associated: name -> :class:`AssociatedImage`.
+        properties: metadata (OpenSlide's key names, see :attr:`wsitool.Slide.properties`).
+        problems: what the parser reported while reading the structure.
+        release: releases the format's own resources (e.g. a tifffile handle).
+    """
+
+    vendor: str
+    levels: tuple[Level, ...]
+    associated: dict[str, AssociatedImage]
+    properties: dict[str, str]
+    problems: list[str] = dataclasses.field(default_factory=list)
+    release: Callable[[], None] | None = None

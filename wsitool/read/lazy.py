@@ -1,0 +1,117 @@
+"""A pyramid level as a lazy Dask array, each chunk one region read (floor 4).
+
+Dask (the optional ``dask`` extra) is imported inside the functions that build
+arrays.  The graph holds the slide's path and a read function (a module-level,
+picklable callable such as :func:`wsitool.slide.read_chunk_by_path`), never an
+open file, so it runs on remote Dask workers; :mod:`wsitool.distributed` builds
+its batch arrays with the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..errors import DaskUnavailableError, InvalidRegionError
+from ..geometry import level0_coordinate
+from ..model import Level
+
+__all__ = ["INSTALL_HINT", "import_dask_array", "level_array"]
+
+INSTALL_HINT = 'install the optional Dask extra: pip install "wsitool[dask]"'
+
+
+def import_dask_array():
+    """``dask.array``, or :class:`DaskUnavailableError` naming the extra to install."""
+    try:
+        import dask.array as da
+    except ImportError as exc:
+        raise DaskUnavailableError(f"Dask arrays need dask[array] ({exc}); {INSTALL_HINT}") from None
+    return da
+
+
+def _axis_chunks(total: int, step: int) -> tuple[int, ...]:
+    full, rest = divmod(total, step)
+    return (step,) * full + ((rest,) if rest else ())
+
+
+def _chunk_shape(level, chunks) -> tuple[int, int]:
+    if isinstance(chunks, str):
+        if chunks != "tile":
+            raise InvalidRegionError(f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}")
+        # Whole tiles, grown to at least 128 px a side so tiny tiles do not
+        # make millions of tasks; no tile is ever read by two chunks.
+        th, tw = level.tile_height, level.tile_width
+        return th * max(1, -(-128 // th)), tw * max(1, -(-128 // tw))
+    if isinstance(chunks, (int, np.integer)) and not isinstance(chunks, bool):
+        rows = cols = int(chunks)
+    else:
+        try:
+            rows, cols = (int(v) for v in chunks)
+        except (TypeError, ValueError):
+            raise InvalidRegionError(
+                f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}"
+            ) from None
+    if rows <= 0 or cols <= 0:
+        raise InvalidRegionError(f"chunks must be positive, got {chunks!r}")
+    return rows, cols
+
+
+
+
+def level_array(levels: Sequence[Level], path: str, level, read_chunk: Callable, *,
+                stamp: tuple[int, int], chunks="tile", threads: int = 1):
+    """Level ``level`` of a pyramid as a lazy ``dask.array.Array``.
+
+    Args:
+        levels: the pyramid's levels (geometry only is used here).
+        path: the slide's absolute path, put into the graph.
+        level: level index.
+        read_chunk: ``read_chunk(path, stamp, level, x0, y0, w, h, threads)`` ->
+            ``(h, w, 3)`` uint8, ``(x0, y0)`` in level-0 pixels and ``(w, h)`` in
+            pixels of the level; called by each task.
+        stamp: ``(mtime_ns, size)`` of the file when the array was built (the
+            read function refuses a changed file).
+        chunks: ``"tile"`` (default): whole tiles of the level, several tiles
+            per chunk only where a tile is under 128 px a side (a stripped
+            level's "tile" is a band of whole strips, full width); an int
+            ``n`` for ``n x n`` chunks; or ``(rows, cols)`` in level pixels.
+            Chunks aligned to the tile grid read every tile once.
+        threads: decode threads per chunk read (default 1: Dask already runs
+            chunks in parallel).
+
+    Returns:
+        ``dask.array.Array`` of shape ``(height, width, 3)``, dtype uint8,
+        chunked ``(rows, cols, 3)``; slicing it computes only the chunks the
+        slice overlaps.
+
+    Raises:
+        DaskUnavailableError: ``dask[array]`` is not installed.
+        InvalidRegionError: bad level or chunks.
+    """
+    da = import_dask_array()
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not 0 <= level < len(levels):
+        raise InvalidRegionError(f"{path}: level {level!r} out of range (0..{len(levels) - 1})")
+    level = int(level)
+    lv = levels[level]
+    rows, cols = _chunk_shape(lv, chunks)
+    ychunks = _axis_chunks(lv.height, rows)
+    xchunks = _axis_chunks(lv.width, cols)
+    name = "wsitool-level-" + tokenize(path, stamp, level, rows, cols, threads)
+    dsk: dict = {}
+    y = 0
+    for i, h in enumerate(ychunks):
+        x = 0
+        y0 = level0_coordinate(y, lv.downsample)
+        for j, w in enumerate(xchunks):
+            dsk[(name, i, j, 0)] = (read_chunk, path, stamp, level, level0_coordinate(x, lv.downsample),
+                                    y0, w, h, threads)
+            x += w
+        y += h
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
+    return da.Array(graph, name, (ychunks, xchunks, (3,)), dtype=np.uint8,
+                    meta=np.empty((0, 0, 0), np.uint8))

@@ -1,0 +1,129 @@
+"""Validating a region request before any I/O, and the shape of its output (floor 4).
+
+Everything is checked before a byte is read: level index, integer location and
+positive integer size, mode, the caller's ``out`` buffer (type, shape, dtype,
+contiguity, writability) and the pixel / byte / tile limits of
+:mod:`wsitool.settings` (raising :class:`~wsitool.errors.ResourceLimitError`
+before any allocation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..arguments import as_int, int_pair
+from ..errors import InvalidRegionError, ResourceLimitError, UnsupportedFormatError, WsiError
+from ..model import Level
+from ..settings import get_limits
+
+__all__ = ["MODES", "output_shape", "level_index", "validate_request", "check_out", "check_tile_limit"]
+
+
+MODES = ("rgba", "rgb", "raw")
+
+
+def output_shape(level: Level, size: tuple[int, int], mode: str) -> tuple[tuple[int, int, int], np.dtype]:
+    """``((height, width, channels), dtype)`` of a read of ``size`` in ``mode``."""
+    w, h = size
+    if mode == "raw":
+        return (h, w, level.samples), level.dtype
+    return (h, w, 4 if mode == "rgba" else 3), np.dtype(np.uint8)
+
+
+def level_index(level, count: int, path: str) -> int:
+    """``level`` as an int index of a slide with ``count`` levels (``path`` for the message).
+
+    Raises:
+        InvalidRegionError: not an integer, or not in ``0 .. count - 1``.
+    """
+    lvl = as_int(level, "level", path)
+    if not 0 <= lvl < count:
+        raise InvalidRegionError(
+            f"{path}: level {lvl} out of range (the slide has {count} level(s): 0..{count - 1})"
+        )
+    return lvl
+
+
+def validate_request(levels: Sequence[Level], path: str, location, level, size, mode: str):
+    """Check a region request of a slide whose levels are ``levels``; return ``(Level, x, y, w, h)``.
+
+    Raises:
+        InvalidRegionError: bad level, location, size or mode.
+        UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
+            an RGB conversion (see :func:`to_rgb8`).
+        ResourceLimitError: the output would exceed the configured limits.
+        WsiError: the slide is closed.
+    """
+    if levels and levels[0].source.closed:
+        raise WsiError(f"{path}: slide is closed")
+    if mode not in MODES:
+        raise InvalidRegionError(f"{path}: mode must be one of {MODES}, got {mode!r}")
+    lvl = level_index(level, len(levels), path)
+    x, y = int_pair(location, "location", path)
+    w, h = int_pair(size, "size", path)
+    if w <= 0 or h <= 0:
+        raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
+    lv = levels[lvl]
+    if mode != "raw" and lv.encoding.rgb_problem:
+        raise UnsupportedFormatError(
+            f"{path}: level {lvl}: {lv.encoding.rgb_problem} (read it with mode='raw')"
+        )
+    shape, dtype = output_shape(lv, (w, h), mode)
+    lim = get_limits()
+    pixels = w * h
+    nbytes = pixels * shape[2] * dtype.itemsize
+    if pixels > lim.max_region_pixels:
+        raise ResourceLimitError(
+            f"{path}: region {w}x{h} ({pixels} pixels) exceeds the max_region_pixels limit "
+            f"{lim.max_region_pixels} (raise it with wsitool.set_limits or --max-pixels)"
+        )
+    if nbytes > lim.max_region_bytes:
+        raise ResourceLimitError(
+            f"{path}: region {w}x{h} needs {nbytes} bytes, over the max_region_bytes limit "
+            f"{lim.max_region_bytes}"
+        )
+    check_tile_limit(lv)
+    return lv, x, y, w, h
+
+
+def check_out(out, shape, dtype, path: str, array_type: type = np.ndarray,
+               type_name: str = "numpy.ndarray"):
+    """Check a caller's ``out`` buffer (numpy, or CuPy for ``device="cuda"``)."""
+    if not isinstance(out, array_type):
+        raise InvalidRegionError(f"{path}: out must be a {type_name}, got {type(out).__name__}")
+    if out.shape != shape or out.dtype != dtype:
+        raise InvalidRegionError(
+            f"{path}: out has shape {out.shape} dtype {out.dtype}; expected {shape} {dtype}"
+        )
+    # CuPy arrays have no "writeable" flag (device memory is always writable).
+    if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
+        raise InvalidRegionError(f"{path}: out must be C-contiguous and writeable")
+    return out
+
+
+def check_tile_limit(level: Level) -> None:
+    """Raise :class:`ResourceLimitError` if one tile of ``level`` is too large to decode.
+
+    A tile (or strip) is refused when its pixel count exceeds ``max_tile_pixels``
+    or its decoded size (pixels x samples x bytes per sample) exceeds
+    ``max_region_bytes``, since a tile is decoded whole into memory; both are
+    checked before any tile is read.
+    """
+    pixels = level.tile_width * level.tile_height
+    lim = get_limits()
+    if pixels > lim.max_tile_pixels:
+        raise ResourceLimitError(
+            f"{level.path}: level {level.index} has {level.tile_width}x{level.tile_height} "
+            f"tiles ({pixels} pixels), over the max_tile_pixels limit {lim.max_tile_pixels}"
+        )
+    nbytes = pixels * level.samples * level.dtype.itemsize
+    if nbytes > lim.max_region_bytes:
+        raise ResourceLimitError(
+            f"{level.path}: level {level.index} tiles decode to {nbytes} bytes "
+            f"({level.tile_width}x{level.tile_height}x{level.samples} {level.dtype}), over the "
+            f"max_region_bytes limit {lim.max_region_bytes}"
+        )
+
+

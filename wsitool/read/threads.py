@@ -1,0 +1,88 @@
+"""The decode threads of region reads: one shared pool per process, jobs handed out one at a time (floor 4).
+
+A region's tile jobs sit in one shared iterator; each of the ``k`` threads (the
+caller plus ``k - 1`` pool workers) takes the next job when it has finished its
+last one, so threads that drew cheap partial tiles do not wait idle for one that
+drew whole ones.  The pool is made on first use in each process (a forked child
+makes its own, :mod:`wsitool.forksafe`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..forksafe import PerProcess
+
+__all__ = ["thread_count", "batch_size", "run_threads", "SharedJobs"]
+
+
+def _new_executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(4, os.cpu_count() or 1), thread_name_prefix="wsitool-decode")
+
+
+_executor: PerProcess[ThreadPoolExecutor] = PerProcess(_new_executor)
+
+
+def thread_count(threads: int | None, njobs: int) -> int:
+    """Threads for a region of ``njobs`` tiles: ``threads`` (default: the CPU count), at most one per tile."""
+    nthreads = threads if threads is not None else (os.cpu_count() or 1)
+    return max(1, min(nthreads, njobs))
+
+
+def batch_size(most: int, k: int, njobs: int, per_thread: int = 2) -> int:
+    """Tiles per decode call: up to ``most``, but small enough that each of
+    ``k`` threads gets about ``per_thread`` batches (so the shared queue still
+    balances the work, also when the threads do not run equally fast)."""
+    return most if k == 1 else max(1, min(most, njobs // (per_thread * k)))
+
+
+def run_threads(k: int, work, stop) -> None:
+    """Run ``work()`` on the calling thread and ``k - 1`` pool threads; wait for
+    all, call ``stop()`` after the first error and re-raise that error."""
+    if k == 1:
+        work()
+        return
+    executor = _executor.get()
+    futures = [executor.submit(work) for _ in range(k - 1)]
+    first_error: BaseException | None = None
+    try:
+        work()
+    except BaseException as exc:  # wait for the others before raising
+        first_error = exc
+        stop()
+    for fut in futures:
+        exc = fut.exception()
+        if exc is not None and first_error is None:
+            first_error = exc
+            stop()
+    if first_error is not None:
+        raise first_error
+
+
+class SharedJobs:
+    """Iterator over a job list shared by several threads (each job handed out once)."""
+
+    def __init__(self, jobs):
+        self._jobs = jobs
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Hand out no more jobs (after an error: fail fast)."""
+        with self._lock:
+            self._next = len(self._jobs)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            i = self._next
+            if i >= len(self._jobs):
+                raise StopIteration
+            self._next = i + 1
+        return self._jobs[i]
+
+

@@ -1,0 +1,88 @@
+"""A local file as a byte source: ``pread`` / ``preadv`` on one descriptor, ``posix_fadvise`` read-ahead (floor 1)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable
+
+from ..errors import WsiError
+from .source import ByteSource
+
+__all__ = ["LocalFile"]
+
+
+class LocalFile(ByteSource):
+    """A local file opened read-only.
+
+    Args:
+        path: the file.
+
+    Raises:
+        FileNotFoundError, PermissionError, OSError: as ``os.open``.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        self._fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self.size = os.fstat(self._fd).st_size
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._readers = 0  # operations inside reading()
+        self._closing = False
+
+    def read(self, offset: int, count: int) -> bytes:
+        return os.pread(self._fd, count, offset)
+
+    def readinto(self, offset: int, buffer) -> int:
+        return os.preadv(self._fd, [buffer], offset)
+
+    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """``POSIX_FADV_WILLNEED`` for each ``(offset, count)`` range; errors are ignored."""
+        if self._fd < 0 or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            for offset, count in ranges:
+                os.posix_fadvise(self._fd, offset, count, os.POSIX_FADV_WILLNEED)
+        except (OSError, OverflowError):  # pragma: no cover - advisory only
+            pass
+
+    def fileno(self) -> int | None:
+        return self._fd if self._fd >= 0 else None
+
+    @contextlib.contextmanager
+    def reading(self):
+        with self._lock:
+            if self._fd < 0 or self._closing:
+                raise WsiError(f"{self.path}: slide is closed")
+            self._readers += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._idle.notify_all()
+
+    def close(self) -> None:
+        """Release the descriptor once the reads in flight finished (do not call
+        it from inside :meth:`reading` of the same source: it would wait for itself)."""
+        with self._idle:
+            self._closing = True
+            while self._readers:
+                self._idle.wait()
+            fd, self._fd = self._fd, -1  # closed before the number is released
+        if fd >= 0:
+            os.close(fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def __repr__(self) -> str:
+        return f"LocalFile({self.path!r}, {self.size} bytes)"
