@@ -693,7 +693,7 @@ def _composite(rgba: np.ndarray, out: np.ndarray, background: np.ndarray) -> Non
 
 def _aperio_description(width: int, height: int, tile: int, kind: str, mpp, mag) -> str:
     """First-IFD ImageDescription in the Aperio layout (header line, then ``|key = value``)."""
-    from . import __version__
+    from .version import __version__
 
     fields = [f"Aperio Image Library wsitool {__version__}\r\n"
               f"{width}x{height} [0,0 {width}x{height}] ({tile}x{tile}) {kind}"]
@@ -1080,7 +1080,7 @@ def _write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qu
                 meta: dict, overwrite: bool, counter: _Counter) -> int:
     import tifffile
 
-    from . import __version__
+    from .version import __version__
 
     page_args, kind = _tiff_compression(fmt, compression, quality)
     raw = sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in dims)

@@ -147,6 +147,9 @@ def decode_paths(**changes: bool):
         TypeError: an unknown field name.
     """
     global _paths
+    unknown = set(changes) - {f.name for f in dataclasses.fields(DecodePaths)}
+    if unknown:
+        raise TypeError(f"unknown DecodePaths field(s): {sorted(unknown)}")
     with _lock:
         previous = {name: getattr(_paths, name) for name in changes}
         _paths = dataclasses.replace(_paths, **changes)

@@ -475,7 +475,7 @@ def run_stress(
         DeviceUnavailableError: ``device`` is CUDA and no CUDA device is usable.
         WsiError: the child could not start or failed before its first read.
     """
-    from . import __version__
+    from .version import __version__
     from .read.request import output_shape
     from .slide import open_slide
     from .stress_worker import size_bounds

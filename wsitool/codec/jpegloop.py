@@ -33,6 +33,7 @@ scratch path).
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 
@@ -65,7 +66,7 @@ def _load():
         _tried = True
         try:
             # the compiled extension is optional: absent when it was not built
-            from .. import _jpegloop
+            _jpegloop = importlib.import_module("wsitool._jpegloop")
         except ImportError:
             _reason = ("not built (was there a C compiler at install time? `pip install -v .` "
                        "shows the build log); JPEG reads take the Python path")

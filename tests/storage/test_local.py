@@ -1,0 +1,63 @@
+"""The local byte source: positional reads, read-ahead advice, close waiting for reads in flight."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from wsitool.errors import WsiError
+from wsitool.storage import ByteSource, LocalFile
+
+
+def test_reads_and_size(tmp_path):
+    path = tmp_path / "f.bin"
+    data = bytes(range(256)) * 40
+    path.write_bytes(data)
+    with LocalFile(path) as src:
+        assert isinstance(src, ByteSource)
+        assert src.size == len(data) and src.path == str(path)
+        assert src.read(10, 5) == data[10:15]
+        assert src.read(len(data) - 2, 10) == data[-2:]  # short at the end
+        buf = bytearray(7)
+        assert src.readinto(100, memoryview(buf)) == 7 and bytes(buf) == data[100:107]
+        assert src.fileno() is not None
+        src.advise([(0, 100), (5000, 10)])  # advisory: never raises
+    assert src.closed and src.fileno() is None
+    src.advise([(0, 10)])
+    with pytest.raises(WsiError, match="slide is closed"):
+        with src.reading():
+            pass
+
+
+def test_close_waits_for_reads_in_flight(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 100)
+    src = LocalFile(path)
+    entered, release, closed_at = threading.Event(), threading.Event(), []
+
+    def reader():
+        with src.reading():
+            entered.set()
+            release.wait(5)
+            assert src.read(0, 4) == b"xxxx"  # the descriptor is still ours
+
+    t = threading.Thread(target=reader)
+    t.start()
+    entered.wait(5)
+    closer = threading.Thread(target=lambda: (src.close(), closed_at.append(time.monotonic())))
+    closer.start()
+    time.sleep(0.2)
+    assert not closed_at  # waiting for the reader
+    released = time.monotonic()
+    release.set()
+    t.join(5)
+    closer.join(5)
+    assert closed_at and closed_at[0] >= released and src.closed
+    src.close()  # idempotent
+
+
+def test_missing_file_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        LocalFile(tmp_path / "nope")

@@ -1,0 +1,118 @@
+"""Ground-floor modules: geometry, argument coercion, decode-path switches, fork safety, import without side effects."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from wsitool.arguments import as_int, int_pair
+from wsitool.errors import InvalidRegionError
+from wsitool.forksafe import PerProcess
+from wsitool.geometry import TileJob, inside_rect, level_rect, plan_tiles
+from wsitool.settings import decode_paths, get_decode_paths
+
+
+class _Grid:
+    def __init__(self, width, height, tw, th, downsample=1.0):
+        self.width, self.height, self.tile_width, self.tile_height = width, height, tw, th
+        self.downsample = downsample
+
+
+def test_plan_tiles_covers_the_inside_once_with_matching_rectangles():
+    grid = _Grid(1000, 700, 240, 256)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        rx, ry = (int(v) for v in rng.integers(-300, 1100, 2))
+        w, h = (int(v) for v in rng.integers(1, 900, 2))
+        inside, jobs = plan_tiles(grid, rx, ry, w, h)
+        cover = np.zeros((h, w), np.int32)
+        for job in jobs:
+            assert isinstance(job, TileJob)
+            sx0, sy0, sx1, sy1 = job.src
+            dx0, dy0, dx1, dy1 = job.dst
+            assert (sx1 - sx0, sy1 - sy0) == (dx1 - dx0, dy1 - dy0) and sx1 > sx0 and sy1 > sy0
+            # the same level pixel from both frames
+            assert job.col * 240 + sx0 == rx + dx0 and job.row * 256 + sy0 == ry + dy0
+            job.view(cover)[...] += 1
+        if inside is None:
+            assert jobs == [] and not cover.any()
+            continue
+        cx0, cy0, cx1, cy1 = inside
+        assert inside == inside_rect(grid, rx, ry, w, h)
+        assert (cover[cy0 - ry:cy1 - ry, cx0 - rx:cx1 - rx] == 1).all()
+        assert cover.sum() == (cx1 - cx0) * (cy1 - cy0)
+
+
+def test_level_rect_nearest_pixel():
+    assert level_rect(_Grid(10, 10, 1, 1, 1.0), 7, 9) == (7, 9)
+    grid = _Grid(10, 10, 1, 1, 4.0)
+    assert level_rect(grid, 5, 6) == (1, 2)  # floor(1.25 + .5), floor(1.5 + .5)
+
+
+def test_as_int_and_pairs():
+    assert as_int(3.0, "x") == 3 and as_int(np.int64(4), "x") == 4
+    for bad in (True, 2.5, "3", None):
+        with pytest.raises(InvalidRegionError, match="x must be an integer"):
+            as_int(bad, "x", "slide.svs")
+    with pytest.raises(ValueError, match="^tile_size must be an integer"):
+        as_int(1.5, "tile_size", error=ValueError)
+    assert int_pair((1, 2.0), "size") == (1, 2)
+    with pytest.raises(InvalidRegionError, match="pair of integers"):
+        int_pair(5, "size", "s.svs")
+
+
+def test_decode_paths_nest_by_field_and_restore():
+    before = get_decode_paths()
+    outer = decode_paths(native=not before.native)
+    outer.__enter__()
+    with decode_paths(force_scratch=True):
+        assert get_decode_paths().force_scratch and get_decode_paths().native is not before.native
+        outer.__exit__(None, None, None)  # out of order: restores only its own field
+        assert get_decode_paths().native is before.native and get_decode_paths().force_scratch
+    assert get_decode_paths() == before
+    with pytest.raises(TypeError):
+        with decode_paths(bogus=True):
+            pass
+
+
+def test_per_process_value_is_made_once_and_anew_in_a_forked_child():
+    made = []
+    value = PerProcess(lambda: made.append(os.getpid()) or object())
+    seen = set()
+    threads = [threading.Thread(target=lambda: seen.add(id(value.get()))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 1 and made == [os.getpid()]
+    parent = value.get()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: a new value, the parent's untouched
+        try:
+            ok = value.peek() is None and value.get() is not parent and made[-1] == os.getpid()
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    answer = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert value.get() is parent
+
+
+def test_importing_wsitool_changes_nothing_in_the_process():
+    """No environment variables set, no native library loaded, stderr untouched at import."""
+    code = ("import os, sys; env = dict(os.environ); fd2 = os.fstat(2).st_ino; "
+            "import wsitool, wsitool.cli; "
+            "assert 'nvidia.nvimgcodec' not in sys.modules, 'nvImageCodec loaded at import'; "
+            "assert dict(os.environ) == env, 'environment changed'; "
+            "assert os.fstat(2).st_ino == fd2; print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
