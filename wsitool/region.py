@@ -92,6 +92,7 @@ from .errors import (
     TileDecodeError,
     UnsupportedFormatError,
     WsiError,
+    descriptors_exhausted,
 )
 from .settings import get_limits
 
@@ -182,7 +183,8 @@ def validate_request(slide: "Slide", location, level, size, mode: str):
     Raises:
         InvalidRegionError: bad level, location, size or mode.
         UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
-            an RGB conversion (see :func:`to_rgb8`).
+            an RGB conversion (see :func:`to_rgb8`), or the level's compression
+            has no decoder (``Level.compression_problem``).
         ResourceLimitError: the output would exceed the configured limits.
         WsiError: the slide is closed.
     """
@@ -197,6 +199,8 @@ def validate_request(slide: "Slide", location, level, size, mode: str):
     if w <= 0 or h <= 0:
         raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
     lv = slide.levels[lvl]
+    if lv.compression_problem:
+        raise UnsupportedFormatError(f"{path}: level {lvl}: {lv.compression_problem}")
     if mode != "raw" and lv._rgb_problem:
         raise UnsupportedFormatError(
             f"{path}: level {lvl}: {lv._rgb_problem} (read it with mode='raw')"
@@ -537,7 +541,15 @@ _OPAQUE = np.uint32(0xFF000000)
 
 def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:
     """Count a failed tile in ``stats``; re-raise ``exc`` or, for ``on_error="fill"``,
-    emit it as a :class:`TileWarning` (the caller then fills the tile with background)."""
+    emit it as a :class:`TileWarning` (the caller then fills the tile with background).
+
+    A decoder that failed because the process is out of file descriptors or
+    memory is not a bad tile: that raises the OSError (EMFILE, ENOMEM, ...)
+    instead, whatever ``on_error`` says (see :func:`wsitool.errors.descriptors_exhausted`).
+    """
+    exhausted = descriptors_exhausted(getattr(exc, "path", None))
+    if exhausted is not None:
+        raise exhausted from None
     stats.tiles_failed += 1
     if on_error != "fill":
         raise exc

@@ -16,6 +16,9 @@ Level-detection rule (one rule for every layout):
    their ImageDescription or, when it lacks the word, from NewSubfileType
    (1 = label, 9 = macro, as written by Aperio GT450 scanners).  Source:
    OpenSlide's Aperio format notes (openslide.org/formats/aperio).
+   OME-TIFF: the OME Images after the first (each a tifffile series) are
+   associated images named by their ``Name`` (``label``, ``macro``), never
+   levels.
 3. Level 0 is the candidate with the largest area (the first one in file order
    on a tie).  Every other candidate is a level if it has the same samples
    per pixel and sample type, a strictly smaller area than the previous level,
@@ -54,6 +57,7 @@ from .errors import (
     SlideWarning,
     UnsupportedFormatError,
     WsiError,
+    raise_if_os_resource,
 )
 
 __all__ = ["Level", "Slide", "open_slide"]
@@ -83,6 +87,9 @@ class Level:
         samples: samples per pixel.
         dtype: numpy dtype of one sample (native byte order).
         decoder: ``"nvimagecodec"`` or ``"tifffile"``, who decodes the tiles.
+        compression_problem: None, or why no decoder reads this level's tiles
+            (``"unsupported compression 52479"``); reads then raise
+            :class:`UnsupportedFormatError`.
     """
 
     def __init__(self, slide_path: str, fd: int, file_size: int, index: int,
@@ -152,6 +159,10 @@ class Level:
         else:
             self._codec = "generic"
         self.decoder = "nvimagecodec" if self._codec == "nv" else "tifffile"
+        self.compression_problem = (
+            None if self._codec == "nv" or comp in tifffile.TIFF.DECOMPRESSORS
+            else f"unsupported compression {self.compression}"
+        )
         self._jpeg_prefix = b""
         if comp == _JPEG:
             tables = page.jpegtables
@@ -281,6 +292,7 @@ class Slide:
         except tifffile.TiffFileError as exc:
             raise CorruptFileError(f"{self.path}: unreadable TIFF structure: {exc}") from None
         except _MALFORMED as exc:
+            raise_if_os_resource(exc, self.path)  # EMFILE, ENOMEM, EIO: the machine's, not the file's
             # tifffile trusts tag types and counts; a tag of the wrong type or
             # count surfaces as TypeError/ValueError/... deep inside it.
             raise CorruptFileError(
@@ -291,6 +303,7 @@ class Slide:
         except WsiError:
             raise
         except _MALFORMED as exc:
+            raise_if_os_resource(exc, self.path)
             raise CorruptFileError(
                 f"{self.path}: malformed TIFF tags: {type(exc).__name__}: {exc}"
             ) from None
@@ -327,11 +340,16 @@ class Slide:
 
         associated: dict[str, tifffile.TiffPage] = {}
         level_pool: list[tifffile.TiffPage] = []
+        ome_other = _ome_other_images(self._tiff) if self.vendor == "ome-tiff" else {}
         for page, top_index in candidates:
             _check_page(self.path, page, top_index)
             if page.imagewidth <= 0 or page.imagelength <= 0:
                 continue
             if int(page.subfiletype) & 4:  # transparency mask
+                continue
+            if top_index in ome_other:  # a further OME Image (label, macro): never a level
+                if page is pages[top_index]:
+                    associated.setdefault(ome_other[top_index], page)
                 continue
             name = self._associated_name(page, top_index) if self.vendor == "aperio" else None
             if name is not None:
@@ -635,6 +653,7 @@ class Slide:
                 warnings.simplefilter("ignore")
                 arr = page.asarray()
         except Exception as exc:
+            raise_if_os_resource(exc, self.path)
             raise WsiError(f"{self.path}: associated image {name!r} could not be decoded: {exc}") from None
         arr = np.asarray(arr)
         if arr.size != h * w * s:
@@ -906,6 +925,39 @@ def _same_aspect(w0: int, h0: int, w: int, h: int) -> bool:
     lx, hx = _factor_range(w0, w)
     ly, hy = _factor_range(h0, h)
     return max(lx, ly) <= min(hx, hy)
+
+
+def _ome_other_images(tiff: tifffile.TiffFile) -> dict[int, str]:
+    """Top-level IFD index -> lower-case Name of the OME Images after the first.
+
+    Each OME ``Image`` is one tifffile series; the pyramid is the first, and
+    further Images are associated images, named ``label`` / ``macro`` as
+    bioformats2raw / raw2ometiff write them (OME-TIFF specification; an
+    Image without a Name becomes ``associated-<n>``).  Empty when the file
+    has one Image or its series are not all OME series.
+    """
+    try:
+        series = tiff.series
+    except Exception:  # noqa: BLE001 - an unreadable OME-XML: fall back to every IFD
+        return {}
+    if len(series) < 2 or any(s.kind != "ome" for s in series):
+        return {}
+
+    def top(page) -> int | None:
+        idx = getattr(page, "index", None)
+        if isinstance(idx, tuple):
+            idx = idx[0] if idx else None
+        return idx if isinstance(idx, int) else None
+
+    first = {top(p) for p in series[0].pages if p is not None}
+    out: dict[int, str] = {}
+    for n, s in enumerate(series[1:], 1):
+        name = (s.name or "").strip().lower() or f"associated-{n}"
+        for p in s.pages:
+            i = top(p) if p is not None else None
+            if i is not None and i not in first:
+                out.setdefault(i, name)
+    return out
 
 
 def _description(page) -> str:
