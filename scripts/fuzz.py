@@ -34,6 +34,15 @@ The worker applies tight limits (``wsitool.set_limits``) and an address-space
 cap so a missing limit check shows up as a ``MemoryError`` fault instead of
 exhausting the machine.
 
+``--cli-batch`` fuzzes the CLI's batch inputs instead: generated and damaged
+``--regions`` CSV files (names with path traversal, terminal escapes,
+newlines, NUL, bidi overrides; non-UTF-8 bytes, bad numbers, broken quoting),
+``--pack`` stores and ``export-pyramid --from-list`` files, each run through
+the CLI in a fresh sandbox folder.  A fault is an exception escaping the CLI,
+an undocumented exit code, an error that is not one ``wsitool: error:`` line,
+a raw control character printed, or a write outside the output folder (or a
+link or partial left in it) -- see :func:`check_batch_case`.
+
 The machinery (:class:`Worker`, :func:`seed_targets`, :func:`make_recipe`,
 :func:`apply_recipe`) is imported by ``tests/test_fuzz.py``.
 """
@@ -45,7 +54,9 @@ import dataclasses
 import json
 import os
 import random
+import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -670,6 +681,214 @@ def replay(json_path: Path, timeout: float = 30.0) -> dict:
             w.close()
 
 
+# --------------------------------------------------------------------------- CLI batch inputs
+
+#: Pieces of region names and list-file paths that have hurt batch tools: path
+#: traversal, hidden and option-like names, terminal escapes, newlines, NUL,
+#: bidi overrides, non-ASCII, reserved and over-long names.
+BATCH_NAME_PIECES = (
+    "a", "tumor 1", "Gewebe_äöü", "x.y", "slide", "../x", "..", ".", ".hidden", "-rf", "a/b", "a\\b",
+    "/etc/passwd", "\x1b]0;pwned\x07", "\x1b[2K", "\x1b[31m", "l1\nl2", "\r", "\x00", "\u202e", "\u200b",
+    "\x85", "\x7f", "CON", "a:b", "*", "?", "😀", "x" * 300, "", " ", "a ", "a.", "%s%n", "$(id)",
+)
+_SAFE_PIECES = ("a", "tumor 1", "Gewebe_äöü", "x.y", "slide", "b-2", "c+d", "(e)", "_f")
+_BATCH_HEADERS = (
+    b"x,y,level,width,height,name", b"X,Y,Level,Width,Height,Name", b"\xef\xbb\xbfx,y,level,width,height,name",
+    b"x,y,level,width,height", b"name,height,width,level,y,x", b"x,y,level,width", b"", b"x;y;level;width;height",
+)
+_BATCH_NUMBERS = ("0", "1", "8", "16", "-1", "-8", "99", "1e3", "1.5", "", " 4 ", "10000000000000000000000",
+                  "0x10", "nan", "٣")  # the last: an Arabic-Indic digit
+
+
+def _csv_field(rng: random.Random, text: str) -> str:
+    if rng.random() < 0.4 or any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def make_batch_case(rng: random.Random) -> dict:
+    """One CLI batch input: the command kind, its file bytes and options (pure data, JSON-able)."""
+    kind = rng.choice(("regions", "regions", "regions", "pack", "from-list"))
+    clean = rng.random() < 0.4  # mostly valid input, so that outputs really get written
+    pieces = _SAFE_PIECES if clean else BATCH_NAME_PIECES
+    if kind == "from-list":
+        lines = []
+        for _ in range(rng.randint(0, 4)):
+            pick = rng.random()
+            if pick < 0.3:
+                lines.append("slide.svs")
+            elif pick < 0.5:
+                lines.append("# " + rng.choice(BATCH_NAME_PIECES))
+            else:
+                lines.append("".join(rng.choice(BATCH_NAME_PIECES) for _ in range(rng.randint(1, 3))) + ".svs")
+        data = "\n".join(lines).encode("utf-8", "surrogateescape")
+    else:
+        header = _BATCH_HEADERS[0] if clean else rng.choice(_BATCH_HEADERS)
+        rows = [header]
+        for _ in range(rng.randint(0, 5)):
+            nums = [rng.choice(_BATCH_NUMBERS) if rng.random() < 0.3 and not clean
+                    else str(rng.randint(0, 64) + (3 <= k)) for k in range(5)]
+            nums[2] = nums[2] if rng.random() < 0.3 and not clean else rng.choice(("0", "1"))
+            name = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 2)))
+            fields = [_csv_field(rng, v) for v in nums]
+            if rng.random() < 0.8:
+                fields.append(_csv_field(rng, name))
+            rows.append(",".join(fields).encode("utf-8"))
+        data = rng.choice((b"\n", b"\r\n", b"\r")).join(rows) + rng.choice((b"\n", b""))
+    # byte-level damage: non-UTF-8 bytes, NUL, an unterminated quote, truncation
+    for _ in range(0 if clean else rng.choice((0, 0, 1, 2))):
+        op = rng.choice(("insert", "truncate", "quote"))
+        pos = rng.randint(0, len(data))
+        if op == "insert":
+            data = data[:pos] + rng.choice((b"\xff", b"\xe9", b"\x00", b"\xc3", b"\xed\xa0\x80", b'"')) + data[pos:]
+        elif op == "truncate":
+            data = data[:pos]
+        else:
+            data = data + b',"unterminated'
+    opts = {"overwrite": rng.random() < 0.3, "twice": rng.random() < 0.3}
+    if kind == "regions":
+        opts["format"] = rng.choice(("png", "npy", "tif"))
+    elif kind == "pack":
+        opts["format"] = rng.choice(("npz", "npz", "zarr"))
+    return {"kind": kind, "data": data.hex(), "opts": opts}
+
+
+def _tree(root: Path, skip: Path | None = None) -> dict:
+    """Every path under ``root`` (links not followed) -> (type, size, mtime_ns), ``skip`` left out."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        if skip is not None and (d == skip or skip in d.parents):
+            dirnames[:] = []
+            continue
+        for name in dirnames + filenames:
+            p = d / name
+            if skip is not None and p == skip:
+                continue
+            st = os.lstat(p)
+            out[str(p)] = (st.st_mode >> 12, st.st_size, st.st_mtime_ns)
+    return out
+
+
+#: What each line the CLI prints in a batch starts with (one line per message).
+_BATCH_LINE_PREFIXES = ("wsitool: error:", "wsitool: warning:", "failed ", "ok ", "skipped ", "wrote ",
+                        "Dask is not installed")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def check_batch_case(case: dict, work: Path, slide: Path) -> dict:
+    """Run one :func:`make_batch_case` input through the CLI (in this process) in a fresh
+    sandbox under ``work``; returns ``{"status": "ok" | "documented" | fault kind, ...}``.
+
+    Faults: ``exception`` (an exception escaped the CLI), ``exit`` (an undocumented exit
+    code), ``lines`` (an error that is not exactly one ``wsitool: error:`` line),
+    ``control`` (a raw control character printed), ``escape`` (a write outside the
+    output folder, a link or a partial left in it).
+    """
+    from typer.testing import CliRunner
+
+    from wsitool.cli import app
+
+    box = Path(tempfile.mkdtemp(prefix="case-", dir=work))
+    (box / "slide.svs").symlink_to(slide)
+    out = box / "out"
+    inp = box / ("list.txt" if case["kind"] == "from-list" else "regions.csv")
+    inp.write_bytes(bytes.fromhex(case["data"]))
+    opts = case["opts"]
+    if case["kind"] == "from-list":
+        argv = ["export-pyramid", str(out), "--from-list", str(inp), "--scheduler", "sequential",
+                "--region", "0", "0", "32", "32", "--compression", "deflate", "--quiet"]
+    else:
+        argv = ["read-region", str(box / "slide.svs"), "--regions", str(inp), "--output-dir", str(out),
+                "--format", opts["format"], "--threads", "2", "--quiet"]
+        if case["kind"] == "pack":
+            argv.append("--pack")
+    if opts.get("overwrite"):
+        argv.append("--overwrite")
+    outside_before = _tree(work.parent if work.parent != Path("/") else work, skip=out)
+    runner = CliRunner()
+    results = []
+    old = os.getcwd()
+    os.chdir(box)  # relative names in the inputs resolve inside the sandbox
+    try:
+        for _ in range(2 if opts.get("twice") else 1):
+            results.append(runner.invoke(app, argv))
+    finally:
+        os.chdir(old)
+    res = {"status": "ok", "argv": argv}
+    for r in results:
+        text = r.output
+        if r.exception is not None and not isinstance(r.exception, SystemExit):
+            return dict(res, status="exception", error=repr(r.exception),
+                        traceback="".join(traceback.format_exception(r.exception))[-3000:])
+        if r.exit_code not in range(0, 10):
+            return dict(res, status="exit", exit_code=r.exit_code, output=text[-2000:])
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        errs = [ln for ln in lines if ln.startswith("wsitool: error:")]
+        failed = [ln for ln in lines if ln.startswith("failed ")]
+        stray = [ln for ln in lines if not ln.startswith(_BATCH_LINE_PREFIXES)
+                 and not re.match(r"\d+ exported, \d+ skipped, \d+ failed of \d+ slide", ln)]
+        if ("Traceback" in text or stray or len(errs) > 1 or (r.exit_code != 0 and not errs and not failed)
+                or (r.exit_code == 0 and (errs or failed))):
+            return dict(res, status="lines", exit_code=r.exit_code, output=text[-2000:], stray=stray[:5])
+        if _CONTROL.search(text):
+            return dict(res, status="control", output=text[-2000:])
+        if r.exit_code:
+            res.update(status="documented", exit_code=r.exit_code)
+    outside_after = _tree(work.parent if work.parent != Path("/") else work, skip=out)
+    changed = sorted(p for p in set(outside_after) ^ set(outside_before)
+                     if not p.startswith(str(box) + os.sep + "out"))
+    changed += sorted(p for p in set(outside_after) & set(outside_before)
+                      if outside_after[p] != outside_before[p] and Path(p) != box and
+                      not p.startswith(str(out)) and p != str(inp))
+    if changed:
+        return dict(res, status="escape", paths=changed[:20])
+    if out.exists():
+        for p in out.rglob("*"):
+            if p.is_symlink() or ".partial-" in p.name:
+                return dict(res, status="escape", paths=[str(p)])
+            if not p.resolve().is_relative_to(out.resolve()):
+                return dict(res, status="escape", paths=[str(p)])
+    shutil.rmtree(box, ignore_errors=True)
+    return res
+
+
+BATCH_FAULTS = ("exception", "exit", "lines", "control", "escape")
+
+
+def fuzz_cli_batch(minutes: float, seed: int, out_dir: Path, log=print) -> dict:
+    """Fuzz the CLI's batch inputs (``--regions`` CSV bytes and names, ``--pack``,
+    ``export-pyramid --from-list``) for ``minutes``; faults are saved as JSON under ``out_dir``
+    (replay with ``--replay-batch FILE``)."""
+    slide = REPO / "samples" / "sample-aperio-jpeg.svs"
+    if not slide.exists():
+        raise SystemExit(f"{slide} is missing (python scripts/make_samples.py)")
+    rng = random.Random(seed)
+    root = Path(tempfile.mkdtemp(prefix="wsitool-fuzz-batch-"))
+    work = root / "work"
+    work.mkdir()
+    counts = {k: 0 for k in ("tried", "ok", "documented") + BATCH_FAULTS}
+    distinct: dict[str, dict] = {}
+    deadline = time.monotonic() + minutes * 60
+    out_dir.mkdir(parents=True, exist_ok=True)
+    while time.monotonic() < deadline:
+        case = make_batch_case(rng)
+        res = check_batch_case(case, work, slide)
+        counts["tried"] += 1
+        counts[res["status"]] += 1
+        if res["status"] in BATCH_FAULTS:
+            n = counts["tried"]
+            (out_dir / f"batch-{n:06d}.json").write_text(json.dumps({"case": case, "result": res}, indent=1))
+            sig = f"{res['status']} {case['kind']}"
+            d = distinct.setdefault(sig, {"count": 0, "example": str(out_dir / f"batch-{n:06d}.json")})
+            d["count"] += 1
+            log(f"fault {sig}: {res.get('error') or res.get('paths') or res.get('output', '')[-200:]!r}")
+    shutil.rmtree(root, ignore_errors=True)
+    faults = sum(counts[k] for k in BATCH_FAULTS)
+    return {"minutes": minutes, "seed": seed, "counts": counts, "faults": faults,
+            "distinct_faults": distinct, "out": str(out_dir)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=1.0, help="how long to fuzz (default 1)")
@@ -679,6 +898,11 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=Path, nargs="*", help="seed files (default: ../shared samples + bug inputs)")
     ap.add_argument("--replay", type=Path, help="re-run one saved fault .json and print the result")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--cli-batch", action="store_true",
+                    help="fuzz the CLI's batch inputs instead (--regions CSV bytes and names, --pack, "
+                         "--from-list): one-line errors, documented exit codes, no raw control "
+                         "characters printed, no writes outside the output folder")
+    ap.add_argument("--replay-batch", type=Path, help="re-run one saved CLI-batch fault .json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mem-limit-mb", type=int, default=6144, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -689,6 +913,26 @@ def main(argv=None) -> int:
         res = replay(args.replay, args.timeout)
         print(json.dumps(res, indent=1))
         return 1 if res["status"] in FAULTS else 0
+    if args.replay_batch:
+        saved = json.loads(args.replay_batch.read_text())
+        with tempfile.TemporaryDirectory(prefix="wsitool-fuzz-replay-") as d:
+            (Path(d) / "work").mkdir()
+            res = check_batch_case(saved["case"], Path(d) / "work", REPO / "samples" / "sample-aperio-jpeg.svs")
+        print(json.dumps(res, indent=1))
+        return 1 if res["status"] in BATCH_FAULTS else 0
+    if args.cli_batch:
+        out = args.out or Path(tempfile.mkdtemp(prefix="wsitool-fuzz-batch-faults-"))
+        summary = fuzz_cli_batch(args.minutes, args.seed, out, log=lambda m: print(m, flush=True))
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        else:
+            c = summary["counts"]
+            print(f"CLI batch inputs tried: {c['tried']} in {args.minutes} min (seed {args.seed}); ok {c['ok']}, "
+                  f"refused with a documented error {c['documented']}; faults {summary['faults']}")
+            for sig, d in summary["distinct_faults"].items():
+                print(f"    {d['count']:5d} x {sig}  e.g. {d['example']}")
+            print(f"  faults saved under: {out}")
+        return 1 if summary["faults"] else 0
     out = args.out or Path(tempfile.mkdtemp(prefix="wsitool-fuzz-faults-"))
     summary = fuzz(args.minutes, args.seed, out, args.files, args.timeout,
                    log=lambda m: print(m, flush=True))

@@ -358,7 +358,8 @@ def test_cli_export_pyramid_batch_on_scheduler_address(tmp_path, client):
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(
         D.export_output_path(s, out).name for s in good[:2])
     res = runner.invoke(app, ["export-pyramid", str(out), "--from-list", str(listing),
-                              "--scheduler", client.scheduler.address, "--quiet"])
+                              "--scheduler", client.scheduler.address, "--compression", "deflate",
+                              "--quiet"])  # the same options: resumed (other options re-export)
     assert "2 skipped" in res.output
 
 

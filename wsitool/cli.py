@@ -8,7 +8,8 @@ Exit codes:
     0 success; 1 other wsitool error; 2 bad command-line usage;
     3 unsupported format; 4 corrupt file; 5 invalid region request;
     6 resource limit exceeded; 7 tile decode error; 8 no CUDA device;
-    9 file not found or other I/O error; 130 interrupted (Ctrl-C).
+    9 file not found or other I/O error (also EMFILE/ENOMEM/EIO);
+    130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.signals).
     ``wsitool stress`` adds its own verdict codes (see its help).
 """
 
@@ -26,12 +27,67 @@ from typing import Callable, List, Literal, Optional, Tuple
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from . import errors
 from .export import check_image_extension, write_image
 
+def _click_class(name: str) -> type:
+    """click's exception class ``name`` (typer vendors click in recent versions)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_CLICK_EXCEPTION = _click_class("ClickException")
+
+
+class _OneLineUsage(TyperGroup):
+    """The command group, printing a usage error as one line (``wsitool: error:
+    ...``, exit 2) instead of click's boxed usage block, as the README promises."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Run the command line; usage errors become one line and exit status 2."""
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except _CLICK_EXCEPTION as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `wsitool`: the help text
+                exc.show()
+                code = 2
+            else:
+                _usage_line(exc)
+                code = exc.exit_code
+        except typer.Abort:
+            code = 1
+        else:
+            code = rv if isinstance(rv, int) else 0
+        from . import signals
+
+        if signals.received() is not None:  # SIGINT/SIGTERM/SIGHUP: 128 + signal number
+            signals.cleanup_partials()
+            code = 128 + signals.received()
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+def _usage_line(exc) -> None:
+    """Print a click usage error as ``wsitool: error: <command>: <message>``."""
+    message = " ".join(exc.format_message().split()).replace("Value error, ", "").rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    param = getattr(exc, "param", None)
+    if param is not None and (getattr(param, "nargs", 1) or 1) > 1 and getattr(param, "opts", None):
+        metavar = getattr(param, "metavar", None) or " ".join(["N"] * param.nargs)
+        message += f" (give {param.nargs} integers separated by spaces: {param.opts[0]} {metavar})"
+    where = ctx.command_path.replace("wsitool ", "", 1) if ctx is not None and ctx.parent else ""
+    hint = f" (see 'wsitool {where} --help')" if where else " (see 'wsitool --help')"
+    err_console.print(f"[bold red]wsitool: error:[/] {escape(f'{where}: ' if where else '')}"
+                      f"{escape(message)}{escape(hint)}", highlight=False, soft_wrap=True)
+
+
 app = typer.Typer(
+    cls=_OneLineUsage,
     add_completion=False,
     no_args_is_help=True,
     help="Read, convert and stress-test tiled pyramidal whole-slide images (SVS, TIFF, OME-TIFF).",
@@ -49,6 +105,8 @@ console = Console(width=_width(sys.stdout))
 err_console = Console(stderr=True, width=_width(sys.stderr))
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (errors.OutputIsSourceError, 2),  # usage: an output that is the source slide
+    (errors.OutputExistsError, 9),  # an existing output without --overwrite
     (errors.UnsupportedFormatError, 3),
     (errors.CorruptFileError, 4),
     (errors.InvalidRegionError, 5),
@@ -69,11 +127,18 @@ def exit_code_for(exc: BaseException) -> int:
     return 1
 
 
+def shown(text) -> str:
+    """``text`` (a name, path or message) ready for a rich print to a terminal: control
+    characters escaped (:func:`wsitool.errors.printable`) and rich markup escaped."""
+    return escape(errors.printable(text))
+
+
 def fail(message: str, code: int) -> "typer.Exit":
     """Print one error line to stderr and return the Exit to raise."""
-    from rich.markup import escape  # messages hold paths and hints with brackets
-
-    err_console.print(f"[bold red]wsitool: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    try:
+        err_console.print(f"[bold red]wsitool: error:[/] {shown(message)}", highlight=False, soft_wrap=True)
+    except OSError:  # no terminal any more (SIGHUP), a closed pipe: the exit code still tells
+        pass
     return typer.Exit(code)
 
 
@@ -86,8 +151,15 @@ def handle_errors(func: Callable) -> Callable:
             return func(*args, **kwargs)
         except typer.Exit:
             raise
-        except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (wsitool.signals)
+            from . import signals
+
+            signals.cleanup_partials()
+            code = signals.exit_code(exc)
+            raise fail("interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}",
+                       code) from None
+        except MemoryError:
+            raise fail("out of memory (ENOMEM)", 9) from None
         except (errors.WsiError, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, errors.WsiError):
                 where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
@@ -120,8 +192,13 @@ def max_pixels_scope(max_pixels: Optional[int]):
 def info(
     slide: Path = typer.Argument(..., help="Slide file (SVS, TIFF, OME-TIFF)."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    backends: bool = typer.Option(False, "--backends", help="Also show the decode backends table (what decodes which compression, and why a backend is unavailable)."),
 ) -> None:
-    """Show levels, tile sizes, compression, MPP, vendor and associated images."""
+    """Show levels, tile sizes, compression, MPP, vendor and associated images.
+
+    Fits an 80-column terminal; output to a pipe or file is laid out for
+    $COLUMNS columns, or 80.
+    """
     from .codec.backends import backend_report
     from .slide import open_slide
 
@@ -140,6 +217,7 @@ def info(
                 "samples": lv.samples,
                 "dtype": str(lv.dtype),
                 "decoder": lv.decoder,
+                "compression_problem": lv.compression_problem,
             }
             for lv in s.levels
         ]
@@ -160,6 +238,7 @@ def info(
             "objective_power": s.objective_power,
             "levels": levels,
             "associated_images": assoc,
+            "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
             "backends": backend_report(),
             "properties": dict(s.properties),
         }
@@ -168,33 +247,87 @@ def info(
         return
     mpp = f"{data['mpp_x']:.4g} x {data['mpp_y']:.4g} µm/px" if data["mpp_x"] else "unknown"
     obj = f"{data['objective_power']:g}x" if data["objective_power"] else "unknown"
-    console.print(f"[bold]{slide}[/]  vendor [cyan]{data['vendor']}[/]  MPP {mpp}  objective {obj}")
-    table = Table(title="Levels")
-    for col in ("level", "dimensions", "downsample", "tile", "compression", "photometric",
-                "samples", "decoder"):
-        table.add_column(col)
+    _info_console().print(f"[bold]{escape(str(slide))}[/]  vendor [cyan]{escape(str(data['vendor']))}[/]  "
+                          f"MPP {mpp}  objective {obj}")
+    if data["painted_tiles"] is not None:
+        _info_console().print(f"{'[yellow]' if data['painted_tiles'] else ''}painted tiles: {data['painted_tiles']} "
+                      "undecodable source tile(s) painted with the background by export --on-error fill",
+                      highlight=False)
+    _print_info_tables(slide, levels, assoc, data["backends"], backends)
+
+
+def _info_console() -> Console:
+    """The console ``info`` prints to: the terminal's width, else $COLUMNS, else 80."""
+    if console.is_terminal:
+        return console
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = 0
+    return Console(file=sys.stdout, width=width if width > 0 else 80)
+
+
+def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: list,
+                       show_backends: bool) -> None:
+    """The human-readable part of ``wsitool info``: levels, associated images, backends."""
+    out = _info_console()
+
+    def table(title: str, *headers: str) -> Table:
+        t = Table(title=title, title_justify="left", box=None, padding=(0, 1), pad_edge=False,
+                  header_style="bold underline", title_style="bold")
+        for h in headers:  # headers are never cut: a column is at least as wide as its header
+            t.add_column(h, min_width=len(h), overflow="fold")
+        return t
+
+    lt = table("Levels (sizes: width x height)", "level", "size", "downsample", "tile",
+               "compression", "pixels", "decoder")
     for lv in levels:
-        table.add_row(
-            str(lv["level"]), f"{lv['width']} x {lv['height']}", f"{lv['downsample']:.4f}",
-            f"{lv['tile_width']} x {lv['tile_height']}" + ("" if lv["tiled"] else " (strips)"),
-            lv["compression"], lv["photometric"], f"{lv['samples']} x {lv['dtype']}", lv["decoder"],
+        comp = escape(lv["compression"])
+        if lv["compression_problem"]:
+            comp = f"[bold red]{comp} unsupported[/]"
+        lt.add_row(
+            str(lv["level"]), f"{lv['width']}x{lv['height']}", f"{lv['downsample']:.4g}",
+            f"{lv['tile_width']}x{lv['tile_height']}" + ("" if lv["tiled"] else " strips"),
+            comp, f"{lv['photometric']} {lv['samples']}x{lv['dtype']}", lv["decoder"],
         )
-    console.print(table)
+    out.print(lt)
+    for lv in levels:
+        if lv["compression_problem"]:
+            err_console.print(f"[yellow]wsitool: warning:[/] {escape(str(slide))}: level {lv['level']}: "
+                              f"{escape(lv['compression_problem'])}: its tiles cannot be read "
+                              "(reads fail with exit 3, unsupported format)", highlight=False,
+                              soft_wrap=True)
     if assoc:
-        at = Table(title="Associated images")
-        at.add_column("name")
-        at.add_column("size")
+        at = table("Associated images", "name", "width x height")
         for name, size in assoc.items():
-            at.add_row(name, f"{size[0]} x {size[1]}" if isinstance(size, list) else size)
-        console.print(at)
-    bt = Table(title="Decode backends")
-    bt.add_column("backend")
-    bt.add_column("available")
-    bt.add_column("decodes")
-    bt.add_column("detail")
-    for b in data["backends"]:
-        bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"], b.get("detail", ""))
-    console.print(bt)
+            at.add_row(escape(name), f"{size[0]} x {size[1]}" if isinstance(size, list) else escape(size))
+        out.print(at)
+    if show_backends:
+        bt = table("Decode backends", "backend", "available", "decodes", "detail")
+        for b in backend_rows:
+            bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"], b.get("detail", ""))
+        out.print(bt)
+    else:
+        parts = []
+        for device in ("cpu", "cuda"):
+            rows = [b for b in backend_rows if b.get("device") == device]
+            if not rows:
+                continue
+            n = sum(1 for b in rows if b["available"])
+            part = f"{device.upper()} {n}/{len(rows)}"
+            why = next((b.get("detail", "") for b in rows if not b["available"]), "")
+            if n == 0 and why:
+                part += f" ({why.split(':')[0]})"
+            parts.append(part)
+        out.print(escape(f"Decode backends: {', '.join(parts)}, see --backends"),
+                  highlight=False)
+
+
+def _painted_tiles(slide) -> Optional[int]:
+    """The painted-tile count an ``--on-error fill`` export recorded (wsitool.export.painted_tiles)."""
+    from .export import painted_tiles
+
+    return painted_tiles(slide)
 
 
 # ---------------------------------------------------------------------- read-region
@@ -205,10 +338,11 @@ def info(
 def read_region_cmd(
     slide: Path = typer.Argument(..., help="Slide file."),
     location: Optional[Tuple[int, int]] = typer.Option(
-        None, "--location", "-l", help="X Y of the top-left pixel, level-0 pixels (default 0 0)."
+        None, "--location", "-l", metavar="X Y",
+        help="X Y of the top-left pixel, level-0 pixels, two integers separated by a space (default 0 0)."
     ),
     level: Optional[int] = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
-    size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", help="WIDTH HEIGHT in pixels of LEVEL."),
+    size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", metavar="W H", help="WIDTH HEIGHT in pixels of LEVEL, separated by a space."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
     mode: Literal["rgba", "rgb", "raw"] = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
     threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
@@ -221,6 +355,7 @@ def read_region_cmd(
     pack: bool = typer.Option(False, "--pack", help="With --regions: one <slide>-regions.npz (or .zarr) store instead of one file per region."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT."),
     quiet: bool = typer.Option(False, "--quiet", help="With --regions: no progress bar."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output file(s) (never the source slide)."),
 ) -> None:
     """Read a region (OpenSlide semantics) and write it to an image file.
 
@@ -242,7 +377,7 @@ def read_region_cmd(
             raise fail("--regions reads on the CPU only (drop --device)", 2)
         with max_pixels_scope(max_pixels):
             _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
-                                threads, quiet)
+                                threads, quiet, overwrite)
         return
     batch_only = [o for o, v in (("--output-dir", output_dir), ("--format", fmt),
                                  ("--scheduler", scheduler)) if v is not None]
@@ -259,6 +394,10 @@ def read_region_cmd(
         check_image_extension(output)
     except ValueError as exc:
         raise fail(str(exc), 2) from None
+    from . import atomic
+
+    atomic.check_output(output, [slide], overwrite)  # before reading: never the source
+    atomic.clean_stale_partials(output.parent)
 
     from .errors import TileWarning
 
@@ -269,15 +408,16 @@ def read_region_cmd(
                             device=device)
     filled = [w for w in caught if issubclass(w.category, TileWarning)]
     for w in filled:  # --on-error fill: one line per bad tile, then the count
-        err_console.print(f"[yellow]wsitool: warning:[/] {w.message}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]wsitool: warning:[/] {shown(w.message)}", highlight=False, soft_wrap=True)
     if filled:
         err_console.print(f"[yellow]wsitool: warning:[/] {len(filled)} bad tile(s) filled with transparent background",
                           highlight=False, soft_wrap=True)
     if device != "cpu":
         arr = arr.get()
-    write_image(output, arr)
+    write_image(output, arr, overwrite=overwrite, sources=[slide])
     console.print(
-        f"wrote {output} ({arr.shape[1]} x {arr.shape[0]} x {arr.shape[2]} {arr.dtype}) "
+        f"wrote {output} (width {arr.shape[1]}, height {arr.shape[0]}, {arr.shape[2]} "
+        f"channel{'s' if arr.shape[2] != 1 else ''} {arr.dtype}) "
         f"from {slide} level {level} at ({location[0]}, {location[1]})",
         highlight=False,
     )
@@ -315,7 +455,7 @@ def _failure_code(error_types: tuple[str, ...]) -> int:
 
 
 def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
-                        threads, quiet) -> None:
+                        threads, quiet, overwrite=False) -> None:
     from .distributed import load_regions_csv, read_regions
 
     if scheduler is not None and scheduler != "threads" and threads is not None:
@@ -325,13 +465,14 @@ def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, s
         task = bar.add_task("regions", total=len(requests))
         outcomes = read_regions(slide, requests, output_dir, format=fmt, pack=pack, mode=mode,
                                 on_error=on_error, scheduler=scheduler, workers=threads,
-                                progress=lambda o: bar.advance(task))
+                                progress=lambda o: bar.advance(task), overwrite=overwrite)
     failed = [o for o in outcomes if o.status != "ok"]
     for o in failed:
-        err_console.print(f"[red]failed[/] {o.request.name}: {o.error}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]failed[/] {shown(o.request.name)}: {shown(o.error)}", highlight=False,
+                          soft_wrap=True)
     where = outcomes[0].path if pack and len(outcomes) > len(failed) else str(output_dir)
-    console.print(f"wrote {len(outcomes) - len(failed)} of {len(outcomes)} region(s) from {slide} "
-                  f"to {where}", highlight=False)
+    console.print(f"wrote {len(outcomes) - len(failed)} of {len(outcomes)} region(s) from "
+                  f"{shown(slide)} to {shown(where)}", highlight=False, soft_wrap=True)
     if failed:
         raise fail(f"{len(failed)} of {len(outcomes)} region(s) failed (first: {failed[0].error})",
                    _failure_code(failed[0].error_types))
@@ -364,7 +505,7 @@ def export_pyramid_cmd(
     compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
     quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else a target size of quality/300 of the raw tile."),
     region: Optional[Tuple[int, int, int, int]] = typer.Option(
-        None, "--region", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
+        None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
     level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
     overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
     threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
@@ -374,6 +515,9 @@ def export_pyramid_cmd(
     max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels)."),
     from_list: Optional[Path] = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
+    on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it with the background, warn, and record the count in the output."),
+    no_label: bool = typer.Option(False, "--no-label", help="Do not carry the source's label image over (it often shows patient identifiers)."),
+    no_associated: bool = typer.Option(False, "--no-associated", help="Do not carry the source's label and macro images over."),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
@@ -382,7 +526,9 @@ def export_pyramid_cmd(
     Dask task per slide; a failed slide is reported and the others go on;
     completed outputs are skipped on a re-run (resume) unless --overwrite.
     Exit status 0 when every slide was exported or skipped, else the exit
-    code of the first failed slide's error.
+    code of the first failed slide's error.  An undecodable source tile
+    stops a slide with exit 7 (a batch counts it failed) unless --on-error
+    fill, which paints it, warns and records the count in the output.
     """
     from .export import COMPRESSIONS, FORMATS
 
@@ -409,7 +555,8 @@ def export_pyramid_cmd(
     bg = _parse_background(background)
     options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
                    region=tuple(region) if region else None, level=level, overlap=overlap,
-                   threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels)
+                   threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
+                   on_error=on_error, label=not no_label, associated=not no_associated)
     if batch:
         _export_batch(srcs, from_list, output, scheduler, quiet, options)
     else:
@@ -459,7 +606,11 @@ def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> Non
         if progress_bar is not None:
             progress_bar.start()
         try:
-            result = export_pyramid(slide, output, progress=callback, **options)
+            from .errors import TileWarning
+
+            with warnings.catch_warnings():  # the painted tiles get the one line below
+                warnings.simplefilter("ignore", TileWarning)
+                result = export_pyramid(slide, output, progress=callback, **options)
         finally:
             if progress_bar is not None:
                 progress_bar.stop()
@@ -511,9 +662,10 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
         def on_done(o) -> None:
             counts[o.status] += 1
             bar.advance(task)
-            line = {"ok": f"[green]ok[/] {o.source} -> {o.output} ({o.seconds:.1f} s)",
-                    "skipped": f"[yellow]skipped[/] {o.source} ({o.output} exists)",
-                    "failed": f"[red]failed[/] {o.error}"}[o.status]
+            line = {"ok": f"[green]ok[/] {shown(o.source)} -> {shown(o.output)} ({o.seconds:.1f} s)",
+                    "skipped": f"[yellow]skipped[/] {shown(o.source)} ({shown(o.output)} is "
+                               "recorded complete for this source and these options)",
+                    "failed": f"[red]failed[/] {shown(o.error)}"}[o.status]
             (err_console if o.status == "failed" else console).print(line, highlight=False,
                                                                      soft_wrap=True)
             res = o.result
@@ -523,11 +675,18 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
                     f"{res.tiles_failed} undecodable source tile(s) were painted with the background",
                     highlight=False)
 
-        with _usage_errors():
+        from .errors import TileWarning
+
+        with _usage_errors(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", TileWarning)  # painted tiles: on_done's line says it
             outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
                                    tile_progress=None if bar.disable else on_tiles, **options)
+    painted = [o.result.tiles_failed for o in outcomes
+               if o.result is not None and getattr(o.result, "tiles_failed", 0)]
     console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
-                  f"of {len(outcomes)} slide(s) into {output}", highlight=False)
+                  f"of {len(outcomes)} slide(s) into {shown(output)}"
+                  + (f"; {sum(painted)} undecodable tile(s) painted in {len(painted)} slide(s)"
+                     if painted else ""), highlight=False, soft_wrap=True)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         raise typer.Exit(_failure_code(failed[0].error_types))
@@ -541,17 +700,17 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
 def stress_cmd(
     slide: Path = typer.Argument(..., help="Slide file."),
     workers: int = typer.Option(16, "--workers", "-w", min=1, help="Reader threads sharing one opened slide."),
-    iterations: Optional[int] = typer.Option(None, "--iterations", "-n",
+    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
                                              help="Total reads over all workers (default 10000)."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Run this many seconds instead of --iterations."),
-    region_size: int = typer.Option(512, "--region-size", help="Nominal region side (px); sides vary from 1/2 to 3/2 of it."),
+    region_size: int = typer.Option(512, "--region-size", min=1, help="Nominal region side (px); sides vary from 1/2 to 3/2 of it."),
     levels: str = typer.Option("all", "--levels", help="'all' or level indices, e.g. '0,1'."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random regions (>= 0)."),
-    verify_every: int = typer.Option(10, "--verify-every", "-k", help="Verify every K-th read against a fresh serial reader."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random regions (>= 0)."),
+    verify_every: int = typer.Option(10, "--verify-every", "-k", min=1, help="Verify every K-th read against a fresh serial reader."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Plot RSS vs iterations (.png/.svg/.pdf; needs the 'plot' extra)."),
-    max_growth_mb: float = typer.Option(64.0, "--max-growth-mb", help="RSS growth after warm-up (MiB) counted as a leak."),
-    warmup: float = typer.Option(0.1, "--warmup", help="Fraction of the run not measured (warm-up)."),
+    max_growth_mb: float = typer.Option(64.0, "--max-growth-mb", min=0.0, help="RSS growth after warm-up (MiB) counted as a leak."),
+    warmup: float = typer.Option(0.1, "--warmup", min=0.0, max=0.9, help="Fraction of the run not measured (warm-up), 0 to 0.9."),
     mode: Literal["rgb", "rgba", "raw"] = typer.Option("rgb", "--mode", help="rgb (decode into caller buffers), rgba or raw."),
     read_threads: int = typer.Option(1, "--read-threads", min=1, help="threads= of each read."),
     stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds without progress before the run counts as hung."),
@@ -560,18 +719,28 @@ def stress_cmd(
 ) -> None:
     """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
 
-    Exit codes: 0 ok; 10 leak; 11 mismatch; 12 read errors; 13 crash; 14 hang
-    (the most serious problem wins); general codes 1-9 for bad input.
+    Exit codes: 0 ok; 10 leak; 11 mismatch; 12 read errors; 13 crash; 14 hang;
+    15 inconclusive (too short to judge memory; the most serious problem wins);
+    general codes 1-9 for bad input (2 a bad option, 9 an unwritable --report/--plot).
     """
     from . import stress
 
     if iterations is not None and duration is not None:
         raise fail("--iterations and --duration are mutually exclusive", 2)
+    for name, value in (("--duration", duration), ("--stall-timeout", stall_timeout),
+                        ("--sample-interval", sample_interval)):
+        if value is not None and not value > 0:
+            raise fail(f"{name} must be > 0 seconds, got {value:g}", 2)
     if plot is not None:
         if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise fail(f"{plot}: unknown plot extension {plot.suffix!r} (use .png, .svg or .pdf)", 2)
         if not stress.plot_available():
             raise fail("--plot needs matplotlib: pip install 'wsitool[plot]'", 2)
+    for name, target in (("--report", report), ("--plot", plot)):
+        if target is not None:  # checked before the run, not after the whole workload
+            problem = _unwritable_output(target)
+            if problem:
+                raise fail(f"{target}: {problem} ({name})", 9)
     live = None
     if console.is_terminal:
         from rich.live import Live
@@ -606,16 +775,40 @@ def stress_cmd(
         raise typer.Exit(result.exit_code)
 
 
+def _unwritable_output(path: Path) -> Optional[str]:
+    """Why a file cannot be written at ``path`` (its folder missing or read-only,
+    the path a folder), or None when it can."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        return "is a directory"
+    if not folder.is_dir():
+        return f"output folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"output folder {folder} is not writable"
+    return None
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Print a Python warning as one ``wsitool: warning:`` line on stderr."""
-    err_console.print(f"[yellow]wsitool: warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]wsitool: warning:[/] {shown(message)}", highlight=False, soft_wrap=True)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    SIGINT, SIGTERM and SIGHUP get one clean shutdown (:mod:`wsitool.signals`):
+    temporary outputs are removed, a Dask cluster or the stress child is shut
+    down, and the exit status is 128 + the signal number (130, 143, 129).
+    """
+    from . import signals
+
     logging.getLogger("tifffile").setLevel(logging.ERROR)
     warnings.showwarning = _show_warning
-    app(args=argv, prog_name="wsitool")
+    previous = signals.install()
+    try:
+        app(args=argv, prog_name="wsitool")
+    finally:
+        signals.restore(previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

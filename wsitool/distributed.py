@@ -135,24 +135,49 @@ def level_to_dask(slide, level: int = 0, *, chunks="tile", threads: int = 1):
 
 
 class _ClientHandle:
-    """A distributed Client, plus the LocalCluster we started (closed on exit)."""
+    """A distributed Client, plus the LocalCluster we started (closed on exit).
 
-    def __init__(self, scheduler, n_tasks: int):
+    ``partials_in``: the output folder of the tasks.  When the block ends by an
+    exception (Ctrl-C, SIGTERM / SIGHUP through :mod:`wsitool.signals`, a
+    failure), the LocalCluster is closed, which ends its worker processes in
+    the middle of their writes; the temporary outputs they leave there are then
+    removed (:func:`wsitool.atomic.clean_stale_partials`: this host, dead
+    processes only).
+    """
+
+    def __init__(self, scheduler, n_tasks: int, partials_in: str | os.PathLike | None = None):
         distributed = _import_distributed()
         self.cluster = None
         self.owned = True
+        self.partials_in = partials_in
+        self._scratch: str | None = None
         if isinstance(scheduler, distributed.Client):
             self.client = scheduler
             self.owned = False
         elif scheduler == "local":
             import logging
 
+            import tempfile
+
             n = max(1, min(n_tasks, os.cpu_count() or 1))
-            self.cluster = distributed.LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True,
-                dashboard_address=":0", silence_logs=logging.ERROR,
-            )
-            self.client = distributed.Client(self.cluster)
+            # The workers' scratch space in a folder of our own, removed on exit
+            # even when they were stopped mid-task (Dask leaves lock files then).
+            self._scratch = tempfile.mkdtemp(prefix="wsitool-dask-")
+            try:
+                import dask
+
+                with dask.config.set({"temporary-directory": self._scratch}):
+                    self.cluster = distributed.LocalCluster(
+                        n_workers=n, threads_per_worker=1, processes=True,
+                        dashboard_address=":0", silence_logs=logging.ERROR,
+                        local_directory=self._scratch,
+                    )
+                self.client = distributed.Client(self.cluster)
+            except BaseException:
+                if self.cluster is not None:
+                    self.cluster.close()
+                _rmtree_quiet(self._scratch)
+                raise
         else:
             try:
                 self.client = distributed.Client(str(scheduler), timeout="10s")
@@ -169,11 +194,25 @@ class _ClientHandle:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         if self.owned:
-            self.client.close()
-            if self.cluster is not None:
-                self.cluster.close()
+            try:
+                self.client.close()
+            finally:
+                if self.cluster is not None:
+                    self.cluster.close()
+                    if exc_type is not None and self.partials_in is not None:
+                        from . import atomic
+
+                        atomic.clean_stale_partials(self.partials_in)
+                if self._scratch is not None:
+                    _rmtree_quiet(self._scratch)
+
+
+def _rmtree_quiet(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _is_client(obj) -> bool:
@@ -246,19 +285,46 @@ class RegionOutcome:
     error_types: tuple[str, ...] = ()
 
 
-_BAD_NAME = re.compile(r"[/\\\x00]")
+#: Characters allowed in a region name (it becomes a file name): letters and
+#: digits of any script, space, and ``_ - . + = , @ ( )``; first character a
+#: letter, digit or ``_``; no trailing space or dot; at most
+#: :data:`MAX_NAME_BYTES` bytes of UTF-8.
+NAME_PUNCTUATION = " _-.+=,@()"
+MAX_NAME_BYTES = 150
 _REQUIRED = ("x", "y", "level", "width", "height")
 _FILE_FORMATS = ("png", "tif", "tiff", "npy")
 _PACK_FORMATS = ("npz", "zarr")
 
 
+def _name_ok(name: str) -> bool:
+    if not name or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return False
+    if not (name[0].isalnum() or name[0] == "_") or name[-1] in " .":
+        return False
+    return all(ch.isalnum() or ch in NAME_PUNCTUATION for ch in name)
+
+
 def _check_name(name: str, where: str) -> str:
-    if not name or name in (".", "..") or name.startswith(".") or _BAD_NAME.search(name):
+    """Refuse a region name outside the safe set (:data:`NAME_PUNCTUATION`) with ``where``."""
+    if not isinstance(name, str) or not _name_ok(name):
         raise InvalidRegionError(
-            f"{where}: invalid region name {name!r} (no path separators, not empty, "
-            "must not start with '.')"
+            f"{where}: invalid region name {name!r} (allowed: letters, digits, space and "
+            f"{NAME_PUNCTUATION.strip()}; starting with a letter, digit or _; at most "
+            f"{MAX_NAME_BYTES} bytes)"
         )
     return name
+
+
+def _decode_text(data: bytes, path: str, what: str) -> str:
+    """``data`` decoded as UTF-8 (a BOM allowed), or InvalidRegionError naming the line."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InvalidRegionError(
+            f"{path}: line {line}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+            "save it as UTF-8"
+        ) from None
 
 
 def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
@@ -275,16 +341,22 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
 
     Raises:
         FileNotFoundError: no such file.
-        InvalidRegionError: a missing column, a value that is not an integer, a
-            non-positive width/height or negative level, an invalid or
-            duplicate name — the message names the file and line.
+        InvalidRegionError: text that is not UTF-8, a row that is not CSV, a
+            missing column, a value that is not an integer, a non-positive
+            width/height or negative level, an invalid (see
+            :data:`NAME_PUNCTUATION`) or duplicate name — the message names the
+            file and line.
     """
     path = os.fspath(path)
     out: list[RegionRequest] = []
     seen: dict[str, int] = {}
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh)
-        header = None
+    import io
+
+    with open(path, "rb") as fb:
+        text = _decode_text(fb.read(), path, "the regions file")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = None
+    try:
         for row in reader:
             if not row or all(not c.strip() for c in row):
                 continue
@@ -324,6 +396,8 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
                 raise InvalidRegionError(f"{where}: duplicate region name {name!r} (also on line {seen[name]})")
             seen[name] = reader.line_num
             out.append(RegionRequest(name=name, **vals))
+    except csv.Error as exc:  # a NUL byte, an unterminated quote at the end, a huge field
+        raise InvalidRegionError(f"{path}: line {reader.line_num}: not a valid CSV row ({exc})") from None
     if header is None:
         raise InvalidRegionError(f"{path}: empty regions file (expected a header x,y,level,width,height[,name])")
     return out
@@ -331,8 +405,9 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
 
 def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir: str | None,
                  fmt: str | None, mode: str, on_error: str, threads: int,
-                 return_arrays: bool) -> list[tuple[RegionOutcome, np.ndarray | None]]:
-    """Read a batch of regions of one slide; write files or return the arrays."""
+                 return_arrays: bool, overwrite: bool = False) -> list[tuple[RegionOutcome, np.ndarray | None]]:
+    """Read a batch of regions of one slide; write files (never over the slide ``path``;
+    an existing file only with ``overwrite``) or return the arrays."""
     _quiet_tifffile()
     results = []
     try:
@@ -350,7 +425,7 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
                 results.append((RegionOutcome(req, "ok", shape=arr.shape), arr))
             else:
                 dest = Path(output_dir) / f"{req.name}.{fmt}"
-                write_image(dest, arr)
+                write_image(dest, arr, overwrite=overwrite, sources=(path,))
                 results.append((RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None))
         except Exception as exc:
             msg, types = _error_record(exc)
@@ -359,14 +434,27 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
 
 
 class _PackWriter:
-    """Write arrays one by one into ``<dest>`` (.npz zip or Zarr group), atomically."""
+    """Write arrays one by one into ``<dest>`` (.npz zip or Zarr group), atomically.
 
-    def __init__(self, dest: Path, fmt: str):
+    The store is made as a :mod:`wsitool.atomic` partial (an exclusive new file,
+    or a fresh folder for Zarr) and renamed onto ``dest`` by :meth:`commit`.
+    """
+
+    def __init__(self, dest: Path, fmt: str, sources=(), overwrite: bool = False):
+        from . import atomic
+
         self.dest = dest
         self.fmt = fmt
-        self.tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+        self.overwrite = overwrite
+        self._fh = None
         if fmt == "npz":
-            self._zip = zipfile.ZipFile(self.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+            self.partial, self._fh = atomic.open_file(dest, sources, read=True)
+            try:
+                self._zip = zipfile.ZipFile(self._fh, "w", compression=zipfile.ZIP_STORED,
+                                            allowZip64=True)
+            except BaseException:
+                self.abort()
+                raise
         else:
             try:
                 import zarr
@@ -375,7 +463,13 @@ class _PackWriter:
                     "--pack with format zarr needs the zarr package (pip install zarr)"
                 ) from None
             self._zarr = zarr
-            self._group = zarr.open_group(str(self.tmp), mode="w")
+            self.partial = atomic.create_dir(dest, sources)
+            try:
+                self._group = zarr.open_group(str(self.partial.path), mode="a")
+            except BaseException:
+                self.abort()
+                raise
+        self.tmp = self.partial.path
 
     def add(self, name: str, arr: np.ndarray) -> None:
         if self.fmt == "npz":
@@ -391,27 +485,18 @@ class _PackWriter:
     def commit(self) -> None:
         if self.fmt == "npz":
             self._zip.close()
-        if self.dest.exists():
-            if self.dest.is_dir():
-                import shutil
-
-                shutil.rmtree(self.dest)
-            else:
-                self.dest.unlink()
-        os.replace(self.tmp, self.dest)
+            self._fh.close()
+        self.partial.commit(self.overwrite)
 
     def abort(self) -> None:
-        import shutil
-
         if self.fmt == "npz":
-            try:
-                self._zip.close()
-            except Exception:
-                pass
-        if self.tmp.is_dir():
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        elif self.tmp.exists():
-            self.tmp.unlink()
+            for closer in (getattr(self, "_zip", None), self._fh):
+                try:
+                    if closer is not None:
+                        closer.close()
+                except Exception:
+                    pass
+        self.partial.abort()
 
 
 def _slide_stem(path: str) -> str:
@@ -427,7 +512,8 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
                  output_dir: str | os.PathLike, *, format: str | None = None,
                  pack: bool = False, mode: str = "rgba", on_error: str = "raise",
                  scheduler=None, workers: int | None = None, batch_size: int | None = None,
-                 progress: Callable[[RegionOutcome], None] | None = None) -> list[RegionOutcome]:
+                 progress: Callable[[RegionOutcome], None] | None = None,
+                 overwrite: bool = False) -> list[RegionOutcome]:
     """Read many regions of one slide and write them to ``output_dir``.
 
     Each region is read exactly as a single :meth:`Slide.read_region` call with
@@ -460,6 +546,9 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         batch_size: regions per Dask task (default: enough for ~4 tasks per
             worker thread, at most 64).
         progress: called with each :class:`RegionOutcome` as it completes.
+        overwrite: replace outputs that exist (never the slide itself).
+            Without it an existing output refuses the whole batch before
+            anything is read or written.
 
     Returns:
         One :class:`RegionOutcome` per request, in request order.  A region
@@ -475,6 +564,10 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         DaskUnavailableError: a Dask scheduler without Dask installed.
         FileNotFoundError, UnsupportedFormatError, CorruptFileError: the slide
             cannot be opened.
+        OutputIsSourceError: an output would be the slide (usage error), checked
+            for every output before any region is read, the first one named.
+        OutputExistsError: an output exists and ``overwrite`` is False (the
+            first one named), checked likewise.
     """
     if on_error not in ("raise", "fill"):
         raise InvalidRegionError(f"on_error must be 'raise' or 'fill', got {on_error!r}")
@@ -516,8 +609,22 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
             s.close()
     stamp = file_stamp(path)
     out_dir = Path(output_dir)
+    from . import atomic
+
+    # Every output checked before anything is read or written (wsitool.atomic):
+    # none may be the slide; existing ones only with overwrite.
+    sources = (path, os.fspath(s.path))
+    if pack:
+        dests = [out_dir / f"{_slide_stem(path)}-regions.{fmt}"]
+    else:
+        dests = [out_dir / f"{r.name}.{fmt}" for r in requests]
+    if out_dir.is_dir():
+        for dest in dests:
+            atomic.check_output(dest, sources, overwrite, kind="dir" if fmt == "zarr" else "file")
     out_dir.mkdir(parents=True, exist_ok=True)
-    writer = _PackWriter(out_dir / f"{_slide_stem(path)}-regions.{fmt}", fmt) if pack else None
+    atomic.clean_stale_partials(out_dir)
+    writer = _PackWriter(dests[0], fmt, sources, overwrite) if pack else None
+    region_task = functools.partial(_region_task, overwrite=overwrite)
     outcomes: dict[str, RegionOutcome] = {}
 
     def collect(batch_results):
@@ -542,14 +649,14 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
                         req = next(it, None)
                         if req is None:
                             break
-                        pending.add(pool.submit(_region_task, path, stamp, [req], *task_args, 1, pack))
+                        pending.add(pool.submit(region_task, path, stamp, [req], *task_args, 1, pack))
                     if not pending:
                         break
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
                         collect(fut.result())
         else:
-            with _ClientHandle(scheduler, max(1, len(requests))) as handle:
+            with _ClientHandle(scheduler, max(1, len(requests)), partials_in=out_dir) as handle:
                 distributed = _import_distributed()
                 nthreads = handle.n_workers()
                 bs = batch_size or max(1, min(64, len(requests) // (4 * nthreads) or 1))
@@ -561,14 +668,14 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
                     b = next(it, None)
                     if b is None:
                         break
-                    ac.add(handle.client.submit(_region_task, path, stamp, b, *task_args, 1, pack,
+                    ac.add(handle.client.submit(region_task, path, stamp, b, *task_args, 1, pack,
                                                 pure=False))
                 for fut in ac:
                     collect(fut.result())
                     fut.release()
                     b = next(it, None)
                     if b is not None:
-                        ac.add(handle.client.submit(_region_task, path, stamp, b, *task_args, 1,
+                        ac.add(handle.client.submit(region_task, path, stamp, b, *task_args, 1,
                                                     pack, pure=False))
         if writer is not None:
             writer.commit()
@@ -633,11 +740,14 @@ def expand_sources(sources: Iterable[str | os.PathLike] = (),
             items.append(s)
     if from_list is not None:
         base = os.path.dirname(os.path.abspath(os.fspath(from_list)))
-        with open(from_list, encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    items.append(line if os.path.isabs(line) else os.path.join(base, line))
+        with open(from_list, "rb") as fh:  # paths are bytes to the OS: any encoding is kept
+            data = fh.read()
+        if data.startswith(b"\xef\xbb\xbf"):
+            data = data[3:]
+        for raw in data.splitlines():
+            line = os.fsdecode(raw).strip()
+            if line and not line.startswith("#"):
+                items.append(line if os.path.isabs(line) else os.path.join(base, line))
     seen: set[str] = set()
     out = []
     for item in items:
@@ -661,19 +771,122 @@ def export_output_path(source: str | os.PathLike, output_dir: str | os.PathLike,
     return Path(output_dir) / (_slide_stem(os.fspath(source)) + _FORMAT_SUFFIX[format])
 
 
-def _output_complete(output: Path, format: str) -> bool:
-    """True when a previous export of ``output`` completed.
+#: The batch export manifest, in the output folder: what earlier batches completed.
+MANIFEST_NAME = ".wsitool-manifest.json"
+#: Export options that do not change the output's content (not compared on resume).
+_UNRECORDED_OPTIONS = ("threads", "overwrite", "progress", "max_pixels")
 
-    Exports are atomic (temporary name, renamed on success), so the final name
-    exists only for a complete output; a Deep Zoom output also needs its
-    ``<stem>_files`` folder.
-    """
+
+def _output_size(output: Path, format: str) -> int | None:
+    """Size in bytes of a complete-looking output (for Deep Zoom the ``.dzi`` file,
+    with its ``_files`` folder present), or None when absent or incomplete."""
+    if format == "dzi":
+        from .export import _dzi_paths
+
+        output, files, _stem = _dzi_paths(output)
+        if not files.is_dir() or files.is_symlink():
+            return None
+    try:
+        st = os.lstat(output)
+    except OSError:
+        return None
+    import stat as _stat
+
+    return st.st_size if _stat.S_ISREG(st.st_mode) else None
+
+
+def _output_exists(output: Path, format: str) -> bool:
     if format == "dzi":
         from .export import _dzi_paths
 
         dzi, files, _stem = _dzi_paths(output)
-        return dzi.is_file() and files.is_dir()
-    return output.is_file()
+        return os.path.lexists(dzi) or os.path.lexists(files)
+    return os.path.lexists(output)
+
+
+def _source_stamp(source: str) -> dict | None:
+    try:
+        st = os.stat(source)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        return None
+    return {"source": os.path.abspath(source), "source_size": st.st_size,
+            "source_mtime_ns": st.st_mtime_ns}
+
+
+def _recorded_options(options: dict) -> dict:
+    """The options that shape an output, as JSON values (tuples become lists)."""
+    import json
+
+    kept = {k: v for k, v in options.items() if k not in _UNRECORDED_OPTIONS}
+    return json.loads(json.dumps(kept, sort_keys=True, default=lambda v: list(v) if isinstance(
+        v, (tuple, set, np.ndarray)) else str(v)))
+
+
+class _Manifest:
+    """The batch manifest ``<output_dir>/.wsitool-manifest.json`` (:data:`MANIFEST_NAME`).
+
+    JSON ``{"version": 1, "outputs": {<output file name>: {"source": absolute
+    path, "source_size": bytes, "source_mtime_ns": ns, "output_size": bytes,
+    "format": ..., "options": {...}, "completed": ISO time}}}``, rewritten
+    atomically (:mod:`wsitool.atomic`) after each completed slide.  An
+    unreadable or foreign manifest counts as empty.
+    """
+
+    def __init__(self, out_dir: Path):
+        import json
+
+        self.path = out_dir / MANIFEST_NAME
+        self.entries: dict[str, dict] = {}
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as fh:
+                data = json.loads(fh.read(1 << 24).decode("utf-8"))
+            if isinstance(data, dict) and data.get("version") == 1 and isinstance(data.get("outputs"), dict):
+                self.entries = {k: v for k, v in data["outputs"].items() if isinstance(v, dict)}
+        except (OSError, ValueError):
+            pass
+
+    def plan(self, source: str, output: Path, format: str, options: dict, overwrite: bool) -> str:
+        """``"skip"`` (recorded complete: same source file, size, mtime and options, output
+        unchanged), ``"replace"`` (an output an earlier batch recorded, now stale),
+        ``"new"`` (nothing there) or ``"exists"`` (something not recorded is there)."""
+        entry = self.entries.get(output.name)
+        stamp = _source_stamp(source)
+        if overwrite:
+            return "replace" if _output_exists(output, format) else "new"
+        if entry is not None and stamp is not None:
+            size = _output_size(output, format)
+            same = (all(entry.get(k) == v for k, v in stamp.items())
+                    and entry.get("format") == format
+                    and entry.get("options") == _recorded_options(options)
+                    and size is not None and entry.get("output_size") == size)
+            if same:
+                return "skip"
+        if not _output_exists(output, format):
+            return "new"
+        return "replace" if entry is not None else "exists"
+
+    def record(self, source: str, output: Path, format: str, options: dict,
+               stamp: dict | None) -> None:
+        """Record ``output`` as complete (``stamp``: the source as it was when the export
+        started) and rewrite the manifest; a write error is ignored (resume then redoes it)."""
+        import datetime
+        import json
+
+        from . import atomic
+
+        size = _output_size(output, format)
+        if stamp is None or size is None:
+            self.entries.pop(output.name, None)
+        else:
+            self.entries[output.name] = dict(
+                stamp, output_size=size, format=format, options=_recorded_options(options),
+                completed=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        data = json.dumps({"version": 1, "outputs": self.entries}, indent=1, sort_keys=True) + "\n"
+        try:
+            atomic.write_bytes(self.path, data.encode("utf-8"), overwrite=True)
+        except OSError:
+            pass
 
 
 def _progress_forwarder(index: int, topic: str | None,
@@ -715,9 +928,6 @@ def _export_task(source: str, output: str, options: dict, index: int = 0,
     _quiet_tifffile()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     t0 = time.perf_counter()
-    fmt = options.get("format", "tiff")
-    if not options.get("overwrite") and _output_complete(Path(output), fmt):
-        return SlideOutcome(source, output, "skipped", worker=worker)
     try:
         from .export import export_pyramid
 
@@ -757,10 +967,17 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
             the CPU count; on a cluster twice the CPU count of this machine
             divided by the number of concurrent exports, between 1 and the CPU
             count, so that the last long export can use cores left idle).
-        overwrite: re-export slides whose output exists.  Without it a
-            complete output is skipped (``"skipped"``), so re-running a batch
-            resumes it; outputs of interrupted exports never exist under the
-            final name (export writes to a temporary name).
+        overwrite: re-export slides whose output exists (never over a
+            source).  Without it, re-running a batch resumes it: an output
+            that the manifest (:data:`MANIFEST_NAME` in ``output_dir``, see
+            :class:`_Manifest`) records as complete for the same source path,
+            size and mtime, the same options and the same output size is
+            ``"skipped"``; a recorded output that is stale (source or options
+            changed, output altered) is exported again and replaced; an
+            existing output no batch recorded is ``"failed"`` with
+            :class:`~wsitool.errors.OutputExistsError`.  Partials that this
+            host's dead processes left in ``output_dir`` are removed first
+            (:func:`wsitool.atomic.clean_stale_partials`).
         progress: called with each :class:`SlideOutcome` as it finishes (in
             completion order).
         tile_progress: called as ``tile_progress(index, tiles_done,
@@ -802,17 +1019,50 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     options.pop("progress", None)
     results: dict[int, SlideOutcome] = {}
     cpus = os.cpu_count() or 1
-    if scheduler == "sequential":
+    # Resume (item: the manifest): skip only what an earlier batch recorded as
+    # complete for the same source file and options; litter of dead runs goes.
+    from . import atomic
+    from .errors import OutputExistsError
+
+    atomic.clean_stale_partials(out_dir)
+    manifest = _Manifest(out_dir)
+    stamps = [_source_stamp(s) for s in srcs]
+    todo: list[int] = []
+    plans: dict[int, str] = {}
+    for i, (s, o) in enumerate(zip(srcs, outputs)):
+        plans[i] = manifest.plan(s, o, format, options, overwrite)
+        if plans[i] == "skip":
+            results[i] = SlideOutcome(s, str(o), "skipped")
+        elif plans[i] == "exists":
+            exc = OutputExistsError(o, "exists and no earlier batch recorded it as complete "
+                                       f"(in {MANIFEST_NAME}); use --overwrite / overwrite=True")
+            msg, types = _error_record(exc)
+            results[i] = SlideOutcome(s, str(o), "failed", error=msg, error_types=types)
+        else:
+            todo.append(i)
+        if i in results and progress is not None:
+            progress(results[i])
+
+    def task_options(i: int) -> dict:
+        return dict(options, overwrite=plans[i] == "replace")
+
+    def finished_one(i: int, outcome: SlideOutcome) -> None:
+        results[i] = outcome
+        if outcome.status == "ok":
+            manifest.record(srcs[i], outputs[i], format, options, stamps[i])
+        if progress is not None:
+            progress(outcome)
+
+    if scheduler == "sequential" or not todo:
         options["threads"] = threads
-        for i, (s, o) in enumerate(zip(srcs, outputs)):
-            results[i] = _export_task(s, str(o), options, i, local_progress=tile_progress)
-            if progress is not None:
-                progress(results[i])
+        for i in todo:
+            finished_one(i, _export_task(srcs[i], str(outputs[i]), task_options(i), i,
+                                         local_progress=tile_progress))
         return [results[i] for i in range(len(srcs))]
-    with _ClientHandle(scheduler, len(srcs)) as handle:
+    with _ClientHandle(scheduler, len(todo), partials_in=out_dir) as handle:
         # Two threads per core in all: when one long export is the last one
         # running, it can still use the cores the idle workers left.
-        running = min(len(srcs), handle.n_workers())
+        running = min(len(todo), handle.n_workers())
         options["threads"] = threads or min(cpus, max(1, 2 * cpus // max(1, running)))
         topic = None
         if tile_progress is not None:
@@ -828,14 +1078,15 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
 
             handle.client.subscribe_topic(topic, on_event)
         futures = {}
-        for i, (s, o) in enumerate(zip(srcs, outputs)):
+        for i in todo:
+            s, o = srcs[i], outputs[i]
             # Largest files first (higher priority runs earlier), so one big
             # slide does not start last and keep a single worker busy alone.
             try:
                 priority = os.path.getsize(s)
             except OSError:
                 priority = 0
-            fut = handle.client.submit(_export_task, os.path.abspath(s), str(o.resolve()), options,
+            fut = handle.client.submit(_export_task, os.path.abspath(s), str(o.resolve()), task_options(i),
                                        i, topic, pure=False, priority=priority,
                                        key=f"wsitool-export-{i}-{os.path.basename(s)}-{time.time_ns()}")
             futures[fut] = i
@@ -849,9 +1100,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
                 msg, types = _error_record(exc)
                 outcome = SlideOutcome(srcs[i], str(outputs[i]), "failed",
                                        error=f"{srcs[i]}: {msg}", error_types=types)
-            results[i] = outcome
-            if progress is not None:
-                progress(outcome)
+            finished_one(i, outcome)
         if topic is not None:
             # the last events may arrive just after the results: wait briefly for them
             ok = {i for i, o in results.items() if o.status == "ok"}

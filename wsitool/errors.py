@@ -18,13 +18,23 @@ want to handle differently:
   level, tile column and row.
 * :class:`DeviceUnavailableError` -- a CUDA device was requested but none is
   usable.
+* :class:`OutputIsSourceError` -- a command would write over one of its own
+  sources (a usage error; also a :class:`ValueError`).
+* :class:`OutputExistsError` -- an output exists and overwriting was not
+  asked for (also a :class:`FileExistsError`).
 
 Messages always name the file and, where it applies, the level and tile.
 """
 
 from __future__ import annotations
 
+import errno as _errno
 import os
+
+try:
+    import resource as _resource  # POSIX only
+except ImportError:  # pragma: no cover - Windows
+    _resource = None
 
 __all__ = [
     "WsiError",
@@ -37,6 +47,9 @@ __all__ = [
     "SlideWarning",
     "TileWarning",
     "DaskUnavailableError",
+    "OutputExistsError",
+    "OutputIsSourceError",
+    "printable",
 ]
 
 
@@ -105,6 +118,130 @@ class SlideWarning(UserWarning):
     is what a truncated file looks like): the slide opens with the levels that
     could be read, and :attr:`wsitool.Slide.problems` lists the messages.
     """
+
+
+class OutputIsSourceError(WsiError, ValueError):
+    """An output path is (or links to) a source the command reads: never written.
+
+    Attributes:
+        path: the output path as given.
+        source: the source it is.
+    """
+
+    def __init__(self, path: str | os.PathLike, source: str | os.PathLike):
+        self.path = os.fspath(path)
+        self.source = os.fspath(source)
+        same = "" if os.path.abspath(self.path) == os.path.abspath(self.source) else f" ({self.source})"
+        super().__init__(f"{self.path}: output is the source slide{same}; choose another output name")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.source))
+
+
+class OutputExistsError(WsiError, FileExistsError):
+    """An output exists and ``overwrite`` (``--overwrite``) was not given.
+
+    An :class:`OSError` (``errno.EEXIST``) whose ``filename`` is the output path.
+    """
+
+    def __init__(self, path: str | os.PathLike,
+                 reason: str = "already exists (use --overwrite / overwrite=True)"):
+        super().__init__(_errno.EEXIST, reason, os.fspath(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+    def __reduce__(self):
+        return (type(self), (self.filename, self.strerror))
+
+
+def printable(text) -> str:
+    """``text`` safe to print on a terminal: non-printable characters escaped as ``repr`` does.
+
+    Control characters (C0, C1, DEL: escape sequences, bells, newlines) and
+    the Unicode characters that are not printable (bidi overrides,
+    zero-width and other format characters, unassigned code points) become
+    ``\\xNN``, ``\\uNNNN``, ``\\n``, ``\\r``, ``\\t``; everything else,
+    a backslash and spaces included, is unchanged.
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+#: errno values that mean the operating system ran out of something (descriptors,
+#: memory) or the storage failed: I/O errors of the machine, not of the slide.
+RESOURCE_ERRNOS = frozenset(e for e in (
+    getattr(_errno, "EMFILE", None), getattr(_errno, "ENFILE", None), getattr(_errno, "ENOMEM", None),
+    getattr(_errno, "EIO", None), getattr(_errno, "ENOBUFS", None),
+) if e is not None)
+
+_RESOURCE_HINTS = {
+    getattr(_errno, "EMFILE", -1): "the process is out of file descriptors: raise ulimit -n",
+    getattr(_errno, "ENFILE", -1): "the system is out of file descriptors",
+    getattr(_errno, "ENOMEM", -1): "out of memory",
+    getattr(_errno, "EIO", -1): "the storage reported an I/O error",
+}
+
+
+def os_resource_error(exc: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
+    """An OSError naming the cause if ``exc`` is an operating-system resource
+    failure (:data:`RESOURCE_ERRNOS`: EMFILE, ENFILE, ENOMEM, EIO, ...), else None.
+
+    Such failures are the machine's, not the file's: callers raise the result
+    instead of reporting the slide as corrupt (the CLI exits 9, I/O error).
+    """
+    if isinstance(exc, MemoryError):
+        code = _errno.ENOMEM
+    elif isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+        code = exc.errno
+    else:
+        return None
+    hint = _RESOURCE_HINTS.get(code)
+    text = os.strerror(code) + (f" ({hint})" if hint else "")
+    where = os.fspath(path) if path is not None else getattr(exc, "filename", None)
+    return OSError(code, text, where) if where is not None else OSError(code, text)
+
+
+def raise_if_os_resource(exc: BaseException, path: str | os.PathLike | None = None) -> None:
+    """Raise :func:`os_resource_error` of ``exc`` when there is one (else return)."""
+    err = os_resource_error(exc, path)
+    if err is not None:
+        raise err from None
+
+
+#: Descriptors a native decoder may need for its own work (thread-pool pipes,
+#: plugin files): with fewer free than this, a failed decode is blamed on the
+#: descriptor limit, not on the tile.
+DECODER_DESCRIPTOR_HEADROOM = 4
+
+
+def descriptors_exhausted(path: str | os.PathLike | None = None) -> OSError | None:
+    """Probe whether this process can still open files: None if it can, else the
+    OSError (EMFILE/ENFILE/ENOMEM) worded by :func:`os_resource_error`.
+
+    A native decoder that cannot get a descriptor (or memory) for its work
+    returns "no image", which looks like corrupt tile data; callers probe before
+    blaming the tile.  Exhausted means: opening a file fails now, or fewer than
+    :data:`DECODER_DESCRIPTOR_HEADROOM` descriptors are free under the soft
+    ``RLIMIT_NOFILE`` (the decoder may have failed a moment ago and released
+    what it had).
+    """
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY)
+    except OSError as exc:
+        return os_resource_error(exc, path)
+    os.close(fd)
+    try:
+        soft = _resource.getrlimit(_resource.RLIMIT_NOFILE)[0] if _resource else None
+        # (listing /proc/self/fd takes one descriptor itself, which it lists)
+        in_use = len(os.listdir("/proc/self/fd")) - 1
+    except (OSError, ValueError):
+        soft = in_use = None
+    if in_use is not None and soft not in (None, -1) and soft - in_use < DECODER_DESCRIPTOR_HEADROOM:
+        return os_resource_error(OSError(_errno.EMFILE, os.strerror(_errno.EMFILE)), path)
+    return None
 
 
 class TileWarning(UserWarning):

@@ -66,6 +66,10 @@ pixel::
        + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
                                    d = max(3, s) for 8-bit sources, 8 * samples for wider
                                    ones (converted through float64)
+       + 3*P                       tiff only: the level kept for the Aperio thumbnail, P its
+                                   pixels (at most max(1024, T)**2)
+       + 6*A                       label and macro carried over (A their pixels): decoded,
+                                   and while tifffile encodes them
        + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
 
 It grows with the width and the tile size, never with the height: about
@@ -81,7 +85,12 @@ Format facts used here:
   which ``MPP`` (micrometres per pixel) and ``AppMag`` (objective power) give
   OpenSlide's ``openslide.mpp-x/y`` and ``openslide.objective-power``;
   pyramid levels are tiled IFDs (OpenSlide's Aperio format notes,
-  openslide.org/formats/aperio).  JPEG 2000 tiles use compression 33005
+  openslide.org/formats/aperio).  Layout (the same notes, quoting Aperio's
+  "Digital Slides and Third-party Data Interchange" p. 14): the first IFD
+  is the full resolution, the second a stripped thumbnail, then the other
+  levels, then the stripped label (NewSubfileType 1) and macro
+  (NewSubfileType 9), named on the second line of their ImageDescription;
+  tifffile and tiffslide take IFD 1 as the thumbnail whatever it holds.  JPEG 2000 tiles use compression 33005
   (Aperio "JP2K RGB": a raw JPEG 2000 code stream, ISO/IEC 15444-1 Annex A).
 * OME-TIFF: OME-XML in the first ImageDescription with ``Pixels``
   ``PhysicalSizeX/Y`` in ``µm``; the reduced levels are SubIFDs (TIFF tag
@@ -121,11 +130,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import secrets
 import shutil
 import struct
-import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -144,12 +152,14 @@ from .slide import Slide, open_slide
 
 __all__ = ["ExportResult", "export_pyramid", "pyramid_dimensions", "memory_bound", "strip_rows",
            "write_image", "check_image_extension", "IMAGE_EXTENSIONS",
-           "FORMATS", "COMPRESSIONS"]
+           "FORMATS", "COMPRESSIONS", "ON_ERROR", "painted_tiles", "PAINTED_KEY"]
 
 #: Output formats.
 FORMATS = ("tiff", "ome-tiff", "dzi")
 #: Tile compressions.
 COMPRESSIONS = ("jpeg", "jpeg2000", "deflate", "none")
+#: What an export does with an undecodable source tile: stop with its error, or paint it.
+ON_ERROR = ("raise", "fill")
 
 _SLACK = 1 << 20  # bookkeeping term of the memory bound
 
@@ -168,8 +178,9 @@ class ExportResult:
         tiles_written: output tiles written, all levels.
         tiles_missing: source tiles inside the region that are absent from
             the file (offset or byte count 0); their pixels are background.
-        tiles_failed: source tiles that could not be decoded; their pixels
-            are background and the export goes on.
+        tiles_failed: source tiles that could not be decoded, painted with
+            the background (only with ``on_error="fill"``; by default the
+            first one stops the export, so a returned result has 0).
         seconds: wall-clock duration of the export.
         tile_size: output tile size in pixels.
         compression: tile compression.
@@ -240,7 +251,8 @@ def strip_rows(tile_size: int, source_tile_height: int) -> int:
 
 def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 1, threads: int = 1,
                  source_tile: tuple[int, int] = (0, 0), source_pixel_bytes: int = 3,
-                 source_itemsize: int = 1) -> int:
+                 source_itemsize: int = 1, thumbnail_pixels: int = 0,
+                 associated_pixels: int = 0) -> int:
     """Upper bound in bytes on the numpy buffers one export holds at once.
 
     Args:
@@ -252,6 +264,8 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         source_tile: ``(width, height)`` of one source tile (or strip) of the level read.
         source_pixel_bytes: bytes per pixel of the source level (samples x itemsize).
         source_itemsize: bytes per sample of the source level.
+        thumbnail_pixels: pixels of the level kept for the thumbnail (``tiff``).
+        associated_pixels: pixels of the associated images carried over.
 
     Returns:
         The bound ``B`` of the module docstring (bytes).  It does not depend
@@ -275,6 +289,8 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         + 6 * q * (T + 2 * O) ** 2
         + 16 * (T + 2 * O) ** 2
         + 4 * threads * stw * sth * decode_bytes
+        + 3 * int(thumbnail_pixels)
+        + 6 * int(associated_pixels)
         + _SLACK
     )
 
@@ -556,12 +572,15 @@ class _Source:
     (outside the level, missing tiles) are then painted with the background,
     which gives exactly the ``"rgba"`` composite without the RGBA copy.
     Sources with an alpha channel (ExtraSamples 1 or 2) are read in
-    ``"rgba"`` mode and composited.  A strip with an undecodable tile is read
-    again tile by tile; the tiles that fail stay background and are counted.
+    ``"rgba"`` mode and composited.  With ``on_error="raise"`` the first
+    undecodable tile's :class:`TileDecodeError` ends the export; with
+    ``"fill"`` a strip with an undecodable tile is read again tile by tile,
+    and the tiles that fail stay background and are counted (``failed``,
+    ``first_error``).
     """
 
     def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, tile: int,
-                 threads: int, background: np.ndarray):
+                 threads: int, background: np.ndarray, on_error: str = "raise"):
         lv = slide.levels[level]
         #: rows per strip, and the rows of the first strip (up to the source tile grid)
         self.strip = strip_rows(tile, lv.tile_height)
@@ -573,7 +592,9 @@ class _Source:
         self.rx, self.ry, self.w, self.h = rx, ry, w, h
         self.threads = threads
         self.background = background
+        self.on_error = on_error
         self.failed: set[tuple[int, int]] = set()
+        self.first_error: str | None = None  # message of the first tile painted over
         self.alpha = any(code in (1, 2) for code in self.lv.encoding.extrasamples)
         self._rgba = np.empty((min(self.strip, h), w, 4), np.uint8) if self.alpha else None
         self._missing = self._missing_grid()
@@ -625,6 +646,8 @@ class _Source:
             self.slide.read_region(loc, self.level, (self.w, rows), out=out, mode="rgb",
                                    threads=self.threads, on_error="raise")
         except TileDecodeError:
+            if self.on_error != "fill":
+                raise
             self._read_tilewise(ly, out)
             return
         self._paint_transparent(ly, out)
@@ -667,8 +690,10 @@ class _Source:
                         part = self.slide.read_region(self._loc(x0, y0), self.level,
                                                       (x1 - x0, y1 - y0), mode="rgba", threads=1,
                                                       on_error="raise")
-                    except TileDecodeError:
+                    except TileDecodeError as exc:
                         self.failed.add((col, row))
+                        if self.first_error is None:
+                            self.first_error = str(exc)
                         continue
                     rgba[y0 - ly:y1 - ly, x0 - self.rx:x1 - self.rx] = part
         _composite(rgba, out, self.background)
@@ -691,8 +716,14 @@ def _composite(rgba: np.ndarray, out: np.ndarray, background: np.ndarray) -> Non
 # --------------------------------------------------------------------------- writers
 
 
-def _aperio_description(width: int, height: int, tile: int, kind: str, mpp, mag) -> str:
-    """First-IFD ImageDescription in the Aperio layout (header line, then ``|key = value``)."""
+def _aperio_description(width: int, height: int, tile: int, kind: str, mpp, mag,
+                        painted: int | None = None) -> str:
+    """First-IFD ImageDescription in the Aperio layout (header line, then ``|key = value``).
+
+    ``painted``: with ``on_error="fill"``, the count of undecodable source
+    tiles painted with the background, as the field ``UndecodableTiles``
+    (OpenSlide shows it as ``aperio.UndecodableTiles``).
+    """
     from .version import __version__
 
     fields = [f"Aperio Image Library wsitool {__version__}\r\n"
@@ -702,7 +733,104 @@ def _aperio_description(width: int, height: int, tile: int, kind: str, mpp, mag)
     if mpp is not None:
         fields.append(f"MPP = {mpp:.6g}")
     fields.append("ScannedBy = wsitool export-pyramid")
+    if painted is not None:
+        fields.append(f"{PAINTED_KEY} = {int(painted)}")
     return "|".join(fields)
+
+
+#: Name of the recorded count of undecodable source tiles painted over by an
+#: ``on_error="fill"`` export: an Aperio ``key = value`` field of the first
+#: ImageDescription (``tiff``), a ``MapAnnotation`` entry of the first OME
+#: Image (namespace :data:`PAINTED_NAMESPACE`, ``ome-tiff``), an XML comment
+#: in the ``.dzi`` (``dzi``).  See :func:`painted_tiles`.
+PAINTED_KEY = "UndecodableTiles"
+PAINTED_NAMESPACE = "wsitool"
+
+#: Longest side (pixels) of the thumbnail written in the Aperio layout: the
+#: largest pyramid level whose sides are all at most this (the last level if
+#: none is).  Aperio's are "typically about 1024x768" (Aperio, "Digital Slides
+#: and Third-party Data Interchange", p. 14, quoted in OpenSlide's Aperio notes).
+THUMBNAIL_SIZE = 1024
+
+
+def _thumbnail_level(dims: Sequence[tuple[int, int]]) -> int:
+    """Index of the pyramid level kept as the Aperio thumbnail (see :data:`THUMBNAIL_SIZE`)."""
+    for k, (w, h) in enumerate(dims):
+        if w <= THUMBNAIL_SIZE and h <= THUMBNAIL_SIZE:
+            return k
+    return len(dims) - 1
+
+
+class _LevelImage:
+    """The pixels of one output level, assembled from its tiles as they are made."""
+
+    def __init__(self, level: int, width: int, height: int, tile: int):
+        self.level = level
+        self.tile = tile
+        self.image = np.empty((height, width, 3), np.uint8)
+
+    def add(self, col: int, row: int, tile: np.ndarray) -> None:
+        T = self.tile
+        y0, x0 = row * T, col * T
+        h, w = self.image.shape[:2]
+        y1, x1 = min(y0 + tile.shape[0], h), min(x0 + tile.shape[1], w)
+        self.image[y0:y1, x0:x1] = tile[:y1 - y0, :x1 - x0]
+
+
+def _associated_for_export(slide, label: bool, associated: bool,
+                           on_error: str) -> list[tuple[str, np.ndarray]]:
+    """The source's ``label`` and ``macro`` images to carry over, in that order.
+
+    ``associated=False`` drops both, ``label=False`` the label (it often
+    shows patient identifiers).  The source's thumbnail is never carried:
+    the ``tiff`` output gets one made from its own pyramid.
+
+    Raises:
+        WsiError (and subclasses): an associated image cannot be read, with
+            ``on_error="raise"``; with ``"fill"`` it is left out with a
+            :class:`~wsitool.region.TileWarning`.
+    """
+    if not associated:
+        return []
+    out = []
+    for name in ("label", "macro"):
+        if name == "label" and not label:
+            continue
+        if name not in slide.associated_images:
+            continue
+        try:
+            arr = slide.associated_images[name]
+        except WsiError as exc:
+            if on_error != "fill":
+                raise
+            from .errors import TileWarning
+
+            warnings.warn(f"{slide.path}: associated image {name!r} left out: {exc}", TileWarning,
+                          stacklevel=3)
+            continue
+        out.append((name, np.ascontiguousarray(arr[..., :3], dtype=np.uint8)))
+    return out
+
+
+def painted_tiles(slide) -> int | None:
+    """The count of undecodable source tiles that a wsitool export painted with
+    the background (``on_error="fill"``), as recorded in ``slide`` (an open
+    :class:`~wsitool.slide.Slide` of a ``tiff`` or ``ome-tiff`` export), or
+    None when the file records none (not an ``on_error="fill"`` export of
+    wsitool).  Where it is recorded: :data:`PAINTED_KEY`.
+    """
+    props = slide.properties
+    value = props.get(f"aperio.{PAINTED_KEY}")
+    if value is None and slide.vendor == "ome-tiff":
+        xml = props.get("tiff.ImageDescription", "")
+        import re
+
+        m = re.search(r'<M\s+K="' + PAINTED_KEY + r'"\s*>\s*(\d+)\s*</M>', xml)
+        value = m.group(1) if m else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _jpeg_subsampling(quality: int) -> tuple[int, int]:
@@ -724,10 +852,6 @@ def _tiff_compression(fmt: str, compression: str, quality: int) -> tuple[dict, s
     return {"compression": None, "photometric": "rgb"}, "Raw"
 
 
-def _partial_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
-
-
 #: File types :func:`write_image` writes, by extension.
 IMAGE_EXTENSIONS = (".png", ".tif", ".tiff", ".npy")
 
@@ -744,63 +868,54 @@ def check_image_extension(path: Path) -> None:
         raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
 
 
-def write_image(path: Path, array, *, overwrite: bool = True) -> None:
+def write_image(path: Path, array, *, overwrite: bool = True, sources=()) -> None:
     """Write one region, ``array`` (``(height, width, channels)`` numpy, e.g. uint8
     RGB/RGBA or the level's dtype for raw reads), to PNG, TIFF (zlib) or ``.npy``
-    by the extension of ``path``, atomically: the data goes to a temporary file
-    in the destination folder, renamed over ``path`` only when complete.
+    by the extension of ``path``, atomically (:mod:`wsitool.atomic`): the data
+    goes to a new exclusive temporary file in the destination folder, renamed
+    onto ``path`` only when complete.
+
+    Args:
+        path: the output file.
+        array: the pixels.
+        overwrite: replace an existing ``path`` (never one of ``sources``).
+        sources: paths read to make ``array`` (the slide); ``path`` must not
+            be one of them, also through a link.
 
     Raises:
         ValueError: unknown extension.
-        FileExistsError: ``path`` exists and ``overwrite`` is False.
+        OutputIsSourceError: ``path`` is one of ``sources`` (also a ValueError).
+        OutputExistsError: ``path`` exists and ``overwrite`` is False (a FileExistsError).
+        IsADirectoryError: ``path`` is an existing folder.
         FileNotFoundError: the destination folder does not exist.
+        OSError: a write error (disk full, permission), naming ``path``.
     """
+    from . import atomic
+
+    path = Path(os.fspath(path))
     check_image_extension(path)
     ext = path.suffix.lower()
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path}: exists")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(2, "output folder does not exist", str(path))
-    tmp = _partial_name(path)
-    try:
-        if ext == ".npy":
-            with open(tmp, "wb") as fh:
+    atomic.check_output(path, sources, overwrite)
+    if ext == ".png":
+        arr = array
+        if arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4):
+            arr = arr[..., :3]
+        data = imagecodecs.png_encode(np.ascontiguousarray(arr))  # encode before creating the file
+    partial, fh = atomic.open_file(path, sources)
+    with partial:
+        with fh:
+            if ext == ".npy":
                 np.save(fh, array)
-        elif ext == ".png":
-            import imagecodecs
+            elif ext == ".png":
+                fh.write(data)
+            else:
+                import tifffile
 
-            arr = array
-            if arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4):
-                arr = arr[..., :3]
-            with open(tmp, "wb") as fh:
-                fh.write(imagecodecs.png_encode(np.ascontiguousarray(arr)))
-        else:
-            import tifffile
-
-            photometric = "rgb" if array.ndim == 3 and array.shape[2] in (3, 4) else "minisblack"
-            extrasamples = ("unassalpha",) if array.ndim == 3 and array.shape[2] == 4 else None
-            tifffile.imwrite(tmp, array, photometric=photometric, extrasamples=extrasamples,
-                             compression="zlib")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _commit_file(tmp: Path, final: Path, overwrite: bool) -> None:
-    if overwrite:
-        os.replace(tmp, final)
-        return
-    try:
-        os.link(tmp, final)  # fails if ``final`` exists: no race with another writer
-    except FileExistsError:
-        raise FileExistsError(f"{final}: already exists (use --overwrite / overwrite=True)") from None
-    except OSError:  # filesystem without hard links
-        if final.exists():
-            raise FileExistsError(f"{final}: already exists (use --overwrite / overwrite=True)") from None
-        os.replace(tmp, final)
-        return
-    tmp.unlink()
+                photometric = "rgb" if array.ndim == 3 and array.shape[2] in (3, 4) else "minisblack"
+                extrasamples = ("unassalpha",) if array.ndim == 3 and array.shape[2] == 4 else None
+                tifffile.imwrite(fh, array, photometric=photometric, extrasamples=extrasamples,
+                                 compression="zlib")
+        partial.commit(overwrite)
 
 
 def _dzi_paths(output: Path) -> tuple[Path, Path, str]:
@@ -833,6 +948,9 @@ def export_pyramid(
     background: Sequence[int] = (255, 255, 255),
     progress: Callable[[int, int], None] | None = None,
     max_pixels: int | None = None,
+    on_error: str = "raise",
+    label: bool = True,
+    associated: bool = True,
 ) -> ExportResult:
     """Write a slide, or a region of it, as a new tiled pyramid.
 
@@ -872,22 +990,54 @@ def export_pyramid(
         max_pixels: refuse exports of more than this many level-0 pixels
             (``w * h``); default: ``max_export_pixels`` of :mod:`wsitool.settings`
             (``2**33``).
+        on_error: ``"raise"`` (default): the first undecodable source tile
+            stops the export with its :class:`TileDecodeError` and nothing is
+            left under the output name.  ``"fill"``: undecodable tiles are
+            painted with ``background``, a :class:`~wsitool.region.TileWarning`
+            gives their count, ``tiles_failed`` counts them, and the count is
+            recorded in the output (:data:`PAINTED_KEY`; read it back with
+            :func:`painted_tiles`; ``wsitool info`` shows it).
+        label: carry the source's ``label`` image over (``tiff`` and
+            ``ome-tiff``; labels often show patient identifiers: pass False
+            to drop it).
+        associated: carry the source's associated images (``label`` and
+            ``macro``) over; False drops both.  The ``tiff`` output always
+            gets a thumbnail made from its own pyramid (the Aperio layout has
+            one); the source's thumbnail is not copied.  Deep Zoom has no
+            associated images.
+
+    Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
+    notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
+    and Third-party Data Interchange" p. 14): IFD 0 the full resolution
+    (tiled); IFD 1 a stripped JPEG thumbnail (:data:`THUMBNAIL_SIZE`);
+    then the other levels (tiled, NewSubfileType 0); then ``label`` (LZW,
+    NewSubfileType 1) and ``macro`` (JPEG, NewSubfileType 9), stripped, each
+    with ImageDescription ``Aperio Image Library ...`` and a second line
+    ``label WxH`` / ``macro WxH``.  ``ome-tiff``: the pyramid is the first
+    OME Image (levels in SubIFDs); ``label`` and ``macro`` follow as
+    further Images with those ``Name`` s, as bioformats2raw / raw2ometiff
+    write them.
 
     Returns:
         :class:`ExportResult`.
 
     Raises:
         ValueError: an invalid option (format, compression, tile size,
-            quality, overlap, threads, background; output equal to the source).
+            quality, overlap, threads, background).
+        OutputIsSourceError: the output is the source slide (same file, also
+            through a link), whatever ``overwrite``; also a ``ValueError``.
         InvalidRegionError: bad level or region (also a ``ValueError``).
         ResourceLimitError: the exported area exceeds ``max_pixels`` (or the
             default export limit), checked before anything is read or written.
-        FileExistsError: the output exists and ``overwrite`` is False.
+        OutputExistsError: the output (or a Deep Zoom ``_files`` folder)
+            exists and ``overwrite`` is False; a ``FileExistsError``.
         IsADirectoryError: the output path (the ``.dzi`` file for Deep Zoom) is
             a directory and ``overwrite`` is True.
         FileNotFoundError: the source or the output folder does not exist.
         UnsupportedFormatError, CorruptFileError: the source is not readable.
-        WsiError: an encoder failure.
+        TileDecodeError: a source tile cannot be decoded (``on_error="raise"``).
+        WsiError: an encoder failure; an associated image that cannot be
+            read (``on_error="raise"``).
         Any error leaves nothing under the output name (nor a Deep Zoom
         ``_files`` folder); an existing output replaced with ``overwrite``
         is only replaced once the new one is complete.
@@ -925,27 +1075,29 @@ def export_pyramid(
     bg = _background(background)
     if max_pixels is not None and _int_option(max_pixels, "max_pixels") <= 0:
         raise ValueError(f"max_pixels must be positive, got {max_pixels}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+
+    from . import atomic
 
     output = Path(os.fspath(output))
     if fmt == "dzi":
         final, files_dir, stem = _dzi_paths(output)
-        existing = [p for p in (final, files_dir) if p.exists()]
     else:
         final, files_dir, stem = output, None, output.name
-        existing = [final] if final.exists() else []
-    parent = final.parent
-    if not parent.is_dir():
-        raise FileNotFoundError(2, "output folder does not exist", str(parent))
-    if existing and not overwrite:
-        raise FileExistsError(f"{existing[0]}: already exists (use --overwrite / overwrite=True)")
-    if final.is_dir():
-        raise IsADirectoryError(21, "output is a directory", str(final))
+    # One rule for every output (wsitool.atomic): never the source, an existing
+    # output only with overwrite; checked before the slide is read.
+    sources = [source.path if isinstance(source, Slide) else os.fspath(source)]
+    atomic.check_output(final, sources, overwrite)
+    if files_dir is not None:
+        atomic.check_output(files_dir, sources, overwrite, kind="dir")
+    atomic.clean_stale_partials(final.parent)
 
     own = not isinstance(source, Slide)
     slide = open_slide(source) if own else source
     try:
-        if final.exists() and os.path.samefile(final, slide.path):
-            raise ValueError(f"{final}: output is the source slide")
+        sources.append(slide.path)
+        atomic.check_output(final, sources, overwrite)
         L = level_index(level, slide.level_count, slide.path)
         lv = slide.levels[L]
         if region is None:
@@ -970,23 +1122,41 @@ def export_pyramid(
                 "pixels (raise it with --max-pixels / max_pixels=)"
             )
         dims = pyramid_dimensions(w, h, T, fmt)
-        src = _Source(slide, L, rx, ry, w, h, T, nthreads, bg)
+        src = _Source(slide, L, rx, ry, w, h, T, nthreads, bg, on_error)
         missing = src.missing_tiles()
         total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
         counter = _Counter(total, progress)
+        extra = _associated_for_export(slide, label, associated, on_error) if fmt != "dzi" else []
+        thumb = None
+        if fmt == "tiff":
+            kt = _thumbnail_level(dims)
+            thumb = _LevelImage(kt, dims[kt][0], dims[kt][1], T)
         bound = memory_bound(w, T, overlap=O, levels=len(dims), threads=nthreads,
                              source_tile=(lv.tile_width, lv.tile_height),
                              source_pixel_bytes=lv.samples * lv.dtype.itemsize,
-                             source_itemsize=lv.dtype.itemsize)
+                             source_itemsize=lv.dtype.itemsize,
+                             thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
+                             associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
         codec = _TileCodec(fmt, compression, q)
         pyramid = _Pyramid(dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
-        tiles = _encoded_tiles(src, pyramid, codec, nthreads)
+        tiles = _encoded_tiles(src, pyramid, codec, nthreads, keep=thumb)
         meta = _metadata(slide, L)
+        meta["associated"] = extra
+        meta["thumbnail"] = thumb
+        # with "fill", the count of painted tiles is recorded in the output once known
+        meta["painted"] = (lambda: len(src.failed)) if on_error == "fill" else None
         if fmt == "dzi":
-            nbytes = _write_dzi(tiles, final, files_dir, stem, dims, T, O, compression, overwrite, counter)
+            nbytes = _write_dzi(tiles, final, files_dir, stem, dims, T, O, compression, overwrite, counter,
+                                sources=sources, painted=meta["painted"])
         else:
-            nbytes = _write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter)
+            nbytes = _write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,
+                                 sources=sources)
         counter.finish()
+        if src.failed:
+            from .errors import TileWarning
+
+            warnings.warn(f"{slide.path}: {len(src.failed)} undecodable source tile(s) painted with "
+                          f"the background (first: {src.first_error})", TileWarning, stacklevel=2)
         return ExportResult(
             output=final, format=fmt, level_dimensions=[tuple(d) for d in dims],
             tiles_written=counter.done, tiles_missing=missing, tiles_failed=len(src.failed),
@@ -1046,9 +1216,13 @@ def _metadata(slide, L: int) -> dict:
     }
 
 
-def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
-                   threads: int) -> Iterator[tuple[int, int, int, bytes]]:
-    """Every output tile as ``(level, col, row, bytes)``; each level in row-major order."""
+def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec, threads: int,
+                   keep: "_LevelImage | None" = None) -> Iterator[tuple[int, int, int, bytes]]:
+    """Every output tile as ``(level, col, row, bytes)``; each level in row-major order.
+
+    ``keep``: the tiles of its level are also copied into it (the pixels of
+    the Aperio thumbnail, :class:`_LevelImage`).
+    """
     H = pyramid.dims[0][1]
     q = _queue_depth(threads)
     pending: collections.deque = collections.deque()
@@ -1062,6 +1236,8 @@ def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
             lv0.n += rows
             sy += rows
             for k, c, r, tile in pyramid.advance(0):
+                if keep is not None and k == keep.level:
+                    keep.add(c, r, tile)
                 pending.append((k, c, r, executor.submit(codec.encode, tile)))
                 del tile
                 while len(pending) >= q:
@@ -1077,16 +1253,23 @@ def _encoded_tiles(src: _Source, pyramid: _Pyramid, codec: _TileCodec,
 
 
 def _write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, quality: int,
-                meta: dict, overwrite: bool, counter: _Counter) -> int:
+                meta: dict, overwrite: bool, counter: _Counter, sources=()) -> int:
     import tifffile
+
+    from . import atomic
 
     from .version import __version__
 
     page_args, kind = _tiff_compression(fmt, compression, quality)
     raw = sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in dims)
     bigtiff = raw + (raw >> 4) + (1 << 24) >= 2**32
-    tmp = _partial_name(final)
-    spill = tempfile.TemporaryFile(dir=final.parent, prefix=f".{final.name}.spill-")
+    partial, out_fh = atomic.open_file(final, sources, read=True)
+    try:
+        spill = atomic.anonymous_file(final.parent, final)
+    except BaseException:
+        out_fh.close()
+        partial.abort()
+        raise
     index: list[list[tuple[int, int]]] = [[] for _ in dims]
     fd = spill.fileno()
     spill_pos = 0
@@ -1115,45 +1298,118 @@ def _write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qu
                 "resolutionunit": "CENTIMETER"}
 
     gen0 = level0()
+    painted = meta.get("painted")  # callable giving the painted-tile count ("fill"), or None
     try:
-        with tifffile.TiffWriter(tmp, bigtiff=bigtiff, ome=(fmt == "ome-tiff")) as tw:
-            w0, h0 = dims[0]
-            common = dict(dtype=np.uint8, tile=(T, T), software=f"wsitool {__version__}", **page_args)
-            if fmt == "tiff":
-                mpp = meta["mpp"][0] if meta["mpp"] else None
-                desc = _aperio_description(w0, h0, T, kind, mpp, meta["mag"])
-                tw.write(gen0, shape=(h0, w0, 3), description=desc, metadata=None,
-                         **resolution(0), **common)
-            else:
-                ome = {"axes": "YXS", "Name": final.name.split(".")[0]}
-                if meta["mpp"]:
-                    ome.update(PhysicalSizeX=meta["mpp"][0], PhysicalSizeY=meta["mpp"][1],
-                               PhysicalSizeXUnit="µm", PhysicalSizeYUnit="µm")
-                tw.write(gen0, shape=(h0, w0, 3), subifds=len(dims) - 1, metadata=ome,
-                         **resolution(0), **common)
-            for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
-                raise RuntimeError("level-0 tile after the level-0 page")  # pragma: no cover
-            for k in range(1, len(dims)):
-                w, h = dims[k]
-                if len(index[k]) != -(-w // T) * -(-h // T):  # pragma: no cover
-                    raise RuntimeError(f"level {k}: {len(index[k])} tiles spilled")
+        with out_fh:
+            with tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff")) as tw:
+                w0, h0 = dims[0]
+                common = dict(dtype=np.uint8, tile=(T, T), software=f"wsitool {__version__}", **page_args)
                 if fmt == "tiff":
-                    desc = (f"Aperio Image Library wsitool {__version__}\r\n"
-                            f"{w0}x{h0} -> {w}x{h} ({T}x{T}) {kind}")
-                    tw.write(spilled(k), shape=(h, w, 3), description=desc, metadata=None,
-                             subfiletype=0, **resolution(k), **common)
+                    mpp = meta["mpp"][0] if meta["mpp"] else None
+                    desc = _aperio_description(w0, h0, T, kind, mpp, meta["mag"],
+                                               painted=0 if painted is not None else None)
+                    tw.write(gen0, shape=(h0, w0, 3), description=desc, metadata=None,
+                             **resolution(0), **common)
                 else:
-                    tw.write(spilled(k), shape=(h, w, 3), subfiletype=1, **resolution(k), **common)
-        nbytes = tmp.stat().st_size
-        _commit_file(tmp, final, overwrite)
+                    ome = {"axes": "YXS", "Name": final.name.split(".")[0]}
+                    if meta["mpp"]:
+                        ome.update(PhysicalSizeX=meta["mpp"][0], PhysicalSizeY=meta["mpp"][1],
+                                   PhysicalSizeXUnit="µm", PhysicalSizeYUnit="µm")
+                    if painted is not None:  # the count is put in once level 0 is done
+                        ome["MapAnnotation"] = {"Namespace": PAINTED_NAMESPACE,
+                                                "Value": {PAINTED_KEY: "0"}}
+                    tw.write(gen0, shape=(h0, w0, 3), subifds=len(dims) - 1, metadata=ome,
+                             **resolution(0), **common)
+                for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
+                    raise RuntimeError("level-0 tile after the level-0 page")  # pragma: no cover
+                if fmt == "tiff":  # Aperio: the thumbnail is the second IFD
+                    _write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
+                for k in range(1, len(dims)):
+                    w, h = dims[k]
+                    if len(index[k]) != -(-w // T) * -(-h // T):  # pragma: no cover
+                        raise RuntimeError(f"level {k}: {len(index[k])} tiles spilled")
+                    if fmt == "tiff":
+                        desc = (f"Aperio Image Library wsitool {__version__}\r\n"
+                                f"{w0}x{h0} -> {w}x{h} ({T}x{T}) {kind}")
+                        tw.write(spilled(k), shape=(h, w, 3), description=desc, metadata=None,
+                                 subfiletype=0, **resolution(k), **common)
+                    else:
+                        tw.write(spilled(k), shape=(h, w, 3), subfiletype=1, **resolution(k), **common)
+                for name, image in meta.get("associated", ()):
+                    _write_associated(tw, fmt, name, image)
+            if painted is not None and painted():
+                _record_painted(out_fh, painted())
+        nbytes = partial.path.stat().st_size
+        partial.commit(overwrite)
         return nbytes
-    except BaseException:
+    except BaseException as exc:
         gen0.close()
         tiles.close()
-        _unlink(tmp)
+        out_fh.close()
+        partial.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
+            raise atomic.user_error(exc, final) from None
         raise
     finally:
         spill.close()
+
+
+def _write_thumbnail(tw, image: np.ndarray, w0: int, h0: int) -> None:
+    """The Aperio thumbnail IFD: stripped JPEG (RGB), NewSubfileType 0, ImageDescription
+    ``Aperio Image Library ...`` then ``W0xH0 -> WxH - `` as Aperio writes it (OpenSlide's
+    Aperio notes: "the thumbnail image is always stripped").  Quality 90 without chroma
+    subsampling, as the JPEG tiles at that quality."""
+    from .version import __version__
+
+    h, w = image.shape[:2]
+    tw.write(image, photometric="rgb", compression="jpeg", compressionargs={"level": 90},
+             subsampling=_jpeg_subsampling(90), rowsperstrip=16, subfiletype=0, metadata=None, software=f"wsitool {__version__}",
+             description=f"Aperio Image Library wsitool {__version__}\n{w0}x{h0} -> {w}x{h} - ")
+
+
+def _write_associated(tw, fmt: str, name: str, image: np.ndarray) -> None:
+    """Append associated image ``name`` (``label`` or ``macro``), stripped.
+
+    ``tiff`` (OpenSlide's Aperio notes): NewSubfileType 1 for the label and 9
+    for the macro; ImageDescription ``Aperio Image Library ...`` with the
+    name and size on its second line (OpenSlide names associated images
+    from it); the label LZW-compressed (lossless, as Aperio stores it), the
+    macro JPEG.  ``ome-tiff``: a further OME Image with ``Name`` ``label`` /
+    ``macro`` (as bioformats2raw / raw2ometiff write them), same compressions.
+    """
+    from .version import __version__
+
+    h, w = image.shape[:2]
+    comp = {"compression": "lzw"} if name == "label" else {
+        "compression": "jpeg", "compressionargs": {"level": 90}, "subsampling": _jpeg_subsampling(90)}
+    if fmt == "tiff":
+        tw.write(image, photometric="rgb", rowsperstrip=16, metadata=None,
+                 subfiletype=1 if name == "label" else 9, software=f"wsitool {__version__}",
+                 description=f"Aperio Image Library wsitool {__version__}\n{name} {w}x{h}", **comp)
+    else:
+        tw.write(image, photometric="rgb", rowsperstrip=16, software=f"wsitool {__version__}",
+                 metadata={"axes": "YXS", "Name": name}, **comp)
+
+
+def _record_painted(fh, count: int) -> None:
+    """Put ``count`` in place of the ``0`` written as :data:`PAINTED_KEY` in the first
+    ImageDescription of the TIFF open read-write in ``fh`` (tifffile ``TiffTag.overwrite``)."""
+    import re
+
+    import tifffile
+
+    fh.flush()
+    fh.seek(0)  # tifffile reads a file object from its current position
+    with tifffile.TiffFile(fh) as tf:
+        tag = tf.pages[0].tags["ImageDescription"]
+        text = tag.value
+        new = re.sub(r"(\|" + PAINTED_KEY + r" = )0\b", lambda m: m.group(1) + str(count), text, count=1)
+        if new == text:
+            new = text.replace(f'<M K="{PAINTED_KEY}">0</M>', f'<M K="{PAINTED_KEY}">{count}</M>', 1)
+        if new == text:  # pragma: no cover - the placeholder is always written
+            raise RuntimeError("no place for the painted-tile count in the ImageDescription")
+        tag.overwrite(new.encode("utf-8"))  # OME-XML is UTF-8 ("µm"), as tifffile wrote it
+    fh.flush()
 
 
 def _unlink(path: Path) -> None:
@@ -1164,10 +1420,13 @@ def _unlink(path: Path) -> None:
 
 
 def _write_dzi(tiles, final: Path, files_dir: Path, stem: str, dims, T: int, O: int,
-               compression: str, overwrite: bool, counter: _Counter) -> int:
+               compression: str, overwrite: bool, counter: _Counter, sources=(),
+               painted: Callable[[], int] | None = None) -> int:
+    from . import atomic
+
     ext = "jpeg" if compression == "jpeg" else "png"
-    tmpdir = final.with_name(f".{stem}.partial-{os.getpid()}-{secrets.token_hex(4)}")
-    tmpdir.mkdir()
+    partial = atomic.create_dir(final, sources)  # the tiles folder and the .dzi are made in it
+    tmpdir = partial.path
     try:
         tmp_files = tmpdir / files_dir.name
         n = len(dims)
@@ -1185,14 +1444,24 @@ def _write_dzi(tiles, final: Path, files_dir: Path, stem: str, dims, T: int, O: 
             f'<Image xmlns="http://schemas.microsoft.com/deepzoom/2008" Format={quoteattr(ext)} '
             f'Overlap="{O}" TileSize="{T}">\n'
             f'  <Size Width="{w}" Height="{h}"/>\n'
-            "</Image>\n"
+            + (f"  <!-- wsitool: {PAINTED_KEY}={painted()} -->\n" if painted is not None else "")
+            + "</Image>\n"
         )
         tmp_dzi = tmpdir / final.name
         tmp_dzi.write_text(xml, encoding="utf-8")
         nbytes += len(xml)
         # Commit: tiles folder first, the .dzi (what viewers open) last.
-        if not overwrite and (final.exists() or files_dir.exists()):
-            raise FileExistsError(f"{final}: already exists (use --overwrite / overwrite=True)")
+        atomic.check_output(final, sources, overwrite)
+        atomic.check_output(files_dir, sources, overwrite, kind="dir")
+        if not overwrite:  # neither name may appear meanwhile: no-replace renames
+            atomic.commit(tmp_files, files_dir, sources=sources)
+            try:
+                atomic.commit(tmp_dzi, final, sources=sources)
+            except BaseException:
+                os.rename(files_dir, tmp_files)  # ours, just renamed: take it back
+                raise
+            partial.abort()
+            return nbytes
         old = tmpdir / "old"
         old.mkdir()
         old_files, old_dzi = old / files_dir.name, old / final.name
@@ -1213,9 +1482,11 @@ def _write_dzi(tiles, final: Path, files_dir: Path, stem: str, dims, T: int, O: 
             if old_dzi.exists():
                 os.replace(old_dzi, final)
             raise
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        partial.abort()
         return nbytes
-    except BaseException:
+    except BaseException as exc:
         tiles.close()
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        partial.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
+            raise atomic.user_error(exc, final) from None
         raise

@@ -47,6 +47,9 @@ class TileEncoding:
         colormap: ``(3, 2**bits)`` ColorMap of palette images, else None.
         extrasamples: ExtraSamples codes (1, 2: alpha).
         rgb_problem: why ``rgb`` / ``rgba`` reads are refused, or None.
+        compression_problem: None, or why no decoder reads these tiles
+            (``"unsupported compression 52479"``); reads then raise
+            :class:`~wsitool.errors.UnsupportedFormatError`.
         page: the format's handle for the generic path (a ``tifffile.TiffPage``
             whose ``decode`` the codec layer calls), or None.
     """
@@ -63,6 +66,7 @@ class TileEncoding:
     colormap: Any = None
     extrasamples: tuple = ()
     rgb_problem: str | None = None
+    compression_problem: str | None = None
     page: Any = None
 
     @property
@@ -106,6 +110,9 @@ class Level:
         samples: samples per pixel.
         dtype: numpy dtype of one sample (native byte order).
         decoder: ``"nvimagecodec"`` or ``"tifffile"``, who decodes the tiles.
+        compression_problem: None, or why no decoder reads this level's tiles
+            (``"unsupported compression 52479"``); reads then raise
+            :class:`~wsitool.errors.UnsupportedFormatError`.
         path: the slide's path (named in messages).
         source: the :class:`~wsitool.storage.ByteSource` the tiles are read from.
         tiles: the :class:`TileIndex`; encoding: the :class:`TileEncoding`.
@@ -132,6 +139,7 @@ class Level:
         self.compression = encoding.compression
         self.photometric = encoding.photometric
         self.decoder = encoding.decoder
+        self.compression_problem = encoding.compression_problem
 
     @property
     def dimensions(self) -> tuple[int, int]:

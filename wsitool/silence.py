@@ -35,7 +35,11 @@ def stderr_silenced():
     except OSError:  # no stderr at all
         yield
         return
-    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        os.close(saved)  # (out of descriptors: leave none behind)
+        raise
     try:
         os.dup2(devnull, 2)
         yield

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .codec.associated import decode_associated
+from .codec.library import nv
 from .errors import SlideWarning, UnsupportedFormatError, WsiError
 from .formats import open_pyramid
 from .model import AssociatedImage, Level
@@ -97,6 +98,11 @@ class Slide:
                 f"{self.path}: is a directory (multi-file formats such as DICOM folders "
                 "are not supported yet)"
             )
+        # The decoders' library is loaded before the slide's own files are
+        # opened: it opens its plugins then, and under a tight descriptor limit
+        # (ulimit -n) a load after the slide's descriptors would leave it without
+        # its CPU codecs rather than fail (tests/test_os_resources.py).
+        nv()
         self._source = LocalFile(self.path)  # FileNotFoundError passes through
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()

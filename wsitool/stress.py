@@ -47,7 +47,10 @@ How a run works:
 
 Exit codes of ``wsitool stress`` (:data:`EXIT_CODES`; chosen above the
 general codes 1-9 of :mod:`wsitool.cli`): 0 ok, 10 leak, 11 mismatch,
-12 read errors, 13 crash, 14 hang.
+12 read errors, 13 crash, 14 hang, 15 inconclusive (memory could not be judged:
+too few samples after warm-up, or growth without a steady rise; see
+:func:`_memory_verdict`).  Warm-up also lasts :data:`WARMUP_READS_PER_WORKER`
+reads per worker and until the last decoder of the run was created.
 
 The JSON report (:meth:`StressReport.to_dict`) follows the JSON Schema shipped
 as ``wsitool/stress_report.schema.json`` (:func:`report_schema`).
@@ -111,8 +114,24 @@ DEFAULT_SAMPLE_INTERVAL = 0.1
 DEFAULT_STALL_TIMEOUT = 120.0
 
 #: Exit code of each verdict (``wsitool stress``).
-EXIT_CODES: dict[str, int] = {"ok": 0, "leak": 10, "mismatch": 11, "error": 12, "crash": 13, "hang": 14}
-_SEVERITY = ("crash", "hang", "mismatch", "error", "leak")
+EXIT_CODES: dict[str, int] = {"ok": 0, "leak": 10, "mismatch": 11, "error": 12, "crash": 13, "hang": 14,
+                              "inconclusive": 15}
+_SEVERITY = ("crash", "hang", "mismatch", "error", "leak", "inconclusive")
+
+#: Reads per worker before memory is measured: warm-up lasts at least
+#: ``WARMUP_READS_PER_WORKER * workers`` iterations (and the ``warmup``
+#: fraction of the run).  Each thread's decoder, scratch buffers and allocator
+#: arena reach their working size on its own first reads, so with many workers
+#: a fixed fraction of the run is not enough (64 workers at 3,000 iterations
+#: made about 5 reads each in a 10 % warm-up and reported a false +70-94 MB
+#: leak).  Counted over all workers, not per thread: under the GIL some
+#: threads may get few reads, or none, in a short run.
+WARMUP_READS_PER_WORKER = 20
+
+#: Fewest samples after warm-up from which the memory verdict is decided
+#: (the first is taken when warm-up ends, the last when the workers are done);
+#: with fewer, the verdict is ``inconclusive``.
+MIN_MEASURED_SAMPLES = 2
 
 #: Extra per-sample measurement functions run in the child, by device kind
 #: (``"cpu"`` or ``"cuda"``): ``"module:function"`` names, each returning a
@@ -239,21 +258,31 @@ def validate_report(data: Mapping) -> None:
     jsonschema.Draft202012Validator(report_schema()).validate(data)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable, report: "StressReport | None" = None) -> None:
+    """Write ``path`` through :mod:`wsitool.atomic`: ``write(fh)`` fills a new exclusive
+    temporary file, renamed onto ``path`` when complete (an existing report is
+    replaced; the stressed slide never is)."""
+    from . import atomic
+
+    sources = ()
+    if report is not None:
+        try:
+            sources = (report.data["slide"]["path"],)
+        except (AttributeError, KeyError, TypeError):
+            sources = ()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic.check_output(path, sources, overwrite=True)
+    partial, fh = atomic.open_file(path, sources)
+    with partial:
+        with fh:
+            write(fh)
+        partial.commit(overwrite=True)
 
 
 def write_report(report: StressReport, path: str | os.PathLike) -> None:
     """Write the JSON report to ``path`` atomically (temporary file, then rename)."""
     text = json.dumps(report.to_dict(), indent=2) + "\n"
-    _atomic_write(Path(path), lambda p: p.write_text(text, "utf-8"))
+    _atomic_write(Path(path), lambda fh: fh.write(text.encode("utf-8")), report)
 
 
 def plot_available() -> bool:
@@ -309,17 +338,77 @@ def write_plot(report: StressReport, path: str | os.PathLike) -> None:
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fmt = Path(path).suffix.lower().lstrip(".") or "png"
-    _atomic_write(Path(path), lambda p: fig.savefig(p, format=fmt))
+    _atomic_write(Path(path), lambda fh: fig.savefig(fh, format=fmt), report)
 
 
 def _fit(xs: Sequence[float], ys: Sequence[float]):
-    """Least-squares line ``y = a + b x``; ``(a, b)`` or ``(None, None)``."""
-    if len(xs) < 3 or max(xs) == min(xs):
+    """Least-squares line ``y = a + b x`` (2 or more samples); ``(a, b)`` or ``(None, None)``."""
+    if len(xs) < 2 or max(xs) == min(xs):
         return None, None
     x = np.asarray(xs, float)
     y = np.asarray(ys, float)
     b, a = np.polyfit(x, y, 1)
     return float(a), float(b)
+
+
+def _t975(dof: int) -> float:
+    """Two-sided 95 % quantile of Student's t with ``dof`` degrees of freedom
+    (Cornish-Fisher expansion around the normal quantile; exact to 0.01 from 3 on)."""
+    z = 1.959963984540054
+    if dof <= 0:
+        return math.inf
+    if dof in (1, 2):
+        return (12.706204736, 4.302652730)[dof - 1]
+    return (z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
+
+
+def _slope_ci95(xs: Sequence[float], ys: Sequence[float]) -> Optional[tuple[float, float]]:
+    """95 % confidence interval of the least-squares slope (per unit of x), or None.
+
+    From the residual scatter around the line (ordinary least squares, t with
+    n - 2 degrees of freedom).  RSS samples are not independent, so read it as
+    "how well the line describes the samples", not as a strict probability.
+    """
+    n = len(xs)
+    if n < 3:
+        return None
+    x = np.asarray(xs, float)
+    y = np.asarray(ys, float)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    if sxx == 0:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    resid = y - (a + b * x)
+    se = math.sqrt(float((resid ** 2).sum()) / (n - 2) / sxx)
+    h = _t975(n - 2) * se
+    return float(b - h), float(b + h)
+
+
+def _memory_verdict(meas: list, growth, gpu_growth, ci, max_growth_mb: float,
+                    workers: int) -> tuple[str, Optional[str]]:
+    """``("ok" | "leak" | "inconclusive", note)`` of the memory measured after warm-up.
+
+    ``leak``: growth over ``max_growth_mb`` (RSS or GPU memory) with RSS
+    rising steadily (the slope's 95 % interval above 0, where there are 3 or
+    more samples to fit; a GPU growth counts as is).  ``inconclusive``: fewer than :data:`MIN_MEASURED_SAMPLES` samples
+    after warm-up (a run too short for its worker count), or growth over the
+    limit that the samples do not show as a steady rise (a step, noise).
+    """
+    if len(meas) < MIN_MEASURED_SAMPLES:
+        return "inconclusive", (
+            f"only {len(meas)} memory sample(s) after warm-up (at least {MIN_MEASURED_SAMPLES} needed; "
+            f"warm-up lasts {WARMUP_READS_PER_WORKER} reads per worker, {WARMUP_READS_PER_WORKER * workers} "
+            f"iterations with {workers} workers): run longer (--iterations, --duration)")
+    if gpu_growth is not None and gpu_growth > max_growth_mb:
+        return "leak", f"GPU memory grew by {gpu_growth:.1f} MB after warm-up"
+    if growth is not None and growth > max_growth_mb:
+        if ci is None or ci[0] > 0:
+            return "leak", f"RSS grew by {growth:.1f} MB after warm-up" + (", steadily" if ci else "")
+        return "inconclusive", (
+            f"RSS grew by {growth:.1f} MB after warm-up, but not steadily (the slope's 95 % interval "
+            "includes 0): run longer to tell a leak from a step")
+    return "ok", None
 
 
 def _excerpt(text: str, keep: int = 3000) -> str:
@@ -356,6 +445,7 @@ class _Verifier(threading.Thread):
         self.mismatches = 0
         self.listed: list[dict] = []
         self.lock = threading.Lock()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         from .stress_worker import checksum
@@ -363,7 +453,7 @@ class _Verifier(threading.Thread):
         try:
             while True:
                 rec = self.queue.get()
-                if rec is None:
+                if rec is None or self._halt.is_set():
                     return
                 idx, wid, level, x0, y0, w, h, got = rec
                 error = None
@@ -391,10 +481,28 @@ class _Verifier(threading.Thread):
     def backlog(self) -> int:
         return self.queue.qsize()
 
+    def halt(self) -> None:
+        """Stop without verifying the backlog and wait until the thread has ended.
+
+        Called when the run is interrupted (Ctrl-C, SIGTERM): a daemon thread
+        still inside a native decode while the interpreter exits aborts the
+        process ("terminate called without an active exception", exit 134),
+        so the thread finishes its current read and is joined first.
+        """
+        self._halt.set()
+        self.queue.put(None)
+        if self.is_alive() and self is not threading.current_thread():
+            self.join()
+
 
 # --------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------
+
+
+def _decoders(sample: dict) -> int:
+    """Decoders the child had created at ``sample`` (one per reading thread)."""
+    return int((sample.get("decoder") or {}).get("decoders_created", 0))
 
 
 def _gpu_growth(measured: list[dict]) -> Optional[dict]:
@@ -532,7 +640,9 @@ def run_stress(
 
     all_samplers = list(SAMPLERS.get(kind, [])) + [s for s in samplers]
     lo, hi = size_bounds(region_size)
-    warmup_iterations = math.ceil(warmup * iterations) if iterations is not None else None
+    per_worker_warmup = WARMUP_READS_PER_WORKER * workers
+    warmup_iterations = (max(math.ceil(warmup * iterations), per_worker_warmup)
+                         if iterations is not None else None)
     warmup_seconds = warmup * duration if duration is not None else None
     config = {
         "workers": workers, "iterations": iterations, "duration_s": duration,
@@ -578,7 +688,7 @@ def run_stress(
     except BaseException:
         os.close(rfd)
         os.close(wfd)
-        verifier.queue.put(None)
+        verifier.halt()
         tmpdir.cleanup()
         raise
     os.close(wfd)
@@ -616,7 +726,16 @@ def run_stress(
                 return s
         return None
 
-    def _is_measured(s: dict) -> bool:
+    def _is_measured(s: dict, final_decoders: Optional[int] = None) -> bool:
+        # Warm-up: the fraction of the run, WARMUP_READS_PER_WORKER reads per
+        # worker (each thread's decoder, buffers and allocator arena reach their
+        # working size on its own first reads) and, known after the run, every
+        # decoder of the run created (threads the GIL let start late create
+        # theirs late), whichever ends last.
+        if s["iterations"] < per_worker_warmup:
+            return False
+        if final_decoders is not None and _decoders(s) < final_decoders:
+            return False
         if warmup_iterations is not None:
             return s["iterations"] >= warmup_iterations
         return s["t"] >= warmup_seconds
@@ -676,19 +795,25 @@ def run_stress(
                 proc.kill()
         rthread.join()
         status = proc.wait()
-    except BaseException:  # KeyboardInterrupt: do not leave the child behind
+    except BaseException:  # KeyboardInterrupt, SIGTERM: do not leave the child or a thread behind
         proc.kill()
         proc.wait()
-        verifier.queue.put(None)
+        verifier.halt()
+        rthread.join(timeout=5.0)
         tmpdir.cleanup()
         raise
     wall = time.monotonic() - t_start
 
     # Verify the backlog: the child is gone, the reference reader continues.
     verifier.queue.put(None)
-    while verifier.is_alive():
-        verifier.join(timeout=0.25)
-        update_snapshot("verifying")
+    try:
+        while verifier.is_alive():
+            verifier.join(timeout=0.25)
+            update_snapshot("verifying")
+    except BaseException:  # interrupted while verifying the backlog
+        verifier.halt()
+        tmpdir.cleanup()
+        raise
     try:
         with open(trace_path, "rb") as fh:
             raw = fh.read(8000)
@@ -711,21 +836,23 @@ def run_stress(
         raise WsiError(f"{path}: the stress child process failed to start: {reason}")
 
     # ---------------------------------------------------------------- memory
+    final_decoders = _decoders(samples[-1]) if samples else None
     rss_samples = [{
         "t": round(s["t"], 4),
         "iterations": s["iterations"],
         "rss_mb": round(s["rss"] / _MIB, 3),
-        "measured": _is_measured(s),
+        "min_worker_reads": s.get("min_worker_reads", 0),
+        "decoders": _decoders(s),
+        "measured": _is_measured(s, final_decoders),
         **({"extra": s["extra"]} if s.get("extra") else {}),
     } for s in samples]
     meas = [s for s in rss_samples if s["measured"]]
-    if warmup_iterations is None:
-        first = next((s for s in rss_samples if s["measured"]), None)
-        warm_it = first["iterations"] if first else (rss_samples[-1]["iterations"] if rss_samples else 0)
-    else:
-        warm_it = warmup_iterations
+    first = meas[0] if meas else None
+    warm_it = first["iterations"] if first else (rss_samples[-1]["iterations"] if rss_samples else 0)
+    ci = None
     if meas:
         a, b = _fit([s["iterations"] for s in meas], [s["rss_mb"] for s in meas])
+        ci = _slope_ci95([s["iterations"] for s in meas], [s["rss_mb"] for s in meas])
         rss_start, rss_end = meas[0]["rss_mb"], meas[-1]["rss_mb"]
         growth = rss_end - rss_start
         peak = max(s["rss_mb"] for s in meas)
@@ -743,8 +870,10 @@ def run_stress(
         "rss_peak_all_mb": max((s["rss_mb"] for s in rss_samples), default=None),
         "growth_mb": None if growth is None else round(growth, 3),
         "slope_mb_per_1k": None if b is None else b * 1000.0,
+        "slope_ci95_mb_per_1k": None if ci is None else [ci[0] * 1000.0, ci[1] * 1000.0],
         "fit_intercept_mb": a,
         "max_growth_mb": max_growth_mb,
+        "warmup_reads_per_worker": WARMUP_READS_PER_WORKER,
         "gpu": _gpu_growth(meas),
         "samples": rss_samples,
     }
@@ -781,10 +910,14 @@ def run_stress(
         problems.append("error")
     gpu_growth = max((v for k, v in (memory["gpu"] or {}).items() if k.endswith("growth_mb")),
                      default=None)
-    if (growth is not None and growth > max_growth_mb) or (
-        gpu_growth is not None and gpu_growth > max_growth_mb
-    ):
+    memory_verdict, memory_note = _memory_verdict(
+        meas, growth, gpu_growth, ci, max_growth_mb, workers)
+    memory["verdict"] = memory_verdict
+    memory["note"] = memory_note
+    if memory_verdict == "leak":
         problems.append("leak")
+    elif memory_verdict == "inconclusive" and crash is None:
+        problems.append("inconclusive")
     problems.sort(key=_SEVERITY.index)
     verdict = problems[0] if problems else "ok"
     elapsed = done["elapsed"] if done else last.get("t", 0.0)
@@ -875,7 +1008,12 @@ def summary_table(report: StressReport):
                      f"peak {mb(mem['rss_peak_mb'])} (after {mem['warmup_iterations']:,} warm-up iterations)")
     slope = "n/a" if mem["slope_mb_per_1k"] is None else f"{mem['slope_mb_per_1k']:+.3f} MB / 1,000 iterations"
     growth = "n/a" if mem["growth_mb"] is None else f"{mem['growth_mb']:+.1f} MB"
+    ci = mem.get("slope_ci95_mb_per_1k")
+    if ci is not None and mem["slope_mb_per_1k"] is not None:
+        slope += f" (95 % interval {ci[0]:+.3f} to {ci[1]:+.3f})"
     t.add_row("growth", f"{growth} (limit {mem['max_growth_mb']:g} MB); slope {slope}")
+    if mem.get("note"):
+        t.add_row("memory", f"[yellow]{mem['verdict']}[/]: {mem['note']}")
     t.add_row("verified", f"{ver['checked']:,} reads (every {ver['every']}), {ver['mismatches']} mismatches")
     for m in ver["first_mismatches"][:3]:
         t.add_row("", f"[red]mismatch[/] iteration {m['index']} worker {m['worker']}: level "

@@ -161,6 +161,8 @@ class _Workload:
         self.completed = 0
         self.errors = 0
         self.by_level = [0] * (max(lv["index"] for lv in self.levels) + 1)
+        #: reads each worker has completed (the parent's warm-up waits for every worker)
+        self.worker_reads = [0] * cfg["workers"]
         self.pending_verify: list = []
         self.pending_errors: list = []
         self.listed_errors = 0
@@ -206,10 +208,14 @@ class _Workload:
             verify, self.pending_verify = self.pending_verify, []
             errs, self.pending_errors = self.pending_errors, []
             completed, errors = self.completed, self.errors
+            min_worker_reads = min(self.worker_reads) if self.worker_reads else 0
+            worker_reads = list(self.worker_reads)
         msg = {
             "type": "sample",
             "t": time.monotonic() - self.t0,
             "iterations": completed,
+            "min_worker_reads": min_worker_reads,
+            "worker_reads": worker_reads,
             "errors": errors,
             "rss": _rss(),
             "extra": extra,
@@ -288,6 +294,7 @@ class _Workload:
                     record = [idx, wid, level, x0, y0, w, h, checksum(host)]
                 with self.claim_lock:
                     self.completed += 1
+                    self.worker_reads[wid] += 1
                     self.by_level[level] += 1
                     if record is not None:
                         self.pending_verify.append(record)
@@ -296,6 +303,7 @@ class _Workload:
             except Exception as exc:
                 with self.claim_lock:
                     self.completed += 1
+                    self.worker_reads[wid] += 1
                     self.by_level[level] += 1
                     self.errors += 1
                     if self.listed_errors < MAX_LISTED:

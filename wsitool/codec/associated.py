@@ -17,7 +17,7 @@ import numpy as np
 
 from ..bitstream import jpeg_frame_size, lzw_problem
 from ..color import to_rgb8
-from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError
+from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError, raise_if_os_resource
 from ..model import AssociatedImage
 from ..settings import get_limits
 from ..storage import ByteSource
@@ -87,6 +87,7 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
             warnings.simplefilter("ignore")
             arr = enc.page.asarray()
     except Exception as exc:
+        raise_if_os_resource(exc, path)
         raise WsiError(f"{path}: associated image {name!r} could not be decoded: {exc}") from None
     arr = np.asarray(arr)
     if arr.size != h * w * s:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..errors import TileDecodeError, TileWarning
+from ..errors import TileDecodeError, TileWarning, descriptors_exhausted
 from ..model import Level
 
 __all__ = [
@@ -63,7 +63,15 @@ def no_image_reason(detail: str | None = None) -> str:
 
 def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:
     """Count a failed tile in ``stats``; re-raise ``exc`` or, for ``on_error="fill"``,
-    emit it as a :class:`TileWarning` (the caller then fills the tile with background)."""
+    emit it as a :class:`TileWarning` (the caller then fills the tile with background).
+
+    A decoder that failed because the process is out of file descriptors or
+    memory is not a bad tile: that raises the OSError (EMFILE, ENOMEM, ...)
+    instead, whatever ``on_error`` says (see :func:`wsitool.errors.descriptors_exhausted`).
+    """
+    exhausted = descriptors_exhausted(getattr(exc, "path", None))
+    if exhausted is not None:
+        raise exhausted from None
     stats.tiles_failed += 1
     if on_error != "fill":
         raise exc

@@ -15,6 +15,7 @@ import importlib
 import threading
 from types import ModuleType
 
+from ..errors import raise_if_os_resource
 from ..silence import quiet_environment, stderr_silenced
 
 __all__ = ["nv", "decode_params"]
@@ -25,14 +26,23 @@ _params = None
 
 
 def nv() -> ModuleType:
-    """The ``nvidia.nvimgcodec`` module (loaded on the first call, quietly)."""
+    """The ``nvidia.nvimgcodec`` module (loaded on the first call, quietly).
+
+    Raises:
+        OSError: the process is out of descriptors or memory while loading
+            (EMFILE, ENOMEM, ...: worded by :func:`wsitool.errors.os_resource_error`).
+    """
     global _module
     if _module is None:
         with _lock:
             if _module is None:
                 quiet_environment()
-                with stderr_silenced():
-                    _module = importlib.import_module("nvidia.nvimgcodec")
+                try:
+                    with stderr_silenced():
+                        _module = importlib.import_module("nvidia.nvimgcodec")
+                except OSError as exc:
+                    raise_if_os_resource(exc)
+                    raise
     return _module
 
 

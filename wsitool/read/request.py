@@ -52,7 +52,8 @@ def validate_request(levels: Sequence[Level], path: str, location, level, size, 
     Raises:
         InvalidRegionError: bad level, location, size or mode.
         UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
-            an RGB conversion (see :func:`to_rgb8`).
+            an RGB conversion (see :func:`wsitool.color.to_rgb8`), or the level's
+            compression has no decoder (``Level.compression_problem``).
         ResourceLimitError: the output would exceed the configured limits.
         WsiError: the slide is closed.
     """
@@ -66,6 +67,8 @@ def validate_request(levels: Sequence[Level], path: str, location, level, size, 
     if w <= 0 or h <= 0:
         raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
     lv = levels[lvl]
+    if lv.compression_problem:
+        raise UnsupportedFormatError(f"{path}: level {lvl}: {lv.compression_problem}")
     if mode != "raw" and lv.encoding.rgb_problem:
         raise UnsupportedFormatError(
             f"{path}: level {lvl}: {lv.encoding.rgb_problem} (read it with mode='raw')"

@@ -9,8 +9,9 @@ It decodes nothing.
 Candidates are all IFDs of the file, top-level and SubIFDs (TIFF tag 330, used
 by OME-TIFF pyramids), with non-zero width and height that are not transparency
 masks (NewSubfileType bit 2).  Vendor layouts first remove associated images
-(Aperio: every stripped IFD, see :mod:`.aperio`); the rest go through the level
-rule of :mod:`.levels`.
+(Aperio: every stripped IFD, see :mod:`.aperio`; OME-TIFF: the OME Images after
+the first, named by their ``Name``, see :mod:`.ome`); the rest go through the
+level rule of :mod:`.levels`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import warnings
 
 import tifffile
 
-from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...errors import CorruptFileError, UnsupportedFormatError, WsiError, raise_if_os_resource
 from ...model import Pyramid
 from ...storage import ByteSource
 from . import aperio, ome
@@ -61,6 +62,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
         except tifffile.TiffFileError as exc:
             raise CorruptFileError(f"{path}: unreadable TIFF structure: {exc}") from None
         except MALFORMED as exc:
+            raise_if_os_resource(exc, path)  # EMFILE, ENOMEM, EIO: the machine's, not the file's
             # tifffile trusts tag types and counts; a tag of the wrong type or
             # count surfaces as TypeError/ValueError/... deep inside it.
             raise CorruptFileError(
@@ -73,6 +75,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
             raise
         except MALFORMED as exc:
             tiff.close()
+            raise_if_os_resource(exc, path)
             raise CorruptFileError(f"{path}: malformed TIFF tags: {type(exc).__name__}: {exc}") from None
         except BaseException:
             tiff.close()
@@ -114,11 +117,16 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     candidates = _candidates(path, pages)
     associated_pages: dict[str, tifffile.TiffPage] = {}
     pool: list[tifffile.TiffPage] = []
+    ome_other = ome.other_images(tiff) if vendor == "ome-tiff" else {}
     for page, top_index in candidates:
         check_page(path, page, top_index)
         if page.imagewidth <= 0 or page.imagelength <= 0:
             continue
         if int(page.subfiletype) & 4:  # transparency mask
+            continue
+        if top_index in ome_other:  # a further OME Image (label, macro): never a level
+            if page is pages[top_index]:
+                associated_pages.setdefault(ome_other[top_index], page)
             continue
         name = aperio.associated_name(page, top_index) if vendor == "aperio" else None
         if name is not None:

@@ -72,7 +72,10 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
         # Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform
         ycbcr_after_decode=comp == 33003,
         colormap=page.colormap, extrasamples=_extrasamples(page),
-        rgb_problem=rgb_problem(page), page=page,
+        rgb_problem=rgb_problem(page),
+        compression_problem=(None if codec == "nv" or comp in tifffile.TIFF.DECOMPRESSORS
+                             else f"unsupported compression {enum_name(page.compression)}"),
+        page=page,
     )
 
 

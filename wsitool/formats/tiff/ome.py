@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+import tifffile
+
 from .properties import positive_float
 
-__all__ = ["ome_metadata"]
+__all__ = ["ome_metadata", "other_images"]
 
 
 OME_UNITS_UM = {"pm": 1e-6, "nm": 1e-3, "µm": 1.0, "um": 1.0, "mm": 1e3, "cm": 1e4, "m": 1e6}
@@ -39,3 +41,38 @@ def ome_metadata(xml: str, props: dict[str, str]) -> tuple[float | None, float |
         elif tag == "Objective" and objective is None:
             objective = positive_float(el.get("NominalMagnification"))
     return mpp[0], mpp[1], objective
+
+
+def other_images(tiff: tifffile.TiffFile) -> dict[int, str]:
+    """Top-level IFD index -> lower-case Name of the OME Images after the first.
+
+    Each OME ``Image`` is one tifffile series; the pyramid is the first, and
+    further Images are associated images, named ``label`` / ``macro`` as
+    bioformats2raw / raw2ometiff write them (OME-TIFF specification; an
+    Image without a Name becomes ``associated-<n>``).  Empty when the file
+    has one Image or its series are not all OME series.
+    """
+    try:
+        series = tiff.series
+    except Exception:  # noqa: BLE001 - an unreadable OME-XML: fall back to every IFD
+        return {}
+    if len(series) < 2 or any(s.kind != "ome" for s in series):
+        return {}
+
+    def top(page) -> int | None:
+        idx = getattr(page, "index", None)
+        if isinstance(idx, tuple):
+            idx = idx[0] if idx else None
+        return idx if isinstance(idx, int) else None
+
+    first = {top(p) for p in series[0].pages if p is not None}
+    out: dict[int, str] = {}
+    for n, s in enumerate(series[1:], 1):
+        name = (s.name or "").strip().lower() or f"associated-{n}"
+        for p in s.pages:
+            i = top(p) if p is not None else None
+            if i is not None and i not in first:
+                out.setdefault(i, name)
+    return out
+
+

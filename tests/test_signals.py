@@ -1,0 +1,201 @@
+"""SIGINT, SIGTERM and SIGHUP: one clean shutdown (wsitool.signals), issue 14 item 6.
+
+Each subprocess test starts a long workload through the real entry point
+(``python -m wsitool.cli``), waits (bounded) until it is writing, sends the
+signal and checks the exit status (128 + signal number), that nothing partial
+is left in the output folder and that no temporary folder is left in TMPDIR.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from wsitool import signals
+
+from conftest import REPO, SHARED_SAMPLES, shared_sample
+
+WAIT_S = 60.0  # for the workload to start writing
+END_S = 90.0  # for the process to end after the signal
+
+
+# --------------------------------------------------------------------------- unit
+
+
+def test_install_turns_sigterm_into_interrupted_and_restore_puts_back():
+    before = signal.getsignal(signal.SIGTERM)
+    previous = signals.install()
+    try:
+        with pytest.raises(signals.Interrupted) as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)  # the handler runs between bytecodes
+        assert isinstance(info.value, KeyboardInterrupt)  # unwinds like Ctrl-C
+        assert info.value.exit_code == 143 and signals.exit_code(info.value) == 143
+        assert signals.received() == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal while unwinding is ignored
+        time.sleep(0.2)
+    finally:
+        signals.restore(previous)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert signals.received() is None
+    assert signals.exit_code(KeyboardInterrupt()) == 130
+
+
+def test_importing_wsitool_installs_no_handler():
+    code = ("import signal, wsitool, wsitool.cli, wsitool.export, wsitool.stress\n"
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def bench_slide(tmp_path_factory) -> Path:
+    """A 8000 x 6000 Aperio slide of real JPEG tiles (scripts/make_bench_slide.py), in tmp."""
+    shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    out = tmp_path_factory.mktemp("bench") / "bench.svs"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_bench_slide.py"), str(out),
+                    "--width", "8000", "--height", "6000", "--samples", str(SHARED_SAMPLES)],
+                   check=True, capture_output=True, timeout=120)
+    return out
+
+
+def _env(tmp: Path) -> dict:
+    env = dict(os.environ)
+    env["TMPDIR"] = str(tmp)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("WSITOOL_STRESS_FAULT", None)
+    return env
+
+
+def _partials(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".partial" in p.name) if folder.is_dir() else []
+
+
+def _signal_when(args: list, sig: int, ready, tmp: Path, cwd: Path) -> tuple[int, str]:
+    """Run ``wsitool ARGS``; once ``ready()`` is true send ``sig``; return (status, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "wsitool.cli", *map(str, args)], cwd=cwd,
+                            env=_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not ready():
+            if proc.poll() is not None:
+                pytest.fail(f"finished before the signal (status {proc.returncode}): "
+                            f"{proc.stderr.read()[-2000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail("the workload did not start writing in time")
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=END_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err
+
+
+def _no_temp_left(tmp: Path) -> None:
+    left = [p.name for p in tmp.iterdir() if p.name.startswith(("wsitool-", "dask-", "tmp"))]
+    assert not left, f"temporary folders left in TMPDIR: {left}"
+
+
+SIGNALS = [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+@pytest.mark.parametrize("sig,code", SIGNALS, ids=["SIGTERM", "SIGHUP", "SIGINT"])
+def test_signal_mid_single_export_leaves_nothing(bench_slide, tmp_path, sig, code):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    status, err = _signal_when(
+        ["export-pyramid", bench_slide, out_dir / "x.tiff", "--compression", "jpeg2000",
+         "--threads", "1", "--quiet"], sig, lambda: bool(_partials(out_dir)), tmp, tmp_path)
+    assert status == code, err
+    assert "Traceback" not in err and "interrupted" in err
+    assert list(out_dir.iterdir()) == []
+    _no_temp_left(tmp)
+
+
+def test_sigterm_mid_dask_batch_closes_cluster_and_leaves_nothing(bench_slide, tmp_path):
+    pytest.importorskip("distributed")
+    second = tmp_path / "second.svs"
+    shutil.copyfile(bench_slide, second)  # a generated slide, not a shared one
+    out_dir = tmp_path / "out"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    status, err = _signal_when(
+        ["export-pyramid", bench_slide, second, out_dir, "--scheduler", "local",
+         "--compression", "jpeg2000", "--quiet"], signal.SIGTERM,
+        lambda: len(_partials(out_dir)) >= 1, tmp, tmp_path)
+    assert status == 143, err
+    assert "leaked semaphore" not in err and "Traceback" not in err
+    assert _partials(out_dir) == []
+    assert not [p for p in out_dir.iterdir() if p.suffix == ".tiff"]
+    _no_temp_left(tmp)
+
+
+def _regions_csv(path: Path, n: int = 3000) -> Path:
+    import random
+
+    rng = random.Random(0)
+    rows = ["x,y,level,width,height"] + [
+        f"{rng.randrange(0, 7000)},{rng.randrange(0, 5000)},0,1024,1024" for _ in range(n)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["png", "pack"])
+def test_sigterm_mid_regions_leaves_no_partial(bench_slide, tmp_path, pack):
+    csv_path = _regions_csv(tmp_path / "regions.csv")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = ["read-region", bench_slide, "--regions", csv_path, "--output-dir", out_dir,
+            "--threads", "2", "--quiet"] + (["--pack"] if pack else [])
+    ready = (lambda: bool(_partials(out_dir))) if pack else \
+        (lambda: sum(1 for p in out_dir.iterdir() if p.suffix == ".png") >= 3)
+    status, err = _signal_when(args, signal.SIGTERM, ready, tmp, tmp_path)
+    assert status == 143, err
+    assert _partials(out_dir) == []
+    if pack:
+        assert list(out_dir.iterdir()) == []
+    _no_temp_left(tmp)
+
+
+@pytest.mark.parametrize("sig,code,tries", [(signal.SIGINT, 130, 3), (signal.SIGTERM, 143, 1)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_stress_on_jpeg2000_exits_cleanly(tmp_path, sig, code, tries):
+    """The verifier thread (decoding JPEG 2000) is stopped and joined: never an abort (134)."""
+    slide = shared_sample("aperio-tcga-cr-7395-jp2k-33005-2level.svs")
+    for i in range(tries):
+        tmp = tmp_path / f"tmp{i}"
+        tmp.mkdir()
+        started: list[float] = []
+
+        def ready() -> bool:  # the child is running; give the verifier a backlog to chew on
+            if not started and any(p.name.startswith("wsitool-stress-") for p in tmp.iterdir()):
+                started.append(time.monotonic())
+            return bool(started) and time.monotonic() - started[0] > 3.0
+
+        status, err = _signal_when(
+            ["stress", slide, "--workers", "8", "--iterations", "200000", "--verify-every", "1"],
+            sig, ready, tmp, tmp_path)
+        assert status == code, err
+        assert "terminate called" not in err
+        _no_temp_left(tmp)

@@ -1,0 +1,587 @@
+"""Atomic outputs: the one place in wsitool that creates output files and folders.
+
+Every writer (``read-region``, ``export-pyramid``, batch region reads and
+packs, the stress report and plot, the batch manifest) makes its output the
+same way:
+
+1. :func:`check_output` before any work: the output must not be one of the
+   sources (same inode, also through a symbolic or hard link; a usage error,
+   :class:`~wsitool.errors.OutputIsSourceError`, exit 2) and must not exist
+   unless ``overwrite`` (:class:`~wsitool.errors.OutputExistsError`, exit 9).
+2. The data goes to a *partial*: a new file or folder in the destination
+   folder named ``.<name>.partial-<host>-<pid>-<token>`` (:func:`partial_name`:
+   this host's name reduced to ``[A-Za-z0-9._-]``, the process id, 16 random
+   hex digits).  A file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW``
+   (:func:`create_file`), a folder with ``mkdir`` of that fresh name
+   (:func:`create_dir`); both fail rather than open anything already there,
+   so a symbolic link planted at a temporary name is never written through.
+3. :meth:`Partial.commit` renames the partial onto the final name in one
+   step; without ``overwrite`` it never replaces an existing final name (even
+   one that appeared meanwhile: ``renameat2(RENAME_NOREPLACE)`` or a hard
+   link where available); it never replaces a source.  :meth:`Partial.abort`
+   (and leaving the ``with`` block by an exception) removes the partial.
+4. Live partials are kept in a process-wide registry, so a signal handler can
+   remove them (:func:`remove_live_partials`); partials that this host's
+   earlier, dead processes left behind are removed by the next run into the
+   folder (:func:`clean_stale_partials`); partials of other hosts, of other
+   users and of live processes are never touched.
+
+Errors raised here name the user's path (the final name), never the
+temporary one.
+
+This module imports only the standard library and :mod:`wsitool.errors`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import io
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import threading
+from pathlib import Path
+from typing import IO, Iterable
+
+from .errors import OutputExistsError, OutputIsSourceError
+
+__all__ = [
+    "Partial",
+    "partial_name",
+    "is_partial_name",
+    "check_output",
+    "create_file",
+    "create_dir",
+    "open_file",
+    "write_bytes",
+    "anonymous_file",
+    "commit",
+    "user_error",
+    "clean_stale_partials",
+    "live_partials",
+    "remove_live_partials",
+]
+
+#: The marker between the final name and the host/pid/token of a partial.
+PARTIAL_MARK = ".partial-"
+
+_PARTIAL_RE = re.compile(
+    r"^\.(?P<name>.+)\.partial-(?P<host>[A-Za-z0-9._-]+)-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]{8,})$"
+)
+_HOST_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _host() -> str:
+    """This host's name as it appears in partial names (``[A-Za-z0-9._-]``, at most 32 chars)."""
+    host = _HOST_BAD.sub("_", socket.gethostname() or "localhost")[:32]
+    return host or "localhost"
+
+
+# --------------------------------------------------------------------------- registry
+
+_live: dict[str, bool] = {}  # partial path -> is a folder
+_live_lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
+
+
+def _register(path: Path, is_dir: bool) -> None:
+    with _live_lock:
+        _live[os.fspath(path)] = is_dir
+
+
+def _unregister(path: Path) -> None:
+    with _live_lock:
+        _live.pop(os.fspath(path), None)
+
+
+def _forget_after_fork() -> None:  # a forked child must not remove its parent's partials
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def live_partials() -> list[Path]:
+    """The partials this process has created and not yet committed or removed."""
+    with _live_lock:
+        return [Path(p) for p in _live]
+
+
+def remove_live_partials() -> int:
+    """Remove every live partial of this process (for a signal handler or ``atexit``).
+
+    Safe to call from a signal handler in the main thread and from any thread;
+    never raises.  Returns the number of partials removed.
+    """
+    with _live_lock:
+        items = list(_live.items())
+    removed = 0
+    for path, is_dir in items:
+        if _remove(Path(path), is_dir):
+            removed += 1
+        _unregister(Path(path))
+    return removed
+
+
+def _remove(path: Path, is_dir: bool | None = None) -> bool:
+    """Remove a file, link or folder tree at ``path`` without following links; never raises."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+            return not os.path.lexists(path)
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- names and checks
+
+
+def partial_name(final: str | os.PathLike) -> Path:
+    """A fresh temporary name for ``final`` in its folder: ``.<name>.partial-<host>-<pid>-<token>``.
+
+    ``token`` is 16 random hex digits, so the name cannot be guessed in
+    advance.  The name is not created (see :func:`create_file` /
+    :func:`create_dir`).
+    """
+    final = Path(os.fspath(final))
+    return final.with_name(f".{final.name}{PARTIAL_MARK}{_host()}-{os.getpid()}-{secrets.token_hex(8)}")
+
+
+def is_partial_name(name: str) -> bool:
+    """True when the file name ``name`` has the form :func:`partial_name` gives."""
+    return _PARTIAL_RE.match(name) is not None
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when ``a`` and ``b`` exist and are the same inode (links followed)."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _is_source(final: Path, sources: Iterable) -> str | None:
+    """The source that ``final`` is (as a link, the same inode or the same path), or None."""
+    for src in sources or ():
+        if src is None:
+            continue
+        src = os.fspath(src)
+        if _same_file(final, src):
+            return src
+        if os.path.abspath(final) == os.path.abspath(src):
+            return src
+    return None
+
+
+def check_output(final: str | os.PathLike, sources: Iterable = (), overwrite: bool = False, *,
+                 kind: str = "file") -> None:
+    """Check that ``final`` may be written; call it before any work.
+
+    Args:
+        final: the output path as the user gave it.
+        sources: paths the command reads (slides); ``final`` must not be one
+            of them (same inode, also through a link).
+        overwrite: allow replacing an existing ``final`` (never a source).
+        kind: ``"file"`` or ``"dir"``: what will be written at ``final``.
+
+    Raises:
+        OutputIsSourceError: ``final`` is a source (a usage error, exit 2).
+        OutputExistsError: ``final`` exists and ``overwrite`` is False (exit 9).
+        IsADirectoryError: ``kind`` is ``"file"`` and ``final`` is an existing folder.
+        NotADirectoryError: ``kind`` is ``"dir"`` and ``final`` is an existing file.
+        FileNotFoundError: the destination folder does not exist.
+    """
+    final = Path(os.fspath(final))
+    src = _is_source(final, sources)
+    if src is not None:
+        raise OutputIsSourceError(final, src)
+    if os.path.lexists(final):
+        if not overwrite:
+            raise OutputExistsError(final)
+        if kind == "file" and final.is_dir() and not final.is_symlink():
+            raise IsADirectoryError(errno.EISDIR, "output is an existing folder", str(final))
+        if kind == "dir" and not final.is_dir() and not final.is_symlink():
+            raise NotADirectoryError(errno.ENOTDIR, "output exists and is not a folder", str(final))
+    parent = final.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "output folder does not exist", str(final))
+
+
+def user_error(exc: OSError, final: str | os.PathLike) -> OSError:
+    """``exc`` re-made to name ``final`` (the user's path) instead of a temporary name.
+
+    Returns a new exception of the same class (``errno``, ``strerror``,
+    ``filename=final``) for the caller to raise; wsitool's own output errors
+    are returned unchanged.
+    """
+    final = os.fspath(final)
+    if isinstance(exc, (OutputExistsError, OutputIsSourceError)):
+        return exc
+    code = exc.errno
+    reason = exc.strerror or (os.strerror(code) if code else str(exc))
+    try:
+        new = type(exc)(code, reason, str(final)) if code else OSError(reason)
+    except Exception:  # an OSError subclass with another constructor
+        new = OSError(code, reason, str(final))
+    return new
+
+
+# --------------------------------------------------------------------------- partials
+
+
+class Partial:
+    """A temporary output (file or folder) on its way to ``final``.
+
+    Made by :func:`create_file` or :func:`create_dir`; use it as a context
+    manager (an exception leaving the block removes it, and an ``OSError`` is
+    re-raised naming ``final``) and call :meth:`commit` when the data is
+    complete.
+
+    Attributes:
+        final: the output path the user asked for.
+        path: the temporary path (never shown to the user).
+        is_dir: True for a folder.
+        sources: paths that must never be replaced (see :func:`check_output`).
+    """
+
+    def __init__(self, final: Path, path: Path, is_dir: bool, sources: Iterable = ()):
+        self.final = final
+        self.path = path
+        self.is_dir = is_dir
+        self.sources = tuple(os.fspath(s) for s in (sources or ()) if s is not None)
+        self.done = False
+
+    def commit(self, overwrite: bool = False) -> None:
+        """Rename the partial onto :attr:`final` (see :func:`commit`); it is no longer live.
+
+        Raises:
+            OutputIsSourceError, OutputExistsError, IsADirectoryError: as :func:`commit`;
+            the partial is removed then.
+        """
+        try:
+            commit(self.path, self.final, overwrite=overwrite, sources=self.sources)
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        _unregister(self.path)
+
+    def abort(self) -> None:
+        """Remove the partial (file or folder tree); never raises."""
+        if not self.done:
+            _remove(self.path, self.is_dir)
+            self.done = True
+        _unregister(self.path)
+
+    def __enter__(self) -> "Partial":
+        return self
+
+    def __exit__(self, etype, exc, tb) -> None:
+        if etype is not None:
+            self.abort()
+            if isinstance(exc, OSError):
+                new = user_error(exc, self.final)
+                if new is not exc:
+                    raise new from None
+        elif not self.done:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"Partial({str(self.final)!r}, dir={self.is_dir})"
+
+
+_OPEN_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+
+
+def create_file(final: str | os.PathLike, sources: Iterable = (), *, read: bool = False) -> tuple[Partial, int]:
+    """Create a new partial file for ``final``, exclusively.
+
+    The file is a fresh :func:`partial_name` in ``final``'s folder, opened with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` (mode ``0o666`` less the umask), and
+    registered as live.
+
+    Args:
+        final: the output path.
+        sources: paths :meth:`Partial.commit` must never replace.
+        read: open it read-write (``O_RDWR``) instead of write-only.
+
+    Returns:
+        ``(partial, fd)``: the :class:`Partial` and an open descriptor the
+        caller owns (close it before committing).
+
+    Raises:
+        OSError: the folder is missing or not writable, ... -- naming ``final``.
+    """
+    final = Path(os.fspath(final))
+    flags = _OPEN_FLAGS
+    if read:
+        flags = (flags & ~os.O_WRONLY) | os.O_RDWR
+    for _ in range(8):
+        tmp = partial_name(final)
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileExistsError:  # a name taken (planted or a random clash): draw another
+            continue
+        except OSError as exc:
+            raise user_error(exc, final) from None
+        _register(tmp, False)
+        return Partial(final, tmp, False, sources), fd
+    raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary file"), final)
+
+
+def create_dir(final: str | os.PathLike, sources: Iterable = ()) -> Partial:
+    """Create a new partial folder for ``final`` (``mkdir`` of a fresh :func:`partial_name`).
+
+    ``mkdir`` fails on any existing name (a planted link included), so the
+    folder is new and its contents are the caller's.  Registered as live.
+
+    Raises:
+        OSError: the folder cannot be made -- naming ``final``.
+    """
+    final = Path(os.fspath(final))
+    for _ in range(8):
+        tmp = partial_name(final)
+        try:
+            os.mkdir(tmp, 0o777)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise user_error(exc, final) from None
+        _register(tmp, True)
+        return Partial(final, tmp, True, sources)
+    raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary folder"), final)
+
+
+def open_file(final: str | os.PathLike, sources: Iterable = (), *, read: bool = False) -> tuple[Partial, IO[bytes]]:
+    """:func:`create_file` with a binary file object (seekable) instead of a descriptor.
+
+    Returns:
+        ``(partial, fh)``; close ``fh`` (``with fh:``) before :meth:`Partial.commit`.
+    """
+    partial, fd = create_file(final, sources, read=read)
+    try:
+        raw = io.FileIO(fd, "r+" if read else "w", closefd=True)
+    except BaseException:
+        os.close(fd)
+        partial.abort()
+        raise
+    raw.name = os.fspath(final)  # what libraries that print or split fh.name see: the user's path
+    return partial, io.BufferedRandom(raw) if read else io.BufferedWriter(raw)
+
+
+def write_bytes(final: str | os.PathLike, data: bytes, *, overwrite: bool = False,
+                sources: Iterable = ()) -> None:
+    """Write ``data`` to ``final`` atomically (a partial file, then :func:`commit`).
+
+    Raises:
+        OutputIsSourceError, OutputExistsError: see :func:`check_output`.
+        OSError: naming ``final`` (disk full, permissions, ...).
+    """
+    final = Path(os.fspath(final))
+    check_output(final, sources, overwrite)
+    partial, fh = open_file(final, sources)
+    with partial:
+        with fh:
+            fh.write(data)
+        partial.commit(overwrite)
+
+
+def anonymous_file(folder: str | os.PathLike, final: str | os.PathLike | None = None) -> IO[bytes]:
+    """A read-write scratch file in ``folder`` with no name (gone when closed, even on a crash).
+
+    Uses ``O_TMPFILE`` where the OS and file system support it; otherwise a
+    :func:`create_file` partial that is unlinked at once.  ``final`` (the
+    output the scratch is for) is the path errors name.
+
+    Raises:
+        OSError: naming ``final`` (or ``folder``).
+    """
+    folder = Path(os.fspath(folder))
+    name = Path(os.fspath(final)) if final is not None else folder
+    tmpfile = getattr(os, "O_TMPFILE", 0)
+    if tmpfile:
+        try:
+            fd = os.open(folder, os.O_RDWR | tmpfile | getattr(os, "O_CLOEXEC", 0), 0o600)
+            return os.fdopen(fd, "w+b")
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+                raise user_error(exc, name) from None
+    target = name if final is not None else folder / "scratch"
+    partial, fd = create_file(target, read=True)
+    try:
+        os.unlink(partial.path)
+    finally:
+        partial.done = True
+        _unregister(partial.path)
+    return os.fdopen(fd, "w+b")
+
+
+# --------------------------------------------------------------------------- commit
+
+_RENAME_NOREPLACE = 1
+_renameat2 = None
+_AT_FDCWD = -100
+
+
+def _load_renameat2():
+    global _renameat2
+    if _renameat2 is None:
+        fn = False
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError, TypeError):
+            fn = False
+        _renameat2 = fn
+    return _renameat2
+
+
+def _rename_noreplace(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final`` unless ``final`` exists (FileExistsError), atomically where possible."""
+    fn = _load_renameat2()
+    if fn:
+        rc = fn(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(final), _RENAME_NOREPLACE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(final))
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(final))
+    if not os.path.isdir(tmp) or os.path.islink(tmp):
+        try:
+            os.link(tmp, final, follow_symlinks=False)  # fails if ``final`` exists
+        except FileExistsError:
+            raise
+        except OSError:
+            pass  # no hard links here: fall through to a checked rename
+        else:
+            os.unlink(tmp)
+            return
+    if os.path.lexists(final):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(final))
+    os.rename(tmp, final)
+
+
+def commit(tmp: str | os.PathLike, final: str | os.PathLike, *, overwrite: bool = False,
+           sources: Iterable = ()) -> None:
+    """Rename the finished ``tmp`` onto ``final``.
+
+    Without ``overwrite`` an existing ``final`` is never replaced (checked in
+    the rename itself where the OS allows).  With ``overwrite`` an existing
+    file is replaced in one rename; an existing folder (a Deep Zoom ``_files``
+    tree, a Zarr store) is moved aside under a partial name, the new one
+    renamed in, and the old one removed.  A ``final`` that is a source
+    (:func:`check_output`) is never replaced.  ``tmp`` is left in place when
+    this raises.
+
+    Raises:
+        OutputIsSourceError: ``final`` is one of ``sources``.
+        OutputExistsError: ``final`` exists and ``overwrite`` is False.
+        IsADirectoryError: a file would replace a folder.
+        OSError: the rename failed -- naming ``final``.
+    """
+    tmp, final = Path(os.fspath(tmp)), Path(os.fspath(final))
+    src = _is_source(final, sources)
+    if src is not None:
+        raise OutputIsSourceError(final, src)
+    tmp_is_dir = tmp.is_dir() and not tmp.is_symlink()
+    try:
+        if not overwrite:
+            try:
+                _rename_noreplace(tmp, final)
+            except FileExistsError:
+                raise OutputExistsError(final) from None
+            return
+        final_is_dir = final.is_dir() and not final.is_symlink()
+        if final_is_dir and not tmp_is_dir:
+            raise IsADirectoryError(errno.EISDIR, "output is an existing folder", str(final))
+        if not final_is_dir:
+            os.replace(tmp, final)
+            return
+        old = partial_name(final)
+        os.rename(final, old)
+        _register(old, True)
+        try:
+            os.rename(tmp, final)
+        except BaseException:
+            os.rename(old, final)
+            _unregister(old)
+            raise
+        _remove(old, True)
+        _unregister(old)
+    except (OutputExistsError, OutputIsSourceError):
+        raise
+    except OSError as exc:
+        raise user_error(exc, final) from None
+
+
+# --------------------------------------------------------------------------- stale partials
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id we could judge: leave it
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    except OSError:
+        return True
+    return True
+
+
+def clean_stale_partials(folder: str | os.PathLike) -> list[Path]:
+    """Remove partials in ``folder`` that this host's dead processes left.
+
+    A name is removed when it has the :func:`partial_name` form, carries this
+    host's name and the id of a process that no longer runs, and belongs to
+    the current user.  Partials of other hosts (shared file systems), of live
+    processes (including this one) and of other users are left alone, as is
+    anything else.  Never follows a link; never raises.
+
+    Returns:
+        The paths removed.
+    """
+    folder = Path(os.fspath(folder))
+    host = _host()
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _PARTIAL_RE.match(entry.name)
+        if m is None or m.group("host") != host:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if uid is not None and st.st_uid != uid:
+            continue
+        if _pid_alive(int(m.group("pid"))):
+            continue
+        path = folder / entry.name
+        if _remove(path):
+            removed.append(path)
+    return removed

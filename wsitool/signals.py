@@ -1,0 +1,141 @@
+"""One way to stop on a signal: SIGINT, SIGTERM and SIGHUP all unwind like Ctrl-C.
+
+Python turns SIGINT into :class:`KeyboardInterrupt`, so every ``finally`` and
+``except BaseException`` cleanup in wsitool (temporary outputs deleted, the
+stress child killed, a Dask cluster closed) runs on Ctrl-C.  SIGTERM (``kill``,
+a batch system's time limit, ``docker stop``) and SIGHUP (the terminal closed)
+have no Python handler by default: the process dies on the spot and leaves its
+temporary files behind.  :func:`install` gives the three signals one handler
+that raises :class:`Interrupted`, a subclass of :class:`KeyboardInterrupt`, in
+the main thread, so they all take the Ctrl-C path; the command line maps it to
+the exit status ``128 + signal number`` (130 SIGINT, 143 SIGTERM, 129 SIGHUP),
+as a shell reports a process killed by that signal.
+
+Only the command line's entry point installs the handler (never an import:
+a library must not take over its host's signals).  A second signal while the
+first one is still unwinding is ignored, so the cleanup is not cut short.
+
+Standard library only (imported before anything heavy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator, Optional
+
+from . import atomic
+
+__all__ = ["Interrupted", "HANDLED", "install", "restore", "handling", "received",
+           "exit_code", "signal_name", "cleanup_partials"]
+
+#: Signals turned into :class:`Interrupted` (SIGHUP where the platform has it).
+HANDLED: tuple[int, ...] = tuple(
+    s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None),
+                getattr(signal, "SIGHUP", None)) if s is not None)
+
+_received: Optional[int] = None
+
+
+class Interrupted(KeyboardInterrupt):
+    """A handled signal arrived (see :func:`install`); unwinds like Ctrl-C.
+
+    Attributes:
+        signum: the signal number (e.g. ``signal.SIGTERM``).
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        """``128 + signum``: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP."""
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return f"interrupted by {signal_name(self.signum)}"
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGTERM"`` for 15, etc. (``"signal N"`` for an unknown number)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _handler(signum, frame) -> None:
+    global _received
+    if _received is not None:  # already unwinding: let the cleanup finish
+        return
+    _received = signum
+    raise Interrupted(signum)
+
+
+def install() -> dict[int, object]:
+    """Route SIGINT, SIGTERM and SIGHUP to :class:`Interrupted` in the main thread.
+
+    Returns the previous handlers (for :func:`restore`).  Does nothing (and
+    returns ``{}``) outside the main thread, where Python cannot set handlers.
+    A signal that is ignored (``SIG_IGN``, e.g. SIGHUP under ``nohup``, SIGINT
+    of a background job) stays ignored.
+    """
+    global _received
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _received = None
+    previous: dict[int, object] = {}
+    for signum in HANDLED:
+        current = signal.getsignal(signum)
+        if current is signal.SIG_IGN:
+            continue
+        previous[signum] = current
+        signal.signal(signum, _handler)
+    return previous
+
+
+def restore(previous: dict[int, object]) -> None:
+    """Put back the handlers :func:`install` returned (and forget the signal received)."""
+    global _received
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _received = None
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def handling() -> Iterator[None]:
+    """``with handling():`` :func:`install` for the block, then :func:`restore`."""
+    previous = install()
+    try:
+        yield
+    finally:
+        restore(previous)
+
+
+def received() -> Optional[int]:
+    """The handled signal that arrived since :func:`install`, or None."""
+    return _received
+
+
+def exit_code(exc: BaseException) -> int:
+    """Exit status for an interruption: ``128 + signum`` for :class:`Interrupted`,
+    else the signal :func:`received` saw, else 130 (a plain KeyboardInterrupt)."""
+    if isinstance(exc, Interrupted):
+        return exc.exit_code
+    if _received is not None:
+        return 128 + _received
+    return 130
+
+
+def cleanup_partials() -> int:
+    """Last resort after an interruption: remove the temporary outputs this
+    process still has open (:func:`wsitool.atomic.remove_live_partials`); returns
+    how many were removed.  Never raises."""
+    try:
+        return int(atomic.remove_live_partials())
+    except Exception:
+        return 0
