@@ -257,7 +257,9 @@ def worker(spec: dict) -> list[dict]:
 def floor_worker(spec: dict) -> list[dict]:
     """Whole-tile decode floor: one nvImageCodec CPU decoder, one thread, no placement."""
     import wsitool
-    from wsitool.decode import nvimgcodec
+    from wsitool.codec.library import nv
+
+    nvimgcodec = nv()
     from wsitool.geometry import level_rect
 
     slide = wsitool.open_slide(spec["slide"])
@@ -569,7 +571,7 @@ def main(argv=None) -> int:
 def native_status() -> str:
     """What ``wsitool.codec.jpegloop.status()`` says in a fresh interpreter (the read path
     wsitool's workers used): whether the compiled JPEG tile loop is in use."""
-    code = "import wsitool.native as n; print(n.status())"
+    code = "import wsitool.codec.jpegloop as n; print(n.status())"
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=120, cwd=str(REPO), env=_child_env())

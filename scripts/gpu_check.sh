@@ -10,7 +10,7 @@
 #      from PyPI (nvImageCodec + nvJPEG + nvJPEG2000, and CuPy only if no CuPy is
 #      importable yet: two CuPy packages must never be installed side by side);
 #   2. records the GPU, CuPy, nvImageCodec and `wsitool info` backend report;
-#   3. runs the GPU tests (tests/test_gpu.py, nothing skipped expected);
+#   3. runs the GPU tests (tests/read/test_cuda.py, nothing skipped expected);
 #   4. compares GPU and CPU region reads on every sample slide (max / mean abs
 #      difference per slide; targets: JPEG max 4 mean < 0.5, JPEG 2000 max 2,
 #      CPU-decoded levels identical) and times CPU vs GPU reads;
@@ -139,21 +139,23 @@ env_report() {
 import json, sys
 import cupy, numpy
 from nvidia import nvimgcodec
-from wsitool import gpu
+from wsitool import device
+from wsitool.codec import backends
+from wsitool.read import cuda
 print("python", sys.version.split()[0], "numpy", numpy.__version__, "cupy", cupy.__version__,
       "nvimgcodec", getattr(nvimgcodec, "__version__", "?"))
-print("cuda available:", gpu.cuda_available(), gpu._cuda_probe()[1])
-print("device:", gpu._gpu_name(0))
-for entry in gpu.backend_report():
+print("cuda available:", device.cuda_available(), device.cuda_probe()[1])
+print("device:", backends.gpu_name(0))
+for entry in backends.backend_report():
     print(f"backend: {entry['name']:52} {'yes' if entry['available'] else 'no ':3}  {entry['detail']}")
-print(json.dumps(gpu.gpu_memory_sample()))
-sys.exit(0 if gpu.cuda_available() else 1)
+print(json.dumps(cuda.gpu_memory_sample()))
+sys.exit(0 if device.cuda_available() else 1)
 EOF
 }
 step env 90 env_report
 
 # ------------------------------------------------------------------ 3. GPU tests
-step tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py
+step tests 150 "$PY" -m pytest -q -rs -p no:cacheprovider tests/read/test_cuda.py
 
 # ------------------------------------------------------------------ bench slide (for 4 and 6)
 BENCH_SLIDE=""

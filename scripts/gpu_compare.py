@@ -215,7 +215,7 @@ def main(argv=None) -> int:
         from wsitool.read.cuda import gpu_stats
 
         # levels_on_cpu > 0 or tiles_cpu_fallback > 0 means some pixels above
-        # were not decoded on the GPU at all (see wsitool/gpu.py).
+        # were not decoded on the GPU at all (see wsitool/read/cuda.py).
         result["gpu_stats"] = gpu_stats()
         print("gpu_stats: " + " ".join(f"{k}={v}" for k, v in result["gpu_stats"].items()))
     if args.bench:

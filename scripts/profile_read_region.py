@@ -22,9 +22,9 @@ one reused output buffer, tile bytes in the page cache) it times, in turns, with
 * ``+reads``: the tile bytes also read per tile with ``os.preadv`` into a
   reused buffer (JPEG tables merged in front);
 * ``read_region py``: ``Slide.read_region(..., mode="rgb", threads=1, out=...)``
-  on the Python path (``wsitool.native.ENABLED = False``);
+  on the Python path (``wsitool.settings.decode_paths(native=False)``);
 * ``read_region``: the same call as users make it: through the compiled JPEG
-  tile loop (:mod:`wsitool.native`) where it is built and applies, else the
+  tile loop (:mod:`wsitool.codec.jpegloop`) where it is built and applies, else the
   Python path again.
 
 Each line prints megapixels of region per CPU-second, the ratio to the floor and
@@ -59,8 +59,11 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(REPO))
     import wsitool
-    from wsitool import native
-    from wsitool.decode import nvimgcodec
+    from wsitool.codec import jpegloop as native
+    from wsitool.codec.library import nv
+    from wsitool.settings import decode_paths
+
+    nvimgcodec = nv()
     from wsitool.geometry import plan_tiles
 
     if not Path(args.slide).is_file():
@@ -84,7 +87,8 @@ def main(argv=None) -> int:
     # Every tile job of every region: (offset, count, src rect, dst slice, complete stream bytes)
     jobs = []
     for x, y in locs:
-        for col, row, src, dst in plan_tiles(lv, x, y, size, size)[1]:
+        for col, row, src, (dx0, dy0, dx1, dy1) in plan_tiles(lv, x, y, size, size)[1]:
+            dst = (dy0, dy1, dx0, dx1)  # row slice, then column slice
             i = row * lv.tiles_across + col
             off, cnt = int(lv.tiles.offsets[i]), int(lv.tiles.bytecounts[i])
             data = os.pread(lv.source.fileno(), cnt, off)
@@ -134,14 +138,9 @@ def main(argv=None) -> int:
         for loc in locs:
             slide.read_region(loc, 0, (size, size), mode="rgb", threads=1, out=out)
 
-    enabled = native.ENABLED  # (WSITOOL_NATIVE=0 turns the compiled loop off for both lines)
-
-    def read_region_py():
-        native.ENABLED = False
-        try:
+    def read_region_py():  # (WSITOOL_NATIVE=0 turns the compiled loop off for both lines)
+        with decode_paths(native=False):
             read_region()
-        finally:
-            native.ENABLED = enabled
 
     steps = [("floor", floor), ("decode", decode), ("+images", plus_images),
              ("+streams", plus_streams), ("+reads", plus_reads), ("read_region py", read_region_py),

@@ -252,13 +252,13 @@ def test_no_module_builds_its_own_temporary_names():
         "atomic.write_bytes(",  # through the helper
     )
     offenders = []
-    for py in sorted(pkg.glob("*.py")):
+    for py in sorted(pkg.rglob("*.py")):  # every module, sub-packages included
         if py.name == "atomic.py":
             continue
         for n, line in enumerate(py.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]
             if bad.search(code) and not any(ok in code for ok in allowed):
-                offenders.append(f"{py.name}:{n}: {line.strip()}")
+                offenders.append(f"{py.relative_to(pkg)}:{n}: {line.strip()}")
     assert not offenders, offenders
 
 

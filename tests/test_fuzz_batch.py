@@ -67,10 +67,12 @@ def test_known_bad_inputs_are_documented_errors(fuzz, tmp_path):
 
 
 def test_checker_sees_raw_control_characters(fuzz, tmp_path, monkeypatch):
-    import wsitool.cli as cli
+    import wsitool.errors
+    from wsitool.cli import console, export as cli_export, read as cli_read
 
-    monkeypatch.setattr(cli, "shown", lambda text: str(text))  # as before the fix: printed raw
-    monkeypatch.setattr(cli.errors, "printable", lambda text: str(text))
+    for module in (console, cli_export, cli_read):  # as before the fix: printed raw
+        monkeypatch.setattr(module, "shown", lambda text: str(text))
+    monkeypatch.setattr(wsitool.errors, "printable", lambda text: str(text))
     work = _work(tmp_path)
     res = fuzz.check_batch_case(_case("from-list", b"evil\x1b]0;pwned\x07.svs\n"), work, SLIDE)
     assert res["status"] == "control", res
@@ -80,15 +82,15 @@ def test_checker_sees_raw_control_characters(fuzz, tmp_path, monkeypatch):
 
 
 def test_checker_sees_a_write_outside_the_output_folder(fuzz, tmp_path, monkeypatch):
-    from wsitool import export
+    from wsitool.distributed import regions
 
-    real = export.write_image
+    real = regions.write_image
 
     def escaping(path, array, **kw):
         real(Path(path).parent.parent.parent / "escaped.png", array, overwrite=True)
         return real(path, array, **kw)
 
-    monkeypatch.setattr(export, "write_image", escaping)
+    monkeypatch.setattr(regions, "write_image", escaping)
     work = _work(tmp_path)
     res = fuzz.check_batch_case(_case("regions", b"x,y,level,width,height,name\n0,0,0,8,8,a\n"), work, SLIDE)
     assert res["status"] == "escape", res

@@ -23,7 +23,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO_SAMPLES
+import wsitool
 from wsitool import atomic, distributed as D
+from wsitool.distributed.regions_csv import check_name
 from wsitool.cli import app
 
 SAMPLE = REPO_SAMPLES / "sample-aperio-jpeg.svs"
@@ -192,10 +194,10 @@ def _writers():
             0, 0, 64, 64, "--compression", "deflate")
 
     def stress_report(tmp, out):
-        from wsitool import stress
+        from wsitool.stress import report as stress_report
 
         final = out / "report.json"
-        return final, lambda: stress._atomic_write(final, lambda fh: fh.write(b"{}"))
+        return final, lambda: stress_report.write_atomically(final, lambda fh: fh.write(b"{}"))
 
     return {"read-region": read_region, "regions": regions, "pack-npz": pack("npz"),
             "pack-zarr": pack("zarr"), "export-tiff": export("e.svs"),
@@ -255,10 +257,10 @@ def test_quoted_newline_in_a_name_makes_no_file(tmp_path):
 ])
 def test_region_name_safe_set(name, ok):
     if ok:
-        assert D._check_name(name, "here") == name
+        assert check_name(name, "here") == name
     else:
-        with pytest.raises(D.InvalidRegionError, match="here: invalid region name"):
-            D._check_name(name, "here")
+        with pytest.raises(wsitool.InvalidRegionError, match="here: invalid region name"):
+            check_name(name, "here")
 
 
 def test_failed_region_line_escapes_the_slide_path(tmp_path):

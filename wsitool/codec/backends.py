@@ -72,7 +72,7 @@ def _probe_backend(kind: str, codec: str, device_id: int) -> tuple[bool, str]:
         return False, f"test decode failed ({type(exc).__name__}: {exc})"
 
 
-def _gpu_name(device_id: int) -> str:
+def gpu_name(device_id: int) -> str:
     try:
         import cupy
 
@@ -109,7 +109,7 @@ def backend_report(probe: bool = True) -> list[dict]:
     ok, reason = cuda_probe()
     nvjpeg_lib = _library_found("nvjpeg", "libnvjpeg.so")
     nvjpeg2k_lib = _library_found("nvjpeg2k", "libnvjpeg2k.so")
-    gpu = _gpu_name(0) if ok else None
+    gpu = gpu_name(0) if ok else None
 
     def gpu_entry(name, kind, codec, lib_found, lib_pkg, decodes):
         if not ok:

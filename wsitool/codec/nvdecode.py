@@ -35,7 +35,7 @@ def plan_decode(level: Level, col: int, row: int, data,
     """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
 
     Shared by the per-tile CPU path (:func:`decode_into`) and the batched GPU
-    path (:mod:`wsitool.gpu`).  Checks the code stream header against the tile
+    path (:mod:`wsitool.read.cuda`).  Checks the code stream header against the tile
     grid and ``src_rect`` against the code stream.
 
     Args:

@@ -113,7 +113,7 @@ class ThreadState:
         """``(flat, view, image)``: this thread's RGB scratch for tiles of
         ``tile_h x tile_w`` pixels, ``flat`` a 1-D uint8 buffer of
         ``tile_h * tile_w * 3 + 4`` bytes (the spare bytes let
-        :func:`wsitool.region._widen_rgba` read whole 32-bit words), ``view`` its
+        :func:`wsitool.read.worker.widen_rgba` read whole 32-bit words), ``view`` its
         first ``h * w`` pixels as ``(h, w, 3)`` uint8 and ``image`` the nvImageCodec
         image of ``view``.  The triple for the whole-tile shape is made once per
         thread and reused (wrapping a numpy view costs about 6-7 us, against

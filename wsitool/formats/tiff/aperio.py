@@ -16,7 +16,7 @@ from .properties import positive_float
 from .tags import description
 
 __all__ = ["is_aperio", "associated_name", "description_metadata", "description_text",
-           "level_description_text"]
+           "level_description_text", "thumbnail_description_text", "associated_description_text"]
 
 
 def is_aperio(first_description: str) -> bool:
@@ -57,7 +57,8 @@ def description_metadata(desc: str, props: dict[str, str]) -> tuple[float | None
     return mpp, mpp, positive_float(props.get("aperio.AppMag"))
 
 
-def description_text(width: int, height: int, tile: int, kind: str, mpp, mag, software: str) -> str:
+def description_text(width: int, height: int, tile: int, kind: str, mpp, mag, software: str,
+                     extra: dict[str, object] | None = None) -> str:
     """Level 0's ImageDescription in the Aperio layout: the header line (``Aperio
     Image Library <software>``, CR LF), the size line, then ``|key = value`` fields.
 
@@ -66,6 +67,7 @@ def description_text(width: int, height: int, tile: int, kind: str, mpp, mag, so
         kind: the compression named after the size line (e.g. ``"JPEG Q=90"``).
         mpp: micrometres per level-0 pixel or None; mag: objective power or None.
         software: the writer's name and version.
+        extra: further ``key = value`` fields, appended in order.
     """
     fields = [f"Aperio Image Library {software}\r\n"
               f"{width}x{height} [0,0 {width}x{height}] ({tile}x{tile}) {kind}"]
@@ -74,6 +76,7 @@ def description_text(width: int, height: int, tile: int, kind: str, mpp, mag, so
     if mpp is not None:
         fields.append(f"MPP = {mpp:.6g}")
     fields.append("ScannedBy = wsitool export-pyramid")
+    fields.extend(f"{key} = {value}" for key, value in (extra or {}).items())
     return "|".join(fields)
 
 
@@ -83,3 +86,17 @@ def level_description_text(base: tuple[int, int], size: tuple[int, int], tile: i
     ``base`` and ``size`` are ``(width, height)`` of level 0 and of the level, in pixels."""
     (w0, h0), (w, h) = base, size
     return f"Aperio Image Library {software}\r\n{w0}x{h0} -> {w}x{h} ({tile}x{tile}) {kind}"
+
+
+def thumbnail_description_text(base: tuple[int, int], size: tuple[int, int], software: str) -> str:
+    """The stripped thumbnail's ImageDescription (``W0xH0 -> WxH - ``, as Aperio writes it);
+    ``base`` and ``size`` are ``(width, height)`` of level 0 and of the thumbnail, in pixels."""
+    (w0, h0), (w, h) = base, size
+    return f"Aperio Image Library {software}\n{w0}x{h0} -> {w}x{h} - "
+
+
+def associated_description_text(name: str, size: tuple[int, int], software: str) -> str:
+    """A label's or macro's ImageDescription: its name and ``(width, height)`` on the second
+    line (OpenSlide names Aperio associated images from that word)."""
+    w, h = size
+    return f"Aperio Image Library {software}\n{name} {w}x{h}"

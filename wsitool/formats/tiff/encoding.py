@@ -149,7 +149,7 @@ _CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
 def rgb_problem(page) -> str | None:
     """Why the samples of ``page`` cannot be shown as RGB, or None if they can.
 
-    wsitool converts to 8-bit RGB (see :func:`wsitool.region.to_rgb8`):
+    wsitool converts to 8-bit RGB (see :func:`wsitool.color.to_rgb8`):
     MinIsWhite / MinIsBlack (1 colour sample), RGB (3), Palette, CMYK
     (Separated with InkSet 1 and 4 colour samples, TIFF 6.0 section 16), and
     YCbCr when the codec itself returns RGB (JPEG, JPEG 2000).  Other

@@ -22,6 +22,8 @@ import tifffile
 
 import wsitool
 from wsitool import export
+from wsitool.bitstream import jp2_codestream
+from wsitool.export import associated as export_associated, dzi as export_dzi, encode as export_encode
 from wsitool.errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
 from wsitool.export import export_pyramid
 
@@ -399,7 +401,7 @@ def test_memory_stays_under_documented_bound(cmu1, tmp_path):
     with wsitool.open_slide(cmu1) as src:
         lv = src.levels[0]
         dims = export.pyramid_dimensions(region[2], region[3], tile)
-        tw, th = dims[export._thumbnail_level(dims)]  # the level kept for the Aperio thumbnail
+        tw, th = dims[export_associated.thumbnail_level(dims)]  # the level kept for the Aperio thumbnail
         carried = sum(src.associated_images[n].shape[0] * src.associated_images[n].shape[1]
                       for n in ("label", "macro"))  # carried over by default
         bound = export.memory_bound(region[2], tile, levels=len(dims), threads=1,
@@ -449,7 +451,7 @@ class _Boom(Exception):
 @pytest.mark.parametrize("exc", [_Boom, KeyboardInterrupt])
 @pytest.mark.parametrize("after", [3, 100])
 def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch, cmu1, fmt, name, exc, after):
-    original = export._TileCodec.encode
+    original = export_encode.TileCodec.encode
     calls = {"n": 0}
     lock = threading.Lock()
 
@@ -460,7 +462,7 @@ def test_interrupted_export_leaves_nothing(tmp_path, monkeypatch, cmu1, fmt, nam
                 raise exc("injected failure")
         return original(self, tile)
 
-    monkeypatch.setattr(export._TileCodec, "encode", failing)
+    monkeypatch.setattr(export_encode.TileCodec, "encode", failing)
     with pytest.raises(exc):
         # 1200 x 1100 with 128-pixel tiles: 90 + 25 + 9 + ... tiles, "after" cuts level 0 or a lower level
         export_pyramid(cmu1, tmp_path / name, format=fmt, region=(0, 0, 1200, 1100), tile_size=128)
@@ -476,7 +478,7 @@ def test_failed_overwrite_keeps_previous_output(tmp_path, monkeypatch, sample_jp
     def failing(self, tile):
         raise _Boom("injected")
 
-    monkeypatch.setattr(export._TileCodec, "encode", failing)
+    monkeypatch.setattr(export_encode.TileCodec, "encode", failing)
     with pytest.raises(_Boom):
         export_pyramid(sample_jpeg, out, overwrite=True)
     assert out.read_bytes() == before
@@ -554,10 +556,10 @@ def test_jp2_codestream_extraction():
     soc = b"\xff\x4f\xff\x51rest"
     jp2 = (b"\x00\x00\x00\x0cjP  \r\n\x87\n" + b"\x00\x00\x00\x10ftypjp2 \x00\x00\x00\x00"
            + (8 + len(soc)).to_bytes(4, "big") + b"jp2c" + soc)
-    assert export._jp2_codestream(jp2) == soc
-    assert export._jp2_codestream(soc) == soc
-    with pytest.raises(WsiError):
-        export._jp2_codestream(b"\x00\x00\x00\x0cjP  \r\n\x87\n")
+    assert jp2_codestream(jp2) == soc
+    assert jp2_codestream(soc) == soc
+    with pytest.raises(ValueError, match="code stream box"):
+        jp2_codestream(b"\x00\x00\x00\x0cjP  \r\n\x87\n")
 
 
 def test_region_origin_means_what_read_region_means(sample_jpeg, tmp_path):
@@ -648,10 +650,10 @@ def test_dzi_commit_failure_restores_previous_output(tmp_path, monkeypatch, samp
             raise OSError(5, "I/O error (injected)")
         return original(src, dst)
 
-    monkeypatch.setattr(export.os, "replace", failing)
+    monkeypatch.setattr(export_dzi.os, "replace", failing)
     with pytest.raises(OSError, match="injected"):
         export_pyramid(sample_jpeg, out, format="dzi", overwrite=True)
-    monkeypatch.setattr(export.os, "replace", original)
+    monkeypatch.setattr(export_dzi.os, "replace", original)
     assert out.read_text() == before_dzi
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "v_files").rglob("*")) == before_tiles
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.dzi", "v_files"]

@@ -1,14 +1,15 @@
-"""The child-process side of ``wsitool stress``: the multi-threaded workload.
+"""The child process of ``wsitool stress``: the multi-threaded workload (floor 6, consumers).
 
 This module runs in a separate Python process started by
-:func:`wsitool.stress.run_stress` (through :func:`main`), so that
-a crash in native decoding code (SIGSEGV, abort) kills only the child and the
-parent can still write its report.  It is not meant to be imported by users;
-the public API is :mod:`wsitool.stress`.
+:func:`wsitool.stress.runner.run_stress` (``python -c`` importing :func:`main`,
+or ``python -m wsitool.stress.worker``), so that a crash in native decoding
+code (SIGSEGV, abort) kills only the child and the parent can still write its
+report.  It is not meant to be imported by users; the public API is
+:mod:`wsitool.stress`.
 
 Protocol:
     * The parent writes one JSON object, the run configuration built by
-      :func:`wsitool.stress.run_stress`, to the child's standard input; the
+      :func:`wsitool.stress.config.plan_run`, to the child's standard input; the
       child's standard error goes to a file the parent reads after the run.
     * The child writes JSON lines to the file descriptor ``config["fd"]``
       (a pipe inherited from the parent): one ``{"type": "start", ...}``, then
@@ -16,131 +17,45 @@ Protocol:
       count, decoder counters, the checksums of the reads to verify and the
       first read errors), then one ``{"type": "done", ...}``.
 
-Regions are a pure function of ``(seed, iteration index)``
-(:func:`region_for`), so the parent and the tests can reproduce any read.
-
-Test-only fault injection (never set it in production): the environment
-variable ``WSITOOL_STRESS_FAULT`` makes the child misbehave on purpose, so the
-tests can check that the stress report catches each kind of failure:
-
-* ``leak`` -- every read keeps a reference to a copy of its decoded pixels
-  (at least 256 KiB, written so the pages are resident), like a decoder that
-  ignores the caller's buffer and never frees its own;
-* ``corrupt`` -- worker threads with an odd id flip the first byte of every
-  second read they make (pixels returned wrong under concurrency);
-* ``segv`` -- once a quarter of the iterations is done (or after one second
-  in ``--duration`` mode), the child sends itself SIGSEGV;
-* ``hang`` -- from the same point on, every worker blocks forever (a
-  deadlock), so the parent's stall timeout fires.
+Regions come from :func:`wsitool.stress.regions.region_for`; the test-only
+faults (:mod:`wsitool.stress.faults`) are injected here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
-import hashlib
-import importlib
 import json
 import os
-import random
 import signal
 import sys
 import threading
 import time
 import traceback
 
-FAULT_ENV = "WSITOOL_STRESS_FAULT"
-FAULTS = ("leak", "corrupt", "segv", "hang")
+import numpy as np
 
-#: Placement kinds of a random region and their cumulative probabilities.
-_KINDS = ((0.55, "inside"), (0.75, "edge"), (0.90, "top-left"), (1.0, "anywhere"))
-
-MAX_LISTED = 10  # first errors forwarded with details
+from ..codec.pool import get_pool
+from ..slide import open_slide
+from .faults import injected_fault
+from .regions import checksum, region_for
+from .report import MAX_LISTED
+from .samplers import load_samplers, rss
 
 
 class OutBufferIgnored(RuntimeError):
     """``read_region(out=buf)`` returned another array than ``buf`` (counted as a read error)."""
 
 
-def checksum(buf) -> str:
-    """Hex BLAKE2b-128 digest of a C-contiguous buffer (any dtype)."""
-    return hashlib.blake2b(memoryview(buf).cast("B"), digest_size=16).hexdigest()
+class Workload:
+    """The workload of one child: ``workers`` threads reading seeded regions of one shared ``slide``.
 
-
-def size_bounds(region_size: int) -> tuple[int, int]:
-    """Smallest and largest region side drawn for ``region_size``: [size/2, 3*size/2]."""
-    return max(1, region_size // 2), max(1, region_size + region_size // 2)
-
-
-def region_for(seed: int, index: int, levels: list[dict], region_size: int):
-    """The region read at iteration ``index``: ``(level, x0, y0, width, height)``.
-
-    ``levels`` lists the candidate levels as dicts with ``index``, ``width``,
-    ``height``, ``downsample``.  Width and height are drawn uniformly in
-    :func:`size_bounds`; the position is inside the level (55 %), straddling
-    its right/bottom edge (20 %), partly outside its top-left corner (15 %) or
-    anywhere including wholly outside (10 %).  ``x0, y0`` are level-0 pixels.
+    ``cfg`` is the run configuration the parent sends (see the module
+    docstring); messages go to ``pipe`` as JSON lines.  :meth:`run` returns
+    when every worker is done and the ``done`` message is sent.
     """
-    rng = random.Random((seed << 40) ^ index)
-    lv = levels[rng.randrange(len(levels))]
-    lo, hi = size_bounds(region_size)
-    w, h = rng.randint(lo, hi), rng.randint(lo, hi)
-    lw, lh = lv["width"], lv["height"]
-    u = rng.random()
-    kind = next(name for p, name in _KINDS if u < p)
-    if kind == "inside":
-        x = rng.randint(0, max(0, lw - w))
-        y = rng.randint(0, max(0, lh - h))
-    elif kind == "edge":
-        x = rng.randint(max(0, lw - w), lw - 1)
-        y = rng.randint(max(0, lh - h), lh - 1)
-    elif kind == "top-left":
-        x = rng.randint(-w + 1, 0)
-        y = rng.randint(-h + 1, 0)
-    else:
-        x = rng.randint(-w, lw + 32)
-        y = rng.randint(-h, lh + 32)
-    # the level-0 location that read_region maps back to level pixel (x, y)
-    from .geometry import level0_coordinate
 
-    ds = lv["downsample"]
-    return lv["index"], level0_coordinate(x, ds), level0_coordinate(y, ds), w, h
-
-
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def process_counts() -> dict[str, float]:
-    """Default extra sampler: ``{"threads": live Python threads, "open_fds": open file descriptors}``.
-
-    A count that climbs through a run points at a thread or file-handle leak.
-    """
-    import psutil
-
-    out = {"threads": float(threading.active_count())}
-    try:
-        out["open_fds"] = float(psutil.Process().num_fds())
-    except (AttributeError, psutil.Error):  # num_fds is POSIX-only
-        pass
-    return out
-
-
-def _load_samplers(names):
-    """Import ``"module:function"`` sampler names (see wsitool.stress.SAMPLERS)."""
-    out = []
-    for name in names:
-        mod, _, fn = name.partition(":")
-        out.append((name, getattr(importlib.import_module(mod), fn)))
-    return out
-
-
-class _Workload:
     def __init__(self, cfg: dict, slide, pipe):
-        import numpy as np
-
-        self.np = np
         self.cfg = cfg
         self.slide = slide
         self.pipe = pipe
@@ -153,7 +68,7 @@ class _Workload:
         self.K = cfg["verify_every"]
         self.target = cfg["iterations"]  # None in duration mode
         self.duration = cfg["duration"]
-        self.fault = os.environ.get(FAULT_ENV) or None
+        self.fault = injected_fault()
         self._fault_lock = threading.Lock()
         self._fault_fired = False
         self.claim_lock = threading.Lock()
@@ -175,7 +90,7 @@ class _Workload:
         self.samples_sent = 0
         self.leaked: list = []
         self.final: dict = {}
-        self.samplers = _load_samplers(cfg.get("samplers", ()))
+        self.samplers = load_samplers(cfg.get("samplers", ()))
         self.sampler_errors: dict[str, str] = {}
 
     # ------------------------------------------------------------ messages
@@ -191,10 +106,6 @@ class _Workload:
                 os._exit(3)
 
     def decode_stats(self) -> dict:
-        import dataclasses
-
-        from .codec.pool import get_pool
-
         return dataclasses.asdict(get_pool(self.device).stats())
 
     def sample(self) -> dict:
@@ -217,7 +128,7 @@ class _Workload:
             "min_worker_reads": min_worker_reads,
             "worker_reads": worker_reads,
             "errors": errors,
-            "rss": _rss(),
+            "rss": rss(),
             "extra": extra,
             "decoder": self.decode_stats(),
             "by_level": list(self.by_level),
@@ -245,7 +156,7 @@ class _Workload:
         # One buffer per worker, allocated once, sized for the largest region;
         # each read uses a C-contiguous view over its first h*w*c elements.
         hi = self.cfg["size_bounds"][1]
-        flat = self.np.zeros(hi * hi * self.cfg["channels"] * self.cfg["itemsize"], self.np.uint8)
+        flat = np.zeros(hi * hi * self.cfg["channels"] * self.cfg["itemsize"], np.uint8)
         try:
             self._work(wid, flat)
         finally:
@@ -254,7 +165,6 @@ class _Workload:
             self.release.wait()
 
     def _work(self, wid: int, flat) -> None:
-        np = self.np
         itemsize = self.cfg["itemsize"]
         channels = self.cfg["channels"]
         dtype = np.dtype(self.cfg["dtype"])
@@ -344,7 +254,7 @@ class _Workload:
         self.t0 = time.monotonic()
         if self.duration is not None:
             self.deadline = self.t0 + self.duration
-        self.send({"type": "start", "pid": os.getpid(), "rss": _rss(),
+        self.send({"type": "start", "pid": os.getpid(), "rss": rss(),
                    "fault": self.fault})
         self.sample()
         mon = threading.Thread(target=self.monitor, name="stress-monitor", daemon=True)
@@ -370,16 +280,15 @@ class _Workload:
 
 
 def main() -> int:
+    """The child's entry: read the run configuration from stdin, run the workload; the exit status."""
     cfg = json.loads(sys.stdin.read())
     # stderr is a file the parent reads after the run: a fatal signal leaves
     # the Python stack of every thread there.
     faulthandler.enable(file=sys.stderr, all_threads=True)
     pipe = os.fdopen(cfg["fd"], "wb", buffering=0)
     try:
-        from .slide import open_slide
-
         with open_slide(cfg["path"]) as slide:
-            _Workload(cfg, slide, pipe).run()
+            Workload(cfg, slide, pipe).run()
     except BaseException as exc:
         traceback.print_exc()
         try:

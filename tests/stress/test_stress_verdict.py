@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from wsitool.cli import app
-from wsitool.stress import (EXIT_CODES, MIN_MEASURED_SAMPLES, WARMUP_READS_PER_WORKER,
-                            _memory_verdict, _slope_ci95, report_schema, validate_report)
-from wsitool.stress_worker import FAULT_ENV
+from wsitool.stress import (EXIT_CODES, MIN_MEASURED_SAMPLES, WARMUP_READS_PER_WORKER, report_schema,
+                            validate_report)
+from wsitool.stress.faults import FAULT_ENV
+from wsitool.stress.memory import memory_verdict, slope_ci95
 
 from conftest import REPO, REPO_SAMPLES, SHARED_SAMPLES, shared_sample
 
@@ -69,24 +70,24 @@ def test_bad_stress_options_are_usage_errors(args):
 def test_slope_interval_brackets_the_slope():
     xs = list(range(0, 2000, 100))
     ys = [50.0 + 0.002 * x + (0.3 if i % 2 else -0.3) for i, x in enumerate(xs)]
-    lo, hi = _slope_ci95(xs, ys)
+    lo, hi = slope_ci95(xs, ys)
     assert lo < 0.002 < hi and hi - lo < 0.001
     flat = [50.0 + (0.3 if i % 2 else -0.3) for i in range(len(xs))]
-    lo, hi = _slope_ci95(xs, flat)
+    lo, hi = slope_ci95(xs, flat)
     assert lo < 0 < hi
-    assert _slope_ci95([1, 2], [1, 2]) is None
+    assert slope_ci95([1, 2], [1, 2]) is None
 
 
 def test_memory_verdict_rules():
     meas = [{}] * MIN_MEASURED_SAMPLES
-    assert _memory_verdict(meas, 100.0, None, (0.01, 0.02), 64, 8)[0] == "leak"
-    step = _memory_verdict(meas, 100.0, None, (-0.01, 0.02), 64, 8)  # a step, not a rise
+    assert memory_verdict(meas, 100.0, None, (0.01, 0.02), 64, 8)[0] == "leak"
+    step = memory_verdict(meas, 100.0, None, (-0.01, 0.02), 64, 8)  # a step, not a rise
     assert step[0] == "inconclusive" and "steadily" in step[1]
-    assert _memory_verdict(meas, 3.0, None, (-0.01, 0.02), 64, 8) == ("ok", None)
-    assert _memory_verdict(meas[:2], 100.0, None, None, 64, 8)[0] == "leak"  # two samples: no interval
-    short = _memory_verdict(meas[:1], 100.0, None, None, 64, 64)
+    assert memory_verdict(meas, 3.0, None, (-0.01, 0.02), 64, 8) == ("ok", None)
+    assert memory_verdict(meas[:2], 100.0, None, None, 64, 8)[0] == "leak"  # two samples: no interval
+    short = memory_verdict(meas[:1], 100.0, None, None, 64, 64)
     assert short[0] == "inconclusive" and "64 workers" in short[1]
-    assert _memory_verdict(meas, 1.0, 200.0, None, 64, 8)[0] == "leak"  # GPU memory
+    assert memory_verdict(meas, 1.0, 200.0, None, 64, 8)[0] == "leak"  # GPU memory
 
 
 def test_too_short_for_its_workers_is_inconclusive_exit_15(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests of ``wsitool stress`` (wsitool/stress.py, wsitool/stress_worker.py).
+"""Tests of ``wsitool stress`` (the wsitool/stress/ package).
 
 Short runs (a few hundred iterations, small regions) on the repo's own samples;
 each failure kind is injected through the test-only ``WSITOOL_STRESS_FAULT``
@@ -19,7 +19,8 @@ from wsitool import open_slide
 from wsitool.cli import app
 from wsitool.errors import InvalidRegionError
 from wsitool.stress import EXIT_CODES, report_schema, run_stress, validate_report
-from wsitool.stress_worker import FAULT_ENV, checksum, region_for, size_bounds
+from wsitool.stress.faults import FAULT_ENV
+from wsitool.stress.regions import checksum, region_for, size_bounds
 
 from conftest import REPO_SAMPLES, shared_sample
 
@@ -236,7 +237,7 @@ def test_reader_ignoring_out_buffer_is_a_read_error():
     """In-process: a reader that returns a new array instead of filling out= is caught."""
     import io
 
-    from wsitool.stress_worker import _Workload
+    from wsitool.stress.worker import Workload
 
     class NewArrayReader:
         def read_region(self, location, level, size, *, out=None, **kw):
@@ -249,7 +250,7 @@ def test_reader_ignoring_out_buffer_is_a_read_error():
            "warmup_iterations": 2}
     pipe = io.BytesIO()
     pipe.close = lambda: None
-    _Workload(cfg, NewArrayReader(), pipe).run()
+    Workload(cfg, NewArrayReader(), pipe).run()
     msgs = [json.loads(line) for line in pipe.getvalue().splitlines()]
     assert msgs[-1]["type"] == "done" and msgs[-1]["errors"] == 20
     listed = [e for m in msgs if m["type"] == "sample" for e in m["error_list"]]
@@ -284,7 +285,8 @@ def test_nvimagecodec_reads_do_not_accumulate_python_objects():
 def test_gpu_memory_growth_is_summarised_for_the_leak_verdict():
     """device='cuda' runs sample wsitool.read.cuda.gpu_memory_sample; its growth after
     warm-up is reported and compared with max_growth_mb like RSS."""
-    from wsitool.stress import SAMPLERS, _gpu_growth
+    from wsitool.stress import SAMPLERS
+    from wsitool.stress.memory import gpu_growth
 
     assert "wsitool.read.cuda:gpu_memory_sample" in SAMPLERS["cuda"]
     assert "wsitool.read.cuda:gpu_memory_sample" not in SAMPLERS["cpu"]
@@ -293,7 +295,7 @@ def test_gpu_memory_growth_is_summarised_for_the_leak_verdict():
         {"extra": {"pool_used_bytes": 10 * mib + i * 50 * mib, "device_used_bytes": 500 * mib}}
         for i in range(4)
     ]
-    gpu = _gpu_growth(measured)
+    gpu = gpu_growth(measured)
     assert gpu["pool_used_growth_mb"] == 150.0 and gpu["device_used_growth_mb"] == 0.0
     assert gpu["pool_used_start_mb"] == 10.0
-    assert _gpu_growth([{"extra": {"threads": 3}}, {}]) is None
+    assert gpu_growth([{"extra": {"threads": 3}}, {}]) is None

@@ -41,7 +41,8 @@ from tifffile.tifffile import svs_description_metadata
 from typer.testing import CliRunner
 
 import wsitool
-from wsitool.export import THUMBNAIL_SIZE, _thumbnail_level, export_pyramid
+from wsitool.export import export_pyramid
+from wsitool.export.associated import THUMBNAIL_SIZE, thumbnail_level as _thumbnail_level
 
 from conftest import shared_sample
 

@@ -1,0 +1,48 @@
+"""Command-line interface: a thin typer layer over the Python API (floor 9).
+
+Each command parses its arguments, calls the API and formats the result with
+rich.  Expected errors print one line, ``wsitool: error: <file>: <cause>``,
+and exit with the code of their class (:data:`EXIT_CODES`); no traceback.
+One module per command (:mod:`.info`, :mod:`.read`, :mod:`.export`,
+:mod:`.stress`); :mod:`.console` holds the output and error mapping, :mod:`.group`
+the command group.
+
+Exit codes:
+    0 success; 1 other wsitool error; 2 bad command-line usage;
+    3 unsupported format; 4 corrupt file; 5 invalid region request;
+    6 resource limit exceeded; 7 tile decode error; 8 no CUDA device;
+    9 file not found or other I/O error (also EMFILE/ENOMEM/EIO);
+    130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.signals).
+    ``wsitool stress`` adds its own verdict codes (see its help).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import List, Optional
+
+from .. import signals
+from . import export, info, read, stress  # noqa: F401  (each registers its command on app)
+from .console import EXIT_CODES, exit_code_for, fail, handle_errors, show_warning
+from .group import app
+
+__all__ = ["app", "main", "EXIT_CODES", "exit_code_for", "fail", "handle_errors"]
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console-script entry point.
+
+    SIGINT, SIGTERM and SIGHUP get one clean shutdown (:mod:`wsitool.signals`):
+    temporary outputs are removed, a Dask cluster or the stress child is shut
+    down, and the exit status is 128 + the signal number (130, 143, 129).
+    """
+    logging.getLogger("tifffile").setLevel(logging.ERROR)
+    warnings.showwarning = show_warning
+    previous = signals.install()
+    try:
+        app(args=argv, prog_name="wsitool")
+    finally:
+        signals.restore(previous)
+
+

@@ -1,0 +1,124 @@
+"""Terminal output of the CLI: the consoles, one-line errors and warnings, and exit codes by exception class (floor 9)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .. import errors, signals
+from ..settings import limits
+
+
+def usage_line(exc) -> None:
+    """Print a click usage error as ``wsitool: error: <command>: <message>``."""
+    message = " ".join(exc.format_message().split()).replace("Value error, ", "").rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    param = getattr(exc, "param", None)
+    if param is not None and (getattr(param, "nargs", 1) or 1) > 1 and getattr(param, "opts", None):
+        metavar = getattr(param, "metavar", None) or " ".join(["N"] * param.nargs)
+        message += f" (give {param.nargs} integers separated by spaces: {param.opts[0]} {metavar})"
+    where = ctx.command_path.replace("wsitool ", "", 1) if ctx is not None and ctx.parent else ""
+    hint = f" (see 'wsitool {where} --help')" if where else " (see 'wsitool --help')"
+    err_console.print(f"[bold red]wsitool: error:[/] {escape(f'{where}: ' if where else '')}"
+                      f"{escape(message)}{escape(hint)}", highlight=False, soft_wrap=True)
+
+
+def terminal_width(stream) -> int | None:
+    return None if stream.isatty() or os.environ.get("COLUMNS") else 200
+
+
+console = Console(width=terminal_width(sys.stdout))
+
+
+err_console = Console(stderr=True, width=terminal_width(sys.stderr))
+
+
+EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (errors.OutputIsSourceError, 2),  # usage: an output that is the source slide
+    (errors.OutputExistsError, 9),  # an existing output without --overwrite
+    (errors.UnsupportedFormatError, 3),
+    (errors.CorruptFileError, 4),
+    (errors.InvalidRegionError, 5),
+    (errors.ResourceLimitError, 6),
+    (errors.TileDecodeError, 7),
+    (errors.DeviceUnavailableError, 8),
+    (errors.WsiError, 1),
+    (FileNotFoundError, 9),
+    (OSError, 9),
+]
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The documented exit code of an exception (1 if not a known class)."""
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return 1
+
+
+def shown(text) -> str:
+    """``text`` (a name, path or message) ready for a rich print to a terminal: control
+    characters escaped (:func:`wsitool.errors.printable`) and rich markup escaped."""
+    return escape(errors.printable(text))
+
+
+def fail(message: str, code: int) -> "typer.Exit":
+    """Print one error line to stderr and return the Exit to raise."""
+    try:
+        err_console.print(f"[bold red]wsitool: error:[/] {shown(message)}", highlight=False, soft_wrap=True)
+    except OSError:  # no terminal any more (SIGHUP), a closed pipe: the exit code still tells
+        pass
+    return typer.Exit(code)
+
+
+def handle_errors(func: Callable) -> Callable:
+    """Decorator mapping expected exceptions to one line and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (wsitool.signals)
+
+            signals.cleanup_partials()
+            code = signals.exit_code(exc)
+            raise fail("interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}",
+                       code) from None
+        except MemoryError:
+            raise fail("out of memory (ENOMEM)", 9) from None
+        except (errors.WsiError, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, errors.WsiError):
+                where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+                message = f"{where}{exc.strerror or exc}"
+            else:
+                message = str(exc)
+            raise fail(message, exit_code_for(exc)) from None
+
+    return wrapper
+
+
+def max_pixels_scope(max_pixels: Optional[int]):
+    """Context manager applying ``--max-pixels`` (pixels per region) for one command."""
+
+
+    if max_pixels is None:
+        return contextlib.nullcontext()
+    if max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
+    return limits(max_region_pixels=max_pixels, max_region_bytes=max(max_pixels * 8, 2**31))
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Print a Python warning as one ``wsitool: warning:`` line on stderr."""
+    err_console.print(f"[yellow]wsitool: warning:[/] {shown(message)}", highlight=False, soft_wrap=True)
+
+

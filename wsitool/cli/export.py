@@ -1,0 +1,223 @@
+"""``wsitool export-pyramid``: one slide, or a batch of slides, to TIFF / OME-TIFF / Deep Zoom (floor 9)."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import List, Literal, Optional, Tuple
+
+import typer
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+from .. import errors
+from ..distributed import dask_available, expand_sources, export_many
+from ..errors import TileWarning
+from ..export import COMPRESSIONS, FORMATS, export_pyramid
+from .batch import batch_progress, failure_code, usage_errors
+from .console import console, err_console, fail, handle_errors, shown
+from .group import app
+
+
+def _parse_background(text: str) -> Tuple[int, int, int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0 <= v <= 255 for v in values):
+        raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2)
+    return values  # type: ignore[return-value]
+
+
+@app.command("export-pyramid")
+@handle_errors
+def export_pyramid_cmd(
+    sources: Optional[List[Path]] = typer.Argument(
+        None, help="Source slide file(s) (or quoted glob patterns), followed by OUTPUT.",
+        show_default=False),
+    output: Path = typer.Argument(..., help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
+                                            "Several slides (batch): an output folder."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder)."),
+    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
+    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
+    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else a target size of quality/300 of the raw tile."),
+    region: Optional[Tuple[int, int, int, int]] = typer.Option(
+        None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
+    level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
+    overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
+    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
+    background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels)."),
+    from_list: Optional[Path] = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
+    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
+    on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it with the background, warn, and record the count in the output."),
+    no_label: bool = typer.Option(False, "--no-label", help="Do not carry the source's label image over (it often shows patient identifiers)."),
+    no_associated: bool = typer.Option(False, "--no-associated", help="Do not carry the source's label and macro images over."),
+) -> None:
+    """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
+
+    Batch mode (several sources, --from-list, an existing output folder or
+    --scheduler): each slide becomes OUTPUT/<stem>.tiff|.ome.tiff|.dzi, one
+    Dask task per slide; a failed slide is reported and the others go on;
+    completed outputs are skipped on a re-run (resume) unless --overwrite.
+    Exit status 0 when every slide was exported or skipped, else the exit
+    code of the first failed slide's error.  An undecodable source tile
+    stops a slide with exit 7 (a batch counts it failed) unless --on-error
+    fill, which paints it, warns and records the count in the output.
+    """
+
+    srcs = list(sources or [])
+    batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
+             or str(output).endswith(os.sep))
+    if fmt is not None:
+        fmt = fmt.lower()
+        if fmt not in FORMATS:
+            raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
+    if not batch:
+        implied = format_for_output(output)
+        if implied is None:
+            raise fail(f"{output}: unknown output extension (use .svs/.tif/.tiff for tiff, "
+                       ".ome.tif/.ome.tiff for ome-tiff, .dzi for dzi)", 2)
+        if fmt is not None and fmt != implied:
+            raise fail(f"{output}: the extension means {implied}, but --format is {fmt}", 2)
+        fmt = implied
+    fmt = fmt or "tiff"
+    if compression.lower() not in COMPRESSIONS:
+        raise fail(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}", 2)
+    if max_pixels is not None and max_pixels <= 0:
+        raise fail("--max-pixels must be positive", 2)
+    bg = _parse_background(background)
+    options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
+                   region=tuple(region) if region else None, level=level, overlap=overlap,
+                   threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
+                   on_error=on_error, label=not no_label, associated=not no_associated)
+    if batch:
+        _export_batch(srcs, from_list, output, scheduler, quiet, options)
+    else:
+        _export_single(srcs[0], output, quiet, options)
+
+
+def format_for_output(output: Path) -> Optional[str]:
+    """Export format implied by an output file name, or None for an unknown extension."""
+    name = output.name.lower()
+    if name.endswith((".ome.tif", ".ome.tiff")):
+        return "ome-tiff"
+    if name.endswith(".dzi"):
+        return "dzi"
+    if name.endswith((".svs", ".tif", ".tiff")):
+        return "tiff"
+    return None
+
+
+def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> None:
+    show = not quiet and err_console.is_terminal
+    progress_bar = None
+    callback = None
+    if show:
+        progress_bar = Progress(
+            TextColumn("[bold]export[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("tiles"),
+            TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=err_console, transient=True,
+        )
+
+        task = progress_bar.add_task("export", total=None, rate="")
+        t0 = time.perf_counter()
+
+        def on_progress(done: int, total: int) -> None:
+            elapsed = time.perf_counter() - t0
+            rate = f"{done / elapsed:.0f} tiles/s" if elapsed > 0 else ""
+            progress_bar.update(task, completed=done, total=total, rate=rate)
+
+        callback = on_progress
+
+    try:
+        if progress_bar is not None:
+            progress_bar.start()
+        try:
+            with warnings.catch_warnings():  # the painted tiles get the one line below
+                warnings.simplefilter("ignore", TileWarning)
+                result = export_pyramid(slide, output, progress=callback, **options)
+        finally:
+            if progress_bar is not None:
+                progress_bar.stop()
+    except (FileExistsError, IsADirectoryError) as exc:
+        raise fail(str(exc) if not exc.filename else f"{exc.filename}: {exc.strerror}", 9) from None
+    except ValueError as exc:
+        if isinstance(exc, errors.WsiError):
+            raise
+        raise fail(f"{slide}: {exc}", 2) from None
+    dims = result.level_dimensions
+    console.print(
+        f"wrote {result.output} ({result.format}, {result.compression}, {len(dims)} levels "
+        f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
+        f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
+        highlight=False,
+    )
+    if result.tiles_missing or result.tiles_failed:
+        err_console.print(
+            f"[yellow]wsitool: warning:[/] {slide}: {result.tiles_missing} missing and "
+            f"{result.tiles_failed} undecodable source tile(s) were painted with the background",
+            highlight=False,
+        )
+
+
+def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, scheduler: Optional[str],
+                  quiet: bool, options: dict) -> None:
+    """Batch export-pyramid: many slides into the folder ``output`` (wsitool.distributed)."""
+
+    paths = expand_sources(srcs, from_list)
+    if not paths:
+        raise fail("no input slides (give paths, a glob pattern or --from-list FILE)", 2)
+    if output.exists() and not output.is_dir():
+        raise fail(f"{output}: exists and is not a folder (several slides need an output folder)", 2)
+    if scheduler is None and len(paths) > 1 and not dask_available():
+        err_console.print(f"Dask is not installed: exporting {len(paths)} slides one after another "
+                          '(pip install "wsitool[dask]" to run them in parallel)', highlight=False)
+    counts = {"ok": 0, "skipped": 0, "failed": 0}
+    with batch_progress(quiet) as bar:
+        task = bar.add_task("slides", total=len(paths))
+        tiles_task = bar.add_task("tiles", total=None)
+        tile_state: dict[int, tuple[int, int]] = {}
+
+        def on_tiles(index: int, done: int, total: int) -> None:
+            tile_state[index] = (done, total)
+            bar.update(tiles_task, completed=sum(d for d, _ in tile_state.values()),
+                       total=sum(t for _, t in tile_state.values()))
+
+        def on_done(o) -> None:
+            counts[o.status] += 1
+            bar.advance(task)
+            line = {"ok": f"[green]ok[/] {shown(o.source)} -> {shown(o.output)} ({o.seconds:.1f} s)",
+                    "skipped": f"[yellow]skipped[/] {shown(o.source)} ({shown(o.output)} is "
+                               "recorded complete for this source and these options)",
+                    "failed": f"[red]failed[/] {shown(o.error)}"}[o.status]
+            (err_console if o.status == "failed" else console).print(line, highlight=False,
+                                                                     soft_wrap=True)
+            res = o.result
+            if res is not None and (res.tiles_missing or res.tiles_failed):
+                err_console.print(
+                    f"[yellow]wsitool: warning:[/] {o.source}: {res.tiles_missing} missing and "
+                    f"{res.tiles_failed} undecodable source tile(s) were painted with the background",
+                    highlight=False)
+
+
+        with usage_errors(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", TileWarning)  # painted tiles: on_done's line says it
+            outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
+                                   tile_progress=None if bar.disable else on_tiles, **options)
+    painted = [o.result.tiles_failed for o in outcomes
+               if o.result is not None and getattr(o.result, "tiles_failed", 0)]
+    console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
+                  f"of {len(outcomes)} slide(s) into {shown(output)}"
+                  + (f"; {sum(painted)} undecodable tile(s) painted in {len(painted)} slide(s)"
+                     if painted else ""), highlight=False, soft_wrap=True)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise typer.Exit(failure_code(failed[0].error_types))
+
+

@@ -1,0 +1,106 @@
+"""``wsitool stress``: the memory-leak and thread-safety run (floor 9)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+import typer
+from rich.live import Live
+
+from .. import stress
+from .console import console, fail, handle_errors
+from .group import app
+
+
+@app.command("stress")
+@handle_errors
+def stress_cmd(
+    slide: Path = typer.Argument(..., help="Slide file."),
+    workers: int = typer.Option(16, "--workers", "-w", min=1, help="Reader threads sharing one opened slide."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
+                                             help="Total reads over all workers (default 10000)."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Run this many seconds instead of --iterations."),
+    region_size: int = typer.Option(512, "--region-size", min=1, help="Nominal region side (px); sides vary from 1/2 to 3/2 of it."),
+    levels: str = typer.Option("all", "--levels", help="'all' or level indices, e.g. '0,1'."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random regions (>= 0)."),
+    verify_every: int = typer.Option(10, "--verify-every", "-k", min=1, help="Verify every K-th read against a fresh serial reader."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Plot RSS vs iterations (.png/.svg/.pdf; needs the 'plot' extra)."),
+    max_growth_mb: float = typer.Option(64.0, "--max-growth-mb", min=0.0, help="RSS growth after warm-up (MiB) counted as a leak."),
+    warmup: float = typer.Option(0.1, "--warmup", min=0.0, max=0.9, help="Fraction of the run not measured (warm-up), 0 to 0.9."),
+    mode: Literal["rgb", "rgba", "raw"] = typer.Option("rgb", "--mode", help="rgb (decode into caller buffers), rgba or raw."),
+    read_threads: int = typer.Option(1, "--read-threads", min=1, help="threads= of each read."),
+    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds without progress before the run counts as hung."),
+    sample_interval: float = typer.Option(0.1, "--sample-interval", help="Seconds between RSS samples."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+) -> None:
+    """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
+
+    Exit codes: 0 ok; 10 leak; 11 mismatch; 12 read errors; 13 crash; 14 hang;
+    15 inconclusive (too short to judge memory; the most serious problem wins);
+    general codes 1-9 for bad input (2 a bad option, 9 an unwritable --report/--plot).
+    """
+
+    if iterations is not None and duration is not None:
+        raise fail("--iterations and --duration are mutually exclusive", 2)
+    for name, value in (("--duration", duration), ("--stall-timeout", stall_timeout),
+                        ("--sample-interval", sample_interval)):
+        if value is not None and not value > 0:
+            raise fail(f"{name} must be > 0 seconds, got {value:g}", 2)
+    if plot is not None:
+        if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise fail(f"{plot}: unknown plot extension {plot.suffix!r} (use .png, .svg or .pdf)", 2)
+        if not stress.plot_available():
+            raise fail("--plot needs matplotlib: pip install 'wsitool[plot]'", 2)
+    for name, target in (("--report", report), ("--plot", plot)):
+        if target is not None:  # checked before the run, not after the whole workload
+            problem = _unwritable_output(target)
+            if problem:
+                raise fail(f"{target}: {problem} ({name})", 9)
+    live = None
+    if console.is_terminal:
+        live = Live(console=console, refresh_per_second=4, transient=True)
+        live.start()
+
+    def on_progress(p):
+        if live is not None:
+            live.update(stress.live_table(p))
+
+    try:
+        result = stress.run_stress(
+            slide, workers=workers, iterations=iterations if iterations is not None else 10000,
+            duration=duration, region_size=region_size, levels=levels, seed=seed,
+            verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup, mode=mode,
+            read_threads=read_threads, stall_timeout=stall_timeout, device=device,
+            sample_interval=sample_interval,
+            progress=on_progress,
+        )
+    finally:
+        if live is not None:
+            live.stop()
+    console.print(stress.summary_table(result))
+    if report is not None:
+        stress.write_report(result, report)
+        console.print(f"wrote report {report}", highlight=False)
+    if plot is not None:
+        stress.write_plot(result, plot)
+        console.print(f"wrote plot {plot}", highlight=False)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def _unwritable_output(path: Path) -> Optional[str]:
+    """Why a file cannot be written at ``path`` (its folder missing or read-only,
+    the path a folder), or None when it can."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        return "is a directory"
+    if not folder.is_dir():
+        return f"output folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"output folder {folder} is not writable"
+    return None
+
+

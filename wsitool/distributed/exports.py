@@ -1,0 +1,321 @@
+"""Batch exports: many slides exported with :func:`wsitool.export.export_pyramid`, one task per slide (floor 7)."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import glob as _glob
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import atomic
+from ..errors import OutputExistsError
+from ..export import export_pyramid
+from .cluster import (BatchOptionError, ClientHandle, check_scheduler, dask_available, error_record,
+                      import_distributed, quiet_tifffile)
+from .manifest import MANIFEST_NAME, Manifest, source_stamp
+from .regions import slide_stem
+
+
+FORMAT_SUFFIX = {"tiff": ".tiff", "ome-tiff": ".ome.tiff", "dzi": ".dzi"}
+
+
+@dataclasses.dataclass
+class SlideOutcome:
+    """Result of one slide of :func:`export_many`.
+
+    ``status``: ``"ok"`` (exported now), ``"skipped"`` (the output already
+    existed, complete) or ``"failed"`` (``error`` holds the message and
+    ``error_types`` the exception class names); ``seconds``: wall time of
+    the task; ``result``: the :class:`wsitool.export.ExportResult` of an
+    ``"ok"`` export; ``worker``: where it ran.
+    """
+
+    source: str
+    output: str
+    status: str
+    seconds: float = 0.0
+    error: str | None = None
+    error_types: tuple[str, ...] = ()
+    result: Any = None
+    worker: str | None = None
+
+
+def expand_sources(sources: Iterable[str | os.PathLike] = (),
+                   from_list: str | os.PathLike | None = None) -> list[str]:
+    """Input slide paths from arguments, glob patterns and a list file.
+
+    A source that does not exist as a path and contains ``*``, ``?`` or ``[``
+    is expanded as a glob pattern (sorted; ``**`` is recursive).  A list file
+    has one path per line; blank lines and lines starting with ``#`` are
+    ignored; relative paths are relative to the list file's folder.
+    Duplicates (same absolute path) are kept once, first position wins.
+
+    Raises:
+        FileNotFoundError: the list file is missing, or a glob pattern matches
+            nothing.
+    """
+    items: list[str] = []
+    for src in sources:
+        s = os.fspath(src)
+        if not os.path.exists(s) and any(ch in s for ch in "*?["):
+            matches = sorted(_glob.glob(s, recursive=True))
+            if not matches:
+                raise FileNotFoundError(errno.ENOENT, "the pattern matches no file", s)
+            items.extend(matches)
+        else:
+            items.append(s)
+    if from_list is not None:
+        base = os.path.dirname(os.path.abspath(os.fspath(from_list)))
+        with open(from_list, "rb") as fh:  # paths are bytes to the OS: any encoding is kept
+            data = fh.read()
+        if data.startswith(b"\xef\xbb\xbf"):
+            data = data[3:]
+        for raw in data.splitlines():
+            line = os.fsdecode(raw).strip()
+            if line and not line.startswith("#"):
+                items.append(line if os.path.isabs(line) else os.path.join(base, line))
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        key = os.path.abspath(item)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def export_output_path(source: str | os.PathLike, output_dir: str | os.PathLike,
+                       format: str = "tiff") -> Path:
+    """Output path of ``source`` in a batch export: ``<output_dir>/<stem><suffix>``.
+
+    ``stem`` is the file name without its extension (and without ``.ome``
+    for ``.ome.tif[f]``); ``suffix`` is ``.tiff``, ``.ome.tiff`` or ``.dzi``
+    for the formats ``tiff``, ``ome-tiff`` and ``dzi``.
+    """
+    if format not in FORMAT_SUFFIX:
+        raise BatchOptionError(f"format must be one of {tuple(FORMAT_SUFFIX)}, got {format!r}")
+    return Path(output_dir) / (slide_stem(os.fspath(source)) + FORMAT_SUFFIX[format])
+
+
+def _progress_forwarder(index: int, topic: str | None,
+                        local: Callable[[int, int, int], None] | None):
+    """A ``progress(done, total)`` callback for one export, or None.
+
+    In this process it calls ``local(index, done, total)``; on a Dask worker it
+    logs ``(index, done, total)`` events to ``topic`` (at most every 0.25 s,
+    plus the first and last), which the client receives through
+    ``Client.subscribe_topic``.
+    """
+    if local is not None:
+        return lambda done, total: local(index, done, total)
+    if topic is None:
+        return None
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    last = [0.0]
+
+    def forward(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done in (0, total) or now - last[0] >= 0.25:
+            last[0] = now
+            worker.log_event(topic, (index, done, total))
+
+    return forward
+
+
+def _export_task(source: str, output: str, options: dict, index: int = 0,
+                 topic: str | None = None,
+                 local_progress: Callable[[int, int, int], None] | None = None) -> SlideOutcome:
+    """Dask task: export one slide by path; never raises (failures are recorded)."""
+
+    quiet_tifffile()
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    t0 = time.perf_counter()
+    try:
+        result = export_pyramid(source, output, progress=_progress_forwarder(index, topic, local_progress),
+                                **options)
+        return SlideOutcome(source, output, "ok", time.perf_counter() - t0, result=result,
+                            worker=worker)
+    except Exception as exc:
+        msg, types = error_record(exc)
+        if source not in msg:
+            msg = f"{source}: {msg}"
+        return SlideOutcome(source, output, "failed", time.perf_counter() - t0, error=msg,
+                            error_types=types, worker=worker)
+
+
+def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathLike, *,
+                scheduler=None, format: str = "tiff", threads: int | None = None,
+                overwrite: bool = False,
+                progress: Callable[[SlideOutcome], None] | None = None,
+                tile_progress: Callable[[int, int, int], None] | None = None,
+                **export_options) -> list[SlideOutcome]:
+    """Export several slides into ``output_dir``, one task per slide.
+
+    Each slide is exported by :func:`wsitool.export.export_pyramid` to
+    :func:`export_output_path` (``<stem>.tiff`` etc.).
+
+    Args:
+        sources: slide paths (see :func:`expand_sources` for globs/lists).
+        output_dir: output folder (created if absent).
+        scheduler: ``"local"`` (a ``LocalCluster`` of ``min(len(sources), CPU
+            count)`` single-threaded worker processes; the default for more
+            than one slide when Dask is installed), ``"sequential"`` (this
+            process, one slide after another; the default for one slide or
+            without Dask), ``"tcp://HOST:PORT"`` or a ``distributed.Client``.
+        format: ``"tiff"``, ``"ome-tiff"`` or ``"dzi"``.
+        threads: encode/decode threads per export (default: in this process
+            the CPU count; on a cluster twice the CPU count of this machine
+            divided by the number of concurrent exports, between 1 and the CPU
+            count, so that the last long export can use cores left idle).
+        overwrite: re-export slides whose output exists (never over a
+            source).  Without it, re-running a batch resumes it: an output
+            that the manifest (:data:`MANIFEST_NAME` in ``output_dir``, see
+            :class:`Manifest`) records as complete for the same source path,
+            size and mtime, the same options and the same output size is
+            ``"skipped"``; a recorded output that is stale (source or options
+            changed, output altered) is exported again and replaced; an
+            existing output no batch recorded is ``"failed"`` with
+            :class:`~wsitool.errors.OutputExistsError`.  Partials that this
+            host's dead processes left in ``output_dir`` are removed first
+            (:func:`wsitool.atomic.clean_stale_partials`).
+        progress: called with each :class:`SlideOutcome` as it finishes (in
+            completion order).
+        tile_progress: called as ``tile_progress(index, tiles_done,
+            tiles_total)`` while slide ``sources[index]`` is written (forwarded
+            from Dask workers as events of a per-batch topic, about 4 times a
+            second per slide; called from the client's event-loop thread).
+        **export_options: passed to ``export_pyramid`` (``tile_size``,
+            ``compression``, ``quality``, ``region``, ``level``, ``overlap``,
+            ``background``, ``max_pixels``).  ``progress`` of a single export
+            is not forwarded.
+
+    Returns:
+        One :class:`SlideOutcome` per source, in input order.  A slide whose
+        export raises (corrupt file, unsupported format, crash of a worker) is
+        ``"failed"`` with its message; the others still run.
+
+    Raises:
+        BatchOptionError: bad format or scheduler, or two sources mapping to
+            the same output name.
+        DaskUnavailableError: a Dask scheduler without Dask installed.
+        WsiError: the scheduler address cannot be reached.
+    """
+    srcs = [os.fspath(s) for s in sources]
+    out_dir = Path(output_dir)
+    outputs = [export_output_path(s, out_dir, format) for s in srcs]
+    by_output: dict[Path, str] = {}
+    for s, o in zip(srcs, outputs):
+        if o in by_output:
+            raise BatchOptionError(
+                f"{s} and {by_output[o]} would both be exported to {o}; rename one or export them "
+                "to different folders"
+            )
+        by_output[o] = s
+    if scheduler is None:
+        scheduler = "local" if len(srcs) > 1 and dask_available() else "sequential"
+    check_scheduler(scheduler, ("sequential",))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    options = dict(export_options, format=format, overwrite=overwrite)
+    options.pop("progress", None)
+    results: dict[int, SlideOutcome] = {}
+    cpus = os.cpu_count() or 1
+    # Resume (item: the manifest): skip only what an earlier batch recorded as
+    # complete for the same source file and options; litter of dead runs goes.
+
+    atomic.clean_stale_partials(out_dir)
+    manifest = Manifest(out_dir)
+    stamps = [source_stamp(s) for s in srcs]
+    todo: list[int] = []
+    plans: dict[int, str] = {}
+    for i, (s, o) in enumerate(zip(srcs, outputs)):
+        plans[i] = manifest.plan(s, o, format, options, overwrite)
+        if plans[i] == "skip":
+            results[i] = SlideOutcome(s, str(o), "skipped")
+        elif plans[i] == "exists":
+            exc = OutputExistsError(o, "exists and no earlier batch recorded it as complete "
+                                       f"(in {MANIFEST_NAME}); use --overwrite / overwrite=True")
+            msg, types = error_record(exc)
+            results[i] = SlideOutcome(s, str(o), "failed", error=msg, error_types=types)
+        else:
+            todo.append(i)
+        if i in results and progress is not None:
+            progress(results[i])
+
+    def task_options(i: int) -> dict:
+        return dict(options, overwrite=plans[i] == "replace")
+
+    def finished_one(i: int, outcome: SlideOutcome) -> None:
+        results[i] = outcome
+        if outcome.status == "ok":
+            manifest.record(srcs[i], outputs[i], format, options, stamps[i])
+        if progress is not None:
+            progress(outcome)
+
+    if scheduler == "sequential" or not todo:
+        options["threads"] = threads
+        for i in todo:
+            finished_one(i, _export_task(srcs[i], str(outputs[i]), task_options(i), i,
+                                         local_progress=tile_progress))
+        return [results[i] for i in range(len(srcs))]
+    with ClientHandle(scheduler, len(todo), partials_in=out_dir) as handle:
+        # Two threads per core in all: when one long export is the last one
+        # running, it can still use the cores the idle workers left.
+        running = min(len(todo), handle.n_workers())
+        options["threads"] = threads or min(cpus, max(1, 2 * cpus // max(1, running)))
+        topic = None
+        if tile_progress is not None:
+            topic = f"wsitool-export-progress-{os.getpid()}-{time.time_ns()}"
+
+            finished: set[int] = set()
+
+            def on_event(event) -> None:
+                _ts, (index, done, total) = event
+                if done == total:
+                    finished.add(index)
+                tile_progress(index, done, total)
+
+            handle.client.subscribe_topic(topic, on_event)
+        futures = {}
+        for i in todo:
+            s, o = srcs[i], outputs[i]
+            # Largest files first (higher priority runs earlier), so one big
+            # slide does not start last and keep a single worker busy alone.
+            try:
+                priority = os.path.getsize(s)
+            except OSError:
+                priority = 0
+            fut = handle.client.submit(_export_task, os.path.abspath(s), str(o.resolve()), task_options(i),
+                                       i, topic, pure=False, priority=priority,
+                                       key=f"wsitool-export-{i}-{os.path.basename(s)}-{time.time_ns()}")
+            futures[fut] = i
+        distributed = import_distributed()
+        for fut in distributed.as_completed(list(futures)):
+            i = futures[fut]
+            try:
+                outcome = fut.result()
+                outcome.source, outcome.output = srcs[i], str(outputs[i])
+            except Exception as exc:  # worker died (KilledWorker), cancelled, ...
+                msg, types = error_record(exc)
+                outcome = SlideOutcome(srcs[i], str(outputs[i]), "failed",
+                                       error=f"{srcs[i]}: {msg}", error_types=types)
+            finished_one(i, outcome)
+        if topic is not None:
+            # the last events may arrive just after the results: wait briefly for them
+            ok = {i for i, o in results.items() if o.status == "ok"}
+            deadline = time.monotonic() + 2.0
+            while not ok <= finished and time.monotonic() < deadline:
+                time.sleep(0.02)
+            handle.client.unsubscribe_topic(topic)
+    return [results[i] for i in range(len(srcs))]
+
+

@@ -1,0 +1,183 @@
+"""The downsampler: a box-filtered pyramid built row by row from level-0 strips, in bounded memory (floor 6).
+
+Each lower level halves the one above with an area (box) average: every output
+pixel of level ``k`` is the mean of the ``2**k x 2**k`` block of level-0 pixels it
+covers, clipped to the image, computed incrementally from pairs of rows (see
+:class:`PyramidBuilder`).  Each level keeps only a sliding window of rows.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .plan import window_rows
+
+
+class LevelRows:
+    """Sliding window of rows of one output level (RGB, uint8 for level 0, float32 below)."""
+
+    def __init__(self, k: int, width: int, height: int, base: tuple[int, int], tile: int,
+                 capacity: int, dtype):
+        self.k = k
+        self.width = width
+        self.height = height
+        self.base_w, self.base_h = base
+        self.buf = np.empty((capacity, width, 3), dtype)
+        self.start = 0  # level row held in buf[0]
+        self.n = 0  # rows held
+        self.paired = 0  # next row to be consumed by the 2:1 reduction
+        self.next_row = 0  # next tile row to emit
+        self.tiles_across = -(-width // tile)
+        self.tiles_down = -(-height // tile)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n
+
+    def tail(self, rows: int) -> np.ndarray:
+        if self.n + rows > self.buf.shape[0]:  # pragma: no cover - capacity is proven in the docs
+            raise RuntimeError(f"level {self.k} row window overflow")
+        return self.buf[self.n:self.n + rows]
+
+    def trim(self, keep_from: int) -> None:
+        """Drop rows before ``keep_from``, moving the rest to the front (no temporary)."""
+        d = keep_from - self.start
+        if d <= 0:
+            return
+        m = self.n - d
+        for i in range(0, max(m, 0), d):  # blocks of d rows never overlap their source
+            j = min(i + d, m)
+            self.buf[i:j] = self.buf[i + d:j + d]
+        self.start = keep_from
+        self.n = max(m, 0)
+
+    def coverage(self, index: int, axis: int) -> int:
+        """Level-0 pixels covered by column (axis 1) or row (axis 0) ``index`` of this level."""
+        size = self.base_w if axis == 1 else self.base_h
+        step = 1 << self.k
+        return min(step, size - index * step)
+
+
+class PyramidBuilder:
+    """Turns composited level-0 strips into output tiles of every level."""
+
+    def __init__(self, dims: list[tuple[int, int]], tile: int, overlap: int, pad_tiles: bool,
+                 strip: int):
+        self.dims = dims
+        self.tile = tile
+        self.overlap = overlap
+        self.pad_tiles = pad_tiles
+        base = dims[0]
+        c0, ck = window_rows(tile, overlap, strip)
+        self.levels = [
+            LevelRows(k, w, h, base, tile, c0 if k == 0 else ck, np.uint8 if k == 0 else np.float32)
+            for k, (w, h) in enumerate(dims)
+        ]
+
+    # -- reduction -----------------------------------------------------------------
+    def _halve(self, k: int) -> int:
+        """Reduce complete row pairs of level ``k`` into level ``k + 1``; return rows made."""
+        src, dst = self.levels[k], self.levels[k + 1]
+        p = src.paired
+        avail = src.end
+        pairs = (avail - p) // 2
+        single = 1 if (avail == src.height and avail - p - 2 * pairs == 1) else 0
+        rows = pairs + single
+        if rows == 0:
+            return 0
+        a = src.buf[p - src.start:avail - src.start]
+        if k == 0:
+            self._halve_uint8(a, pairs, single, dst.tail(rows))
+            dst.n += rows
+            src.paired = p + 2 * pairs + single
+            return rows
+        v = np.empty((rows, src.width, 3), np.float32)
+        if pairs:
+            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.float32)
+            v[:pairs] *= 0.5
+            last = p + 2 * pairs - 1
+            cov = src.coverage(last, 0)
+            full = 1 << k
+            if cov < full:  # the level's last row covers fewer level-0 rows
+                np.add(a[2 * pairs - 2] * np.float32(full), a[2 * pairs - 1] * np.float32(cov),
+                       out=v[pairs - 1], dtype=np.float32)
+                v[pairs - 1] /= np.float32(full + cov)
+        if single:
+            v[pairs] = a[2 * pairs]
+        out = dst.tail(rows)
+        w = src.width
+        half = w // 2
+        if half:
+            np.add(v[:, 0:2 * half:2], v[:, 1:2 * half:2], out=out[:, :half])
+            out[:, :half] *= 0.5
+        if w % 2:
+            out[:, half] = v[:, w - 1]
+        elif half:
+            cov = src.coverage(w - 1, 1)
+            full = 1 << k
+            if cov < full:
+                out[:, half - 1] = (v[:, w - 2] * np.float32(full) + v[:, w - 1] * np.float32(cov)) / np.float32(full + cov)
+        del v
+        dst.n += rows
+        src.paired = p + 2 * pairs + single
+        return rows
+
+    @staticmethod
+    def _halve_uint8(a: np.ndarray, pairs: int, single: int, out: np.ndarray) -> None:
+        """Level 0 -> 1 in integers: every level-0 pixel has weight 1, so sums of 2 or 4
+        uint8 values (uint16) scaled once into the float32 output are exact."""
+        rows, w = pairs + single, a.shape[1]
+        v = np.empty((rows, w, 3), np.uint16)  # vertical sums of 2 (a single last row doubled)
+        if pairs:
+            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.uint16)
+        if single:
+            np.multiply(a[2 * pairs], 2, out=v[pairs], dtype=np.uint16)
+        half = w // 2
+        if half:
+            h = np.add(v[:, 0:2 * half:2], v[:, 1:2 * half:2], dtype=np.uint16)
+            np.multiply(h, np.float32(0.25), out=out[:, :half])
+            del h
+        if w % 2:
+            np.multiply(v[:, w - 1], np.float32(0.5), out=out[:, half])
+
+    # -- emission ------------------------------------------------------------------
+    def _crop(self, lv: LevelRows, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """uint8 ``(y1 - y0, x1 - x0, 3)`` C-contiguous copy of level rows/columns."""
+        part = lv.buf[y0 - lv.start:y1 - lv.start, x0:x1]
+        if part.dtype != np.uint8:
+            return np.rint(part).astype(np.uint8)
+        return np.ascontiguousarray(part)
+
+    def _emit(self, k: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
+        lv = self.levels[k]
+        T, O = self.tile, self.overlap
+        while lv.next_row < lv.tiles_down:
+            r = lv.next_row
+            y0 = r * T - (O if r > 0 else 0)
+            y1 = min((r + 1) * T + (O if r < lv.tiles_down - 1 else 0), lv.height)
+            if y1 > lv.end:
+                return
+            for c in range(lv.tiles_across):
+                x0 = c * T - (O if c > 0 else 0)
+                x1 = min((c + 1) * T + (O if c < lv.tiles_across - 1 else 0), lv.width)
+                tile = self._crop(lv, y0, y1, x0, x1)
+                if self.pad_tiles and tile.shape[:2] != (T, T):
+                    tile = np.pad(tile, ((0, T - tile.shape[0]), (0, T - tile.shape[1]), (0, 0)),
+                                  mode="edge")
+                yield k, c, r, tile
+            lv.next_row += 1
+
+    def advance(self, k: int = 0) -> Iterator[tuple[int, int, int, np.ndarray]]:
+        """After rows were added to level ``k``: reduce, emit complete tile rows, trim."""
+        lv = self.levels[k]
+        if k + 1 < len(self.levels):
+            if self._halve(k):
+                yield from self.advance(k + 1)
+        else:
+            lv.paired = lv.end
+        yield from self._emit(k)
+        lv.trim(min(lv.paired, lv.end, max(0, lv.next_row * self.tile - self.overlap)))
+
+

@@ -1,0 +1,117 @@
+"""The Deep Zoom writer: ``NAME.dzi`` and ``NAME_files/<level>/<col>_<row>.<format>`` (floor 6).
+
+* Deep Zoom: ``NAME.dzi`` (XML, namespace
+  ``http://schemas.microsoft.com/deepzoom/2008``: ``Image`` with
+  ``TileSize``, ``Overlap``, ``Format``; ``Size`` with ``Width``/``Height``)
+  and ``NAME_files/<level>/<col>_<row>.<format>``, level 0 being 1 x 1 and
+  the last the full image; level sizes halve with ``ceil``; a tile is
+  ``TileSize`` plus ``Overlap`` on each side that has a neighbour, clipped to
+  the level (the grid of OpenSlide's ``DeepZoomGenerator``, whose tiles this
+  matches in number, size and, at full resolution, pixels; OpenSeadragon
+  clips tile bounds to the image the same way).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+from xml.sax.saxutils import quoteattr
+
+from .. import atomic
+from ..errors import WsiError
+from .associated import PAINTED_KEY
+from .encode import TileCounter
+
+
+def dzi_paths(output: Path) -> tuple[Path, Path, str]:
+    """``(NAME.dzi, NAME_files, NAME)`` for an output given with or without ``.dzi``."""
+    if output.suffix.lower() == ".dzi":
+        stem = output.stem
+        dzi = output
+    else:
+        stem = output.name
+        dzi = output.with_name(stem + ".dzi")
+    return dzi, dzi.with_name(stem + "_files"), stem
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def write_dzi(tiles, final: Path, files_dir: Path, stem: str, dims, T: int, O: int,
+               compression: str, overwrite: bool, counter: TileCounter, sources=(),
+               painted: Callable[[], int] | None = None) -> int:
+
+    ext = "jpeg" if compression == "jpeg" else "png"
+    partial = atomic.create_dir(final, sources)  # the tiles folder and the .dzi are made in it
+    tmpdir = partial.path
+    try:
+        tmp_files = tmpdir / files_dir.name
+        n = len(dims)
+        for k in range(n):
+            (tmp_files / str(n - 1 - k)).mkdir(parents=True)
+        nbytes = 0
+        for k, c, r, data in tiles:
+            with open(tmp_files / str(n - 1 - k) / f"{c}_{r}.{ext}", "wb") as fh:
+                fh.write(data)
+            nbytes += len(data)
+            counter.add()
+        w, h = dims[0]
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<Image xmlns="http://schemas.microsoft.com/deepzoom/2008" Format={quoteattr(ext)} '
+            f'Overlap="{O}" TileSize="{T}">\n'
+            f'  <Size Width="{w}" Height="{h}"/>\n'
+            + (f"  <!-- wsitool: {PAINTED_KEY}={painted()} -->\n" if painted is not None else "")
+            + "</Image>\n"
+        )
+        tmp_dzi = tmpdir / final.name
+        tmp_dzi.write_text(xml, encoding="utf-8")
+        nbytes += len(xml)
+        # Commit: tiles folder first, the .dzi (what viewers open) last.
+        atomic.check_output(final, sources, overwrite)
+        atomic.check_output(files_dir, sources, overwrite, kind="dir")
+        if not overwrite:  # neither name may appear meanwhile: no-replace renames
+            atomic.commit(tmp_files, files_dir, sources=sources)
+            try:
+                atomic.commit(tmp_dzi, final, sources=sources)
+            except BaseException:
+                os.rename(files_dir, tmp_files)  # ours, just renamed: take it back
+                raise
+            partial.abort()
+            return nbytes
+        old = tmpdir / "old"
+        old.mkdir()
+        old_files, old_dzi = old / files_dir.name, old / final.name
+        if files_dir.exists():
+            os.replace(files_dir, old_files)
+        if final.exists():
+            os.replace(final, old_dzi)
+        try:
+            os.replace(tmp_files, files_dir)
+            os.replace(tmp_dzi, final)
+        except BaseException:  # take ours out again and put the previous output back
+            if not tmp_files.exists() and files_dir.exists():
+                shutil.rmtree(files_dir, ignore_errors=True)
+            if not tmp_dzi.exists():
+                _unlink(final)
+            if old_files.exists():
+                os.replace(old_files, files_dir)
+            if old_dzi.exists():
+                os.replace(old_dzi, final)
+            raise
+        partial.abort()
+        return nbytes
+    except BaseException as exc:
+        tiles.close()
+        partial.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
+            raise atomic.user_error(exc, final) from None
+        raise
+
+

@@ -1,0 +1,219 @@
+"""The plan of an export: output formats and levels, strip rows, the memory bound, the result (floor 6).
+
+Memory bound (bytes of numpy buffers; see :func:`memory_bound`), with ``W``
+the output width, ``T`` the tile size, ``O`` the overlap, ``N`` the number of
+levels, ``R <= 2T`` the strip rows (above), ``Q = 4 * threads + 4`` tiles in
+flight in the encoder pool, ``D`` decode threads (= ``threads``), ``S`` the
+pixel count of one source tile (or strip) and ``s`` the source's bytes per
+pixel::
+
+    C0 = T + 2O + R                rows kept for level 0
+    Ck = T + 2O + R // 2 + 3       rows kept for each lower level
+    B  = 4*R*W                     RGBA strip (sources with alpha, or after a decode error)
+       + 2*R*W                     alpha masks while compositing
+       + 3*C0*W                    level-0 window, uint8 RGB
+       + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
+       + 12*(R // 2 + 1)*W         temporaries of one halving step (uint16 sums at level 0,
+                                   float32 below)
+       + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
+       + 16*(T + 2O)**2            the tile being cropped: float32 rounding, edge padding
+       + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
+                                   d = max(3, s) for 8-bit sources, 8 * samples for wider
+                                   ones (converted through float64)
+       + 3*P                       tiff only: the level kept for the Aperio thumbnail, P its
+                                   pixels (at most max(1024, T)**2)
+       + 6*A                       label and macro carried over (A their pixels): decoded,
+                                   and while tifffile encodes them
+       + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
+
+It grows with the width and the tile size, never with the height: about
+``36 * T * W`` bytes plus a few MB when ``R = T`` (57 T W at most, when
+``R = 2T``), e.g. with 256-pixel tiles, 256-pixel source tiles and 2 threads
+about 100 MB for a 10 000-pixel-wide export and 0.94 GB for a
+100 000-pixel-wide one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+
+#: Output formats.
+FORMATS = ("tiff", "ome-tiff", "dzi")
+
+
+#: Tile compressions.
+COMPRESSIONS = ("jpeg", "jpeg2000", "deflate", "none")
+
+
+#: What an export does with an undecodable source tile: stop with its error, or paint it.
+ON_ERROR = ("raise", "fill")
+
+
+SLACK = 1 << 20  # bookkeeping term of the memory bound
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """What :func:`export_pyramid` wrote.
+
+    Attributes:
+        output: the output file (for ``dzi`` the ``.dzi`` file; its tiles are
+            in the ``<name>_files`` folder beside it).
+        format: ``"tiff"``, ``"ome-tiff"`` or ``"dzi"``.
+        level_dimensions: ``(width, height)`` in pixels of every output level,
+            full resolution first (for Deep Zoom this is the reverse of its
+            own numbering, which starts at 1 x 1).
+        tiles_written: output tiles written, all levels.
+        tiles_missing: source tiles inside the region that are absent from
+            the file (offset or byte count 0); their pixels are background.
+        tiles_failed: source tiles that could not be decoded, painted with
+            the background (only with ``on_error="fill"``; by default the
+            first one stops the export, so a returned result has 0).
+        seconds: wall-clock duration of the export.
+        tile_size: output tile size in pixels.
+        compression: tile compression.
+        bytes_written: size of the output in bytes (all tiles for ``dzi``).
+        memory_bound: the documented bound on buffer memory for this export,
+            in bytes (:func:`memory_bound`).
+    """
+
+    output: Path
+    format: str
+    level_dimensions: list[tuple[int, int]]
+    tiles_written: int
+    tiles_missing: int
+    tiles_failed: int
+    seconds: float
+    tile_size: int = 0
+    compression: str = ""
+    bytes_written: int = 0
+    memory_bound: int = 0
+
+
+def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "tiff") -> list[tuple[int, int]]:
+    """``(width, height)`` of each output level, full resolution first.
+
+    Level ``k`` is ``ceil(width / 2**k) x ceil(height / 2**k)``.  TIFF and
+    OME-TIFF pyramids stop at the first level that fits in one tile; Deep Zoom
+    goes on down to 1 x 1 (as ``DeepZoomGenerator`` does).
+
+    Raises:
+        ValueError: ``tile_size`` is not a positive integer.
+    """
+    if not isinstance(tile_size, int) or tile_size < 1:
+        raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}")
+    dims = [(int(width), int(height))]
+    while True:
+        w, h = dims[-1]
+        if format == "dzi":
+            if w <= 1 and h <= 1:
+                break
+        elif w <= tile_size and h <= tile_size:
+            break
+        dims.append(((w + 1) // 2, (h + 1) // 2))
+    return dims
+
+
+def queue_depth(threads: int) -> int:
+    return 4 * threads + 4
+
+
+def strip_rows(tile_size: int, source_tile_height: int) -> int:
+    """Rows read from the source per strip.
+
+    The largest multiple of the source tile (or strip) height that is at most
+    ``tile_size``, or the source tile height itself if it lies between
+    ``tile_size`` and ``2 * tile_size``: strips then start on source tile rows
+    (the first one is shortened to reach the grid) and every source tile is
+    decoded once.  Source tiles taller than ``2 * tile_size`` are read
+    ``tile_size`` rows at a time (each decoded once per strip it touches).
+    """
+    T, th = int(tile_size), int(source_tile_height)
+    if th > 2 * T:
+        return T
+    return th * max(1, T // th)
+
+
+def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 1, threads: int = 1,
+                 source_tile: tuple[int, int] = (0, 0), source_pixel_bytes: int = 3,
+                 source_itemsize: int = 1, thumbnail_pixels: int = 0,
+                 associated_pixels: int = 0) -> int:
+    """Upper bound in bytes on the numpy buffers one export holds at once.
+
+    Args:
+        width: output level-0 width in pixels.
+        tile_size: output tile size in pixels.
+        overlap: Deep Zoom overlap in pixels (0 for TIFF).
+        levels: number of output levels.
+        threads: encoder and decoder threads.
+        source_tile: ``(width, height)`` of one source tile (or strip) of the level read.
+        source_pixel_bytes: bytes per pixel of the source level (samples x itemsize).
+        source_itemsize: bytes per sample of the source level.
+        thumbnail_pixels: pixels of the level kept for the thumbnail (``tiff``).
+        associated_pixels: pixels of the associated images carried over.
+
+    Returns:
+        The bound ``B`` of the module docstring (bytes).  It does not depend
+        on the height of the export.
+    """
+    W, T, O, N = int(width), int(tile_size), int(overlap), int(levels)
+    q = queue_depth(threads)
+    stw, sth = (int(v) for v in source_tile)
+    R = strip_rows(T, sth) if sth > 0 else T
+    if source_itemsize > 1:
+        decode_bytes = 8 * max(1, source_pixel_bytes // source_itemsize)
+    else:
+        decode_bytes = max(3, source_pixel_bytes)
+    c0, ck = window_rows(T, O, R)
+    return int(
+        4 * R * W
+        + 2 * R * W
+        + 3 * c0 * W
+        + 12 * ck * (W + N)
+        + 12 * (R // 2 + 1) * W
+        + 6 * q * (T + 2 * O) ** 2
+        + 16 * (T + 2 * O) ** 2
+        + 4 * threads * stw * sth * decode_bytes
+        + 3 * int(thumbnail_pixels)
+        + 6 * int(associated_pixels)
+        + SLACK
+    )
+
+
+def window_rows(T: int, O: int, R: int) -> tuple[int, int]:
+    """Row capacity of the level-0 window and of the lower levels' windows.
+
+    After a level emits and trims, it keeps fewer than ``T + 2 O`` rows (the
+    unfinished tile row with its overlaps) or one unpaired row; then a strip
+    of ``R`` rows arrives at level 0, and at most ``R // 2 + 1`` rows at the
+    next level (pairs of the strip plus the unpaired row), fewer below.
+    """
+    return T + 2 * O + R, T + 2 * O + R // 2 + 3
+
+
+def background_color(value) -> np.ndarray:
+    try:
+        vals = [int(v) for v in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"background must be three integers 0..255, got {value!r}") from None
+    if len(vals) != 3 or not all(0 <= v <= 255 for v in vals):
+        raise ValueError(f"background must be three integers 0..255, got {value!r}")
+    return np.array(vals, np.uint8)
+
+
+def output_metadata(slide, L: int) -> dict:
+    """MPP (µm per output level-0 pixel) and objective power of the output."""
+    lv0, lv = slide.levels[0], slide.levels[L]
+    fx, fy = lv0.width / lv.width, lv0.height / lv.height
+    mpp = slide.mpp
+    mag = slide.objective_power
+    return {
+        "mpp": (mpp[0] * fx, mpp[1] * fy) if mpp else None,
+        "mag": (mag / ((fx + fy) / 2)) if mag else None,
+    }
+
+

@@ -1,0 +1,306 @@
+"""``export_pyramid``: the entry point of an export (floor 6).
+
+How the pyramid is built (streaming, never a whole level in memory):
+
+1. **Level 0** of the output is the requested source level (``level``),
+   cropped to ``region``.  It is read strip by strip, about one output tile
+   row at a time (``R`` rows, the full region width, where ``R`` is the
+   largest multiple of the source tile height up to ``tile_size``, or the
+   source tile height if that is at most ``2 * tile_size``, so that strips
+   follow the source tile rows and each source tile is decoded once; see
+   :func:`~wsitool.export.plan.strip_rows`), with
+   :meth:`Slide.read_region` straight into the level-0 row window, as the
+   ``"rgba"`` read composited onto ``background``:
+   ``rgb = (src * a + bg * (255 - a) + 127) // 255``, so pixels outside the
+   slide, missing tiles and tiles that failed to decode become background.
+   (Sources without alpha are read in ``"rgb"`` mode and the would-be
+   transparent pixels painted, which is the same result without the RGBA
+   copy; see :class:`~wsitool.export.source.StripSource`.)
+2. **Each lower level** halves the one above with an area (box) average.
+   Every output pixel of level ``k`` is the mean of the
+   ``2**k x 2**k`` block of level-0 pixels it covers, clipped to the image;
+   level sizes are ``ceil(W / 2**k) x ceil(H / 2**k)`` (the sizes Deep Zoom
+   uses).  It is computed incrementally from pairs of rows as they arrive:
+   a vertical then a horizontal 2:1 weighted mean, where the last row or
+   column of a level gets the weight of the level-0 pixels it really covers,
+   so the iterated result equals the direct block mean.  Levels 1 and below
+   are kept in float32 and rounded to uint8 only when a tile is encoded, so
+   the error against a float64 box filter of the source is at most 0.5 plus
+   float32 rounding (well under 1 grey level).
+3. Each level keeps only a sliding window of rows: the rows of the tile row
+   it has not emitted yet (plus ``overlap`` rows either side for Deep Zoom)
+   and one unpaired row.  As soon as a tile row is complete its tiles are
+   cropped (uint8 copies) and handed to a thread pool that encodes them;
+   results are consumed in submission order, so each level's tiles come out
+   row by row, left to right.
+4. TIFF and OME-TIFF pages must be written one after the other, but all
+   levels are produced together.  Level-0 tiles stream straight into
+   tifffile; encoded tiles of the lower levels go to an anonymous temporary
+   file in the destination folder (deleted by the OS even on a crash) and are
+   copied into their pages when level 0 is done.  Deep Zoom tiles are written
+   as files immediately.
+5. Output is written under a hidden temporary name in the destination folder
+   and renamed into place only when complete; on any error or
+   ``KeyboardInterrupt`` the temporary output is deleted, so nothing is left
+   under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .. import atomic
+from ..arguments import as_int
+from ..errors import InvalidRegionError, ResourceLimitError, TileWarning
+from ..geometry import level_rect
+from ..read.request import level_index
+from ..settings import get_limits
+from ..slide import Slide, open_slide
+from .associated import LevelImage, associated_for_export, thumbnail_level
+from .downsample import PyramidBuilder
+from .dzi import dzi_paths, write_dzi
+from .encode import TileCodec, TileCounter, encoded_tiles
+from .plan import (COMPRESSIONS, FORMATS, ON_ERROR, ExportResult, background_color, memory_bound,
+                   output_metadata, pyramid_dimensions)
+from .source import StripSource
+from .tiff import write_tiff
+
+
+def export_pyramid(
+    source,
+    output,
+    *,
+    format: str = "tiff",
+    tile_size: int = 256,
+    compression: str = "jpeg",
+    quality: int = 90,
+    region: Sequence[int] | None = None,
+    level: int = 0,
+    overlap: int = 0,
+    threads: int | None = None,
+    overwrite: bool = False,
+    background: Sequence[int] = (255, 255, 255),
+    progress: Callable[[int, int], None] | None = None,
+    max_pixels: int | None = None,
+    on_error: str = "raise",
+    label: bool = True,
+    associated: bool = True,
+) -> ExportResult:
+    """Write a slide, or a region of it, as a new tiled pyramid.
+
+    Args:
+        source: path of a slide, or an open :class:`~wsitool.slide.Slide`
+            (left open).
+        output: output path.  ``tiff`` / ``ome-tiff``: the file (e.g.
+            ``out.svs``, ``out.ome.tif``).  ``dzi``: ``NAME.dzi`` (or
+            ``NAME``, to which ``.dzi`` is added); tiles go to ``NAME_files/``.
+        format: ``"tiff"`` (Aperio-style SVS that OpenSlide reads with vendor
+            ``aperio``), ``"ome-tiff"`` (levels in SubIFDs) or ``"dzi"``.
+        tile_size: output tile size in pixels; a multiple of 16 for TIFF
+            formats, any size >= 1 for Deep Zoom (254 with overlap 1 is the
+            usual choice there).
+        compression: ``"jpeg"``, ``"jpeg2000"`` (TIFF formats only),
+            ``"deflate"`` or ``"none"``; Deep Zoom stores ``deflate`` and
+            ``none`` tiles as PNG.
+        quality: 1..100.  JPEG quality; for JPEG 2000 100 is lossless and
+            below a target size of ``quality / 300`` of the raw tile.
+            Ignored by ``deflate`` / ``none``.
+        region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels,
+            ``w, h`` the size in pixels of ``level``; default the whole level.
+            Parts outside the slide become background; it must overlap the slide.
+        level: source level read; the output's full resolution is this
+            level's (lower output levels are computed, never read from other
+            source levels, whatever their downsample).
+        overlap: Deep Zoom tile overlap in pixels, at most ``tile_size // 2``
+            (0 for TIFF formats).
+        threads: encoder threads and decoder threads per strip read
+            (default: the CPU count).
+        overwrite: replace an existing output; without it an existing output
+            raises ``FileExistsError`` before any work.
+        background: ``(r, g, b)`` 0..255 painted where the source is
+            transparent (outside the slide, missing or undecodable tiles).
+        progress: called as ``progress(tiles_done, tiles_total)`` from the
+            calling thread as tiles are written.
+        max_pixels: refuse exports of more than this many level-0 pixels
+            (``w * h``); default: ``max_export_pixels`` of :mod:`wsitool.settings`
+            (``2**33``).
+        on_error: ``"raise"`` (default): the first undecodable source tile
+            stops the export with its :class:`TileDecodeError` and nothing is
+            left under the output name.  ``"fill"``: undecodable tiles are
+            painted with ``background``, a :class:`~wsitool.errors.TileWarning`
+            gives their count, ``tiles_failed`` counts them, and the count is
+            recorded in the output (:data:`PAINTED_KEY`; read it back with
+            :func:`painted_tiles`; ``wsitool info`` shows it).
+        label: carry the source's ``label`` image over (``tiff`` and
+            ``ome-tiff``; labels often show patient identifiers: pass False
+            to drop it).
+        associated: carry the source's associated images (``label`` and
+            ``macro``) over; False drops both.  The ``tiff`` output always
+            gets a thumbnail made from its own pyramid (the Aperio layout has
+            one); the source's thumbnail is not copied.  Deep Zoom has no
+            associated images.
+
+    Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
+    notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
+    and Third-party Data Interchange" p. 14): IFD 0 the full resolution
+    (tiled); IFD 1 a stripped JPEG thumbnail (:data:`THUMBNAIL_SIZE`);
+    then the other levels (tiled, NewSubfileType 0); then ``label`` (LZW,
+    NewSubfileType 1) and ``macro`` (JPEG, NewSubfileType 9), stripped, each
+    with ImageDescription ``Aperio Image Library ...`` and a second line
+    ``label WxH`` / ``macro WxH``.  ``ome-tiff``: the pyramid is the first
+    OME Image (levels in SubIFDs); ``label`` and ``macro`` follow as
+    further Images with those ``Name`` s, as bioformats2raw / raw2ometiff
+    write them.
+
+    Returns:
+        :class:`ExportResult`.
+
+    Raises:
+        ValueError: an invalid option (format, compression, tile size,
+            quality, overlap, threads, background).
+        OutputIsSourceError: the output is the source slide (same file, also
+            through a link), whatever ``overwrite``; also a ``ValueError``.
+        InvalidRegionError: bad level or region (also a ``ValueError``).
+        ResourceLimitError: the exported area exceeds ``max_pixels`` (or the
+            default export limit), checked before anything is read or written.
+        OutputExistsError: the output (or a Deep Zoom ``_files`` folder)
+            exists and ``overwrite`` is False; a ``FileExistsError``.
+        IsADirectoryError: the output path (the ``.dzi`` file for Deep Zoom) is
+            a directory and ``overwrite`` is True.
+        FileNotFoundError: the source or the output folder does not exist.
+        UnsupportedFormatError, CorruptFileError: the source is not readable.
+        TileDecodeError: a source tile cannot be decoded (``on_error="raise"``).
+        WsiError: an encoder failure; an associated image that cannot be
+            read (``on_error="raise"``).
+        Any error leaves nothing under the output name (nor a Deep Zoom
+        ``_files`` folder); an existing output replaced with ``overwrite``
+        is only replaced once the new one is complete.
+    """
+    t_start = time.perf_counter()
+    fmt = str(format).lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    compression = str(compression).lower()
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if fmt == "dzi" and compression == "jpeg2000":
+        raise ValueError("Deep Zoom tiles are JPEG or PNG: use compression jpeg, deflate or none")
+    T = as_int(tile_size, "tile_size", error=ValueError)
+    if fmt == "dzi":
+        if T < 1:
+            raise ValueError(f"tile_size must be >= 1, got {T}")
+    elif T < 16 or T % 16:
+        raise ValueError(f"tile_size must be a positive multiple of 16 for TIFF (TIFF 6.0 section 15), got {T}")
+    if T * T > get_limits().max_tile_pixels:
+        raise ResourceLimitError(f"tile_size {T} exceeds the max_tile_pixels limit {get_limits().max_tile_pixels}")
+    q = as_int(quality, "quality", error=ValueError)
+    if not 1 <= q <= 100:
+        raise ValueError(f"quality must be 1..100, got {q}")
+    O = as_int(overlap, "overlap", error=ValueError)
+    if O < 0:
+        raise ValueError(f"overlap must be >= 0, got {O}")
+    if O and fmt != "dzi":
+        raise ValueError("overlap applies to Deep Zoom (format dzi) only")
+    if 2 * O > T:
+        raise ValueError(f"overlap must be at most half the tile size ({T // 2}), got {O}")
+    nthreads = (os.cpu_count() or 1) if threads is None else as_int(threads, "threads", error=ValueError)
+    if nthreads < 1:
+        raise ValueError(f"threads must be >= 1, got {nthreads}")
+    bg = background_color(background)
+    if max_pixels is not None and as_int(max_pixels, "max_pixels", error=ValueError) <= 0:
+        raise ValueError(f"max_pixels must be positive, got {max_pixels}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+
+
+    output = Path(os.fspath(output))
+    if fmt == "dzi":
+        final, files_dir, stem = dzi_paths(output)
+    else:
+        final, files_dir, stem = output, None, output.name
+    # One rule for every output (wsitool.atomic): never the source, an existing
+    # output only with overwrite; checked before the slide is read.
+    sources = [source.path if isinstance(source, Slide) else os.fspath(source)]
+    atomic.check_output(final, sources, overwrite)
+    if files_dir is not None:
+        atomic.check_output(files_dir, sources, overwrite, kind="dir")
+    atomic.clean_stale_partials(final.parent)
+
+    own = not isinstance(source, Slide)
+    slide = open_slide(source) if own else source
+    try:
+        sources.append(slide.path)
+        atomic.check_output(final, sources, overwrite)
+        L = level_index(level, slide.level_count, slide.path)
+        lv = slide.levels[L]
+        if region is None:
+            x0, y0, w, h = 0, 0, lv.width, lv.height
+        else:
+            try:
+                x0, y0, w, h = (as_int(v, "region", error=ValueError) for v in region)
+            except (TypeError, ValueError) as exc:
+                raise InvalidRegionError(f"{slide.path}: region must be 4 integers X Y W H ({exc})") from None
+        if w <= 0 or h <= 0:
+            raise InvalidRegionError(f"{slide.path}: region size must be positive, got {w}x{h}")
+        rx, ry = level_rect(lv, x0, y0)
+        if rx >= lv.width or ry >= lv.height or rx + w <= 0 or ry + h <= 0:
+            raise InvalidRegionError(
+                f"{slide.path}: region {x0},{y0} {w}x{h} (level {L}) lies outside the "
+                f"{lv.width}x{lv.height} level"
+            )
+        limit = max_pixels if max_pixels is not None else get_limits().max_export_pixels
+        if w * h > limit:
+            raise ResourceLimitError(
+                f"{slide.path}: export of {w}x{h} ({w * h} pixels) exceeds the limit of {limit} "
+                "pixels (raise it with --max-pixels / max_pixels=)"
+            )
+        dims = pyramid_dimensions(w, h, T, fmt)
+        src = StripSource(slide, L, rx, ry, w, h, T, nthreads, bg, on_error)
+        missing = src.missing_tiles()
+        total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
+        counter = TileCounter(total, progress)
+        extra = associated_for_export(slide, label, associated, on_error) if fmt != "dzi" else []
+        thumb = None
+        if fmt == "tiff":
+            kt = thumbnail_level(dims)
+            thumb = LevelImage(kt, dims[kt][0], dims[kt][1], T)
+        bound = memory_bound(w, T, overlap=O, levels=len(dims), threads=nthreads,
+                             source_tile=(lv.tile_width, lv.tile_height),
+                             source_pixel_bytes=lv.samples * lv.dtype.itemsize,
+                             source_itemsize=lv.dtype.itemsize,
+                             thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
+                             associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
+        codec = TileCodec(fmt, compression, q)
+        pyramid = PyramidBuilder(dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
+        tiles = encoded_tiles(src, pyramid, codec, nthreads, keep=thumb)
+        meta = output_metadata(slide, L)
+        meta["associated"] = extra
+        meta["thumbnail"] = thumb
+        # with "fill", the count of painted tiles is recorded in the output once known
+        meta["painted"] = (lambda: len(src.failed)) if on_error == "fill" else None
+        if fmt == "dzi":
+            nbytes = write_dzi(tiles, final, files_dir, stem, dims, T, O, compression, overwrite, counter,
+                                sources=sources, painted=meta["painted"])
+        else:
+            nbytes = write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,
+                                 sources=sources)
+        counter.finish()
+        if src.failed:
+
+            warnings.warn(f"{slide.path}: {len(src.failed)} undecodable source tile(s) painted with "
+                          f"the background (first: {src.first_error})", TileWarning, stacklevel=2)
+        return ExportResult(
+            output=final, format=fmt, level_dimensions=[tuple(d) for d in dims],
+            tiles_written=counter.done, tiles_missing=missing, tiles_failed=len(src.failed),
+            seconds=time.perf_counter() - t_start, tile_size=T, compression=compression,
+            bytes_written=nbytes, memory_bound=bound,
+        )
+    finally:
+        if own:
+            slide.close()
+
+

@@ -1,0 +1,67 @@
+"""The RSS plot of a stress run (matplotlib, the optional ``plot`` extra) (floor 6, consumers)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .report import write_atomically
+from .results import StressReport
+
+
+def plot_available() -> bool:
+    """True when matplotlib (the ``plot`` extra) can be imported."""
+    try:
+        import matplotlib  # noqa: F401  (optional: the plot extra)
+    except ImportError:
+        return False
+    return True
+
+
+def write_plot(report: StressReport, path: str | os.PathLike) -> None:
+    """Plot RSS (MiB) against completed iterations to ``path`` (PNG, SVG or PDF by extension).
+
+    The warm-up samples are drawn in grey, the least-squares line over the
+    measured samples dashed.  Written atomically.
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install 'wsitool[plot]'``).
+    """
+    try:
+        import matplotlib  # optional: the plot extra
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("plotting needs matplotlib: pip install 'wsitool[plot]'") from exc
+    mem = report.memory
+    samples = mem["samples"]
+    warm = mem["warmup_iterations"]
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    xs = [s["iterations"] for s in samples]
+    ys = [s["rss_mb"] for s in samples]
+    measured = [s["measured"] for s in samples]
+    ax.plot([x for x, m in zip(xs, measured) if not m], [y for y, m in zip(ys, measured) if not m],
+            ".", color="0.6", label="warm-up")
+    ax.plot([x for x, m in zip(xs, measured) if m], [y for y, m in zip(ys, measured) if m],
+            ".-", color="tab:blue", label="RSS")
+    if mem.get("fit_intercept_mb") is not None and mem.get("slope_mb_per_1k") is not None:
+        mx = [x for x, m in zip(xs, measured) if m]
+        fx = np.array([min(mx), max(mx)], dtype=float)
+        ax.plot(fx, mem["fit_intercept_mb"] + mem["slope_mb_per_1k"] * fx / 1000.0, "--",
+                color="tab:red", label=f"fit: {mem['slope_mb_per_1k']:+.3f} MB / 1k it")
+    if warm:
+        ax.axvline(warm, color="0.4", lw=0.8, ls=":")
+    ax.set_xlabel("completed iterations")
+    ax.set_ylabel("child RSS (MiB)")
+    slide = Path(report.data["slide"]["path"]).name
+    ax.set_title(f"wsitool stress {slide}: {report.verdict} "
+                 f"(growth {mem['growth_mb'] if mem['growth_mb'] is not None else float('nan'):+.1f} MB)")
+    ax.legend(loc="best")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fmt = Path(path).suffix.lower().lstrip(".") or "png"
+    write_atomically(Path(path), lambda fh: fig.savefig(fh, format=fmt), report)
