@@ -19,7 +19,7 @@ from pydicom.uid import ExplicitVRLittleEndian, JPEGBaseline8Bit, generate_uid
 WSI = "1.2.840.10008.5.1.4.1.1.77.1.6"
 
 
-def test_image(width: int, height: int, seed: int = 0) -> np.ndarray:
+def make_image(width: int, height: int, seed: int = 0) -> np.ndarray:
     """A smooth ``(height, width, 3)`` uint8 image (JPEG-friendly, with structure)."""
     y, x = np.mgrid[0:height, 0:width]
     rng = np.random.default_rng(seed)
@@ -172,7 +172,7 @@ def write_series(folder: Path, img: np.ndarray, tile: int, levels: int = 3, **kw
                                   spacing=(0.0005 * 2 ** k, 0.00025 * 2 ** k), **kw))
         h, w = level.shape[0] // 2 * 2, level.shape[1] // 2 * 2
         level = level[:h, :w].reshape(h // 2, 2, w // 2, 2, 3).mean((1, 3)).round().astype(np.uint8)
-    label = test_image(40, 30, seed=9)
+    label = make_image(40, 30, seed=9)
     out.append(write_instance(folder / "label.dcm", label, 64, series=series, study=study,
                               flavor="LABEL", codec="raw"))
     return out
