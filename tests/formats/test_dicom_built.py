@@ -12,6 +12,7 @@ from pydicom.uid import generate_uid
 import wsitool
 from wsitool.errors import CorruptFileError, TileDecodeError, UnsupportedFormatError
 
+from conftest import shared_sample
 from dicom_build import jpeg_frames, make_image, tiles_of, write_instance, write_series
 
 TILE = 64
@@ -174,3 +175,15 @@ def test_frame_that_is_not_a_stream_is_a_tile_error(tmp_path):
         with pytest.warns(wsitool.TileWarning):
             arr = slide.read_region((0, 0), 0, (300, 200), on_error="fill")
         assert (arr[64:128, 64:128, 3] == 0).all() and (arr[:64, :64, 3] == 255).all()
+
+
+@pytest.mark.parametrize("cut", [300, 1000, 3000])
+def test_header_cut_short_is_corrupt_not_oserror(tmp_path, cut):
+    """scripts/fuzz_dicom.py: pydicom reports a header that ends inside an element as
+    OSError ("No tag to read at file position"); it must be CorruptFileError naming the file."""
+    src = shared_sample("dicom-openslide-boxes/boxes_0.dcm")
+    bad = tmp_path / "cut.dcm"
+    bad.write_bytes(src.read_bytes()[:cut])
+    with pytest.raises(CorruptFileError) as info:
+        wsitool.open_slide(bad)
+    assert str(bad) in str(info.value)

@@ -93,7 +93,7 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
             if eot is not None:
                 return _extended(inst, first, *eot)
             count, positions = parse_fragments(fp)
-        except (ValueError, struct.error, EOFError) as exc:
+        except (ValueError, struct.error, EOFError, OSError) as exc:  # pydicom: OSError on bad items
             raise CorruptFileError(f"{inst.path}: unreadable encapsulated Pixel Data "
                                    f"(truncated file?): {exc}") from None
         if count == 0:

@@ -119,24 +119,25 @@ def read_instance(path: str) -> Instance:
         CorruptFileError: the header is unreadable or an attribute the pyramid
             needs is missing or malformed (message names the file and the cause).
     """
-    try:
-        with open(path, "rb") as fp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fp.seek(0, 2)
-            file_size = fp.tell()
-            fp.seek(0)
-            ds = pydicom.dcmread(fp, stop_before_pixels=True)
-            pixel_pos = fp.tell()
-            return _describe(path, ds, pixel_pos, file_size)
-    except WsiError as exc:
-        message = str(exc)
-        if not message.startswith(path):
-            message = f"{path}: {message}"
-        raise type(exc)(message) from None
-    except OSError:
-        raise
-    except Exception as exc:  # pydicom's many ways of finding a header broken
-        raise CorruptFileError(f"{path}: unreadable DICOM header: {type(exc).__name__}: {exc}") from None
+    with open(path, "rb") as fp:  # FileNotFoundError, PermissionError pass through
+        fp.seek(0, 2)
+        file_size = fp.tell()
+        fp.seek(0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(fp, stop_before_pixels=True)
+                pixel_pos = fp.tell()
+                return _describe(path, ds, pixel_pos, file_size)
+        except WsiError as exc:
+            message = str(exc)
+            if not message.startswith(path):
+                message = f"{path}: {message}"
+            raise type(exc)(message) from None
+        except Exception as exc:  # pydicom's many ways (OSError included) of finding a header broken
+            raise CorruptFileError(
+                f"{path}: unreadable DICOM header: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instance:
