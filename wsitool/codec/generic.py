@@ -86,5 +86,3 @@ def _decode_frame(level: Level, data: bytes, col: int, row: int) -> np.ndarray:
                             level.samples, level.dtype)
     except FrameError as exc:
         raise TileDecodeError(level.path, level.index, col, row, str(exc)) from None
-
-
