@@ -13,6 +13,7 @@ import numpy as np
 
 __all__ = [
     "ADOBE_RGB_MARKER",
+    "jpegls_frame_size",
     "SOI",
     "jpeg_frame_size",
     "webp_frame_size",
@@ -38,6 +39,21 @@ def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
     segment but SOI/RSTn/TEM carries a 2-byte big-endian length.  Returns
     None if the scan reaches SOS or the end of the data without a frame header.
     """
+    return _frame_size(data, _SOF_MARKERS)
+
+
+def jpegls_frame_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from the SOF55 segment of a JPEG-LS stream (ITU-T T.87 C.2.2), or None.
+
+    The same marker walk as :func:`jpeg_frame_size`, looking for SOF55 (0xFFF7).
+    """
+    return _frame_size(data, _SOF55)
+
+
+_SOF55 = frozenset({0xF7})
+
+
+def _frame_size(data: bytes, sof_markers: frozenset) -> tuple[int, int] | None:
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
@@ -55,7 +71,7 @@ def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
         if marker == 0xDA or marker == 0xD9:
             return None
         length = (data[i + 2] << 8) | data[i + 3]
-        if marker in _SOF_MARKERS:
+        if marker in sof_markers:
             if i + 9 > n or length < 7:
                 return None
             height = (data[i + 5] << 8) | data[i + 6]

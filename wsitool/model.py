@@ -52,6 +52,13 @@ class TileEncoding:
             :class:`~wsitool.errors.UnsupportedFormatError`.
         page: the format's handle for the generic path (a ``tifffile.TiffPage``
             whose ``decode`` the codec layer calls), or None.
+        imagecodec: for generic segments without a ``page`` (containers other
+            than TIFF, e.g. DICOM frames): which decoder the codec layer calls on
+            each segment's bytes, see :mod:`wsitool.codec.frames`: ``"raw"``
+            (uncompressed little-endian samples, pixel-interleaved),
+            ``"raw-planar"`` (colour-by-plane), ``"jpeg8"``, ``"jpegls"``,
+            ``"jpeg2k"``, ``"rle"`` (DICOM RLE, PS3.5 G), ``"jpegxl"``; None when
+            ``page`` decodes.
     """
 
     compression: str
@@ -68,11 +75,14 @@ class TileEncoding:
     rgb_problem: str | None = None
     compression_problem: str | None = None
     page: Any = None
+    imagecodec: str | None = None
 
     @property
     def decoder(self) -> str:
-        """``"nvimagecodec"`` or ``"tifffile"``: who decodes the tiles."""
-        return "nvimagecodec" if self.codec == "nv" else "tifffile"
+        """``"nvimagecodec"``, ``"tifffile"`` or ``"imagecodecs"`` (no page): who decodes the tiles."""
+        if self.codec == "nv":
+            return "nvimagecodec"
+        return "imagecodecs" if self.page is None and self.imagecodec else "tifffile"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -171,6 +181,11 @@ class AssociatedImage:
         encoding: how its strips or tiles are encoded.
         offsets, bytecounts: its segments in the source (checked before decoding).
         max_segment: ``(width, height)`` a segment's code stream may declare at most.
+        source: the byte source the segments are read from when it is not the
+            slide's own (a DICOM associated image is its own file), else None.
+        tile_size: ``(width, height)`` of the tiles when the segments are the
+            tiles of a grid in row-major order that the codec layer assembles
+            (encodings without a ``page``), else None.
     """
 
     name: str
@@ -183,6 +198,8 @@ class AssociatedImage:
     offsets: tuple[int, ...]
     bytecounts: tuple[int, ...]
     max_segment: tuple[int, int]
+    source: ByteSource | None = None
+    tile_size: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(eq=False)

@@ -26,8 +26,8 @@ import numpy as np
 
 from .codec.associated import decode_associated
 from .codec.library import nv
-from .errors import SlideWarning, UnsupportedFormatError, WsiError
-from .formats import open_pyramid
+from .errors import SlideWarning, WsiError
+from .formats import open_folder, open_pyramid
 from .model import AssociatedImage, Level
 from .read.lazy import level_array
 from .read.region import read_region
@@ -84,8 +84,9 @@ class Slide:
 
     Raises (from the constructor):
         FileNotFoundError: the path does not exist.
-        UnsupportedFormatError: not a slide format wsitool reads (e.g. DICOM,
-            random bytes), a directory, or a file without a usable image.
+        UnsupportedFormatError: not a slide format wsitool reads (e.g. random
+            bytes, a DICOM file that is not a whole-slide image), a directory
+            without one DICOM series, or a file without a usable image.
         CorruptFileError: the container's structure is broken.
     """
 
@@ -93,24 +94,25 @@ class Slide:
         self.path = os.fspath(path)
         self.problems: list[str] = []
         self._pyramid = None
-        if os.path.isdir(self.path):
-            raise UnsupportedFormatError(
-                f"{self.path}: is a directory (multi-file formats such as DICOM folders "
-                "are not supported yet)"
-            )
+        self._closed = False
+        #: held while a format's own decoder (tifffile) reads associated images
+        self._lock = threading.Lock()
         # The decoders' library is loaded before the slide's own files are
         # opened: it opens its plugins then, and under a tight descriptor limit
         # (ulimit -n) a load after the slide's descriptors would leave it without
         # its CPU codecs rather than fail (tests/test_os_resources.py).
         nv()
-        self._source = LocalFile(self.path)  # FileNotFoundError passes through
-        #: held while a format's own decoder (tifffile) reads associated images
-        self._lock = threading.Lock()
-        try:
-            pyramid = open_pyramid(self.path, self._source)
-        except BaseException:
-            self._source.close()
-            raise
+        if os.path.isdir(self.path):
+            # a folder slide (a DICOM series): the format opens the sources it needs
+            self._source = None
+            pyramid = open_folder(self.path)
+        else:
+            self._source = LocalFile(self.path)  # FileNotFoundError passes through
+            try:
+                pyramid = open_pyramid(self.path, self._source)
+            except BaseException:
+                self._source.close()
+                raise
         self._pyramid = pyramid
         self.vendor = pyramid.vendor
         self.levels: tuple[Level, ...] = pyramid.levels
@@ -118,7 +120,8 @@ class Slide:
         self._properties = types.MappingProxyType(pyramid.properties)
         for message in pyramid.problems:
             self.problems.append(message)
-            warnings.warn(f"{self.path}: TIFF structure: {message} (opened anyway, with "
+            kind = "DICOM series" if self.vendor == "dicom" else "TIFF structure"
+            warnings.warn(f"{self.path}: {kind}: {message} (opened anyway, with "
                           f"{self.level_count} level(s))", SlideWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ metadata
@@ -271,6 +274,7 @@ class Slide:
         give its number to another file).  Do not call it from inside a read
         of the same slide (it would wait for itself).
         """
+        self._closed = True
         source = getattr(self, "_source", None)
         if source is not None:
             source.close()
@@ -284,7 +288,7 @@ class Slide:
     @property
     def closed(self) -> bool:
         """True once :meth:`close` was called."""
-        return self._source.closed
+        return self._closed
 
     def __enter__(self) -> "Slide":
         return self
@@ -303,13 +307,17 @@ class Slide:
 
 
 def open_slide(path: str | os.PathLike) -> Slide:
-    """Open a whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF).
+    """Open a whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF, DICOM WSI).
+
+    ``path`` is a file, or for DICOM a file of the series (the other instances
+    are found beside it) or a folder holding one series.
 
     Returns a :class:`Slide`, usable as a context manager.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        UnsupportedFormatError: not a slide format wsitool reads (DICOM, random bytes, directory).
+        UnsupportedFormatError: not a slide format wsitool reads (random bytes, a
+            folder without exactly one DICOM series).
         CorruptFileError: broken container structure (bad header or IFD, zero-size image).
     """
     return Slide(path)

@@ -1,7 +1,8 @@
 """Decoding an associated image (label, macro, thumbnail) to RGB, with the same guards as tiles (floor 3).
 
 Its strips or tiles are checked before tifffile hands them to imagecodecs, as
-tiles are checked before decoding: LZW data that imagecodecs' decoder crashes on
+tiles are checked before decoding (and the same for the tiles of formats
+without a tifffile page, e.g. DICOM frames, decoded by :mod:`.frames`): LZW data that imagecodecs' decoder crashes on
 (:func:`wsitool.bitstream.lzw_problem`; found by scripts/fuzz.py on a mutated
 Aperio label), and JPEG frames without a readable header or declaring more
 pixels than the image (decompression bombs).  The image is then decoded whole by
@@ -15,12 +16,13 @@ import warnings
 
 import numpy as np
 
-from ..bitstream import jpeg_frame_size, lzw_problem
+from ..bitstream import SOI, jpeg_frame_size, jpegls_frame_size, lzw_problem
 from ..color import to_rgb8
 from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError, raise_if_os_resource
 from ..model import AssociatedImage
 from ..settings import get_limits
 from ..storage import ByteSource
+from .frames import FrameError, decode_frame
 
 __all__ = ["decode_associated"]
 
@@ -59,7 +61,8 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
     Args:
         path: the slide's path (named in messages).
         image: the description from the format.
-        source: the slide's byte source (the segment checks read through it).
+        source: the slide's byte source (the segment checks read through it);
+            ``image.source`` instead where the image has its own.
         lock: held while tifffile decodes (its file handle is shared by the slide).
 
     Raises:
@@ -81,14 +84,18 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
             f"{path}: associated image {name!r} is {w}x{h}x{s}, over the region limits "
             f"({lim.max_region_pixels} pixels, {lim.max_region_bytes} bytes)"
         )
+    source = image.source if image.source is not None else source
     _check_segments(f"{path}: associated image {name!r}", image, source)
-    try:
-        with lock, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            arr = enc.page.asarray()
-    except Exception as exc:
-        raise_if_os_resource(exc, path)
-        raise WsiError(f"{path}: associated image {name!r} could not be decoded: {exc}") from None
+    if enc.page is None:
+        arr = _decode_tiles(f"{path}: associated image {name!r}", image, source)
+    else:
+        try:
+            with lock, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                arr = enc.page.asarray()
+        except Exception as exc:
+            raise_if_os_resource(exc, path)
+            raise WsiError(f"{path}: associated image {name!r} could not be decoded: {exc}") from None
     arr = np.asarray(arr)
     if arr.size != h * w * s:
         raise CorruptFileError(
@@ -98,3 +105,51 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
     arr = arr.reshape(s, h, w).transpose(1, 2, 0) if image.planar else arr.reshape(h, w, s)
     rgb, _alpha = to_rgb8(arr, enc.photometric_code, enc.bits, enc.colormap, enc.extrasamples)
     return np.ascontiguousarray(rgb)
+
+
+def _frame_size(data: bytes, imagecodec: str | None) -> tuple[int, int] | None:
+    """The size a frame's code stream declares, where its kind has a header (JPEG-LS SOF55,
+    JPEG 2000 SIZ: ``Xsiz - XOsiz``, ``Ysiz - YOsiz``, ISO 15444-1 A.5.1), else None."""
+    if imagecodec == "jpegls":
+        return jpegls_frame_size(data) or (0, 0)
+    if imagecodec == "jpeg2k":
+        if len(data) < 24 or data[:4] != b"\xff\x4f\xff\x51":
+            return (0, 0)
+        x, y, x0, y0 = (int.from_bytes(data[k:k + 4], "big") for k in (8, 12, 16, 20))
+        return (x - x0, y - y0)
+    return None
+
+
+def _decode_tiles(where: str, image: AssociatedImage, source: ByteSource) -> np.ndarray:
+    """The ``(height, width, samples)`` image assembled from its tiles (segments in
+    row-major order over a grid of ``image.tile_size`` cells, missing ones 0)."""
+    enc = image.encoding
+    tw, th = image.tile_size or (image.width, image.height)
+    across = -(-image.width // tw)
+    down = -(-image.height // th)
+    dtype = np.dtype(f"u{image.itemsize}")
+    out = np.zeros((image.height, image.width, image.samples), dtype)
+    for k, (off, count) in enumerate(zip(image.offsets, image.bytecounts)):
+        if k >= across * down:
+            break
+        if off == 0 or count == 0:
+            continue
+        if off + count > source.size:
+            raise CorruptFileError(f"{where}: frame {k} at offset {off} (+{count} bytes) lies past "
+                                   f"the end of the file ({source.size} bytes): truncated file")
+        data = source.read(off, count)
+        size = _frame_size(data, enc.imagecodec)
+        if size is not None and size != (tw, th):
+            raise CorruptFileError(f"{where}: frame {k} declares {size[0]}x{size[1]} pixels, "
+                                   f"not the {tw}x{th} frame size")
+        if enc.stream == "jpeg" and enc.jpeg_prefix and data.startswith(SOI):
+            data = enc.jpeg_prefix + data[2:]
+        try:
+            arr = decode_frame(enc.imagecodec or "", data, th, tw, image.samples, dtype)
+        except FrameError as exc:
+            raise CorruptFileError(f"{where}: frame {k}: {exc}") from None
+        r, c = divmod(k, across)
+        y0, x0 = r * th, c * tw
+        h, w = min(th, image.height - y0), min(tw, image.width - x0)
+        out[y0:y0 + h, x0:x0 + w] = arr[:h, :w]
+    return out

@@ -4,6 +4,8 @@ None, LZW, deflate, zstd, WebP, JPEG gray / CMYK / 2-sample, predictors,
 big-endian samples, planar-separate data: decoded by tifffile's
 ``TiffPage.decode`` (the page is the format's handle in
 ``Level.encoding.page``), after the header checks of :mod:`.headers`.
+Segments of containers without a tifffile page (DICOM frames) are decoded by
+the imagecodecs decoder their ``encoding.imagecodec`` names (:mod:`.frames`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import numpy as np
 
 from ..errors import TileDecodeError
 from ..model import Level
+from .frames import FrameError, decode_frame
 from .headers import check_header
 from .pool import ThreadState
-from .tilebytes import read_tile_bytes
+from .tilebytes import jpeg_stream, read_tile_bytes
 
 __all__ = ["decode_array"]
 
@@ -42,6 +45,9 @@ def decode_array(level: Level, col: int, row: int, state: ThreadState) -> np.nda
         if data is None:
             return None
         check_header(level, data, col, row)
+        if level.encoding.page is None:
+            parts.append(_decode_frame(level, data, col, row))
+            continue
         try:
             page = level.encoding.page
             arr, _idx, _shape = page.decode(data, seg, jpegtables=page.jpegtables)
@@ -69,3 +75,14 @@ def decode_array(level: Level, col: int, row: int, state: ThreadState) -> np.nda
     return arr
 
 
+def _decode_frame(level: Level, data: bytes, col: int, row: int) -> np.ndarray:
+    """One segment of an encoding without a tifffile page (``encoding.imagecodec``,
+    see :mod:`.frames`): a ``(tile_height, tile_width, samples)`` array."""
+    enc = level.encoding
+    if enc.stream == "jpeg" and enc.jpeg_prefix:
+        data = jpeg_stream(level, data, col, row)
+    try:
+        return decode_frame(enc.imagecodec or "", data, level.tile_height, level.tile_width,
+                            level.samples, level.dtype)
+    except FrameError as exc:
+        raise TileDecodeError(level.path, level.index, col, row, str(exc)) from None

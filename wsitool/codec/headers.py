@@ -1,6 +1,6 @@
 """Header checks before any decode: a code stream must declare the size of its tile grid cell (floor 3).
 
-A JPEG SOF, JPEG 2000 SIZ or WebP header declaring another size (a
+A JPEG SOF, JPEG-LS SOF55, JPEG 2000 SIZ or WebP header declaring another size (a
 decompression bomb such as an 8000 x 8000 SOF inside a 256 x 256 tile), an
 unreadable header, a JPEG 2000 main header that OpenJPEG crashes on, or LZW
 data that imagecodecs crashes on (:mod:`wsitool.bitstream`) raises
@@ -9,7 +9,7 @@ data that imagecodecs crashes on (:mod:`wsitool.bitstream`) raises
 
 from __future__ import annotations
 
-from ..bitstream import j2k_header_problem, jpeg_frame_size, lzw_problem, webp_frame_size
+from ..bitstream import j2k_header_problem, jpeg_frame_size, jpegls_frame_size, lzw_problem, webp_frame_size
 from ..errors import TileDecodeError
 from ..model import Level
 from .failures import grid_reason, unreadable_header_reason
@@ -30,15 +30,16 @@ def check_cell(level: Level, col: int, row: int, width: int, height: int) -> Non
 
 
 def check_header(level: Level, data: bytes, col: int, row: int) -> None:
-    """Check a JPEG / JPEG 2000 / WebP tile header against the grid before a tifffile decode.
+    """Check a JPEG / JPEG-LS / JPEG 2000 / WebP tile header against the grid before a tifffile decode.
 
     Raises :class:`TileDecodeError` when the header is unreadable or declares a
     size other than the tile cell (or its part inside the image), so a
     decompression bomb is refused before the decoder allocates its output.
     """
     kind = level.encoding.stream
-    if kind in ("jpeg", "webp"):
-        size = jpeg_frame_size(data) if kind == "jpeg" else webp_frame_size(data)
+    if kind in ("jpeg", "webp", "jpegls"):
+        size = (jpeg_frame_size(data) if kind == "jpeg" else webp_frame_size(data) if kind == "webp"
+                else jpegls_frame_size(data))
         if size is None:
             raise TileDecodeError(level.path, level.index, col, row,
                                   f"{kind.upper()} stream without a readable frame header")

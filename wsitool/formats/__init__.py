@@ -3,8 +3,11 @@
 A format is a sub-package with ``sniff(head: bytes) -> bool`` (its magic in the
 first 132 bytes of the file) and ``open_pyramid(path, source) -> Pyramid``; it
 describes levels, tiles and how each tile is encoded, and decodes nothing.  A
-new container is a new sub-package listed in :data:`FORMATS`; nothing above
-this layer changes.
+format whose slides can be folders (a DICOM series) also has
+``open_folder(path) -> Pyramid | None`` (None: nothing of that format there);
+its pyramid's levels then carry byte sources of their own, which its
+``release`` closes.  A new container is a new sub-package listed in
+:data:`FORMATS`; nothing above this layer changes.
 """
 
 from __future__ import annotations
@@ -12,12 +15,12 @@ from __future__ import annotations
 from ..errors import UnsupportedFormatError
 from ..model import Pyramid
 from ..storage import ByteSource
-from . import tiff
+from . import dicom, tiff
 
-__all__ = ["FORMATS", "open_pyramid"]
+__all__ = ["FORMATS", "open_pyramid", "open_folder"]
 
 #: The formats tried, in order.
-FORMATS = (tiff,)
+FORMATS = (tiff, dicom)
 
 #: Bytes read to recognise a format (a DICOM file's "DICM" sits at 128..132, PS3.10 7.1).
 HEAD_BYTES = 132
@@ -31,9 +34,26 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
         CorruptFileError: the recognised format finds the file broken.
     """
     head = source.read(0, HEAD_BYTES)
-    if len(head) >= HEAD_BYTES and head[128:132] == b"DICM":
-        raise UnsupportedFormatError(f"{path}: DICOM files are not supported yet (unsupported format)")
     for fmt in FORMATS:
         if fmt.sniff(head):
             return fmt.open_pyramid(path, source)
     raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
+
+
+def open_folder(path: str) -> Pyramid:
+    """The pyramid of the folder ``path``, by the first format that finds its slide there.
+
+    Raises:
+        UnsupportedFormatError: no format reads folders holding what this one holds.
+        CorruptFileError: the recognised format finds the slide broken.
+    """
+    for fmt in FORMATS:
+        opener = getattr(fmt, "open_folder", None)
+        if opener is not None:
+            pyramid = opener(path)
+            if pyramid is not None:
+                return pyramid
+    raise UnsupportedFormatError(
+        f"{path}: is a directory without a slide wsitool reads (a folder must hold one DICOM "
+        "whole-slide image series)"
+    )

@@ -1,0 +1,254 @@
+"""DICOM whole-slide images: single instances, multi-file series, series folders (floor 3).
+
+pydicom reads the headers (:mod:`.instance`, ``stop_before_pixels``) and its
+encapsulation helpers locate the frames (:mod:`.frames`); nothing decodes here.
+The pieces, one concept each:
+
+* :mod:`.series`: which files form the series (a file opens its series from
+  the instances beside it; a folder opens the one series it holds);
+* :mod:`.instance`: one file's header; :mod:`.frames`: its frames' byte ranges;
+* :mod:`.tiling`: frames to a tile grid (TILED_FULL / TILED_SPARSE,
+  concatenations, first optical path and focal plane);
+* :mod:`.encoding`: transfer syntax to :class:`~wsitool.model.TileEncoding`;
+* :mod:`.properties`: ``openslide.*`` / ``dicom.*`` keys and PHI marking
+  (:data:`PHI_KEYWORDS`, :func:`is_phi`).
+
+Levels are the VOLUME instances (PS3.3 C.8.12.4.1.1; an instance without Image
+Type counts as VOLUME) of one pyramid: the opened file's Study and Pyramid UID
+(or those of the largest VOLUME; Frame of Reference UIDs are not compared, as
+some converters give each level its own), the first optical path, sorted by
+size, largest first; one instance per size.  LABEL, OVERVIEW and THUMBNAIL
+instances become the associated images ``label``, ``macro`` and ``thumbnail``
+(OpenSlide's names).  Each instance is its own file with its own
+:class:`~wsitool.storage.LocalFile` (a concatenation: one
+:class:`~wsitool.storage.span.Span` of its parts); :attr:`Pyramid.release`
+closes every source this package opened.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+
+from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...model import AssociatedImage, Level, Pyramid, TileIndex
+from ...storage import ByteSource, LocalFile
+from ...storage.span import Span
+from .encoding import frame_encoding, is_encapsulated
+from .frames import frame_table
+from .instance import Instance, is_dicom
+from .properties import PHI_KEYWORDS, build_properties, is_phi
+from .series import dicom_files, series_of_file, series_of_folder
+from .tiling import Image, merge_parts, tile_grid
+
+__all__ = ["sniff", "open_pyramid", "open_folder", "PHI_KEYWORDS", "is_phi"]
+
+#: Image Type value 3 -> associated image name (OpenSlide's).
+ASSOCIATED = {"LABEL": "label", "OVERVIEW": "macro", "THUMBNAIL": "thumbnail"}
+
+
+def sniff(head: bytes) -> bool:
+    """True when ``head`` (the first 132 bytes) is a DICOM file: "DICM" at byte 128 (PS3.10 7.1)."""
+    return is_dicom(head)
+
+
+def open_pyramid(path: str, source: ByteSource) -> Pyramid:
+    """Describe the DICOM WSI series that the file ``path`` (read by ``source``) belongs to.
+
+    ``source`` serves ``path``'s own instance and stays the caller's; the other
+    instances of the series (found beside it) get sources of their own, closed
+    by the pyramid's ``release``.
+
+    Raises:
+        UnsupportedFormatError: not a whole-slide image, no VOLUME instance, a
+            transfer syntax or pixel layout wsitool does not read.
+        CorruptFileError: unreadable header, truncated Pixel Data, offset tables
+            or Total Pixel Matrix inconsistent with the frames.
+    """
+    instances, problems = series_of_file(path)
+    return _assemble(path, instances, problems, (path, source))
+
+
+def open_folder(path: str) -> Pyramid | None:
+    """Describe the one DICOM WSI series in the folder ``path``; None when it holds no DICOM file.
+
+    Raises:
+        UnsupportedFormatError: several series in the folder (named), or no
+            whole-slide image among its DICOM files.
+        CorruptFileError: as :func:`open_pyramid`.
+    """
+    files = dicom_files(path)
+    if not files:
+        return None
+    instances, problems = series_of_folder(path, files)
+    return _assemble(path, instances, problems, None)
+
+
+class _Sources:
+    """The byte sources of one pyramid: the caller's for its own file, new ones for the others."""
+
+    def __init__(self, given: tuple[str, ByteSource] | None):
+        self.given = given
+        self.opened: list[ByteSource] = []
+
+    def of(self, paths: list[str]) -> ByteSource:
+        parts = [self._one(p) for p in paths]
+        if len(parts) == 1:
+            return parts[0]
+        span = Span(parts, path=paths[0])
+        self.opened.append(span)
+        return span
+
+    def _one(self, path: str) -> ByteSource:
+        if self.given is not None:
+            gpath, gsource = self.given
+            if os.path.abspath(path) == os.path.abspath(gpath):
+                return gsource
+        src = LocalFile(path)
+        self.opened.append(src)
+        return src
+
+    def close(self) -> None:
+        for src in self.opened:
+            if isinstance(src, Span):  # its parts are closed one by one below
+                continue
+            src.close()
+        self.opened = []
+
+
+def _assemble(path: str, instances: list[Instance], problems: list[str],
+              given: tuple[str, ByteSource] | None) -> Pyramid:
+    sources = _Sources(given)
+    try:
+        with warnings.catch_warnings():  # pydicom's value-length warnings on lazy conversion
+            warnings.simplefilter("ignore")
+            return _describe(path, instances, problems, sources)
+    except WsiError:
+        sources.close()
+        raise
+    except OSError:
+        sources.close()
+        raise
+    except Exception as exc:  # a malformed attribute value pydicom converts late
+        sources.close()
+        raise CorruptFileError(f"{path}: malformed DICOM attributes: {type(exc).__name__}: {exc}") from None
+    except BaseException:
+        sources.close()
+        raise
+
+
+def _images(instances: list[Instance]) -> list[Image]:
+    """Each instance as an :class:`Image`, the parts of a concatenation as one."""
+    groups: dict[str, list[Instance]] = {}
+    order: list[str] = []
+    for inst in instances:
+        key = inst.concatenation or f"instance:{inst.path}"
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(inst)
+    images = []
+    for key in order:
+        parts = groups[key]
+        tables = [frame_table(p, is_encapsulated(p.transfer_syntax, p.path)) for p in parts]
+        images.append(merge_parts(parts, tables))
+    return images
+
+
+def _path_ids(inst: Instance) -> list[str]:
+    return [str(item.get("OpticalPathIdentifier", "")) for item in (inst.ds.get("OpticalPathSequence") or [])]
+
+
+def _pick_volumes(path: str, instances: list[Instance], given) -> list[Instance]:
+    volumes = [i for i in instances if i.flavor == "VOLUME"]
+    if not volumes:
+        kinds = sorted({i.flavor for i in instances})
+        raise UnsupportedFormatError(f"{path}: the DICOM series has no VOLUME instance "
+                                     f"(only {', '.join(kinds)})")
+    own = next((i for i in volumes if given is not None and i.path == given[0]), None)
+    anchor = own or max(volumes, key=lambda i: i.width * i.height)
+    # Frame of Reference UIDs are not compared: Google's wsi2dcm gives every
+    # level its own (the shared CMU-1 series), and OpenSlide accepts that too.
+    key = (anchor.study, anchor.pyramid)
+    chosen = [i for i in volumes if (i.study, i.pyramid) == key]
+    paths = _path_ids(anchor)
+    if paths:
+        first = paths[0]
+        chosen = [i for i in chosen if not _path_ids(i) or first in _path_ids(i)]
+    return chosen
+
+
+def _first_frame(source: ByteSource, image: Image, offsets: np.ndarray, counts: np.ndarray) -> bytes | None:
+    present = np.flatnonzero(counts)
+    if len(present) == 0:
+        return None
+    k = int(present[0])
+    return source.read(int(offsets[k]), min(int(counts[k]), 65536))
+
+
+def _describe(path: str, instances: list[Instance], problems: list[str], sources: _Sources) -> Pyramid:
+    volumes = _pick_volumes(path, instances, sources.given)
+    images = sorted(_images(volumes), key=lambda im: -(im.head.width * im.head.height))
+    kept: list[Image] = []
+    for image in images:
+        if kept and (image.head.width, image.head.height) == (kept[-1].head.width, kept[-1].head.height):
+            problems.append(f"passed over {image.head.path}: a second VOLUME instance of "
+                            f"{image.head.width}x{image.head.height}")
+            continue
+        kept.append(image)
+    w0, h0 = kept[0].head.width, kept[0].head.height
+    levels = []
+    notes = {}
+    for index, image in enumerate(kept):
+        head = image.head
+        offsets, counts, grid = tile_grid(image)
+        source = sources.of([p.path for p in image.parts])
+        encoding, dtype = frame_encoding(head, _first_frame(source, image, offsets, counts))
+        levels.append(Level(
+            index=index, width=head.width, height=head.height,
+            downsample=(w0 / head.width + h0 / head.height) / 2.0,
+            tile_width=head.frame_width, tile_height=head.frame_height, tiled=True,
+            samples=head.samples, dtype=dtype, encoding=encoding,
+            tiles=TileIndex(offsets, counts), source=source, path=head.path))
+        if index == 0:
+            notes = {
+                "wsitool.dicom.organization": grid.organization,
+                "wsitool.dicom.optical-path": f"{grid.optical_path} (first of {grid.optical_paths})",
+                "wsitool.dicom.focal-plane": f"{grid.focal_plane} (first of {grid.focal_planes})",
+                "wsitool.dicom.offset-table": image.table,
+                "wsitool.dicom.image-type": "VOLUME" if head.has_image_type else "(none; taken as VOLUME)",
+            }
+        if grid.missing:
+            notes[f"wsitool.dicom.level[{index}].missing-tiles"] = str(grid.missing)
+        if len(image.parts) > 1:
+            notes[f"wsitool.dicom.level[{index}].concatenation-parts"] = str(len(image.parts))
+    associated = _associated(instances, sources, problems)
+    sizes = {name: (im.width, im.height) for name, im in associated.items()}
+    properties = build_properties(tuple(levels), kept[0].head.ds, notes, sizes)
+    return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,
+                   properties=properties, problems=problems, release=sources.close)
+
+
+def _associated(instances: list[Instance], sources: _Sources, problems: list[str]) -> dict[str, AssociatedImage]:
+    out: dict[str, AssociatedImage] = {}
+    for inst in instances:
+        name = ASSOCIATED.get(inst.flavor)
+        if name is None or name in out:
+            continue
+        try:
+            (image,) = _images([inst])
+            offsets, counts, _grid = tile_grid(image)
+            source = sources.of([inst.path])
+            encoding, dtype = frame_encoding(inst, _first_frame(source, image, offsets, counts))
+        except WsiError as exc:
+            problems.append(f"associated image {name!r} passed over: {exc}")
+            continue
+        out[name] = AssociatedImage(
+            name=name, width=inst.width, height=inst.height, samples=inst.samples,
+            itemsize=dtype.itemsize, planar=False, encoding=encoding,
+            offsets=tuple(int(v) for v in offsets), bytecounts=tuple(int(v) for v in counts),
+            max_segment=(inst.frame_width, inst.frame_height), source=source,
+            tile_size=(inst.frame_width, inst.frame_height))
+    return out

@@ -1,0 +1,190 @@
+"""One DICOM instance (one file): its header read by pydicom up to the Pixel Data element (floor 3).
+
+pydicom parses the data set with ``stop_before_pixels`` (PS3.10 7: preamble,
+"DICM", File Meta Information, then the data set); the file is left at the
+Pixel Data element's tag, whose position is kept so that :mod:`.frames` finds
+the frames without reading them.  Everything the pyramid needs is taken from
+the header here, inside one guard, so a malformed attribute value (pydicom
+converts values lazily) becomes :class:`~wsitool.errors.CorruptFileError`
+naming the file, never a stray exception.
+
+Facts used (PS3.3):
+
+* SOP Class UID 1.2.840.10008.5.1.4.1.1.77.1.6, VL Whole Slide Microscopy Image
+  Storage (PS3.4 B.5); anything else is not a slide.
+* Image Type (0008,0008) value 3 is the image flavour: VOLUME, LABEL, OVERVIEW
+  or THUMBNAIL (C.8.12.4.1.1); an instance without Image Type is taken as VOLUME.
+* Total Pixel Matrix Columns / Rows (0048,0006 / 0048,0007) is the image size;
+  Columns / Rows (0028,0011 / 0028,0010) the frame (tile) size (C.8.12.4).
+* Concatenation UID (0020,9161), Concatenation Frame Offset Number (0020,9228)
+  and In-concatenation Number (0020,9162) tie the parts of one image (C.7.6.16.2.2.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pydicom
+from pydicom.dataset import Dataset
+
+from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+
+__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "is_dicom"]
+
+#: VL Whole Slide Microscopy Image Storage (PS3.4 B.5).
+WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
+
+#: Bytes before and of the magic: 128-byte preamble then "DICM" (PS3.10 7.1).
+MAGIC_AT = 128
+
+
+def is_dicom(head: bytes) -> bool:
+    """True when ``head`` (the first 132 bytes of a file) has "DICM" at byte 128 (PS3.10 7.1)."""
+    return len(head) >= MAGIC_AT + 4 and head[MAGIC_AT:MAGIC_AT + 4] == b"DICM"
+
+
+@dataclasses.dataclass(eq=False)
+class Instance:
+    """The header of one WSI instance.
+
+    Attributes:
+        path: the file.
+        ds: the pydicom data set without Pixel Data (for properties and per-frame groups).
+        pixel_pos: byte offset of the Pixel Data element's tag (7FE0,0010) in the file.
+        file_size: size of the file in bytes.
+        transfer_syntax: Transfer Syntax UID of the data set.
+        implicit_vr, little_endian: the data set's encoding.
+        flavor: ``"VOLUME"``, ``"LABEL"``, ``"OVERVIEW"``, ``"THUMBNAIL"`` or another Image Type value 3.
+        has_image_type: False when Image Type is absent (flavour taken as VOLUME).
+        width, height: total pixel matrix in pixels.
+        frame_width, frame_height: Columns and Rows of one frame in pixels.
+        frames: Number of Frames.
+        samples, bits_allocated, bits_stored, signed, planar: pixel description
+            (Samples per Pixel, Bits Allocated, Bits Stored, Pixel Representation 1,
+            Planar Configuration 1).
+        photometric: Photometric Interpretation, e.g. ``"RGB"``, ``"YBR_FULL_422"``.
+        study, series, frame_of_reference, pyramid: the UIDs that group instances ("" if absent).
+        concatenation: Concatenation UID or "", concat_offset its Concatenation
+            Frame Offset Number, concat_number its In-concatenation Number.
+        organization: Dimension Organization Type (``"TILED_FULL"``, ``"TILED_SPARSE"``) or "".
+    """
+
+    path: str
+    ds: Dataset
+    pixel_pos: int
+    file_size: int
+    transfer_syntax: str
+    implicit_vr: bool
+    little_endian: bool
+    flavor: str
+    has_image_type: bool
+    width: int
+    height: int
+    frame_width: int
+    frame_height: int
+    frames: int
+    samples: int
+    bits_allocated: int
+    bits_stored: int
+    signed: bool
+    planar: bool
+    photometric: str
+    study: str
+    series: str
+    frame_of_reference: str
+    pyramid: str
+    concatenation: str
+    concat_offset: int
+    concat_number: int
+    organization: str
+
+
+def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:
+    value = ds.get(keyword)
+    if value is None or value == "":
+        if default is None:
+            raise CorruptFileError(f"attribute {keyword} is missing")
+        return default
+    return int(value)
+
+
+def read_instance(path: str) -> Instance:
+    """Read the header of the DICOM file ``path`` (pixel data not read).
+
+    Raises:
+        UnsupportedFormatError: not a DICOM file, or not a VL Whole Slide
+            Microscopy image (another SOP class), or a pixel layout wsitool does
+            not read (no Pixel Data element).
+        CorruptFileError: the header is unreadable or an attribute the pyramid
+            needs is missing or malformed (message names the file and the cause).
+    """
+    with open(path, "rb") as fp:  # FileNotFoundError, PermissionError pass through
+        fp.seek(0, 2)
+        file_size = fp.tell()
+        fp.seek(0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(fp, stop_before_pixels=True)
+                pixel_pos = fp.tell()
+                return _describe(path, ds, pixel_pos, file_size)
+        except WsiError as exc:
+            message = str(exc)
+            if not message.startswith(path):
+                message = f"{path}: {message}"
+            raise type(exc)(message) from None
+        except Exception as exc:  # pydicom's many ways (OSError included) of finding a header broken
+            raise CorruptFileError(
+                f"{path}: unreadable DICOM header: {type(exc).__name__}: {exc}"
+            ) from None
+
+
+def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instance:
+    meta = getattr(ds, "file_meta", None)
+    sop = str(ds.get("SOPClassUID", "") or (meta.get("MediaStorageSOPClassUID", "") if meta else ""))
+    if sop != WSI_SOP_CLASS:
+        name = getattr(pydicom.uid.UID(sop), "name", sop) if sop else "none"
+        raise UnsupportedFormatError(
+            f"not a DICOM whole-slide image (SOP class {sop or 'missing'}: {name}; wsitool reads "
+            f"VL Whole Slide Microscopy Image Storage {WSI_SOP_CLASS})"
+        )
+    ts = str(meta.get("TransferSyntaxUID", "")) if meta is not None else ""
+    if not ts:
+        raise CorruptFileError("no Transfer Syntax UID in the File Meta Information")
+    implicit, little = ds.original_encoding if hasattr(ds, "original_encoding") else (False, True)
+    image_type = ds.get("ImageType")
+    values = list(image_type) if image_type is not None and not isinstance(image_type, str) else (
+        [image_type] if image_type else [])
+    flavor = str(values[2]).upper() if len(values) >= 3 else "VOLUME"
+    rows, cols = _int(ds, "Rows"), _int(ds, "Columns")
+    frames = _int(ds, "NumberOfFrames", 1)
+    width = _int(ds, "TotalPixelMatrixColumns", cols if frames == 1 else None)
+    height = _int(ds, "TotalPixelMatrixRows", rows if frames == 1 else None)
+    if min(rows, cols, width, height) <= 0 or frames <= 0:
+        raise CorruptFileError(
+            f"inconsistent image size: total pixel matrix {width}x{height}, frames of "
+            f"{cols}x{rows}, {frames} frame(s)"
+        )
+    samples = _int(ds, "SamplesPerPixel", 1)
+    bits = _int(ds, "BitsAllocated")
+    if samples not in (1, 3, 4) or bits not in (1, 8, 16, 32):
+        raise UnsupportedFormatError(f"{samples} samples of {bits} bits per pixel")
+    concat = str(ds.get("ConcatenationUID", "") or "")
+    return Instance(
+        path=path, ds=ds, pixel_pos=pixel_pos, file_size=file_size, transfer_syntax=ts,
+        implicit_vr=bool(implicit), little_endian=bool(little), flavor=flavor,
+        has_image_type=bool(values), width=width, height=height, frame_width=cols,
+        frame_height=rows, frames=frames, samples=samples, bits_allocated=bits,
+        bits_stored=_int(ds, "BitsStored", bits), signed=_int(ds, "PixelRepresentation", 0) == 1,
+        planar=_int(ds, "PlanarConfiguration", 0) == 1 and samples > 1,
+        photometric=str(ds.get("PhotometricInterpretation", "") or "").upper(),
+        study=str(ds.get("StudyInstanceUID", "") or ""),
+        series=str(ds.get("SeriesInstanceUID", "") or ""),
+        frame_of_reference=str(ds.get("FrameOfReferenceUID", "") or ""),
+        pyramid=str(ds.get("PyramidUID", "") or ""),
+        concatenation=concat,
+        concat_offset=_int(ds, "ConcatenationFrameOffsetNumber", 0) if concat else 0,
+        concat_number=_int(ds, "InConcatenationNumber", 1) if concat else 1,
+        organization=str(ds.get("DimensionOrganizationType", "") or "").upper(),
+    )

@@ -1,0 +1,110 @@
+"""Finding the instances of a DICOM WSI series: from one of its files, or from a folder (floor 3).
+
+A DICOM WSI is a series of instances, one file each (PS3.3 C.8.12.4; levels,
+label, overview and thumbnail are separate instances of one Series Instance
+UID).  Opening one file opens its series: the DICOM files beside it (same
+folder, "DICM" at byte 128) whose Series Instance UID is the file's.  Opening
+a folder opens the one series it holds; a folder holding several series is
+an error naming them.  Files beside that are not DICOM, not whole-slide images,
+or of other series are passed over; a sibling of the series whose header is
+unreadable is passed over and reported (``problems``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from .instance import MAGIC_AT, Instance, is_dicom, read_instance
+
+__all__ = ["dicom_files", "series_of_file", "series_of_folder"]
+
+
+def dicom_files(folder: str) -> list[str]:
+    """The regular files directly in ``folder`` that start like DICOM files (PS3.10 7.1), sorted."""
+    out = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, "rb") as fp:
+                head = fp.read(MAGIC_AT + 4)
+        except OSError:
+            continue
+        if is_dicom(head):
+            out.append(path)
+    return out
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def series_of_file(path: str) -> tuple[list[Instance], list[str]]:
+    """The instances of the series ``path`` belongs to (``path``'s own first), and problems.
+
+    Raises:
+        UnsupportedFormatError, CorruptFileError: as :func:`read_instance` for ``path`` itself.
+    """
+    own = read_instance(path)
+    instances = [own]
+    problems: list[str] = []
+    folder = os.path.dirname(os.path.abspath(path))
+    for other in dicom_files(folder):
+        if _same(other, path):
+            continue
+        try:
+            inst = read_instance(other)
+        except UnsupportedFormatError:
+            continue
+        except (CorruptFileError, OSError) as exc:
+            problems.append(f"passed over {other}: {exc}")
+            continue
+        if inst.series == own.series:
+            instances.append(inst)
+    return instances, problems
+
+
+def series_of_folder(folder: str, files: list[str]) -> tuple[list[Instance], list[str]]:
+    """The instances of the one WSI series among ``files`` (the DICOM files of ``folder``), and problems.
+
+    Raises:
+        UnsupportedFormatError: no whole-slide image among them, or several
+            series (the message names each with one of its files).
+        CorruptFileError: the only WSI candidates are unreadable (the first one's error).
+    """
+    by_series: dict[str, list[Instance]] = {}
+    problems: list[str] = []
+    first_error: WsiError | None = None
+    for path in files:
+        try:
+            inst = read_instance(path)
+        except UnsupportedFormatError as exc:
+            first_error = first_error or exc
+            continue
+        except CorruptFileError as exc:
+            problems.append(f"passed over {path}: {exc}")
+            first_error = exc if not isinstance(first_error, CorruptFileError) else first_error
+            continue
+        by_series.setdefault(inst.series, []).append(inst)
+    if not by_series:
+        if first_error is not None:
+            raise type(first_error)(f"{folder}: no readable DICOM whole-slide image in the folder "
+                                    f"({first_error})")
+        raise UnsupportedFormatError(f"{folder}: no DICOM whole-slide image in the folder")
+    if len(by_series) > 1:
+        named = "; ".join(f"{uid or '(no SeriesInstanceUID)'} ({os.path.basename(found[0].path)}, "
+                          f"{len(found)} file(s))" for uid, found in by_series.items())
+        raise UnsupportedFormatError(
+            f"{folder}: the folder holds {len(by_series)} DICOM series ({named}); "
+            "open one of their files instead"
+        )
+    return next(iter(by_series.values())), problems
