@@ -213,6 +213,9 @@ class Pyramid:
         properties: metadata (OpenSlide's key names, see :attr:`wsitool.Slide.properties`).
         problems: what the parser reported while reading the structure.
         release: releases the format's own resources (e.g. a tifffile handle).
+        identifying: names of the properties that identify a patient, person,
+            institution or specimen (DICOM PS3.15 E.1-1); ``wsitool info``
+            hides them unless asked (``--show-phi``).
     """
 
     vendor: str
@@ -221,3 +224,4 @@ class Pyramid:
     properties: dict[str, str]
     problems: list[str] = dataclasses.field(default_factory=list)
     release: Callable[[], None] | None = None
+    identifying: frozenset[str] = frozenset()

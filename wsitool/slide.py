@@ -159,6 +159,13 @@ class Slide:
         return self._properties
 
     @property
+    def identifying_properties(self) -> frozenset[str]:
+        """Names of :attr:`properties` that identify a patient, person, institution or
+        specimen (DICOM's PatientID, PatientName, AccessionNumber, ...: the Basic
+        Application Level Confidentiality Profile, PS3.15 E.1-1); empty for TIFF."""
+        return self._pyramid.identifying
+
+    @property
     def mpp(self) -> tuple[float, float] | None:
         """``(mpp_x, mpp_y)`` in micrometres per level-0 pixel, or None if unknown.
 

@@ -168,3 +168,18 @@ def test_export_of_absurd_declared_size_refused_by_default(tmp_path):
     # a region of it is fine
     res = run("export-pyramid", path, tmp_path / "part.tif", "--region", 0, 0, 512, 512, "--quiet")
     assert res.exit_code == 0, res.output
+
+
+def test_info_hides_identifying_dicom_properties_unless_show_phi():
+    """PatientID and the like (DICOM PS3.15 E.1-1) are not printed by ``info`` unless asked."""
+    path = shared_sample("dicom-pathml-no-imagetype.dcm")
+    with wsitool.open_slide(path) as s:
+        secret = s.properties["dicom.PatientID"]
+        assert "dicom.PatientID" in s.identifying_properties
+    for args in (["info", str(path)], ["info", "--json", str(path)]):
+        res = run(*args)
+        assert res.exit_code == 0, res.output
+        assert secret not in res.output and "PatientID" not in res.output
+    assert "hidden: --show-phi" in run("info", str(path)).output
+    shown = run("info", "--json", "--show-phi", str(path))
+    assert shown.exit_code == 0 and json.loads(shown.output)["properties"]["dicom.PatientID"] == secret

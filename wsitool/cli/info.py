@@ -24,11 +24,15 @@ from .group import app
 @app.command()
 @handle_errors
 def info(
-    slide: Path = typer.Argument(..., help="Slide file (SVS, TIFF, OME-TIFF)."),
+    slide: Path = typer.Argument(..., help="Slide file (SVS, TIFF, OME-TIFF, DICOM), or a folder holding one DICOM series."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    show_phi: bool = typer.Option(False, "--show-phi", help="Also print the properties that identify a patient, institution or specimen (DICOM PatientID, ...); hidden by default."),
     backends: bool = typer.Option(False, "--backends", help="Also show the decode backends table (what decodes which compression, and why a backend is unavailable)."),
 ) -> None:
     """Show levels, tile sizes, compression, MPP, vendor and associated images.
+
+    Identifying properties (patient, institution, specimen: DICOM PS3.15 E.1-1)
+    are left out of the output unless --show-phi is given.
 
     Fits an 80-column terminal; output to a pipe or file is laid out for
     $COLUMNS columns, or 80.
@@ -72,8 +76,12 @@ def info(
             "associated_images": assoc,
             "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
             "backends": backend_report(),
-            "properties": dict(s.properties),
+            "properties": {k: v for k, v in s.properties.items()
+                           if show_phi or k not in s.identifying_properties},
         }
+        hidden = 0 if show_phi else len(s.identifying_properties)
+        picks = {k.rsplit(".", 1)[1]: v for k, v in s.properties.items()
+                 if k.startswith("wsitool.dicom.") and k.rsplit(".", 1)[1] in ("optical-path", "focal-plane")}
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
@@ -85,6 +93,12 @@ def info(
         _info_console().print(f"{'[yellow]' if data['painted_tiles'] else ''}painted tiles: {data['painted_tiles']} "
                       "undecodable source tile(s) painted with the background by export --on-error fill",
                       highlight=False)
+    if picks:
+        _info_console().print("DICOM: read " + ", ".join(f"{k.replace('-', ' ')} {v}" for k, v in picks.items()),
+                              highlight=False)
+    if hidden:
+        _info_console().print(f"{hidden} identifying propert{'y' if hidden == 1 else 'ies'} (patient, "
+                              "institution, specimen) hidden: --show-phi shows them", highlight=False)
     _print_info_tables(slide, levels, assoc, data["backends"], backends)
 
 

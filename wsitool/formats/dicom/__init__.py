@@ -228,7 +228,8 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
     sizes = {name: (im.width, im.height) for name, im in associated.items()}
     properties = build_properties(tuple(levels), kept[0].head.ds, notes, sizes)
     return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,
-                   properties=properties, problems=problems, release=sources.close)
+                   properties=properties, problems=problems, release=sources.close,
+                   identifying=frozenset(k for k in properties if is_phi(k)))
 
 
 def _associated(instances: list[Instance], sources: _Sources, problems: list[str]) -> dict[str, AssociatedImage]:
