@@ -21,7 +21,7 @@ import numpy as np
 
 from .storage import ByteSource
 
-__all__ = ["TileEncoding", "TileIndex", "Level", "AssociatedImage", "Pyramid"]
+__all__ = ["TileEncoding", "TileIndex", "Level", "AssociatedImage", "Pyramid", "level_properties"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -225,3 +225,18 @@ class Pyramid:
     problems: list[str] = dataclasses.field(default_factory=list)
     release: Callable[[], None] | None = None
     identifying: frozenset[str] = frozenset()
+
+
+def level_properties(levels) -> dict[str, str]:
+    """The format-neutral properties of a pyramid's levels, with OpenSlide's key names:
+    ``openslide.level-count`` and ``openslide.level[N].width|height|downsample|tile-width|
+    tile-height`` (pixels of level N; the downsample relative to level 0)."""
+    props = {"openslide.level-count": str(len(levels))}
+    for lv in levels:
+        key = f"openslide.level[{lv.index}]"
+        props[f"{key}.width"] = str(lv.width)
+        props[f"{key}.height"] = str(lv.height)
+        props[f"{key}.downsample"] = repr(lv.downsample)
+        props[f"{key}.tile-width"] = str(lv.tile_width)
+        props[f"{key}.tile-height"] = str(lv.tile_height)
+    return props

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pydicom.dataset import Dataset
 
-from ...model import Level
+from ...model import Level, level_properties
 
 __all__ = ["PHI_KEYWORDS", "is_phi", "build_properties", "mpp_of", "objective_of"]
 
@@ -143,14 +143,7 @@ def build_properties(levels: tuple[Level, ...], ds: Dataset, extra: dict[str, st
     except Exception:  # a malformed optional attribute loses the dicom.* keys, not the slide
         pass
     props["openslide.vendor"] = "dicom"
-    props["openslide.level-count"] = str(len(levels))
-    for lv in levels:
-        key = f"openslide.level[{lv.index}]"
-        props[f"{key}.width"] = str(lv.width)
-        props[f"{key}.height"] = str(lv.height)
-        props[f"{key}.downsample"] = repr(lv.downsample)
-        props[f"{key}.tile-width"] = str(lv.tile_width)
-        props[f"{key}.tile-height"] = str(lv.tile_height)
+    props.update(level_properties(levels))
     mpp_x, mpp_y = mpp_of(ds)
     if mpp_x is not None:
         props["openslide.mpp-x"] = repr(mpp_x)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...model import level_properties
+
 __all__ = ["build_properties", "positive_float", "num_str", "resolution_mpp"]
 
 _TAG_PROPERTIES = ("ImageDescription", "Make", "Model", "Software", "DateTime", "Artist",
@@ -50,14 +52,7 @@ def build_properties(vendor: str, base, levels, vendor_props: dict[str, str],
         props["openslide.mpp-y"] = repr(float(mpp_y))
     if objective is not None:
         props["openslide.objective-power"] = num_str(objective)
-    props["openslide.level-count"] = str(len(levels))
-    for lv in levels:
-        p = f"openslide.level[{lv.index}]"
-        props[f"{p}.width"] = str(lv.width)
-        props[f"{p}.height"] = str(lv.height)
-        props[f"{p}.downsample"] = repr(lv.downsample)
-        props[f"{p}.tile-width"] = str(lv.tile_width)
-        props[f"{p}.tile-height"] = str(lv.tile_height)
+    props.update(level_properties(levels))
     return props
 
 
