@@ -30,6 +30,7 @@ from rich.table import Table
 
 from . import errors
 from .export import check_image_extension, write_image
+from .read.icc import profile_description
 
 app = typer.Typer(
     add_completion=False,
@@ -115,6 +116,11 @@ def max_pixels_scope(max_pixels: Optional[int]):
 # ---------------------------------------------------------------------- info
 
 
+def _icc_summary(profile: bytes | None) -> dict | None:
+    """``{"bytes": n, "description": str | None}`` of an embedded ICC profile, or None."""
+    return None if profile is None else {"bytes": len(profile), "description": profile_description(profile)}
+
+
 @app.command()
 @handle_errors
 def info(
@@ -160,6 +166,7 @@ def info(
             "objective_power": s.objective_power,
             "levels": levels,
             "associated_images": assoc,
+            "icc_profile": _icc_summary(s.color_profile),
             "backends": backend_report(),
             "properties": dict(s.properties),
         }
@@ -169,6 +176,9 @@ def info(
     mpp = f"{data['mpp_x']:.4g} x {data['mpp_y']:.4g} µm/px" if data["mpp_x"] else "unknown"
     obj = f"{data['objective_power']:g}x" if data["objective_power"] else "unknown"
     console.print(f"[bold]{slide}[/]  vendor [cyan]{data['vendor']}[/]  MPP {mpp}  objective {obj}")
+    icc = data["icc_profile"]
+    console.print(f"ICC profile: {icc['description'] or '(no description)'} ({icc['bytes']} bytes)"
+                  if icc else "ICC profile: none")
     table = Table(title="Levels")
     for col in ("level", "dimensions", "downsample", "tile", "compression", "photometric",
                 "samples", "decoder"):
@@ -604,6 +614,49 @@ def stress_cmd(
         console.print(f"wrote plot {plot}", highlight=False)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+# ---------------------------------------------------------------------- serve
+
+
+@app.command("serve")
+@handle_errors
+def serve_cmd(
+    sources: List[Path] = typer.Argument(..., help="Slide files and folders of slides."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: loopback only)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Decode threads (default: CPU count)."),
+    cache_mb: int = typer.Option(256, "--cache-mb", min=0, help="Decoded-tile cache budget in MiB (0: off)."),
+    viewer_js: Optional[str] = typer.Option(None, "--viewer-js",
+                                            help="OpenSeadragon script: a URL, or a local file the server serves "
+                                                 "(default: the pinned jsDelivr release)."),
+    tile_size: int = typer.Option(512, "--tile-size", min=16, help="IIIF tile size advertised in info.json."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
+    debug: bool = typer.Option(False, "--debug", help="Log every request (debug level)."),
+) -> None:
+    """Serve slides over IIIF Image API 3.0 (level 2) and Deep Zoom, with a viewer page at /.
+
+    Routes: /iiif/3/{id}/info.json, /iiif/3/{id}/{region}/{size}/{rotation}/{quality}.{format},
+    /dz/{id}.dzi, /dz/{id}_files/{level}/{col}_{row}.jpeg, /view/{id}, /status.  Stops
+    cleanly on SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129).  Needs the 'serve' extra.
+    """
+    try:
+        from .serve.config import DEFAULT_VIEWER_JS, ServeConfig
+        from .serve.runner import serve
+    except ImportError as exc:  # pragma: no cover - the web stack is an optional extra
+        raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
+    options = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size)
+    if threads is not None:
+        options["threads"] = threads
+    config = ServeConfig(**options)
+    code = serve(sources, config, host=host, port=port, quiet=quiet, debug=debug)
+    if code:
+        raise typer.Exit(code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

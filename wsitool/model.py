@@ -163,6 +163,8 @@ class AssociatedImage:
         encoding: how its strips or tiles are encoded.
         offsets, bytecounts: its segments in the source (checked before decoding).
         max_segment: ``(width, height)`` a segment's code stream may declare at most.
+        color_profile: the image's own embedded ICC profile (raw bytes, e.g.
+            TIFF tag 34675 ICCProfile of its IFD), or None.
     """
 
     name: str
@@ -175,6 +177,7 @@ class AssociatedImage:
     offsets: tuple[int, ...]
     bytecounts: tuple[int, ...]
     max_segment: tuple[int, int]
+    color_profile: bytes | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -188,6 +191,8 @@ class Pyramid:
         properties: metadata (OpenSlide's key names, see :attr:`wsitool.Slide.properties`).
         problems: what the parser reported while reading the structure.
         release: releases the format's own resources (e.g. a tifffile handle).
+        color_profile: the pyramid's embedded ICC profile (raw bytes; TIFF: tag
+            34675 ICCProfile of level 0's IFD, as OpenSlide reads it), or None.
     """
 
     vendor: str
@@ -196,3 +201,4 @@ class Pyramid:
     properties: dict[str, str]
     problems: list[str] = dataclasses.field(default_factory=list)
     release: Callable[[], None] | None = None
+    color_profile: bytes | None = None
