@@ -5,7 +5,7 @@ Usage::
 
     python scripts/bench_read_region.py SLIDE [--size 256,1024,4096] [--threads 1,2]
         [--regions N] [--budget-mp 8] [--rounds 5] [--reps 1] [--level 0] [--seed 0]
-        [--tools wsitool,openslide,tiffslide,floor] [--json out.json] [--markdown]
+        [--tools wsitool,openslide,compat,tiffslide,floor] [--json out.json] [--markdown]
     python scripts/bench_read_region.py --render out.json [--markdown]   # re-print a saved run
 
 Make a slide first with ``scripts/make_bench_slide.py`` (real tissue tiles).
@@ -40,6 +40,9 @@ What one run does:
     (the numpy conversion is NOT timed, in OpenSlide's favour); its tile cache is
     set to 0 bytes, since the passes repeat the same regions.  2 threads: a pool
     of 2 threads over regions sharing one ``OpenSlide`` object.
+  - ``compat``: ``wsitool.openslide.OpenSlide.read_region`` -> PIL RGBA image (the
+    openslide-python drop-in over wsitool; no tile cache).  2 threads: a pool of 2
+    threads over regions sharing one object.
   - tiffslide: ``read_region(..., as_array=True)`` -> RGB numpy.  2 threads: a pool
     of 2 threads over regions sharing one ``TiffSlide``.
   - ``floor``: the decode floor.  The whole tiles each region touches (counted once
@@ -72,7 +75,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS = ("wsitool", "openslide", "tiffslide", "floor")
+TOOLS = ("wsitool", "openslide", "compat", "tiffslide", "floor")
 
 
 # ----------------------------------------------------------------------------- memory
@@ -225,6 +228,19 @@ def worker(spec: dict) -> list[dict]:
             # would otherwise come from OpenSlide's 32 MiB cache (the other tools
             # have no cache, and random regions of a real workload rarely repeat).
             slide.set_cache(openslide.OpenSlideCache(0))
+        for size_s, regions in spec["regions"].items():
+            size = int(size_s)
+            cks = _checksum(slide.read_region(regions[0], level, (size, size)))
+            for threads in spec["threads"]:
+                def read_one(loc, size=size):
+                    return slide.read_region(loc, level, (size, size))
+                t, idle, peak = _timed_passes(read_one, regions, reps, threads, spec["warm"])
+                record(size, threads, "rgba PIL" + (f" pool{threads}" if threads > 1 else ""),
+                       regions, t, idle, peak, size * size * 4, cks)
+    elif tool == "compat":  # wsitool.openslide, the openslide-python drop-in: PIL RGBA
+        import wsitool.openslide as compat
+
+        slide = compat.OpenSlide(path)  # no tile cache unless set_cache is called
         for size_s, regions in spec["regions"].items():
             size = int(size_s)
             cks = _checksum(slide.read_region(regions[0], level, (size, size)))

@@ -186,6 +186,8 @@ class AssociatedImage:
         tile_size: ``(width, height)`` of the tiles when the segments are the
             tiles of a grid in row-major order that the codec layer assembles
             (encodings without a ``page``), else None.
+        color_profile: the image's own embedded ICC profile (raw bytes, e.g.
+            TIFF tag 34675 ICCProfile of its IFD), or None.
     """
 
     name: str
@@ -200,6 +202,7 @@ class AssociatedImage:
     max_segment: tuple[int, int]
     source: ByteSource | None = None
     tile_size: tuple[int, int] | None = None
+    color_profile: bytes | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -216,6 +219,8 @@ class Pyramid:
         identifying: names of the properties that identify a patient, person,
             institution or specimen (DICOM PS3.15 E.1-1); ``wsitool info``
             hides them unless asked (``--show-phi``).
+        color_profile: the pyramid's embedded ICC profile (raw bytes; TIFF: tag
+            34675 ICCProfile of level 0's IFD, as OpenSlide reads it), or None.
     """
 
     vendor: str
@@ -224,6 +229,7 @@ class Pyramid:
     properties: dict[str, str]
     problems: list[str] = dataclasses.field(default_factory=list)
     release: Callable[[], None] | None = None
+    color_profile: bytes | None = None
     identifying: frozenset[str] = frozenset()
 
 

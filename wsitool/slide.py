@@ -26,9 +26,11 @@ import numpy as np
 
 from .codec.associated import decode_associated
 from .codec.library import nv
-from .errors import SlideWarning, WsiError
+from .errors import InvalidRegionError, SlideWarning, WsiError
 from .formats import open_folder, open_pyramid
 from .model import AssociatedImage, Level
+from .read.cache import TileCache
+from .read.icc import COLOR_MODES, IccTransform
 from .read.lazy import level_array
 from .read.region import read_region
 from .storage import LocalFile
@@ -90,11 +92,17 @@ class Slide:
         CorruptFileError: the container's structure is broken.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, cache: TileCache | int | None = None):
         self.path = os.fspath(path)
         self.problems: list[str] = []
         self._pyramid = None
         self._closed = False
+        self._tile_cache = None
+        if isinstance(cache, int) and not isinstance(cache, bool):
+            cache = TileCache(cache)  # a private cache of that many bytes
+        if cache is not None and not isinstance(cache, TileCache):
+            raise TypeError(f"cache must be a wsitool.read.cache.TileCache, a byte budget or None, "
+                            f"got {type(cache).__name__}")
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()
         # The decoders' library is loaded before the slide's own files are
@@ -114,10 +122,13 @@ class Slide:
                 self._source.close()
                 raise
         self._pyramid = pyramid
+        if cache is not None:
+            self._tile_cache = cache.scope()
         self.vendor = pyramid.vendor
         self.levels: tuple[Level, ...] = pyramid.levels
         self._associated = _AssociatedImages(self, pyramid.associated)
         self._properties = types.MappingProxyType(pyramid.properties)
+        self._icc: IccTransform | None = None  # built on the first color="icc" read
         for message in pyramid.problems:
             self.problems.append(message)
             kind = "DICOM series" if self.vendor == "dicom" else "TIFF structure"
@@ -206,6 +217,21 @@ class Slide:
         :class:`WsiError` when it cannot be decoded."""
         return self._associated
 
+    @property
+    def color_profile(self) -> bytes | None:
+        """The slide's embedded ICC profile (raw bytes), or None.
+
+        TIFF: tag 34675 ICCProfile of level 0's IFD (Aperio and generic TIFF; the
+        bytes OpenSlide 4 returns).  ``read_region(..., color="icc")`` converts
+        pixels from it to sRGB.  See :meth:`associated_color_profile` for the
+        associated images' own profiles."""
+        return self._pyramid.color_profile
+
+    def associated_color_profile(self, name: str) -> bytes | None:
+        """The ICC profile embedded with associated image ``name`` (its own IFD's
+        tag 34675), or None.  Raises ``KeyError`` for an unknown name."""
+        return self._pyramid.associated[name].color_profile
+
     def get_best_level_for_downsample(self, downsample: float) -> int:
         """Index of the largest level whose downsample is <= ``downsample``.
 
@@ -223,7 +249,7 @@ class Slide:
     # ------------------------------------------------------------------ reading
 
     def read_region(self, location, level, size, *, out=None, mode="rgba", threads=None,
-                    on_error="raise", device="cpu"):
+                    on_error="raise", device="cpu", color=None):
         """Read a region; see :func:`wsitool.read.region.read_region` for the full contract.
 
         Args:
@@ -238,6 +264,10 @@ class Slide:
             threads: worker threads for this read (default: CPU count).
             on_error: ``"raise"`` or ``"fill"`` (corrupt tiles become background).
             device: ``"cpu"`` (numpy output) or ``"cuda"`` (CuPy output).
+            color: None (default: the stored pixels, untouched) or ``"icc"``:
+                convert from the slide's embedded ICC profile to sRGB with
+                LittleCMS (:mod:`wsitool.read.icc`); for ``rgb`` / ``rgba`` on
+                the CPU; a slide without a profile is returned unchanged.
 
         Returns:
             The filled array (``out`` itself when given).
@@ -249,8 +279,18 @@ class Slide:
             UnsupportedFormatError: ``rgb``/``rgba`` for samples without an RGB conversion.
             DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
         """
-        return read_region(self.levels, self.path, location, level, size, out=out, mode=mode,
-                           threads=threads, on_error=on_error, device=device)
+        if color not in COLOR_MODES:
+            raise InvalidRegionError(f"{self.path}: color must be None or 'icc', got {color!r}")
+        if color is not None and (mode == "raw" or device != "cpu"):
+            raise InvalidRegionError(f"{self.path}: color='icc' applies to mode 'rgb' / 'rgba' on the CPU")
+        region = read_region(self.levels, self.path, location, level, size, out=out, mode=mode,
+                             threads=threads, on_error=on_error, device=device,
+                             cache=self._tile_cache)
+        if color == "icc" and self.color_profile is not None:
+            if self._icc is None:
+                self._icc = IccTransform(self.color_profile, self.path)
+            self._icc.apply(region)
+        return region
 
     def to_dask(self, level=0, *, chunks="tile"):
         """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
@@ -285,6 +325,9 @@ class Slide:
         source = getattr(self, "_source", None)
         if source is not None:
             source.close()
+        scope = getattr(self, "_tile_cache", None)
+        if scope is not None:
+            scope.close()
         pyramid = getattr(self, "_pyramid", None)
         if pyramid is not None and pyramid.release is not None:
             with self._lock:
@@ -313,7 +356,7 @@ class Slide:
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
 
 
-def open_slide(path: str | os.PathLike) -> Slide:
+def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None) -> Slide:
     """Open a whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF, DICOM WSI).
 
     ``path`` is a file, or for DICOM a file of the series (the other instances
@@ -321,13 +364,18 @@ def open_slide(path: str | os.PathLike) -> Slide:
 
     Returns a :class:`Slide`, usable as a context manager.
 
+    ``cache``: a :class:`~wsitool.read.cache.TileCache` to keep decoded tiles in
+    (shared by every slide opened with it, each in its own scope), an int (the
+    byte budget of a cache of this slide's own), or None (default: no cache; reads
+    decode every tile they touch).  See :mod:`wsitool.read.cache`.
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
         UnsupportedFormatError: not a slide format wsitool reads (random bytes, a
             folder without exactly one DICOM series).
         CorruptFileError: broken container structure (bad header or IFD, zero-size image).
     """
-    return Slide(path)
+    return Slide(path, cache=cache)
 
 
 # ---------------------------------------------------------------------- slides by path

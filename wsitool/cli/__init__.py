@@ -4,7 +4,7 @@ Each command parses its arguments, calls the API and formats the result with
 rich.  Expected errors print one line, ``wsitool: error: <file>: <cause>``,
 and exit with the code of their class (:data:`EXIT_CODES`); no traceback.
 One module per command (:mod:`.info`, :mod:`.read`, :mod:`.export`,
-:mod:`.stress`); :mod:`.console` holds the output and error mapping, :mod:`.group`
+:mod:`.stress`, :mod:`.serve`); :mod:`.console` holds the output and error mapping, :mod:`.group`
 the command group.
 
 Exit codes:
@@ -23,7 +23,7 @@ import warnings
 from typing import List, Optional
 
 from .. import signals
-from . import export, info, read, stress  # noqa: F401  (each registers its command on app)
+from . import export, info, read, serve, stress  # noqa: F401  (each registers its command on app)
 from .console import EXIT_CODES, exit_code_for, fail, handle_errors, show_warning
 from .group import app
 

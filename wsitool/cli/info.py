@@ -16,9 +16,15 @@ from rich.table import Table
 from .. import errors
 from ..codec.backends import backend_report
 from ..export import painted_tiles
+from ..read.icc import profile_description
 from ..slide import open_slide
 from .console import console, err_console, handle_errors
 from .group import app
+
+
+def _icc_summary(profile: bytes | None) -> dict | None:
+    """``{"bytes": n, "description": str | None}`` of an embedded ICC profile, or None."""
+    return None if profile is None else {"bytes": len(profile), "description": profile_description(profile)}
 
 
 @app.command()
@@ -74,6 +80,7 @@ def info(
             "objective_power": s.objective_power,
             "levels": levels,
             "associated_images": assoc,
+            "icc_profile": _icc_summary(s.color_profile),
             "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
             "backends": backend_report(),
             "properties": {k: v for k, v in s.properties.items()
@@ -93,6 +100,9 @@ def info(
         _info_console().print(f"{'[yellow]' if data['painted_tiles'] else ''}painted tiles: {data['painted_tiles']} "
                       "undecodable source tile(s) painted with the background by export --on-error fill",
                       highlight=False)
+    icc = data["icc_profile"]
+    _info_console().print(f"ICC profile: {escape(icc['description'] or '(no description)')} ({icc['bytes']} bytes)"
+                          if icc else "ICC profile: none", highlight=False)
     if picks:
         _info_console().print("DICOM: read " + ", ".join(f"{k.replace('-', ' ')} {v}" for k, v in picks.items()),
                               highlight=False)

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..deepzoom import tile_span
 from .plan import window_rows
 
 
@@ -155,13 +156,13 @@ class PyramidBuilder:
         T, O = self.tile, self.overlap
         while lv.next_row < lv.tiles_down:
             r = lv.next_row
-            y0 = r * T - (O if r > 0 else 0)
-            y1 = min((r + 1) * T + (O if r < lv.tiles_down - 1 else 0), lv.height)
+            y0, y1 = tile_span(r, lv.tiles_down, T, O, lv.height)
+            y1 = min(y1, lv.height)  # stored pixels end at the level's edge
             if y1 > lv.end:
                 return
             for c in range(lv.tiles_across):
-                x0 = c * T - (O if c > 0 else 0)
-                x1 = min((c + 1) * T + (O if c < lv.tiles_across - 1 else 0), lv.width)
+                x0, x1 = tile_span(c, lv.tiles_across, T, O, lv.width)
+                x1 = min(x1, lv.width)
                 tile = self._crop(lv, y0, y1, x0, x1)
                 if self.pad_tiles and tile.shape[:2] != (T, T):
                     tile = np.pad(tile, ((0, T - tile.shape[0]), (0, T - tile.shape[1]), (0, 0)),

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..deepzoom import deepzoom_level_dimensions
+
 
 #: Output formats.
 FORMATS = ("tiff", "ome-tiff", "dzi")
@@ -106,13 +108,12 @@ def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "t
     """
     if not isinstance(tile_size, int) or tile_size < 1:
         raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}")
+    if format == "dzi":  # the Deep Zoom levels, one geometry for the project (wsitool.deepzoom)
+        return list(reversed(deepzoom_level_dimensions(width, height)))
     dims = [(int(width), int(height))]
     while True:
         w, h = dims[-1]
-        if format == "dzi":
-            if w <= 1 and h <= 1:
-                break
-        elif w <= tile_size and h <= tile_size:
+        if w <= tile_size and h <= tile_size:
             break
         dims.append(((w + 1) // 2, (h + 1) // 2))
     return dims
@@ -206,7 +207,8 @@ def background_color(value) -> np.ndarray:
 
 
 def output_metadata(slide, L: int) -> dict:
-    """MPP (µm per output level-0 pixel) and objective power of the output."""
+    """MPP (µm per output level-0 pixel), objective power and ICC profile (raw bytes or
+    None, carried unchanged) of the output made from level ``L`` of ``slide``."""
     lv0, lv = slide.levels[0], slide.levels[L]
     fx, fy = lv0.width / lv.width, lv0.height / lv.height
     mpp = slide.mpp
@@ -214,6 +216,7 @@ def output_metadata(slide, L: int) -> dict:
     return {
         "mpp": (mpp[0] * fx, mpp[1] * fy) if mpp else None,
         "mag": (mag / ((fx + fy) / 2)) if mag else None,
+        "icc": slide.color_profile,
     }
 
 

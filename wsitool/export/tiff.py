@@ -104,7 +104,7 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
                         w0, h0, T, kind, mpp, meta["mag"], SOFTWARE,
                         extra={PAINTED_KEY: 0} if painted is not None else None)
                     tw.write(gen0, shape=(h0, w0, 3), description=desc, metadata=None,
-                             **resolution(0), **common)
+                             iccprofile=meta.get("icc"), **resolution(0), **common)
                 else:
                     ome = {"axes": "YXS", "Name": final.name.split(".")[0]}
                     if meta["mpp"]:
@@ -114,7 +114,7 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
                         ome["MapAnnotation"] = {"Namespace": PAINTED_NAMESPACE,
                                                 "Value": {PAINTED_KEY: "0"}}
                     tw.write(gen0, shape=(h0, w0, 3), subifds=len(dims) - 1, metadata=ome,
-                             **resolution(0), **common)
+                             iccprofile=meta.get("icc"), **resolution(0), **common)
                 for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
                     raise RuntimeError("level-0 tile after the level-0 page")  # pragma: no cover
                 if fmt == "tiff":  # Aperio: the thumbnail is the second IFD

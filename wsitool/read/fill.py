@@ -7,17 +7,25 @@ outside are filled with transparent black (RGBA ``0, 0, 0, 0``; 0 in ``rgb``
 and ``raw`` modes).  The byte source is asked to read the tiles' bytes ahead,
 then the jobs are shared by ``threads`` workers (:mod:`.threads`) running the
 compiled JPEG loop where it applies, else the Python path (:mod:`.worker`).
+
+With a decoded-tile cache (:mod:`.cache`) the same plan is filled from cached
+whole tiles instead (:func:`_fill_cached`); misses are decoded on the Python
+path, so the compiled loop does not apply to cached reads.  Without one the
+path is the one above, unchanged.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import warnings
+
 from ..codec import jpegloop
+from ..errors import TileDecodeError, TileWarning
 from ..geometry import level_rect, plan_tiles
 from ..model import Level
 from .threads import SharedJobs, batch_size, run_threads, thread_count
-from .worker import BATCH_TILES, TileWorker
+from .worker import BATCH_TILES, TileWorker, decode_tile
 
 __all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
 
@@ -69,7 +77,7 @@ def _prefetch(lv: Level, c0: int, c1: int, r0: int, r1: int) -> None:
 
 
 def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode: str,
-                 threads: int | None, on_error: str, pool) -> None:
+                 threads: int | None, on_error: str, pool, cache=None) -> None:
     """Decode every tile of the region into ``out`` (already validated).
 
     Work distribution: the jobs sit in one shared iterator; each of the ``k``
@@ -78,8 +86,12 @@ def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode
     wait idle for one that drew whole ones.  Where the compiled JPEG tile loop
     applies (:func:`wsitool.codec.jpegloop.applies`) the same plan runs through it
     (:func:`_fill_native`); else on :class:`~wsitool.read.worker.TileWorker`, the reference.
+    ``cache``: a :class:`~wsitool.read.cache.CacheScope`, or None (no cache).
     """
     rx, ry = level_rect(lv, x, y)
+    if cache is not None:
+        _fill_cached(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
+        return
     if jpegloop.applies(lv, mode, out):
         _fill_native(lv, rx, ry, w, h, out, mode, threads, on_error, pool)
         return
@@ -143,3 +155,42 @@ def _fill_native(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray,
     run_threads(k, lambda: region.run(pool), region.stop)
 
 
+
+
+def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, mode: str,
+                 threads: int | None, on_error: str, pool, cache) -> None:
+    """:func:`fill_region` from the decoded-tile cache ``cache`` (a :class:`~wsitool.read.cache.CacheScope`).
+
+    The same plan, threads and job sharing; each job copies its part of the
+    cached whole tile, decoding it first on a miss (:func:`~wsitool.read.worker.decode_tile`,
+    the Python path).  A corrupt tile raises, or with ``on_error="fill"`` becomes
+    background with a :class:`~wsitool.errors.TileWarning` (failed tiles are
+    never cached; the decode that failed counted it in ``tiles_failed``).
+    """
+    inside, jobs = plan_tiles(lv, rx, ry, w, h)
+    fill_outside(out, rx, ry, inside)
+    if not jobs:
+        return
+    index = lv.index
+
+    def work(todo) -> None:
+        for job in todo:
+            col, row = job.col, job.row
+            try:
+                tile = cache.tile(index, col, row, mode,
+                                  lambda: decode_tile(lv, col, row, mode, pool))
+            except TileDecodeError as exc:
+                if on_error != "fill":
+                    raise
+                warnings.warn(str(exc), TileWarning, stacklevel=2)
+                job.view(out)[...] = 0
+                continue
+            sx0, sy0, sx1, sy1 = job.src
+            job.view(out)[...] = tile[sy0:sy1, sx0:sx1]
+
+    k = thread_count(threads, len(jobs))
+    if k == 1:
+        work(jobs)
+        return
+    shared = SharedJobs(jobs)
+    run_threads(k, lambda: work(shared), shared.stop)

@@ -27,7 +27,7 @@ __all__ = ["read_region"]
 
 def read_region(levels: Sequence[Level], path: str, location, level, size, *, out=None,
                 mode: str = "rgba", threads: int | None = None, on_error: str = "raise",
-                device: str = "cpu"):
+                device: str = "cpu", cache=None):
     """Read a region of a pyramid into a new or caller-provided array.
 
     Args:
@@ -49,6 +49,8 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
             emits a :class:`TileWarning` and counts it in the decoder statistics
             (``tiles_failed``).
         device: ``"cpu"``; ``"cuda"`` returns a CuPy array (see :mod:`wsitool.read.cuda`).
+        cache: a :class:`~wsitool.read.cache.CacheScope` (the slide's view of a
+            decoded-tile cache) or None; CPU reads only (see :mod:`wsitool.read.cache`).
 
     Returns:
         The region; pixels outside the slide and missing tiles (offset or byte
@@ -79,7 +81,7 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
     else:
         check_out(out, shape, dtype, path)
     with lv.source.reading():
-        fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"))
+        fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"), cache)
     return out
 
 

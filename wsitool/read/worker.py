@@ -15,8 +15,10 @@ Output modes:
 * ``"raw"``: ``(height, width, samples)`` in the level's native dtype, values
   exactly as stored.
 
-A decoded-tile cache would sit between :func:`wsitool.geometry.plan_tiles` and
-:meth:`TileWorker.run`: the jobs are the cache's keys (level, col, row).
+The decoded-tile cache (:mod:`wsitool.read.cache`) sits between
+:func:`wsitool.geometry.plan_tiles` and this path: on a miss :func:`decode_tile`
+decodes one whole tile with a :class:`TileWorker` (the jobs are the cache's keys:
+level, col, row).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..geometry import TileJob
 from ..model import Level
 from ..settings import get_decode_paths
 
-__all__ = ["BATCH_TILES", "TileWorker", "widen_rgba"]
+__all__ = ["BATCH_TILES", "TileWorker", "decode_tile", "widen_rgba"]
 
 
 #: Most tiles one thread hands to nvImageCodec in one decode call.  One call per
@@ -212,6 +214,29 @@ class TileWorker:
         dst[..., :3] = rgb
         if self.mode == "rgba":
             dst[..., 3] = 255 if alpha is None else alpha
+
+
+def decode_tile(lv: Level, col: int, row: int, mode: str, pool) -> np.ndarray:
+    """Decode tile ``(col, row)`` of ``lv`` whole, in ``mode``, into a new array (the cache's loader).
+
+    Returns:
+        ``(h, w, channels)``: the part of the tile inside the level (edge tiles
+        are cut at the level's edge), channels and dtype as ``mode`` gives them
+        (:func:`wsitool.read.request.output_shape`).
+
+    Raises:
+        TileDecodeError: the tile is corrupt (counted in the thread's
+            ``tiles_failed``, as on the uncached path).
+    """
+    tw = min(lv.tile_width, lv.width - col * lv.tile_width)
+    th = min(lv.tile_height, lv.height - row * lv.tile_height)
+    if mode == "raw":
+        out = np.empty((th, tw, lv.samples), lv.dtype)
+    else:
+        out = np.empty((th, tw, 4 if mode == "rgba" else 3), np.uint8)
+    rect = (0, 0, tw, th)
+    TileWorker(lv, out, mode, "raise", pool).run([TileJob(col, row, rect, rect)])
+    return out
 
 
 class _Block:

@@ -16,6 +16,7 @@ level rule of :mod:`.levels`.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import tifffile
@@ -24,7 +25,7 @@ from ...errors import CorruptFileError, UnsupportedFormatError, WsiError, raise_
 from ...model import Pyramid
 from ...storage import ByteSource
 from . import aperio, ome
-from .encoding import associated_from_page, level_from_page
+from .encoding import associated_from_page, icc_profile, level_from_page
 from .levels import choose_levels
 from .logcapture import tifffile_messages
 from .properties import build_properties
@@ -150,5 +151,28 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         *mpp, objective = ome.ome_metadata(tiff.ome_metadata or "", vendor_props)
     properties = build_properties(vendor, base, levels, vendor_props, tuple(mpp), objective)
     associated = {name: associated_from_page(name, page) for name, page in associated_pages.items()}
+    profile = icc_profile(base)
+    thumb = associated.get("thumbnail")
+    if vendor == "aperio" and thumb is not None and thumb.color_profile is None and profile is not None:
+        # An Aperio thumbnail is a reduced copy of the scan and carries no tag of
+        # its own; OpenSlide 4 reports level 0's profile for it (checked on a
+        # TCGA SVS: the same 3144 bytes), and so does wsitool.
+        associated["thumbnail"] = dataclasses.replace(thumb, color_profile=profile)
+    _openslide_structure_properties(properties, profile, associated)
     return Pyramid(vendor=vendor, levels=levels, associated=associated, properties=properties,
-                   release=tiff.close)
+                   release=tiff.close, color_profile=profile)
+
+
+def _openslide_structure_properties(props: dict[str, str], profile: bytes | None, associated: dict) -> None:
+    """OpenSlide's structural keys (OpenSlide 4, ``openslide.h``): ``openslide.comment``
+    (the ImageDescription), ``openslide.icc-size`` (bytes of level 0's ICC profile),
+    ``openslide.associated.<name>.width|height|icc-size``."""
+    if "tiff.ImageDescription" in props:
+        props["openslide.comment"] = props["tiff.ImageDescription"]
+    if profile is not None:
+        props["openslide.icc-size"] = str(len(profile))
+    for name, image in associated.items():
+        props[f"openslide.associated.{name}.width"] = str(image.width)
+        props[f"openslide.associated.{name}.height"] = str(image.height)
+        if image.color_profile is not None:
+            props[f"openslide.associated.{name}.icc-size"] = str(len(image.color_profile))

@@ -140,7 +140,35 @@ def associated_from_page(name: str, page: tifffile.TiffPage) -> AssociatedImage:
         bytecounts=tuple(int(v) for v in page.databytecounts),
         max_segment=(max(int(page.imagewidth), int(page.tilewidth or 0)),
                      max(int(page.imagelength), int(page.tilelength or 0))),
+        color_profile=icc_profile(page),
     )
+
+
+ICC_PROFILE_TAG = 34675  # ICCProfile / InterColorProfile (Adobe TIFF Technical Note, ICC.1 annex B.4)
+
+
+def icc_profile(page: tifffile.TiffPage) -> bytes | None:
+    """The ICC profile embedded in ``page`` (tag 34675, UNDEFINED bytes), or None.
+
+    A tag too short to hold an ICC header (128 bytes, ICC.1:2022 section 7.2) or
+    whose declared profile size (header bytes 0-3, big-endian) exceeds its data
+    is ignored (None), as a malformed profile cannot be used for conversion.
+    """
+    tag = page.tags.get(ICC_PROFILE_TAG)
+    if tag is None:
+        return None
+    value = tag.value
+    if isinstance(value, (tuple, list)):
+        try:
+            value = bytes(value)
+        except (TypeError, ValueError):
+            return None
+    if not isinstance(value, (bytes, bytearray)) or len(value) < 128:
+        return None
+    declared = int.from_bytes(value[:4], "big")
+    if declared < 128 or declared > len(value):
+        return None
+    return bytes(value)
 
 
 _CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Load benchmark of ``wsitool serve``: the IIIF workload, 1 and 8 concurrent clients, cold and warm cache.
+
+Usage::
+
+    python scripts/bench_serve.py SLIDE [--clients 1,8] [--cache-mb 256] [--threads N]
+                                  [--every K] [--scales 1,2,4] [--json OUT.json]
+
+The workload (as IIIF servers' benchmarks run it): every 1024 x 1024 output tile
+of the image at every power-of-two scale factor (the region ``1024 * s`` level-0
+pixels square at scale ``s``, cut at the image edge), requested as
+``/iiif/3/{id}/{x},{y},{w},{h}/{w/s},{h/s}/0/default.jpg``.  ``--every K`` keeps
+every K-th tile of each scale (a shorter run over the same geometry).
+
+Each configuration runs against a fresh server process (``wsitool serve --quiet``
+on 127.0.0.1, a free port):
+
+* cache off (``--cache-mb 0``): each client count once (a cold cache is no cache);
+* cache on: each client count cold (first pass on a fresh server), then warm
+  (the same pass again).
+
+Printed per run: tiles, errors, tiles/s, p50 / p99 latency (ms), and the server's
+RSS: idle (after start-up with the slide open, before the first request) and peak
+during the run above idle (sampled every 10 ms with psutil).  The targets of
+issue 17: with 8 clients, peak - idle <= 102 MB with the cache off and
+<= cache budget + 102 MB with it on; no error responses.
+
+The operating system's page cache is not dropped between runs (the slide's
+bytes are read from memory after the first run); "cold" is wsitool's decoded-tile
+cache only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import psutil
+
+TILE = 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def workload(width: int, height: int, every: int, scales: list[int] | None) -> list[str]:
+    """The image-request paths (after the id) of every tile at every scale factor."""
+    paths = []
+    s = 1
+    while True:
+        if scales is None or s in scales:
+            span = TILE * s
+            tiles = []
+            for y in range(0, height, span):
+                for x in range(0, width, span):
+                    w, h = min(span, width - x), min(span, height - y)
+                    ow, oh = max(1, math.ceil(w / s)), max(1, math.ceil(h / s))
+                    tiles.append(f"{x},{y},{w},{h}/{ow},{oh}/0/default.jpg")
+            paths.extend(tiles[::every])
+        if max(width, height) <= TILE * s:
+            break
+        s *= 2
+    return paths
+
+
+class Server:
+    """``wsitool serve`` in a subprocess, with an RSS sampler."""
+
+    def __init__(self, slide: str, cache_mb: int, threads: int | None):
+        self.port = free_port()
+        cmd = [sys.executable, "-c", "from wsitool.cli import main; main()", "serve", slide,
+               "--port", str(self.port), "--quiet", "--cache-mb", str(cache_mb)]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.url = f"http://127.0.0.1:{self.port}"
+        for _ in range(600):
+            try:
+                if httpx.get(self.url + "/status", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        else:
+            raise SystemExit(f"server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+        self.ps = psutil.Process(self.proc.pid)
+        time.sleep(0.3)
+        self.idle = self.ps.memory_info().rss
+        self._peak = self.idle
+        self._run = False
+
+    def sample(self):
+        self._peak = self.ps.memory_info().rss
+        self._run = True
+
+        def loop():
+            while self._run:
+                try:
+                    self._peak = max(self._peak, self.ps.memory_info().rss)
+                except psutil.Error:
+                    return
+                time.sleep(0.01)
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def peak(self) -> int:
+        self._run = False
+        self._thread.join()
+        return self._peak
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def run_pass(url: str, sid: str, paths: list[str], clients: int):
+    latencies: list[float] = []
+    errors = 0
+    queue = iter(paths)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def worker():
+            nonlocal errors
+            for path in queue:
+                t0 = time.perf_counter()
+                r = await client.get(f"/iiif/3/{sid}/{path}")
+                latencies.append(time.perf_counter() - t0)
+                if r.status_code != 200 or r.content[:2] != b"\xff\xd8":
+                    errors += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    latencies.sort()
+    return {"tiles": len(latencies), "errors": errors, "wall_s": wall,
+            "tiles_per_s": len(latencies) / wall,
+            "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("slide")
+    ap.add_argument("--clients", default="1,8", help="client counts (default 1,8)")
+    ap.add_argument("--cache-mb", type=int, default=256, help="cache budget of the cache-on runs")
+    ap.add_argument("--threads", type=int, default=None, help="server decode threads (default CPU count)")
+    ap.add_argument("--every", type=int, default=1, help="keep every K-th tile of each scale")
+    ap.add_argument("--scales", default=None, help="only these scale factors, e.g. 1,4,16")
+    ap.add_argument("--no-cache-off", action="store_true", help="skip the cache-off runs")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    clients = [int(c) for c in args.clients.split(",")]
+    scales = [int(s) for s in args.scales.split(",")] if args.scales else None
+    sid = os.path.basename(args.slide)
+    results = []
+
+    def one(cache_mb: int, n: int, passes: list[str]):
+        server = Server(args.slide, cache_mb, args.threads)
+        try:
+            info = httpx.get(f"{server.url}/iiif/3/{sid}/info.json", timeout=30).json()
+            paths = workload(info["width"], info["height"], args.every, scales)
+            for label in passes:
+                server.sample()
+                res = asyncio.run(run_pass(server.url, sid, paths, n))
+                peak = server.peak()
+                res.update(cache_mb=cache_mb, clients=n, cache=label, idle_rss_mb=server.idle / 2**20,
+                           peak_above_idle_mb=(peak - server.idle) / 2**20)
+                results.append(res)
+                print(f"cache {('off' if not cache_mb else f'{cache_mb} MiB ' + label):>14}  "
+                      f"clients {n}  tiles {res['tiles']:5d}  errors {res['errors']}  "
+                      f"{res['tiles_per_s']:7.1f} tiles/s  p50 {res['p50_ms']:7.1f} ms  "
+                      f"p99 {res['p99_ms']:7.1f} ms  idle RSS {res['idle_rss_mb']:6.1f} MB  "
+                      f"peak above idle {res['peak_above_idle_mb']:6.1f} MB", flush=True)
+        finally:
+            server.stop()
+
+    if not args.no_cache_off:
+        for n in clients:
+            one(0, n, ["off"])
+    for n in clients:
+        one(args.cache_mb, n, ["cold", "warm"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"slide": args.slide, "cpus": os.cpu_count(), "runs": results}, f, indent=1)
+    bad = [r for r in results if r["errors"]]
+    over = [r for r in results if r["clients"] >= 8 and r["peak_above_idle_mb"] > 102 + r["cache_mb"]]
+    return 1 if bad or over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

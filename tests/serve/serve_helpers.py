@@ -1,0 +1,57 @@
+"""Helpers of the server tests: a server on 127.0.0.1 in a thread of the test process.
+
+Test modules import :func:`serve_slides` (a fixture) from here; not a
+``conftest.py``, so that ``from conftest import ...`` elsewhere keeps meaning
+tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+
+@contextlib.contextmanager
+def running_server(sources, timeout: float = 20.0, **options):
+    """Serve ``sources`` on 127.0.0.1 (a free port) in a daemon thread; yield ``(base_url, state)``.
+
+    The server stops when the block ends (uvicorn's graceful exit, bounded by ``timeout``).
+    """
+    import uvicorn
+
+    from wsitool.serve.app import create_app
+    from wsitool.serve.config import ServeConfig
+    from wsitool.serve.runner import build_state
+
+    state = build_state(sources, ServeConfig(**options))
+    app = create_app(state)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+                            lifespan="off", log_config=None)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True, name="test-server")
+    thread.start()
+    for _ in range(int(timeout * 50)):
+        if server.started or not thread.is_alive():
+            break
+        threading.Event().wait(0.02)
+    assert server.started, "the test server did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", state
+    finally:
+        server.should_exit = True
+        thread.join(timeout)
+        state.close()
+        assert not thread.is_alive(), "the test server did not stop"
+
+
+@pytest.fixture
+def serve_slides():
+    """``serve_slides(sources, **ServeConfig options)``: the :func:`running_server` context manager."""
+    return running_server

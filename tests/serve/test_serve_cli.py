@@ -1,0 +1,88 @@
+"""``wsitool serve`` as a process: binds loopback, answers, stops cleanly on SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+REPO = Path(__file__).resolve().parents[2]
+SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
+
+
+def _start(*args):
+    cmd = [sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(SLIDE), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_port(proc, deadline=30.0) -> int:
+    """The port from the start-up line on stderr."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        m = re.search(r"serving 1 slide\(s\) at http://127\.0\.0\.1:(\d+)/", line)
+        if m:
+            return int(m.group(1))
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"no start-up line; stderr: {proc.stderr.read()}")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_serve_stops_cleanly_on_signals(sig, code):
+    proc = _start("--port", "0", "--threads", "1", "--cache-mb", "16")
+    try:
+        port = _wait_port(proc)
+        r = httpx.get(f"http://127.0.0.1:{port}/iiif/3/sample-aperio-jpeg.svs/full/256,/0/default.jpg",
+                      timeout=20)
+        assert r.status_code == 200 and r.content[:2] == b"\xff\xd8"
+        status = httpx.get(f"http://127.0.0.1:{port}/status", timeout=10).json()
+        assert status["cache"]["misses"] > 0 and status["slides"] == 1
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+
+
+def test_quiet_prints_nothing():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _start("--port", str(port), "--quiet", "--cache-mb", "0")
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("server did not answer")
+        r = httpx.get(f"http://127.0.0.1:{port}/status", timeout=5).json()
+        assert r["cache"] is None
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and err == "" and out == ""
+
+
+def test_missing_source_is_exit_9():
+    proc = subprocess.run([sys.executable, "-c", "from wsitool.cli import main; main()", "serve",
+                           "/nonexistent/slides", "--port", "0"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 9 and "nonexistent" in proc.stderr

@@ -1,0 +1,128 @@
+"""Bad requests, unknown ids, path escapes and corrupt tiles: the server answers and keeps serving."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from serve_helpers import serve_slides  # noqa: F401  (fixture)
+
+httpx = pytest.importorskip("httpx")
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES_SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared")) / "samples"
+SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A served folder (one slide in a sub-folder, one beside) and a secret file outside it."""
+    root = tmp_path / "served"
+    (root / "cases").mkdir(parents=True)
+    shutil.copy(SLIDE, root / "cases" / "a.svs")
+    shutil.copy(SLIDE, root / "b.svs")
+    (root / "notes.txt").write_text("not a slide")
+    shutil.copy(SLIDE, tmp_path / "secret.svs")  # outside the folder: never served
+    (root / "link.svs").symlink_to(tmp_path / "secret.svs")  # a link leaving the folder
+    return root
+
+
+def test_ids_come_from_relative_paths(folder, serve_slides):
+    with serve_slides([folder], threads=1, cache_mb=8) as (url, state):
+        assert list(state.registry.entries) == ["b.svs", "cases~a.svs"]
+        r = httpx.get(f"{url}/iiif/3/cases~a.svs/info.json")
+        assert r.status_code == 200 and r.json()["id"] == f"{url}/iiif/3/cases~a.svs"
+
+
+ESCAPES = [
+    "../secret.svs", "..%2Fsecret.svs", "%2E%2E%2Fsecret.svs", "..%5Csecret.svs", "cases%2Fa.svs",
+    "cases/a.svs", "%2Fetc%2Fpasswd", "/etc/passwd", "//etc/passwd", "secret.svs", "link.svs",
+    "b.svs%00", "b.svs%00.jpg", "%00", "..", ".", "notes.txt", "b.svs/..", "~", "cases",
+    str(SLIDE).lstrip("/"), "%2F" + str(SLIDE).replace("/", "%2F"),
+]
+
+
+@pytest.mark.parametrize("route", ["/iiif/3/{}/info.json", "/iiif/3/{}/full/64,/0/default.jpg",
+                                   "/dz/{}.dzi", "/dz/{}_files/0/0_0.jpeg", "/view/{}"])
+def test_paths_never_escape_the_folder(folder, serve_slides, route):
+    with serve_slides([folder], threads=1, cache_mb=8) as (url, state):
+        host, port = url.split("://", 1)[1].split(":")
+        for esc in ESCAPES:
+            # http.client sends the path byte for byte (httpx would resolve "..")
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.putrequest("GET", route.format(esc), skip_accept_encoding=True)
+            conn.endheaders()
+            r = conn.getresponse()
+            body = r.read()
+            conn.close()
+            assert r.status in (400, 404), (route.format(esc), r.status)
+            assert b"not a slide" not in body
+        assert all(e.path.startswith(str(folder)) for e in state.registry)
+        assert not any(os.path.realpath(e.path) == str(folder.parent / "secret.svs") for e in state.registry)
+
+
+BAD = [
+    ("/iiif/3/b.svs/full/max/0/default.jpg", 200),
+    ("/iiif/3/nope.svs/full/max/0/default.jpg", 404),
+    ("/iiif/3/nope.svs/info.json", 404),
+    ("/iiif/3/b.svs/bogus/max/0/default.jpg", 400),
+    ("/iiif/3/b.svs/0,0,0,10/max/0/default.jpg", 400),
+    ("/iiif/3/b.svs/99999,0,10,10/max/0/default.jpg", 400),
+    ("/iiif/3/b.svs/full/0,/0/default.jpg", 400),
+    ("/iiif/3/b.svs/full/full/0/default.jpg", 400),
+    ("/iiif/3/b.svs/full/5000,/0/default.jpg", 400),      # upscaling without ^
+    ("/iiif/3/b.svs/full/^100000,/0/default.jpg", 400),   # over maxWidth
+    ("/iiif/3/b.svs/full/max/45/default.jpg", 501),
+    ("/iiif/3/b.svs/full/max/400/default.jpg", 400),
+    ("/iiif/3/b.svs/full/max/x/default.jpg", 400),
+    ("/iiif/3/b.svs/full/max/0/sepia.jpg", 400),
+    ("/iiif/3/b.svs/full/max/0/default.tif", 501),
+    ("/iiif/3/b.svs/full/max/0/default.bmp", 400),
+    ("/iiif/3/b.svs/full/max/0/default", 400),
+    ("/iiif/3/b.svs/full/max/0", 400),
+    ("/iiif/3/b.svs/a/b/c/d/e/f", 400),
+    ("/dz/b.svs_files/99/0_0.jpeg", 404),
+    ("/dz/b.svs_files/x/0_0.jpeg", 404),
+    ("/dz/b.svs_files/0/0_0.gif", 404),
+    ("/nothing", 404),
+]
+
+
+def test_bad_requests_get_short_errors(folder, serve_slides):
+    with serve_slides([folder], threads=2, cache_mb=8) as (url, state):
+        with httpx.Client(base_url=url, timeout=20) as client:
+            for path, status in BAD:
+                r = client.get(path)
+                assert r.status_code == status, (path, r.status_code, r.text)
+                if status != 200:
+                    assert len(r.content) < 300
+                if path.startswith(("/iiif/", "/dz/")):
+                    assert r.headers.get("access-control-allow-origin") == "*"
+            r = client.get("/iiif/3/b.svs", follow_redirects=False)
+            assert r.status_code == 303 and r.headers["location"].endswith("/iiif/3/b.svs/info.json")
+            assert client.get("/iiif/3/b.svs/full/max/0/default.jpg").status_code == 200
+            status = client.get("/status").json()
+            assert status["status_codes"]["400"] >= 10 and status["requests_in_flight"] == 1
+
+
+def test_corrupt_tile_is_a_500_and_the_server_goes_on(tmp_path, serve_slides, caplog):
+    broken = SAMPLES_SHARED / "broken-aperio-unreadable-jpeg.svs"
+    if not broken.exists():
+        pytest.skip(f"real slide {broken} is absent")
+    with serve_slides([broken, SLIDE], threads=2, cache_mb=8) as (url, state):
+        with httpx.Client(base_url=url, timeout=20) as client:
+            for _ in range(3):
+                r = client.get("/iiif/3/broken-aperio-unreadable-jpeg.svs/full/max/0/default.jpg")
+                assert r.status_code == 500 and len(r.content) < 200
+                r = client.get("/dz/broken-aperio-unreadable-jpeg.svs_files/4/0_0.jpeg")
+                assert r.status_code == 500
+            assert client.get("/iiif/3/broken-aperio-unreadable-jpeg.svs/info.json").status_code == 200
+            assert client.get("/iiif/3/sample-aperio-jpeg.svs/full/128,/0/default.jpg").status_code == 200
+            assert state.cache.stats().failures >= 1
+    lines = [r for r in caplog.records if r.name == "wsitool.serve" and r.levelname == "ERROR"]
+    assert lines and all("\n" not in r.getMessage() for r in lines)
+    assert "broken-aperio-unreadable-jpeg.svs" in lines[0].getMessage()

@@ -1,0 +1,110 @@
+"""wsitool.read.cache.TileCache and open_slide(..., cache=): same pixels, counted, bounded, thread-safe."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import wsitool
+from wsitool.errors import TileDecodeError, TileWarning
+from wsitool.read.cache import TileCache
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((REPO / "samples").glob("sample-*"))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_cached_reads_equal_uncached(path):
+    cache = TileCache(64 << 20)
+    plain, cached = wsitool.open_slide(path), wsitool.open_slide(path, cache=cache)
+    for level in range(plain.level_count):
+        w, h = plain.level_dimensions[level]
+        for mode in ("rgb", "rgba", "raw"):
+            for loc, size in [((0, 0), (w, h)), ((-7, 13), (333, 211)), ((50, 50), (w + 10, 30))]:
+                for threads in (1, 3):
+                    a = plain.read_region(loc, level, size, mode=mode)
+                    b = cached.read_region(loc, level, size, mode=mode, threads=threads)
+                    assert np.array_equal(a, b), (level, mode, loc, threads)
+    s = cache.stats()
+    assert s.hits > 0 and s.misses > 0 and s.bytes == cache.nbytes > 0
+    cached.close()
+    assert cache.stats().entries == 0 and cache.nbytes == 0  # closing drops the slide's tiles
+
+
+def test_budget_lru_and_counters():
+    cache = TileCache(3000)
+    tile = lambda v: (lambda: np.full((10, 10, 10), v, np.uint8))  # 1000 bytes each  # noqa: E731
+    scope = cache.scope()
+    for i in range(3):
+        scope.tile(0, i, 0, "rgb", tile(i))
+    assert cache.stats().entries == 3 and cache.nbytes == 3000
+    scope.tile(0, 0, 0, "rgb", tile(9))          # hit: (0, 0) becomes most recent
+    scope.tile(0, 3, 0, "rgb", tile(3))          # evicts (1, 0), the least recently used
+    s = cache.stats()
+    assert (s.hits, s.misses, s.evictions, s.entries, s.bytes) == (1, 4, 1, 3, 3000)
+    assert (scope.token, 0, 1, 0, "rgb") not in cache and (scope.token, 0, 0, 0, "rgb") in cache
+    big = scope.tile(0, 9, 9, "rgb", lambda: np.zeros(5000, np.uint8))  # over budget: not kept
+    assert big.size == 5000 and (scope.token, 0, 9, 9, "rgb") not in cache
+    got = scope.tile(0, 0, 0, "rgb", tile(7))
+    assert got[0, 0, 0] == 0 and not got.flags.writeable
+    other = cache.scope()                        # another slide: separate keys
+    assert other.tile(0, 0, 0, "rgb", tile(5))[0, 0, 0] == 5
+    with pytest.raises(ValueError):
+        TileCache(-1)
+
+
+def test_one_decode_per_tile_under_concurrency():
+    cache = TileCache(1 << 20)
+    scope = cache.scope()
+    calls = []
+    gate = threading.Barrier(8)
+
+    def load():
+        calls.append(1)
+        time.sleep(0.05)
+        return np.ones((4, 4, 3), np.uint8)
+
+    def reader():
+        gate.wait()
+        scope.tile(1, 2, 3, "rgb", load)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    s = cache.stats()
+    assert len(calls) == 1 and s.misses == 1 and s.hits == 7 and s.waits == 7
+
+
+def test_failures_are_not_cached_and_reach_waiters():
+    cache = TileCache(1 << 20)
+    scope = cache.scope()
+
+    def bad():
+        raise TileDecodeError("x.svs", 0, 1, 2, "corrupt")
+
+    for _ in range(2):
+        with pytest.raises(TileDecodeError):
+            scope.tile(0, 1, 2, "rgb", bad)
+    assert cache.stats().failures == 2 and cache.stats().entries == 0
+
+
+def test_corrupt_tile_through_a_cached_slide():
+    broken = Path(REPO.parent / "shared" / "samples" / "broken-aperio-unreadable-jpeg.svs")
+    if not broken.exists():
+        pytest.skip(f"real slide {broken} is absent")
+    s = wsitool.open_slide(broken, cache=1 << 20)
+    with pytest.raises(TileDecodeError):
+        s.read_region((0, 0), 0, (16, 16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = s.read_region((0, 0), 0, (16, 16), on_error="fill")
+    assert not out.any() and any(issubclass(w.category, TileWarning) for w in caught)
+    with pytest.raises(TypeError):
+        wsitool.open_slide(broken, cache="lots")

@@ -1,0 +1,53 @@
+"""``wsitool serve``: IIIF Image API 3.0 (level 2) and Deep Zoom tile server with a viewer (floor 9).
+
+The web stack (Starlette, uvicorn) is the optional ``serve`` extra: the server
+package is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .console import fail, handle_errors
+from .group import app
+
+
+@app.command("serve")
+@handle_errors
+def serve_cmd(
+    sources: List[Path] = typer.Argument(..., help="Slide files and folders of slides."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: loopback only)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Decode threads (default: CPU count)."),
+    cache_mb: int = typer.Option(256, "--cache-mb", min=0, help="Decoded-tile cache budget in MiB (0: off)."),
+    viewer_js: Optional[str] = typer.Option(None, "--viewer-js",
+                                            help="OpenSeadragon script: a URL, or a local file the server serves "
+                                                 "(default: the pinned jsDelivr release)."),
+    tile_size: int = typer.Option(512, "--tile-size", min=16, help="IIIF tile size advertised in info.json."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
+    debug: bool = typer.Option(False, "--debug", help="Log every request (debug level)."),
+) -> None:
+    """Serve slides over IIIF Image API 3.0 (level 2) and Deep Zoom, with a viewer page at /.
+
+    Routes: /iiif/3/{id}/info.json, /iiif/3/{id}/{region}/{size}/{rotation}/{quality}.{format},
+    /dz/{id}.dzi, /dz/{id}_files/{level}/{col}_{row}.jpeg, /view/{id}, /status.  Stops
+    cleanly on SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129).  Needs the 'serve' extra.
+    """
+    try:  # the optional web stack
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+
+        from ..serve.config import DEFAULT_VIEWER_JS, ServeConfig
+        from ..serve.runner import serve
+    except ImportError as exc:
+        raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
+    options = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size)
+    if threads is not None:
+        options["threads"] = threads
+    config = ServeConfig(**options)
+    code = serve(sources, config, host=host, port=port, quiet=quiet, debug=debug)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,27 @@
+"""``wsitool serve``: a IIIF Image API 3.0 (level 2) and Deep Zoom tile server with a viewer page.
+
+One process serves every slide given (:mod:`.registry`), one decoded-tile cache
+shared by all requests (:mod:`wsitool.read.cache`), decode work on a bounded
+pool of threads, never on the event loop (:mod:`.app`).  The modules, one
+concept each:
+
+* :mod:`.registry`: which slides are served, under which stable ids (never a path
+  outside the folders given);
+* :mod:`.iiif`: IIIF Image API 3.0 request syntax, its geometry and ``info.json``;
+* :mod:`.resample`: the area filter, strip by strip;
+* :mod:`.render`: reading a region of a slide at a scale in bounded memory,
+  rotation, quality and encoding;
+* :mod:`.dz`: Deep Zoom routes on :mod:`wsitool.deepzoom`'s geometry;
+* :mod:`.viewer`: the slide list and the OpenSeadragon page;
+* :mod:`.status`: counters behind ``/status``;
+* :mod:`.app`: the Starlette application; :mod:`.runner`: uvicorn, signals.
+
+The web stack (Starlette, uvicorn) is the optional extra ``wsitool[serve]``;
+only :mod:`.app` and :mod:`.runner` import it, inside functions.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ServeConfig"]
+
+from .config import ServeConfig

@@ -1,0 +1,309 @@
+"""The Starlette application of ``wsitool serve``.
+
+Routes:
+
+* ``GET /``: the slide list; ``GET /view/{id}``: the viewer page; ``GET /viewer.js``
+  (and ``/viewer-images/{name}``): the local OpenSeadragon file, when one was given;
+* ``GET /iiif/3/{id}`` (303 to ``info.json``), ``/iiif/3/{id}/info.json``,
+  ``/iiif/3/{id}/{region}/{size}/{rotation}/{quality}.{format}`` (IIIF Image API 3.0,
+  :mod:`.iiif`);
+* ``GET /dz/{id}.dzi``, ``/dz/{id}_files/{level}/{col}_{row}.{jpeg|png}`` (:mod:`.dz`);
+* ``GET /status``: JSON counters (cache hits, misses, bytes; requests in flight).
+
+Concurrency and memory: decoding and encoding run on a pool of ``threads``
+worker threads (``concurrent.futures``), never on the event loop; each request
+waits for a worker on an ``asyncio.Semaphore``, so at most ``threads`` images
+are in the making at once (each in bounded memory, :mod:`.render`), and more
+than ``max_queue`` waiting requests are answered 503 (backpressure).  A client
+that went away while its request waited is not rendered for.  Responses are
+encoded bytes (a few hundred KB); no pixel buffer outlives its request.  A
+region read uses up to ``threads // rendering`` of wsitool's decode threads,
+so one client gets every core and many share them.
+
+Errors never stop the server: bad requests get 400 / 404 / 501 with a short
+plain-text body; an exception while rendering (a corrupt tile, say) is a 500
+and one log line, and the slide stays served.
+
+Starlette is imported inside :func:`create_app` (the optional extra ``serve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote
+
+from ..errors import InvalidRegionError, ResourceLimitError
+from .config import ServeConfig
+from .dz import DZ_MEDIA_TYPES, geometry_for, parse_dz_path, render_dz_tile
+from .iiif import (CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request,
+                   service_limits)
+from .render import encode, finish, plan_read, read_scaled
+from .status import ServerCounters
+from .viewer import index_page, view_page
+
+__all__ = ["create_app", "ServerState"]
+
+log = logging.getLogger("wsitool.serve")
+
+_CORS = {"Access-Control-Allow-Origin": "*"}
+
+
+class ServerState:
+    """What the routes share: slides, cache, limits, counters and the worker pool.
+
+    Args:
+        registry: a :class:`~wsitool.serve.registry.SlideRegistry`.
+        config: the :class:`~wsitool.serve.config.ServeConfig`.
+        cache: the shared :class:`~wsitool.read.cache.TileCache`, or None.
+    """
+
+    def __init__(self, registry, config: ServeConfig, cache=None):
+        self.registry = registry
+        self.config = config
+        self.cache = cache
+        self.limits = service_limits(config.max_width, config.max_height, config.max_area)
+        self.counters = ServerCounters()
+        self.executor = ThreadPoolExecutor(max_workers=config.threads,
+                                           thread_name_prefix="wsitool-serve")
+        self._slots: asyncio.Semaphore | None = None
+        self._dz: dict[str, object] = {}
+        self.viewer_file = None
+        self.viewer_images: dict[str, str] = {}
+        if config.viewer_js_is_file:
+            path = os.path.abspath(config.viewer_js)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(2, "No such file (--viewer-js)", config.viewer_js)
+            self.viewer_file = path
+            images = os.path.join(os.path.dirname(path), "images")
+            if os.path.isdir(images):  # OpenSeadragon's button images, listed once
+                self.viewer_images = {n: os.path.join(images, n) for n in os.listdir(images)
+                                      if n.endswith(".png")}
+
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        if self._slots is None:  # made on the server's event loop
+            self._slots = asyncio.Semaphore(self.config.threads)
+        return self._slots
+
+    def dz_geometry(self, entry):
+        geom = self._dz.get(entry.id)
+        if geom is None:
+            geom = self._dz[entry.id] = geometry_for(entry.slide, self.config.dz_tile_size,
+                                                     self.config.dz_overlap)
+        return geom
+
+    def read_threads(self) -> int:
+        """Region-read threads for one render now: the worker threads shared by those rendering."""
+        return max(1, self.config.threads // max(1, self.counters.rendering))
+
+    def status(self) -> dict:
+        data = self.counters.snapshot()
+        data["slides"] = len(self.registry)
+        data["threads"] = self.config.threads
+        data["cache"] = self.cache.stats().as_dict() if self.cache is not None else None
+        return data
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.registry.close()
+
+
+def create_app(state: ServerState):
+    """The Starlette app serving ``state``'s slides (see the module docstring for the routes)."""
+    from starlette.applications import Starlette
+    from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, PlainTextResponse,
+                                     RedirectResponse, Response)
+    from starlette.routing import Route
+
+    counters = state.counters
+    cfg = state.config
+
+    def error(exc: IIIFError):
+        return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=_CORS)
+
+    async def render(request, job, what: str):
+        """Run ``job()`` (decode + encode, returns bytes) on a worker; None if the client left."""
+        if counters.waiting >= cfg.max_queue:
+            raise IIIFError(503, "server busy, retry later")
+        counters.add("waiting")
+        try:
+            await state.slots.acquire()
+        finally:
+            counters.add("waiting", -1)
+        try:
+            if await request.is_disconnected():
+                counters.add("cancelled")
+                return None
+            counters.add("rendering")
+            try:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(state.executor, job)
+            finally:
+                counters.add("rendering", -1)
+                counters.add("tiles_rendered")
+        except IIIFError:
+            raise
+        except (InvalidRegionError, ResourceLimitError) as exc:
+            raise IIIFError(400, str(exc)) from None
+        except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
+            log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
+                      str(exc).splitlines()[0] if str(exc) else "")
+            raise IIIFError(500, f"{what} failed: {type(exc).__name__}") from None
+        finally:
+            state.slots.release()
+
+    def lookup(sid: str):
+        entry = state.registry.get(sid)
+        if entry is None:
+            raise IIIFError(404, "unknown identifier")
+        return entry
+
+    def base_id(request, sid: str) -> str:
+        return str(request.base_url).rstrip("/") + "/iiif/3/" + quote(sid, safe="")
+
+    async def iiif(request):
+        rest = request.path_params["rest"]
+        parts = rest.split("/")
+        try:
+            entry = lookup(parts[0])
+            if len(parts) == 1 or (len(parts) == 2 and parts[1] == ""):
+                return RedirectResponse(base_id(request, entry.id) + "/info.json", status_code=303,
+                                        headers=_CORS)
+            if len(parts) == 2 and parts[1] == "info.json":
+                return info(request, entry)
+            if len(parts) != 5:
+                raise IIIFError(400, "expected {region}/{size}/{rotation}/{quality}.{format}")
+            slide = entry.slide
+            w, h = slide.dimensions
+            req = parse_image_request(*parts[1:], w, h, state.limits)
+            plan = plan_read(slide.level_dimensions, slide.level_downsamples, req.region, req.size,
+                             cfg.level_tolerance)
+
+            def job() -> bytes:
+                rgb = read_scaled(slide, plan, state.read_threads())
+                img = finish(rgb, req.mirror, req.rotation, req.quality)
+                del rgb
+                return encode(img, req.format, cfg.quality)
+
+            body = await render(request, job, "image")
+            if body is None:
+                return Response(status_code=499)
+            links = (f'<{base_id(request, entry.id)}/{req.canonical}>;rel="canonical", '
+                     f'<{PROFILE_URI}>;rel="profile"')
+            return Response(body, media_type=req.media_type,
+                            headers={**_CORS, "Link": links, "Cache-Control": "public, max-age=3600"})
+        except IIIFError as exc:
+            return error(exc)
+
+    def info(request, entry):
+        w, h = entry.slide.dimensions
+        doc = info_document(base_id(request, entry.id), w, h, cfg.tile_size, state.limits)
+        ld = "application/ld+json" in request.headers.get("accept", "")
+        media = f'application/ld+json;profile="{CONTEXT}"' if ld else "application/json"
+        return JSONResponse(doc, media_type=media,
+                            headers={**_CORS, "Link": f'<{PROFILE_URI}>;rel="profile"'})
+
+    async def dz(request):
+        try:
+            parsed = parse_dz_path(request.path_params["rest"])
+            entry = lookup(parsed[1])
+            geom = state.dz_geometry(entry)
+            if parsed[0] == "dzi":
+                return Response(geom.dzi_xml("jpeg"), media_type="application/xml", headers=_CORS)
+            _, _, level, col, row, fmt = parsed
+            slide = entry.slide
+
+            def job() -> bytes:
+                rgb = render_dz_tile(slide, geom, level, col, row, state.read_threads(),
+                                     cfg.dz_filter)
+                return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
+
+            body = await render(request, job, "tile")
+            if body is None:
+                return Response(status_code=499)
+            return Response(body, media_type=DZ_MEDIA_TYPES[fmt],
+                            headers={**_CORS, "Cache-Control": "public, max-age=3600"})
+        except IIIFError as exc:
+            return error(exc)
+
+    async def index(request):
+        return HTMLResponse(index_page(state.registry))
+
+    async def view(request):
+        entry = state.registry.get(request.path_params["sid"])
+        if entry is None:
+            return PlainTextResponse("unknown identifier\n", status_code=404)
+        if state.viewer_file:
+            script, images = "/viewer.js", ("/viewer-images/" if state.viewer_images else None)
+        else:
+            script = cfg.viewer_js
+            images = script.rsplit("/", 1)[0] + "/images/"
+        return HTMLResponse(view_page(entry, script, images))
+
+    async def viewer_js(request):
+        if not state.viewer_file:
+            return PlainTextResponse("not found\n", status_code=404)
+        return FileResponse(state.viewer_file, media_type="text/javascript")
+
+    async def viewer_image(request):
+        path = state.viewer_images.get(request.path_params["name"])
+        if path is None:
+            return PlainTextResponse("not found\n", status_code=404)
+        return FileResponse(path, media_type="image/png")
+
+    async def status(request):
+        return JSONResponse(state.status(), headers=_CORS)
+
+    routes = [
+        Route("/", index, methods=["GET", "HEAD"]),
+        Route("/view/{sid:path}", view, methods=["GET", "HEAD"]),
+        Route("/viewer.js", viewer_js, methods=["GET", "HEAD"]),
+        Route("/viewer-images/{name}", viewer_image, methods=["GET", "HEAD"]),
+        Route("/status", status, methods=["GET"]),
+        Route("/iiif/3/{rest:path}", iiif, methods=["GET", "HEAD"]),
+        Route("/dz/{rest:path}", dz, methods=["GET", "HEAD"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.wsitool = state
+    return _RequestLog(app, counters)
+
+
+class _RequestLog:
+    """ASGI middleware: counts requests in flight and logs one debug line per request."""
+
+    def __init__(self, app, counters: ServerCounters):
+        self.app = app
+        self.counters = counters
+        self.state = app.state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        counters = self.counters
+        counters.begin()
+        t0 = time.perf_counter()
+        status = [500]
+        sent = [0]
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                sent[0] += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            path = scope.get("path", "")
+            kind = ("info" if path.endswith("/info.json") else "iiif" if path.startswith("/iiif/")
+                    else "dz" if path.startswith("/dz/") else "status" if path == "/status"
+                    else "page" if path == "/" or path.startswith("/view/") else "other")
+            counters.end(kind, status[0], sent[0])
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %s %d %d bytes %.1f ms", scope.get("method"), path, status[0], sent[0],
+                          (time.perf_counter() - t0) * 1000)

@@ -1,0 +1,71 @@
+"""The settings of one server process (``wsitool serve``'s options)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+__all__ = ["ServeConfig", "DEFAULT_VIEWER_JS", "OPENSEADRAGON_VERSION"]
+
+#: The OpenSeadragon release the viewer page loads by default (jsDelivr, pinned).
+OPENSEADRAGON_VERSION = "6.1.1"
+DEFAULT_VIEWER_JS = (f"https://cdn.jsdelivr.net/npm/openseadragon@{OPENSEADRAGON_VERSION}"
+                     "/build/openseadragon/openseadragon.min.js")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """What a server process serves and how.
+
+    Attributes:
+        threads: decode threads (requests rendered at once; each read uses up to
+            ``threads // in_flight`` of wsitool's region-read threads).
+        cache_mb: decoded-tile cache budget in MiB (0: no cache; reads then take
+            the fastest uncached path, the compiled JPEG loop included).
+        viewer_js: URL of OpenSeadragon's script, or a local file path served at
+            ``/viewer.js``.
+        tile_size: the IIIF tile width/height advertised in ``info.json`` (pixels).
+        max_queue: requests waiting for a decode thread before the server
+            answers 503 (backpressure).
+        quality: JPEG quality of encoded tiles (1..100).
+        dz_tile_size, dz_overlap: Deep Zoom tile size and overlap (pixels;
+            DeepZoomGenerator's defaults).
+        dz_filter: how Deep Zoom tiles are shrunk: ``"lanczos"`` (as
+            DeepZoomGenerator) or ``"area"`` (see :mod:`wsitool.serve.dz`).
+        max_area, max_width, max_height: largest output image (pixels); None:
+            from wsitool's limits (:func:`wsitool.serve.iiif.service_limits`).
+        level_tolerance: relative slack when choosing a level: a level whose
+            downsample is at most ``scale * (1 + level_tolerance)`` may answer
+            (pyramids store downsamples such as 4.002 for a nominal 4).
+    """
+
+    threads: int = dataclasses.field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    cache_mb: int = 256
+    viewer_js: str = DEFAULT_VIEWER_JS
+    tile_size: int = 512
+    max_queue: int = 256
+    quality: int = 90
+    dz_tile_size: int = 254
+    dz_overlap: int = 1
+    dz_filter: str = "lanczos"
+    max_area: int | None = None
+    max_width: int | None = None
+    max_height: int | None = None
+    level_tolerance: float = 0.01
+
+    def __post_init__(self):
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.cache_mb < 0:
+            raise ValueError(f"cache_mb must be >= 0, got {self.cache_mb}")
+        if self.tile_size < 16:
+            raise ValueError(f"tile_size must be >= 16, got {self.tile_size}")
+        if self.dz_filter not in ("lanczos", "area"):
+            raise ValueError(f"dz_filter must be 'lanczos' or 'area', got {self.dz_filter!r}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be in 1..100, got {self.quality}")
+
+    @property
+    def viewer_js_is_file(self) -> bool:
+        """True when ``viewer_js`` names a local file (served at ``/viewer.js``)."""
+        return "://" not in self.viewer_js and not self.viewer_js.startswith("//")

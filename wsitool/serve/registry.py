@@ -1,0 +1,130 @@
+"""Which slides a server serves, under which ids.
+
+Every argument is a slide file or a folder.  A folder contributes each slide
+file under it (any depth; extensions :data:`SLIDE_EXTENSIONS`) and each
+sub-folder holding DICOM files (``.dcm``) as one slide (opened as a folder,
+where wsitool supports that).  Ids are stable: the path relative to the folder
+given, in POSIX form, with ``/`` replaced by ``~`` (``cases/a.svs`` ->
+``cases~a.svs``); a file given directly gets its file name.  A clash (two
+arguments giving the same id) gets ``~2``, ``~3``, ... in argument order.
+
+Security: the registry is built once, at start-up, from the file system; a
+request names an id, which is looked up in a dictionary and never joined to a
+path, so no request can reach a file that was not listed.  Files and folders
+reached through a symbolic link that leaves the folder given are skipped.
+Files that wsitool cannot open are skipped with a log line (not fatal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["SlideEntry", "SlideRegistry", "SLIDE_EXTENSIONS", "slide_id"]
+
+log = logging.getLogger("wsitool.serve")
+
+SLIDE_EXTENSIONS = (".svs", ".tif", ".tiff", ".ome.tif", ".ome.tiff", ".qptiff", ".btf", ".tf2",
+                    ".tf8", ".ndpi", ".scn", ".bif", ".dcm")
+
+
+@dataclasses.dataclass
+class SlideEntry:
+    """One served slide: its id, path and open :class:`~wsitool.Slide`."""
+
+    id: str
+    path: str
+    slide: object
+
+
+def slide_id(relative: str) -> str:
+    """The id of a slide at POSIX path ``relative`` (relative to its folder)."""
+    return relative.replace("/", "~")
+
+
+def _inside(path: str, root: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _candidates(root: Path) -> Iterable[tuple[str, str]]:
+    """``(relative POSIX path, path)`` of the slides under ``root``, sorted, never outside it."""
+    real_root = os.path.realpath(root)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root)
+        dicoms = sorted(f for f in filenames if f.lower().endswith(".dcm"))
+        if dicoms and rel_dir != ".":
+            # a folder of DICOM instances is one slide (a series)
+            if _inside(dirpath, real_root):
+                yield Path(rel_dir).as_posix(), dirpath
+            filenames = [f for f in filenames if not f.lower().endswith(".dcm")]
+        for name in sorted(filenames):
+            if not name.lower().endswith(SLIDE_EXTENSIONS):
+                continue
+            path = os.path.join(dirpath, name)
+            if not _inside(path, real_root):
+                continue
+            rel = name if rel_dir == "." else f"{Path(rel_dir).as_posix()}/{name}"
+            yield rel, path
+
+
+class SlideRegistry:
+    """The slides of one server, by id (insertion order = listing order).
+
+    Args:
+        sources: slide files and folders.
+        opener: ``opener(path) -> Slide`` (e.g. ``open_slide`` bound to a cache).
+
+    Raises:
+        FileNotFoundError: a source does not exist.
+    """
+
+    def __init__(self, sources: Iterable[str | os.PathLike], opener):
+        self.entries: dict[str, SlideEntry] = {}
+        self.skipped: list[tuple[str, str]] = []
+        for src in sources:
+            src = Path(src)
+            if not src.exists():
+                raise FileNotFoundError(2, "No such file or directory", str(src))
+            if src.is_dir():
+                for rel, path in _candidates(src):
+                    self._add(slide_id(rel), path, opener)
+            else:
+                self._add(slide_id(src.name), str(src), opener)
+
+    def _add(self, sid: str, path: str, opener) -> None:
+        try:
+            slide = opener(path)
+        except Exception as exc:  # any slide wsitool cannot open is left out, not fatal
+            self.skipped.append((path, str(exc)))
+            log.info("skipped %s: %s", path, exc)
+            return
+        base, n = sid, 2
+        while sid in self.entries:
+            sid = f"{base}~{n}"
+            n += 1
+        self.entries[sid] = SlideEntry(sid, path, slide)
+
+    def get(self, sid: str) -> SlideEntry | None:
+        """The entry of id ``sid``, or None (a plain dictionary lookup)."""
+        if not isinstance(sid, str):
+            return None
+        return self.entries.get(sid)
+
+    def __iter__(self):
+        return iter(self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def close(self) -> None:
+        """Close every slide."""
+        for entry in self.entries.values():
+            try:
+                entry.slide.close()
+            except Exception:
+                pass

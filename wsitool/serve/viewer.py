@@ -1,0 +1,93 @@
+"""The HTML pages: ``/`` (the slide list) and ``/view/{id}`` (OpenSeadragon on the IIIF service).
+
+OpenSeadragon is not part of wsitool: the page loads it from ``script_url``
+(the pinned jsDelivr release by default, or ``/viewer.js`` when the server was
+given a local file).  The viewer page exposes ``window.viewer`` (the
+OpenSeadragon viewer) and ``window.wsitoolTiles`` (tiles loaded so far) for
+scripted checks.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from urllib.parse import quote
+
+__all__ = ["index_page", "view_page", "slide_facts"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 0; }
+main { padding: 1em 2em; }
+table { border-collapse: collapse; }
+td, th { padding: 0.2em 0.8em; text-align: left; border-bottom: 1px solid #ddd; font-size: 90%; }
+#layout { display: flex; height: 100vh; }
+#viewer { flex: 1; background: #222; }
+#side { width: 22em; overflow: auto; padding: 0.5em 1em; font-size: 90%; }
+"""
+
+_MAIN_PROPERTIES = ("openslide.vendor", "openslide.objective-power", "openslide.mpp-x",
+                    "openslide.mpp-y", "openslide.comment", "aperio.AppMag", "aperio.Date",
+                    "aperio.ScanScope ID", "tiff.Make", "tiff.Model", "tiff.Software",
+                    "tiff.DateTime", "ome.PhysicalSizeX", "ome.PhysicalSizeY")
+
+
+def slide_facts(slide) -> list[tuple[str, str]]:
+    """``(label, value)`` rows shown beside a slide: size, levels, MPP, objective, main properties."""
+    w, h = slide.dimensions
+    mpp = slide.mpp
+    rows = [("Size", f"{w} x {h} px"),
+            ("Levels", ", ".join(f"{a}x{b}" for a, b in slide.level_dimensions)),
+            ("MPP", f"{mpp[0]:.4g} x {mpp[1]:.4g} \u00b5m/px" if mpp else "unknown"),
+            ("Objective", f"{slide.objective_power:g}x" if slide.objective_power else "unknown"),
+            ("Vendor", str(slide.vendor))]
+    props = slide.properties
+    for key in _MAIN_PROPERTIES:
+        if key in props and key not in ("openslide.vendor",):
+            value = str(props[key])
+            rows.append((key, value if len(value) <= 200 else value[:200] + "\u2026"))
+    return rows
+
+
+def index_page(entries) -> str:
+    """The slide list: one row per slide with links to its viewer, info.json and .dzi."""
+    rows = []
+    for e in entries:
+        q = quote(e.id, safe="")
+        w, h = e.slide.dimensions
+        rows.append(f"<tr><td><a href=\"/view/{q}\">{html.escape(e.id)}</a></td><td>{w} x {h}</td>"
+                    f"<td>{e.slide.level_count}</td><td><a href=\"/iiif/3/{q}/info.json\">info.json</a>"
+                    f"</td><td><a href=\"/dz/{q}.dzi\">dzi</a></td></tr>")
+    body = "\n".join(rows) or "<tr><td colspan=5>no slides</td></tr>"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>wsitool serve</title><style>{_STYLE}</style></head>
+<body><main><h1>Slides</h1>
+<table><tr><th>Slide</th><th>Size</th><th>Levels</th><th>IIIF</th><th>Deep Zoom</th></tr>
+{body}
+</table><p><a href="/status">status</a></p></main></body></html>
+"""
+
+
+def view_page(entry, script_url: str, images_url: str | None) -> str:
+    """The viewer page of one slide: OpenSeadragon on ``/iiif/3/{id}/info.json`` and the slide's facts."""
+    q = quote(entry.id, safe="")
+    facts = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                      for k, v in slide_facts(entry.slide))
+    options = {"id": "viewer", "tileSources": f"/iiif/3/{q}/info.json", "showNavigator": True,
+               "crossOriginPolicy": "Anonymous"}
+    if images_url:
+        options["prefixUrl"] = images_url
+    else:
+        options["showNavigationControl"] = False
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>{html.escape(entry.id)} - wsitool serve</title>
+<style>{_STYLE}</style></head>
+<body><div id="layout"><div id="viewer"></div>
+<div id="side"><p><a href="/">all slides</a></p><h2>{html.escape(entry.id)}</h2>
+<table>{facts}</table></div></div>
+<script src="{html.escape(script_url)}"></script>
+<script>
+window.wsitoolTiles = 0;
+window.viewer = OpenSeadragon({json.dumps(options)});
+window.viewer.addHandler("tile-loaded", function () {{ window.wsitoolTiles += 1; }});
+</script></body></html>
+"""
