@@ -30,6 +30,7 @@ from wsitool.codec import backends, nvdecode, pool as codec_pool
 from wsitool.codec.library import nv as nvimgcodec
 from wsitool.forksafe import PerProcess
 from wsitool.read import cuda as gpu
+from wsitool.read import cuda_arrays
 from wsitool.settings import decode_paths
 from wsitool.errors import DeviceUnavailableError, InvalidRegionError, TileDecodeError
 from wsitool.errors import TileWarning
@@ -447,7 +448,7 @@ def fake_cupy(monkeypatch):
         pytest.skip("a real CUDA device is present: the GPU tests cover this code")
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
     device.cuda_probe.cache_clear()
-    monkeypatch.setattr(gpu, "_local", threading.local())
+    monkeypatch.setattr(cuda_arrays, "_local", threading.local())
     monkeypatch.setattr(gpu, "_colour_ok", {})
     monkeypatch.setattr(codec_pool, "_pools", PerProcess(codec_pool._Pools))
 
@@ -476,7 +477,7 @@ def test_read_region_cuda_orchestration_with_stand_in(fake_cupy, cmu1):
                           device="cuda")
         with pytest.raises(DeviceUnavailableError, match="cuda:3 requested"):
             s.read_region((0, 0), 0, (8, 8), device="cuda:3")
-    arrays = gpu._local.arrays[0]
+    arrays = cuda_arrays._local.arrays[0]
     assert arrays.stream.waited == arrays.stream.synced >= 4  # every read waited and synced
     assert codec_pool.get_pool("cuda:0").stats().tiles_decoded > 0
     if importlib_util.find_spec("imagecodecs"):

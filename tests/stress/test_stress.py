@@ -292,8 +292,8 @@ def test_gpu_memory_growth_is_summarised_for_the_leak_verdict():
     from wsitool.stress import SAMPLERS
     from wsitool.stress.memory import gpu_growth
 
-    assert "wsitool.read.cuda:gpu_memory_sample" in SAMPLERS["cuda"]
-    assert "wsitool.read.cuda:gpu_memory_sample" not in SAMPLERS["cpu"]
+    assert "wsitool.read.cuda_arrays:gpu_memory_sample" in SAMPLERS["cuda"]
+    assert "wsitool.read.cuda_arrays:gpu_memory_sample" not in SAMPLERS["cpu"]
     mib = 1024 * 1024
     measured = [
         {"extra": {"pool_used_bytes": 10 * mib + i * 50 * mib, "device_used_bytes": 500 * mib}}

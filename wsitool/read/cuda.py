@@ -74,7 +74,6 @@ the device's memory use, to be sampled next to RSS by ``wsitool stress
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
@@ -82,7 +81,7 @@ import numpy as np
 
 from ..codec.failures import tile_failed
 from ..codec.headers import codestream
-from ..codec.library import decode_params, nv
+from ..codec.library import decode_params
 from ..codec.nvdecode import check_decoded, count_decoded, decode_into, plan_decode
 from ..codec.pool import get_pool
 from ..codec.tilebytes import read_tile_bytes
@@ -91,6 +90,8 @@ from ..device import cuda_device_id
 from ..errors import DeviceUnavailableError, InvalidRegionError, ResourceLimitError, TileDecodeError
 from ..geometry import TileJob, level_rect, plan_tiles
 from ..model import Level
+from .cuda_arrays import (HostArrays, bump, gpu_memory_sample, gpu_stats, release_scratch,
+                          reset_gpu_stats, thread_arrays)
 from .fill import fill_outside, fill_region
 from .request import check_out, output_shape
 
@@ -103,145 +104,6 @@ __all__ = [
     "reset_gpu_stats",
     "release_scratch",
 ]
-
-
-_stats_lock = threading.Lock()
-
-
-_STAT_NAMES = ("batches", "batched_tiles", "batch_retries", "tiles_cpu_fallback",
-               "regions_generic", "levels_on_cpu", "scratch_bytes")
-
-
-_stats = dict.fromkeys(_STAT_NAMES, 0)
-
-
-def _bump(**counts: int) -> None:
-    with _stats_lock:
-        for name, n in counts.items():
-            _stats[name] += n
-
-
-def gpu_stats() -> dict[str, int]:
-    """Counters of the batched region path (process-wide snapshot, all devices).
-
-    Keys: ``batches`` (batched decode calls, one per region of an nvImageCodec
-    level), ``batched_tiles`` (code streams passed to them), ``batch_retries``
-    (batches that raised and were re-run tile by tile to find the bad tile),
-    ``tiles_cpu_fallback`` (tiles the GPU backends could not decode that the
-    CPU decoder did), ``regions_generic`` (regions of tifffile levels decoded
-    on the CPU and copied, and of levels the colour check moved to the CPU),
-    ``levels_on_cpu`` (levels whose GPU decode failed the colour check, see
-    :data:`COLOUR_CHECK_MEAN`), ``scratch_bytes`` (bytes of scratch allocated:
-    grows only while some thread reads a larger region than before).  The
-    per-tile counters (tiles decoded, direct, ROI, scratch, missing, failed,
-    bytes read) are in ``wsitool.codec.pool.get_pool("cuda:N").stats()``.
-    """
-    with _stats_lock:
-        return dict(_stats)
-
-
-def reset_gpu_stats() -> None:
-    """Zero the counters of :func:`gpu_stats`."""
-    with _stats_lock:
-        for name in _STAT_NAMES:
-            _stats[name] = 0
-
-
-class HostArrays:
-    """numpy targets for the batched path (used by the CPU tests of the shared logic).
-
-    Decoding a region of a CPU "device" through :func:`fill_region_batched`
-    with these exercises everything but CuPy: planning, code-stream
-    preparation, the one batched call, verification, scratch and colour
-    handling, error filling.
-    """
-
-    xp = np
-    stream_ptr = 0
-    cpu_fallback = False
-    #: compare the first decoded tile of each level with the CPU decoder (GPU: on)
-    check_colour = False
-    device_key = "cpu"
-    min_scratch = 0
-
-    def __init__(self):
-        self._flat = None
-
-    def scratch(self, nbytes: int, stats):
-        """A flat uint8 buffer of at least ``nbytes``, reused; grows only when too small."""
-        if self._flat is None or self._flat.nbytes < nbytes:
-            self._flat = None  # give the old block back before taking a bigger one
-            size = max(nbytes, self.min_scratch)
-            self._flat = self.xp.empty(size, self.xp.uint8)
-            stats.scratch_allocations += 1
-            _bump(scratch_bytes=size)
-        return self._flat
-
-    def image(self, view):
-        return nv().as_image(view)
-
-    def upload(self, dst, host: np.ndarray) -> None:
-        dst[...] = host
-
-    def to_host(self, arr) -> np.ndarray:
-        return np.asarray(arr)
-
-    def release(self) -> None:
-        self._flat = None
-
-
-class CudaArrays(HostArrays):
-    """CuPy targets on one device, with this thread's stream and scratch."""
-
-    cpu_fallback = True
-    check_colour = True
-    min_scratch = 1 << 20
-
-    def __init__(self, device_id: int):
-        import cupy
-
-        super().__init__()
-        self.xp = cupy
-        self.device_id = device_id
-        self.device_key = f"cuda:{device_id}"
-        with cupy.cuda.Device(device_id):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.stream_ptr = self.stream.ptr
-
-    def image(self, view):
-        return nv().as_image(view, self.stream_ptr)
-
-    def upload(self, dst, host: np.ndarray) -> None:
-        # ``dst`` may be a strided view: copy to a contiguous device array first.
-        dst[...] = self.xp.asarray(np.ascontiguousarray(host))
-
-    def to_host(self, arr) -> np.ndarray:
-        return arr.get()  # on the current (wsitool's) stream, synchronised
-
-
-_local = threading.local()
-
-
-def _thread_arrays(device_id: int) -> CudaArrays:
-    """This thread's CuPy back-end for ``device_id`` (stream + scratch)."""
-    per_device = getattr(_local, "arrays", None)
-    if per_device is None:
-        per_device = _local.arrays = {}
-    arrays = per_device.get(device_id)
-    if arrays is None:
-        arrays = per_device[device_id] = CudaArrays(device_id)
-    return arrays
-
-
-def release_scratch() -> None:
-    """Free the calling thread's device scratch buffers (they are reallocated on demand).
-
-    A thread's scratch is as large as the largest RGBA region (3 bytes per
-    pixel) it has read; call this after an unusually large read to give the
-    memory back to CuPy's pool.  Scratch is also freed when the thread ends.
-    """
-    for arrays in getattr(_local, "arrays", {}).values():
-        arrays.release()
 
 
 class _Tile:
@@ -364,7 +226,7 @@ def _fill_on_cpu(lv: Level, x: int, y: int, w: int, h: int, out, mode: str,
     host = np.empty(shape, dtype)
     fill_region(lv, x, y, w, h, host, mode, threads, on_error, get_pool("cpu"))
     arrays.upload(out, host)
-    _bump(regions_generic=1)
+    bump(regions_generic=1)
 
 
 #: Largest mean absolute difference between a GPU and a CPU decode of the same
@@ -410,7 +272,7 @@ def _check_colour(lv: Level, tile: _Tile, state, arrays) -> bool:
     ok = mean <= COLOUR_CHECK_MEAN
     _colour_ok[_level_key(lv, arrays)] = ok
     if not ok:
-        _bump(levels_on_cpu=1)
+        bump(levels_on_cpu=1)
         warnings.warn(
             f"{lv.path}: level {lv.index}: the {arrays.device_key} decode of tile (col {col}, "
             f"row {row}) differs from the CPU decode (mean |difference| {mean:.1f}); this level "
@@ -444,9 +306,9 @@ def _decode_batch(lv: Level, tiles: list[_Tile], state, arrays, *, fallback: boo
         except Exception:
             results = []
         if count:
-            _bump(batches=1, batched_tiles=len(tiles))
+            bump(batches=1, batched_tiles=len(tiles))
         if len(results) != len(tiles):
-            _bump(batch_retries=1)
+            bump(batch_retries=1)
             results = []
             for t, image in zip(tiles, images):
                 try:
@@ -483,7 +345,7 @@ def _cpu_fallback(lv: Level, t: _Tile, arrays) -> bool:
     except TileDecodeError:
         return False
     arrays.upload(t.dst, host)
-    _bump(tiles_cpu_fallback=1)
+    bump(tiles_cpu_fallback=1)
     return True
 
 
@@ -542,7 +404,7 @@ def read_region_cuda(path: str, level: Level, x: int, y: int, w: int, h: int, *,
                     raise InvalidRegionError(
                         f"{path}: out is on cuda:{out.device.id}, the read is on cuda:{dev}"
                     )
-            arrays = _thread_arrays(dev)
+            arrays = thread_arrays(dev)
             arrays.stream.wait_event(cupy.cuda.get_current_stream().record())
             try:
                 with arrays.stream:
@@ -555,42 +417,5 @@ def read_region_cuda(path: str, level: Level, x: int, y: int, w: int, h: int, *,
                 f"{path}: out of GPU memory on cuda:{dev} reading a {w}x{h} region ({exc})"
             ) from None
     return out
-
-
-def gpu_memory_sample(device: str = "cuda") -> dict[str, int]:
-    """GPU memory in use now, for sampling next to RSS (``wsitool stress --device cuda``).
-
-    Returns a dict of byte counts (ints) for the device of ``device``:
-
-    * ``pool_used_bytes`` -- bytes of CuPy's default memory pool held by live
-      arrays (``cupy.get_default_memory_pool().used_bytes()``);
-    * ``pool_total_bytes`` -- bytes the pool holds from the device, used or
-      cached for reuse (``.total_bytes()``);
-    * ``device_used_bytes`` / ``device_total_bytes`` -- the whole device as the
-      driver sees it (``cudaMemGetInfo``: total - free, and total), which also
-      covers nvJPEG / nvJPEG2000 buffers allocated outside CuPy and other
-      processes on the same GPU;
-    * ``device`` -- the device index.
-
-    A leak of output or scratch arrays shows in ``pool_used_bytes``; one in the
-    decoders' own buffers in ``device_used_bytes``.  Cheap (no synchronisation);
-    safe to call from a sampler thread.
-
-    Raises:
-        DeviceUnavailableError: no usable CUDA device.
-    """
-    dev = cuda_device_id(device)
-    import cupy
-
-    with cupy.cuda.Device(dev):
-        pool = cupy.get_default_memory_pool()
-        free, total = cupy.cuda.runtime.memGetInfo()
-        return {
-            "device": dev,
-            "pool_used_bytes": int(pool.used_bytes()),
-            "pool_total_bytes": int(pool.total_bytes()),
-            "device_used_bytes": int(total - free),
-            "device_total_bytes": int(total),
-        }
 
 

@@ -22,7 +22,7 @@ import psutil
 #: mapping ``{name: number}``.  The GPU memory sampler registers itself here.
 SAMPLERS: dict[str, list[str]] = {
     "cpu": ["wsitool.stress.samplers:process_counts"],
-    "cuda": ["wsitool.stress.samplers:process_counts", "wsitool.read.cuda:gpu_memory_sample"],
+    "cuda": ["wsitool.stress.samplers:process_counts", "wsitool.read.cuda_arrays:gpu_memory_sample"],
 }
 
 
