@@ -26,7 +26,6 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from pydicom.encaps import parse_basic_offsets, parse_fragments
 
 from ...errors import CorruptFileError, UnsupportedFormatError
 from .instance import Instance
@@ -85,6 +84,8 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
                 f"{inst.path}: Pixel Data of a compressed transfer syntax has a defined length "
                 "(it must be encapsulated, PS3.5 A.4)"
             )
+        from pydicom.encaps import parse_basic_offsets, parse_fragments  # (lazy: see instance.py)
+
         fp.seek(start)
         try:
             basic = parse_basic_offsets(fp)

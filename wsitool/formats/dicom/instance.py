@@ -25,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import pydicom
-from pydicom.dataset import Dataset
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is opened
+    from pydicom.dataset import Dataset
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 
@@ -119,6 +121,8 @@ def read_instance(path: str) -> Instance:
         CorruptFileError: the header is unreadable or an attribute the pyramid
             needs is missing or malformed (message names the file and the cause).
     """
+    import pydicom  # loaded with the first DICOM file (DESIGN: the DICOM library is imported lazily)
+
     with open(path, "rb") as fp:  # FileNotFoundError, PermissionError pass through
         fp.seek(0, 2)
         file_size = fp.tell()
@@ -144,7 +148,9 @@ def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instanc
     meta = getattr(ds, "file_meta", None)
     sop = str(ds.get("SOPClassUID", "") or (meta.get("MediaStorageSOPClassUID", "") if meta else ""))
     if sop != WSI_SOP_CLASS:
-        name = getattr(pydicom.uid.UID(sop), "name", sop) if sop else "none"
+        from pydicom.uid import UID
+
+        name = getattr(UID(sop), "name", sop) if sop else "none"
         raise UnsupportedFormatError(
             f"not a DICOM whole-slide image (SOP class {sop or 'missing'}: {name}; wsitool reads "
             f"VL Whole Slide Microscopy Image Storage {WSI_SOP_CLASS})"

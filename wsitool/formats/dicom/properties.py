@@ -24,7 +24,10 @@ the study); :func:`is_phi` tells whether a property name holds one, so that
 
 from __future__ import annotations
 
-from pydicom.dataset import Dataset
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pydicom.dataset import Dataset
 
 from ...model import Level, level_properties
 
