@@ -208,19 +208,23 @@ def test_deepzoom_tiles(pair, tile, overlap):
                     (x / ds).is_integer() and (y / ds).is_integer())
                 if stored:
                     assert d.max() <= tol, (type(gen).__module__, level, addr, d.max())
+                    if gen is ours:  # same slide: the two generators' tiles are identical
+                        same = real_dz.DeepZoomGenerator(w, tile, overlap).get_tile(level, addr)
+                        assert _diff(same, b).max() == 0, (level, addr)
+                elif gen is ours:
+                    # wsitool's generator reads fractional level positions as OpenSlide
+                    # does (wsitool.subpixel.read_blended): the issue's MAD <= 1
+                    assert d.mean() <= 1.0, (level, addr, d.mean())
                 else:
-                    # OpenSlide blends at fractional level positions, wsitool takes the
-                    # nearest pixel.  The issue hoped for MAD <= 1; on the TCGA JPEG 2000
-                    # slide (tissue, level downsample 2.0005, level offsets 0.24-0.37 px)
-                    # the 37 such tiles measure MAD 1.46 on average, 5.78 at worst (Deep
-                    # Zoom level 11, a 2x shrink of sharp texture).
+                    # The real generator reads through wsitool.openslide.OpenSlide.read_region,
+                    # which takes the nearest stored pixel (the documented rule) where
+                    # OpenSlide blends: on the TCGA JPEG 2000 slide (level downsample 2.0005,
+                    # offsets 0.24-0.37 px) the 37 such tiles measure MAD 1.46 on average,
+                    # 5.78 at worst (a 2x shrink of sharp texture); over the issue's 1.
                     # test_fractional_difference_is_openslides_blend shows the whole
                     # difference is OpenSlide's bilinear shift, not a decoding difference.
                     assert d.mean() <= 6.5, (type(gen).__module__, level, addr, d.mean())
                     worst[0] = max(worst[0], d.mean())
-                if gen is ours:  # same slide: the two generators' tiles are identical
-                    same = real_dz.DeepZoomGenerator(w, tile, overlap).get_tile(level, addr)
-                    assert _diff(same, b).max() == 0, (level, addr)
 
 
 def test_errors_and_lifetime(pair):

@@ -16,6 +16,7 @@ from __future__ import annotations
 from PIL import Image
 
 from ..deepzoom import DeepZoomGeometry, bounds_from_properties
+from ..subpixel import read_blended
 from . import (PROPERTY_NAME_BACKGROUND_COLOR, PROPERTY_NAME_BOUNDS_HEIGHT, PROPERTY_NAME_BOUNDS_WIDTH,
                PROPERTY_NAME_BOUNDS_X, PROPERTY_NAME_BOUNDS_Y)
 
@@ -82,9 +83,15 @@ class DeepZoomGenerator:
             OpenSlideError: the slide's read failed.
         """
         tile = self._geometry.tile(level, address)
-        region = self._osr.read_region(*tile.read_args)
-        profile = region.info.get("icc_profile")
-        flat = Image.composite(region, Image.new("RGB", region.size, self._background), region)
+        slide = getattr(self._osr, "_slide", None)  # a wsitool slide behind an OpenSlide
+        if slide is not None:  # read as OpenSlide does at fractional level positions
+            rgb = read_blended(slide, *tile.read_args, background=_rgb(self._background))
+            flat = Image.fromarray(rgb, "RGB")
+            profile = slide.color_profile  # raw ICC bytes, as read_region puts them in .info
+        else:
+            region = self._osr.read_region(*tile.read_args)
+            profile = region.info.get("icc_profile")
+            flat = Image.composite(region, Image.new("RGB", region.size, self._background), region)
         if flat.size != tile.size:
             flat.thumbnail(tile.size, Image.Resampling.LANCZOS)
         if profile is not None:
@@ -102,3 +109,9 @@ class DeepZoomGenerator:
     def get_dzi(self, format: str) -> str:
         """The ``.dzi`` XML for tiles of ``format`` (``"jpeg"`` or ``"png"``)."""
         return self._geometry.dzi_xml(format)
+
+
+def _rgb(color: str) -> tuple[int, int, int]:
+    """``(r, g, b)`` of a ``#rrggbb`` colour."""
+    value = color.lstrip("#")
+    return int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16)

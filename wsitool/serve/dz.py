@@ -25,12 +25,12 @@ import re
 import numpy as np
 
 from ..deepzoom import DeepZoomGeometry
-from ..geometry import level0_coordinate
+from ..subpixel import read_blended
 from .iiif import IIIFError
 from .resample import reduce_area
 from .render import thumbnail_size
 
-__all__ = ["DZ_MEDIA_TYPES", "parse_dz_path", "geometry_for", "render_dz_tile", "read_like_openslide"]
+__all__ = ["DZ_MEDIA_TYPES", "parse_dz_path", "geometry_for", "render_dz_tile"]
 
 DZ_MEDIA_TYPES = {"jpeg": "image/jpeg", "png": "image/png"}
 _TILE = re.compile(r"^(.+)_files/(\d+)/(\d+)_(\d+)\.(jpeg|png)$")
@@ -56,40 +56,6 @@ def geometry_for(slide, tile_size: int, overlap: int) -> DeepZoomGeometry:
                             overlap=overlap)
 
 
-def read_like_openslide(slide, location, level: int, size, threads: int | None = None) -> np.ndarray:
-    """``(h, w, 3)`` uint8: a region read the way OpenSlide reads it, on a white background.
-
-    OpenSlide maps a level-0 location to ``location / downsample`` on the level
-    without rounding and paints the level's pixels at that fractional offset
-    (cairo, bilinear), then ``DeepZoomGenerator`` puts the RGBA result on the
-    background colour (white).  wsitool's ``read_region`` starts at the nearest
-    level pixel instead, which on levels with downsamples such as 2.0005 moves
-    the content by up to half a pixel (a mean absolute difference of 5-8 on
-    textured tissue).  Here the region is read one pixel larger from the pixel
-    below the fractional offset and interpolated bilinearly to that offset, in
-    premultiplied RGBA (pixels outside the slide are transparent), then
-    composited on white.  At integer offsets (level 0, exact downsamples) this
-    is the plain read.
-    """
-    ds = slide.level_downsamples[level]
-    w, h = size
-    lx, ly = location[0] / ds, location[1] / ds
-    x0, y0 = math.floor(lx), math.floor(ly)
-    fx, fy = lx - x0, ly - y0
-    if fx < 1 / 512 and fy < 1 / 512:
-        return slide.read_region((level0_coordinate(x0, ds), level0_coordinate(y0, ds)), level,
-                                 (w, h), mode="rgb", threads=threads)
-    rgba = slide.read_region((level0_coordinate(x0, ds), level0_coordinate(y0, ds)), level,
-                             (w + 1, h + 1), mode="rgba", threads=threads).astype(np.float32)
-    alpha = rgba[..., 3:] / 255.0
-    rgba[..., :3] *= alpha            # premultiply
-    rgba[..., 3:] = alpha
-    top = rgba[:-1] * (1 - fy) + rgba[1:] * fy
-    mixed = top[:, :-1] * (1 - fx) + top[:, 1:] * fx
-    out = mixed[..., :3] + 255.0 * (1 - mixed[..., 3:])
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
-
-
 def render_dz_tile(slide, geom: DeepZoomGeometry, level: int, col: int, row: int,
                    threads: int | None = None, filter: str = "lanczos") -> np.ndarray:
     """Tile ``(col, row)`` of Deep Zoom level ``level``: ``(h, w, 3)`` uint8 RGB.
@@ -104,7 +70,7 @@ def render_dz_tile(slide, geom: DeepZoomGeometry, level: int, col: int, row: int
         t = geom.tile(level, (col, row))
     except ValueError as exc:
         raise IIIFError(404, str(exc)) from None
-    rgb = read_like_openslide(slide, t.location, t.slide_level, t.read_size, threads)
+    rgb = read_blended(slide, t.location, t.slide_level, t.read_size, threads=threads)
     if t.read_size == t.size:
         return rgb
     if filter == "lanczos":
