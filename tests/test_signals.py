@@ -82,11 +82,19 @@ def _partials(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".partial" in p.name) if folder.is_dir() else []
 
 
+def _default_signals() -> None:
+    """In the child: SIGINT and SIGHUP as a terminal's foreground job has them.  A test
+    runner started in the background (``&``) or under ``nohup`` passes them on
+    ignored, and wsitool keeps an ignored signal ignored (wsitool.signals)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _signal_when(args: list, sig: int, ready, tmp: Path, cwd: Path) -> tuple[int, str]:
     """Run ``wsitool ARGS``; once ``ready()`` is true send ``sig``; return (status, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "wsitool.cli", *map(str, args)], cwd=cwd,
                             env=_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + WAIT_S
         while not ready():

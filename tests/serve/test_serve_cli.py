@@ -19,9 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 
 
+def _default_signals() -> None:
+    """SIGINT as a terminal's foreground job has it (a background test runner passes it on ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args):
     cmd = [sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(SLIDE), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
 
 
 def _wait_port(proc, deadline=30.0) -> int:
