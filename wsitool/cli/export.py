@@ -42,7 +42,7 @@ def export_pyramid_cmd(
                                             "Several slides (batch): an output folder."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder)."),
     tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
-    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG)."),
+    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."),
     quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else a target size of quality/300 of the raw tile."),
     region: Optional[Tuple[int, int, int, int]] = typer.Option(
         None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
@@ -58,6 +58,7 @@ def export_pyramid_cmd(
     on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it with the background, warn, and record the count in the output."),
     no_label: bool = typer.Option(False, "--no-label", help="Do not carry the source's label image over (it often shows patient identifiers)."),
     no_associated: bool = typer.Option(False, "--no-associated", help="Do not carry the source's label and macro images over."),
+    verify: bool = typer.Option(False, "--verify", help="With --compression copy: also decode every copied tile (a tile that does not decode fails the export, exit 7, or with --on-error fill is written as missing)."),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
@@ -96,6 +97,10 @@ def export_pyramid_cmd(
                    region=tuple(region) if region else None, level=level, overlap=overlap,
                    threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
                    on_error=on_error, label=not no_label, associated=not no_associated)
+    if verify:
+        if compression.lower() != "copy":
+            raise fail("--verify applies to --compression copy only", 2)
+        options["verify"] = True
     if batch:
         _export_batch(srcs, from_list, output, scheduler, quiet, options)
     else:

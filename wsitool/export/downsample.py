@@ -3,7 +3,10 @@
 Each lower level halves the one above with an area (box) average: every output
 pixel of level ``k`` is the mean of the ``2**k x 2**k`` block of level-0 pixels it
 covers, clipped to the image, computed incrementally from pairs of rows (see
-:class:`PyramidBuilder`).  Each level keeps only a sliding window of rows.
+:class:`PyramidBuilder`).  Lower levels hold integer sums of the level-0 pixels
+(uint16 to level 4, then uint32), so halving is integer additions and the mean
+is exact until it is rounded (half up) when a tile is cropped.  Each level
+keeps only a sliding window of rows.
 """
 
 from __future__ import annotations
@@ -16,8 +19,23 @@ from ..deepzoom import tile_span
 from .plan import window_rows
 
 
+def sum_dtype(k: int):
+    """Sample type of level ``k``'s window: uint8 pixels at level 0, below it sums of
+    ``4**k`` uint8 values: uint16 up to level 4 (``255 * 4**4 + 128 < 2**16``), uint32 below
+    (exact up to level 11, ``255 * 4**11 < 2**32``; a pyramid of 2**12 x 2**12-pixel blocks
+    would need a 2**24-pixel-wide image to reach it, which ``max_export_pixels`` refuses
+    long before)."""
+    if k == 0:
+        return np.uint8
+    if k <= 4:
+        return np.uint16
+    if k <= 11:
+        return np.uint32
+    return np.uint64
+
+
 class LevelRows:
-    """Sliding window of rows of one output level (RGB, uint8 for level 0, float32 below)."""
+    """Sliding window of rows of one output level (RGB: uint8 pixels for level 0, integer sums below)."""
 
     def __init__(self, k: int, width: int, height: int, base: tuple[int, int], tile: int,
                  capacity: int, dtype):
@@ -73,13 +91,21 @@ class PyramidBuilder:
         base = dims[0]
         c0, ck = window_rows(tile, overlap, strip)
         self.levels = [
-            LevelRows(k, w, h, base, tile, c0 if k == 0 else ck, np.uint8 if k == 0 else np.float32)
+            LevelRows(k, w, h, base, tile, c0 if k == 0 else ck, sum_dtype(k))
             for k, (w, h) in enumerate(dims)
         ]
 
     # -- reduction -----------------------------------------------------------------
     def _halve(self, k: int) -> int:
-        """Reduce complete row pairs of level ``k`` into level ``k + 1``; return rows made."""
+        """Reduce complete row pairs of level ``k`` into level ``k + 1``; return rows made.
+
+        Levels below 0 hold integer sums of the level-0 pixels each pixel
+        covers (see :func:`sum_dtype`): a pixel of level ``k + 1`` is the sum
+        of the (up to) 2 x 2 pixels of level ``k`` it covers, a last row or
+        column without a partner is carried over alone.  Sums need no
+        weights at the clipped edges: they add exactly the level-0 pixels
+        that exist, and :meth:`_crop` divides by their count.
+        """
         src, dst = self.levels[k], self.levels[k + 1]
         p = src.paired
         avail = src.end
@@ -89,67 +115,48 @@ class PyramidBuilder:
         if rows == 0:
             return 0
         a = src.buf[p - src.start:avail - src.start]
-        if k == 0:
-            self._halve_uint8(a, pairs, single, dst.tail(rows))
-            dst.n += rows
-            src.paired = p + 2 * pairs + single
-            return rows
-        v = np.empty((rows, src.width, 3), np.float32)
+        dt = dst.buf.dtype
+        w = src.width
+        v = np.empty((rows, w, 3), dt)  # vertical sums of 2 (a single last row alone)
         if pairs:
-            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.float32)
-            v[:pairs] *= 0.5
-            last = p + 2 * pairs - 1
-            cov = src.coverage(last, 0)
-            full = 1 << k
-            if cov < full:  # the level's last row covers fewer level-0 rows
-                np.add(a[2 * pairs - 2] * np.float32(full), a[2 * pairs - 1] * np.float32(cov),
-                       out=v[pairs - 1], dtype=np.float32)
-                v[pairs - 1] /= np.float32(full + cov)
+            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=dt)
         if single:
             v[pairs] = a[2 * pairs]
         out = dst.tail(rows)
-        w = src.width
         half = w // 2
         if half:
             np.add(v[:, 0:2 * half:2], v[:, 1:2 * half:2], out=out[:, :half])
-            out[:, :half] *= 0.5
         if w % 2:
             out[:, half] = v[:, w - 1]
-        elif half:
-            cov = src.coverage(w - 1, 1)
-            full = 1 << k
-            if cov < full:
-                out[:, half - 1] = (v[:, w - 2] * np.float32(full) + v[:, w - 1] * np.float32(cov)) / np.float32(full + cov)
         del v
         dst.n += rows
         src.paired = p + 2 * pairs + single
         return rows
 
-    @staticmethod
-    def _halve_uint8(a: np.ndarray, pairs: int, single: int, out: np.ndarray) -> None:
-        """Level 0 -> 1 in integers: every level-0 pixel has weight 1, so sums of 2 or 4
-        uint8 values (uint16) scaled once into the float32 output are exact."""
-        rows, w = pairs + single, a.shape[1]
-        v = np.empty((rows, w, 3), np.uint16)  # vertical sums of 2 (a single last row doubled)
-        if pairs:
-            np.add(a[0:2 * pairs:2], a[1:2 * pairs:2], out=v[:pairs], dtype=np.uint16)
-        if single:
-            np.multiply(a[2 * pairs], 2, out=v[pairs], dtype=np.uint16)
-        half = w // 2
-        if half:
-            h = np.add(v[:, 0:2 * half:2], v[:, 1:2 * half:2], dtype=np.uint16)
-            np.multiply(h, np.float32(0.25), out=out[:, :half])
-            del h
-        if w % 2:
-            np.multiply(v[:, w - 1], np.float32(0.5), out=out[:, half])
-
     # -- emission ------------------------------------------------------------------
     def _crop(self, lv: LevelRows, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-        """uint8 ``(y1 - y0, x1 - x0, 3)`` C-contiguous copy of level rows/columns."""
+        """uint8 ``(y1 - y0, x1 - x0, 3)`` C-contiguous copy of level rows/columns.
+
+        Level 0 is copied; a lower level's sums are divided by the count of
+        level-0 pixels each covers, rounding half up: ``(S + n // 2) // n``
+        (the exact box mean within 0.5), with a shift when every pixel of
+        the crop covers the full ``4**k`` block.
+        """
         part = lv.buf[y0 - lv.start:y1 - lv.start, x0:x1]
-        if part.dtype != np.uint8:
-            return np.rint(part).astype(np.uint8)
-        return np.ascontiguousarray(part)
+        if lv.k == 0:
+            return np.ascontiguousarray(part)
+        k = lv.k
+        full = 1 << k
+        cov_x = np.minimum(full, lv.base_w - np.arange(x0, x1) * full)
+        cov_y = np.minimum(full, lv.base_h - np.arange(y0, y1) * full)
+        if cov_x[-1] == full and cov_y[-1] == full:
+            tmp = part + part.dtype.type(1 << (2 * k - 1))
+            np.right_shift(tmp, 2 * k, out=tmp)
+            return tmp.astype(np.uint8)
+        n = (cov_y[:, None] * cov_x[None, :]).astype(part.dtype)[..., None]
+        tmp = part + n // 2
+        tmp //= n
+        return tmp.astype(np.uint8)
 
     def _emit(self, k: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
         lv = self.levels[k]

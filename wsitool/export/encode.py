@@ -128,11 +128,14 @@ class TileCounter:
 
 
 def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, threads: int,
-                   keep: "LevelImage | None" = None) -> Iterator[tuple[int, int, int, bytes]]:
+                   keep: "LevelImage | None" = None, skip: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
     """Every output tile as ``(level, col, row, bytes)``; each level in row-major order.
 
     ``keep``: the tiles of its level are also copied into it (the pixels of
-    the Aperio thumbnail, :class:`LevelImage`).
+    the Aperio thumbnail, :class:`LevelImage`).  ``skip``: the tiles of the
+    levels before it are not encoded nor yielded (only given to ``keep``):
+    with ``compression="copy"`` the pyramid's level 0 is the last copied
+    level, whose tiles are the source's.
     """
     H = pyramid.dims[0][1]
     q = queue_depth(threads)
@@ -149,6 +152,8 @@ def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, t
             for k, c, r, tile in pyramid.advance(0):
                 if keep is not None and k == keep.level:
                     keep.add(c, r, tile)
+                if k < skip:
+                    continue
                 pending.append((k, c, r, executor.submit(codec.encode, tile)))
                 del tile
                 while len(pending) >= q:

@@ -12,11 +12,15 @@ pixel::
     B  = 4*R*W                     RGBA strip (sources with alpha, or after a decode error)
        + 2*R*W                     alpha masks while compositing
        + 3*C0*W                    level-0 window, uint8 RGB
-       + 12*Ck*(W + N)             lower-level windows, float32 RGB (sum of ceil(W / 2**k) <= W + N)
-       + 12*(R // 2 + 1)*W         temporaries of one halving step (uint16 sums at level 0,
-                                   float32 below)
+       + 6*Ck*(W + N)              lower-level windows: RGB sums of level-0 pixels, uint16
+                                   (sum of ceil(W / 2**k) <= W + N) ...
+       + 6*Ck*(W // 16 + N)        ... and uint32 from level 5 on (twice the bytes, on
+                                   levels that sum to at most W / 16 + N pixels across)
+       + 6*(R // 2 + 1)*W          temporaries of one halving step (uint16 row-pair sums of
+                                   level 0; the lower levels' are smaller)
        + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
-       + 16*(T + 2O)**2            the tile being cropped: float32 rounding, edge padding
+       + 32*(T + 2O)**2            the tile being cropped: sums plus rounding, the divisor of
+                                   edge tiles, the uint8 result, edge padding
        + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
                                    d = max(3, s) for 8-bit sources, 8 * samples for wider
                                    ones (converted through float64)
@@ -27,10 +31,11 @@ pixel::
        + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
 
 It grows with the width and the tile size, never with the height: about
-``36 * T * W`` bytes plus a few MB when ``R = T`` (57 T W at most, when
+``25 * T * W`` bytes plus a few MB when ``R = T`` (41 T W at most, when
 ``R = 2T``), e.g. with 256-pixel tiles, 256-pixel source tiles and 2 threads
-about 100 MB for a 10 000-pixel-wide export and 0.94 GB for a
-100 000-pixel-wide one.
+about 73 MB for a 10 000-pixel-wide export and 0.64 GB for a
+100 000-pixel-wide one.  (Before the lower levels held integer sums they were
+float32, and the bound was about ``36 * T * W``.)
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ from ..deepzoom import deepzoom_level_dimensions
 FORMATS = ("tiff", "ome-tiff", "dzi")
 
 
-#: Tile compressions.
-COMPRESSIONS = ("jpeg", "jpeg2000", "deflate", "none")
+#: Tile compressions; ``"copy"`` copies the source's compressed tiles (:mod:`.passthrough`).
+COMPRESSIONS = ("jpeg", "jpeg2000", "deflate", "none", "copy")
 
 
 #: What an export does with an undecodable source tile: stop with its error, or paint it.
@@ -80,7 +85,11 @@ class ExportResult:
         compression: tile compression.
         bytes_written: size of the output in bytes (all tiles for ``dzi``).
         memory_bound: the documented bound on buffer memory for this export,
-            in bytes (:func:`memory_bound`).
+            in bytes (:func:`memory_bound`, plus :func:`copy_memory_bound`
+            with ``compression="copy"``).
+        tiles_copied: output tiles that are source tiles copied byte for
+            byte (``compression="copy"``; missing and failed ones included,
+            written with byte count 0); part of ``tiles_written``.
     """
 
     output: Path
@@ -94,6 +103,7 @@ class ExportResult:
     compression: str = ""
     bytes_written: int = 0
     memory_bound: int = 0
+    tiles_copied: int = 0
 
 
 def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "tiff") -> list[tuple[int, int]]:
@@ -174,10 +184,11 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         4 * R * W
         + 2 * R * W
         + 3 * c0 * W
-        + 12 * ck * (W + N)
-        + 12 * (R // 2 + 1) * W
+        + 6 * ck * (W + N)
+        + 6 * ck * (W // 16 + N)
+        + 6 * (R // 2 + 1) * W
         + 6 * q * (T + 2 * O) ** 2
-        + 16 * (T + 2 * O) ** 2
+        + 32 * (T + 2 * O) ** 2
         + 4 * threads * stw * sth * decode_bytes
         + 3 * int(thumbnail_pixels)
         + 6 * int(associated_pixels)
@@ -220,3 +231,23 @@ def output_metadata(slide, L: int) -> dict:
     }
 
 
+
+
+def copy_memory_bound(copied_rows: list[tuple[int, int, int]], verify: bool, threads: int) -> int:
+    """Buffers of the copy itself (``compression="copy"``), on top of :func:`memory_bound`
+    of the computed levels, in bytes.
+
+    ``copied_rows``: ``(tile columns, width, tile_height, largest tile
+    bytes)`` of each copied level.  A copied level holds one tile row of encoded bytes
+    (``cols`` tiles at most the largest each, plus the one tifffile is
+    writing); with ``verify`` one tile row is also decoded, ``3 * width *
+    tile_height`` bytes of RGB plus the decoders' ``4 * threads`` tiles.
+    The largest level counts (levels are copied one after the other).
+    """
+    best = 0
+    for cols, width, th, tile_bytes in copied_rows:
+        b = (cols + 2) * tile_bytes
+        if verify:
+            b += 3 * width * th + 4 * threads * th * th * 3
+        best = max(best, b)
+    return int(best)

@@ -21,12 +21,14 @@ How the pyramid is built (streaming, never a whole level in memory):
    ``2**k x 2**k`` block of level-0 pixels it covers, clipped to the image;
    level sizes are ``ceil(W / 2**k) x ceil(H / 2**k)`` (the sizes Deep Zoom
    uses).  It is computed incrementally from pairs of rows as they arrive:
-   a vertical then a horizontal 2:1 weighted mean, where the last row or
-   column of a level gets the weight of the level-0 pixels it really covers,
-   so the iterated result equals the direct block mean.  Levels 1 and below
-   are kept in float32 and rounded to uint8 only when a tile is encoded, so
-   the error against a float64 box filter of the source is at most 0.5 plus
-   float32 rounding (well under 1 grey level).
+   a vertical then a horizontal 2:1 sum, the last row or column of a level
+   alone where it has no partner, so the iterated result is the direct block
+   sum.  Levels 1 and below
+   are kept as integer sums of the level-0 pixels they cover (uint16 to
+   level 4, uint32 below: the halving is integer additions, and clipped edge
+   blocks need no weights) and divided by the pixel count, rounding half up,
+   only when a tile is cropped, so the error against a float64 box filter of
+   the source is at most 0.5 grey level.
 3. Each level keeps only a sliding window of rows: the rows of the tile row
    it has not emitted yet (plus ``overlap`` rows either side for Deep Zoom)
    and one unpaired row.  As soon as a tile row is complete its tiles are
@@ -53,6 +55,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .. import atomic
 from ..arguments import as_int
 from ..errors import InvalidRegionError, ResourceLimitError, TileWarning
@@ -64,10 +68,11 @@ from .associated import LevelImage, associated_for_export, thumbnail_level
 from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
 from .encode import TileCodec, TileCounter, encoded_tiles
-from .plan import (COMPRESSIONS, FORMATS, ON_ERROR, ExportResult, background_color, memory_bound,
-                   output_metadata, pyramid_dimensions)
+from .passthrough import plan_copy
+from .plan import (COMPRESSIONS, FORMATS, ON_ERROR, ExportResult, background_color, copy_memory_bound,
+                   memory_bound, output_metadata, pyramid_dimensions)
 from .source import StripSource
-from .tiff import write_tiff
+from .tiff import write_tiff, write_tiff_copy
 
 
 def export_pyramid(
@@ -89,6 +94,7 @@ def export_pyramid(
     on_error: str = "raise",
     label: bool = True,
     associated: bool = True,
+    verify: bool = False,
 ) -> ExportResult:
     """Write a slide, or a region of it, as a new tiled pyramid.
 
@@ -105,7 +111,16 @@ def export_pyramid(
             usual choice there).
         compression: ``"jpeg"``, ``"jpeg2000"`` (TIFF formats only),
             ``"deflate"`` or ``"none"``; Deep Zoom stores ``deflate`` and
-            ``none`` tiles as PNG.
+            ``none`` tiles as PNG.  ``"copy"`` (TIFF formats only): the
+            output levels are the source's levels from ``level`` down, their
+            compressed tiles copied byte for byte with the source's tile
+            size, codec tags and downsample steps, never decoded; levels
+            below the smallest source level are computed from it (box
+            filter) and encoded with the source's kind of codec (JPEG at
+            ``quality``, JPEG 2000, deflate or none); ``tile_size`` is then
+            ignored.  A ``region`` must be on the level's tile grid.  See
+            :mod:`wsitool.export.passthrough` for the tags, the checks each
+            copied tile passes and what cannot be copied.
         quality: 1..100.  JPEG quality; for JPEG 2000 100 is lossless and
             below a target size of ``quality / 300`` of the raw tile.
             Ignored by ``deflate`` / ``none``.
@@ -143,6 +158,12 @@ def export_pyramid(
             gets a thumbnail made from its own pyramid (the Aperio layout has
             one); the source's thumbnail is not copied.  Deep Zoom has no
             associated images.
+        verify: with ``compression="copy"``, also decode every copied tile
+            (through :meth:`Slide.read_region`, one tile row at a time) so
+            that a tile whose header passes but whose data does not decode
+            fails the export (or, with ``on_error="fill"``, is written as a
+            missing tile and counted); without it copied tiles get the read
+            path's byte-range and header checks only.  Ignored otherwise.
 
     Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
     notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
@@ -173,7 +194,9 @@ def export_pyramid(
             a directory and ``overwrite`` is True.
         FileNotFoundError: the source or the output folder does not exist.
         UnsupportedFormatError, CorruptFileError: the source is not readable.
-        TileDecodeError: a source tile cannot be decoded (``on_error="raise"``).
+        TileDecodeError: a source tile cannot be decoded (``on_error="raise"``);
+            with ``compression="copy"`` also a copied tile that fails its
+            checks (or, with ``verify``, its decode).
         WsiError: an encoder failure; an associated image that cannot be
             read (``on_error="raise"``).
         Any error leaves nothing under the output name (nor a Deep Zoom
@@ -189,6 +212,9 @@ def export_pyramid(
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     if fmt == "dzi" and compression == "jpeg2000":
         raise ValueError("Deep Zoom tiles are JPEG or PNG: use compression jpeg, deflate or none")
+    if fmt == "dzi" and compression == "copy":
+        raise ValueError("compression copy writes TIFF formats (tiff, ome-tiff); Deep Zoom tiles are "
+                         "re-encoded: use compression jpeg, deflate or none")
     T = as_int(tile_size, "tile_size", error=ValueError)
     if fmt == "dzi":
         if T < 1:
@@ -258,6 +284,9 @@ def export_pyramid(
                 f"{slide.path}: export of {w}x{h} ({w * h} pixels) exceeds the limit of {limit} "
                 "pixels (raise it with --max-pixels / max_pixels=)"
             )
+        if compression == "copy":
+            return _export_copy(slide, final, fmt, L, (rx, ry, w, h), q, nthreads, bg, overwrite,
+                                progress, on_error, label, associated, bool(verify), sources, t_start)
         dims = pyramid_dimensions(w, h, T, fmt)
         src = StripSource(slide, L, rx, ry, w, h, T, nthreads, bg, on_error)
         missing = src.missing_tiles()
@@ -304,3 +333,80 @@ def export_pyramid(
             slide.close()
 
 
+
+
+def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, nthreads: int, bg,
+                 overwrite: bool, progress, on_error: str, label: bool, associated: bool,
+                 verify: bool, sources: list, t_start: float) -> ExportResult:
+    """``compression="copy"``: copied levels (:mod:`.passthrough`), then computed ones."""
+    plan = plan_copy(slide, L, *rect, fmt)
+    base = slide.levels[plan.base]
+    bx, by, bw, bh = plan.base_rect
+    T = plan.tile
+    cdims = pyramid_dimensions(bw, bh, T, fmt)
+    src = StripSource(slide, plan.base, bx, by, bw, bh, T, nthreads, bg, on_error)
+    copied_total = sum(cl.tiles for cl in plan.copied)
+    total = copied_total + sum(-(-lw // T) * -(-lh // T) for lw, lh in cdims[1:])
+    counter = TileCounter(total, progress)
+    extra = associated_for_export(slide, label, associated, on_error)
+    thumb = None
+    if fmt == "tiff":
+        kt = thumbnail_level(cdims)
+        thumb = LevelImage(kt, cdims[kt][0], cdims[kt][1], T)
+    bound = memory_bound(bw, T, levels=len(cdims), threads=nthreads,
+                         source_tile=(base.tile_width, base.tile_height),
+                         source_pixel_bytes=base.samples * base.dtype.itemsize,
+                         source_itemsize=base.dtype.itemsize,
+                         thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
+                         associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
+    bound += copy_memory_bound(
+        [(cl.cols, cl.width, cl.level.tile_height,
+          int(np.asarray(cl.level.tiles.bytecounts).max(initial=0))) for cl in plan.copied],
+        verify, nthreads)
+    codec = TileCodec(fmt, plan.reencode, quality)
+    pyramid = PyramidBuilder(cdims, T, 0, pad_tiles=True, strip=src.strip)
+    if len(cdims) > 1 or thumb is not None:
+        computed = encoded_tiles(src, pyramid, codec, nthreads, keep=thumb, skip=1)
+    else:  # nothing to compute, no thumbnail: the base level is not decoded at all
+        computed = _no_tiles()
+    meta = output_metadata(slide, L)
+    meta["associated"] = extra
+    meta["thumbnail"] = thumb
+    failed: set = set()
+
+    def failures() -> set:
+        return failed | {(plan.base, c, r) for c, r in src.failed}
+
+    meta["painted"] = (lambda: len(failures())) if on_error == "fill" else None
+    nbytes = write_tiff_copy(slide, plan, computed, final, fmt, cdims, quality, meta, overwrite,
+                             counter, on_error=on_error, verify=verify, threads=nthreads,
+                             failed=failed, sources=sources)
+    counter.finish()
+    bad = failures()
+    if bad:
+        first = src.first_error or "header, byte range or decode check failed"
+        warnings.warn(f"{slide.path}: {len(bad)} source tile(s) that failed their checks were "
+                      f"written as missing or painted with the background (first: {first})",
+                      TileWarning, stacklevel=3)
+    dims = [(cl.width, cl.height) for cl in plan.copied] + [tuple(d) for d in cdims[1:]]
+    return ExportResult(
+        output=final, format=fmt, level_dimensions=dims, tiles_written=counter.done,
+        tiles_missing=src.missing_tiles() + sum(_missing(cl) for cl in plan.copied[:-1]),
+        tiles_failed=len(bad), seconds=time.perf_counter() - t_start,
+        tile_size=plan.copied[0].level.tile_width, compression="copy", bytes_written=nbytes,
+        memory_bound=bound, tiles_copied=copied_total,
+    )
+
+
+def _no_tiles():
+    yield from ()
+
+
+def _missing(cl) -> int:
+    """Missing tiles (offset or byte count 0) in the copied sub-grid of a level."""
+    lv = cl.level
+    n = lv.tiles_across * lv.tiles_down
+    offs = np.asarray(lv.tiles.offsets[:n]).reshape(lv.tiles_down, lv.tiles_across)
+    cnts = np.asarray(lv.tiles.bytecounts[:n]).reshape(lv.tiles_down, lv.tiles_across)
+    sub = (slice(cl.row0, cl.row0 + cl.rows), slice(cl.col0, cl.col0 + cl.cols))
+    return int(((offs[sub] == 0) | (cnts[sub] == 0)).sum())

@@ -44,6 +44,7 @@ from ..formats.tiff import aperio
 from ..version import __version__
 from .associated import PAINTED_KEY, PAINTED_NAMESPACE
 from .encode import TileCounter, jpeg_subsampling, tiff_compression
+from .passthrough import CopyPlan, copied_tiles
 
 #: The writer named in the Software tag and Aperio descriptions.
 SOFTWARE = f"wsitool {__version__}"
@@ -202,3 +203,121 @@ def record_painted(fh, count: int) -> None:
     fh.flush()
 
 
+
+
+def _resolution(meta: dict, dims, k: int) -> dict:
+    """X/YResolution (pixels per centimetre, TIFF 6.0 section 8) of level ``k`` from the MPP."""
+    if not meta["mpp"]:
+        return {}
+    fx, fy = dims[0][0] / dims[k][0], dims[0][1] / dims[k][1]
+    return {"resolution": (1e4 / (meta["mpp"][0] * fx), 1e4 / (meta["mpp"][1] * fy)),
+            "resolutionunit": "CENTIMETER"}
+
+
+def _ome_metadata(final: Path, meta: dict, painted) -> dict:
+    ome = {"axes": "YXS", "Name": final.name.split(".")[0]}
+    if meta["mpp"]:
+        ome.update(PhysicalSizeX=meta["mpp"][0], PhysicalSizeY=meta["mpp"][1],
+                   PhysicalSizeXUnit="µm", PhysicalSizeYUnit="µm")
+    if painted is not None:  # the count is put in once level 0 is done
+        ome["MapAnnotation"] = {"Namespace": PAINTED_NAMESPACE, "Value": {PAINTED_KEY: "0"}}
+    return ome
+
+
+def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdims, quality: int,
+                    meta: dict, overwrite: bool, counter: TileCounter, *, on_error: str,
+                    verify: bool, threads: int, failed: set, sources=()) -> int:
+    """Write a ``compression="copy"`` export (:mod:`.passthrough`); returns the output's size in bytes.
+
+    Layout as :func:`write_tiff`: output levels ``0 .. len(plan.copied) - 1``
+    are the copied source levels (each page with its source's tile size and
+    codec tags), then the computed levels ``cdims[1:]`` (``cdims[0]`` is the
+    last copied level), re-encoded as ``plan.reencode`` at ``quality`` in
+    ``plan.tile`` tiles.  ``computed`` yields their ``(k, col, row, bytes)``,
+    ``k >= 1`` numbered from the last copied level; they are made first (into
+    the anonymous spill file), so that a source tile the downsampler cannot
+    decode fails the export before the copy starts.  ``failed`` collects
+    copied tiles that failed their checks (``on_error="fill"``).
+    """
+    copied = plan.copied
+    m = len(copied)
+    dims = [(cl.width, cl.height) for cl in copied] + [tuple(d) for d in cdims[1:]]
+    T = plan.tile
+    c_args, c_kind = tiff_compression(fmt, plan.reencode, quality)
+    raw = sum(int(np.asarray(cl.level.tiles.bytecounts, np.uint64).sum()) for cl in copied)
+    raw += sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in cdims[1:])
+    bigtiff = raw + (raw >> 4) + (1 << 24) >= 2**32
+    partial, out_fh = atomic.open_file(final, sources, read=True)
+    try:
+        spill = atomic.anonymous_file(final.parent, final)
+    except BaseException:
+        out_fh.close()
+        partial.abort()
+        raise
+    index: list[list[tuple[int, int]]] = [[] for _ in cdims]
+    fd = spill.fileno()
+
+    def spilled(k: int) -> Iterator[bytes]:
+        for off, n in index[k]:
+            yield os.pread(fd, n, off)
+
+    def tiles_of(cl) -> Iterator[bytes]:
+        return copied_tiles(slide, cl, on_error=on_error, verify=verify, threads=threads,
+                            failed=failed, counter=counter)
+
+    painted = meta.get("painted")
+    try:
+        pos = 0
+        for k, _c, _r, data in computed:
+            os.pwrite(fd, data, pos)
+            index[k].append((pos, len(data)))
+            pos += len(data)
+            counter.add()
+        with out_fh:
+            with tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff")) as tw:
+                w0, h0 = dims[0]
+                first = copied[0]
+                if fmt == "tiff":
+                    mpp = meta["mpp"][0] if meta["mpp"] else None
+                    desc = aperio.description_text(
+                        w0, h0, first.level.tile_width, first.kind, mpp, meta["mag"], SOFTWARE,
+                        extra={PAINTED_KEY: 0} if painted is not None else None)
+                    tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, description=desc,
+                             metadata=None, software=SOFTWARE, **_resolution(meta, dims, 0),
+                             **first.page)
+                    write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
+                else:
+                    tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, subifds=len(dims) - 1,
+                             metadata=_ome_metadata(final, meta, painted), software=SOFTWARE,
+                             **_resolution(meta, dims, 0), **first.page)
+                for k in range(1, len(dims)):
+                    w, h = dims[k]
+                    if k < m:
+                        cl = copied[k]
+                        data, args, tile, kind = tiles_of(cl), cl.page, cl.level.tile_width, cl.kind
+                    else:
+                        data = spilled(k - m + 1)
+                        args, tile, kind = dict(c_args, tile=(T, T)), T, c_kind
+                    if fmt == "tiff":
+                        desc = aperio.level_description_text((w0, h0), (w, h), tile, kind, SOFTWARE)
+                        tw.write(data, shape=(h, w, 3), dtype=np.uint8, description=desc, metadata=None,
+                                 subfiletype=0, software=SOFTWARE, **_resolution(meta, dims, k), **args)
+                    else:
+                        tw.write(data, shape=(h, w, 3), dtype=np.uint8, subfiletype=1, software=SOFTWARE,
+                                 **_resolution(meta, dims, k), **args)
+                for name, image in meta.get("associated", ()):
+                    write_associated(tw, fmt, name, image)
+            if painted is not None and painted():
+                record_painted(out_fh, painted())
+        nbytes = partial.path.stat().st_size
+        partial.commit(overwrite)
+        return nbytes
+    except BaseException as exc:
+        computed.close()
+        out_fh.close()
+        partial.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
+            raise atomic.user_error(exc, final) from None
+        raise
+    finally:
+        spill.close()
