@@ -223,7 +223,7 @@ class Slide:
     # ------------------------------------------------------------------ reading
 
     def read_region(self, location, level, size, *, out=None, mode="rgba", threads=None,
-                    on_error="raise", device="cpu"):
+                    on_error="raise", device="cpu", downsample=1):
         """Read a region; see :func:`wsitool.read.region.read_region` for the full contract.
 
         Args:
@@ -238,6 +238,8 @@ class Slide:
             threads: worker threads for this read (default: CPU count).
             on_error: ``"raise"`` or ``"fill"`` (corrupt tiles become background).
             device: ``"cpu"`` (numpy output) or ``"cuda"`` (CuPy output).
+            downsample: 1, 2, 4 or 8: ``level`` read at ``1/downsample`` scale
+                (``size`` in pixels of that scale; :mod:`wsitool.read.reduced`).
 
         Returns:
             The filled array (``out`` itself when given).
@@ -250,7 +252,8 @@ class Slide:
             DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
         """
         return read_region(self.levels, self.path, location, level, size, out=out, mode=mode,
-                           threads=threads, on_error=on_error, device=device)
+                           threads=threads, on_error=on_error, device=device,
+                           downsample=downsample)
 
     def to_dask(self, level=0, *, chunks="tile"):
         """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
