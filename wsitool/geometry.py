@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Protocol
 
-__all__ = ["TileGrid", "TileJob", "level_rect", "level0_coordinate", "plan_tiles", "inside_rect"]
+__all__ = ["TileGrid", "TileJob", "level_rect", "level0_coordinate", "plan_tiles", "inside_rect",
+           "ScaledGrid", "scaled_grid"]
 
 
 class TileGrid(Protocol):
@@ -105,3 +106,30 @@ def plan_tiles(grid: TileGrid, rx: int, ry: int, w: int, h: int,
             planned.append(TileJob(col, row, (ox0 - tx0, oy0 - ty0, ox1 - tx0, oy1 - ty0),
                                    (ox0 - rx, oy0 - ry, ox1 - rx, oy1 - ry)))
     return inside, planned
+
+
+class ScaledGrid(NamedTuple):
+    """A level seen at ``1 / factor`` scale (a virtual level for reduced-resolution reads).
+
+    Virtual pixel ``u`` stands for level pixels ``[factor * u, factor * u + factor)``
+    (clipped to the level); the virtual level is ``ceil(width / factor) x
+    ceil(height / factor)`` pixels, its tiles ``tile_width / factor`` (the caller
+    makes sure ``factor`` divides the tile size) and its downsample the level's
+    times ``factor``.  This is the grid of a JPEG 2000 tile-component at
+    resolution level ``N_L - log2(factor)`` (ITU-T T.800 B.5, equation B-14, for
+    tiles at multiples of the tile size from origin 0).
+    """
+
+    width: int
+    height: int
+    tile_width: int
+    tile_height: int
+    downsample: float
+    factor: int
+
+
+def scaled_grid(grid: TileGrid, factor: int) -> ScaledGrid:
+    """The :class:`ScaledGrid` of ``grid`` at ``1 / factor`` scale (``factor`` >= 1)."""
+    return ScaledGrid(-(-grid.width // factor), -(-grid.height // factor),
+                      max(1, grid.tile_width // factor), max(1, grid.tile_height // factor),
+                      grid.downsample * factor, factor)

@@ -116,11 +116,16 @@ class DecodePaths:
             scratch buffer and cropped (the reference the ROI path is pinned to).
         force_scratch: decode every nvImageCodec tile whole into scratch and
             copy (the reference of the in-place path).
+        openjpeg: decode JPEG 2000 tiles through OpenJPEG's window decoder
+            (:mod:`wsitool.codec.openjpeg`: only the code-blocks a partial tile
+            needs) where libopenjp2 is available; when False they take the
+            nvImageCodec path.
     """
 
     native: bool = True
     roi_decode: bool = True
     force_scratch: bool = False
+    openjpeg: bool = True
 
 
 def _paths_from_environment() -> DecodePaths:

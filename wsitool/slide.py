@@ -249,7 +249,7 @@ class Slide:
     # ------------------------------------------------------------------ reading
 
     def read_region(self, location, level, size, *, out=None, mode="rgba", threads=None,
-                    on_error="raise", device="cpu", color=None):
+                    on_error="raise", device="cpu", color=None, downsample=1):
         """Read a region; see :func:`wsitool.read.region.read_region` for the full contract.
 
         Args:
@@ -268,6 +268,8 @@ class Slide:
                 convert from the slide's embedded ICC profile to sRGB with
                 LittleCMS (:mod:`wsitool.read.icc`); for ``rgb`` / ``rgba`` on
                 the CPU; a slide without a profile is returned unchanged.
+            downsample: 1, 2, 4 or 8: ``level`` read at ``1/downsample`` scale
+                (``size`` in pixels of that scale; :mod:`wsitool.read.reduced`).
 
         Returns:
             The filled array (``out`` itself when given).
@@ -285,7 +287,7 @@ class Slide:
             raise InvalidRegionError(f"{self.path}: color='icc' applies to mode 'rgb' / 'rgba' on the CPU")
         region = read_region(self.levels, self.path, location, level, size, out=out, mode=mode,
                              threads=threads, on_error=on_error, device=device,
-                             cache=self._tile_cache)
+                             cache=self._tile_cache, downsample=downsample)
         if color == "icc" and self.color_profile is not None:
             if self._icc is None:
                 self._icc = IccTransform(self.color_profile, self.path)

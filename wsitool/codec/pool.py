@@ -40,7 +40,12 @@ class DecodeStats:
     buffer); ``tiles_scratch`` (decoded into a scratch buffer and copied);
     ``tiles_generic`` (decoded by tifffile/imagecodecs); ``tiles_missing``
     (offset or byte count 0, filled with background); ``tiles_failed`` (raised
-    or filled after an error); ``scratch_allocations``; ``bytes_read``.
+    or filled after an error); ``scratch_allocations``; ``bytes_read``;
+    ``tiles_openjpeg`` (J2K tiles decoded by the OpenJPEG window path,
+    :mod:`wsitool.codec.openjpeg`), ``window_copies`` (its copies of a decoded
+    window into the destination: one per such tile, never of a whole tile
+    unless the whole tile was wanted) and ``tiles_reduced`` (of those, decoded
+    at a reduced resolution).
     """
 
     decoders_created: int = 0
@@ -53,6 +58,9 @@ class DecodeStats:
     tiles_failed: int = 0
     scratch_allocations: int = 0
     bytes_read: int = 0
+    tiles_openjpeg: int = 0
+    window_copies: int = 0
+    tiles_reduced: int = 0
 
     def add(self, other: "DecodeStats") -> None:
         """Add ``other``'s counters to these (in place)."""

@@ -20,14 +20,15 @@ from ..errors import InvalidRegionError
 from ..model import Level
 from .cuda import read_region_cuda
 from .fill import fill_region
-from .request import check_out, output_shape, validate_request
+from .reduced import fill_reduced
+from .request import check_downsample, check_out, output_shape, validate_request
 
 __all__ = ["read_region"]
 
 
 def read_region(levels: Sequence[Level], path: str, location, level, size, *, out=None,
                 mode: str = "rgba", threads: int | None = None, on_error: str = "raise",
-                device: str = "cpu", cache=None):
+                device: str = "cpu", cache=None, downsample: int = 1):
     """Read a region of a pyramid into a new or caller-provided array.
 
     Args:
@@ -51,6 +52,10 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
         device: ``"cpu"``; ``"cuda"`` returns a CuPy array (see :mod:`wsitool.read.cuda`).
         cache: a :class:`~wsitool.read.cache.CacheScope` (the slide's view of a
             decoded-tile cache) or None; CPU reads only (see :mod:`wsitool.read.cache`).
+        downsample: 1 (default), 2, 4 or 8: read ``level`` at ``1/downsample``
+            scale; ``size`` is then in pixels of that scale (see
+            :mod:`wsitool.read.reduced` for the pixel grid; JPEG 2000 tiles are
+            decoded at the matching wavelet resolution, others area-filtered).
 
     Returns:
         The region; pixels outside the slide and missing tiles (offset or byte
@@ -66,6 +71,7 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
     """
     if on_error not in ("raise", "fill"):
         raise InvalidRegionError(f"{path}: on_error must be 'raise' or 'fill', got {on_error!r}")
+    k = check_downsample(downsample, path, device)
     lv, x, y, w, h = validate_request(levels, path, location, level, size, mode)
     if threads is not None:
         threads = as_int(threads, "threads", path)
@@ -81,7 +87,10 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
     else:
         check_out(out, shape, dtype, path)
     with lv.source.reading():
-        fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"), cache)
+        if k > 1:
+            fill_reduced(lv, x, y, w, h, k, out, mode, threads, on_error, get_pool("cpu"))
+        else:
+            fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"), cache)
     return out
 
 

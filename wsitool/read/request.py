@@ -18,10 +18,30 @@ from ..errors import InvalidRegionError, ResourceLimitError, UnsupportedFormatEr
 from ..model import Level
 from ..settings import get_limits
 
-__all__ = ["MODES", "output_shape", "level_index", "validate_request", "check_out", "check_tile_limit"]
+__all__ = ["MODES", "DOWNSAMPLES", "output_shape", "level_index", "validate_request", "check_out",
+           "check_tile_limit", "check_downsample"]
 
 
 MODES = ("rgba", "rgb", "raw")
+
+#: Factors a region may be read at below its level (``read_region(downsample=)``):
+#: the resolution levels a JPEG 2000 tile can drop (1/2, 1/4, 1/8) and 1.
+DOWNSAMPLES = (1, 2, 4, 8)
+
+
+def check_downsample(downsample, path: str, device: str = "cpu") -> int:
+    """``downsample`` as an int of :data:`DOWNSAMPLES`.
+
+    Raises:
+        InvalidRegionError: not an integer, not one of :data:`DOWNSAMPLES`, or
+            above 1 with a ``device`` other than ``"cpu"``.
+    """
+    k = as_int(downsample, "downsample", path)
+    if k not in DOWNSAMPLES:
+        raise InvalidRegionError(f"{path}: downsample must be one of {DOWNSAMPLES}, got {k}")
+    if k > 1 and device != "cpu":
+        raise InvalidRegionError(f"{path}: downsample={k} reads only on the CPU (device='cpu')")
+    return k
 
 
 def output_shape(level: Level, size: tuple[int, int], mode: str) -> tuple[tuple[int, int, int], np.dtype]:

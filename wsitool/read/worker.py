@@ -28,6 +28,7 @@ import numpy as np
 from ..codec.failures import tile_failed
 from ..codec.generic import decode_array
 from ..codec.library import decode_params, nv
+from ..codec import openjpeg
 from ..codec.nvdecode import check_decoded, count_decoded, decode_checked, decode_into, plan_decode
 from ..codec.pool import ThreadState
 from ..codec.tilebytes import read_tile_stream
@@ -74,6 +75,9 @@ class TileWorker:
         # tile of the batch, megabytes per thread).  The test switches that
         # force the scratch path turn it off.
         paths = get_decode_paths()
+        # JPEG 2000 through OpenJPEG's window decoder (nvImageCodec as fallback)
+        self.decode = (_decode_j2k if lv.encoding.stream == "j2k" and paths.openjpeg
+                       and openjpeg.available() else decode_into)
         self.batch = batch if (
             batch > 1 and lv.encoding.codec == "nv" and self.in_place
             and not paths.force_scratch and paths.roi_decode
@@ -179,18 +183,18 @@ class TileWorker:
                 _missing(dst, state)
                 return
             if self.in_place:
-                decode_into(lv, col, row, data, dst, src, state, complete=True)
+                self.decode(lv, col, row, data, dst, src, state, complete=True)
                 return
             if self.rgba:
                 h, w = dy1 - dy0, dx1 - dx0
                 flat, rgb, image = state.tile_rgb(lv.tile_height, lv.tile_width, h, w)
-                decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False,
+                self.decode(lv, col, row, data, rgb, src, state, caller_buffer=False,
                             complete=True, image=image)
                 widen_rgba(flat, h, w, self.out32[dy0:dy1, dx0:dx1])
                 return
             scratch = state.scratch((lv.tile_height, lv.tile_width, 3))
             rgb = scratch[: dy1 - dy0, : dx1 - dx0]
-            decode_into(lv, col, row, data, rgb, src, state, caller_buffer=False,
+            self.decode(lv, col, row, data, rgb, src, state, caller_buffer=False,
                         complete=True)
             if lv.encoding.ycbcr_after_decode:
                 rgb = ycbcr_to_rgb(rgb)
@@ -257,6 +261,14 @@ class _Block:
         self.owner = owner
         self.__array_interface__ = {"version": 3, "shape": shape, "typestr": typestr,
                                     "data": (address, False), "strides": strides}
+
+
+def _decode_j2k(lv: Level, col: int, row: int, data, dst: np.ndarray, src, state: ThreadState,
+                **kw) -> None:
+    """:func:`wsitool.codec.openjpeg.decode_into` (only the window ``src`` of the
+    tile is decoded), else :func:`decode_into` where that path does not apply."""
+    if not openjpeg.decode_into(lv, col, row, data, dst, src, state, **kw):
+        decode_into(lv, col, row, data, dst, src, state, **kw)
 
 
 def _missing(dst: np.ndarray, state: ThreadState) -> None:
