@@ -368,3 +368,20 @@ def test_next_run_removes_stale_partials_of_dead_processes_only(tmp_path):
     assert _batch(out).exit_code == 0
     assert not stale.exists() and not stale_dzi.exists()
     assert other.exists() and live.exists()
+
+
+def test_stress_report_follows_the_output_rule(tmp_path):
+    """stress --report / --plot: an existing file needs --overwrite (exit 9 before the run),
+    the slide itself is never a report (exit 2)."""
+    slide = tmp_path / "s.svs"
+    slide.write_bytes(SAMPLE.read_bytes())
+    report = tmp_path / "r.json"
+    report.write_text("keep me")
+    res = run("stress", slide, "--workers", "1", "--iterations", "5", "--report", report)
+    assert res.exit_code == 9 and "already exists" in res.output and report.read_text() == "keep me"
+    res = run("stress", slide, "--workers", "1", "--iterations", "5", "--report", slide)
+    assert res.exit_code == 2 and "output is the source slide" in res.output
+    assert slide.read_bytes() == SAMPLE.read_bytes()
+    res = run("stress", slide, "--workers", "1", "--iterations", "20", "--report", report, "--overwrite")
+    assert res.exit_code in (0, 15), res.output
+    assert report.read_text().startswith("{")

@@ -222,7 +222,8 @@ class Slide:
         """The slide's embedded ICC profile (raw bytes), or None.
 
         TIFF: tag 34675 ICCProfile of level 0's IFD (Aperio and generic TIFF; the
-        bytes OpenSlide 4 returns).  ``read_region(..., color="icc")`` converts
+        bytes OpenSlide 4 returns).  DICOM: ICC Profile (0028,2000) of the first
+        item of the Optical Path Sequence (0048,0105), PS3.3 C.8.12.5.  ``read_region(..., color="icc")`` converts
         pixels from it to sRGB.  See :meth:`associated_color_profile` for the
         associated images' own profiles."""
         return self._pyramid.color_profile

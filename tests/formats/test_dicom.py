@@ -268,3 +268,15 @@ def test_phi_keys_are_marked():
     assert dicom.is_phi("dicom.SpecimenDescriptionSequence[0].SpecimenIdentifier")
     assert not dicom.is_phi("dicom.Manufacturer") and not dicom.is_phi("openslide.mpp-x")
     assert "PatientName" in dicom.PHI_KEYWORDS
+
+
+def test_icc_profile_of_the_optical_path_as_openslide_reads_it():
+    """ICC Profile (0028,2000) of the first Optical Path Sequence item: the slide's
+    color_profile, with the size OpenSlide 4 reports (openslide.icc-size)."""
+    openslide = pytest.importorskip("openslide")
+    folder = shared_sample("dicom-openslide-boxes")
+    first = sorted(folder.glob("*.dcm"))[0]
+    with wsitool.open_slide(folder) as s, openslide.OpenSlide(str(first)) as o:
+        assert s.color_profile is not None
+        assert s.properties["openslide.icc-size"] == o.properties["openslide.icc-size"] == str(len(s.color_profile))
+        assert s.color_profile[36:40] == b"acsp"  # an ICC profile header (ICC.1 7.2.9)

@@ -8,14 +8,16 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-REPO = Path(__file__).resolve().parents[2]
+import wsitool  # noqa: E402
+
+from conftest import REPO, SHARED_SAMPLES  # noqa: E402
+
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 
 
@@ -92,3 +94,26 @@ def test_missing_source_is_exit_9():
                            "/nonexistent/slides", "--port", "0"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 9 and "nonexistent" in proc.stderr
+
+
+def test_nothing_to_serve_is_one_line_exit_3(tmp_path):
+    bad = tmp_path / "junk.svs"
+    bad.write_bytes(b"not a slide at all" * 10)
+    proc = subprocess.run([sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no slide to serve" in lines[0] and str(bad) in lines[0], proc.stderr
+
+
+def test_a_dicom_series_folder_given_is_one_slide():
+    from wsitool.serve.registry import SlideRegistry
+
+    folder = SHARED_SAMPLES / "dicom-openslide-boxes"
+    if not folder.is_dir():
+        pytest.skip(f"real slides folder {folder} is absent")
+    registry = SlideRegistry([folder], wsitool.open_slide)
+    try:
+        assert [entry.path for entry in registry] == [str(folder)] and not registry.skipped
+    finally:
+        registry.close()

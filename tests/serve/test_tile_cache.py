@@ -14,7 +14,7 @@ import wsitool
 from wsitool.errors import TileDecodeError, TileWarning
 from wsitool.read.cache import TileCache
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO, SHARED_SAMPLES  # noqa: E402
 SAMPLES = sorted((REPO / "samples").glob("sample-*"))
 
 
@@ -96,7 +96,7 @@ def test_failures_are_not_cached_and_reach_waiters():
 
 
 def test_corrupt_tile_through_a_cached_slide():
-    broken = Path(REPO.parent / "shared" / "samples" / "broken-aperio-unreadable-jpeg.svs")
+    broken = SHARED_SAMPLES / "broken-aperio-unreadable-jpeg.svs"
     if not broken.exists():
         pytest.skip(f"real slide {broken} is absent")
     s = wsitool.open_slide(broken, cache=1 << 20)

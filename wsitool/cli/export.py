@@ -158,7 +158,7 @@ def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> Non
         raise fail(f"{slide}: {exc}", 2) from None
     dims = result.level_dimensions
     console.print(
-        f"wrote {result.output} ({result.format}, {result.compression}, {len(dims)} levels "
+        f"wrote {shown(result.output)} ({result.format}, {result.compression}, {len(dims)} levels "
         f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
         f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
         highlight=False,
@@ -181,8 +181,8 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
     if output.exists() and not output.is_dir():
         raise fail(f"{output}: exists and is not a folder (several slides need an output folder)", 2)
     if scheduler is None and len(paths) > 1 and not dask_available():
-        err_console.print(f"Dask is not installed: exporting {len(paths)} slides one after another "
-                          '(pip install "wsitool[dask]" to run them in parallel)', highlight=False)
+        err_console.print(shown(f"Dask is not installed: exporting {len(paths)} slides one after another "
+                                '(pip install "wsitool[dask]" to run them in parallel)'), highlight=False)
     counts = {"ok": 0, "skipped": 0, "failed": 0}
     with batch_progress(quiet) as bar:
         task = bar.add_task("slides", total=len(paths))

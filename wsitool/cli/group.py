@@ -52,7 +52,7 @@ app = typer.Typer(
     cls=OneLineUsage,
     add_completion=False,
     no_args_is_help=True,
-    help="Read, convert and stress-test tiled pyramidal whole-slide images (SVS, TIFF, OME-TIFF).",
+    help="Read, convert, serve and stress-test whole-slide images (SVS, TIFF, OME-TIFF, DICOM WSI).",
 )
 
 

@@ -18,7 +18,7 @@ from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
 from ..slide import open_slide
-from .console import console, err_console, handle_errors
+from .console import console, err_console, handle_errors, shown
 from .group import app
 
 
@@ -87,6 +87,7 @@ def info(
                            if show_phi or k not in s.identifying_properties},
         }
         hidden = 0 if show_phi else len(s.identifying_properties)
+        phi = {k: s.properties[k] for k in sorted(s.identifying_properties)} if show_phi else {}
         picks = {k.rsplit(".", 1)[1]: v for k, v in s.properties.items()
                  if k.startswith("wsitool.dicom.") and k.rsplit(".", 1)[1] in ("optical-path", "focal-plane")}
     if as_json:
@@ -109,6 +110,8 @@ def info(
     if hidden:
         _info_console().print(f"{hidden} identifying propert{'y' if hidden == 1 else 'ies'} (patient, "
                               "institution, specimen) hidden: --show-phi shows them", highlight=False)
+    for key, value in phi.items():  # --show-phi: the identifying properties themselves
+        _info_console().print(f"{shown(key)} = {shown(value)}", highlight=False)
     _print_info_tables(slide, levels, assoc, data["backends"], backends)
 
 

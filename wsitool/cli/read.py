@@ -98,9 +98,9 @@ def read_region_cmd(
         arr = arr.get()
     write_image(output, arr, overwrite=overwrite, sources=[slide])
     console.print(
-        f"wrote {output} (width {arr.shape[1]}, height {arr.shape[0]}, {arr.shape[2]} "
+        f"wrote {shown(output)} (width {arr.shape[1]}, height {arr.shape[0]}, {arr.shape[2]} "
         f"channel{'s' if arr.shape[2] != 1 else ''} {arr.dtype}) "
-        f"from {slide} level {level} at ({location[0]}, {location[1]})",
+        f"from {shown(slide)} level {level} at ({location[0]}, {location[1]})",
         highlight=False,
     )
 

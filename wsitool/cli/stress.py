@@ -9,8 +9,8 @@ from typing import Literal, Optional
 import typer
 from rich.live import Live
 
-from .. import stress
-from .console import console, fail, handle_errors
+from .. import atomic, stress
+from .console import console, fail, handle_errors, shown
 from .group import app
 
 
@@ -35,6 +35,7 @@ def stress_cmd(
     stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds without progress before the run counts as hung."),
     sample_interval: float = typer.Option(0.1, "--sample-interval", help="Seconds between RSS samples."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --report / --plot file."),
 ) -> None:
     """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
 
@@ -59,6 +60,9 @@ def stress_cmd(
             problem = _unwritable_output(target)
             if problem:
                 raise fail(f"{target}: {problem} ({name})", 9)
+            # the rule of every command that writes (wsitool.atomic.check_output): never
+            # the slide itself, and an existing file only with --overwrite
+            atomic.check_output(target, [slide], overwrite)
     live = None
     if console.is_terminal:
         live = Live(console=console, refresh_per_second=4, transient=True)
@@ -83,10 +87,10 @@ def stress_cmd(
     console.print(stress.summary_table(result))
     if report is not None:
         stress.write_report(result, report)
-        console.print(f"wrote report {report}", highlight=False)
+        console.print(f"wrote report {shown(report)}", highlight=False)
     if plot is not None:
         stress.write_plot(result, plot)
-        console.print(f"wrote plot {plot}", highlight=False)
+        console.print(f"wrote plot {shown(plot)}", highlight=False)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 

@@ -224,7 +224,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     if scheduler is None:
         scheduler = "local" if len(srcs) > 1 and dask_available() else "sequential"
     check_scheduler(scheduler, ("sequential",))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
     options = dict(export_options, format=format, overwrite=overwrite)
     options.pop("progress", None)
     results: dict[int, SlideOutcome] = {}

@@ -195,7 +195,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
     if out_dir.is_dir():
         for dest in dests:
             atomic.check_output(dest, sources, overwrite, kind="dir" if fmt == "zarr" else "file")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
     atomic.clean_stale_partials(out_dir)
     writer = PackWriter(dests[0], fmt, sources, overwrite) if pack else None
     region_task = functools.partial(_region_task, overwrite=overwrite)

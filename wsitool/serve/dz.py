@@ -19,7 +19,6 @@ exact mean), over the tolerance of 2 that the parity test holds the default to.
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np

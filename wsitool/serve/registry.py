@@ -57,6 +57,11 @@ def _candidates(root: Path) -> Iterable[tuple[str, str]]:
         dirnames.sort()
         rel_dir = os.path.relpath(dirpath, root)
         dicoms = sorted(f for f in filenames if f.lower().endswith(".dcm"))
+        if dicoms and rel_dir == "." and not any(name.lower().endswith(SLIDE_EXTENSIONS) and
+                                                 not name.lower().endswith(".dcm") for name in filenames):
+            # the folder given is itself one DICOM series: one slide, named after the folder
+            yield root.name or "series", str(root)
+            return
         if dicoms and rel_dir != ".":
             # a folder of DICOM instances is one slide (a series)
             if _inside(dirpath, real_root):
@@ -100,8 +105,7 @@ class SlideRegistry:
         try:
             slide = opener(path)
         except Exception as exc:  # any slide wsitool cannot open is left out, not fatal
-            self.skipped.append((path, str(exc)))
-            log.info("skipped %s: %s", path, exc)
+            self.skipped.append((path, str(exc)))  # reported once, by the runner
             return
         base, n = sid, 2
         while sid in self.entries:

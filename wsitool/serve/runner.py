@@ -19,6 +19,7 @@ import logging
 import signal
 import sys
 
+from ..errors import UnsupportedFormatError
 from .app import ServerState, create_app
 from .config import ServeConfig
 from .registry import SlideRegistry
@@ -96,8 +97,13 @@ def serve(sources, config: ServeConfig, host: str = "127.0.0.1", port: int = 800
     tune_malloc()
     if state is None:
         state = build_state(sources, config)
-    for path, why in state.registry.skipped:
-        log.warning("not served: %s: %s", path, why)
+    reasons = [why if str(why).startswith(str(path)) else f"{path}: {why}"  # (most name the file)
+               for path, why in state.registry.skipped]
+    if not len(state.registry):
+        raise UnsupportedFormatError("no slide to serve: " + ("; ".join(reasons) or
+                                                              "no slide file in the folders given"))
+    for why in reasons:
+        log.warning("not served: %s", why)
     app = create_app(state)
     uconfig = uvicorn.Config(app, host=host, port=port, log_level=level, access_log=False,
                              lifespan="off", log_config=None, timeout_graceful_shutdown=10)

@@ -39,7 +39,7 @@ from ...storage.span import Span
 from .encoding import frame_encoding, is_encapsulated
 from .frames import frame_table
 from .instance import Instance, is_dicom
-from .properties import PHI_KEYWORDS, build_properties, is_phi
+from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
 from .series import dicom_files, series_of_file, series_of_folder
 from .tiling import Image, merge_parts, tile_grid
 
@@ -227,8 +227,12 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
     associated = _associated(instances, sources, problems)
     sizes = {name: (im.width, im.height) for name, im in associated.items()}
     properties = build_properties(tuple(levels), kept[0].head.ds, notes, sizes)
+    profile = icc_profile_of(kept[0].head.ds)
+    if profile is not None:  # OpenSlide's key for it (openslide-python's ICC support)
+        properties["openslide.icc-size"] = str(len(profile))
     return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,
                    properties=properties, problems=problems, release=sources.close,
+                   color_profile=profile,
                    identifying=frozenset(k for k in properties if is_phi(k)))
 
 

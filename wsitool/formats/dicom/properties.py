@@ -159,3 +159,11 @@ def build_properties(levels: tuple[Level, ...], ds: Dataset, extra: dict[str, st
         props[f"openslide.associated.{name}.height"] = str(h)
     props.update(extra)
     return props
+
+
+def icc_profile_of(ds: "Dataset") -> bytes | None:
+    """The ICC profile of the first optical path (ICC Profile (0028,2000) in the Optical
+    Path Sequence (0048,0105), PS3.3 C.8.12.5), raw bytes, or None."""
+    path = _first(ds, "OpticalPathSequence")
+    value = path.get("ICCProfile") if path is not None else None
+    return bytes(value) if value else None
