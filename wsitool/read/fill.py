@@ -16,9 +16,9 @@ path is the one above, unchanged.
 
 from __future__ import annotations
 
-import numpy as np
-
 import warnings
+
+import numpy as np
 
 from ..codec import jpegloop
 from ..errors import TileDecodeError, TileWarning
@@ -153,8 +153,6 @@ def _fill_native(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray,
     # with 2).
     region.chunk = min(batch_size(most, k, region.count, per_thread=4), jpegloop.MAX_CHUNK)
     run_threads(k, lambda: region.run(pool), region.stop)
-
-
 
 
 def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, mode: str,
