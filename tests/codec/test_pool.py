@@ -222,3 +222,19 @@ def test_jpeg_frame_size_parser():
     assert jpeg_frame_size(stream[:4]) is None
     # abbreviated stream with no SOF before SOS
     assert jpeg_frame_size(b"\xff\xd8\xff\xda\x00\x02") is None
+
+
+def test_decoder_that_cannot_be_made_is_device_unavailable(monkeypatch):
+    """nvImageCodec refusing to make a decoder is one DeviceUnavailableError naming the device."""
+    from wsitool.codec import pool as pool_mod
+    from wsitool.codec.library import nv
+    from wsitool.errors import DeviceUnavailableError
+
+    class Refusing:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("no backend")
+
+    fresh = pool_mod.DecoderPool("cpu")
+    monkeypatch.setattr(nv(), "Decoder", Refusing)
+    with pytest.raises(DeviceUnavailableError, match="could not create an nvImageCodec decoder for cpu"):
+        fresh._create_decoder()

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..device import cuda_device_id
+from ..errors import DeviceUnavailableError
 from ..forksafe import PerProcess
 from .library import nv
 
