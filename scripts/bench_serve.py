@@ -28,6 +28,21 @@ issue 17: with 8 clients, peak - idle <= 102 MB with the cache off and
 The operating system's page cache is not dropped between runs (the slide's
 bytes are read from memory after the first run); "cold" is wsitool's decoded-tile
 cache only.
+
+The same workload against another IIIF Image API 2 server (e.g. Debian's
+``iipimage-server`` behind lighttpd's FastCGI), after the wsitool runs::
+
+    python scripts/bench_serve.py SLIDE \
+        --iiif2-cmd "sh run-iip.sh {port} {cache_mb}" \
+        --iiif2-base "http://127.0.0.1:{port}/fcgi-bin/iipsrv.fcgi?IIIF=slide.tif" \
+        [--iiif2-procs iipsrv.fcgi] [--iiif2-label iipsrv] [--no-wsitool]
+
+``--iiif2-cmd`` runs the server in the foreground (its own process group, ended
+with SIGTERM after each configuration, so each configuration starts cold);
+``{port}`` is a free port and ``{cache_mb}`` the cache budget (0 for cache off).
+Requests are ``{base}/{x},{y},{w},{h}/{w/s},/0/default.jpg`` (IIIF 2 size ``w,``).
+Its RSS is the sum over the started command's descendant processes named
+``--iiif2-procs`` (comma-separated), idle after its first ``info.json`` answer.
 """
 
 from __future__ import annotations
@@ -56,8 +71,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def workload(width: int, height: int, every: int, scales: list[int] | None) -> list[str]:
-    """The image-request paths (after the id) of every tile at every scale factor."""
+def workload(width: int, height: int, every: int, scales: list[int] | None,
+             iiif2: bool = False) -> list[str]:
+    """The image-request paths (after the id) of every tile at every scale factor.
+
+    ``iiif2``: sizes as IIIF Image API 2 ``w,`` (the height follows the aspect ratio).
+    """
     paths = []
     s = 1
     while True:
@@ -68,7 +87,8 @@ def workload(width: int, height: int, every: int, scales: list[int] | None) -> l
                 for x in range(0, width, span):
                     w, h = min(span, width - x), min(span, height - y)
                     ow, oh = max(1, math.ceil(w / s)), max(1, math.ceil(h / s))
-                    tiles.append(f"{x},{y},{w},{h}/{ow},{oh}/0/default.jpg")
+                    size = f"{ow}," if iiif2 else f"{ow},{oh}"
+                    tiles.append(f"{x},{y},{w},{h}/{size}/0/default.jpg")
             paths.extend(tiles[::every])
         if max(width, height) <= TILE * s:
             break
@@ -97,18 +117,21 @@ class Server:
             raise SystemExit(f"server did not start: {self.proc.stderr.read().decode()[-2000:]}")
         self.ps = psutil.Process(self.proc.pid)
         time.sleep(0.3)
-        self.idle = self.ps.memory_info().rss
+        self.idle = self.rss()
         self._peak = self.idle
         self._run = False
 
+    def rss(self) -> int:
+        return self.ps.memory_info().rss
+
     def sample(self):
-        self._peak = self.ps.memory_info().rss
+        self._peak = self.rss()
         self._run = True
 
         def loop():
             while self._run:
                 try:
-                    self._peak = max(self._peak, self.ps.memory_info().rss)
+                    self._peak = max(self._peak, self.rss())
                 except psutil.Error:
                     return
                 time.sleep(0.01)
@@ -129,7 +152,66 @@ class Server:
             self.proc.kill()
 
 
-async def run_pass(url: str, sid: str, paths: list[str], clients: int):
+class ExternalServer(Server):
+    """An external IIIF 2 server run by a foreground command; RSS summed over its named processes."""
+
+    def __init__(self, cmd: str, base: str, names: list[str], cache_mb: int):
+        self.port = free_port()
+        self.base = base.format(port=self.port)
+        u = httpx.URL(self.base)
+        self.url = f"{u.scheme}://{u.netloc.decode()}"
+        self.names = set(names)
+        self.proc = subprocess.Popen(cmd.format(port=self.port, cache_mb=cache_mb), shell=True,
+                                     start_new_session=True, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        for _ in range(600):
+            try:
+                if httpx.get(self.base + "/info.json", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        else:
+            self.stop()
+            raise SystemExit("external server did not answer info.json")
+        if self.proc.poll() is not None:
+            raise SystemExit(f"external server exited: {self.proc.stderr.read().decode()[-2000:]}")
+        self.ps = psutil.Process(self.proc.pid)
+        self._procs: list[psutil.Process] = []
+        self._found = 0.0
+        time.sleep(0.3)
+        self.idle = self.rss()
+        self._peak = self.idle
+        self._run = False
+
+    def rss(self) -> int:
+        if time.monotonic() - self._found > 0.5:  # the process set may change (respawns)
+            self._procs = [p for p in self.ps.children(recursive=True) if p.name() in self.names]
+            self._found = time.monotonic()
+        total = 0
+        for p in self._procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, 15)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+
+async def run_pass(url: str, sid: str, paths: list[str], clients: int, prefix: str | None = None):
+    """``prefix``: the full URL each path is appended to (default ``/iiif/3/{sid}/`` on ``url``)."""
     latencies: list[float] = []
     errors = 0
     queue = iter(paths)
@@ -139,7 +221,7 @@ async def run_pass(url: str, sid: str, paths: list[str], clients: int):
             nonlocal errors
             for path in queue:
                 t0 = time.perf_counter()
-                r = await client.get(f"/iiif/3/{sid}/{path}")
+                r = await client.get(f"{prefix}{path}" if prefix else f"/iiif/3/{sid}/{path}")
                 latencies.append(time.perf_counter() - t0)
                 if r.status_code != 200 or r.content[:2] != b"\xff\xd8":
                     errors += 1
@@ -164,25 +246,42 @@ def main() -> int:
     ap.add_argument("--scales", default=None, help="only these scale factors, e.g. 1,4,16")
     ap.add_argument("--no-cache-off", action="store_true", help="skip the cache-off runs")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--iiif2-cmd", default=None,
+                    help="foreground command of an external IIIF 2 server ({port}, {cache_mb})")
+    ap.add_argument("--iiif2-base", default=None,
+                    help="its image base URL ({port}), e.g. http://127.0.0.1:{port}/fcgi-bin/iipsrv.fcgi?IIIF=x.tif")
+    ap.add_argument("--iiif2-procs", default="iipsrv.fcgi",
+                    help="names of its processes whose RSS is summed (comma-separated)")
+    ap.add_argument("--iiif2-label", default="iipsrv", help="its name in the output")
+    ap.add_argument("--no-wsitool", action="store_true", help="only the external server's runs")
     args = ap.parse_args()
+    if bool(args.iiif2_cmd) != bool(args.iiif2_base):
+        ap.error("--iiif2-cmd and --iiif2-base go together")
     clients = [int(c) for c in args.clients.split(",")]
     scales = [int(s) for s in args.scales.split(",")] if args.scales else None
     sid = os.path.basename(args.slide)
     results = []
 
-    def one(cache_mb: int, n: int, passes: list[str]):
-        server = Server(args.slide, cache_mb, args.threads)
+    def one(cache_mb: int, n: int, passes: list[str], external: bool = False):
+        if external:
+            server = ExternalServer(args.iiif2_cmd, args.iiif2_base, args.iiif2_procs.split(","), cache_mb)
+        else:
+            server = Server(args.slide, cache_mb, args.threads)
         try:
-            info = httpx.get(f"{server.url}/iiif/3/{sid}/info.json", timeout=30).json()
-            paths = workload(info["width"], info["height"], args.every, scales)
+            prefix = server.base + "/" if external else None
+            info = httpx.get(f"{server.base}/info.json" if external else
+                             f"{server.url}/iiif/3/{sid}/info.json", timeout=30).json()
+            paths = workload(info["width"], info["height"], args.every, scales, iiif2=external)
             for label in passes:
                 server.sample()
-                res = asyncio.run(run_pass(server.url, sid, paths, n))
+                res = asyncio.run(run_pass(server.url, sid, paths, n, prefix))
                 peak = server.peak()
                 res.update(cache_mb=cache_mb, clients=n, cache=label, idle_rss_mb=server.idle / 2**20,
-                           peak_above_idle_mb=(peak - server.idle) / 2**20)
+                           peak_above_idle_mb=(peak - server.idle) / 2**20,
+                           server=args.iiif2_label if external else "wsitool")
                 results.append(res)
-                print(f"cache {('off' if not cache_mb else f'{cache_mb} MiB ' + label):>14}  "
+                print(f"{args.iiif2_label + '  ' if external else ''}"
+                      f"cache {('off' if not cache_mb else f'{cache_mb} MiB ' + label):>14}  "
                       f"clients {n}  tiles {res['tiles']:5d}  errors {res['errors']}  "
                       f"{res['tiles_per_s']:7.1f} tiles/s  p50 {res['p50_ms']:7.1f} ms  "
                       f"p99 {res['p99_ms']:7.1f} ms  idle RSS {res['idle_rss_mb']:6.1f} MB  "
@@ -190,16 +289,18 @@ def main() -> int:
         finally:
             server.stop()
 
-    if not args.no_cache_off:
+    for external in ([] if args.no_wsitool else [False]) + ([True] if args.iiif2_cmd else []):
+        if not args.no_cache_off:
+            for n in clients:
+                one(0, n, ["off"], external)
         for n in clients:
-            one(0, n, ["off"])
-    for n in clients:
-        one(args.cache_mb, n, ["cold", "warm"])
+            one(args.cache_mb, n, ["cold", "warm"], external)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"slide": args.slide, "cpus": os.cpu_count(), "runs": results}, f, indent=1)
     bad = [r for r in results if r["errors"]]
-    over = [r for r in results if r["clients"] >= 8 and r["peak_above_idle_mb"] > 102 + r["cache_mb"]]
+    over = [r for r in results if r["server"] == "wsitool" and r["clients"] >= 8
+            and r["peak_above_idle_mb"] > 102 + r["cache_mb"]]
     return 1 if bad or over else 0
 
 
