@@ -161,3 +161,11 @@ def test_wrote_line_names_width_height_and_channels(tmp_path):
     res = run("read-region", JPEG, "--size", "96", "32", "-o", out)
     assert res.exit_code == 0, res.output
     assert "width 96, height 32, 4 channels uint8" in res.output
+
+
+def test_version_option_prints_the_package_version():
+    import wsitool
+    from wsitool.cli import app
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"wsitool {wsitool.__version__}"

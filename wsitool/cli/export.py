@@ -158,7 +158,7 @@ def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> Non
         raise fail(f"{slide}: {exc}", 2) from None
     dims = result.level_dimensions
     console.print(
-        f"wrote {shown(result.output)} ({result.format}, {result.compression}, {len(dims)} levels "
+        f"wrote {shown(result.output)} ({result.format}, {result.compression}, {len(dims)} level{'s' if len(dims) != 1 else ''} "
         f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
         f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
         highlight=False,

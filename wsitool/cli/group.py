@@ -8,6 +8,7 @@ import typer
 from typer.core import TyperGroup
 
 from .. import signals
+from ..version import __version__
 from .console import usage_line
 
 
@@ -56,3 +57,15 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"wsitool {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Read, convert, serve and stress-test whole-slide images (SVS, TIFF, OME-TIFF, DICOM WSI)."""
