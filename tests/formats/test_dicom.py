@@ -34,7 +34,6 @@ import wsitool
 from wsitool.color import ycbcr_to_rgb
 from wsitool.errors import WsiError
 from wsitool.geometry import level0_coordinate
-from wsitool.settings import decode_paths
 
 from conftest import SHARED_SAMPLES, random_regions, shared_sample
 
@@ -106,15 +105,6 @@ def test_geometry_mpp_and_associated_match_openslide(name):
                                                        int(osr.properties[f"{p}.tile-height"]))
 
 
-def _known_roi_case(x, w, lv):
-    """A region whose last column is the first column of a tile: nvImageCodec (libjpeg-turbo)
-    decodes a 1-pixel-wide crop at a tile's left edge of a 4:2:0 JPEG without fancy
-    upsampling (up to 7 off; TIFF shares the path).  Such regions are checked on the
-    whole-tile path instead."""
-    end = x + w - 1
-    return lv.encoding.stream == "jpeg" and 0 <= end < lv.width and end % lv.tile_width == 0
-
-
 def _compare_regions(slide, osr, tolerance, transform=None):
     rng = np.random.default_rng(20261201)
     for lv in slide.levels:
@@ -125,11 +115,7 @@ def _compare_regions(slide, osr, tolerance, transform=None):
             stored = np.asarray(osr.read_region((0, 0), lv.index, lv.dimensions))
         for x, y, w, h in random_regions(rng, lv.width, lv.height, 20, max_size=400):
             x0, y0 = level0_coordinate(x, ds), level0_coordinate(y, ds)
-            if _known_roi_case(x, w, lv):
-                with decode_paths(roi_decode=False):
-                    ours = slide.read_region((x0, y0), lv.index, (w, h))
-            else:
-                ours = slide.read_region((x0, y0), lv.index, (w, h))
+            ours = slide.read_region((x0, y0), lv.index, (w, h))
             if integer:
                 theirs = np.asarray(osr.read_region((x0, y0), lv.index, (w, h)))
             else:

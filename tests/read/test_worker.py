@@ -270,3 +270,34 @@ def test_out_with_a_length_one_axis_of_any_stride(sample_jpeg, read_path):
                                     threads=threads, out=out)
             assert got is out
             assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("mode", ["rgb", "rgba"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_column_at_a_tiles_left_edge_equals_the_whole_tile_decode(tmp_path, read_path, mode, threads):
+    """4:2:0 JPEG tiles: a window one column wide at a tile's left edge, which
+    libjpeg-turbo's crop decodes without fancy upsampling (up to 111 off), equals the
+    whole-tile decode cropped, on both read paths (nvdecode.narrow_jpeg_crop)."""
+    import tifffile
+
+    from wsitool.settings import decode_paths
+
+    rng = np.random.default_rng(0)
+    img = (np.cumsum(rng.integers(0, 255, (512, 512, 3)), axis=1) // 64 % 256).astype(np.uint8)
+    path = tmp_path / "ycbcr420.tif"
+    tifffile.imwrite(path, img, tile=(128, 128), compression="jpeg", compressionargs={"level": 90},
+                     photometric="ycbcr", subsampling=(2, 2))
+    with wsitool.open_slide(path) as slide:
+        tw, th = slide.levels[0].tile_size
+        for x0, w in ((0, 1), (0, 2), (1, 1), (tw - 1, 2)):
+            for y0, h in ((0, 1), (3, 8), (5, 300)):
+                loc = (tw + x0, th + y0)
+                got = slide.read_region(loc, 0, (w, h), mode=mode, threads=threads)
+                with decode_paths(roi_decode=False):  # the reference: whole tiles, cropped
+                    ref = slide.read_region(loc, 0, (w, h), mode=mode, threads=threads)
+                assert np.array_equal(got, ref), (x0, w, y0, h)
+        # the same window on the region's far right: the region ends one column into a tile
+        loc = (tw - 37, th)
+        got = slide.read_region(loc, 0, (38, 64), mode=mode, threads=threads)
+        with decode_paths(roi_decode=False):
+            assert np.array_equal(got, slide.read_region(loc, 0, (38, 64), mode=mode, threads=threads))

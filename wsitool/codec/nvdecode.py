@@ -27,7 +27,7 @@ from .headers import codestream
 from .library import decode_params, nv
 from .pool import DecodeStats, ThreadState
 
-__all__ = ["plan_decode", "count_decoded", "decode_into", "check_decoded", "decode_checked"]
+__all__ = ["plan_decode", "narrow_jpeg_crop", "count_decoded", "decode_into", "check_decoded", "decode_checked"]
 
 
 def plan_decode(level: Level, col: int, row: int, data,
@@ -66,7 +66,7 @@ def plan_decode(level: Level, col: int, row: int, data,
         )
     whole = (x0, y0, x1, y1) == (0, 0, width, height)
     paths = get_decode_paths()
-    if paths.force_scratch or not (whole or paths.roi_decode):
+    if paths.force_scratch or not (whole or paths.roi_decode) or narrow_jpeg_crop(level, src_rect, width):
         return cs, "scratch", (width, height)
     if whole:
         return cs, "direct", (width, height)
@@ -77,6 +77,16 @@ def plan_decode(level: Level, col: int, row: int, data,
             level.path, level.index, col, row, unusable_stream_reason(exc)
         ) from None
     return sub, "roi", (width, height)
+
+
+def narrow_jpeg_crop(level: Level, src_rect: tuple[int, int, int, int], width: int) -> bool:
+    """True for a JPEG window one column wide at the tile's left edge (of a tile wider
+    than that): libjpeg-turbo (nvImageCodec's CPU JPEG backend, 0.9.0) decodes such a
+    crop without the fancy upsampling of subsampled chroma, up to 111 grey levels off
+    the whole-tile decode on 4:2:0 tiles (measured; other widths and offsets are
+    exact).  Those windows are decoded whole and cropped instead."""
+    x0, _y0, x1, _y1 = src_rect
+    return level.encoding.stream == "jpeg" and x0 == 0 and x1 == 1 and width > 1
 
 
 def count_decoded(stats: DecodeStats, how: str, caller_buffer: bool = True) -> None:

@@ -92,7 +92,7 @@ def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode
     if cache is not None:
         _fill_cached(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
         return
-    if jpegloop.applies(lv, mode, out):
+    if jpegloop.applies(lv, mode, out) and not _ends_one_column_into_a_tile(lv, rx, w):
         _fill_native(lv, rx, ry, w, h, out, mode, threads, on_error, pool)
         return
     inside, jobs = plan_tiles(lv, rx, ry, w, h)
@@ -128,6 +128,15 @@ NATIVE_BATCH_RGBA = 4
 
 #: Largest RGB tile (bytes) decoded in RGBA batches; bigger ones go one by one.
 _NATIVE_RGBA_BATCH_BYTES = 1 << 20
+
+
+def _ends_one_column_into_a_tile(lv: Level, rx: int, w: int) -> bool:
+    """True when the region's last column is the first column of a tile: that tile's
+    window is one column at its left edge, which the Python path decodes whole and
+    crops where the code stream is wider (:func:`wsitool.codec.nvdecode.narrow_jpeg_crop`);
+    the compiled loop has no such route, so these regions take the Python path."""
+    last = min(rx + w, lv.width) - 1
+    return last >= max(rx, 0) and last % lv.tile_width == 0
 
 
 def _fill_native(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray,

@@ -135,6 +135,15 @@ class TileWorker:
                     pending = []
                 self._failed(exc, job, state)
                 continue
+            if how == "scratch":  # decoded whole and cropped (nvdecode.narrow_jpeg_crop): alone,
+                if pending:      # after the tiles before it (errors in tile order)
+                    self.flush(pending, state)
+                    pending = []
+                try:
+                    decode_into(lv, col, row, data, out[dy0:dy1, dx0:dx1], src, state, complete=True)
+                except TileDecodeError as exc:
+                    self._failed(exc, job, state)
+                continue
             shape = (dy1 - dy0, dx1 - dx0, channels)
             pending.append((job, cs, how, shape,
                             _Block(out, base + dy0 * s0 + dx0 * s1, shape, strides, typestr)))
