@@ -173,7 +173,7 @@ def test_remove_live_partials(tmp_path):
     p2 = atomic.create_dir(tmp_path / "b")
     (p2.path / "inner").write_text("x")
     assert {p1.path, p2.path} <= set(atomic.live_partials())
-    assert atomic.remove_live_partials() >= 2
+    assert atomic.remove_live_partials() == 2  # nothing else of this test is live
     assert os.listdir(tmp_path) == []
     assert not {p1.path, p2.path} & set(atomic.live_partials())
 

@@ -135,3 +135,13 @@ def test_export_carries_the_profile(icc_slide, tmp_path, fmt):
     wsitool.export_pyramid(path, out, format=fmt, tile_size=32)
     with wsitool.open_slide(out) as slide:
         assert slide.color_profile == profile
+
+
+@pytest.mark.parametrize("fmt", ["tiff", "ome-tiff"])
+def test_copy_export_carries_the_profile(icc_slide, tmp_path, fmt):
+    """compression="copy" writes its own pages: the profile goes there too (it did not)."""
+    path, _, profile = icc_slide
+    out = tmp_path / ("copy.ome.tif" if fmt == "ome-tiff" else "copy.tif")
+    wsitool.export_pyramid(path, out, format=fmt, compression="copy")
+    with wsitool.open_slide(out) as slide:
+        assert slide.color_profile == profile

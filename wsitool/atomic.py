@@ -542,9 +542,7 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # exists, another user's
-    except OSError:
+    except OSError:  # (PermissionError: it exists, another user's)
         return True
     return True
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from .codec.associated import decode_associated
 from .codec.library import nv
+from .deepzoom import best_level_for_downsample
 from .errors import InvalidRegionError, SlideWarning, WsiError
 from .formats import open_folder, open_pyramid
 from .model import AssociatedImage, Level
@@ -237,15 +238,10 @@ class Slide:
         """Index of the largest level whose downsample is <= ``downsample``.
 
         OpenSlide semantics: a value below level 0's downsample gives 0, one
-        above the last level's gives the last level.
+        above the last level's gives the last level
+        (:func:`wsitool.deepzoom.best_level_for_downsample`).
         """
-        ds = self.level_downsamples
-        if downsample < ds[0]:
-            return 0
-        for i in range(1, len(ds)):
-            if downsample < ds[i]:
-                return i - 1
-        return len(ds) - 1
+        return best_level_for_downsample(self.level_downsamples, downsample)
 
     # ------------------------------------------------------------------ reading
 

@@ -108,3 +108,26 @@ def test_corrupt_tile_through_a_cached_slide():
     assert not out.any() and any(issubclass(w.category, TileWarning) for w in caught)
     with pytest.raises(TypeError):
         wsitool.open_slide(broken, cache="lots")
+
+
+def test_a_load_in_flight_when_its_slide_closes_is_not_stored():
+    """discard() while a tile of that scope is being decoded: the result is returned to
+    its caller but not kept (it would hold budget until evicted)."""
+    cache = TileCache(1 << 20)
+    scope = cache.scope()
+    started, finish = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        finish.wait(5)
+        return np.zeros((4, 4, 3), np.uint8)
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(scope.tile(0, 0, 0, "rgb", slow)))
+    t.start()
+    started.wait(5)
+    scope.close()
+    finish.set()
+    t.join(5)
+    assert got and got[0].shape == (4, 4, 3)
+    assert cache.stats().entries == 0 and cache.stats().bytes == 0

@@ -39,10 +39,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     """
     logging.getLogger("tifffile").setLevel(logging.ERROR)
     warnings.showwarning = show_warning
-    previous = signals.install()
-    try:
+    with signals.handling():
         app(args=argv, prog_name="wsitool")
-    finally:
-        signals.restore(previous)
 
 

@@ -72,12 +72,6 @@ class LevelRows:
         self.start = keep_from
         self.n = max(m, 0)
 
-    def coverage(self, index: int, axis: int) -> int:
-        """Level-0 pixels covered by column (axis 1) or row (axis 0) ``index`` of this level."""
-        size = self.base_w if axis == 1 else self.base_h
-        step = 1 << self.k
-        return min(step, size - index * step)
-
 
 class PyramidBuilder:
     """Turns composited level-0 strips into output tiles of every level."""

@@ -30,6 +30,7 @@ Format facts used here:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -50,14 +51,13 @@ from .passthrough import CopyPlan, copied_tiles
 SOFTWARE = f"wsitool {__version__}"
 
 
-def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, quality: int,
-                meta: dict, overwrite: bool, counter: TileCounter, sources=()) -> int:
-
-
-
-    page_args, kind = tiff_compression(fmt, compression, quality)
-    raw = sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in dims)
-    bigtiff = raw + (raw >> 4) + (1 << 24) >= 2**32
+@contextlib.contextmanager
+def _tiff_output(final: Path, sources, generators: list):
+    """``(partial, out_fh, spill)``: the exclusive partial of ``final`` open read-write
+    (:func:`wsitool.atomic.open_file`) and an anonymous spill file beside it for the
+    lower levels' tiles.  On any error the ``generators`` (appended by the caller as it
+    makes them) are closed, the partial removed, and an OS error re-raised naming
+    ``final``; the spill file is always closed."""
     partial, out_fh = atomic.open_file(final, sources, read=True)
     try:
         spill = atomic.anonymous_file(final.parent, final)
@@ -65,81 +65,11 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
         out_fh.close()
         partial.abort()
         raise
-    index: list[list[tuple[int, int]]] = [[] for _ in dims]
-    fd = spill.fileno()
-    spill_pos = 0
-
-    def level0() -> Iterator[bytes]:
-        nonlocal spill_pos
-        for k, _c, _r, data in tiles:
-            if k == 0:
-                counter.add()
-                yield data
-            else:
-                os.pwrite(fd, data, spill_pos)
-                index[k].append((spill_pos, len(data)))
-                spill_pos += len(data)
-                counter.add()
-
-    def spilled(k: int) -> Iterator[bytes]:
-        for off, n in index[k]:
-            yield os.pread(fd, n, off)
-
-    def resolution(k: int) -> dict:
-        if not meta["mpp"]:
-            return {}
-        fx, fy = dims[0][0] / dims[k][0], dims[0][1] / dims[k][1]
-        return {"resolution": (1e4 / (meta["mpp"][0] * fx), 1e4 / (meta["mpp"][1] * fy)),
-                "resolutionunit": "CENTIMETER"}
-
-    gen0 = level0()
-    painted = meta.get("painted")  # callable giving the painted-tile count ("fill"), or None
     try:
-        with out_fh:
-            with tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff")) as tw:
-                w0, h0 = dims[0]
-                common = dict(dtype=np.uint8, tile=(T, T), software=SOFTWARE, **page_args)
-                if fmt == "tiff":
-                    mpp = meta["mpp"][0] if meta["mpp"] else None
-                    desc = aperio.description_text(
-                        w0, h0, T, kind, mpp, meta["mag"], SOFTWARE,
-                        extra={PAINTED_KEY: 0} if painted is not None else None)
-                    tw.write(gen0, shape=(h0, w0, 3), description=desc, metadata=None,
-                             iccprofile=meta.get("icc"), **resolution(0), **common)
-                else:
-                    ome = {"axes": "YXS", "Name": final.name.split(".")[0]}
-                    if meta["mpp"]:
-                        ome.update(PhysicalSizeX=meta["mpp"][0], PhysicalSizeY=meta["mpp"][1],
-                                   PhysicalSizeXUnit="µm", PhysicalSizeYUnit="µm")
-                    if painted is not None:  # the count is put in once level 0 is done
-                        ome["MapAnnotation"] = {"Namespace": PAINTED_NAMESPACE,
-                                                "Value": {PAINTED_KEY: "0"}}
-                    tw.write(gen0, shape=(h0, w0, 3), subifds=len(dims) - 1, metadata=ome,
-                             iccprofile=meta.get("icc"), **resolution(0), **common)
-                for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
-                    raise RuntimeError("level-0 tile after the level-0 page")  # pragma: no cover
-                if fmt == "tiff":  # Aperio: the thumbnail is the second IFD
-                    write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
-                for k in range(1, len(dims)):
-                    w, h = dims[k]
-                    if len(index[k]) != -(-w // T) * -(-h // T):  # pragma: no cover
-                        raise RuntimeError(f"level {k}: {len(index[k])} tiles spilled")
-                    if fmt == "tiff":
-                        desc = aperio.level_description_text((w0, h0), (w, h), T, kind, SOFTWARE)
-                        tw.write(spilled(k), shape=(h, w, 3), description=desc, metadata=None,
-                                 subfiletype=0, **resolution(k), **common)
-                    else:
-                        tw.write(spilled(k), shape=(h, w, 3), subfiletype=1, **resolution(k), **common)
-                for name, image in meta.get("associated", ()):
-                    write_associated(tw, fmt, name, image)
-            if painted is not None and painted():
-                record_painted(out_fh, painted())
-        nbytes = partial.path.stat().st_size
-        partial.commit(overwrite)
-        return nbytes
+        yield partial, out_fh, spill
     except BaseException as exc:
-        gen0.close()
-        tiles.close()
+        for gen in generators:
+            gen.close()
         out_fh.close()
         partial.abort()
         if isinstance(exc, OSError) and not isinstance(exc, WsiError):
@@ -147,6 +77,101 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
         raise
     finally:
         spill.close()
+
+
+def _finish(tw, out_fh, fmt: str, meta: dict) -> None:
+    """After the pyramid's pages: the label and macro pages, then (tifffile closed) the
+    painted-tile count in place of its placeholder (``meta["painted"]``, or none)."""
+    for name, image in meta.get("associated", ()):
+        write_associated(tw, fmt, name, image)
+    tw.close()
+    painted = meta.get("painted")
+    count = painted() if painted is not None else 0
+    if count:
+        record_painted(out_fh, count)
+
+
+def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, quality: int,
+                meta: dict, overwrite: bool, counter: TileCounter, sources=()) -> int:
+
+
+    """Write a re-encoded ``tiff`` / ``ome-tiff`` export; returns the output's size in bytes.
+
+    ``tiles`` yields ``(level, col, row, bytes)`` for levels ``dims`` (``(width, height)``
+    in pixels, full resolution first), level 0 in page order; the lower levels' tiles go
+    to a spill file until level 0's page is written.
+    """
+    page_args, kind = tiff_compression(fmt, compression, quality)
+    raw = sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in dims)
+    bigtiff = _needs_bigtiff(raw)
+    index: list[list[tuple[int, int]]] = [[] for _ in dims]
+    generators = [tiles]
+    with _tiff_output(final, sources, generators) as (partial, out_fh, spill):
+        fd = spill.fileno()
+        spill_pos = 0
+
+        def level0() -> Iterator[bytes]:
+            nonlocal spill_pos
+            for k, _c, _r, data in tiles:
+                if k == 0:
+                    counter.add()
+                    yield data
+                else:
+                    os.pwrite(fd, data, spill_pos)
+                    index[k].append((spill_pos, len(data)))
+                    spill_pos += len(data)
+                    counter.add()
+
+        gen0 = level0()
+        generators.insert(0, gen0)
+        painted = meta.get("painted")  # callable giving the painted-tile count ("fill"), or None
+        with out_fh:
+            tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff"))
+            w0, h0 = dims[0]
+            common = dict(dtype=np.uint8, tile=(T, T), software=SOFTWARE, **page_args)
+            if fmt == "tiff":
+                mpp = meta["mpp"][0] if meta["mpp"] else None
+                desc = aperio.description_text(
+                    w0, h0, T, kind, mpp, meta["mag"], SOFTWARE,
+                    extra={PAINTED_KEY: 0} if painted is not None else None)
+                tw.write(gen0, shape=(h0, w0, 3), description=desc, metadata=None,
+                         iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **common)
+            else:
+                tw.write(gen0, shape=(h0, w0, 3), subifds=len(dims) - 1,
+                         metadata=_ome_metadata(final, meta, painted),
+                         iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **common)
+            for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
+                raise RuntimeError("level-0 tile after the level-0 page")  # pragma: no cover
+            if fmt == "tiff":  # Aperio: the thumbnail is the second IFD
+                write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
+            for k in range(1, len(dims)):
+                w, h = dims[k]
+                if len(index[k]) != -(-w // T) * -(-h // T):  # pragma: no cover
+                    raise RuntimeError(f"level {k}: {len(index[k])} tiles spilled")
+                if fmt == "tiff":
+                    desc = aperio.level_description_text((w0, h0), (w, h), T, kind, SOFTWARE)
+                    tw.write(_spilled(fd, index[k]), shape=(h, w, 3), description=desc,
+                             metadata=None, subfiletype=0, **_resolution(meta, dims, k), **common)
+                else:
+                    tw.write(_spilled(fd, index[k]), shape=(h, w, 3), subfiletype=1,
+                             **_resolution(meta, dims, k), **common)
+            _finish(tw, out_fh, fmt, meta)
+        nbytes = partial.path.stat().st_size
+        partial.commit(overwrite)
+        return nbytes
+
+
+def _needs_bigtiff(raw: int) -> bool:
+    """True when a TIFF of ``raw`` bytes of tiles (plus 1/16 and 16 MiB of slack for
+    tags and offsets) could pass the 4 GiB that classic TIFF offsets address (TIFF 6.0
+    section 2: 32-bit offsets)."""
+    return raw + (raw >> 4) + (1 << 24) >= 2**32
+
+
+def _spilled(fd: int, entries: list[tuple[int, int]]) -> Iterator[bytes]:
+    """The tiles ``(offset, length)`` read back from the spill file ``fd``, in order."""
+    for off, n in entries:
+        yield os.pread(fd, n, off)
 
 
 def write_thumbnail(tw, image: np.ndarray, w0: int, h0: int) -> None:
@@ -203,8 +228,6 @@ def record_painted(fh, count: int) -> None:
     fh.flush()
 
 
-
-
 def _resolution(meta: dict, dims, k: int) -> dict:
     """X/YResolution (pixels per centimetre, TIFF 6.0 section 8) of level ``k`` from the MPP."""
     if not meta["mpp"]:
@@ -246,27 +269,16 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
     c_args, c_kind = tiff_compression(fmt, plan.reencode, quality)
     raw = sum(int(np.asarray(cl.level.tiles.bytecounts, np.uint64).sum()) for cl in copied)
     raw += sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in cdims[1:])
-    bigtiff = raw + (raw >> 4) + (1 << 24) >= 2**32
-    partial, out_fh = atomic.open_file(final, sources, read=True)
-    try:
-        spill = atomic.anonymous_file(final.parent, final)
-    except BaseException:
-        out_fh.close()
-        partial.abort()
-        raise
+    bigtiff = _needs_bigtiff(raw)
     index: list[list[tuple[int, int]]] = [[] for _ in cdims]
-    fd = spill.fileno()
-
-    def spilled(k: int) -> Iterator[bytes]:
-        for off, n in index[k]:
-            yield os.pread(fd, n, off)
 
     def tiles_of(cl) -> Iterator[bytes]:
         return copied_tiles(slide, cl, on_error=on_error, verify=verify, threads=threads,
                             failed=failed, counter=counter)
 
     painted = meta.get("painted")
-    try:
+    with _tiff_output(final, sources, [computed]) as (partial, out_fh, spill):
+        fd = spill.fileno()
         pos = 0
         for k, _c, _r, data in computed:
             os.pwrite(fd, data, pos)
@@ -274,50 +286,38 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
             pos += len(data)
             counter.add()
         with out_fh:
-            with tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff")) as tw:
-                w0, h0 = dims[0]
-                first = copied[0]
-                if fmt == "tiff":
-                    mpp = meta["mpp"][0] if meta["mpp"] else None
-                    desc = aperio.description_text(
-                        w0, h0, first.level.tile_width, first.kind, mpp, meta["mag"], SOFTWARE,
-                        extra={PAINTED_KEY: 0} if painted is not None else None)
-                    tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, description=desc,
-                             metadata=None, software=SOFTWARE, **_resolution(meta, dims, 0),
-                             **first.page)
-                    write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
+            tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff"))
+            w0, h0 = dims[0]
+            first = copied[0]
+            if fmt == "tiff":
+                mpp = meta["mpp"][0] if meta["mpp"] else None
+                desc = aperio.description_text(
+                    w0, h0, first.level.tile_width, first.kind, mpp, meta["mag"], SOFTWARE,
+                    extra={PAINTED_KEY: 0} if painted is not None else None)
+                tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, description=desc,
+                         metadata=None, software=SOFTWARE, iccprofile=meta.get("icc"),
+                         **_resolution(meta, dims, 0), **first.page)
+                write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
+            else:
+                tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, subifds=len(dims) - 1,
+                         metadata=_ome_metadata(final, meta, painted), software=SOFTWARE,
+                         iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **first.page)
+            for k in range(1, len(dims)):
+                w, h = dims[k]
+                if k < m:
+                    cl = copied[k]
+                    data, args, tile, kind = tiles_of(cl), cl.page, cl.level.tile_width, cl.kind
                 else:
-                    tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, subifds=len(dims) - 1,
-                             metadata=_ome_metadata(final, meta, painted), software=SOFTWARE,
-                             **_resolution(meta, dims, 0), **first.page)
-                for k in range(1, len(dims)):
-                    w, h = dims[k]
-                    if k < m:
-                        cl = copied[k]
-                        data, args, tile, kind = tiles_of(cl), cl.page, cl.level.tile_width, cl.kind
-                    else:
-                        data = spilled(k - m + 1)
-                        args, tile, kind = dict(c_args, tile=(T, T)), T, c_kind
-                    if fmt == "tiff":
-                        desc = aperio.level_description_text((w0, h0), (w, h), tile, kind, SOFTWARE)
-                        tw.write(data, shape=(h, w, 3), dtype=np.uint8, description=desc, metadata=None,
-                                 subfiletype=0, software=SOFTWARE, **_resolution(meta, dims, k), **args)
-                    else:
-                        tw.write(data, shape=(h, w, 3), dtype=np.uint8, subfiletype=1, software=SOFTWARE,
-                                 **_resolution(meta, dims, k), **args)
-                for name, image in meta.get("associated", ()):
-                    write_associated(tw, fmt, name, image)
-            if painted is not None and painted():
-                record_painted(out_fh, painted())
+                    data = _spilled(fd, index[k - m + 1])
+                    args, tile, kind = dict(c_args, tile=(T, T)), T, c_kind
+                if fmt == "tiff":
+                    desc = aperio.level_description_text((w0, h0), (w, h), tile, kind, SOFTWARE)
+                    tw.write(data, shape=(h, w, 3), dtype=np.uint8, description=desc, metadata=None,
+                             subfiletype=0, software=SOFTWARE, **_resolution(meta, dims, k), **args)
+                else:
+                    tw.write(data, shape=(h, w, 3), dtype=np.uint8, subfiletype=1, software=SOFTWARE,
+                             **_resolution(meta, dims, k), **args)
+            _finish(tw, out_fh, fmt, meta)
         nbytes = partial.path.stat().st_size
         partial.commit(overwrite)
         return nbytes
-    except BaseException as exc:
-        computed.close()
-        out_fh.close()
-        partial.abort()
-        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
-            raise atomic.user_error(exc, final) from None
-        raise
-    finally:
-        spill.close()

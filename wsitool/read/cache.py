@@ -104,6 +104,7 @@ class TileCache:
         self._bytes = 0
         self._hits = self._misses = self._waits = self._evictions = self._failures = 0
         self._scopes = itertools.count(1)
+        self._closed: set[int] = set()  # tokens of discarded scopes
 
     # ------------------------------------------------------------------ scopes
 
@@ -114,6 +115,7 @@ class TileCache:
     def discard(self, token: int) -> None:
         """Drop every entry of scope ``token`` (a closed slide's tiles)."""
         with self._lock:
+            self._closed.add(token)  # a load in flight for it is not stored afterwards
             for key in [k for k in self._entries if k[0] == token]:
                 self._bytes -= self._entries.pop(key).nbytes
 
@@ -157,7 +159,8 @@ class TileCache:
             raise
         with self._lock:
             del self._loading[key]
-            self._store(key, value)
+            if not (isinstance(key, tuple) and key and key[0] in self._closed):
+                self._store(key, value)
         pending.value = value
         pending.done.set()
         return value

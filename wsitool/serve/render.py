@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from ..deepzoom import best_level_for_downsample
 from ..geometry import level0_coordinate
 from .resample import AreaReducer
 
@@ -66,12 +67,10 @@ class ReadPlan:
 
 
 def choose_level(downsamples, scale: float, tolerance: float) -> int:
-    """Largest level whose downsample is at most ``scale * (1 + tolerance)`` (level 0 at least)."""
-    best = 0
-    for i, d in enumerate(downsamples):
-        if d <= scale * (1 + tolerance):
-            best = i
-    return best
+    """Largest level whose downsample is at most ``scale * (1 + tolerance)`` (level 0 at least):
+    OpenSlide's rule (:func:`wsitool.deepzoom.best_level_for_downsample`) with a tolerance, so
+    a level stored at 4.002 answers scale 4."""
+    return best_level_for_downsample(downsamples, scale * (1 + tolerance))
 
 
 def _axis(start: float, stop: float, n: int, limit: int) -> tuple[int, int, float, float]:

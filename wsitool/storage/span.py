@@ -41,8 +41,18 @@ class Span(ByteSource):
             total += part.size
         self.size = total
 
+    def _part(self, offset: int) -> int:
+        """Index of the part holding byte ``offset`` (-1 for a negative offset)."""
+        return bisect.bisect_right(self.bases, offset) - 1
+
     def _locate(self, offset: int, count: int) -> tuple[ByteSource, int]:
-        k = bisect.bisect_right(self.bases, offset) - 1
+        """``(part, offset in it)`` of ``count`` bytes at ``offset``.
+
+        Raises:
+            OSError: a negative offset, or a range crossing the end of its part (a
+                frame never spans two files of a concatenation, PS3.3 C.7.6.16.2.2).
+        """
+        k = self._part(offset)
         if k < 0:
             raise OSError(f"{self.path}: negative offset {offset}")
         part, local = self.parts[k], offset - self.bases[k]
@@ -52,9 +62,16 @@ class Span(ByteSource):
         return part, local
 
     def read(self, offset: int, count: int) -> bytes:
-        k = bisect.bisect_right(self.bases, offset) - 1
-        part, local = self.parts[max(k, 0)], offset - self.bases[max(k, 0)]
-        return part.read(local, min(count, max(0, part.size - local)))
+        """Up to ``count`` bytes at ``offset`` (fewer at the end of the last part).
+
+        Raises:
+            OSError: see :meth:`_locate` (a short read at the end of the span is not one).
+        """
+        k = self._part(offset)
+        if k == len(self.parts) - 1 and k >= 0:  # the last part: a short read, as a file gives
+            return self.parts[k].read(offset - self.bases[k], count)
+        part, local = self._locate(offset, count)
+        return part.read(local, count)
 
     def readinto(self, offset: int, buffer) -> int:
         part, local = self._locate(offset, len(memoryview(buffer)))
@@ -63,7 +80,7 @@ class Span(ByteSource):
     def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
         by_part: dict[int, list[tuple[int, int]]] = {}
         for offset, count in ranges:
-            k = bisect.bisect_right(self.bases, offset) - 1
+            k = self._part(offset)
             if k >= 0:
                 by_part.setdefault(k, []).append((offset - self.bases[k], count))
         for k, local in by_part.items():
