@@ -1,4 +1,9 @@
-"""Build of the optional compiled JPEG tile loop (wsitool._jpegloop); everything else is in pyproject.toml.
+"""Build of the optional compiled parts; everything else is in pyproject.toml.
+
+* ``wsitool._jpegloop``: the JPEG tile loop of region reads (below).
+* ``wsitool._boxfilter``: the export pyramid's 2:1 box sums (plain C, no
+  headers needed); without it ``wsitool.export.downsample`` uses numpy.
+
 
 The extension is compiled against nvImageCodec's C header (``include/nvimgcodec.h``
 of the ``nvidia-nvimgcodec-cu12`` package, a build requirement) and does not link
@@ -28,7 +33,12 @@ def _nvimgcodec_include() -> str | None:
 
 
 include = _nvimgcodec_include()
-ext_modules = []
+ext_modules = [Extension(
+    "wsitool._boxfilter",
+    sources=["wsitool/_native/boxfilter.c"],
+    extra_compile_args=["-O3", "-std=c11", "-Wall"],
+    optional=True,
+)]
 if include is not None:
     ext_modules.append(Extension(
         "wsitool._jpegloop",

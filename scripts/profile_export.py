@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         for sy, rows in _strips(src, h):
             src.read(sy, lv0.tail(rows))
             lv0.n += rows
-            for _ in pyr.advance(0):
+            for _ in pyr.advance():
                 count += 1
         return count
 

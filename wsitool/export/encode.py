@@ -1,8 +1,12 @@
 """Encoding output tiles on a thread pool, in submission order (floor 6).
 
-Codecs: JPEG and JPEG 2000 tiles are encoded by nvImageCodec (one encoder per
-thread, from :mod:`wsitool.codec.pool`'s per-thread state).  Its CPU JPEG 2000
-encoder takes a target size ratio, not a quality: ``quality`` 100 means
+Codecs: JPEG tiles are encoded by libjpeg-turbo through imagecodecs
+(``jpeg8_encode``, baseline, no Huffman optimisation, JFIF YCbCr: the same bytes
+nvImageCodec's CPU encoder writes for the same quality and subsampling, checked
+by ``tests/export/test_encode.py``, in about 0.87 of its CPU time, with the GIL
+released and no per-thread encoder to hold).  JPEG 2000 tiles are encoded by
+nvImageCodec (one encoder per thread, from :mod:`wsitool.codec.pool`'s
+per-thread state).  Its CPU JPEG 2000 encoder takes a target size ratio, not a quality: ``quality`` 100 means
 lossless, below 100 a compressed size of ``quality / 300`` of the raw tile
 (90 -> 30 %, about 3.3:1, which on dense H&E tissue gives about the PSNR of
 JPEG at quality 90; 30 -> 10 %).  It writes a JP2 file; the code stream is taken out
@@ -40,15 +44,11 @@ class TileCodec:
     def __init__(self, fmt: str, compression: str, quality: int):
         self.fmt = fmt
         self.compression = compression
+        self.quality = quality
         self._params = None
         if compression == "jpeg":
             self._codec = "jpeg"
-            self._params = nv().EncodeParams(
-                quality_type=nv().QualityType.QUALITY, quality_value=float(quality),
-                chroma_subsampling=(nv().ChromaSubsampling.CSS_444
-                                    if jpeg_subsampling(quality) == (1, 1)
-                                    else nv().ChromaSubsampling.CSS_420),
-            )
+            self._subsampling = "444" if jpeg_subsampling(quality) == (1, 1) else "420"
         elif compression == "jpeg2000":
             self._codec = "jpeg2k"
             if quality >= 100:
@@ -62,8 +62,15 @@ class TileCodec:
         """Encoded bytes of ``tile`` ((h, w, 3) uint8) for this format and compression.
 
         Raises:
-            WsiError: the encoder produced nothing.
+            WsiError: the encoder failed or produced nothing.
         """
+        if self.compression == "jpeg":
+            try:
+                return bytes(imagecodecs.jpeg8_encode(tile, level=self.quality,
+                                                      subsampling=self._subsampling))
+            except Exception as exc:  # imagecodecs.JpegError and friends
+                raise WsiError(f"libjpeg-turbo could not encode a {tile.shape[1]}x{tile.shape[0]} "
+                               f"JPEG tile: {exc}") from None
         if self._params is not None:
             state = get_pool("cpu").state()
             with state.lock:
@@ -138,18 +145,34 @@ def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, t
     level, whose tiles are the source's.
     """
     H = pyramid.dims[0][1]
+    W = pyramid.dims[0][0]
     q = queue_depth(threads)
     pending: collections.deque = collections.deque()
+    strips = []
+    sy = 0
+    while sy < H:
+        rows = min(src.first if sy == 0 else src.strip, H - sy)
+        strips.append((sy, rows))
+        sy += rows
+    # One strip ahead: the reader thread decodes strip i + 1 into ``staging`` while
+    # this thread reduces strip i and the encoders work on its tiles.
+    staging = np.empty((min(src.strip, H), W, 3), np.uint8)
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-read")
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="wsitool-encode")
+    ahead = None
     try:
         lv0 = pyramid.levels[0]
-        sy = 0
-        while sy < H:
-            rows = min(src.first if sy == 0 else src.strip, H - sy)
-            src.read(sy, lv0.tail(rows))
+        if strips:
+            ahead = reader.submit(src.read, strips[0][0], staging[:strips[0][1]])
+        for i, (sy, rows) in enumerate(strips):
+            ahead.result()
+            ahead = None
+            lv0.tail(rows)[...] = staging[:rows]
             lv0.n += rows
-            sy += rows
-            for k, c, r, tile in pyramid.advance(0):
+            if i + 1 < len(strips):
+                ny, nrows = strips[i + 1]
+                ahead = reader.submit(src.read, ny, staging[:nrows])
+            for k, c, r, tile in pyramid.advance():
                 if keep is not None and k == keep.level:
                     keep.add(c, r, tile)
                 if k < skip:
@@ -165,6 +188,7 @@ def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, t
     finally:
         for *_, fut in pending:
             fut.cancel()
+        if ahead is not None:
+            ahead.cancel()
+        reader.shutdown(wait=True, cancel_futures=True)  # no read left writing into staging
         executor.shutdown(wait=True, cancel_futures=True)
-
-

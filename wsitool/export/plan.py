@@ -11,16 +11,15 @@ pixel::
     Ck = T + 2O + R // 2 + 3       rows kept for each lower level
     B  = 4*R*W                     RGBA strip (sources with alpha, or after a decode error)
        + 2*R*W                     alpha masks while compositing
+       + 3*R*W                     the strip read one ahead (the reader thread's staging)
        + 3*C0*W                    level-0 window, uint8 RGB
-       + 6*Ck*(W + N)              lower-level windows: RGB sums of level-0 pixels, uint16
-                                   (sum of ceil(W / 2**k) <= W + N) ...
-       + 6*Ck*(W // 16 + N)        ... and uint32 from level 5 on (twice the bytes, on
-                                   levels that sum to at most W / 16 + N pixels across)
-       + 6*(R // 2 + 1)*W          temporaries of one halving step (uint16 row-pair sums of
-                                   level 0; the lower levels' are smaller)
+       + 3*Ck*(W + N)              lower-level windows, uint8 RGB (sum of ceil(W / 2**k) <= W + N)
+       + 6*(R // 2 + 3)*(W + N)    lower levels' newest sums of level-0 pixels, uint16 ...
+       + 12*(R // 32 + 3)*(W // 16 + N)  ... and uint32 from level 5 on
+       + 6*(R // 2 + 2)*(W + 2)    temporaries of one halving or rounding step (numpy
+                                   reference path only; the compiled kernel has none)
        + 6*Q*(T + 2O)**2           tiles in flight: uint8 crop and encoded bytes
-       + 32*(T + 2O)**2            the tile being cropped: sums plus rounding, the divisor of
-                                   edge tiles, the uint8 result, edge padding
+       + 6*(T + 2O)**2             the tile being cropped: its uint8 copy and edge padding
        + 4*D*S*d                   per decode thread: decoded source tile and its RGB conversion,
                                    d = max(3, s) for 8-bit sources, 8 * samples for wider
                                    ones (converted through float64)
@@ -31,11 +30,13 @@ pixel::
        + 1 MiB                     bookkeeping (tile index, tifffile, Python objects)
 
 It grows with the width and the tile size, never with the height: about
-``25 * T * W`` bytes plus a few MB when ``R = T`` (41 T W at most, when
+``26 * T * W`` bytes plus a few MB when ``R = T`` (50 T W at most, when
 ``R = 2T``), e.g. with 256-pixel tiles, 256-pixel source tiles and 2 threads
-about 73 MB for a 10 000-pixel-wide export and 0.64 GB for a
-100 000-pixel-wide one.  (Before the lower levels held integer sums they were
-float32, and the bound was about ``36 * T * W``.)
+about 74 MB for a 10 000-pixel-wide export and 0.67 GB for a
+100 000-pixel-wide one.  Most of it is the RGBA strip that only sources with
+alpha (or a strip read again after a decode error) use: an RGB JPEG export
+30 000 pixels wide peaks at about 132 MB above its imports against a bound
+of 195 MB (``scripts/bench_export.py``).
 """
 
 from __future__ import annotations
@@ -183,17 +184,36 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
     return int(
         4 * R * W
         + 2 * R * W
+        + 3 * R * W
         + 3 * c0 * W
-        + 6 * ck * (W + N)
-        + 6 * ck * (W // 16 + N)
-        + 6 * (R // 2 + 1) * W
+        + 3 * ck * (W + N)
+        + 6 * (R // 2 + 3) * (W + N)
+        + 12 * (R // 32 + 3) * (W // 16 + N)
+        + 6 * (R // 2 + 2) * (W + 2)
         + 6 * q * (T + 2 * O) ** 2
-        + 32 * (T + 2 * O) ** 2
+        + 6 * (T + 2 * O) ** 2
         + 4 * threads * stw * sth * decode_bytes
         + 3 * int(thumbnail_pixels)
         + 6 * int(associated_pixels)
         + SLACK
     )
+
+
+
+
+def sum_dtype(k: int):
+    """Sample type of level ``k``'s sums (uint8 pixels at level 0), below it sums of
+    ``4**k`` uint8 values: uint16 up to level 4 (``255 * 4**4 + 128 < 2**16``), uint32 below
+    (exact up to level 11, ``255 * 4**11 < 2**32``; a pyramid of 2**12 x 2**12-pixel blocks
+    would need a 2**24-pixel-wide image to reach it, which ``max_export_pixels`` refuses
+    long before)."""
+    if k == 0:
+        return np.uint8
+    if k <= 4:
+        return np.uint16
+    if k <= 11:
+        return np.uint32
+    return np.uint64
 
 
 def window_rows(T: int, O: int, R: int) -> tuple[int, int]:
