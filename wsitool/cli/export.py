@@ -58,6 +58,7 @@ def export_pyramid_cmd(
     on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it with the background, warn, and record the count in the output."),
     no_label: bool = typer.Option(False, "--no-label", help="Do not carry the source's label image over (it often shows patient identifiers)."),
     no_associated: bool = typer.Option(False, "--no-associated", help="Do not carry the source's label and macro images over."),
+    from_source_levels: bool = typer.Option(False, "--from-source-levels", help="tiff/ome-tiff, re-encoding: read each output level whose downsample is one of the source's levels (a power of two within 2%) from that level, and halve the next ones from it, instead of halving everything from level 0."),
     verify: bool = typer.Option(False, "--verify", help="With --compression copy: also decode every copied tile (a tile that does not decode fails the export, exit 7, or with --on-error fill is written as missing)."),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
@@ -97,6 +98,14 @@ def export_pyramid_cmd(
                    region=tuple(region) if region else None, level=level, overlap=overlap,
                    threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
                    on_error=on_error, label=not no_label, associated=not no_associated)
+    if from_source_levels:
+        if fmt == "dzi":
+            raise fail("--from-source-levels applies to tiff and ome-tiff (Deep Zoom level sizes "
+                       "are fixed by halving the full size)", 2)
+        if compression.lower() == "copy":
+            raise fail("--from-source-levels re-encodes; --compression copy always copies the "
+                       "source's levels", 2)
+        options["from_source_levels"] = True
     if verify:
         if compression.lower() != "copy":
             raise fail("--verify applies to --compression copy only", 2)

@@ -42,6 +42,7 @@ of 195 MB (``scripts/bench_export.py``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,10 @@ class ExportResult:
         tiles_copied: output tiles that are source tiles copied byte for
             byte (``compression="copy"``; missing and failed ones included,
             written with byte count 0); part of ``tiles_written``.
+        source_levels: for each output level, the source level it was made
+            from: read (or copied) from it, or halved from the output level
+            read from it (all ``level`` unless ``from_source_levels`` or
+            ``compression="copy"``).
     """
 
     output: Path
@@ -105,6 +110,7 @@ class ExportResult:
     bytes_written: int = 0
     memory_bound: int = 0
     tiles_copied: int = 0
+    source_levels: list[int] = dataclasses.field(default_factory=list)
 
 
 def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "tiff") -> list[tuple[int, int]]:
@@ -128,6 +134,84 @@ def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "t
             break
         dims.append(((w + 1) // 2, (h + 1) // 2))
     return dims
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Output levels made from one source level (``from_source_levels``).
+
+    Attributes:
+        level: source level read (its pixels are the segment's first output level).
+        rect: ``(x, y, w, h)`` read from it, in pixels of that level (parts
+            outside the level are background).
+        first: output level index of the segment's first level.
+        dims: ``(width, height)`` of the segment's output levels, its first level
+            ``(w, h)`` and each next one halved (``ceil``), as :func:`pyramid_dimensions`.
+    """
+
+    level: int
+    rect: tuple[int, int, int, int]
+    first: int
+    dims: list
+
+
+#: how far a source level's downsample (relative to the level exported) may be from a
+#: power of two and still stand for that output level: Aperio levels are 4.0001 / 16.0004
+#: apart (integer level sizes), never more than a pixel in the level's size
+SOURCE_LEVEL_TOLERANCE = 0.02
+
+
+def source_level_segments(levels, L: int, rect, tile: int, fmt: str) -> list[Segment]:
+    """Split the output pyramid of level ``L``'s ``rect`` into segments read from source levels.
+
+    Output level ``k`` (downsample ``2**k`` against level ``L``) is read from the
+    source level ``j > L`` whose downsample relative to level ``L`` is ``2**k``
+    within :data:`SOURCE_LEVEL_TOLERANCE`, and the output levels below it are
+    halved from it, down to the next such level; levels with other steps (3x,
+    non-power-of-two) are not used.  A segment's first level covers
+    ``floor(x / 2**k) .. ceil((x + w) / 2**k)`` of its source level, and where
+    ``rect`` reaches the edge of level ``L`` it ends at the source level's own
+    edge, so the segment is that level's size, not ``ceil`` of level ``L``'s
+    (scanners round level sizes down: CMU-1's 32914 rows give 8228 at 4x, not
+    8229); so an output level can be a pixel smaller than halving gives.
+
+    Args:
+        levels: the slide's levels (:class:`wsitool.model.Level`).
+        L: level exported (output level 0).
+        rect: ``(x, y, w, h)`` on level ``L``, in its pixels.
+        tile: output tile size.
+        fmt: ``"tiff"`` or ``"ome-tiff"``.
+
+    Returns:
+        The segments, first (level ``L``) to last; their ``dims`` concatenated are
+        the output pyramid.
+    """
+    rx, ry, w, h = rect
+    base = levels[L]
+    cur = Segment(L, (rx, ry, w, h), 0, pyramid_dimensions(w, h, tile, fmt))
+    out = []
+    for j in range(L + 1, len(levels)):
+        lv = levels[j]
+        ratio = lv.downsample / base.downsample
+        if ratio < 1.5:
+            continue
+        k = int(round(math.log2(ratio)))
+        if abs(ratio / (1 << k) - 1) > SOURCE_LEVEL_TOLERANCE:
+            continue
+        local = k - cur.first
+        if local < 1 or local >= len(cur.dims):
+            continue  # not coarser than the segment's start, or past the pyramid's end
+        f = 1 << k
+        x0, y0 = rx // f, ry // f
+        x1 = lv.width if rx + w == base.width else -(-(rx + w) // f)
+        y1 = lv.height if ry + h == base.height else -(-(ry + h) // f)
+        if x1 <= x0 or y1 <= y0:
+            continue
+        out.append(dataclasses.replace(cur, dims=cur.dims[:local]))
+        cur = Segment(j, (x0, y0, x1 - x0, y1 - y0), k,
+                      pyramid_dimensions(x1 - x0, y1 - y0, tile, fmt))
+    out.append(cur)
+    return out
 
 
 def queue_depth(threads: int) -> int:

@@ -49,6 +49,7 @@ How the pyramid is built (streaming, never a whole level in memory):
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
@@ -69,8 +70,9 @@ from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
 from .encode import TileCodec, TileCounter, encoded_tiles
 from .passthrough import plan_copy
-from .plan import (COMPRESSIONS, FORMATS, ON_ERROR, ExportResult, background_color, copy_memory_bound,
-                   memory_bound, output_metadata, pyramid_dimensions)
+from .plan import (COMPRESSIONS, FORMATS, ON_ERROR, ExportResult, Segment, background_color,
+                   copy_memory_bound, memory_bound, output_metadata, pyramid_dimensions,
+                   source_level_segments)
 from .source import StripSource
 from .tiff import write_tiff, write_tiff_copy
 
@@ -95,6 +97,7 @@ def export_pyramid(
     label: bool = True,
     associated: bool = True,
     verify: bool = False,
+    from_source_levels: bool = False,
 ) -> ExportResult:
     """Write a slide, or a region of it, as a new tiled pyramid.
 
@@ -128,8 +131,8 @@ def export_pyramid(
             ``w, h`` the size in pixels of ``level``; default the whole level.
             Parts outside the slide become background; it must overlap the slide.
         level: source level read; the output's full resolution is this
-            level's (lower output levels are computed, never read from other
-            source levels, whatever their downsample).
+            level's.  Lower output levels are computed from it (box filter,
+            as libvips does) unless ``from_source_levels``.
         overlap: Deep Zoom tile overlap in pixels, at most ``tile_size // 2``
             (0 for TIFF formats).
         threads: encoder threads and decoder threads per strip read
@@ -164,6 +167,16 @@ def export_pyramid(
             fails the export (or, with ``on_error="fill"``, is written as a
             missing tile and counted); without it copied tiles get the read
             path's byte-range and header checks only.  Ignored otherwise.
+        from_source_levels: (``tiff`` / ``ome-tiff``, re-encoding) output
+            level ``k`` is read from the source level whose downsample
+            against ``level`` is ``2**k`` (within 2 %), and the output levels
+            below it are halved from that level instead of from ``level``
+            (see :func:`~wsitool.export.plan.source_level_segments`: such an
+            output level has the source level's size, which can be a pixel
+            less than halving gives).  The scanner's own lower levels are
+            then kept (re-encoded once) rather than recomputed; each source
+            level read costs its decode.  ``compression="copy"`` always uses
+            the source's levels.
 
     Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
     notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
@@ -212,6 +225,9 @@ def export_pyramid(
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     if fmt == "dzi" and compression == "jpeg2000":
         raise ValueError("Deep Zoom tiles are JPEG or PNG: use compression jpeg, deflate or none")
+    if from_source_levels and fmt == "dzi":
+        raise ValueError("from_source_levels applies to tiff and ome-tiff: Deep Zoom level sizes "
+                         "are fixed by halving the full size")
     if fmt == "dzi" and compression == "copy":
         raise ValueError("compression copy writes TIFF formats (tiff, ome-tiff); Deep Zoom tiles are "
                          "re-encoded: use compression jpeg, deflate or none")
@@ -287,9 +303,14 @@ def export_pyramid(
         if compression == "copy":
             return _export_copy(slide, final, fmt, L, (rx, ry, w, h), q, nthreads, bg, overwrite,
                                 progress, on_error, label, associated, bool(verify), sources, t_start)
-        dims = pyramid_dimensions(w, h, T, fmt)
-        src = StripSource(slide, L, rx, ry, w, h, T, nthreads, bg, on_error)
-        missing = src.missing_tiles()
+        if from_source_levels:
+            segments = source_level_segments(slide.levels, L, (rx, ry, w, h), T, fmt)
+        else:
+            segments = [Segment(L, (rx, ry, w, h), 0, pyramid_dimensions(w, h, T, fmt))]
+        dims = [d for seg in segments for d in seg.dims]
+        srcs = [StripSource(slide, seg.level, *seg.rect, T, nthreads, bg, on_error) for seg in segments]
+        src = srcs[0]
+        missing = sum(s.missing_tiles() for s in srcs)
         total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
         counter = TileCounter(total, progress)
         extra = associated_for_export(slide, label, associated, on_error) if fmt != "dzi" else []
@@ -304,13 +325,13 @@ def export_pyramid(
                              thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
                              associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
         codec = TileCodec(fmt, compression, q)
-        pyramid = PyramidBuilder(dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
-        tiles = encoded_tiles(src, pyramid, codec, nthreads, keep=thumb)
+        tiles = _segment_tiles(segments, srcs, codec, T, O, fmt, nthreads, thumb)
         meta = output_metadata(slide, L)
         meta["associated"] = extra
         meta["thumbnail"] = thumb
+        failed_count = lambda: sum(len(s.failed) for s in srcs)  # noqa: E731
         # with "fill", the count of painted tiles is recorded in the output once known
-        meta["painted"] = (lambda: len(src.failed)) if on_error == "fill" else None
+        meta["painted"] = failed_count if on_error == "fill" else None
         if fmt == "dzi":
             nbytes = write_dzi(tiles, final, files_dir, stem, dims, T, O, compression, overwrite, counter,
                                 sources=sources, painted=meta["painted"])
@@ -318,15 +339,16 @@ def export_pyramid(
             nbytes = write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,
                                  sources=sources)
         counter.finish()
-        if src.failed:
-
-            warnings.warn(f"{slide.path}: {len(src.failed)} undecodable source tile(s) painted with "
-                          f"the background (first: {src.first_error})", TileWarning, stacklevel=2)
+        if failed_count():
+            first = next(s.first_error for s in srcs if s.first_error)
+            warnings.warn(f"{slide.path}: {failed_count()} undecodable source tile(s) painted with "
+                          f"the background (first: {first})", TileWarning, stacklevel=2)
         return ExportResult(
             output=final, format=fmt, level_dimensions=[tuple(d) for d in dims],
-            tiles_written=counter.done, tiles_missing=missing, tiles_failed=len(src.failed),
+            tiles_written=counter.done, tiles_missing=missing, tiles_failed=failed_count(),
             seconds=time.perf_counter() - t_start, tile_size=T, compression=compression,
             bytes_written=nbytes, memory_bound=bound,
+            source_levels=[seg.level for seg in segments for _ in seg.dims],
         )
     finally:
         if own:
@@ -395,7 +417,22 @@ def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, nthre
         tiles_failed=len(bad), seconds=time.perf_counter() - t_start,
         tile_size=plan.copied[0].level.tile_width, compression="copy", bytes_written=nbytes,
         memory_bound=bound, tiles_copied=copied_total,
+        source_levels=[cl.level.index for cl in plan.copied] + [plan.base] * (len(cdims) - 1),
     )
+
+
+def _segment_tiles(segments, srcs, codec, T: int, O: int, fmt: str, threads: int,
+                   thumb: "LevelImage | None"):
+    """``(level, col, row, bytes)`` of every output level, segment after segment (each one
+    a pyramid of its own, from its source level), levels numbered across the segments."""
+    for seg, src in zip(segments, srcs):
+        pyramid = PyramidBuilder(seg.dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
+        keep = None
+        if thumb is not None and seg.first <= thumb.level < seg.first + len(seg.dims):
+            keep = copy.copy(thumb)  # the same pixels, numbered in the segment
+            keep.level = thumb.level - seg.first
+        for k, c, r, data in encoded_tiles(src, pyramid, codec, threads, keep=keep):
+            yield seg.first + k, c, r, data
 
 
 def _no_tiles():

@@ -134,10 +134,10 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
                 desc = aperio.description_text(
                     w0, h0, T, kind, mpp, meta["mag"], SOFTWARE,
                     extra={PAINTED_KEY: 0} if painted is not None else None)
-                tw.write(gen0, shape=(h0, w0, 3), description=desc, metadata=None,
+                tw.write(_Feed(gen0), shape=(h0, w0, 3), description=desc, metadata=None,
                          iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **common)
             else:
-                tw.write(gen0, shape=(h0, w0, 3), subifds=len(dims) - 1,
+                tw.write(_Feed(gen0), shape=(h0, w0, 3), subifds=len(dims) - 1,
                          metadata=_ome_metadata(final, meta, painted),
                          iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **common)
             for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
@@ -159,6 +159,21 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
         nbytes = partial.path.stat().st_size
         partial.commit(overwrite)
         return nbytes
+
+
+class _Feed:
+    """An iterator over ``gen``'s items without a ``close()``: tifffile reads the page's
+    tiles through its own ``yield from`` wrapper, whose closing would close ``gen`` too
+    (PEP 380), and ``gen`` must run on after the page (the lower levels' tiles)."""
+
+    def __init__(self, gen):
+        self._next = gen.__next__
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._next()
 
 
 def _needs_bigtiff(raw: int) -> bool:
