@@ -96,6 +96,27 @@ MEANS(means_16, uint16_t)
 MEANS(means_32, uint32_t)
 MEANS(means_64, uint64_t)
 
+/* 0 when both buffers are C-contiguous and hold `rows` x `width` RGB samples of `si`
+ * bytes (src) and `drows` x `dwidth` of `di` bytes (dst), else -1 with a ValueError set.
+ * Sizes are bounded before the byte counts are computed, so these cannot overflow. */
+static int check_buffers(Py_buffer *src, Py_buffer *dst, Py_ssize_t rows, Py_ssize_t width, int si,
+                         Py_ssize_t drows, Py_ssize_t dwidth, int di) {
+    if (rows < 0 || width < 0 || rows > (1 << 30) || width > (1 << 30)) {
+        PyErr_SetString(PyExc_ValueError, "rows and width must be 0 .. 2**30");
+        return -1;
+    }
+    Py_ssize_t need_src = rows * width * 3 * si, need_dst = drows * dwidth * 3 * di;
+    if (!PyBuffer_IsContiguous(src, 'C') || !PyBuffer_IsContiguous(dst, 'C')) {
+        PyErr_SetString(PyExc_ValueError, "source and destination must be C-contiguous");
+        return -1;
+    }
+    if (src->len < need_src || dst->len < need_dst) {
+        PyErr_SetString(PyExc_ValueError, "buffer too small for the rows and width given");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_means(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     Py_ssize_t rows, width;
@@ -107,18 +128,11 @@ static PyObject *py_means(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     if (k < 1 || k > 31 || cov_x < 1 || cov_y < 1 || cov_x > (1ULL << k) || cov_y > (1ULL << k) ||
-        rows < 0 || width < 1) {
+        width < 1) {
         PyErr_SetString(PyExc_ValueError, "bad level, coverage or size");
         goto done;
     }
-    if (!PyBuffer_IsContiguous(&src, 'C') || !PyBuffer_IsContiguous(&dst, 'C')) {
-        PyErr_SetString(PyExc_ValueError, "source and destination must be C-contiguous");
-        goto done;
-    }
-    if (src.len < rows * width * 3 * si || dst.len < rows * width * 3) {
-        PyErr_SetString(PyExc_ValueError, "buffer too small for the rows and width given");
-        goto done;
-    }
+    if (check_buffers(&src, &dst, rows, width, si, rows, width, 1) < 0) goto done;
     void (*fn)(const void *, uint8_t *, Py_ssize_t, Py_ssize_t, int, uint64_t, uint64_t, int) =
         si == 2 ? means_16 : si == 4 ? means_32 : si == 8 ? means_64 : NULL;
     if (fn == NULL) {
@@ -160,18 +174,7 @@ static PyObject *py_halve(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "no 2:1 sum from %d-byte to %d-byte samples", si, di);
         goto done;
     }
-    if (rows < 0 || width < 0) {
-        PyErr_SetString(PyExc_ValueError, "rows and width must be >= 0");
-        goto done;
-    }
-    if (!PyBuffer_IsContiguous(&src, 'C') || !PyBuffer_IsContiguous(&dst, 'C')) {
-        PyErr_SetString(PyExc_ValueError, "source and destination must be C-contiguous");
-        goto done;
-    }
-    if (src.len < rows * width * 3 * si || dst.len < ((rows + 1) / 2) * ((width + 1) / 2) * 3 * di) {
-        PyErr_SetString(PyExc_ValueError, "buffer too small for the rows and width given");
-        goto done;
-    }
+    if (check_buffers(&src, &dst, rows, width, si, (rows + 1) / 2, (width + 1) / 2, di) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
     fn(src.buf, dst.buf, rows, width);
     Py_END_ALLOW_THREADS

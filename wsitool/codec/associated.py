@@ -66,9 +66,11 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
         lock: held while tifffile decodes (its file handle is shared by the slide).
 
     Raises:
-        ResourceLimitError: the image is larger than the region limits
-            (checked before decoding, see :mod:`wsitool.settings`).
-        UnsupportedFormatError: samples without an RGB conversion.
+        ResourceLimitError: the image, or the array tifffile would decode for its
+            page, is larger than the region limits (checked before decoding, see
+            :mod:`wsitool.settings`).
+        UnsupportedFormatError: samples without an RGB conversion; a TIFF page with
+            ImageDepth > 1 (a volume, not one plane).
         CorruptFileError: a strip or tile fails the checks above, or the decoded
             data does not have the declared ``height x width x samples`` shape.
         WsiError: the image could not be decoded.
@@ -89,6 +91,7 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
     if enc.page is None:
         arr = _decode_tiles(f"{path}: associated image {name!r}", image, source)
     else:
+        _check_page(path, name, enc.page, lim)
         try:
             with lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -105,6 +108,22 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
     arr = arr.reshape(s, h, w).transpose(1, 2, 0) if image.planar else arr.reshape(h, w, s)
     rgb, _alpha = to_rgb8(arr, enc.photometric_code, enc.bits, enc.colormap, enc.extrasamples)
     return np.ascontiguousarray(rgb)
+
+
+def _check_page(path: str, name: str, page, lim) -> None:
+    """Refuse what tifffile would decode as more than the one plane declared: a page with
+    ImageDepth > 1 (SGI's tag 32997 for volumes: tifffile reads depth x height x width),
+    or any page whose decoded array would pass the region limits."""
+    depth = int(getattr(page, "imagedepth", 1) or 1)
+    if depth != 1:
+        raise UnsupportedFormatError(
+            f"{path}: associated image {name!r} declares ImageDepth {depth} (a volume); "
+            "an associated image is one plane")
+    nbytes = int(np.prod(page.shape, dtype=np.uint64)) * page.dtype.itemsize if page.dtype else 0
+    if nbytes > lim.max_region_bytes:
+        raise ResourceLimitError(
+            f"{path}: associated image {name!r} would decode to {nbytes} bytes, over the "
+            f"max_region_bytes limit ({lim.max_region_bytes})")
 
 
 def _frame_size(data: bytes, imagecodec: str | None) -> tuple[int, int] | None:
