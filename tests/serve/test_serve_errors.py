@@ -126,3 +126,24 @@ def test_corrupt_tile_is_a_500_and_the_server_goes_on(tmp_path, serve_slides, ca
     lines = [r for r in caplog.records if r.name == "wsitool.serve" and r.levelname == "ERROR"]
     assert lines and all("\n" not in r.getMessage() for r in lines)
     assert "broken-aperio-unreadable-jpeg.svs" in lines[0].getMessage()
+
+
+def test_a_400_names_the_slide_by_its_id_not_its_path(folder, serve_slides):
+    import wsitool
+
+    with serve_slides([folder], threads=1, cache_mb=0) as (url, state):
+        with wsitool.limits(max_region_pixels=64 * 64):  # any real read is now over the limit
+            r = httpx.get(f"{url}/iiif/3/cases~a.svs/full/max/0/default.jpg")
+        assert r.status_code == 400, r.text
+        assert "cases~a.svs" in r.text and "limit" in r.text
+        assert str(folder) not in r.text and "/" not in r.text.split("cases~a.svs")[0]
+
+
+def test_deep_zoom_options_are_checked():
+    from wsitool.serve.config import ServeConfig
+
+    for bad in (dict(dz_tile_size=0), dict(dz_tile_size=9000), dict(dz_overlap=-1),
+                dict(dz_tile_size=16, dz_overlap=9)):
+        with pytest.raises(ValueError, match="dz_"):
+            ServeConfig(**bad)
+    assert ServeConfig(dz_tile_size=16, dz_overlap=8).dz_overlap == 8

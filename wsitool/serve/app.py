@@ -112,6 +112,12 @@ class ServerState:
         self.registry.close()
 
 
+def _public(message: str, entry) -> str:
+    """``message`` with the slide's server-side path replaced by its served identifier."""
+    path = str(entry.slide.path)
+    return message.replace(path, entry.id) if path else message
+
+
 def create_app(state: ServerState):
     """The Starlette app serving ``state``'s slides (see the module docstring for the routes)."""
     from starlette.applications import Starlette
@@ -125,8 +131,9 @@ def create_app(state: ServerState):
     def error(exc: IIIFError):
         return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=_CORS)
 
-    async def render(request, job, what: str):
-        """Run ``job()`` (decode + encode, returns bytes) on a worker; None if the client left."""
+    async def render(request, job, what: str, entry):
+        """Run ``job()`` (decode + encode, returns bytes) on a worker; None if the client left.
+        A 400's text names the slide by its identifier, never by its path on the server."""
         if counters.waiting >= cfg.max_queue:
             raise IIIFError(503, "server busy, retry later")
         counters.add("waiting")
@@ -148,7 +155,7 @@ def create_app(state: ServerState):
         except IIIFError:
             raise
         except (InvalidRegionError, ResourceLimitError) as exc:
-            raise IIIFError(400, str(exc)) from None
+            raise IIIFError(400, _public(str(exc), entry)) from None
         except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
             log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
                       str(exc).splitlines()[0] if str(exc) else "")
@@ -189,7 +196,7 @@ def create_app(state: ServerState):
                 del rgb
                 return encode(img, req.format, cfg.quality)
 
-            body = await render(request, job, "image")
+            body = await render(request, job, "image", entry)
             if body is None:
                 return Response(status_code=499)
             links = (f'<{base_id(request, entry.id)}/{req.canonical}>;rel="canonical", '
@@ -222,7 +229,7 @@ def create_app(state: ServerState):
                                      cfg.dz_filter)
                 return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
 
-            body = await render(request, job, "tile")
+            body = await render(request, job, "tile", entry)
             if body is None:
                 return Response(status_code=499)
             return Response(body, media_type=DZ_MEDIA_TYPES[fmt],

@@ -60,6 +60,11 @@ class ServeConfig:
             raise ValueError(f"cache_mb must be >= 0, got {self.cache_mb}")
         if self.tile_size < 16:
             raise ValueError(f"tile_size must be >= 16, got {self.tile_size}")
+        if not 1 <= self.dz_tile_size <= 8192:
+            raise ValueError(f"dz_tile_size must be in 1..8192, got {self.dz_tile_size}")
+        if self.dz_overlap < 0 or 2 * self.dz_overlap > self.dz_tile_size:
+            raise ValueError(f"dz_overlap must be 0..dz_tile_size // 2 ({self.dz_tile_size // 2}), "
+                             f"got {self.dz_overlap}")
         if self.dz_filter not in ("lanczos", "area"):
             raise ValueError(f"dz_filter must be 'lanczos' or 'area', got {self.dz_filter!r}")
         if not 1 <= self.quality <= 100:
