@@ -183,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         vips_note = f"pyvips unavailable ({type(exc).__name__}: {exc}); reporting wsitool alone"
     formats = (["passthrough", "tiff", "tiff-source-levels", "ome-tiff", "dzi"] if args.format == "all"
                else [args.format])
-    print(f"slide {args.slide}  threads {args.threads}  quality {args.quality}  {vips_note}")
+    sys.path.insert(0, str(REPO))
+    from wsitool.export.downsample import kernel_status
+
+    print(f"slide {args.slide}  threads {args.threads}  quality {args.quality}  {vips_note}  "
+          f"wsitool box filter: {kernel_status()}")
     print(f"cpus {os.cpu_count()}  load average before {_load()}  libvips shrinks from level 0; so does "
           "wsitool except tiff-source-levels (the source's own 2**k levels) and passthrough")
     results = {}

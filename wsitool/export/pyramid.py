@@ -23,15 +23,18 @@ How the pyramid is built (streaming, never a whole level in memory):
    uses).  It is computed incrementally from pairs of rows as they arrive:
    a vertical then a horizontal 2:1 sum, the last row or column of a level
    alone where it has no partner, so the iterated result is the direct block
-   sum.  Levels 1 and below
-   are kept as integer sums of the level-0 pixels they cover (uint16 to
-   level 4, uint32 below: the halving is integer additions, and clipped edge
-   blocks need no weights) and divided by the pixel count, rounding half up,
-   only when a tile is cropped, so the error against a float64 box filter of
-   the source is at most 0.5 grey level.
+   sum.  The sums of levels 1 and below are integer sums of the level-0
+   pixels they cover (uint16 to level 4, uint32 below: the halving is integer
+   additions, and clipped edge blocks need no weights); as a level's rows of
+   sums arrive they are halved into the next level and divided by the pixel
+   count, rounding half up, into the level's uint8 pixels, so the error
+   against a float64 box filter of the source is at most 0.5 grey level
+   (:mod:`~wsitool.export.downsample`; compiled kernel, numpy reference).
 3. Each level keeps only a sliding window of rows: the rows of the tile row
    it has not emitted yet (plus ``overlap`` rows either side for Deep Zoom)
-   and one unpaired row.  As soon as a tile row is complete its tiles are
+   as uint8 pixels, and at most one unpaired row of sums.  While one strip
+   is reduced and encoded, a reader thread decodes the next one into a
+   staging strip.  As soon as a tile row is complete its tiles are
    cropped (uint8 copies) and handed to a thread pool that encodes them;
    results are consumed in submission order, so each level's tiles come out
    row by row, left to right.
@@ -136,7 +139,8 @@ def export_pyramid(
         overlap: Deep Zoom tile overlap in pixels, at most ``tile_size // 2``
             (0 for TIFF formats).
         threads: encoder threads and decoder threads per strip read
-            (default: the CPU count).
+            (default: the CPU count); one more thread reads the next strip
+            while the current one is reduced and encoded.
         overwrite: replace an existing output; without it an existing output
             raises ``FileExistsError`` before any work.
         background: ``(r, g, b)`` 0..255 painted where the source is
