@@ -56,6 +56,41 @@ def test_importing_wsitool_installs_no_handler():
     assert out.stdout.strip() == "True", out.stderr
 
 
+_SELF_KILL = """
+import os, signal, sys, time
+from wsitool.cli import app, main
+from wsitool.cli.console import handle_errors
+
+@app.command("selfkill")
+@handle_errors
+def selfkill(convert: bool = False) -> None:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        if convert:  # as an extension module's import does: "initialization failed"
+            raise ImportError("initialization failed")
+        raise
+
+try:
+    main(["selfkill"] + sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+os.kill(os.getpid(), signal.SIGTERM)  # after the command: still ignored, not a kill
+time.sleep(0.2)
+print("alive", code)
+"""
+
+
+@pytest.mark.parametrize("args", [[], ["--convert"]])
+def test_signal_exit_is_one_line_even_when_a_library_converts_it(args):
+    out = subprocess.run([sys.executable, "-c", _SELF_KILL] + args, capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "alive 143"
+    assert out.stderr.strip() == "wsitool: error: interrupted by SIGTERM"
+
+
 # --------------------------------------------------------------------------- helpers
 
 

@@ -43,10 +43,23 @@ def test_segments_follow_power_of_two_levels():
     assert segs[1].dims[0] == (11500, 8228)  # the source level's size, not ceil(32914 / 4)
     assert segs[2].dims[0] == (2875, 2057)
     assert segs[2].dims[-1][0] <= 256 and segs[2].dims[-1][1] <= 256
-    # a region: floor of its start, ceil of its end, in the source level's pixels
+    # a region on a level's grid: its start divided, the size halving gives
+    segs = source_level_segments(levels, 0, (1024, 2048, 4001, 3003), 256, "tiff")
+    assert [(s.level, s.first) for s in segs] == [(0, 0), (1, 2), (2, 4)]
+    assert segs[1].rect == (256, 512, 1001, 751)  # ceil(4001 / 4), ceil(3003 / 4)
+    assert segs[2].rect == (64, 128, 251, 188)
+    for s in segs:  # never bigger than halving the region
+        f = 1 << s.first
+        assert s.dims[0][0] <= -(-4001 // f) and s.dims[0][1] <= -(-3003 // f)
+    # a region off the 4x grid reads neither source level (16x is off it too)
     segs = source_level_segments(levels, 0, (1001, 2003, 4000, 3000), 256, "tiff")
-    assert segs[1].rect == (250, 500, 1251 - 250, 1251 - 500)  # ceil(5001 / 4), ceil(5003 / 4)
-    assert segs[2].rect == (62, 125, 313 - 62, 313 - 125)
+    assert [(s.level, s.first) for s in segs] == [(0, 0)]
+    # on the 4x grid but not the 16x one: level 1 only
+    segs = source_level_segments(levels, 0, (4, 8, 4000, 3000), 256, "tiff")
+    assert [(s.level, s.first) for s in segs] == [(0, 0), (1, 2)]
+    # a region beyond the slide's edge keeps halving's size (the rest is background)
+    segs = source_level_segments(levels, 0, (45056, 0, 1000, 32914), 256, "tiff")
+    assert segs[1].dims[0] == (250, 8228)
 
 
 def test_segments_skip_other_steps():
@@ -118,3 +131,17 @@ def test_cli_from_source_levels(tmp_path):
     assert not (tmp_path / "c.dzi").exists() and not (tmp_path / "d.svs").exists()
     with pytest.raises(ValueError, match="tiff and ome-tiff"):
         export_pyramid(path, tmp_path / "e.dzi", format="dzi", from_source_levels=True)
+
+
+@pytest.mark.parametrize("region", [(3, 0, 2, 1152), (1, 1, 18, 18), (-37, -11, 900, 700),
+                                    (1, 1, 1534, 1150), (4, 8, 1532, 1144)])
+def test_off_grid_regions_keep_the_halving_geometry(tmp_path, region):
+    path = REPO_SAMPLES / "sample-aperio-jpeg.svs"
+    a = export_pyramid(path, tmp_path / "a.svs", region=region, tile_size=16, compression="deflate",
+                       from_source_levels=True)
+    b = export_pyramid(path, tmp_path / "b.svs", region=region, tile_size=16, compression="deflate")
+    for (wa, ha), (wb, hb) in zip(a.level_dimensions, b.level_dimensions):
+        assert wb - 1 <= wa <= wb and hb - 1 <= ha <= hb
+    assert len(a.level_dimensions) == len(b.level_dimensions)
+    with wsitool.open_slide(tmp_path / "a.svs") as s:
+        assert [tuple(d) for d in s.level_dimensions] == [tuple(d) for d in a.level_dimensions]

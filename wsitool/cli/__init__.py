@@ -39,7 +39,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     """
     logging.getLogger("tifffile").setLevel(logging.ERROR)
     warnings.showwarning = show_warning
-    with signals.handling():
+    previous = signals.install()
+    try:
         app(args=argv, prog_name="wsitool")
+    finally:
+        # After a signal the handler stays until the process exits, so that a second
+        # signal during the last of the clean-up is ignored (not a kill by the default one).
+        if signals.received() is None:
+            signals.restore(previous)
 
 

@@ -84,15 +84,19 @@ def handle_errors(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (wsitool.signals)
-
-            signals.cleanup_partials()
-            code = signals.exit_code(exc)
-            raise fail("interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}",
-                       code) from None
+            try:
+                return func(*args, **kwargs)
+            except typer.Exit:
+                raise
+            except BaseException as exc:
+                # Ctrl-C, or SIGTERM / SIGHUP (wsitool.signals); also whatever a library turned
+                # the interruption into (an extension module's import: "initialization failed")
+                if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
+                    signals.cleanup_partials()
+                    code = signals.exit_code(exc)
+                    text = "interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}"
+                    raise fail(text, code) from None
+                raise
         except MemoryError:
             raise fail("out of memory (ENOMEM)", 9) from None
         except (errors.WsiError, OSError) as exc:

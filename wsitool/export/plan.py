@@ -168,12 +168,15 @@ def source_level_segments(levels, L: int, rect, tile: int, fmt: str) -> list[Seg
     source level ``j > L`` whose downsample relative to level ``L`` is ``2**k``
     within :data:`SOURCE_LEVEL_TOLERANCE`, and the output levels below it are
     halved from it, down to the next such level; levels with other steps (3x,
-    non-power-of-two) are not used.  A segment's first level covers
-    ``floor(x / 2**k) .. ceil((x + w) / 2**k)`` of its source level, and where
-    ``rect`` reaches the edge of level ``L`` it ends at the source level's own
-    edge, so the segment is that level's size, not ``ceil`` of level ``L``'s
-    (scanners round level sizes down: CMU-1's 32914 rows give 8228 at 4x, not
-    8229); so an output level can be a pixel smaller than halving gives.
+    non-power-of-two) are not used, nor is a level for a ``rect`` whose start
+    is not a multiple of ``2**k`` (its pixels would sit up to ``2**k - 1``
+    level-``L`` pixels off the grid halving gives).  The segment's first level
+    covers ``x / 2**k .. ceil((x + w) / 2**k)`` of its source level (the size
+    halving gives), and where ``rect`` ends exactly at the edge of level ``L``
+    it ends at the source level's own edge if that comes first: scanners round
+    level sizes down (CMU-1's 32914 rows give 8228 at 4x, not 8229), and that
+    row is then left out rather than painted.  So an output level is the size
+    halving gives, or a pixel less.
 
     Args:
         levels: the slide's levels (:class:`wsitool.model.Level`).
@@ -202,9 +205,14 @@ def source_level_segments(levels, L: int, rect, tile: int, fmt: str) -> list[Seg
         if local < 1 or local >= len(cur.dims):
             continue  # not coarser than the segment's start, or past the pyramid's end
         f = 1 << k
+        if rx % f or ry % f:
+            continue  # off the source level's grid
         x0, y0 = rx // f, ry // f
-        x1 = lv.width if rx + w == base.width else -(-(rx + w) // f)
-        y1 = lv.height if ry + h == base.height else -(-(ry + h) // f)
+        x1, y1 = -(-(rx + w) // f), -(-(ry + h) // f)
+        if rx + w == base.width:
+            x1 = min(x1, lv.width)
+        if ry + h == base.height:
+            y1 = min(y1, lv.height)
         if x1 <= x0 or y1 <= y0:
             continue
         out.append(dataclasses.replace(cur, dims=cur.dims[:local]))

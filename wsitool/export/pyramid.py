@@ -175,9 +175,9 @@ def export_pyramid(
             level ``k`` is read from the source level whose downsample
             against ``level`` is ``2**k`` (within 2 %), and the output levels
             below it are halved from that level instead of from ``level``
-            (see :func:`~wsitool.export.plan.source_level_segments`: such an
-            output level has the source level's size, which can be a pixel
-            less than halving gives).  The scanner's own lower levels are
+            (see :func:`~wsitool.export.plan.source_level_segments`: a
+            region must start on that level's grid; such an output level has
+            the size halving gives, or a pixel less at the slide's edge).  The scanner's own lower levels are
             then kept (re-encoded once) rather than recomputed; each source
             level read costs its decode.  ``compression="copy"`` always uses
             the source's levels.
