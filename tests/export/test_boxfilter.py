@@ -85,6 +85,9 @@ def test_kernel_refuses_bad_buffers():
     with pytest.raises(ValueError, match="contiguous"):
         downsample._boxfilter.halve(np.zeros((4, 8, 3), np.uint8)[:, ::2], np.zeros((2, 2, 3), np.uint16),
                                     4, 4, 1, 2)
+    for rows, width in [(2**30, 2**30), (2**62, 1), (-1, 4)]:  # byte counts must not overflow
+        with pytest.raises(ValueError):
+            downsample._boxfilter.halve(a, np.zeros((2, 2, 3), np.uint16), rows, width, 1, 2)
     with pytest.raises(ValueError, match="coverage"):
         downsample._boxfilter.means(np.zeros((2, 2, 3), np.uint16), np.zeros((2, 2, 3), np.uint8),
                                     2, 2, 2, 1, 3, 1, False)

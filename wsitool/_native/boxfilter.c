@@ -101,8 +101,11 @@ MEANS(means_64, uint64_t)
  * Sizes are bounded before the byte counts are computed, so these cannot overflow. */
 static int check_buffers(Py_buffer *src, Py_buffer *dst, Py_ssize_t rows, Py_ssize_t width, int si,
                          Py_ssize_t drows, Py_ssize_t dwidth, int di) {
-    if (rows < 0 || width < 0 || rows > (1 << 30) || width > (1 << 30)) {
-        PyErr_SetString(PyExc_ValueError, "rows and width must be 0 .. 2**30");
+    /* rows * width * 24 (8-byte samples) must fit: width <= 2**30 keeps width * 24 small */
+    if (rows < 0 || width < 0 || width > (1 << 30) ||
+        (width > 0 && rows > PY_SSIZE_T_MAX / (width * 24))) {
+        PyErr_SetString(PyExc_ValueError, "rows and width must be >= 0 and their product small "
+                                          "enough to address");
         return -1;
     }
     Py_ssize_t need_src = rows * width * 3 * si, need_dst = drows * dwidth * 3 * di;
