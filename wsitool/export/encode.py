@@ -6,11 +6,11 @@ nvImageCodec's CPU encoder writes for the same quality and subsampling, checked
 by ``tests/export/test_encode.py``, in about 0.87 of its CPU time, with the GIL
 released and no per-thread encoder to hold).  JPEG 2000 tiles are encoded by
 nvImageCodec (one encoder per thread, from :mod:`wsitool.codec.pool`'s
-per-thread state).  Its CPU JPEG 2000 encoder takes a target size ratio, not a quality: ``quality`` 100 means
-lossless, below 100 a compressed size of ``quality / 300`` of the raw tile
-(90 -> 30 %, about 3.3:1, which on dense H&E tissue gives about the PSNR of
-JPEG at quality 90; 30 -> 10 %).  It writes a JP2 file; the code stream is taken out
-of its ``jp2c`` box (ISO/IEC 15444-1 Annex I.5.4).  Deflate and uncompressed
+per-thread state).  Its CPU JPEG 2000 encoder takes a target size ratio, not a
+quality: ``quality`` 100 means lossless, below 100 a compressed size of
+``quality / 300`` of the raw tile (90 -> 30 %, about 3.3:1, which on dense H&E
+tissue gives about the PSNR of JPEG at quality 90; 30 -> 10 %).  It writes a
+JP2 file; the code stream is taken out of its ``jp2c`` box (ISO/IEC 15444-1 Annex I.5.4).  Deflate and uncompressed
 TIFF tiles, and PNG tiles of Deep Zoom (``deflate`` / ``none``), are encoded
 with imagecodecs.
 """
@@ -66,8 +66,7 @@ class TileCodec:
         """
         if self.compression == "jpeg":
             try:
-                return bytes(imagecodecs.jpeg8_encode(tile, level=self.quality,
-                                                      subsampling=self._subsampling))
+                return imagecodecs.jpeg8_encode(tile, level=self.quality, subsampling=self._subsampling)
             except Exception as exc:  # imagecodecs.JpegError and friends
                 raise WsiError(f"libjpeg-turbo could not encode a {tile.shape[1]}x{tile.shape[0]} "
                                f"JPEG tile: {exc}") from None

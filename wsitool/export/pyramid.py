@@ -177,10 +177,10 @@ def export_pyramid(
             below it are halved from that level instead of from ``level``
             (see :func:`~wsitool.export.plan.source_level_segments`: a
             region must start on that level's grid; such an output level has
-            the size halving gives, or a pixel less at the slide's edge).  The scanner's own lower levels are
-            then kept (re-encoded once) rather than recomputed; each source
-            level read costs its decode.  ``compression="copy"`` always uses
-            the source's levels.
+            the size halving gives, or a pixel less at the slide's edge).
+            The scanner's own lower levels are then kept (re-encoded once)
+            rather than recomputed; each source level read costs its decode.
+            ``compression="copy"`` always uses the source's levels.
 
     Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
     notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
@@ -313,7 +313,6 @@ def export_pyramid(
             segments = [Segment(L, (rx, ry, w, h), 0, pyramid_dimensions(w, h, T, fmt))]
         dims = [d for seg in segments for d in seg.dims]
         srcs = [StripSource(slide, seg.level, *seg.rect, T, nthreads, bg, on_error) for seg in segments]
-        src = srcs[0]
         missing = sum(s.missing_tiles() for s in srcs)
         total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
         counter = TileCounter(total, progress)
