@@ -10,9 +10,9 @@ per-thread state).  Its CPU JPEG 2000 encoder takes a target size ratio, not a
 quality: ``quality`` 100 means lossless, below 100 a compressed size of
 ``quality / 300`` of the raw tile (90 -> 30 %, about 3.3:1, which on dense H&E
 tissue gives about the PSNR of JPEG at quality 90; 30 -> 10 %).  It writes a
-JP2 file; the code stream is taken out of its ``jp2c`` box (ISO/IEC 15444-1 Annex I.5.4).  Deflate and uncompressed
-TIFF tiles, and PNG tiles of Deep Zoom (``deflate`` / ``none``), are encoded
-with imagecodecs.
+JP2 file; the code stream is taken out of its ``jp2c`` box (ISO/IEC 15444-1
+Annex I.5.4).  Deflate and uncompressed TIFF tiles, and PNG tiles of Deep Zoom
+(``deflate`` / ``none``), are encoded with imagecodecs.
 """
 
 from __future__ import annotations
