@@ -246,3 +246,29 @@ def test_decoder_that_cannot_be_made_is_device_unavailable(monkeypatch):
     monkeypatch.setattr(nv(), "Decoder", Refusing)
     with pytest.raises(DeviceUnavailableError, match="could not create an nvImageCodec decoder for cpu"):
         fresh._create_decoder()
+
+
+def test_ended_threads_leave_their_counts_not_their_bookkeeping():
+    """Each export starts reader and encoder threads: the pool must not keep a record per
+    thread that has ended, yet its counters must still include what those threads did."""
+    import gc
+
+    path = next(p for p in repo_samples() if p.name == "sample-aperio-jpeg.svs")
+    pool = get_pool("cpu")
+    with wsitool.open_slide(path) as s:
+        s.read_region((0, 0), 0, (8, 8), threads=1)
+        gc.collect()
+        live = len(pool._all_stats)
+        before = pool.stats().tiles_decoded
+
+        def work():
+            with decode_paths(native=False):  # the Python path counts in this thread's state
+                s.read_region((0, 0), 0, (256, 256), threads=1)
+
+        for _ in range(20):
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+        gc.collect()
+    assert len(pool._all_stats) <= live + 1  # not one per ended thread
+    assert pool.stats().tiles_decoded - before >= 20  # their decodes still counted

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -185,7 +186,8 @@ class DecoderPool:
         self.device = device
         self._create_lock = threading.Lock()
         self._local = threading.local()
-        self._all_stats: list[DecodeStats] = []
+        self._all_stats: list[DecodeStats] = []  # of the live threads' states
+        self._retired = DecodeStats()  # counters of threads that have ended
         self.encoders_created = 0
         if device == "cpu":
             self._device_id = nv().NVIMGCODEC_DEVICE_CPU_ONLY
@@ -238,12 +240,25 @@ class DecoderPool:
                 self._all_stats.append(stats)
             st = ThreadState(self, stats)
             self._local.state = st
+            # a thread's state goes with the thread (threading.local); its counters stay,
+            # folded into one total, so that exports and reads that start threads do not
+            # grow this pool's bookkeeping
+            weakref.finalize(st, self._retire, stats)
         return st
+
+    def _retire(self, stats: DecodeStats) -> None:
+        with self._create_lock:
+            for i, s in enumerate(self._all_stats):
+                if s is stats:
+                    del self._all_stats[i]
+                    self._retired.add(stats)
+                    break
 
     def stats(self) -> DecodeStats:
         """Sum of all threads' counters (a snapshot, new object)."""
         total = DecodeStats()
         with self._create_lock:
+            total.add(self._retired)
             for s in self._all_stats:
                 total.add(s)
         return total
@@ -252,7 +267,7 @@ class DecoderPool:
         """Zero every thread's counters.  Call it while no thread decodes: the
         counters are updated without a lock, so a concurrent update may be lost."""
         with self._create_lock:
-            for s in self._all_stats:
+            for s in self._all_stats + [self._retired]:
                 for f in dataclasses.fields(s):
                     setattr(s, f.name, 0)
 
