@@ -195,6 +195,7 @@ class Workload:
                 elif self.fault == "corrupt" and wid % 2 == 1 and mine % 2 == 0:
                     arr.reshape(-1).view(np.uint8)[0] ^= 0xFF
                 elif self.fault == "segv" and self._fault_due():
+                    self.sample()  # the progress the crash report shows is this moment's
                     os.kill(os.getpid(), signal.SIGSEGV)
                 elif self.fault == "hang" and self._fault_due():
                     threading.Event().wait()  # a deadlock: never returns
