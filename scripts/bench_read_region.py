@@ -196,6 +196,18 @@ def worker(spec: dict) -> list[dict]:
             peak_over_idle_mib=peak - idle, output_mib=out_bytes / 2**20, checksum=checksum,
         ))
 
+    def pil_passes(slide) -> None:
+        """Timed passes of an openslide-python-style ``read_region`` (PIL RGBA)."""
+        for size_s, regions in spec["regions"].items():
+            size = int(size_s)
+            cks = _checksum(slide.read_region(regions[0], level, (size, size)))
+            for threads in spec["threads"]:
+                def read_one(loc, size=size):
+                    return slide.read_region(loc, level, (size, size))
+                t, idle, peak = _timed_passes(read_one, regions, reps, threads, spec["warm"])
+                record(size, threads, "rgba PIL" + (f" pool{threads}" if threads > 1 else ""),
+                       regions, t, idle, peak, size * size * 4, cks)
+
     if tool == "wsitool":
         import wsitool
 
@@ -228,28 +240,11 @@ def worker(spec: dict) -> list[dict]:
             # would otherwise come from OpenSlide's 32 MiB cache (the other tools
             # have no cache, and random regions of a real workload rarely repeat).
             slide.set_cache(openslide.OpenSlideCache(0))
-        for size_s, regions in spec["regions"].items():
-            size = int(size_s)
-            cks = _checksum(slide.read_region(regions[0], level, (size, size)))
-            for threads in spec["threads"]:
-                def read_one(loc, size=size):
-                    return slide.read_region(loc, level, (size, size))
-                t, idle, peak = _timed_passes(read_one, regions, reps, threads, spec["warm"])
-                record(size, threads, "rgba PIL" + (f" pool{threads}" if threads > 1 else ""),
-                       regions, t, idle, peak, size * size * 4, cks)
+        pil_passes(slide)
     elif tool == "compat":  # wsitool.openslide, the openslide-python drop-in: PIL RGBA
         import wsitool.openslide as compat
 
-        slide = compat.OpenSlide(path)  # no tile cache unless set_cache is called
-        for size_s, regions in spec["regions"].items():
-            size = int(size_s)
-            cks = _checksum(slide.read_region(regions[0], level, (size, size)))
-            for threads in spec["threads"]:
-                def read_one(loc, size=size):
-                    return slide.read_region(loc, level, (size, size))
-                t, idle, peak = _timed_passes(read_one, regions, reps, threads, spec["warm"])
-                record(size, threads, "rgba PIL" + (f" pool{threads}" if threads > 1 else ""),
-                       regions, t, idle, peak, size * size * 4, cks)
+        pil_passes(compat.OpenSlide(path))  # no tile cache unless set_cache is called
     elif tool == "tiffslide":
         import tiffslide
 

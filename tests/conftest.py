@@ -24,6 +24,20 @@ NO_SHARED = f"real slides folder {SHARED_SAMPLES} is absent"
 NO_BUGS = f"bug-inputs folder {BUG_INPUTS} is absent"
 
 
+def fuzz_script():
+    """``scripts/fuzz.py`` imported as a module (loaded once; the fuzz tests share it)."""
+    import importlib.util
+    import sys
+
+    name = "wsitool_fuzz_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "fuzz.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def shared_sample(name: str) -> Path:
     """Path of a real slide in ../shared/samples; skips the test if absent."""
     path = SHARED_SAMPLES / name

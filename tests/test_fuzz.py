@@ -14,7 +14,6 @@ Bounded for CI: a fixed number of hypothesis examples with a derandomised
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED
+from conftest import REPO, SHARED, fuzz_script
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -34,15 +33,7 @@ FUZZ_SCRIPT = REPO / "scripts" / "fuzz.py"
 REGRESSIONS = json.loads((Path(__file__).parent / "fuzz_regressions.json").read_text())
 
 
-def _load_fuzz_module():
-    spec = importlib.util.spec_from_file_location("wsitool_fuzz_script", FUZZ_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fuzz = _load_fuzz_module()
+fuzz = fuzz_script()
 
 # Seeds for the in-test fuzzing: small files keep one example well under 0.1 s.
 SEEDS = [p for p in fuzz.seed_files(limit_bytes=1_000_000)]

@@ -7,26 +7,19 @@ output folder).
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fuzz_script
 
-FUZZ_SCRIPT = REPO / "scripts" / "fuzz.py"
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 
 
 @pytest.fixture(scope="module")
 def fuzz():
-    spec = importlib.util.spec_from_file_location("wsitool_fuzz_script_batch", FUZZ_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return fuzz_script()
 
 
 def _work(tmp_path: Path) -> Path:

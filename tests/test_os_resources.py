@@ -24,9 +24,24 @@ JPEG = str(REPO_SAMPLES / "sample-aperio-jpeg.svs")
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX resource limits")
 
 
-def _child(code: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+#: child-process prelude: a 64-descriptor limit, all of them taken but one
+#: (``fillers`` keeps them open)
+_ONE_FD_LEFT = """\
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+fillers = []
+while True:
+    try:
+        fillers.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+os.close(fillers.pop())  # exactly one descriptor free
+"""
+
+
+def _child(code: str, prelude: str = "") -> dict:
+    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -35,17 +50,9 @@ def test_open_with_one_descriptor_left_is_emfile_not_corrupt():
     """Slide() takes two descriptors (its own and tifffile's): with exactly one
     free, the second open fails with EMFILE; that used to be CorruptFileError."""
     got = _child(f"""
-        import json, os, resource
+        import json
         import wsitool
         from wsitool.errors import CorruptFileError
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        fillers = []
-        try:
-            while True:
-                fillers.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError:
-            pass
-        os.close(fillers.pop())  # exactly one descriptor free
         try:
             wsitool.open_slide({JPEG!r})
             out = {{"type": None}}
@@ -53,7 +60,7 @@ def test_open_with_one_descriptor_left_is_emfile_not_corrupt():
             out = {{"type": type(exc).__name__, "errno": getattr(exc, "errno", None),
                    "corrupt": isinstance(exc, CorruptFileError), "message": str(exc)}}
         print(json.dumps(out))
-    """)
+    """, prelude=_ONE_FD_LEFT)
     assert got["type"] == "OSError" and not got["corrupt"], got
     assert got["errno"] == errno.EMFILE
     assert "Too many open files" in got["message"] and "ulimit -n" in got["message"]
@@ -96,16 +103,8 @@ def test_resource_errors_are_worded_with_their_cause():
 
 def test_cli_maps_emfile_to_exit_9_with_one_line(tmp_path):
     code = f"""
-        import json, os, resource, contextlib, io
+        import json, contextlib, io
         from wsitool.cli import main
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        fillers = []
-        try:
-            while True:
-                fillers.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError:
-            pass
-        os.close(fillers.pop())
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
@@ -115,6 +114,6 @@ def test_cli_maps_emfile_to_exit_9_with_one_line(tmp_path):
             c = e.code
         print(json.dumps({{"code": c, "err": err.getvalue()}}))
     """
-    got = _child(code)
+    got = _child(code, prelude=_ONE_FD_LEFT)
     assert got["code"] == 9, got
     assert "Too many open files" in got["err"] and "corrupt" not in got["err"].lower()

@@ -29,6 +29,14 @@ __all__ = ["decode_associated"]
 _JPEG, _LZW = 7, 5
 
 
+def _segment_bytes(where: str, what: str, off: int, count: int, source: ByteSource) -> bytes:
+    """The ``count`` bytes at ``off``; CorruptFileError when they pass the end of the file."""
+    if off + count > source.size:
+        raise CorruptFileError(f"{where}: {what} at offset {off} (+{count} bytes) lies past "
+                               f"the end of the file ({source.size} bytes): truncated file")
+    return source.read(off, count)
+
+
 def _check_segments(where: str, image: AssociatedImage, source: ByteSource) -> None:
     comp = image.encoding.compression_code
     if comp not in (_LZW, _JPEG):
@@ -37,10 +45,7 @@ def _check_segments(where: str, image: AssociatedImage, source: ByteSource) -> N
     for off, count in zip(image.offsets, image.bytecounts):
         if off == 0 or count == 0:
             continue
-        if off + count > source.size:
-            raise CorruptFileError(f"{where}: data at offset {off} (+{count} bytes) lies past "
-                                   f"the end of the file ({source.size} bytes): truncated file")
-        data = source.read(off, count)
+        data = _segment_bytes(where, "data", off, count, source)
         if comp == _LZW:
             problem = lzw_problem(data)
             if problem:
@@ -153,10 +158,7 @@ def _decode_tiles(where: str, image: AssociatedImage, source: ByteSource) -> np.
             break
         if off == 0 or count == 0:
             continue
-        if off + count > source.size:
-            raise CorruptFileError(f"{where}: frame {k} at offset {off} (+{count} bytes) lies past "
-                                   f"the end of the file ({source.size} bytes): truncated file")
-        data = source.read(off, count)
+        data = _segment_bytes(where, f"frame {k}", off, count, source)
         size = _frame_size(data, enc.imagecodec)
         if size is not None and size != (tw, th):
             raise CorruptFileError(f"{where}: frame {k} declares {size[0]}x{size[1]} pixels, "
