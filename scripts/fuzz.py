@@ -540,7 +540,9 @@ class Worker:
         tail = self._stderr_tail()
         out = {"status": "crash", "returncode": rc, "stderr_tail": tail}
         if rc < 0:
-            out["signal"] = signal.Signals(-rc).name
+            from wsitool.signals import signal_name  # "signal N" for a number without a name
+
+            out["signal"] = signal_name(-rc)
         out["signature"] = f"crash {out.get('signal', rc)}" + _crash_frame(tail)
         return out
 

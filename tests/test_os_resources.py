@@ -101,6 +101,23 @@ def test_resource_errors_are_worded_with_their_cause():
     assert descriptors_exhausted() is None
 
 
+def test_descriptors_exhausted_sees_a_near_full_table():
+    """The probe the decode path runs before blaming a tile (codec/failures.py): with one
+    descriptor free it reports EMFILE, with plenty free None, in the same process."""
+    got = _child("""
+        import json
+        from wsitool.errors import descriptors_exhausted
+        near_full = descriptors_exhausted("s.svs")
+        for fd in fillers[:32]:
+            os.close(fd)
+        roomy = descriptors_exhausted("s.svs")
+        print(json.dumps({"near_full": getattr(near_full, "errno", None),
+                          "name": getattr(near_full, "filename", None),
+                          "roomy": None if roomy is None else roomy.errno}))
+    """, prelude=_ONE_FD_LEFT)
+    assert got == {"near_full": errno.EMFILE, "name": "s.svs", "roomy": None}
+
+
 def test_cli_maps_emfile_to_exit_9_with_one_line(tmp_path):
     code = f"""
         import json, contextlib, io

@@ -83,18 +83,18 @@ def _host() -> str:
 
 # --------------------------------------------------------------------------- registry
 
-_live: dict[str, bool] = {}  # partial path -> is a folder
+_live: set[str] = set()  # paths of this process's partial outputs (files or folders)
 _live_lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
 
 
-def _register(path: Path, is_dir: bool) -> None:
+def _register(path: Path) -> None:
     with _live_lock:
-        _live[os.fspath(path)] = is_dir
+        _live.add(os.fspath(path))
 
 
 def _unregister(path: Path) -> None:
     with _live_lock:
-        _live.pop(os.fspath(path), None)
+        _live.discard(os.fspath(path))
 
 
 def _forget_after_fork() -> None:  # a forked child must not remove its parent's partials
@@ -118,16 +118,16 @@ def remove_live_partials() -> int:
     never raises.  Returns the number of partials removed.
     """
     with _live_lock:
-        items = list(_live.items())
+        items = list(_live)
     removed = 0
-    for path, is_dir in items:
-        if _remove(Path(path), is_dir):
+    for path in items:
+        if _remove(Path(path)):
             removed += 1
         _unregister(Path(path))
     return removed
 
 
-def _remove(path: Path, is_dir: bool | None = None) -> bool:
+def _remove(path: Path) -> bool:
     """Remove a file, link or folder tree at ``path`` without following links; never raises."""
     try:
         st = os.lstat(path)
@@ -280,7 +280,7 @@ class Partial:
     def abort(self) -> None:
         """Remove the partial (file or folder tree); never raises."""
         if not self.done:
-            _remove(self.path, self.is_dir)
+            _remove(self.path)
             self.done = True
         _unregister(self.path)
 
@@ -336,7 +336,7 @@ def create_file(final: str | os.PathLike, sources: Iterable = (), *, read: bool 
             continue
         except OSError as exc:
             raise user_error(exc, final) from None
-        _register(tmp, False)
+        _register(tmp)
         return Partial(final, tmp, False, sources), fd
     raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary file"), final)
 
@@ -359,7 +359,7 @@ def create_dir(final: str | os.PathLike, sources: Iterable = ()) -> Partial:
             continue
         except OSError as exc:
             raise user_error(exc, final) from None
-        _register(tmp, True)
+        _register(tmp)
         return Partial(final, tmp, True, sources)
     raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary folder"), final)
 
@@ -515,14 +515,14 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike, *, overwrite: bool 
             return
         old = partial_name(final)
         os.rename(final, old)
-        _register(old, True)
+        _register(old)
         try:
             os.rename(tmp, final)
         except BaseException:
             os.rename(old, final)
             _unregister(old)
             raise
-        _remove(old, True)
+        _remove(old)
         _unregister(old)
     except (OutputExistsError, OutputIsSourceError):
         raise

@@ -116,3 +116,20 @@ def to_rgb8(arr: np.ndarray, photometric: int, bits: int, colormap=None,
     if samples > n_color and extrasamples and extrasamples[0] in (1, 2):
         alpha = a8[..., n_color]
     return rgb, alpha
+
+
+def icc_bytes(value) -> bytes | None:
+    """``value`` (bytes, or a sequence of byte values) as an ICC profile, or None when it
+    cannot be one: shorter than the 128-byte ICC header (ICC.1:2022 section 7.2), or a
+    declared profile size (header bytes 0-3, big-endian) under 128 or past the data."""
+    if isinstance(value, (tuple, list)):
+        try:
+            value = bytes(value)
+        except (TypeError, ValueError):
+            return None
+    if not isinstance(value, (bytes, bytearray)) or len(value) < 128:
+        return None
+    declared = int.from_bytes(value[:4], "big")
+    if declared < 128 or declared > len(value):
+        return None
+    return bytes(value)

@@ -7,8 +7,9 @@ thread stays locked, and native decoders may count on threads of their library
 that are gone.  A :class:`PerProcess` value is made on first use in each
 process; in a forked child it is made again.  The parent's object is kept
 referenced in the child (neither used nor destroyed there: destroying it could
-wait on threads that do not exist).  This module holds the only fork hook of
-the package.
+wait on threads that do not exist).  This module holds the package's fork hook
+for such values; :mod:`wsitool.atomic` has one more, which forgets the parent's
+live partial outputs in the child.
 """
 
 from __future__ import annotations

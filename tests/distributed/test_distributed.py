@@ -136,6 +136,12 @@ def test_to_dask_bad_arguments():
             s.to_dask(0, chunks="whole")
         with pytest.raises(wsitool.InvalidRegionError):
             s.to_dask(0, chunks=(0, 10))
+        with pytest.raises(wsitool.InvalidRegionError, match="pair of integers"):
+            s.to_dask(0, chunks=(1, 2, 3))
+        with pytest.raises(wsitool.InvalidRegionError, match="integer"):
+            s.to_dask(True)
+        # the level rule of read_region: an integral float is that level
+        assert s.to_dask(1.0).shape == s.to_dask(1).shape == (*s.level_dimensions[1][::-1], 3)
 
 
 # --------------------------------------------------------------------------- batch regions

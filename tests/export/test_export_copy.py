@@ -315,7 +315,7 @@ def test_cli_copy_writes_and_says_so(tmp_path):
     res = runner.invoke(app, ["export-pyramid", str(src), str(tmp_path / "c.ome.tif"), "--quiet",
                               "--compression", "copy"])
     assert res.exit_code == 0, res.output
-    assert "copy" in res.output and "4 levels" in res.output
+    assert "(ome-tiff, copy, 4 levels" in res.output
 
 
 def test_jpeg_sampling_reads_the_frame_header():

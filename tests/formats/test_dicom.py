@@ -266,3 +266,23 @@ def test_icc_profile_of_the_optical_path_as_openslide_reads_it():
         assert s.color_profile is not None
         assert s.properties["openslide.icc-size"] == o.properties["openslide.icc-size"] == str(len(s.color_profile))
         assert s.color_profile[36:40] == b"acsp"  # an ICC profile header (ICC.1 7.2.9)
+
+
+def test_an_icc_profile_that_cannot_be_one_is_ignored():
+    """The same rule as TIFF's tag 34675 (wsitool.color.icc_bytes): data shorter than the
+    ICC header, or a declared size past the data, is no profile."""
+    pydicom = pytest.importorskip("pydicom")
+    from wsitool.formats.dicom.properties import icc_profile_of
+
+    def with_icc(data: bytes):
+        ds = pydicom.Dataset()
+        item = pydicom.Dataset()
+        item.ICCProfile = data
+        ds.OpticalPathSequence = [item]
+        return ds
+
+    good = (200).to_bytes(4, "big") + bytes(196)
+    assert icc_profile_of(with_icc(good)) == good
+    assert icc_profile_of(with_icc(good[:100])) is None  # shorter than the header
+    assert icc_profile_of(with_icc((4000).to_bytes(4, "big") + bytes(196))) is None  # size past the data
+    assert icc_profile_of(pydicom.Dataset()) is None

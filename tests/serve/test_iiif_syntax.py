@@ -116,6 +116,12 @@ def test_finish_rotation_and_quality():
     gray = finish(img, False, 0, "gray")
     assert gray.shape == (2, 3) and gray[0, 0] == 77  # (77 R + 150 G + 29 B + 128) >> 8
     assert set(np.unique(finish(img, False, 270, "bitonal")).tolist()) <= {0, 255}
+    white = np.full((1, 2, 3), 255, np.uint8)  # sums past 255: the luma must not wrap
+    white[0, 1] = (200, 200, 200)
+    assert finish(white, False, 0, "gray").tolist() == [[255, 200]]
+    assert finish(white, False, 0, "bitonal").tolist() == [[255, 255]]
+    dark = np.full((1, 1, 3), 100, np.uint8)
+    assert finish(dark, False, 0, "bitonal").tolist() == [[0]]
 
 
 def test_thumbnail_size_is_pillows():

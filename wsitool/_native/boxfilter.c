@@ -7,10 +7,10 @@
  * bytes, at least the source's): each output sample is the sum of the (up to)
  * 2 x 2 source samples it covers; a last row or column without a partner is
  * summed alone.  This is exactly what wsitool/export/downsample.py's numpy
- * reference (PyramidBuilder._halve_numpy) computes, which stays the reference:
+ * reference (halve_rows_numpy) computes, which stays the reference:
  * tests/export/test_boxfilter.py pins this kernel to it on odd and even sizes
  * and every type pair.  The sums cannot overflow for the type pairs the
- * pyramid uses (wsitool.export.downsample.sum_dtype).
+ * pyramid uses (wsitool.export.plan.sum_dtype).
  *
  * means(...) turns such sums into uint8 means, rounding half up (the reference:
  * wsitool/export/downsample.py means_numpy).

@@ -159,8 +159,6 @@ def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> Non
         finally:
             if progress_bar is not None:
                 progress_bar.stop()
-    except (FileExistsError, IsADirectoryError) as exc:
-        raise fail(str(exc) if not exc.filename else f"{exc.filename}: {exc.strerror}", 9) from None
     except ValueError as exc:
         if isinstance(exc, errors.WsiError):
             raise
@@ -172,9 +170,14 @@ def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> Non
         f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
         highlight=False,
     )
-    if result.tiles_missing or result.tiles_failed:
+    _warn_painted(slide, result)
+
+
+def _warn_painted(source, result) -> None:
+    """One warning line when an export painted missing or undecodable source tiles."""
+    if result is not None and (result.tiles_missing or result.tiles_failed):
         err_console.print(
-            f"[yellow]wsitool: warning:[/] {slide}: {result.tiles_missing} missing and "
+            f"[yellow]wsitool: warning:[/] {shown(source)}: {result.tiles_missing} missing and "
             f"{result.tiles_failed} undecodable source tile(s) were painted with the background",
             highlight=False,
         )
@@ -212,12 +215,7 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
                     "failed": f"[red]failed[/] {shown(o.error)}"}[o.status]
             (err_console if o.status == "failed" else console).print(line, highlight=False,
                                                                      soft_wrap=True)
-            res = o.result
-            if res is not None and (res.tiles_missing or res.tiles_failed):
-                err_console.print(
-                    f"[yellow]wsitool: warning:[/] {o.source}: {res.tiles_missing} missing and "
-                    f"{res.tiles_failed} undecodable source tile(s) were painted with the background",
-                    highlight=False)
+            _warn_painted(o.source, o.result)
 
 
         with usage_errors(), warnings.catch_warnings():

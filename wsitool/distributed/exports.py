@@ -226,7 +226,6 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     check_scheduler(scheduler, ("sequential",))
     out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
     options = dict(export_options, format=format, overwrite=overwrite)
-    options.pop("progress", None)
     results: dict[int, SlideOutcome] = {}
     cpus = os.cpu_count() or 1
     # Resume (item: the manifest): skip only what an earlier batch recorded as

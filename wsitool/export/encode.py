@@ -47,10 +47,8 @@ class TileCodec:
         self.quality = quality
         self._params = None
         if compression == "jpeg":
-            self._codec = "jpeg"
             self._subsampling = "444" if jpeg_subsampling(quality) == (1, 1) else "420"
         elif compression == "jpeg2000":
-            self._codec = "jpeg2k"
             if quality >= 100:
                 self._params = nv().EncodeParams(quality_type=nv().QualityType.LOSSLESS)
             else:
@@ -70,21 +68,18 @@ class TileCodec:
             except Exception as exc:  # imagecodecs.JpegError and friends
                 raise WsiError(f"libjpeg-turbo could not encode a {tile.shape[1]}x{tile.shape[0]} "
                                f"JPEG tile: {exc}") from None
-        if self._params is not None:
+        if self._params is not None:  # JPEG 2000
             state = get_pool("cpu").state()
             with state.lock:
                 encoder = state.encoder
-                cs = encoder.encode(tile, self._codec, params=self._params)
+                cs = encoder.encode(tile, "jpeg2k", params=self._params)
             if cs is None:
                 raise WsiError(
                     f"nvImageCodec could not encode a {tile.shape[1]}x{tile.shape[0]} "
                     f"{self.compression} tile"
                 )
-            data = bytes(cs)
-            if self._codec != "jpeg2k":
-                return data
             try:  # the encoder writes a JP2 file: its jp2c box holds the code stream
-                return jp2_codestream(data)
+                return jp2_codestream(bytes(cs))
             except ValueError:
                 raise WsiError("JPEG 2000 encoder output has no code stream (no jp2c box)") from None
         if self.fmt == "dzi":  # PNG tiles (deflate, or stored blocks for "none")

@@ -96,6 +96,14 @@ class CopiedLevel:
     def tiles(self) -> int:
         return self.cols * self.rows
 
+    def subgrid(self, values) -> np.ndarray:
+        """The copied ``(rows, cols)`` part of a per-tile array of the source level
+        (offsets or byte counts, in the level's row-major tile order)."""
+        lv = self.level
+        n = lv.tiles_across * lv.tiles_down
+        grid = np.asarray(values[:n]).reshape(lv.tiles_down, lv.tiles_across)
+        return grid[self.row0:self.row0 + self.rows, self.col0:self.col0 + self.cols]
+
 
 @dataclasses.dataclass
 class CopyPlan:

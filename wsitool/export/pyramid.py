@@ -321,12 +321,15 @@ def export_pyramid(
         if fmt == "tiff":
             kt = thumbnail_level(dims)
             thumb = LevelImage(kt, dims[kt][0], dims[kt][1], T)
-        bound = memory_bound(w, T, overlap=O, levels=len(dims), threads=nthreads,
-                             source_tile=(lv.tile_width, lv.tile_height),
-                             source_pixel_bytes=lv.samples * lv.dtype.itemsize,
-                             source_itemsize=lv.dtype.itemsize,
-                             thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
-                             associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
+        # segments run one after the other: the bound is that of the largest one's buffers
+        bound = max(
+            memory_bound(seg.rect[2], T, overlap=O, levels=len(seg.dims), threads=nthreads,
+                         source_tile=(slv.tile_width, slv.tile_height),
+                         source_pixel_bytes=slv.samples * slv.dtype.itemsize,
+                         source_itemsize=slv.dtype.itemsize,
+                         thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
+                         associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
+            for seg in segments for slv in (slide.levels[seg.level],))
         codec = TileCodec(fmt, compression, q)
         tiles = _segment_tiles(segments, srcs, codec, T, O, fmt, nthreads, thumb)
         meta = output_metadata(slide, L)
@@ -444,9 +447,4 @@ def _no_tiles():
 
 def _missing(cl) -> int:
     """Missing tiles (offset or byte count 0) in the copied sub-grid of a level."""
-    lv = cl.level
-    n = lv.tiles_across * lv.tiles_down
-    offs = np.asarray(lv.tiles.offsets[:n]).reshape(lv.tiles_down, lv.tiles_across)
-    cnts = np.asarray(lv.tiles.bytecounts[:n]).reshape(lv.tiles_down, lv.tiles_across)
-    sub = (slice(cl.row0, cl.row0 + cl.rows), slice(cl.col0, cl.col0 + cl.cols))
-    return int(((offs[sub] == 0) | (cnts[sub] == 0)).sum())
+    return int(((cl.subgrid(cl.level.tiles.offsets) == 0) | (cl.subgrid(cl.level.tiles.bytecounts) == 0)).sum())

@@ -282,7 +282,7 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
     dims = [(cl.width, cl.height) for cl in copied] + [tuple(d) for d in cdims[1:]]
     T = plan.tile
     c_args, c_kind = tiff_compression(fmt, plan.reencode, quality)
-    raw = sum(int(np.asarray(cl.level.tiles.bytecounts, np.uint64).sum()) for cl in copied)
+    raw = sum(int(cl.subgrid(cl.level.tiles.bytecounts).astype(np.uint64).sum()) for cl in copied)
     raw += sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in cdims[1:])
     bigtiff = _needs_bigtiff(raw)
     index: list[list[tuple[int, int]]] = [[] for _ in cdims]

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..arguments import int_pair
 from ..errors import DaskUnavailableError, InvalidRegionError
 from ..geometry import level0_coordinate
 from ..model import Level
+from .request import level_index
 
 __all__ = ["INSTALL_HINT", "import_dask_array", "level_array"]
 
@@ -47,12 +49,7 @@ def _chunk_shape(level, chunks) -> tuple[int, int]:
     if isinstance(chunks, (int, np.integer)) and not isinstance(chunks, bool):
         rows = cols = int(chunks)
     else:
-        try:
-            rows, cols = (int(v) for v in chunks)
-        except (TypeError, ValueError):
-            raise InvalidRegionError(
-                f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}"
-            ) from None
+        rows, cols = int_pair(chunks, "chunks")
     if rows <= 0 or cols <= 0:
         raise InvalidRegionError(f"chunks must be positive, got {chunks!r}")
     return rows, cols
@@ -94,9 +91,7 @@ def level_array(levels: Sequence[Level], path: str, level, read_chunk: Callable,
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
-    if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not 0 <= level < len(levels):
-        raise InvalidRegionError(f"{path}: level {level!r} out of range (0..{len(levels) - 1})")
-    level = int(level)
+    level = level_index(level, len(levels), path)  # the rule read_region applies
     lv = levels[level]
     rows, cols = _chunk_shape(lv, chunks)
     ychunks = _axis_chunks(lv.height, rows)

@@ -141,8 +141,8 @@ def finish(rgb: np.ndarray, mirror: bool, rotation: int, quality: str) -> np.nda
     """
     img = rgb
     if quality in ("gray", "bitonal"):
-        luma = (img[..., 0] * np.uint16(77) + img[..., 1] * np.uint16(150)
-                + img[..., 2] * np.uint16(29) + np.uint16(128)) >> 8
+        c = img.astype(np.uint16)  # uint16 sums whatever numpy's scalar promotion rules
+        luma = (c[..., 0] * 77 + c[..., 1] * 150 + c[..., 2] * 29 + 128) >> 8
         img = luma.astype(np.uint8)
         if quality == "bitonal":
             img = np.where(img >= 128, np.uint8(255), np.uint8(0))

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from ..errors import WsiError
+from ..signals import signal_name
 from .config import (DEFAULT_MAX_GROWTH_MB, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STALL_TIMEOUT,
                      DEFAULT_VERIFY_EVERY, DEFAULT_WARMUP, plan_run)
 from .memory import MIB, memory_section
 from .report import MAX_LISTED, build_report
 from .results import StressProgress, StressReport
-from .verdict import crash_record, judge, signal_name
+from .verdict import crash_record, judge
 from .verify import Verifier
 
 

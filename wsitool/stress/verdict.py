@@ -16,23 +16,15 @@ general codes 1-9 of :mod:`wsitool.cli`): 0 ok, 10 leak, 11 mismatch,
 
 from __future__ import annotations
 
-import signal
 from typing import Optional
 
+from ..signals import signal_name
 from .memory import MIB
 
 #: Exit code of each verdict (``wsitool stress``).
 EXIT_CODES: dict[str, int] = {"ok": 0, "leak": 10, "mismatch": 11, "error": 12, "crash": 13, "hang": 14,
                               "inconclusive": 15}
 SEVERITY = ("crash", "hang", "mismatch", "error", "leak", "inconclusive")
-
-
-def signal_name(num: int) -> str:
-    """``"SIGSEGV"`` for 11, ``"signal N"`` for a number no signal has."""
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
 
 
 def excerpt(text: str, keep: int = 3000) -> str:

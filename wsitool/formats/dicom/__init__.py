@@ -180,7 +180,8 @@ def _pick_volumes(path: str, instances: list[Instance], given) -> list[Instance]
     return chosen
 
 
-def _first_frame(source: ByteSource, image: Image, offsets: np.ndarray, counts: np.ndarray) -> bytes | None:
+def _first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) -> bytes | None:
+    """The first bytes (up to 64 KiB) of the first present frame, for the encoding checks; None if none."""
     present = np.flatnonzero(counts)
     if len(present) == 0:
         return None
@@ -205,7 +206,7 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
         head = image.head
         offsets, counts, grid = tile_grid(image)
         source = sources.of([p.path for p in image.parts])
-        encoding, dtype = frame_encoding(head, _first_frame(source, image, offsets, counts))
+        encoding, dtype = frame_encoding(head, _first_frame(source, offsets, counts))
         levels.append(Level(
             index=index, width=head.width, height=head.height,
             downsample=(w0 / head.width + h0 / head.height) / 2.0,
@@ -246,7 +247,7 @@ def _associated(instances: list[Instance], sources: _Sources, problems: list[str
             (image,) = _images([inst])
             offsets, counts, _grid = tile_grid(image)
             source = sources.of([inst.path])
-            encoding, dtype = frame_encoding(inst, _first_frame(source, image, offsets, counts))
+            encoding, dtype = frame_encoding(inst, _first_frame(source, offsets, counts))
         except WsiError as exc:
             problems.append(f"associated image {name!r} passed over: {exc}")
             continue

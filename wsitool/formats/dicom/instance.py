@@ -56,7 +56,7 @@ class Instance:
         pixel_pos: byte offset of the Pixel Data element's tag (7FE0,0010) in the file.
         file_size: size of the file in bytes.
         transfer_syntax: Transfer Syntax UID of the data set.
-        implicit_vr, little_endian: the data set's encoding.
+        implicit_vr: the data set's encoding is Implicit VR (PS3.5 section 7.1.3).
         flavor: ``"VOLUME"``, ``"LABEL"``, ``"OVERVIEW"``, ``"THUMBNAIL"`` or another Image Type value 3.
         has_image_type: False when Image Type is absent (flavour taken as VOLUME).
         width, height: total pixel matrix in pixels.
@@ -66,7 +66,7 @@ class Instance:
             (Samples per Pixel, Bits Allocated, Bits Stored, Pixel Representation 1,
             Planar Configuration 1).
         photometric: Photometric Interpretation, e.g. ``"RGB"``, ``"YBR_FULL_422"``.
-        study, series, frame_of_reference, pyramid: the UIDs that group instances ("" if absent).
+        study, series, pyramid: the UIDs that group instances ("" if absent).
         concatenation: Concatenation UID or "", concat_offset its Concatenation
             Frame Offset Number, concat_number its In-concatenation Number.
         organization: Dimension Organization Type (``"TILED_FULL"``, ``"TILED_SPARSE"``) or "".
@@ -78,7 +78,6 @@ class Instance:
     file_size: int
     transfer_syntax: str
     implicit_vr: bool
-    little_endian: bool
     flavor: str
     has_image_type: bool
     width: int
@@ -94,7 +93,6 @@ class Instance:
     photometric: str
     study: str
     series: str
-    frame_of_reference: str
     pyramid: str
     concatenation: str
     concat_offset: int
@@ -158,7 +156,7 @@ def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instanc
     ts = str(meta.get("TransferSyntaxUID", "")) if meta is not None else ""
     if not ts:
         raise CorruptFileError("no Transfer Syntax UID in the File Meta Information")
-    implicit, little = ds.original_encoding if hasattr(ds, "original_encoding") else (False, True)
+    implicit = ds.original_encoding[0] if hasattr(ds, "original_encoding") else False
     image_type = ds.get("ImageType")
     values = list(image_type) if image_type is not None and not isinstance(image_type, str) else (
         [image_type] if image_type else [])
@@ -179,7 +177,7 @@ def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instanc
     concat = str(ds.get("ConcatenationUID", "") or "")
     return Instance(
         path=path, ds=ds, pixel_pos=pixel_pos, file_size=file_size, transfer_syntax=ts,
-        implicit_vr=bool(implicit), little_endian=bool(little), flavor=flavor,
+        implicit_vr=bool(implicit), flavor=flavor,
         has_image_type=bool(values), width=width, height=height, frame_width=cols,
         frame_height=rows, frames=frames, samples=samples, bits_allocated=bits,
         bits_stored=_int(ds, "BitsStored", bits), signed=_int(ds, "PixelRepresentation", 0) == 1,
@@ -187,10 +185,15 @@ def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instanc
         photometric=str(ds.get("PhotometricInterpretation", "") or "").upper(),
         study=str(ds.get("StudyInstanceUID", "") or ""),
         series=str(ds.get("SeriesInstanceUID", "") or ""),
-        frame_of_reference=str(ds.get("FrameOfReferenceUID", "") or ""),
         pyramid=str(ds.get("PyramidUID", "") or ""),
         concatenation=concat,
         concat_offset=_int(ds, "ConcatenationFrameOffsetNumber", 0) if concat else 0,
         concat_number=_int(ds, "InConcatenationNumber", 1) if concat else 1,
         organization=str(ds.get("DimensionOrganizationType", "") or "").upper(),
     )
+
+
+def first_item(seq, keyword: str):
+    """The first item of sequence ``keyword`` of ``seq`` (a data set or item), or None."""
+    items = seq.get(keyword) if seq is not None else None
+    return items[0] if items else None

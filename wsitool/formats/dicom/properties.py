@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from pydicom.dataset import Dataset
 
+from ...color import icc_bytes
 from ...model import Level, level_properties
+from .instance import first_item as _first
 
 __all__ = ["PHI_KEYWORDS", "is_phi", "build_properties", "mpp_of", "objective_of"]
 
@@ -62,11 +64,6 @@ def is_phi(name: str) -> bool:
         if part.split("[", 1)[0] in PHI_KEYWORDS:
             return True
     return False
-
-
-def _first(seq, keyword: str):
-    items = seq.get(keyword) if seq is not None else None
-    return items[0] if items else None
 
 
 def mpp_of(ds: Dataset) -> tuple[float | None, float | None]:
@@ -163,7 +160,8 @@ def build_properties(levels: tuple[Level, ...], ds: Dataset, extra: dict[str, st
 
 def icc_profile_of(ds: "Dataset") -> bytes | None:
     """The ICC profile of the first optical path (ICC Profile (0028,2000) in the Optical
-    Path Sequence (0048,0105), PS3.3 C.8.12.5), raw bytes, or None."""
+    Path Sequence (0048,0105), PS3.3 C.8.12.5), raw bytes, or None (also when it cannot be
+    a profile: :func:`wsitool.color.icc_bytes`)."""
     path = _first(ds, "OpticalPathSequence")
     value = path.get("ICCProfile") if path is not None else None
-    return bytes(value) if value else None
+    return icc_bytes(bytes(value)) if value else None

@@ -31,7 +31,7 @@ import dataclasses
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError
-from .instance import Instance
+from .instance import Instance, first_item as _first
 
 __all__ = ["Image", "GridNotes", "merge_parts", "tile_grid"]
 
@@ -104,11 +104,6 @@ def merge_parts(parts: list[Instance], tables: list[tuple[np.ndarray, np.ndarray
                  offsets=np.ascontiguousarray(np.concatenate(offsets), np.uint64),
                  counts=np.ascontiguousarray(np.concatenate(counts), np.uint64),
                  frames=expected, table=table)
-
-
-def _first(seq, keyword: str):
-    items = seq.get(keyword) if seq is not None else None
-    return items[0] if items else None
 
 
 def _path_id(item, shared, default: str) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 import tifffile
 
 from ...bitstream import ADOBE_RGB_MARKER, SOI
+from ...color import icc_bytes
 from ...errors import CorruptFileError, UnsupportedFormatError
 from ...model import AssociatedImage, Level, TileEncoding, TileIndex
 from ...storage import ByteSource
@@ -150,25 +151,11 @@ ICC_PROFILE_TAG = 34675  # ICCProfile / InterColorProfile (Adobe TIFF Technical 
 def icc_profile(page: tifffile.TiffPage) -> bytes | None:
     """The ICC profile embedded in ``page`` (tag 34675, UNDEFINED bytes), or None.
 
-    A tag too short to hold an ICC header (128 bytes, ICC.1:2022 section 7.2) or
-    whose declared profile size (header bytes 0-3, big-endian) exceeds its data
-    is ignored (None), as a malformed profile cannot be used for conversion.
+    A tag that cannot hold a profile (:func:`wsitool.color.icc_bytes`) is
+    ignored (None), as a malformed profile cannot be used for conversion.
     """
     tag = page.tags.get(ICC_PROFILE_TAG)
-    if tag is None:
-        return None
-    value = tag.value
-    if isinstance(value, (tuple, list)):
-        try:
-            value = bytes(value)
-        except (TypeError, ValueError):
-            return None
-    if not isinstance(value, (bytes, bytearray)) or len(value) < 128:
-        return None
-    declared = int.from_bytes(value[:4], "big")
-    if declared < 128 or declared > len(value):
-        return None
-    return bytes(value)
+    return None if tag is None else icc_bytes(tag.value)
 
 
 _CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
