@@ -106,8 +106,9 @@ class TileDecodeError(WsiError):
 
 
 class DaskUnavailableError(WsiError):
-    """Dask (``dask[array]`` / ``distributed``) is needed but not importable
-    (install the optional extra: ``pip install "wsitool[dask]"``)."""
+    """A package of the scale-out layer is needed but not importable: Dask
+    (``dask[array]`` / ``distributed``; ``pip install "wsitool[dask]"``), or zarr for
+    ``--pack`` stores in format zarr (``pip install "wsitool[zarr]"``)."""
 
 
 class SlideWarning(UserWarning):

@@ -119,7 +119,8 @@ class Level:
         photometric: photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
         samples: samples per pixel.
         dtype: numpy dtype of one sample (native byte order).
-        decoder: ``"nvimagecodec"`` or ``"tifffile"``, who decodes the tiles.
+        decoder: ``"nvimagecodec"``, ``"tifffile"`` or ``"imagecodecs"``, who decodes
+            the tiles (:attr:`TileEncoding.decoder`).
         compression_problem: None, or why no decoder reads this level's tiles
             (``"unsupported compression 52479"``); reads then raise
             :class:`~wsitool.errors.UnsupportedFormatError`.
@@ -146,10 +147,12 @@ class Level:
         self.tiles = tiles
         self.source = source
         self.path = path
-        self.compression = encoding.compression
-        self.photometric = encoding.photometric
-        self.decoder = encoding.decoder
-        self.compression_problem = encoding.compression_problem
+
+    # the encoding's facts, read through (one place holds them)
+    compression = property(lambda self: self.encoding.compression)
+    photometric = property(lambda self: self.encoding.photometric)
+    decoder = property(lambda self: self.encoding.decoder)
+    compression_problem = property(lambda self: self.encoding.compression_problem)
 
     @property
     def dimensions(self) -> tuple[int, int]:

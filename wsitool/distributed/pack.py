@@ -38,14 +38,12 @@ class PackWriter:
                 raise DaskUnavailableError(
                     "--pack with format zarr needs the zarr package (pip install zarr)"
                 ) from None
-            self._zarr = zarr
             self.partial = atomic.create_dir(dest, sources)
             try:
                 self._group = zarr.open_group(str(self.partial.path), mode="a")
             except BaseException:
                 self.abort()
                 raise
-        self.tmp = self.partial.path
 
     def add(self, name: str, arr: np.ndarray) -> None:
         if self.fmt == "npz":

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+
 import os
 from pathlib import Path
 
 import numpy as np
 
-from .report import write_atomically
+from .. import atomic
+from .report import report_sources
 from .results import StressReport
 
 
@@ -64,4 +67,6 @@ def write_plot(report: StressReport, path: str | os.PathLike) -> None:
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fmt = Path(path).suffix.lower().lstrip(".") or "png"
-    write_atomically(Path(path), lambda fh: fig.savefig(fh, format=fmt), report)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
+    atomic.write_bytes(path, buf.getvalue(), overwrite=True, sources=report_sources(report))

@@ -4,7 +4,7 @@ The report (:meth:`~wsitool.stress.results.StressReport.to_dict`, built by
 :func:`build_report`) follows the JSON Schema shipped as
 ``wsitool/stress/report.schema.json`` (:func:`report_schema`, draft 2020-12,
 ``schema_version`` 1).  Reports and plots are written through
-:mod:`wsitool.atomic` (:func:`write_atomically`).
+:func:`wsitool.atomic.write_bytes`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import os
 from importlib import resources
-from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from .. import atomic
 from ..version import __version__
@@ -41,29 +40,20 @@ def validate_report(data: Mapping) -> None:
     jsonschema.Draft202012Validator(report_schema()).validate(data)
 
 
-def write_atomically(path: Path, write: Callable, report: "StressReport | None" = None) -> None:
-    """Write ``path`` through :mod:`wsitool.atomic`: ``write(fh)`` fills a new exclusive
-    temporary file, renamed onto ``path`` when complete (an existing report is
-    replaced; the stressed slide never is)."""
-    sources = ()
-    if report is not None:
-        try:
-            sources = (report.data["slide"]["path"],)
-        except (AttributeError, KeyError, TypeError):
-            sources = ()
-    path = Path(path)
-    atomic.check_output(path, sources, overwrite=True)
-    partial, fh = atomic.open_file(path, sources)
-    with partial:
-        with fh:
-            write(fh)
-        partial.commit(overwrite=True)
+def report_sources(report: "StressReport | None") -> tuple:
+    """The stressed slide's path, as ``sources`` for :mod:`wsitool.atomic` (an output
+    never replaces it); empty when the report does not name one."""
+    try:
+        return (report.data["slide"]["path"],) if report is not None else ()
+    except (AttributeError, KeyError, TypeError):
+        return ()
 
 
 def write_report(report: StressReport, path: str | os.PathLike) -> None:
-    """Write the JSON report to ``path`` atomically (temporary file, then rename)."""
+    """Write the JSON report to ``path`` atomically (:func:`wsitool.atomic.write_bytes`:
+    a temporary file, then a rename; an existing report is replaced, the slide never is)."""
     text = json.dumps(report.to_dict(), indent=2) + "\n"
-    write_atomically(Path(path), lambda fh: fh.write(text.encode("utf-8")), report)
+    atomic.write_bytes(path, text.encode("utf-8"), overwrite=True, sources=report_sources(report))
 
 
 def build_report(*, started_at: str, slide_info: dict, config: dict, last: dict, done: Optional[dict],
