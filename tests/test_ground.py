@@ -116,3 +116,30 @@ def test_importing_wsitool_changes_nothing_in_the_process():
             "assert os.fstat(2).st_ino == fd2; print('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_one_jpeg_marker_walk_serves_frame_size_sampling_and_app_markers():
+    import imagecodecs
+
+    from wsitool.bitstream import jpeg_frame_size, jpeg_segments, jpeg_sof
+    from wsitool.export.passthrough import jpeg_sampling
+    from wsitool.formats.dicom.encoding import jpeg_markers
+
+    tile = np.random.default_rng(0).integers(0, 255, (24, 40, 3), dtype=np.uint8)
+    jpeg = imagecodecs.jpeg8_encode(tile, level=80, subsampling="420")  # JFIF APP0, then tables
+    adobe = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x01"
+    # fill bytes and a stray RST marker between segments are skipped, as T.81 B.1.1.3 allows
+    odd = jpeg[:2] + b"\xff\xff\xd3" + adobe + jpeg[2:]
+    markers = [m for m, _s, _e in jpeg_segments(odd)]
+    assert markers[0] == 0xEE and markers[1] == 0xE0 and markers[-1] == 0xDA
+    assert all(m != 0xD3 for m in markers)
+    for data in (jpeg, odd):
+        assert jpeg_frame_size(data) == (40, 24)
+        assert jpeg_sampling(data) == (2, 2)
+        assert jpeg_sof(data)[0] == 8  # the body: precision first
+    assert jpeg_markers(jpeg) == (True, None)
+    assert jpeg_markers(odd) == (True, 1)
+    # no SOI, a cut stream, or SOS before any frame header: nothing found
+    assert list(jpeg_segments(jpeg[2:])) == [] and jpeg_frame_size(jpeg[2:]) is None
+    assert jpeg_frame_size(jpeg[:30]) is None
+    assert jpeg_sof(b"\xff\xd8\xff\xda\x00\x02") is None

@@ -15,7 +15,10 @@ __all__ = [
     "ADOBE_RGB_MARKER",
     "jpegls_frame_size",
     "SOI",
+    "SOF_MARKERS",
     "jpeg_frame_size",
+    "jpeg_segments",
+    "jpeg_sof",
     "webp_frame_size",
     "j2k_header_problem",
     "jp2_codestream_start",
@@ -29,7 +32,8 @@ ADOBE_RGB_MARKER = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 #: JPEG start-of-image marker (ITU-T T.81 B.2.1).
 SOI = b"\xff\xd8"
 
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+#: the frame-header markers (SOF0..SOF15 but DHT, JPG and DAC; ITU-T T.81 table B.1)
+SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
@@ -39,7 +43,7 @@ def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:
     segment but SOI/RSTn/TEM carries a 2-byte big-endian length.  Returns
     None if the scan reaches SOS or the end of the data without a frame header.
     """
-    return _frame_size(data, _SOF_MARKERS)
+    return _frame_size(data, SOF_MARKERS)
 
 
 def jpegls_frame_size(data: bytes) -> tuple[int, int] | None:
@@ -53,14 +57,23 @@ def jpegls_frame_size(data: bytes) -> tuple[int, int] | None:
 _SOF55 = frozenset({0xF7})
 
 
-def _frame_size(data: bytes, sof_markers: frozenset) -> tuple[int, int] | None:
+def jpeg_segments(data: bytes):
+    """The marker segments of a JPEG stream's header, as ``(marker, start, end)``.
+
+    ``marker`` is the second marker byte (``0xC0`` for SOF0, ...) and
+    ``data[start:end]`` the segment's body after its 2-byte length (ITU-T T.81
+    annex B.1.1).  The walk starts at SOI (nothing for data without one),
+    skips fill bytes and the segment-less markers (TEM, RSTn), yields SOS and
+    stops there, and stops at EOI, at a byte that is not a marker and at the
+    end of the data.  Bodies may be cut short by the end of the data.
+    """
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
+        return
     i = 2
     while i + 4 <= n:
         if data[i] != 0xFF:
-            return None
+            return
         marker = data[i + 1]
         if marker == 0xFF:  # fill byte
             i += 1
@@ -68,17 +81,30 @@ def _frame_size(data: bytes, sof_markers: frozenset) -> tuple[int, int] | None:
         if marker == 0x01 or 0xD0 <= marker <= 0xD8:
             i += 2
             continue
-        if marker == 0xDA or marker == 0xD9:
-            return None
+        if marker == 0xD9:
+            return
         length = (data[i + 2] << 8) | data[i + 3]
-        if marker in sof_markers:
-            if i + 9 > n or length < 7:
-                return None
-            height = (data[i + 5] << 8) | data[i + 6]
-            width = (data[i + 7] << 8) | data[i + 8]
-            return width, height
+        yield marker, i + 4, min(i + 2 + length, n)
+        if marker == 0xDA:
+            return
         i += 2 + length
+
+
+def jpeg_sof(data: bytes, sof_markers: frozenset = SOF_MARKERS) -> bytes | None:
+    """The body of the first frame header (SOF, or one of ``sof_markers``) before SOS, or None."""
+    for marker, start, end in jpeg_segments(data):
+        if marker in sof_markers:
+            return data[start:end]
+        if marker == 0xDA:
+            return None
     return None
+
+
+def _frame_size(data: bytes, sof_markers: frozenset) -> tuple[int, int] | None:
+    sof = jpeg_sof(data, sof_markers)
+    if sof is None or len(sof) < 5:  # precision, height, width (T.81 B.2.2)
+        return None
+    return (sof[3] << 8) | sof[4], (sof[1] << 8) | sof[2]
 
 
 def webp_frame_size(data: bytes) -> tuple[int, int] | None:

@@ -54,7 +54,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..bitstream import SOI
+from ..bitstream import SOI, jpeg_sof
 from ..errors import InvalidRegionError, TileDecodeError, UnsupportedFormatError
 from ..geometry import level0_coordinate
 from ..codec.headers import check_header, codestream
@@ -164,32 +164,21 @@ def _first_tile(lv: Level, col0: int, row0: int, cols: int, rows: int) -> bytes 
 def jpeg_sampling(data: bytes) -> tuple[int, int] | None:
     """Chroma subsampling ``(h, v)`` of a JPEG stream's frame header, or None.
 
-    ITU-T T.81 B.2.2: SOF = ``ff c0..cf`` (not c4, c8, cc), length, precision,
-    Y, X, Nf, then per component ``Ci, Hi << 4 | Vi, Tqi``; subsampling is the
-    first component's factors over the second's.
+    ITU-T T.81 B.2.2: the SOF body (:func:`wsitool.bitstream.jpeg_sof`) is
+    precision, Y, X, Nf, then per component ``Ci, Hi << 4 | Vi, Tqi``;
+    subsampling is the first component's factors over the second's (``(1, 1)``
+    for one component).
     """
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        length = int.from_bytes(data[i + 2:i + 4], "big")
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            seg = data[i + 4:i + 2 + length]
-            if len(seg) < 12 or seg[5] < 2:
-                return (1, 1) if len(seg) >= 6 else None
-            h0, v0 = seg[7] >> 4, seg[7] & 15
-            h1, v1 = seg[10] >> 4, seg[10] & 15
-            if not (h1 and v1) or h0 % h1 or v0 % v1:
-                return None
-            return h0 // h1, v0 // v1
-        if marker == 0xDA:
-            return None
-        i += 2 + length
-    return None
+    seg = jpeg_sof(data)
+    if seg is None:
+        return None
+    if len(seg) < 12 or seg[5] < 2:
+        return (1, 1) if len(seg) >= 6 else None
+    h0, v0 = seg[7] >> 4, seg[7] & 15
+    h1, v1 = seg[10] >> 4, seg[10] & 15
+    if not (h1 and v1) or h0 % h1 or v0 % v1:
+        return None
+    return h0 // h1, v0 // v1
 
 
 def page_for(lv: Level, fmt: str, first: bytes | None) -> tuple[dict, str]:

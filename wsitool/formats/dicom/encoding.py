@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...bitstream import ADOBE_RGB_MARKER, SOI
+from ...bitstream import ADOBE_RGB_MARKER, SOF_MARKERS, SOI, jpeg_segments
 from ...errors import UnsupportedFormatError
 from ...model import TileEncoding
 from .instance import Instance
@@ -86,23 +86,17 @@ def is_encapsulated(transfer_syntax: str, path: str) -> bool:
 
 def jpeg_markers(frame: bytes) -> tuple[bool, int | None]:
     """``(jfif, adobe_transform)`` of a JPEG stream's header: whether a JFIF APP0 segment
-    comes before the first SOF/SOS, and the transform flag of an Adobe APP14 (None if absent)."""
+    comes before the first SOF/SOS, and the transform flag of an Adobe APP14 (None if absent);
+    the walk is :func:`wsitool.bitstream.jpeg_segments`."""
     jfif, adobe = False, None
-    i, n = 2, len(frame)
-    while i + 4 <= n and frame[i] == 0xFF:
-        marker = frame[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        if marker in (0xDA, 0xD9) or 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+    for marker, start, end in jpeg_segments(frame):
+        if marker == 0xDA or marker in SOF_MARKERS:
             break
-        length = (frame[i + 2] << 8) | frame[i + 3]
-        body = frame[i + 4:i + 2 + length]
+        body = frame[start:end]
         if marker == 0xE0 and body[:5] == b"JFIF\0":
             jfif = True
         elif marker == 0xEE and body[:5] == b"Adobe" and len(body) >= 12:
             adobe = body[11]
-        i += 2 + length
     return jfif, adobe
 
 
