@@ -143,3 +143,27 @@ def test_one_jpeg_marker_walk_serves_frame_size_sampling_and_app_markers():
     assert list(jpeg_segments(jpeg[2:])) == [] and jpeg_frame_size(jpeg[2:]) is None
     assert jpeg_frame_size(jpeg[:30]) is None
     assert jpeg_sof(b"\xff\xd8\xff\xda\x00\x02") is None
+
+
+def test_one_jp2_box_walk():
+    from wsitool.bitstream import jp2_boxes, jp2_codestream_start
+
+    sig = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
+    colr = (15).to_bytes(4, "big") + b"colr" + bytes([1, 0, 0]) + (16).to_bytes(4, "big")
+    jp2h = (8 + len(colr)).to_bytes(4, "big") + b"jp2h" + colr
+    code = b"\xff\x4f\xff\x51" + bytes(40)
+    xl = (1).to_bytes(4, "big") + b"jp2c" + (16 + len(code)).to_bytes(8, "big") + code  # XLBox
+    data = sig + jp2h + xl
+    boxes = list(jp2_boxes(data))
+    assert [t for t, _a, _b in boxes] == [b"jP  ", b"jp2h", b"jp2c"]
+    _t, a, b = boxes[1]
+    assert [t for t, _c, _d in jp2_boxes(data, a, b)] == [b"colr"]  # nested walk
+    start, end, problem = jp2_codestream_start(data)
+    assert data[start:end] == code and problem is None
+    to_end = sig + (0).to_bytes(4, "big") + b"jp2c" + code  # LBox 0: to the end of the file
+    s2, e2, _ = jp2_codestream_start(to_end)
+    assert to_end[s2:e2] == code
+    assert jp2_codestream_start(sig + (4).to_bytes(4, "big") + b"jp2c")[2] == "invalid JP2 box length 4"
+    assert jp2_codestream_start(sig + (1).to_bytes(4, "big") + b"jp2c" + b"\x00")[2] == "truncated JP2 box header"
+    assert "without a code stream box" in jp2_codestream_start(sig + jp2h)[2]
+    assert jp2_codestream_start(code) == (0, len(code), None)  # a raw code stream

@@ -9,6 +9,8 @@ of the encoder) share them.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 __all__ = [
@@ -20,7 +22,10 @@ __all__ = [
     "jpeg_segments",
     "jpeg_sof",
     "webp_frame_size",
+    "J2KHeader",
     "j2k_header_problem",
+    "j2k_main_header",
+    "jp2_boxes",
     "jp2_codestream_start",
     "jp2_codestream",
     "lzw_problem",
@@ -149,38 +154,54 @@ _J2K_MAIN_HEADER_MARKERS = frozenset(
 )
 
 
-def jp2_codestream_start(data: bytes) -> tuple[int, int, str | None]:
-    """Byte range ``[start, end)`` of the code stream inside ``data``, and why it cannot be found.
+def jp2_boxes(data: bytes, start: int = 0, end: int | None = None):
+    """The JP2 boxes in ``data[start:end]``, as ``(type, content start, content end)``.
 
-    ``data`` is a raw JPEG 2000 code stream (offset 0) or a JP2 file (ISO/IEC
-    15444-1 annex I.4: boxes of a 4-byte big-endian length ``LBox`` and a 4-byte
-    type ``TBox``; ``LBox`` 1 means an 8-byte ``XLBox`` follows, 0 means "to the
-    end of the file"); the code stream is the content of the ``jp2c`` box.
-    Returns ``(start, end, None)``, or ``(0, 0, problem)`` for a JP2 file whose
-    boxes are truncated or invalid.  Anything that does not start with the JP2
-    signature box is taken as a raw code stream.
+    ISO/IEC 15444-1 annex I.4: a box is a 4-byte big-endian length ``LBox`` and a
+    4-byte type ``TBox``; ``LBox`` 1 means an 8-byte ``XLBox`` follows, 0 means
+    "to the end".  A box running past ``end`` is clipped to it (and is the
+    last); the walk stops where fewer than 8 bytes are left.
+
+    Raises:
+        ValueError: a cut extended length, or a length shorter than the box
+            header (the message says which).
     """
-    if not data.startswith(_JP2_SIGNATURE):
-        return 0, len(data), None
-    i, n = 0, len(data)
-    while True:
-        if i + 8 > n:
-            return 0, 0, "JP2 file without a code stream box (truncated)"
+    n = len(data) if end is None else end
+    i = start
+    while i + 8 <= n:
         lbox = int.from_bytes(data[i:i + 4], "big")
         tbox = data[i + 4:i + 8]
         header = 8
         if lbox == 1:
             if i + 16 > n:
-                return 0, 0, "truncated JP2 box header"
-            lbox = int.from_bytes(data[i + 8:i + 16], "big")
-            header = 16
+                raise ValueError("truncated JP2 box header")
+            lbox, header = int.from_bytes(data[i + 8:i + 16], "big"), 16
         elif lbox == 0:
             lbox = n - i
         if lbox < header:
-            return 0, 0, f"invalid JP2 box length {lbox}"
-        if tbox == b"jp2c":
-            return i + header, min(i + lbox, n), None
+            raise ValueError(f"invalid JP2 box length {lbox}")
+        yield tbox, i + header, min(i + lbox, n)
         i += lbox
+
+
+def jp2_codestream_start(data: bytes) -> tuple[int, int, str | None]:
+    """Byte range ``[start, end)`` of the code stream inside ``data``, and why it cannot be found.
+
+    ``data`` is a raw JPEG 2000 code stream (offset 0) or a JP2 file, whose code
+    stream is the content of the ``jp2c`` box (:func:`jp2_boxes`; ISO/IEC
+    15444-1 I.5.4).  Returns ``(start, end, None)``, or ``(0, 0, problem)`` for
+    a JP2 file whose boxes are truncated or invalid.  Anything that does not
+    start with the JP2 signature box is taken as a raw code stream.
+    """
+    if not data.startswith(_JP2_SIGNATURE):
+        return 0, len(data), None
+    try:
+        for tbox, a, b in jp2_boxes(data):
+            if tbox == b"jp2c":
+                return a, b, None
+    except ValueError as exc:
+        return 0, 0, str(exc)
+    return 0, 0, "JP2 file without a code stream box (truncated)"
 
 
 def jp2_codestream(data: bytes) -> bytes:
@@ -196,8 +217,30 @@ def jp2_codestream(data: bytes) -> bytes:
     return data[start:end] if (start, end) != (0, len(data)) else data
 
 
+class J2KHeader(NamedTuple):
+    """What :func:`j2k_main_header` found: ``problem`` None, or why the header is
+    unusable (the other fields are then 0)."""
+
+    problem: str | None
+    #: byte range ``[start, end)`` of the code stream in the data (a JP2 file's ``jp2c`` box)
+    start: int
+    end: int
+    #: image size in pixels from SIZ, ``Xsiz - XOsiz`` x ``Ysiz - YOsiz`` (T.800 A.5.1)
+    width: int
+    height: int
+    #: decomposition levels ``N_L`` of COD (T.800 A.6.1, ``SPcod`` byte 0): the most
+    #: resolution levels a decoder may drop
+    levels: int
+
+
 def j2k_header_problem(data: bytes) -> str | None:
-    """Why a JPEG 2000 tile's main header is unusable, or None if it is complete.
+    """Why a JPEG 2000 tile's main header is unusable, or None if it is complete
+    (:func:`j2k_main_header`'s ``problem``)."""
+    return j2k_main_header(data).problem
+
+
+def j2k_main_header(data: bytes) -> J2KHeader:
+    """Check a JPEG 2000 tile's main header in one walk and return its facts (:class:`J2KHeader`).
 
     Accepts a raw code stream (SOC ``FF4F`` then SIZ ``FF51``, ITU-T T.800
     annex A) or a JP2 file (ISO/IEC 15444-1 annex I: boxes of ``LBox``,
@@ -211,41 +254,47 @@ def j2k_header_problem(data: bytes) -> str | None:
     tile truncated after that returns no image and is reported normally.
     """
     n = len(data)
-    i, _end, problem = jp2_codestream_start(data)
+    start, end, problem = jp2_codestream_start(data)
     if problem:
-        return problem
+        return _bad(problem)
+    i = start
     if data[i:i + 4] != b"\xff\x4f\xff\x51":
-        return "not a JPEG 2000 code stream (no SOC + SIZ markers)"
+        return _bad("not a JPEG 2000 code stream (no SOC + SIZ markers)")
     i += 2
-    csiz = 0
+    csiz = width = height = levels = 0
     seen: set[int] = set()
     while True:
         if i + 4 > n:
-            return "JPEG 2000 main header truncated"
+            return _bad("JPEG 2000 main header truncated")
         if data[i] != 0xFF:
-            return f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header"
+            return _bad(f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header")
         marker = data[i + 1]
         if marker == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
             # COD and QCD are required in the main header (T.800 A.2, table A.1);
             # OpenJPEG inside nvImageCodec crashed the process without COD (fuzzing)
             missing = [name for code, name in ((0x52, "COD"), (0x5C, "QCD")) if code not in seen]
             if missing:
-                return f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing"
-            return None if i + 12 <= n else "JPEG 2000 tile-part header truncated"
+                return _bad(f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing")
+            if i + 12 > n:
+                return _bad("JPEG 2000 tile-part header truncated")
+            return J2KHeader(None, start, end, width, height, levels)
         if marker not in _J2K_MAIN_HEADER_MARKERS:
             # OpenJPEG skips unknown markers by searching for the next known one;
             # when that runs off the end, nvImageCodec's decoder crashed (SIGSEGV,
             # scripts/fuzz.py: a COM marker FF64 turned into FF40)
-            return f"invalid JPEG 2000 main header: unknown marker ff{marker:02x}"
+            return _bad(f"invalid JPEG 2000 main header: unknown marker ff{marker:02x}")
         seen.add(marker)
         length = int.from_bytes(data[i + 2:i + 4], "big")
         if length < 2:
-            return f"invalid JPEG 2000 marker segment length {length}"
+            return _bad(f"invalid JPEG 2000 marker segment length {length}")
         if i + 2 + length > n:
-            return "JPEG 2000 main header truncated"
+            return _bad("JPEG 2000 main header truncated")
         seg = data[i + 4:i + 2 + length]
         if marker == 0x51:
             problem, csiz = _j2k_siz_problem(seg)
+            if problem is None:
+                width = int.from_bytes(seg[2:6], "big") - int.from_bytes(seg[10:14], "big")
+                height = int.from_bytes(seg[6:10], "big") - int.from_bytes(seg[14:18], "big")
         elif marker == 0x52:  # COD: Scod, SGcod (4 bytes), SPcod
             problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
             if problem is None and (seg[0] > 7 or (seg[0] & 1 and len(seg) < 11 + seg[5])):
@@ -254,6 +303,7 @@ def j2k_header_problem(data: bytes) -> str | None:
                 problem = f"invalid progression order {seg[1]}"
             if problem is None and int.from_bytes(seg[2:4], "big") == 0:
                 problem = "zero quality layers"
+            levels = seg[5]
         elif marker == 0x53:  # COC: Ccoc (1 or 2 bytes), Scoc, SPcoc
             k = 1 if csiz < 257 else 2
             problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
@@ -266,8 +316,12 @@ def j2k_header_problem(data: bytes) -> str | None:
         else:
             problem = None
         if problem:
-            return f"invalid JPEG 2000 main header: {problem}"
+            return _bad(f"invalid JPEG 2000 main header: {problem}")
         i += 2 + length
+
+
+def _bad(problem: str) -> J2KHeader:
+    return J2KHeader(problem, 0, 0, 0, 0, 0)
 
 
 def _j2k_siz_problem(seg: bytes) -> tuple[str | None, int]:

@@ -182,3 +182,33 @@ def test_one_context_per_thread(tcga_j2k):
         for t in threads:
             t.join()
     assert len({id(c) for c in seen}) == 3
+
+
+def test_main_header_facts_and_the_fallback_past_n_l(tcga_j2k):
+    """One header walk gives the checks, the code stream range, the SIZ size and N_L; a
+    reduction deeper than N_L is not taken by the OpenJPEG path (the caller falls back)."""
+    from wsitool.bitstream import j2k_main_header
+    from wsitool.codec.library import nv
+
+    with wsitool.open_slide(tcga_j2k) as slide:
+        lv = slide.levels[0]
+        state = get_pool().state()
+        data = bytes(read_tile_bytes(lv, 0, 0, 0, state.stats))
+        header = j2k_main_header(data)
+        assert header.problem is None and (header.start, header.end) == (0, len(data))
+        assert (header.width, header.height) == (lv.tile_width, lv.tile_height)
+        assert header.levels == 5  # Aperio's (COD SPcod byte 0)
+        # a JP2 file: the range is the jp2c box's content, the same facts inside
+        tile = np.zeros((64, 48, 3), np.uint8)
+        jp2 = bytes(nv().Encoder(device_id=nv().NVIMGCODEC_DEVICE_CPU_ONLY,
+                                 backends=[nv().Backend(nv().BackendKind.CPU_ONLY)]).encode(tile, "jpeg2k"))
+        wrapped = j2k_main_header(jp2)
+        assert wrapped.problem is None and wrapped.start > 0 and (wrapped.width, wrapped.height) == (48, 64)
+        assert j2k_main_header(data[:40]).problem == "JPEG 2000 main header truncated"
+        # N_L = 5: a 1/32 read decodes from the wavelet levels, a 1/64 one is not this path's
+        if not openjpeg.available():
+            pytest.skip("no libopenjp2")
+        small = np.empty((8, 8, 3), np.uint8)
+        assert openjpeg.decode_into(lv, 0, 0, data, small, (0, 0, 8, 8), state, reduce=5)
+        tiny = np.empty((4, 4, 3), np.uint8)
+        assert not openjpeg.decode_into(lv, 0, 0, data, tiny, (0, 0, 4, 4), state, reduce=6)

@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from ..bitstream import SOI, jpeg_frame_size, jpegls_frame_size, lzw_problem
+from ..bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
 from ..color import to_rgb8
 from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError, raise_if_os_resource
 from ..model import AssociatedImage
@@ -133,14 +133,19 @@ def _check_page(path: str, name: str, page, lim) -> None:
 
 def _frame_size(data: bytes, imagecodec: str | None) -> tuple[int, int] | None:
     """The size a frame's code stream declares, where its kind has a header (JPEG-LS SOF55,
-    JPEG 2000 SIZ: ``Xsiz - XOsiz``, ``Ysiz - YOsiz``, ISO 15444-1 A.5.1), else None."""
+    JPEG 2000 SIZ: ``Xsiz - XOsiz``, ``Ysiz - YOsiz``, ISO 15444-1 A.5.1), else None.
+
+    Raises:
+        ValueError: a JPEG 2000 main header that fails the checks tiles get
+            (:func:`wsitool.bitstream.j2k_main_header`), naming the problem.
+    """
     if imagecodec == "jpegls":
         return jpegls_frame_size(data) or (0, 0)
-    if imagecodec == "jpeg2k":
-        if len(data) < 24 or data[:4] != b"\xff\x4f\xff\x51":
-            return (0, 0)
-        x, y, x0, y0 = (int.from_bytes(data[k:k + 4], "big") for k in (8, 12, 16, 20))
-        return (x - x0, y - y0)
+    if imagecodec == "jpeg2k":  # the same main-header checks as tiles (crash guards included)
+        header = j2k_main_header(data)
+        if header.problem:
+            raise ValueError(header.problem)
+        return (header.width, header.height)
     return None
 
 
@@ -159,7 +164,10 @@ def _decode_tiles(where: str, image: AssociatedImage, source: ByteSource) -> np.
         if off == 0 or count == 0:
             continue
         data = _segment_bytes(where, f"frame {k}", off, count, source)
-        size = _frame_size(data, enc.imagecodec)
+        try:
+            size = _frame_size(data, enc.imagecodec)
+        except ValueError as exc:
+            raise CorruptFileError(f"{where}: frame {k}: {exc}") from None
         if size is not None and size != (tw, th):
             raise CorruptFileError(f"{where}: frame {k} declares {size[0]}x{size[1]} pixels, "
                                    f"not the {tw}x{th} frame size")

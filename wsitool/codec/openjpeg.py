@@ -53,7 +53,7 @@ import threading
 
 import numpy as np
 
-from ..bitstream import j2k_header_problem, jp2_codestream_start
+from ..bitstream import jp2_boxes, j2k_main_header
 from ..errors import TileDecodeError
 from ..model import Level
 from .failures import no_image_reason, outside_reason, unreadable_header_reason
@@ -61,9 +61,8 @@ from .headers import check_cell
 from .pool import ThreadState
 
 __all__ = ["available", "library_path", "version", "Unsupported", "decode_window",
-           "window_shape", "decode_into", "max_reduce"]
+           "window_shape", "decode_into"]
 
-_SOC_SIZ = b"\xff\x4f\xff\x51"
 _SIZE_MAX = (1 << 64) - 1
 _CODEC_J2K = 0
 
@@ -247,55 +246,22 @@ def window_shape(rect: tuple[int, int, int, int], reduce: int) -> tuple[int, int
     return -(-y1 // k) - -(-y0 // k), -(-x1 // k) - -(-x0 // k)
 
 
-def max_reduce(data) -> int | None:
-    """Decomposition levels ``N_L`` of the main header's COD marker (T.800 A.6.1,
-    ``SPcod`` byte 5), the most resolution levels a decoder may drop; None when
-    no COD is found before the first SOT."""
-    buf = data if isinstance(data, bytes) else bytes(data)
-    i = 2
-    n = len(buf)
-    while i + 4 <= n and buf[i] == 0xFF:
-        marker = buf[i + 1]
-        length = (buf[i + 2] << 8) | buf[i + 3]
-        if marker == 0x90:
-            return None
-        if marker == 0x52 and i + 10 <= n:
-            return buf[i + 9]
-        i += 2 + length
-    return None
-
-
-def _boxes(data: bytes, i: int, end: int):
-    """``(type, content start, content end)`` of the JP2 boxes in ``data[i:end]``
-    (ISO/IEC 15444-1 I.4); stops at a malformed box."""
-    while i + 8 <= end:
-        lbox = int.from_bytes(data[i:i + 4], "big")
-        header = 8
-        if lbox == 1:
-            if i + 16 > end:
-                return
-            lbox, header = int.from_bytes(data[i + 8:i + 16], "big"), 16
-        elif lbox == 0:
-            lbox = end - i
-        if lbox < header or i + lbox > end:
-            return
-        yield data[i + 4:i + 8], i + header, i + lbox
-        i += lbox
-
-
 def _plain_jp2(data: bytes, codestream_start: int) -> bool:
     """Whether a JP2 file's header asks for no colour work after decoding: a
     ``colr`` box (I.5.3.3) with the enumerated sRGB (16) or greyscale (17)
     space, and no palette (``pclr``) or channel definition (``cdef``) box."""
     enum = None
-    for tbox, a, b in _boxes(data, 0, codestream_start):
-        if tbox != b"jp2h":
-            continue
-        for sub, c, d in _boxes(data, a, b):
-            if sub in (b"pclr", b"cdef", b"cmap"):
-                return False
-            if sub == b"colr" and d - c >= 7 and data[c] == 1 and enum is None:
-                enum = int.from_bytes(data[c + 3:c + 7], "big")
+    try:
+        for tbox, a, b in jp2_boxes(data, 0, codestream_start):
+            if tbox != b"jp2h":
+                continue
+            for sub, c, d in jp2_boxes(data, a, b):
+                if sub in (b"pclr", b"cdef", b"cmap"):
+                    return False
+                if sub == b"colr" and d - c >= 7 and data[c] == 1 and enum is None:
+                    enum = int.from_bytes(data[c + 3:c + 7], "big")
+    except ValueError:  # a malformed header box: leave the stream to the fallback decoder
+        return False
     return enum in (16, 17)
 
 
@@ -418,18 +384,15 @@ def decode_into(level: Level, col: int, row: int, data, dst: np.ndarray,
     if _load() is None:
         return False
     raw = data if isinstance(data, bytes) else bytes(data)
-    problem = j2k_header_problem(raw)
-    if problem:
-        raise TileDecodeError(level.path, level.index, col, row, problem)
-    if raw[:4] != _SOC_SIZ:
-        start, end, _problem = jp2_codestream_start(raw)  # (checked above)
-        if not _plain_jp2(raw, start):
+    header = j2k_main_header(raw)  # one walk: the checks, the code stream range, N_L
+    if header.problem:
+        raise TileDecodeError(level.path, level.index, col, row, header.problem)
+    if header.start:  # a JP2 file
+        if not _plain_jp2(raw, header.start):
             return False  # palette, channel definitions or a colour space to convert
-        raw = raw[start:end]
-    if reduce:
-        levels = max_reduce(raw)
-        if levels is None or reduce > levels:
-            return False
+        raw = raw[header.start:header.end]
+    if reduce > header.levels:
+        return False
     x0, y0, x1, y1 = src_rect
     k = 1 << reduce
 
