@@ -37,26 +37,35 @@ def _segment_bytes(where: str, what: str, off: int, count: int, source: ByteSour
     return source.read(off, count)
 
 
-def _check_segments(where: str, image: AssociatedImage, source: ByteSource) -> None:
+def _segment_problem(data: bytes, image: AssociatedImage) -> str | None:
+    """Why one LZW or JPEG segment of ``image`` must not reach its decoder, or None (other
+    compressions: None): an LZW stream that fails :func:`~wsitool.bitstream.lzw_problem`,
+    a JPEG stream without a frame header or whose frame passes ``image.max_segment``."""
     comp = image.encoding.compression_code
-    if comp not in (_LZW, _JPEG):
-        return
+    if comp == _LZW:
+        return lzw_problem(data)
+    if comp != _JPEG:
+        return None
+    size = jpeg_frame_size(data)
+    if size is None:
+        return "JPEG stream without a readable frame header"
     max_w, max_h = image.max_segment
+    if size[0] > max_w or size[1] > max_h:
+        return (f"a JPEG frame declares {size[0]}x{size[1]} pixels, "
+                f"more than the {image.width}x{image.height} image")
+    return None
+
+
+def _check_segments(where: str, image: AssociatedImage, source: ByteSource) -> None:
+    """:func:`_segment_problem` of every present segment, before tifffile decodes them."""
+    if image.encoding.compression_code not in (_LZW, _JPEG):
+        return
     for off, count in zip(image.offsets, image.bytecounts):
         if off == 0 or count == 0:
             continue
-        data = _segment_bytes(where, "data", off, count, source)
-        if comp == _LZW:
-            problem = lzw_problem(data)
-            if problem:
-                raise CorruptFileError(f"{where}: {problem}")
-            continue
-        size = jpeg_frame_size(data)
-        if size is None:
-            raise CorruptFileError(f"{where}: JPEG stream without a readable frame header")
-        if size[0] > max_w or size[1] > max_h:
-            raise CorruptFileError(f"{where}: a JPEG frame declares {size[0]}x{size[1]} pixels, "
-                                   f"more than the {image.width}x{image.height} image")
+        problem = _segment_problem(_segment_bytes(where, "data", off, count, source), image)
+        if problem:
+            raise CorruptFileError(f"{where}: {problem}")
 
 
 def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
@@ -92,10 +101,10 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
             f"({lim.max_region_pixels} pixels, {lim.max_region_bytes} bytes)"
         )
     source = image.source if image.source is not None else source
-    _check_segments(f"{path}: associated image {name!r}", image, source)
-    if enc.page is None:
+    if enc.page is None:  # each frame is checked as it is read (one read a frame)
         arr = _decode_tiles(f"{path}: associated image {name!r}", image, source)
     else:
+        _check_segments(f"{path}: associated image {name!r}", image, source)
         _check_page(path, name, enc.page, lim)
         try:
             with lock, warnings.catch_warnings():
@@ -164,6 +173,9 @@ def _decode_tiles(where: str, image: AssociatedImage, source: ByteSource) -> np.
         if off == 0 or count == 0:
             continue
         data = _segment_bytes(where, f"frame {k}", off, count, source)
+        problem = _segment_problem(data, image)
+        if problem:
+            raise CorruptFileError(f"{where}: frame {k}: {problem}")
         try:
             size = _frame_size(data, enc.imagecodec)
         except ValueError as exc:
