@@ -6,7 +6,8 @@ README "Python API").  OpenSlide instead maps a level-0 location to
 fractional offset (cairo, bilinear); openslide-python's ``DeepZoomGenerator``
 then composites the RGBA result on the background colour.  The Deep Zoom tile
 server and the openslide-python drop-in's generator, whose tiles are compared
-with OpenSlide's, read through :func:`read_blended`.
+with OpenSlide's, read through :func:`read_blended`, and make their tiles
+with :func:`deepzoom_tile`.
 """
 
 from __future__ import annotations
@@ -63,3 +64,30 @@ def read_blended(slide, location, level: int, size, background=(255, 255, 255),
     mixed = top[:, :-1] * (1 - fx) + top[:, 1:] * fx
     out = mixed[..., :3] + bg * (1 - mixed[..., 3:])
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def deepzoom_tile(slide, tile, background=(255, 255, 255), threads: int | None = None) -> np.ndarray:
+    """One Deep Zoom tile as openslide-python's ``DeepZoomGenerator`` makes it.
+
+    Args:
+        slide: an open :class:`~wsitool.slide.Slide`.
+        tile: a :class:`~wsitool.deepzoom.DeepZoomTile` (``DeepZoomGeometry.tile``).
+        background: ``(r, g, b)`` 0..255 under transparent pixels.
+        threads: decode threads of the read.
+
+    Returns:
+        ``(h, w, 3)`` uint8 RGB, ``(w, h) = tile.size``: the region read by
+        :func:`read_blended`, shrunk to ``tile.size`` with Pillow's Lanczos
+        ``thumbnail`` where the read is larger (needs Pillow then).
+
+    Raises:
+        as :meth:`wsitool.slide.Slide.read_region`.
+    """
+    rgb = read_blended(slide, *tile.read_args, background=background, threads=threads)
+    if tuple(tile.read_size) == tuple(tile.size):
+        return rgb
+    from PIL import Image  # the serve and openslide extras
+
+    image = Image.fromarray(rgb, "RGB")
+    image.thumbnail(tile.size, Image.Resampling.LANCZOS)
+    return np.asarray(image)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from PIL import Image
 
 from ..deepzoom import DeepZoomGeometry, bounds_from_properties
-from ..subpixel import read_blended
+from ..subpixel import deepzoom_tile
 from . import (PROPERTY_NAME_BACKGROUND_COLOR, PROPERTY_NAME_BOUNDS_HEIGHT, PROPERTY_NAME_BOUNDS_WIDTH,
                PROPERTY_NAME_BOUNDS_X, PROPERTY_NAME_BOUNDS_Y)
 
@@ -49,6 +49,7 @@ class DeepZoomGenerator:
         self._geometry = DeepZoomGeometry(osr.level_dimensions, osr.level_downsamples,
                                           tile_size=tile_size, overlap=overlap, bounds=bounds)
         self._background = "#" + properties.get(PROPERTY_NAME_BACKGROUND_COLOR, "ffffff")
+        self._background_rgb = _rgb(self._background)
 
     def __repr__(self) -> str:
         g = self._geometry
@@ -85,15 +86,14 @@ class DeepZoomGenerator:
         tile = self._geometry.tile(level, address)
         slide = getattr(self._osr, "_slide", None)  # a wsitool slide behind an OpenSlide
         if slide is not None:  # read as OpenSlide does at fractional level positions
-            rgb = read_blended(slide, *tile.read_args, background=_rgb(self._background))
-            flat = Image.fromarray(rgb, "RGB")
+            flat = Image.fromarray(deepzoom_tile(slide, tile, background=self._background_rgb), "RGB")
             profile = slide.color_profile  # raw ICC bytes, as read_region puts them in .info
         else:
             region = self._osr.read_region(*tile.read_args)
             profile = region.info.get("icc_profile")
             flat = Image.composite(region, Image.new("RGB", region.size, self._background), region)
-        if flat.size != tile.size:
-            flat.thumbnail(tile.size, Image.Resampling.LANCZOS)
+            if flat.size != tile.size:
+                flat.thumbnail(tile.size, Image.Resampling.LANCZOS)
         if profile is not None:
             flat.info["icc_profile"] = profile
         return flat

@@ -24,7 +24,7 @@ import re
 import numpy as np
 
 from ..deepzoom import DeepZoomGeometry
-from ..subpixel import read_blended
+from ..subpixel import deepzoom_tile, read_blended
 from .iiif import IIIFError
 from .resample import reduce_area
 from .render import thumbnail_size
@@ -69,15 +69,9 @@ def render_dz_tile(slide, geom: DeepZoomGeometry, level: int, col: int, row: int
         t = geom.tile(level, (col, row))
     except ValueError as exc:
         raise IIIFError(404, str(exc)) from None
-    rgb = read_blended(slide, t.location, t.slide_level, t.read_size, threads=threads)
-    if t.read_size == t.size:
-        return rgb
-    if filter == "lanczos":
-        from PIL import Image
-
-        image = Image.fromarray(rgb)
-        image.thumbnail(t.size, Image.Resampling.LANCZOS)
-        return np.asarray(image)
+    if filter == "lanczos":  # DeepZoomGenerator's tile, as the drop-in makes it
+        return deepzoom_tile(slide, t, threads=threads)
+    rgb = read_blended(slide, *t.read_args, threads=threads)
     tw, th = thumbnail_size(t.read_size, t.size)
     rw, rh = t.read_size
     if (tw, th) == (rw, rh):
