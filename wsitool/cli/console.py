@@ -78,6 +78,13 @@ def fail(message: str, code: int) -> "typer.Exit":
     return typer.Exit(code)
 
 
+def interrupted(code: int) -> "typer.Exit":
+    """After SIGINT / SIGTERM / SIGHUP (exit status ``code`` = 128 + signal): remove this
+    process's partial outputs, print the one "interrupted" line, return the Exit to raise."""
+    signals.cleanup_partials()
+    return fail("interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}", code)
+
+
 def handle_errors(func: Callable) -> Callable:
     """Decorator mapping expected exceptions to one line and an exit code."""
 
@@ -92,10 +99,7 @@ def handle_errors(func: Callable) -> Callable:
                 # Ctrl-C, or SIGTERM / SIGHUP (wsitool.signals); also whatever a library turned
                 # the interruption into (an extension module's import: "initialization failed")
                 if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
-                    signals.cleanup_partials()
-                    code = signals.exit_code(exc)
-                    text = "interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}"
-                    raise fail(text, code) from None
+                    raise interrupted(signals.exit_code(exc)) from None
                 raise
         except MemoryError:
             raise fail("out of memory (ENOMEM)", 9) from None

@@ -9,7 +9,7 @@ from typer.core import TyperGroup
 
 from .. import signals
 from ..version import __version__
-from .console import usage_line
+from .console import interrupted, usage_line
 
 
 def click_class(name: str) -> type:
@@ -41,9 +41,9 @@ class OneLineUsage(TyperGroup):
         else:
             code = rv if isinstance(rv, int) else 0
 
-        if signals.received() is not None:  # SIGINT/SIGTERM/SIGHUP: 128 + signal number
-            signals.cleanup_partials()
-            code = 128 + signals.received()
+        got = signals.received()
+        if got is not None and code != 128 + got:  # a signal outside a command's body
+            code = interrupted(128 + got).exit_code  # (a command's handle_errors said it)
         if not standalone_mode:
             return code
         sys.exit(code)
