@@ -16,20 +16,18 @@ from .. import errors
 from ..distributed import dask_available, expand_sources, export_many
 from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
+from ..export.plan import background_color
 from .batch import batch_progress, failure_code, usage_errors
 from .console import console, err_console, fail, handle_errors, shown
 from .group import app
 
 
 def _parse_background(text: str) -> Tuple[int, int, int]:
-    parts = [p.strip() for p in text.split(",")]
+    """``--background R,G,B`` by the API's rule (:func:`wsitool.export.plan.background_color`)."""
     try:
-        values = tuple(int(p) for p in parts)
+        return tuple(int(v) for v in background_color(p.strip() for p in text.split(",")))  # type: ignore[return-value]
     except ValueError:
-        values = ()
-    if len(values) != 3 or not all(0 <= v <= 255 for v in values):
-        raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2)
-    return values  # type: ignore[return-value]
+        raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2) from None
 
 
 @app.command("export-pyramid")

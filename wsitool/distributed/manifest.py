@@ -25,7 +25,7 @@ def output_size(output: Path, format: str) -> int | None:
     """Size in bytes of a complete-looking output (for Deep Zoom the ``.dzi`` file,
     with its ``_files`` folder present), or None when absent or incomplete."""
     if format == "dzi":
-        output, files, _stem = dzi_paths(output)
+        output, files = dzi_paths(output)
         if not files.is_dir() or files.is_symlink():
             return None
     try:
@@ -38,7 +38,7 @@ def output_size(output: Path, format: str) -> int | None:
 
 def output_exists(output: Path, format: str) -> bool:
     if format == "dzi":
-        dzi, files, _stem = dzi_paths(output)
+        dzi, files = dzi_paths(output)
         return os.path.lexists(dzi) or os.path.lexists(files)
     return os.path.lexists(output)
 

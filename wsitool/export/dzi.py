@@ -25,15 +25,15 @@ from .associated import PAINTED_KEY
 from .encode import TileCounter
 
 
-def dzi_paths(output: Path) -> tuple[Path, Path, str]:
-    """``(NAME.dzi, NAME_files, NAME)`` for an output given with or without ``.dzi``."""
+def dzi_paths(output: Path) -> tuple[Path, Path]:
+    """``(NAME.dzi, NAME_files)`` for an output given with or without ``.dzi``."""
     if output.suffix.lower() == ".dzi":
         stem = output.stem
         dzi = output
     else:
         stem = output.name
         dzi = output.with_name(stem + ".dzi")
-    return dzi, dzi.with_name(stem + "_files"), stem
+    return dzi, dzi.with_name(stem + "_files")
 
 
 def _unlink(path: Path) -> None:
@@ -43,10 +43,24 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def write_dzi(tiles, final: Path, files_dir: Path, stem: str, dims, T: int, O: int,
+def write_dzi(tiles, final: Path, files_dir: Path, dims, T: int, O: int,
                compression: str, overwrite: bool, counter: TileCounter, sources=(),
                painted: Callable[[], int] | None = None) -> int:
+    """Write a Deep Zoom export; returns the bytes written (tiles and ``.dzi``).
 
+    ``tiles`` yields ``(level, col, row, bytes)`` (level 0 the full resolution,
+    as :func:`~wsitool.export.encode.encoded_tiles` numbers them) for the levels
+    ``dims`` (``(width, height)`` in pixels, full resolution first), ``T`` x ``T``
+    tiles with overlap ``O`` (pixels).  Everything is made in a hidden folder
+    beside ``final`` and renamed into place, the ``_files`` folder first and
+    the ``.dzi`` last (what viewers open); ``painted()``, if given, is the
+    count of painted tiles recorded in a comment of the ``.dzi``.
+
+    Raises:
+        OutputExistsError, OutputIsSourceError: see :func:`wsitool.atomic.check_output`.
+        OSError: the folder cannot be written (disk full, permissions), naming ``final``.
+        Any error from ``tiles``; nothing is then left under either name.
+    """
     ext = "jpeg" if compression == "jpeg" else "png"
     partial = atomic.create_dir(final, sources)  # the tiles folder and the .dzi are made in it
     tmpdir = partial.path

@@ -320,6 +320,11 @@ def window_rows(T: int, O: int, R: int) -> tuple[int, int]:
 
 
 def background_color(value) -> np.ndarray:
+    """``(3,)`` uint8 ``(r, g, b)`` from any three integers 0..255 (strings of them too).
+
+    Raises:
+        ValueError: not three integers, or one outside 0..255.
+    """
     try:
         vals = [int(v) for v in value]
     except (TypeError, ValueError):

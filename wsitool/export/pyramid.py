@@ -265,9 +265,9 @@ def export_pyramid(
 
     output = Path(os.fspath(output))
     if fmt == "dzi":
-        final, files_dir, stem = dzi_paths(output)
+        final, files_dir = dzi_paths(output)
     else:
-        final, files_dir, stem = output, None, output.name
+        final, files_dir = output, None
     # One rule for every output (wsitool.atomic): never the source, an existing
     # output only with overwrite; checked before the slide is read.
     sources = [source.path if isinstance(source, Slide) else os.fspath(source)]
@@ -339,7 +339,7 @@ def export_pyramid(
         # with "fill", the count of painted tiles is recorded in the output once known
         meta["painted"] = failed_count if on_error == "fill" else None
         if fmt == "dzi":
-            nbytes = write_dzi(tiles, final, files_dir, stem, dims, T, O, compression, overwrite, counter,
+            nbytes = write_dzi(tiles, final, files_dir, dims, T, O, compression, overwrite, counter,
                                 sources=sources, painted=meta["painted"])
         else:
             nbytes = write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,

@@ -145,7 +145,10 @@ class StripSource:
 
 
 def composite(rgba: np.ndarray, out: np.ndarray, background: np.ndarray) -> None:
-    """``out[...] = rgb over background`` with alpha: ``(c * a + bg * (255 - a) + 127) // 255``."""
+    """``out[...] = rgb over background`` with alpha: ``(c * a + bg * (255 - a) + 127) // 255``.
+
+    ``rgba`` ``(h, w, 4)`` uint8, ``out`` ``(h, w, 3)`` uint8 (written), ``background``
+    ``(3,)`` uint8."""
     out[...] = rgba[..., :3]
     alpha = rgba[..., 3]
     partial = alpha != 255
