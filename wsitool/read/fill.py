@@ -24,7 +24,7 @@ from ..codec import jpegloop
 from ..errors import TileDecodeError, TileWarning
 from ..geometry import level_rect, plan_tiles
 from ..model import Level
-from .threads import SharedJobs, batch_size, run_threads, thread_count
+from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
 __all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
@@ -108,12 +108,7 @@ def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode
     # 256 x 256 tiles: 25.4 MP/s with batches of 6, 29.0 MP/s tile by tile
     # even for RGBA).
     batch = 1 if lv.encoding.stream == "j2k" else batch_size(BATCH_TILES, k, len(jobs))
-    worker = TileWorker(lv, out, mode, on_error, pool, batch)
-    if k == 1:
-        worker.run(jobs)
-        return
-    shared = SharedJobs(jobs)
-    run_threads(k, lambda: worker.run(shared), shared.stop)
+    run_jobs(jobs, k, TileWorker(lv, out, mode, on_error, pool, batch).run)
 
 
 #: Tiles per call of the compiled loop (and per nvImageCodec decode call):
@@ -195,9 +190,4 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
             sx0, sy0, sx1, sy1 = job.src
             job.view(out)[...] = tile[sy0:sy1, sx0:sx1]
 
-    k = thread_count(threads, len(jobs))
-    if k == 1:
-        work(jobs)
-        return
-    shared = SharedJobs(jobs)
-    run_threads(k, lambda: work(shared), shared.stop)
+    run_jobs(jobs, thread_count(threads, len(jobs)), work)

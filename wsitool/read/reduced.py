@@ -43,7 +43,7 @@ from ..geometry import ScaledGrid, level0_coordinate, level_rect, plan_tiles, sc
 from ..model import Level
 from ..settings import get_decode_paths
 from .fill import fill_outside, fill_region
-from .threads import SharedJobs, run_threads, thread_count
+from .threads import run_jobs, thread_count
 
 __all__ = ["BAND_BYTES", "area_reduce", "fill_reduced", "uses_wavelet"]
 
@@ -126,12 +126,7 @@ def fill_reduced(lv: Level, x: int, y: int, w: int, h: int, k: int, out: np.ndar
     if not jobs:
         return
     worker = _ReducedWorker(lv, grid, u0, v0, out, mode, on_error, pool, threads)
-    n = thread_count(threads, len(jobs))
-    if n == 1:
-        worker.run(jobs)
-        return
-    shared = SharedJobs(jobs)
-    run_threads(n, lambda: worker.run(shared), shared.stop)
+    run_jobs(jobs, thread_count(threads, len(jobs)), worker.run)
 
 
 class _ReducedWorker:

@@ -61,6 +61,17 @@ def run_threads(k: int, work, stop) -> None:
         raise first_error
 
 
+def run_jobs(jobs, k: int, work) -> None:
+    """``work(iterable)`` over ``jobs`` on ``k`` threads (the calling one among them): with
+    one thread ``work(jobs)``, else each thread takes jobs from one :class:`SharedJobs`
+    until none is left (:func:`run_threads`: the first error stops the rest, re-raised)."""
+    if k == 1:
+        work(jobs)
+        return
+    shared = SharedJobs(jobs)
+    run_threads(k, lambda: work(shared), shared.stop)
+
+
 class SharedJobs:
     """Iterator over a job list shared by several threads (each job handed out once)."""
 
