@@ -93,8 +93,6 @@ def _finish(tw, out_fh, fmt: str, meta: dict) -> None:
 
 def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, quality: int,
                 meta: dict, overwrite: bool, counter: TileCounter, sources=()) -> int:
-
-
     """Write a re-encoded ``tiff`` / ``ome-tiff`` export; returns the output's size in bytes.
 
     ``tiles`` yields ``(level, col, row, bytes)`` for levels ``dims`` (``(width, height)``
@@ -124,37 +122,19 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
 
         gen0 = level0()
         generators.insert(0, gen0)
-        painted = meta.get("painted")  # callable giving the painted-tile count ("fill"), or None
         with out_fh:
             tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff"))
-            w0, h0 = dims[0]
-            common = dict(dtype=np.uint8, tile=(T, T), software=SOFTWARE, **page_args)
-            if fmt == "tiff":
-                mpp = meta["mpp"][0] if meta["mpp"] else None
-                desc = aperio.description_text(
-                    w0, h0, T, kind, mpp, meta["mag"], SOFTWARE,
-                    extra={PAINTED_KEY: 0} if painted is not None else None)
-                tw.write(_Feed(gen0), shape=(h0, w0, 3), description=desc, metadata=None,
-                         iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **common)
-            else:
-                tw.write(_Feed(gen0), shape=(h0, w0, 3), subifds=len(dims) - 1,
-                         metadata=_ome_metadata(final, meta, painted),
-                         iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **common)
+            args = dict(tile=(T, T), **page_args)
+            _first_page(tw, fmt, final, meta, dims, _Feed(gen0), T, kind, args)
             for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
                 raise RuntimeError("level-0 tile after the level-0 page")  # pragma: no cover
-            if fmt == "tiff":  # Aperio: the thumbnail is the second IFD
-                write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
+            if fmt == "tiff":  # Aperio: the thumbnail is the second IFD (its level now complete)
+                write_thumbnail(tw, meta["thumbnail"].image, *dims[0])
             for k in range(1, len(dims)):
                 w, h = dims[k]
                 if len(index[k]) != -(-w // T) * -(-h // T):  # pragma: no cover
                     raise RuntimeError(f"level {k}: {len(index[k])} tiles spilled")
-                if fmt == "tiff":
-                    desc = aperio.level_description_text((w0, h0), (w, h), T, kind, SOFTWARE)
-                    tw.write(_spilled(fd, index[k]), shape=(h, w, 3), description=desc,
-                             metadata=None, subfiletype=0, **_resolution(meta, dims, k), **common)
-                else:
-                    tw.write(_spilled(fd, index[k]), shape=(h, w, 3), subfiletype=1,
-                             **_resolution(meta, dims, k), **common)
+                _level_page(tw, fmt, meta, dims, k, _spilled(fd, index[k]), T, kind, args)
             _finish(tw, out_fh, fmt, meta)
         nbytes = partial.path.stat().st_size
         partial.commit(overwrite)
@@ -174,6 +154,38 @@ class _Feed:
 
     def __next__(self):
         return self._next()
+
+
+def _first_page(tw, fmt: str, final: Path, meta: dict, dims, data, tile: int, kind: str,
+                args: dict) -> None:
+    """The full-resolution page: ``tiff`` with the Aperio description (the painted-tile
+    placeholder when counted), ``ome-tiff`` with the OME-XML and its levels as SubIFDs;
+    ICC profile and resolution on both.  ``data`` yields its tiles, ``args`` are its
+    tifffile keywords (tile, compression, photometric, ...)."""
+    w0, h0 = dims[0]
+    painted = meta.get("painted")  # callable giving the painted-tile count ("fill"), or None
+    common = dict(shape=(h0, w0, 3), dtype=np.uint8, software=SOFTWARE, iccprofile=meta.get("icc"),
+                  **_resolution(meta, dims, 0), **args)
+    if fmt == "tiff":
+        mpp = meta["mpp"][0] if meta["mpp"] else None
+        desc = aperio.description_text(w0, h0, tile, kind, mpp, meta["mag"], SOFTWARE,
+                                       extra={PAINTED_KEY: 0} if painted is not None else None)
+        tw.write(data, description=desc, metadata=None, **common)
+    else:
+        tw.write(data, subifds=len(dims) - 1, metadata=_ome_metadata(final, meta, painted), **common)
+
+
+def _level_page(tw, fmt: str, meta: dict, dims, k: int, data, tile: int, kind: str,
+                args: dict) -> None:
+    """Lower level ``k``: an Aperio level page (NewSubfileType 0) or an OME SubIFD (1)."""
+    w, h = dims[k]
+    common = dict(shape=(h, w, 3), dtype=np.uint8, software=SOFTWARE, **_resolution(meta, dims, k),
+                  **args)
+    if fmt == "tiff":
+        desc = aperio.level_description_text(dims[0], (w, h), tile, kind, SOFTWARE)
+        tw.write(data, description=desc, metadata=None, subfiletype=0, **common)
+    else:
+        tw.write(data, subfiletype=1, **common)
 
 
 def _needs_bigtiff(raw: int) -> bool:
@@ -291,7 +303,6 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
         return copied_tiles(slide, cl, on_error=on_error, verify=verify, threads=threads,
                             failed=failed, counter=counter)
 
-    painted = meta.get("painted")
     with _tiff_output(final, sources, [computed]) as (partial, out_fh, spill):
         fd = spill.fileno()
         pos = 0
@@ -302,36 +313,19 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
             counter.add()
         with out_fh:
             tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff"))
-            w0, h0 = dims[0]
             first = copied[0]
+            _first_page(tw, fmt, final, meta, dims, tiles_of(first), first.level.tile_width,
+                        first.kind, first.page)
             if fmt == "tiff":
-                mpp = meta["mpp"][0] if meta["mpp"] else None
-                desc = aperio.description_text(
-                    w0, h0, first.level.tile_width, first.kind, mpp, meta["mag"], SOFTWARE,
-                    extra={PAINTED_KEY: 0} if painted is not None else None)
-                tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, description=desc,
-                         metadata=None, software=SOFTWARE, iccprofile=meta.get("icc"),
-                         **_resolution(meta, dims, 0), **first.page)
-                write_thumbnail(tw, meta["thumbnail"].image, w0, h0)
-            else:
-                tw.write(tiles_of(first), shape=(h0, w0, 3), dtype=np.uint8, subifds=len(dims) - 1,
-                         metadata=_ome_metadata(final, meta, painted), software=SOFTWARE,
-                         iccprofile=meta.get("icc"), **_resolution(meta, dims, 0), **first.page)
+                write_thumbnail(tw, meta["thumbnail"].image, *dims[0])
             for k in range(1, len(dims)):
-                w, h = dims[k]
                 if k < m:
                     cl = copied[k]
-                    data, args, tile, kind = tiles_of(cl), cl.page, cl.level.tile_width, cl.kind
+                    _level_page(tw, fmt, meta, dims, k, tiles_of(cl), cl.level.tile_width, cl.kind,
+                                cl.page)
                 else:
-                    data = _spilled(fd, index[k - m + 1])
-                    args, tile, kind = dict(c_args, tile=(T, T)), T, c_kind
-                if fmt == "tiff":
-                    desc = aperio.level_description_text((w0, h0), (w, h), tile, kind, SOFTWARE)
-                    tw.write(data, shape=(h, w, 3), dtype=np.uint8, description=desc, metadata=None,
-                             subfiletype=0, software=SOFTWARE, **_resolution(meta, dims, k), **args)
-                else:
-                    tw.write(data, shape=(h, w, 3), dtype=np.uint8, subfiletype=1, software=SOFTWARE,
-                             **_resolution(meta, dims, k), **args)
+                    _level_page(tw, fmt, meta, dims, k, _spilled(fd, index[k - m + 1]), T, c_kind,
+                                dict(c_args, tile=(T, T)))
             _finish(tw, out_fh, fmt, meta)
         nbytes = partial.path.stat().st_size
         partial.commit(overwrite)
