@@ -65,6 +65,7 @@ __all__ = ["available", "library_path", "version", "Unsupported", "decode_window
 
 _SIZE_MAX = (1 << 64) - 1
 _CODEC_J2K = 0
+_INT32 = np.dtype(np.int32).str  # OpenJPEG's OPJ_INT32 samples, native byte order
 
 _READ = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 _SKIP = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
@@ -181,29 +182,17 @@ def version() -> str | None:
     return lib.opj_version().decode() if lib is not None else None
 
 
-class _Context:
-    """One thread's OpenJPEG state: parameters, memory-stream callbacks, last error.
+class _MemoryStream:
+    """The code stream OpenJPEG reads through the callbacks: ``(addr, size)`` of
+    the tile's bytes, the read position ``pos`` and OpenJPEG's first error message."""
 
-    The stream callbacks read from ``(addr, size)``, the code stream of the tile
-    being decoded; ``pos`` is the read position.  Use only under the owning
-    thread's :class:`ThreadState` lock.
-    """
+    __slots__ = ("addr", "size", "pos", "error")
 
     def __init__(self):
-        lib = _load()
-        self.lib = lib
-        self.params = ctypes.create_string_buffer(16384)  # > sizeof(opj_dparameters_t)
-        lib.opj_set_default_decoder_parameters(self.params)
-        self.addr = 0
-        self.size = 0
-        self.pos = 0
+        self.addr = self.size = self.pos = 0
         self.error: str | None = None
-        self.read_fn = _READ(self._read)
-        self.skip_fn = _SKIP(self._skip)
-        self.seek_fn = _SEEK(self._seek)
-        self.msg_fn = _MSG(self._message)
 
-    def _read(self, buf, nbytes, _user):
+    def read(self, buf, nbytes, _user):
         left = self.size - self.pos
         if left <= 0:
             return _SIZE_MAX
@@ -212,7 +201,7 @@ class _Context:
         self.pos += n
         return n
 
-    def _skip(self, nbytes, _user):
+    def skip(self, nbytes, _user):
         if nbytes < 0:
             nbytes = max(nbytes, -self.pos)
         elif self.pos >= self.size:
@@ -222,15 +211,36 @@ class _Context:
         self.pos += nbytes
         return nbytes
 
-    def _seek(self, where, _user):
+    def seek(self, where, _user):
         if not 0 <= where <= self.size:
             return 0
         self.pos = where
         return 1
 
-    def _message(self, msg, _user):
+    def message(self, msg, _user):
         if self.error is None:
             self.error = msg.decode("utf-8", "replace").strip() if msg else "error"
+
+
+class _Context:
+    """One thread's OpenJPEG state: parameters, memory-stream callbacks, last error.
+
+    The callbacks (ctypes thunks, native memory) are bound to ``io``, which
+    holds no reference back: the context is freed by reference counting as soon
+    as its thread's state goes, not at a later cyclic garbage collection.  Use
+    only under the owning thread's :class:`ThreadState` lock.
+    """
+
+    def __init__(self):
+        lib = _load()
+        self.lib = lib
+        self.params = ctypes.create_string_buffer(16384)  # > sizeof(opj_dparameters_t)
+        lib.opj_set_default_decoder_parameters(self.params)
+        self.io = io = _MemoryStream()
+        self.read_fn = _READ(io.read)
+        self.skip_fn = _SKIP(io.skip)
+        self.seek_fn = _SEEK(io.seek)
+        self.msg_fn = _MSG(io.message)
 
 
 def _context() -> _Context:
@@ -265,6 +275,30 @@ def _plain_jp2(data: bytes, codestream_start: int) -> bool:
     return enum in (16, 17)
 
 
+class _PlaneView:
+    """An ``__array_interface__`` (version 3) over OpenJPEG's ``int32`` plane of one
+    component: numpy wraps it without copying and without making a type.
+
+    ``np.ctypeslib.as_array(pointer, shape)`` made a new ctypes array type for
+    each ``(h, w)`` and ``ctypes.POINTER`` keeps every such type for the life of
+    the process (``ctypes._pointer_type_cache``): about 6 KiB per distinct
+    window shape, which random regions never run out of (the leak of issue 24).
+    """
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, addr: int, h: int, w: int):
+        self.__array_interface__ = {"version": 3, "shape": (h, w), "typestr": _INT32,
+                                    "data": (addr, True), "strides": None}
+
+
+def _plane(comp: _Comp, h: int, w: int) -> np.ndarray:
+    """``(h, w)`` int32 view of a decoded component's samples (read-only; valid
+    until ``opj_image_destroy``)."""
+    addr = ctypes.cast(comp.data, ctypes.c_void_p).value
+    return np.asarray(_PlaneView(addr, h, w))
+
+
 def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tuple[int, int]:
     """Decode the window ``rect`` of one JPEG 2000 code stream into ``dst``.
 
@@ -292,12 +326,13 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
     """
     lib = ctx.lib
     arr = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
-    ctx.addr = arr.__array_interface__["data"][0]
-    ctx.size = len(arr)
-    ctx.pos = 0
-    ctx.error = None
+    io = ctx.io
+    io.addr = arr.__array_interface__["data"][0]
+    io.size = len(arr)
+    io.pos = 0
+    io.error = None
     codec = lib.opj_create_decompress(_CODEC_J2K)
-    stream = lib.opj_stream_create(max(ctx.size, 64), 1)
+    stream = lib.opj_stream_create(max(io.size, 64), 1)
     image = ctypes.POINTER(_Image)()
     try:
         if not codec or not stream:
@@ -306,11 +341,11 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
         lib.opj_stream_set_read_function(stream, ctx.read_fn)
         lib.opj_stream_set_skip_function(stream, ctx.skip_fn)
         lib.opj_stream_set_seek_function(stream, ctx.seek_fn)
-        lib.opj_stream_set_user_data_length(stream, ctx.size)
+        lib.opj_stream_set_user_data_length(stream, io.size)
         if not lib.opj_setup_decoder(codec, ctx.params):
-            raise ValueError(ctx.error or "OpenJPEG refused the decoder set-up")
+            raise ValueError(io.error or "OpenJPEG refused the decoder set-up")
         if not lib.opj_read_header(stream, codec, ctypes.byref(image)):
-            raise ValueError(unreadable_header_reason(ctx.error or "OpenJPEG"))
+            raise ValueError(unreadable_header_reason(io.error or "OpenJPEG"))
         img = image.contents
         width, height = img.x1 - img.x0, img.y1 - img.y0
         if callable(rect):
@@ -329,12 +364,12 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
         if dst.shape != shape + (3,):
             raise ValueError(f"destination shape {dst.shape} does not match {shape} for {rect}")
         if reduce and not lib.opj_set_decoded_resolution_factor(codec, reduce):
-            raise ValueError(ctx.error or f"cannot drop {reduce} resolution levels")
+            raise ValueError(io.error or f"cannot drop {reduce} resolution levels")
         if (x0, y0, x1, y1) != (0, 0, width, height) and not lib.opj_set_decode_area(
                 codec, image, img.x0 + x0, img.y0 + y0, img.x0 + x1, img.y0 + y1):
-            raise ValueError(ctx.error or "OpenJPEG refused the decode area")
+            raise ValueError(io.error or "OpenJPEG refused the decode area")
         if not lib.opj_decode(codec, stream, image):
-            raise ValueError(no_image_reason(ctx.error))
+            raise ValueError(no_image_reason(io.error))
         img = image.contents
         h, w = shape
         for c in range(ncomp):
@@ -343,11 +378,9 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
                 raise ValueError(no_image_reason(f"OpenJPEG decoded {comp.w}x{comp.h}, wanted {w}x{h}"))
         if ncomp == 3:
             for c in range(3):
-                plane = np.ctypeslib.as_array(img.comps[c].data, (h, w))
-                np.copyto(dst[..., c], plane, casting="unsafe")
+                np.copyto(dst[..., c], _plane(img.comps[c], h, w), casting="unsafe")
         else:
-            plane = np.ctypeslib.as_array(img.comps[0].data, (h, w))
-            np.copyto(dst, plane[..., None], casting="unsafe")
+            np.copyto(dst, _plane(img.comps[0], h, w)[..., None], casting="unsafe")
         return width, height
     finally:
         if image:
@@ -356,7 +389,7 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
             lib.opj_stream_destroy(stream)
         if codec:
             lib.opj_destroy_codec(codec)
-        ctx.addr = ctx.size = 0
+        io.addr = io.size = 0
 
 
 def decode_into(level: Level, col: int, row: int, data, dst: np.ndarray,
