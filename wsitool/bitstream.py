@@ -17,6 +17,8 @@ __all__ = [
     "ADOBE_RGB_MARKER",
     "jpegls_frame_size",
     "SOI",
+    "EOI",
+    "ends_with_restart",
     "SOF_MARKERS",
     "jpeg_frame_size",
     "jpeg_segments",
@@ -36,9 +38,24 @@ __all__ = [
 ADOBE_RGB_MARKER = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
 #: JPEG start-of-image marker (ITU-T T.81 B.2.1).
 SOI = b"\xff\xd8"
+#: JPEG end-of-image marker (ITU-T T.81 B.2.1).
+EOI = b"\xff\xd9"
 
 #: the frame-header markers (SOF0..SOF15 but DHT, JPG and DAC; ITU-T T.81 table B.1)
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def ends_with_restart(data) -> bool:
+    """True when ``data`` (bytes or a uint8 array) ends with a restart marker RST0..RST7
+    (``ff d0`` .. ``ff d7``, ITU-T T.81 B.2.4.4 and table B.1).
+
+    A restart interval cut out of a longer scan (Hamamatsu NDPI, see
+    :attr:`wsitool.model.TileEncoding.jpeg_scan_segments`) ends with the marker
+    that starts the next interval; made into a stream of its own, that marker
+    becomes EOI.
+    """
+    n = len(data)
+    return n >= 2 and int(data[n - 2]) == 0xFF and 0xD0 <= int(data[n - 1]) <= 0xD7
 
 
 def jpeg_frame_size(data: bytes) -> tuple[int, int] | None:

@@ -41,7 +41,18 @@ class TileEncoding:
         jpeg_prefix: bytes that replace each JPEG tile's SOI to make it a
             complete stream: SOI, an Adobe APP14 "RGB" marker where the samples
             are RGB-coded, and the shared JPEGTables (TIFF Technical Note #2);
-            empty when nothing is merged.
+            empty when nothing is merged.  With ``jpeg_scan_segments`` the prefix
+            is instead a complete header (SOI up to and including SOS) that goes
+            in front of each segment whole.
+        jpeg_scan_segments: each JPEG segment is bare entropy-coded scan data
+            with no marker of its own but the one that ends it: Hamamatsu NDPI
+            stores a level as one JPEG stream with restart markers, and tifffile
+            makes one segment per restart interval from the NDPI McuStarts tag
+            (65426) and a header for it (``TiffPage.jpegheader``: the stream's
+            header with the SOF's size set to one interval).  A segment ends with
+            its RSTn marker (the last one with EOI); the complete stream is
+            ``jpeg_prefix`` + the segment with a final RSTn replaced by EOI
+            (ITU-T T.81 B.2.1, B.2.4.4; :func:`wsitool.bitstream.ends_with_restart`).
         ycbcr_after_decode: the decoded samples are YCbCr to convert to RGB
             (Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform).
         colormap: ``(3, 2**bits)`` ColorMap of palette images, else None.
@@ -69,6 +80,7 @@ class TileEncoding:
     stream: str | None
     codec: str
     jpeg_prefix: bytes = b""
+    jpeg_scan_segments: bool = False
     ycbcr_after_decode: bool = False
     colormap: Any = None
     extrasamples: tuple = ()

@@ -2,7 +2,10 @@
  *
  * What it does, for one thread and a range of the tiles of one region:
  * read each tile's bytes with pread() behind the level's JPEG prefix
- * (SOI + Adobe marker + JPEGTables, built by wsitool.slide), check them
+ * (SOI + Adobe marker + JPEGTables, built by wsitool.slide; or, for the
+ * restart intervals of a Hamamatsu NDPI level, "scan segments", the whole
+ * header SOI..SOS in front of the bare segment, whose final RSTn marker
+ * becomes EOI: see TileEncoding.jpeg_scan_segments), check them
  * (segment inside the file, full read, SOI, readable header, header size equal
  * to the tile grid cell, wanted rectangle inside the tile), make nvImageCodec
  * code streams (a sub-code-stream with a region for partial tiles) and images
@@ -287,6 +290,7 @@ typedef struct {
     int fd;
     const unsigned char* prefix;
     size_t prefix_len;
+    int scan_segments; /* the tiles are NDPI restart intervals: no SOI, prefix goes in front whole */
     /* region and output */
     int64_t rx, ry, cx0, cy0, cx1, cy1, c0, r0, ncols;
     unsigned char* out;
@@ -478,7 +482,8 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
 {
     Pending q[MAX_BATCH];
     int n = 0;
-    size_t start = p->prefix_len ? p->prefix_len - 2 : 0; /* the tile's SOI lands under the prefix's end */
+    /* the tile's SOI lands under the prefix's end; a scan segment has none */
+    size_t start = p->scan_segments ? p->prefix_len : p->prefix_len ? p->prefix_len - 2 : 0;
     for (Py_ssize_t k = j0; k < j1; k++) {
         int64_t row = p->r0 + k / p->ncols, col = p->c0 + k % p->ncols;
         int64_t tx0 = col * p->tile_w, ty0 = row * p->tile_h;
@@ -525,7 +530,12 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
             continue;
         }
         t->bytes_read += count;
-        if (count < 2 || buf[start] != 0xFF || buf[start + 1] != 0xD8) {
+        if (p->scan_segments) {
+            /* the interval's closing RSTn (T.81 B.2.4.4) ends this stream: EOI */
+            unsigned char* end = buf + start + (size_t)count;
+            if (count >= 2 && end[-2] == 0xFF && end[-1] >= 0xD0 && end[-1] <= 0xD7)
+                end[-1] = 0xD9;
+        } else if (count < 2 || buf[start] != 0xFF || buf[start + 1] != 0xD8) {
             long long first = count >= 2 ? ((long long)buf[start] << 8) | buf[start + 1] : (count ? buf[start] : 0);
             fail(t, p, k, F_NOT_SOI, first, count < 2 ? count : 2, dy0, dy1, dx0, dx1);
             continue;
@@ -635,7 +645,7 @@ static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
 }
 
 static const char decode_tiles_doc[] =
-    "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch)\n"
+    "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch, scan_segments=0)\n"
     "--\n\n"
     "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/native.py).\n\n"
     "fd: the slide's file descriptor; prefix: bytes put in front of each tile\n"
@@ -643,7 +653,9 @@ static const char decode_tiles_doc[] =
     "offsets, counts: the level's segment offsets and byte counts, int64;\n"
     "level: (tile_w, tile_h, level_w, level_h, tiles_across, file_size);\n"
     "region: (rx, ry, cx0, cy0, cx1, cy1) in level pixels (region origin and\n"
-    "its part inside the level); batch: tiles per decode call (1..64).\n\n"
+    "its part inside the level); batch: tiles per decode call (1..64);\n"
+    "scan_segments: 1 when the tiles are NDPI restart intervals (no SOI: the\n"
+    "prefix is a whole header put in front, a final RSTn becomes EOI).\n\n"
     "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, failures):\n"
     "tile counts, bytes read, buffers (re)allocated, and failures a list of\n"
     "(job, code, a, b).  Raises MemoryError if the failure list itself cannot be\n"
@@ -651,12 +663,12 @@ static const char decode_tiles_doc[] =
 
 static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
 {
-    int fd, batch;
+    int fd, batch, scan_segments = 0;
     Py_buffer prefix, out, offsets, counts;
     PyObject *out_obj, *level, *region;
     Py_ssize_t j0, j1;
-    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni", &fd, &prefix, &out_obj, &offsets, &counts, &PyTuple_Type,
-                          &level, &PyTuple_Type, &region, &j0, &j1, &batch))
+    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|i", &fd, &prefix, &out_obj, &offsets, &counts, &PyTuple_Type,
+                          &level, &PyTuple_Type, &region, &j0, &j1, &batch, &scan_segments))
         return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&prefix);
@@ -707,6 +719,7 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     p.fd = fd;
     p.prefix = (const unsigned char*)prefix.buf;
     p.prefix_len = (size_t)prefix.len;
+    p.scan_segments = scan_segments != 0;
     if (p.tile_w > COORD_MAX || p.tile_h > COORD_MAX || p.level_w > COORD_MAX || p.level_h > COORD_MAX
         || p.across > COORD_MAX || p.rx < -COORD_MAX || p.ry < -COORD_MAX || p.rx > COORD_MAX || p.ry > COORD_MAX) {
         PyErr_SetString(PyExc_ValueError, "level or region size out of range");
@@ -829,5 +842,7 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     PyModule_AddIntConstant(m, "F_DECODE", F_DECODE);
     PyModule_AddIntConstant(m, "F_NO_SEGMENT", F_NO_SEGMENT);
     PyModule_AddIntConstant(m, "F_NO_MEMORY", F_NO_MEMORY);
+    /* decode_tiles takes scan_segments (NDPI restart intervals) */
+    PyModule_AddIntConstant(m, "SCAN_SEGMENTS", 1);
     return m;
 }

@@ -50,7 +50,9 @@ def decode_array(level: Level, col: int, row: int, state: ThreadState) -> np.nda
             continue
         try:
             page = level.encoding.page
-            arr, _idx, _shape = page.decode(data, seg, jpegtables=page.jpegtables)
+            # jpegheader: tifffile's header of an NDPI page's restart intervals (else None)
+            arr, _idx, _shape = page.decode(data, seg, jpegtables=page.jpegtables,
+                                            jpegheader=getattr(page, "jpegheader", None))
         except Exception as exc:
             raise TileDecodeError(
                 level.path, level.index, col, row,

@@ -37,6 +37,8 @@ def check_header(level: Level, data: bytes, col: int, row: int) -> None:
     decompression bomb is refused before the decoder allocates its output.
     """
     kind = level.encoding.stream
+    if kind == "jpeg" and level.encoding.jpeg_scan_segments:
+        data = jpeg_stream(level, data, col, row)  # an NDPI restart interval: its frame header is the level's
     if kind in ("jpeg", "webp", "jpegls"):
         size = (jpeg_frame_size(data) if kind == "jpeg" else webp_frame_size(data) if kind == "webp"
                 else jpegls_frame_size(data))

@@ -81,8 +81,10 @@ def _load():
         except (ImportError, OSError, RuntimeError) as exc:
             _reason = f"cannot use {lib} ({exc}); JPEG reads take the Python path"
             return None
-        if _jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY"):  # pragma: no cover
-            _reason = f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK})"
+        if (_jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY")
+                or not hasattr(_jpegloop, "SCAN_SEGMENTS")):  # pragma: no cover
+            _reason = (f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK}; "
+                       "or built before F_NO_MEMORY / SCAN_SEGMENTS): rebuild it with `pip install -e .`")
             return None
         _module = _jpegloop
         return _module
@@ -153,6 +155,7 @@ class RegionJobs:
         self.on_error = on_error
         self.level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
         self.prefix = lv.encoding.jpeg_prefix or b""
+        self.scan_segments = int(lv.encoding.jpeg_scan_segments)
         self._next = 0
         self._lock = threading.Lock()
 
@@ -191,7 +194,7 @@ class RegionJobs:
                 dec = state.slot("jpegloop", new_decoder)
                 direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
                     fd, self.prefix, self.out, offsets, counts, self.level, self.region,
-                    span[0], span[1], self.chunk)
+                    span[0], span[1], self.chunk, self.scan_segments)
             st = state.stats
             st.tiles_direct += direct
             st.tiles_roi += roi

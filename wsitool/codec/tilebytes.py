@@ -3,13 +3,20 @@
 A missing tile (offset or byte count 0, as sparse slides write) reads as None;
 a segment past the end of the file, a short read or a JPEG tile without SOI
 raise :class:`~wsitool.errors.TileDecodeError` naming level, column and row.
+
+JPEG tiles become complete streams in one of two ways
+(:class:`~wsitool.model.TileEncoding`): the level's ``jpeg_prefix`` (SOI,
+Adobe marker, JPEGTables) replaces each tile's own SOI; or, for the restart
+intervals of a Hamamatsu NDPI level (``jpeg_scan_segments``), which carry no
+SOI, the prefix is a whole header put in front of the segment and the
+segment's final RSTn marker becomes EOI.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..bitstream import SOI
+from ..bitstream import EOI, SOI, ends_with_restart
 from ..errors import TileDecodeError
 from ..model import Level
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
@@ -73,14 +80,22 @@ def read_tile_stream(level: Level, index: int, col: int, row: int,
     if where is None:
         return None
     offset, count = where
-    jpeg = level.encoding.stream == "jpeg"
-    prefix = level.encoding.jpeg_prefix if jpeg else b""
-    start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
+    enc = level.encoding
+    jpeg = enc.stream == "jpeg"
+    prefix = enc.jpeg_prefix if jpeg else b""
+    if jpeg and enc.jpeg_scan_segments:
+        start = len(prefix)  # a bare restart interval: the whole header goes in front
+    else:
+        start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
     buf, view = state.read_buffer(start + count, slot)
     got = level.source.readinto(offset, view[start:start + count])
     _check_read(level, col, row, got, count, offset)
     state.stats.bytes_read += count
-    if jpeg:
+    if jpeg and enc.jpeg_scan_segments:
+        view[:start] = prefix
+        if ends_with_restart(view[start:start + count]):
+            view[start + count - 1] = EOI[1]
+    elif jpeg:
         # (memoryview indexing gives plain ints: cheaper than numpy scalars)
         if count < 2 or view[start] != 0xFF or view[start + 1] != 0xD8:
             raise TileDecodeError(level.path, level.index, col, row,
@@ -91,7 +106,19 @@ def read_tile_stream(level: Level, index: int, col: int, row: int,
 
 
 def jpeg_stream(level: Level, data: bytes, col: int, row: int) -> bytes:
-    """Complete JPEG stream for nvImageCodec: tile + JPEGTables (+ Adobe RGB marker)."""
+    """The complete JPEG stream of one tile's bytes ``data`` (as read by :func:`read_tile_bytes`).
+
+    Tiles with their own SOI: the level's prefix (SOI, Adobe RGB marker,
+    JPEGTables) in place of that SOI.  NDPI restart intervals
+    (``encoding.jpeg_scan_segments``): the level's header + the segment, its
+    final RSTn replaced by EOI (see :class:`~wsitool.model.TileEncoding`).
+
+    Raises:
+        TileDecodeError: a tile that should start with SOI does not.
+    """
+    enc = level.encoding
+    if enc.jpeg_scan_segments:
+        return enc.jpeg_prefix + (data[:-2] + EOI if ends_with_restart(data) else data)
     if not data.startswith(SOI):
         raise TileDecodeError(level.path, level.index, col, row, not_soi_reason(data[:2]))
     prefix = level.encoding.jpeg_prefix

@@ -148,6 +148,9 @@ def _copyable(lv: Level) -> None:
         raise _refuse(lv, f"photometric {enc.photometric} (copy takes RGB or YCbCr)")
     if enc.compression_problem:
         raise _refuse(lv, enc.compression_problem)
+    if enc.jpeg_scan_segments:
+        raise _refuse(lv, "the tiles are restart intervals of one JPEG scan (Hamamatsu NDPI), "
+                          "not JPEG streams a TIFF reader can decode")
 
 
 def _first_tile(lv: Level, col0: int, row0: int, cols: int, rows: int) -> bytes | None:

@@ -1,17 +1,20 @@
-"""TIFF-based slides: Aperio SVS, generic tiled TIFF, OME-TIFF (floor 3).
+"""TIFF-based slides: Aperio SVS, Hamamatsu NDPI, generic tiled TIFF, OME-TIFF (floor 3).
 
 tifffile parses the structure (IFDs, SubIFDs, tags); this package decides which
 images are pyramid levels (:mod:`.levels`) and which are associated images
-(vendor rules: :mod:`.aperio`), describes how their segments are encoded
+(vendor rules: :mod:`.aperio`, :mod:`.ndpi`), describes how their segments are encoded
 (:mod:`.encoding`) and gathers the metadata (:mod:`.properties`, :mod:`.ome`).
 It decodes nothing.
 
 Candidates are all IFDs of the file, top-level and SubIFDs (TIFF tag 330, used
 by OME-TIFF pyramids), with non-zero width and height that are not transparency
 masks (NewSubfileType bit 2).  Vendor layouts first remove associated images
-(Aperio: every stripped IFD, see :mod:`.aperio`; OME-TIFF: the OME Images after
+(Aperio: every stripped IFD, see :mod:`.aperio`; NDPI: the macro, and the
+focus map, which is dropped, see :mod:`.ndpi`; OME-TIFF: the OME Images after
 the first, named by their ``Name``, see :mod:`.ome`); the rest go through the
-level rule of :mod:`.levels`.
+level rule of :mod:`.levels`.  tifffile reads the file through
+:class:`.bounded.BoundedFile`, so no value in the file makes it allocate more
+than the file holds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import tifffile
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError, raise_if_os_resource
 from ...model import Pyramid
 from ...storage import ByteSource
-from . import aperio, ome
+from . import aperio, ndpi, ome
+from .bounded import BoundedFile
 from .encoding import associated_from_page, icc_profile, level_from_page
 from .levels import choose_levels
 from .logcapture import tifffile_messages
@@ -55,32 +59,44 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     if not sniff(head):
         raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
     with tifffile_messages() as messages:
+        fh = BoundedFile(path)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tiff = tifffile.TiffFile(path)
+                tiff = tifffile.TiffFile(fh)
                 pages = list(tiff.pages)
         except tifffile.TiffFileError as exc:
+            fh.close()
             raise CorruptFileError(f"{path}: unreadable TIFF structure: {exc}") from None
         except MALFORMED as exc:
+            fh.close()
             raise_if_os_resource(exc, path)  # EMFILE, ENOMEM, EIO: the machine's, not the file's
             # tifffile trusts tag types and counts; a tag of the wrong type or
             # count surfaces as TypeError/ValueError/... deep inside it.
             raise CorruptFileError(
                 f"{path}: unreadable TIFF structure: {type(exc).__name__}: {exc}"
             ) from None
+        except BaseException:
+            fh.close()
+            raise
+
+        def release() -> None:
+            tiff.close()  # (tifffile leaves a file object it was given open)
+            fh.close()
+
         try:
             pyramid = _describe(path, source, tiff, pages)
         except WsiError:
-            tiff.close()
+            release()
             raise
         except MALFORMED as exc:
-            tiff.close()
+            release()
             raise_if_os_resource(exc, path)
             raise CorruptFileError(f"{path}: malformed TIFF tags: {type(exc).__name__}: {exc}") from None
         except BaseException:
-            tiff.close()
+            release()
             raise
+    pyramid.release = release
     pyramid.problems = list(messages)
     return pyramid
 
@@ -113,6 +129,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     vendor = "generic-tiff"
     if aperio.is_aperio(first_desc):
         vendor = "aperio"
+    elif ndpi.is_ndpi(tiff):
+        vendor = "hamamatsu"
     elif tiff.is_ome:
         vendor = "ome-tiff"
     candidates = _candidates(path, pages)
@@ -120,6 +138,10 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     pool: list[tifffile.TiffPage] = []
     ome_other = ome.other_images(tiff) if vendor == "ome-tiff" else {}
     for page, top_index in candidates:
+        if vendor == "hamamatsu":
+            ndpi.check_page(path, page, source.size)  # first: tifffile made the segments of McuStarts
+            if ndpi.is_map(page):  # the focus map: not shown by OpenSlide
+                continue
         check_page(path, page, top_index)
         if page.imagewidth <= 0 or page.imagelength <= 0:
             continue
@@ -129,7 +151,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
             if page is pages[top_index]:
                 associated_pages.setdefault(ome_other[top_index], page)
             continue
-        name = aperio.associated_name(page, top_index) if vendor == "aperio" else None
+        name = (aperio.associated_name(page, top_index) if vendor == "aperio"
+                else ndpi.associated_name(page) if vendor == "hamamatsu" else None)
         if name is not None:
             associated_pages.setdefault(name, page)
         else:
@@ -147,6 +170,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     objective = None
     if vendor == "aperio":
         *mpp, objective = aperio.description_metadata(first_desc, vendor_props)
+    elif vendor == "hamamatsu":
+        *mpp, objective = ndpi.description_metadata(pages[0], source.read, vendor_props)
     elif vendor == "ome-tiff":
         *mpp, objective = ome.ome_metadata(tiff.ome_metadata or "", vendor_props)
     properties = build_properties(vendor, base, levels, vendor_props, tuple(mpp), objective)
@@ -160,7 +185,7 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         associated["thumbnail"] = dataclasses.replace(thumb, color_profile=profile)
     _openslide_structure_properties(properties, profile, associated)
     return Pyramid(vendor=vendor, levels=levels, associated=associated, properties=properties,
-                   release=tiff.close, color_profile=profile)
+                   color_profile=profile)
 
 
 def _openslide_structure_properties(props: dict[str, str], profile: bytes | None, associated: dict) -> None:

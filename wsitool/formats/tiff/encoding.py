@@ -13,6 +13,12 @@ Aperio writes RGB JPEG tiles (photometric RGB, no colour transform) with
 component ids 0, 1, 2 and neither a JFIF nor an Adobe marker, so libjpeg guesses
 YCbCr; an Adobe APP14 segment with transform flag 0 (Adobe Technical Note #5116)
 tells the decoder the components are RGB.
+
+Hamamatsu NDPI stores each level as one JPEG stream with restart markers
+(OpenSlide's Hamamatsu format notes); tifffile turns its McuStarts tag (65426)
+into one segment per restart interval and builds the header those segments
+share (``TiffPage.jpegheader``, only set for such pages): the level's tiles are
+then bare scan data, see :attr:`wsitool.model.TileEncoding.jpeg_scan_segments`.
 """
 
 from __future__ import annotations
@@ -58,7 +64,12 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
     else:
         codec = "generic"
     jpeg_prefix = b""
-    if comp == JPEG:
+    scan_segments = comp == JPEG and getattr(page, "jpegheader", None) is not None
+    if scan_segments:
+        # NDPI: tifffile cut the level's one JPEG scan into restart intervals and
+        # built their header (SOI .. SOS, the SOF sized to one interval)
+        jpeg_prefix = bytes(page.jpegheader)
+    elif comp == JPEG:
         tables = page.jpegtables
         prefix = SOI
         if photometric == _PHOTOMETRIC_RGB and codec == "nv":
@@ -70,6 +81,7 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
         compression=enum_name(page.compression), compression_code=comp,
         photometric=enum_name(page.photometric), photometric_code=photometric,
         bits=int(page.bitspersample), stream=stream, codec=codec, jpeg_prefix=jpeg_prefix,
+        jpeg_scan_segments=scan_segments,
         # Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform
         ycbcr_after_decode=comp == 33003,
         colormap=page.colormap, extrasamples=_extrasamples(page),
