@@ -215,3 +215,27 @@ def test_level_rule_keeps_small_levels_of_elongated_images(tmp_path):
     assert same_aspect(2000, 300, 16, 3)
     assert not same_aspect(1024, 768, 200, 200)
     assert same_aspect(1024, 768, 256, 192) and same_aspect(205, 205, 102, 102)
+
+
+@pytest.mark.parametrize("path", repo_samples(), ids=lambda p: p.name)
+def test_closed_slide_is_freed_without_the_cyclic_collector(path):
+    """A slide, its levels and their tile tables go as soon as the last reference does:
+    the associated-image mapping used to hold the slide, a cycle that kept all of it
+    (about 0.7 KiB of tile tables per open of a small slide, megabytes for a large one)
+    until a full garbage collection."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        slide = wsitool.open_slide(path)
+        for name in slide.associated_images:
+            assert slide.associated_images[name].size
+        slide.read_region((0, 0), 0, (16, 16))
+        refs = [weakref.ref(slide), weakref.ref(slide.levels[0]), weakref.ref(slide.associated_images)]
+        slide.close()
+        del slide
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()
