@@ -192,6 +192,11 @@ class RegionJobs:
                 return
             with state.lock:
                 dec = state.slot("jpegloop", new_decoder)
+                # The Python path takes the tiles this loop leaves (a one-column window at a
+                # tile's left edge, a tile to re-decode after a failure): its decoder is made
+                # with this one, on the thread's first read, not at the first such tile
+                # (which came at random all through a stress run, each a step of RSS).
+                state.decoder  # noqa: B018 - creates it
                 direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
                     fd, self.prefix, self.out, offsets, counts, self.level, self.region,
                     span[0], span[1], self.chunk, self.scan_segments)
