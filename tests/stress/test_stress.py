@@ -47,30 +47,40 @@ def _no_fault(monkeypatch):
     monkeypatch.delenv(FAULT_ENV, raising=False)
 
 
+#: long enough to be judged ok: 10 samples over 1,000 iterations after warm-up, and enough
+#: more that a step of the allocator's heap (a few hundred KiB) keeps the slope under 1 MB / 1k
+CLEAN = ["--workers", "4", "--iterations", "4000", "--region-size", "128", "--sample-interval", "0.02"]
+
+
 def test_clean_run_passes_with_valid_report_and_plot(tmp_path):
     report, plot = tmp_path / "r.json", tmp_path / "rss.png"
-    res = invoke(["stress", JPEG, *SHORT, "--verify-every", "3", "--report", report, "--plot", plot])
+    res = invoke(["stress", JPEG, *CLEAN, "--verify-every", "3", "--report", report, "--plot", plot])
     assert res.exit_code == 0, res.output
     d = load(report)
     assert d["verdict"] == "ok" and d["problems"] == [] and d["exit_code"] == 0
-    assert d["run"]["iterations_completed"] == 300
-    assert d["run"]["reads_ok"] == 300
+    assert d["run"]["iterations_completed"] == 4000
+    assert d["run"]["reads_ok"] == 4000
     assert d["run"]["fault_injected"] is None
     # every level read, every 3rd iteration verified by the fresh reader
     assert sorted(d["run"]["reads_by_level"]) == ["0", "1", "2"]
-    assert sum(d["run"]["reads_by_level"].values()) == 300
-    assert d["verification"]["checked"] == 100
+    assert sum(d["run"]["reads_by_level"].values()) == 4000
+    assert d["verification"]["checked"] == 1334
     assert d["verification"]["mismatches"] == 0
     mem = d["memory"]
-    assert mem["samples_measured"] >= 1
+    th = mem["thresholds"]
+    assert mem["samples_measured"] >= th["min_measured_samples"]
+    assert mem["measured_iterations"] >= th["min_measured_iterations"]
     assert mem["growth_mb"] is not None and mem["growth_mb"] <= mem["max_growth_mb"]
-    assert mem["samples"][-1]["iterations"] == 300
+    assert mem["slope_ci95_mb_per_1k"][1] < th["ok_slope_mb_per_1k"]
+    assert mem["samples"][-1]["iterations"] == 4000
     dec = d["decoder"]
-    assert 1 <= dec["decoders_created"] <= 8  # one per worker thread that decoded
+    # per worker thread that decoded: the compiled loop's decoder and the Python path's
+    assert 1 <= dec["decoders_created"] <= 2 * 4
     assert dec["tiles_decoded"] > 0
-    # mode rgb: nvImageCodec tiles land straight in the workers' buffers
-    assert dec["tiles_direct"] + dec["tiles_roi"] == dec["tiles_decoded"]
-    assert dec["tiles_scratch"] == 0
+    # mode rgb: nvImageCodec tiles land straight in the workers' buffers, but for the
+    # one-column windows at a tile's left edge, decoded whole and cropped (1 in a few hundred)
+    assert dec["tiles_direct"] + dec["tiles_roi"] + dec["tiles_scratch"] == dec["tiles_decoded"]
+    assert dec["tiles_scratch"] * 100 <= dec["tiles_decoded"]
     assert d["crash"] is None
     # the plot is a real PNG of a plausible size
     raw = plot.read_bytes()
@@ -89,7 +99,13 @@ def test_api_generic_tiff_levels_duration_and_progress():
                      samplers=["os:getloadavg"])  # returns a tuple: a broken sampler
     d = rep.to_dict()
     validate_report(d)
-    assert rep.verdict == "ok" and rep.exit_code == 0
+    # a 1 s run is judged only when it measured enough; never a leak, an error or a mismatch
+    mem = d["memory"]
+    assert rep.verdict in ("ok", "inconclusive") and rep.exit_code == EXIT_CODES[rep.verdict]
+    if rep.verdict == "inconclusive":
+        th = mem["thresholds"]
+        assert (mem["samples_measured"] < th["min_measured_samples"]
+                or mem["measured_iterations"] < th["min_measured_iterations"]), mem["note"]
     assert d["config"]["iterations"] is None and d["config"]["duration_s"] == 1.0
     assert d["run"]["iterations_completed"] > 0
     assert set(d["run"]["reads_by_level"]) <= {"0", "1"}

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from wsitool.cli import app
-from wsitool.stress import (EXIT_CODES, MIN_MEASURED_SAMPLES, WARMUP_READS_PER_WORKER, report_schema,
-                            validate_report)
+from wsitool.stress import (EXIT_CODES, LEAK_SLOPE_MB_PER_1K, MIN_MEASURED_ITERATIONS, MIN_MEASURED_SAMPLES,
+                            OK_SLOPE_MB_PER_1K, WARMUP_READS_PER_WORKER, report_schema, validate_report)
 from wsitool.stress.faults import FAULT_ENV
 from wsitool.stress.memory import memory_verdict, slope_ci95
 
@@ -78,16 +78,100 @@ def test_slope_interval_brackets_the_slope():
     assert slope_ci95([1, 2], [1, 2]) is None
 
 
+def _measured(n: int, every: int = 200) -> list[dict]:
+    """``n`` measured samples, ``every`` iterations apart."""
+    return [{"iterations": 1000 + i * every} for i in range(n)]
+
+
+def _per_it(lo_mb_per_1k: float, hi_mb_per_1k: float) -> tuple[float, float]:
+    """A slope interval in MiB per 1,000 iterations as memory_verdict takes it (per iteration)."""
+    return lo_mb_per_1k / 1000.0, hi_mb_per_1k / 1000.0
+
+
 def test_memory_verdict_rules():
-    meas = [{}] * MIN_MEASURED_SAMPLES
-    assert memory_verdict(meas, 100.0, None, (0.01, 0.02), 64, 8)[0] == "leak"
-    step = memory_verdict(meas, 100.0, None, (-0.01, 0.02), 64, 8)  # a step, not a rise
-    assert step[0] == "inconclusive" and "steadily" in step[1]
-    assert memory_verdict(meas, 3.0, None, (-0.01, 0.02), 64, 8) == ("ok", None)
-    assert memory_verdict(meas[:2], 100.0, None, None, 64, 8)[0] == "leak"  # two samples: no interval
-    short = memory_verdict(meas[:1], 100.0, None, None, 64, 64)
+    """The documented rules (wsitool.stress.memory.memory_verdict), one case each."""
+    enough = _measured(MIN_MEASURED_SAMPLES)
+    # 1. growth over the limit, rising steadily (or too few samples for an interval): leak
+    assert memory_verdict(enough, 100.0, None, _per_it(0.01, 0.02), 64, 8)[0] == "leak"
+    assert memory_verdict(enough[:2], 100.0, None, None, 64, 8)[0] == "leak"
+    assert memory_verdict(enough, 1.0, 200.0, None, 64, 8)[0] == "leak"  # GPU memory
+    # 2. too few samples or iterations after warm-up: inconclusive, whatever the slope
+    short = memory_verdict(enough[:1], 1.0, None, None, 64, 64)
     assert short[0] == "inconclusive" and "64 workers" in short[1]
-    assert memory_verdict(meas, 1.0, 200.0, None, 64, 8)[0] == "leak"  # GPU memory
+    few = memory_verdict(enough[:MIN_MEASURED_SAMPLES - 1], 0.1, None, _per_it(-0.1, 0.1), 64, 8)
+    assert few[0] == "inconclusive" and "run longer" in few[1]
+    dense = _measured(50, every=(MIN_MEASURED_ITERATIONS - 1) // 49)  # many samples, too few iterations
+    assert memory_verdict(dense, 0.1, None, _per_it(-0.1, 0.1), 64, 8)[0] == "inconclusive"
+    # 3. the interval wholly above the leak threshold: leak, even with growth under the limit
+    small_leak = memory_verdict(enough, 20.0, None, _per_it(LEAK_SLOPE_MB_PER_1K + 0.1, 19.3), 64, 8)
+    assert small_leak[0] == "leak" and "lies above" in small_leak[1]
+    # 4. ok only with the upper bound under the ok threshold and growth within the limit
+    assert memory_verdict(enough, 3.0, None, _per_it(-0.01, OK_SLOPE_MB_PER_1K - 0.01), 64, 8) == ("ok", None)
+    # 5. otherwise inconclusive: a step over the limit, or an interval between the thresholds
+    step = memory_verdict(enough, 100.0, None, _per_it(-0.01, 0.02), 64, 8)
+    assert step[0] == "inconclusive" and "steadily" in step[1]
+    between = memory_verdict(enough, 3.0, None, _per_it(0.5, OK_SLOPE_MB_PER_1K + 0.5), 64, 8)
+    assert between[0] == "inconclusive" and "noise" in between[1]
+    wide = memory_verdict(enough, 3.0, None, _per_it(-5.0, 5.0), 64, 8)
+    assert wide[0] == "inconclusive"
+
+
+def test_issue_24_leak_is_never_ok():
+    """The leak of issue 24 measured +19.1 MB / 1k (interval +18.9 to +19.3) with growth
+    under the 64 MB limit and said ok: a 15 s run (a few hundred iterations measured) is now
+    inconclusive, and a run that measures 1,000 iterations or more says leak."""
+    short = memory_verdict(_measured(40, every=10), 4.0, None, _per_it(18.9, 19.3), 64, 16)
+    assert short[0] == "inconclusive"
+    long = memory_verdict(_measured(40, every=70), 52.0, None, _per_it(18.9, 19.3), 64, 16)
+    assert long[0] == "leak"
+
+
+def _section(curve, n: int = 200, last: int = 10000, workers: int = 16) -> dict:
+    """The memory section of ``n`` synthetic samples up to ``last`` iterations, RSS
+    ``curve(iterations)`` MiB plus a small deterministic jitter, warm-up at 10 %."""
+    from wsitool.stress.memory import WarmUp, memory_section
+
+    samples = []
+    for i in range(n + 1):
+        it = round(last * i / n)
+        jitter = 0.02 * ((i * 7919) % 13 - 6) / 6
+        samples.append({"t": i * 0.1, "iterations": it, "rss": (curve(it) + jitter) * 1048576,
+                        "min_worker_reads": it // workers})
+    return memory_section(samples, WarmUp(20 * workers, last // 10, None), 0.1, 64, workers)
+
+
+def test_plateau_test_extends_warm_up_for_a_slowing_rise_never_for_a_leak():
+    """Threads still growing their buffers after the fixed warm-up make RSS rise ever more
+    slowly: the plateau test moves the start on (at most to half the run) and the rest is
+    ok.  A steady leak, alone or on top of such a rise, is measured from the fixed warm-up
+    and stays a leak."""
+    import math
+
+    slowing = _section(lambda it: 100 + 12 * (1 - math.exp(-it / 1800)))
+    assert slowing["warmup_plateau_iterations"] > 0
+    assert slowing["warmup_iterations"] <= 5000
+    assert slowing["verdict"] == "ok", slowing["note"]
+    leak = _section(lambda it: 100 + 0.004 * it)  # 4 MB / 1,000 iterations
+    assert leak["warmup_plateau_iterations"] == 0 and leak["warmup_iterations"] == 1000
+    assert leak["verdict"] == "leak" and "lies above" in leak["note"]
+    both = _section(lambda it: 100 + 12 * (1 - math.exp(-it / 1800)) + 0.003 * it)
+    assert both["verdict"] == "leak", both["note"]
+
+
+def test_every_worker_reads_before_memory_is_measured():
+    """Warm-up lasts until each worker has read WARMUP_READS_EACH times (a thread that starts
+    late makes its decoders late), and a slope needs 50 reads per worker measured."""
+    from wsitool.stress.memory import WARMUP_READS_EACH, WarmUp, min_measured_iterations
+
+    warm = WarmUp(per_worker=320, iterations=1000, seconds=None)
+    assert not warm.over({"iterations": 5000, "t": 9.0, "min_worker_reads": WARMUP_READS_EACH - 1})
+    assert warm.over({"iterations": 5000, "t": 9.0, "min_worker_reads": WARMUP_READS_EACH})
+    assert not warm.over({"iterations": 999, "t": 9.0, "min_worker_reads": 50})
+    assert min_measured_iterations(16) == MIN_MEASURED_ITERATIONS
+    assert min_measured_iterations(64) == 64 * 50 > MIN_MEASURED_ITERATIONS
+    meas = _measured(40, every=75)  # 2,925 iterations: enough for 16 workers, not for 64
+    assert memory_verdict(meas, 1.0, None, _per_it(-0.1, 0.1), 64, 16)[0] == "ok"
+    assert memory_verdict(meas, 1.0, None, _per_it(-0.1, 0.1), 64, 64)[0] == "inconclusive"
 
 
 def test_too_short_for_its_workers_is_inconclusive_exit_15(tmp_path):

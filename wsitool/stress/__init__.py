@@ -18,9 +18,9 @@ face of the package; each concept lives in its own module:
 * :mod:`~wsitool.stress.samplers` -- RSS and the extra per-sample
   measurements (:data:`SAMPLERS`, ``"module:function"`` names called in the
   child; ``run_stress(samplers=...)`` adds more for one run);
-* :mod:`~wsitool.stress.memory` -- warm-up (the ``warmup`` fraction of the run,
-  :data:`WARMUP_READS_PER_WORKER` reads per worker and until the last decoder of
-  the run was created), growth, slope fit and the memory verdict;
+* :mod:`~wsitool.stress.memory` -- warm-up (the ``warmup`` fraction of the run
+  and at least :data:`WARMUP_READS_PER_WORKER` reads per worker), growth, slope
+  fit and the memory verdict on the slope interval's absolute thresholds;
 * :mod:`~wsitool.stress.verdict` -- problems, the most serious one and its exit
   code (:data:`EXIT_CODES`: 0 ok, 10 leak, 11 mismatch, 12 read errors,
   13 crash, 14 hang, 15 inconclusive);
@@ -46,7 +46,8 @@ this face does not import ``worker`` (the child imports it alone, so
 # (the CLI uses live_table / summary_table / plot_available); ``__all__`` is unchanged.
 from .config import (DEFAULT_MAX_GROWTH_MB, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STALL_TIMEOUT,
                      DEFAULT_VERIFY_EVERY, DEFAULT_WARMUP, parse_levels)
-from .memory import MIN_MEASURED_SAMPLES, WARMUP_READS_PER_WORKER
+from .memory import (LEAK_SLOPE_MB_PER_1K, MIN_MEASURED_ITERATIONS, MIN_MEASURED_SAMPLES, OK_SLOPE_MB_PER_1K,
+                     WARMUP_READS_PER_WORKER)
 from .plot import plot_available, write_plot
 from .report import MAX_LISTED, report_schema, validate_report, write_report
 from .results import StressProgress, StressReport

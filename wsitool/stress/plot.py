@@ -27,7 +27,9 @@ def write_plot(report: StressReport, path: str | os.PathLike) -> None:
     """Plot RSS (MiB) against completed iterations to ``path`` (PNG, SVG or PDF by extension).
 
     The warm-up samples are drawn in grey, the least-squares line over the
-    measured samples dashed.  Written atomically.
+    measured samples dashed (its 95 % interval in the legend), and the
+    iterations at which a thread made a decoder after warm-up as triangles
+    on the axis.  Written atomically.
 
     Raises:
         ImportError: matplotlib is missing (``pip install 'wsitool[plot]'``).
@@ -55,7 +57,15 @@ def write_plot(report: StressReport, path: str | os.PathLike) -> None:
         mx = [x for x, m in zip(xs, measured) if m]
         fx = np.array([min(mx), max(mx)], dtype=float)
         ax.plot(fx, mem["fit_intercept_mb"] + mem["slope_mb_per_1k"] * fx / 1000.0, "--",
-                color="tab:red", label=f"fit: {mem['slope_mb_per_1k']:+.3f} MB / 1k it")
+                color="tab:red", label=f"fit: {mem['slope_mb_per_1k']:+.3f} MB / 1k it" + (
+                    f" (95 %: {ci[0]:+.3f} to {ci[1]:+.3f})" if (ci := mem.get("slope_ci95_mb_per_1k")) else ""))
+    # per-thread decoders made after warm-up (a thread meeting a tile kind for the
+    # first time): each is a one-off step of RSS, not a leak
+    made = [s["iterations"] for prev, s in zip(samples, samples[1:])
+            if s["measured"] and s.get("decoders", 0) > prev.get("decoders", 0)]
+    if made:
+        ax.plot(made, [0.03] * len(made), "^", color="tab:orange", ms=5,
+                transform=ax.get_xaxis_transform(), label="decoder made after warm-up")
     if warm:
         ax.axvline(warm, color="0.4", lw=0.8, ls=":")
     ax.set_xlabel("completed iterations")

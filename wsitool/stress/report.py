@@ -3,7 +3,7 @@
 The report (:meth:`~wsitool.stress.results.StressReport.to_dict`, built by
 :func:`build_report`) follows the JSON Schema shipped as
 ``wsitool/stress/report.schema.json`` (:func:`report_schema`, draft 2020-12,
-``schema_version`` 1).  Reports and plots are written through
+``schema_version`` 2).  Reports and plots are written through
 :func:`wsitool.atomic.write_bytes`.
 """
 
@@ -72,7 +72,7 @@ def build_report(*, started_at: str, slide_info: dict, config: dict, last: dict,
     elapsed = done["elapsed"] if done else last.get("t", 0.0)
     data: dict[str, Any] = {
         "schema": "wsitool-stress-report",
-        "schema_version": 1,
+        "schema_version": 2,
         "wsitool_version": __version__,
         "started_at": started_at,
         "verdict": verdict,

@@ -73,7 +73,9 @@ def summary_table(report: StressReport):
     if dec:
         t.add_row("decoder", f"{dec['decoders_created']} decoders, {dec['tiles_decoded']:,} tiles: "
                              f"{dec['tiles_direct']:,} direct + {dec['tiles_roi']:,} ROI into caller buffers, "
-                             f"{dec['tiles_scratch']:,} via scratch, {dec['tiles_generic']:,} tifffile; "
+                             f"{dec['tiles_scratch']:,} via scratch, {dec['tiles_generic']:,} tifffile, "
+                             f"{dec.get('tiles_openjpeg', 0):,} OpenJPEG windows "
+                             f"({dec.get('tiles_reduced', 0):,} reduced); "
                              f"{dec['scratch_allocations']} scratch allocations")
     if d["crash"]:
         c = d["crash"]
