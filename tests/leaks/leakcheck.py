@@ -1,0 +1,404 @@
+"""Leak check of one decode path, run in a child process: ``python tests/leaks/leakcheck.py PATH [--no-inject]``.
+
+Each path (:data:`PATHS`) is a ``step()`` that exercises one native or
+decoding path of wsitool once (a region read, an associated image, an export,
+a server request, ...), with varied sizes so that anything cached per shape
+shows (the OpenJPEG leak of issue 24 was a ctypes type made per window shape).
+
+The measurement, printed as one JSON line on standard output:
+
+1. **Warm-up**: ``step()`` runs for :data:`WARMUP_S` seconds and
+   :data:`WARMUP_STEPS` steps (decoders, buffers, caches and allocator arenas
+   reach their working size); not measured.
+2. **Measure**: ``step()`` runs on; every ``every`` steps (calibrated so that
+   samples are about :data:`SAMPLE_S` apart) the resident set size is
+   sampled (after glibc's ``malloc_trim``).  After at least
+   :data:`MIN_SAMPLES` samples, :data:`MIN_STEPS` steps and
+   :data:`MIN_MEASURE_S` seconds, the 95 % interval of the least-squares slope
+   of RSS against steps (:func:`wsitool.stress.memory.slope_ci95`, bytes per
+   step) decides: ``clean`` when its upper bound is below
+   :data:`THRESHOLD_BYTES_PER_STEP`, ``leak`` when its lower bound is above
+   it; ``undecided`` when neither holds after :data:`MAX_MEASURE_S` seconds.
+
+Then, unless ``--no-inject`` is given, the path's ``target`` (``"module:function"``,
+or a tuple of them: a function every step calls) is wrapped so that each call
+also keeps 1 KiB of native memory (``malloc`` through ctypes, written so the
+pages are resident, never freed), and the measurement runs again: the leaking
+variant that proves the check catches a leak of that size on that path.
+``target_calls`` in the output shows the wrapper was reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SHARED_SAMPLES = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared")) / "samples"
+JPEG = REPO / "samples" / "sample-aperio-jpeg.svs"
+J2K = REPO / "samples" / "sample-aperio-j2k.svs"
+OME = REPO / "samples" / "sample-ome-pyramid.ome.tif"
+DICOM = SHARED_SAMPLES / "dicom-cmu1-small-region-12level"
+
+#: RSS slope (bytes per step) that decides: a clean path's 95 % interval lies
+#: below it, a path leaking 1 KiB per step lies above it.
+THRESHOLD_BYTES_PER_STEP = 512
+#: Seconds between RSS samples (the sample period is calibrated in steps).
+SAMPLE_S = 0.02
+MIN_SAMPLES = 40
+MIN_MEASURE_S = 1.0
+MAX_MEASURE_S = 7.0
+#: Warm-up before the clean measurement: at least this many seconds and steps
+#: (the JPEG 2000 reduced reads grew 2 KiB a step over their first 300 steps,
+#: then nothing); the leaking variant follows it with 0.2 s and 20 steps more.
+WARMUP_S = 1.5
+WARMUP_STEPS = 300
+LEAK_BYTES = 1024
+#: where the nvImageCodec path plans each tile's decode: batched reads call it by the
+#: name read/worker imported, one-tile reads inside nvdecode.decode_into
+NV_PLAN = ("wsitool.read.worker:plan_decode", "wsitool.codec.nvdecode:plan_decode")
+#: Fewest measured steps before the slope decides either way.
+MIN_STEPS = 150
+
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+
+
+def _region_reader(path, rng, *, sizes=(48, 400), level=0, **kwargs):
+    """A step reading random regions (random sides in ``sizes``) of ``path`` into one buffer."""
+    import wsitool
+
+    slide = wsitool.open_slide(path)
+    lv = slide.levels[level]
+    hi = sizes[1]
+    flat = np.empty(hi * hi * 3, np.uint8)
+    down = kwargs.pop("downsample", 1)
+
+    def step():
+        w, h = rng.randint(*sizes), rng.randint(*sizes)
+        x = rng.randrange(0, max(1, lv.width - w * down))
+        y = rng.randrange(0, max(1, lv.height - h * down))
+        ds = lv.downsample
+        out = flat[: w * h * 3].reshape(h, w, 3)
+        slide.read_region((int(x * ds), int(y * ds)), level, (w, h), out=out, mode="rgb",
+                          downsample=down, **kwargs)
+
+    return step, slide.close
+
+
+def _paths_ctx(**changes):
+    from wsitool import settings
+
+    return settings.decode_paths(**changes)
+
+
+def path_jpeg_loop(rng, stack):
+    """Aperio JPEG tiles through the compiled loop (``wsitool._jpegloop``)."""
+    from wsitool.codec import jpegloop
+
+    stack.enter_context(_paths_ctx(native=True))
+    if not jpegloop.status().startswith("in use"):
+        raise Skip(f"the compiled JPEG loop is {jpegloop.status()}")
+    step, close = _region_reader(JPEG, rng, threads=1)
+    stack.callback(close)
+    return step, "wsitool.codec.jpegloop:RegionJobs.run"
+
+
+def path_jpeg_nvimgcodec(rng, stack):
+    """Aperio JPEG tiles through nvImageCodec's CPU decoder (whole tiles and ROI decodes)."""
+    stack.enter_context(_paths_ctx(native=False))
+    step, close = _region_reader(JPEG, rng, threads=1)
+    stack.callback(close)
+    return step, NV_PLAN
+
+
+def path_j2k_openjpeg(rng, stack):
+    """Aperio JPEG 2000 tiles through the OpenJPEG window decoder (ctypes)."""
+    from wsitool.codec import openjpeg
+
+    if not openjpeg.available():
+        raise Skip("libopenjp2 >= 2.3 not found")
+    stack.enter_context(_paths_ctx(openjpeg=True))
+    step, close = _region_reader(J2K, rng, threads=1, sizes=(16, 128))
+    stack.callback(close)
+    return step, "wsitool.codec.openjpeg:decode_window"
+
+
+def path_j2k_reduced(rng, stack):
+    """JPEG 2000 read at 1/2 and 1/4 scale from the wavelet levels (OpenJPEG reduce)."""
+    from wsitool.codec import openjpeg
+
+    if not openjpeg.available():
+        raise Skip("libopenjp2 >= 2.3 not found")
+    step2, close = _region_reader(J2K, rng, threads=1, downsample=2, sizes=(16, 96))
+    stack.callback(close)
+    step4, close4 = _region_reader(J2K, rng, threads=1, downsample=4, sizes=(8, 48))
+    stack.callback(close4)
+
+    def step():
+        step2()
+        step4()
+
+    return step, "wsitool.codec.openjpeg:decode_window"
+
+
+def path_j2k_nvimgcodec(rng, stack):
+    """JPEG 2000 tiles through nvImageCodec's CPU decoder (OpenJPEG path off)."""
+    stack.enter_context(_paths_ctx(openjpeg=False))
+    step, close = _region_reader(J2K, rng, threads=1, sizes=(16, 128))
+    stack.callback(close)
+    return step, NV_PLAN
+
+
+def path_tifffile(rng, stack):
+    """Deflate tiles of an OME-TIFF through tifffile / imagecodecs."""
+    step, close = _region_reader(OME, rng, threads=1)
+    stack.callback(close)
+    return step, "wsitool.read.worker:decode_array"
+
+
+def path_dicom(rng, stack):
+    """DICOM WSI frames (JPEG) of a multi-file series."""
+    if not DICOM.is_dir():
+        raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {DICOM.name})")
+    stack.enter_context(_paths_ctx(native=False))
+    step, close = _region_reader(DICOM, rng, threads=1, sizes=(48, 256))
+    stack.callback(close)
+    return step, NV_PLAN
+
+
+def path_associated(rng, stack):
+    """Associated images (thumbnail, label, macro), decoded anew on each step."""
+    import wsitool
+    from wsitool.codec import associated
+
+    paths = [JPEG, J2K]
+
+    def step():
+        with wsitool.open_slide(rng.choice(paths)) as slide:
+            for name in slide.associated_images:
+                assert slide.associated_images[name].size > 0
+
+    return step, "wsitool.slide:decode_associated"
+
+
+def path_boxfilter(rng, stack):
+    """The export's compiled 2:1 box sums and means (``wsitool._boxfilter``)."""
+    from wsitool.export import downsample
+
+    if downsample.kernel_status() != "compiled":
+        raise Skip(f"the box-filter kernel is not built (exports use {downsample.kernel_status()})")
+
+    def step():
+        rows, w = rng.randint(1, 24), rng.randint(1, 300)
+        a = np.full((rows, w, 3), rng.randint(0, 255), np.uint8)
+        sums = np.empty(((rows + 1) // 2, (w + 1) // 2, 3), np.uint16)
+        downsample.halve_rows(a, sums)
+        out = np.empty(sums.shape, np.uint8)
+        downsample.means(sums, out, 1, 2 - w % 2, 2 - rows % 2, True)
+        assert out[0, 0, 0] == a[0, 0, 0]
+
+    return step, ("wsitool.export.downsample:halve_rows", "wsitool.export.downsample:means")
+
+
+def path_export(rng, stack):
+    """``export_pyramid`` of small regions to TIFF (JPEG re-encode) and Deep Zoom, each output removed."""
+    import shutil
+
+    import wsitool
+    from wsitool.export import export_pyramid
+
+    slide = wsitool.open_slide(JPEG)
+    stack.callback(slide.close)
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="wsitool-leak-"))
+    n = [0]
+
+    def step():
+        n[0] += 1
+        w, h = rng.randint(64, 300), rng.randint(64, 300)
+        x, y = rng.randrange(0, slide.dimensions[0] - w), rng.randrange(0, slide.dimensions[1] - h)
+        fmt = "dzi" if n[0] % 2 else "tiff"
+        out = Path(tmp) / (f"o{n[0]}.dzi" if fmt == "dzi" else f"o{n[0]}.tiff")
+        export_pyramid(slide, out, format=fmt, region=(x, y, w, h), tile_size=64, threads=1,
+                       associated=False, label=False)
+        out.unlink()
+        shutil.rmtree(Path(tmp) / f"o{n[0]}_files", ignore_errors=True)
+
+    # each export starts its reader and encoder threads (each with its own malloc arena
+    # and decoder): RSS settles over about 1,000 exports, then stays
+    step.warmup_steps = 1000
+    return step, "wsitool.export.downsample:halve_rows"
+
+
+def path_serve(rng, stack):
+    """IIIF and Deep Zoom requests to the server app in this process (decode, resample,
+    encode, the decoded-tile cache with an 8 MiB budget)."""
+    try:
+        from starlette.testclient import TestClient
+    except ImportError as exc:
+        raise Skip(f"the web stack is not installed: {exc}")
+    from wsitool.serve.app import create_app
+    from wsitool.serve.config import ServeConfig
+    from wsitool.serve.runner import build_state
+
+    state = build_state([str(JPEG)], ServeConfig(threads=1, cache_mb=8))
+    stack.callback(state.close)
+    client = stack.enter_context(TestClient(create_app(state)))
+    sid = JPEG.name  # the server's id of a slide given as a file
+
+    width, height = state.registry.get(sid).slide.dimensions
+
+    def step():
+        size = rng.randint(32, 256)
+        x, y = rng.randrange(0, width - 2 * size), rng.randrange(0, height - 2 * size)
+        if rng.random() < 0.5:
+            r = client.get(f"/iiif/3/{sid}/{x},{y},{size * 2},{size * 2}/{size},/0/default.jpg")
+        else:
+            r = client.get(f"/dz/{sid}.dzi")
+            r = client.get(f"/dz/{sid}_files/{rng.randint(8, 11)}/0_0.jpeg")
+        assert r.status_code == 200, r.text
+
+    return step, "wsitool.serve.app:encode"
+
+
+def path_openslide(rng, stack):
+    """The openslide-python drop-in: ``read_region`` to a PIL image and ``get_thumbnail``."""
+    from wsitool.openslide import OpenSlide
+
+    slide = OpenSlide(str(JPEG))
+    stack.callback(slide.close)
+
+    def step():
+        w, h = rng.randint(16, 300), rng.randint(16, 300)
+        img = slide.read_region((rng.randrange(0, 2000), rng.randrange(0, 1500)), 0, (w, h))
+        assert img.size == (w, h)
+        if rng.random() < 0.1:
+            slide.get_thumbnail((rng.randint(32, 128), rng.randint(32, 128)))
+
+    return step, "wsitool.openslide:OpenSlide.read_region"
+
+
+PATHS = {
+    "jpeg-loop": path_jpeg_loop,
+    "jpeg-nvimgcodec": path_jpeg_nvimgcodec,
+    "j2k-openjpeg": path_j2k_openjpeg,
+    "j2k-reduced": path_j2k_reduced,
+    "j2k-nvimgcodec": path_j2k_nvimgcodec,
+    "tifffile": path_tifffile,
+    "dicom": path_dicom,
+    "associated": path_associated,
+    "boxfilter": path_boxfilter,
+    "export": path_export,
+    "serve": path_serve,
+    "openslide": path_openslide,
+}
+
+
+class Skip(Exception):
+    """The path cannot run here (a component is missing); the message says which."""
+
+
+def inject_leak(targets) -> list[int]:
+    """Wrap each of ``targets`` (``"module:function"`` or ``"module:Class.method"``, one
+    or a tuple) so that each call keeps :data:`LEAK_BYTES` of native memory; returns
+    the one-item call counter they share."""
+    import importlib
+
+    calls = [0]
+    for target in (targets,) if isinstance(targets, str) else targets:
+        module_name, attr = target.split(":")
+        owner = importlib.import_module(module_name)
+        parts = attr.split(".")
+        for part in parts[:-1]:
+            owner = getattr(owner, part)
+        original = getattr(owner, parts[-1])
+
+        def leaking(*args, _original=original, **kwargs):
+            calls[0] += 1
+            block = _libc.malloc(LEAK_BYTES)
+            ctypes.memset(block, 1, LEAK_BYTES)  # resident, never freed
+            return _original(*args, **kwargs)
+
+        setattr(owner, parts[-1], leaking)
+    return calls
+
+
+def measure(step, rss, warmup_s: float, min_steps: int) -> dict:
+    """Warm up, then sample RSS against steps until the slope interval decides (see the module docstring)."""
+    from wsitool.stress.memory import slope_ci95
+
+    t0 = time.monotonic()
+    steps = 0
+    while time.monotonic() - t0 < warmup_s or steps < min_steps:
+        step()
+        steps += 1
+    every = max(1, int(steps / (time.monotonic() - t0) * SAMPLE_S))
+    xs, ys = [0], [rss()]
+    t1 = time.monotonic()
+    verdict, ci, n = "undecided", None, 0
+    while time.monotonic() - t1 < MAX_MEASURE_S:
+        for _ in range(every):
+            step()
+        n += every
+        xs.append(n)
+        ys.append(rss())
+        if len(xs) >= MIN_SAMPLES and n >= MIN_STEPS and time.monotonic() - t1 >= MIN_MEASURE_S:
+            ci = slope_ci95(xs, ys)
+            if ci[1] < THRESHOLD_BYTES_PER_STEP:
+                verdict = "clean"
+                break
+            if ci[0] > THRESHOLD_BYTES_PER_STEP:
+                verdict = "leak"
+                break
+    ci = slope_ci95(xs, ys) if ci is None else ci
+    return {"verdict": verdict, "steps": n, "samples": len(xs), "seconds": round(time.monotonic() - t1, 3),
+            "warmup_steps": steps, "slope_ci95_bytes_per_step": ci,
+            "growth_bytes": ys[-1] - ys[0], "threshold_bytes_per_step": THRESHOLD_BYTES_PER_STEP}
+
+
+def main(argv: list[str]) -> int:
+    """``PATH [--no-inject]``: measure the path, then (unless ``--no-inject``) its leaking variant."""
+    name = argv[0]
+    proc = psutil.Process()
+    trim = getattr(_libc, "malloc_trim", None)
+
+    def rss() -> int:
+        # free heap pages go back to the system first (glibc), so RSS follows the
+        # bytes in use rather than the allocator's high-water marks
+        if trim is not None:
+            trim(0)
+        return proc.memory_info().rss
+
+    rng = random.Random(24)
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        try:
+            step, target = PATHS[name](rng, stack)
+        except Skip as exc:
+            print(json.dumps({"path": name, "skip": str(exc)}))
+            return 0
+        result = {"path": name, "target": target, "setup_s": round(time.monotonic() - t0, 3),
+                  "clean": measure(step, rss, WARMUP_S, getattr(step, "warmup_steps", WARMUP_STEPS))}
+        if "--no-inject" not in argv[1:]:
+            calls = inject_leak(target)
+            result["injected"] = measure(step, rss, 0.2, 20)
+            result["injected"]["target_calls"] = calls[0]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,173 @@
+"""No decode path leaks memory: one child process per path measures the RSS slope, then proves a leak of 1 KiB would show.
+
+What is measured, and the thresholds, are in ``tests/leaks/leakcheck.py``
+(:func:`leakcheck.measure`): a path passes when the 95 % interval of its RSS
+slope lies below :data:`leakcheck.THRESHOLD_BYTES_PER_STEP` bytes per step,
+and its leaking variant (1 KiB of native memory kept per call of a function
+on the path) must then lie above it, within :data:`leakcheck.MAX_MEASURE_S`
+seconds each.  The children run two at a time (the paths are independent
+processes; RSS is per process).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import leakcheck
+
+from conftest import REPO
+
+SCRIPT = REPO / "tests" / "leaks" / "leakcheck.py"
+PATHS = list(leakcheck.PATHS)
+
+
+def _run(name: str) -> dict:
+    proc = subprocess.run([sys.executable, str(SCRIPT), name], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    if proc.returncode != 0:
+        return {"path": name, "error": proc.stderr[-3000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return {r["path"]: r for r in pool.map(_run, PATHS)}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_path_does_not_leak_and_a_leak_would_show(results, path):
+    r = results[path]
+    assert "error" not in r, r.get("error")
+    if "skip" in r:
+        pytest.skip(r["skip"])
+    clean, leaky = r["clean"], r["injected"]
+    assert clean["verdict"] == "clean", (path, clean)
+    assert clean["slope_ci95_bytes_per_step"][1] < leakcheck.THRESHOLD_BYTES_PER_STEP
+    # the leaking variant ran through the path's own function and was caught
+    assert leaky["target_calls"] >= leaky["steps"] > 0, (path, leaky)
+    assert leaky["verdict"] == "leak", (path, leaky)
+    assert leaky["slope_ci95_bytes_per_step"][0] > leakcheck.THRESHOLD_BYTES_PER_STEP
+    assert clean["seconds"] <= leakcheck.MAX_MEASURE_S + 1 and leaky["seconds"] <= leakcheck.MAX_MEASURE_S + 1
+
+
+def test_every_path_names_a_target_on_its_path():
+    """The target each leaking variant wraps exists (a renamed function would make
+    the injection a no-op; the test above also checks it was called)."""
+    import importlib
+
+    for name in PATHS:
+        src = leakcheck.PATHS[name].__doc__
+        assert src and src.strip(), name
+    for target in {"wsitool.codec.openjpeg:decode_window", "wsitool.read.worker:plan_decode", "wsitool.codec.nvdecode:plan_decode",
+                   "wsitool.read.worker:decode_array", "wsitool.slide:decode_associated",
+                   "wsitool.export.downsample:halve_rows", "wsitool.serve.app:encode",
+                   "wsitool.codec.jpegloop:RegionJobs.run", "wsitool.openslide:OpenSlide.read_region"}:
+        module, attr = target.split(":")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        assert callable(obj), target
+
+
+def test_openjpeg_planes_make_no_ctypes_types():
+    """The root cause of issue 24's leak: wrapping each decoded plane made a ctypes
+    array type per window shape, kept for the life of the process.  Decoding windows
+    of 60 distinct shapes must not grow ctypes' pointer-type cache."""
+    import ctypes
+
+    import numpy as np
+
+    import wsitool
+    from wsitool.codec import openjpeg
+
+    if not openjpeg.available():
+        pytest.skip("libopenjp2 >= 2.3 not found")
+    from wsitool.codec.pool import get_pool
+
+    with wsitool.open_slide(leakcheck.J2K) as slide:
+        slide.read_region((0, 0), 0, (7, 9), mode="rgb")
+        before = len(ctypes._pointer_type_cache)
+        decoded = get_pool().stats().tiles_openjpeg
+        for i in range(60):
+            out = np.empty((10 + i, 11 + i, 3), np.uint8)
+            slide.read_region((i, i), 0, (11 + i, 10 + i), out=out, mode="rgb", threads=1)
+        assert get_pool().stats().tiles_openjpeg >= decoded + 60  # the OpenJPEG path ran
+        assert len(ctypes._pointer_type_cache) == before
+
+
+def test_openjpeg_context_goes_with_its_thread_without_gc():
+    """A thread's OpenJPEG context holds ctypes callbacks (native thunks); it must be
+    freed by reference counting when the thread's state goes, not wait for a cyclic GC."""
+    import gc
+    import weakref
+
+    from wsitool.codec import openjpeg
+
+    if not openjpeg.available():
+        pytest.skip("libopenjp2 >= 2.3 not found")
+    gc.disable()
+    try:
+        ctx = openjpeg._Context()
+        ref = weakref.ref(ctx)
+        del ctx
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_thread_state_goes_with_its_thread():
+    """Per-thread decoders and buffers are released when their thread ends, by reference
+    counting alone: 24 threads each read JPEG tiles (the compiled loop or nvImageCodec) and
+    JPEG 2000 tiles (OpenJPEG); once they have ended, none of their thread states nor
+    OpenJPEG contexts is alive with the cyclic garbage collector off, and the pool keeps no
+    record per ended thread (the RSS of threads that come and go is too noisy to judge)."""
+    import gc
+    import threading
+    import weakref
+
+    import numpy as np
+
+    import wsitool
+    from wsitool.codec.pool import get_pool
+
+    pool = get_pool("cpu")
+    refs: list = []
+    errors: list = []
+    with wsitool.open_slide(leakcheck.JPEG) as jpeg, wsitool.open_slide(leakcheck.J2K) as j2k:
+        def work(i):
+            try:
+                read(i)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        def read(i):
+            out = np.empty((100 + i, 90 + i, 3), np.uint8)
+            jpeg.read_region((i * 7, i * 5), 0, (90 + i, 100 + i), out=out, mode="rgb", threads=1)
+            j2k.read_region((i * 7, i * 5), 0, (90 + i, 100 + i), out=out, mode="rgb", threads=1)
+            state = pool.state()
+            refs.append(weakref.ref(state))
+            # (the compiled loop's decoder, a C object, takes no weak reference)
+            refs.extend(weakref.ref(obj) for obj in state._slots.values() if type(obj).__weakrefoffset__)
+
+        gc.collect()
+        gc.disable()
+        try:
+            before = pool.stats().decoders_created
+            for i in range(24):
+                t = threading.Thread(target=work, args=(i,))
+                t.start()
+                t.join()
+            alive = [r() for r in refs if r() is not None]
+        finally:
+            gc.enable()
+    assert not errors, errors
+    assert len(refs) >= 2 * 24  # each thread's state and its OpenJPEG context
+    assert not alive, alive
+    assert pool.stats().decoders_created >= before + 2 * 24  # the threads did make their decoders
+    assert len(pool._all_stats) <= threading.active_count()  # no record per ended thread
