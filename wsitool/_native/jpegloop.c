@@ -202,8 +202,11 @@ typedef struct {
     PyObject_HEAD
     nvimgcodecDecoder_t decoder;
     pthread_mutex_t mutex;
-    unsigned char* read_buf[MAX_BATCH];
-    size_t read_cap[MAX_BATCH];
+    /* the tile bytes of one call, one after another: one buffer per thread, grown
+     * by doubling to the largest call's total (one per batch slot, each at least
+     * 64 KiB, grew slot by slot all through a long run of many threads) */
+    unsigned char* arena;
+    size_t arena_cap;
     unsigned char* rgb_buf[MAX_BATCH];
     size_t rgb_cap[MAX_BATCH];
 } Decoder;
@@ -254,10 +257,9 @@ static void Decoder_dealloc(Decoder* self)
 {
     if (self->decoder != NULL)
         api.decoder_destroy(self->decoder);
-    for (int i = 0; i < MAX_BATCH; i++) {
-        free(self->read_buf[i]);
+    free(self->arena);
+    for (int i = 0; i < MAX_BATCH; i++)
         free(self->rgb_buf[i]);
-    }
     pthread_mutex_destroy(&self->mutex);
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
@@ -484,6 +486,23 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
     int n = 0;
     /* the tile's SOI lands under the prefix's end; a scan segment has none */
     size_t start = p->scan_segments ? p->prefix_len : p->prefix_len ? p->prefix_len - 2 : 0;
+    /* first pass: the bytes this call reads, so that one buffer holds them all (the
+     * code streams point into it until the batch is decoded: it must not move) */
+    size_t need = 0;
+    for (Py_ssize_t k = j0; k < j1; k++) {
+        int64_t row = p->r0 + k / p->ncols, col = p->c0 + k % p->ncols, index;
+        if (__builtin_mul_overflow(row, p->across, &index) || __builtin_add_overflow(index, col, &index)
+            || index < 0 || index >= p->n_segments)
+            continue;
+        int64_t offset = p->offsets[index], count = p->counts[index];
+        if (offset <= 0 || count <= 0 || count > p->file_size || offset > p->file_size - count)
+            continue;
+        if (__builtin_add_overflow(need, start + (size_t)count, &need))
+            need = SIZE_MAX;
+    }
+    int no_memory = need > 0 && (need == SIZE_MAX
+                                 || !reserve(&self->arena, &self->arena_cap, need, &t->allocations));
+    size_t used = 0;
     for (Py_ssize_t k = j0; k < j1; k++) {
         int64_t row = p->r0 + k / p->ncols, col = p->c0 + k % p->ncols;
         int64_t tx0 = col * p->tile_w, ty0 = row * p->tile_h;
@@ -515,11 +534,12 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
         e->dy1 = dy1;
         e->dx0 = dx0;
         e->dx1 = dx1;
-        if (!reserve(&self->read_buf[n], &self->read_cap[n], start + (size_t)count, &t->allocations)) {
+        if (no_memory) {
             fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
             continue;
         }
-        unsigned char* buf = self->read_buf[n];
+        unsigned char* buf = self->arena + used;
+        used += start + (size_t)count;
         ssize_t got = pread(p->fd, buf + start, (size_t)count, (off_t)offset);
         if (got < 0) {
             fail(t, p, k, F_IO_ERROR, errno, 0, dy0, dy1, dx0, dx1);
@@ -742,12 +762,12 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mutex);
     run_jobs(self, &p, j0, j1, batch, &t);
-    for (int i = 0; i < MAX_BATCH; i++) { /* one-offs (huge tiles): not kept */
-        if (self->read_cap[i] > KEEP_BYTES) {
-            free(self->read_buf[i]);
-            self->read_buf[i] = NULL;
-            self->read_cap[i] = 0;
-        }
+    if (self->arena_cap > KEEP_BYTES) { /* one-offs (huge tiles): not kept */
+        free(self->arena);
+        self->arena = NULL;
+        self->arena_cap = 0;
+    }
+    for (int i = 0; i < MAX_BATCH; i++) {
         if (self->rgb_cap[i] > KEEP_BYTES) {
             free(self->rgb_buf[i]);
             self->rgb_buf[i] = NULL;
