@@ -21,7 +21,12 @@ import numpy as np
 
 from .storage import ByteSource
 
-__all__ = ["TileEncoding", "TileIndex", "Level", "AssociatedImage", "Pyramid", "level_properties"]
+__all__ = ["TileEncoding", "TileIndex", "Level", "AssociatedImage", "Pyramid", "level_properties",
+           "SCALED_JPEG"]
+
+#: :attr:`TileEncoding.codec` of levels decoded from JPEG streams at a reduced
+#: scale (libjpeg DCT scaling, see :attr:`TileEncoding.scale_log2`).
+SCALED_JPEG = "scaled-jpeg"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,7 +42,13 @@ class TileEncoding:
         stream: which header check guards the decoder: ``"jpeg"``, ``"j2k"``,
             ``"webp"``, ``"lzw"`` or None.
         codec: ``"nv"`` (nvImageCodec decodes 8-bit 3-sample JPEG / JPEG 2000
-            tiles into the caller's buffer) or ``"generic"`` (tifffile/imagecodecs).
+            tiles into the caller's buffer), ``"generic"`` (tifffile/imagecodecs)
+            or :data:`SCALED_JPEG` (``"scaled-jpeg"``: each segment is a JPEG
+            stream, built as for the level it is shared with, decoded at scale
+            ``1 / 2**scale_log2`` by libjpeg's DCT scaling, see
+            :mod:`wsitool.codec.scaled`; the levels OpenSlide makes below a
+            Hamamatsu level, :mod:`wsitool.formats.tiff.ndpi_scaled`).  Only
+            ``"nv"`` levels take the compiled JPEG loop and the GPU path.
         jpeg_prefix: bytes that replace each JPEG tile's SOI to make it a
             complete stream: SOI, an Adobe APP14 "RGB" marker where the samples
             are RGB-coded, and the shared JPEGTables (TIFF Technical Note #2);
@@ -70,6 +81,11 @@ class TileEncoding:
             ``"raw-planar"`` (colour-by-plane), ``"jpeg8"``, ``"jpegls"``,
             ``"jpeg2k"``, ``"rle"`` (DICOM RLE, PS3.5 G), ``"jpegxl"``; None when
             ``page`` decodes.
+        scale_log2: with ``codec == "scaled-jpeg"``, ``k`` of the decoding scale
+            ``1 / 2**k`` (1, 2 or 3: libjpeg scales by 1/2, 1/4, 1/8): a
+            segment's stream declares a frame of ``(tile_width << k,
+            tile_height << k)`` pixels and decodes to one tile of the level; 0
+            otherwise.
     """
 
     compression: str
@@ -88,12 +104,16 @@ class TileEncoding:
     compression_problem: str | None = None
     page: Any = None
     imagecodec: str | None = None
+    scale_log2: int = 0
 
     @property
     def decoder(self) -> str:
-        """``"nvimagecodec"``, ``"tifffile"`` or ``"imagecodecs"`` (no page): who decodes the tiles."""
+        """``"nvimagecodec"``, ``"pillow"`` (scaled JPEG), ``"tifffile"`` or ``"imagecodecs"``
+        (no page): who decodes the tiles."""
         if self.codec == "nv":
             return "nvimagecodec"
+        if self.codec == SCALED_JPEG:
+            return "pillow"
         return "imagecodecs" if self.page is None and self.imagecodec else "tifffile"
 
 
@@ -131,8 +151,8 @@ class Level:
         photometric: photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
         samples: samples per pixel.
         dtype: numpy dtype of one sample (native byte order).
-        decoder: ``"nvimagecodec"``, ``"tifffile"`` or ``"imagecodecs"``, who decodes
-            the tiles (:attr:`TileEncoding.decoder`).
+        decoder: ``"nvimagecodec"``, ``"pillow"``, ``"tifffile"`` or ``"imagecodecs"``,
+            who decodes the tiles (:attr:`TileEncoding.decoder`).
         compression_problem: None, or why no decoder reads this level's tiles
             (``"unsupported compression 52479"``); reads then raise
             :class:`~wsitool.errors.UnsupportedFormatError`.

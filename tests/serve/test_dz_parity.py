@@ -1,4 +1,4 @@
-"""Deep Zoom routes against openslide-python's DeepZoomGenerator (the oracle) on three real slides.
+"""Deep Zoom routes against openslide-python's DeepZoomGenerator (the oracle) on four real slides.
 
 For each slide the ``.dzi`` is identical, and at every Deep Zoom level a sample
 of tiles (corners, edges, middle) has exactly the generator's size and pixels
@@ -29,7 +29,9 @@ SAMPLES_SHARED = Path(os.environ.get("WSITOOL_SHARED",
                                      Path(__file__).resolve().parents[2].parent / "shared")) / "samples"
 
 SLIDES = ["aperio-cmu1-small-region-jpeg.svs", "aperio-tcga-cr-7395-jp2k-33005-2level.svs",
-          "generic-boxes-deflate-4level.tiff"]
+          "generic-boxes-deflate-4level.tiff",
+          # 7 levels, the last 3 made by scaled JPEG decoding (formats/tiff/ndpi_scaled.py)
+          "ndpi-hamamatsu-stritt-dapi-fluor-3.5mb.ndpi"]
 
 
 def _sample(n: int) -> list[int]:

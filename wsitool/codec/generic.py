@@ -6,6 +6,9 @@ big-endian samples, planar-separate data: decoded by tifffile's
 ``Level.encoding.page``), after the header checks of :mod:`.headers`.
 Segments of containers without a tifffile page (DICOM frames) are decoded by
 the imagecodecs decoder their ``encoding.imagecodec`` names (:mod:`.frames`).
+Levels decoded at a reduced JPEG scale (``encoding.codec == "scaled-jpeg"``)
+go to :mod:`.scaled` (Pillow), from here as well: every tile the Python path
+does not give nvImageCodec comes through :func:`decode_array`.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TileDecodeError
-from ..model import Level
+from ..model import SCALED_JPEG, Level
 from .frames import FrameError, decode_frame
 from .headers import check_header
 from .pool import ThreadState
+from .scaled import decode_scaled
 from .tilebytes import jpeg_stream, read_tile_bytes
 
 __all__ = ["decode_array"]
@@ -29,12 +33,16 @@ def decode_array(level: Level, col: int, row: int, state: ThreadState) -> np.nda
     ``h, w`` is the decoded segment's size (the full tile cell for tiles; for
     strips the strip's rows), or ``None`` when the tile is missing (any plane
     with offset/byte count 0).  Byte order, predictors, JPEGTables and bit
-    depths are handled by tifffile.
+    depths are handled by tifffile.  A scaled JPEG level's tile is decoded by
+    :func:`wsitool.codec.scaled.decode_scaled` (``(tile_height, tile_width, 3)``
+    uint8).
 
     Raises:
         TileDecodeError: the bytes could not be decoded, or the decoded size
             disagrees with the tile grid.
     """
+    if level.encoding.codec == SCALED_JPEG:
+        return decode_scaled(level, col, row, state)
     planes = level.tiles.planes
     per_plane = level.tiles_across * level.tiles_down
     index = row * level.tiles_across + col

@@ -47,7 +47,8 @@ class DecodeStats:
     :mod:`wsitool.codec.openjpeg`), ``window_copies`` (its copies of a decoded
     window into the destination: one per such tile, never of a whole tile
     unless the whole tile was wanted) and ``tiles_reduced`` (of those, decoded
-    at a reduced resolution).
+    at a reduced resolution); ``tiles_scaled`` (JPEG tiles of a scaled level
+    decoded at 1/2, 1/4 or 1/8 by Pillow, :mod:`wsitool.codec.scaled`).
     """
 
     decoders_created: int = 0
@@ -63,6 +64,7 @@ class DecodeStats:
     tiles_openjpeg: int = 0
     window_copies: int = 0
     tiles_reduced: int = 0
+    tiles_scaled: int = 0
 
     def add(self, other: "DecodeStats") -> None:
         """Add ``other``'s counters to these (in place)."""

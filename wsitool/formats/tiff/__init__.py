@@ -27,12 +27,13 @@ import tifffile
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError, raise_if_os_resource
 from ...model import Pyramid
 from ...storage import ByteSource
-from . import aperio, ndpi, ome
+from . import aperio, ndpi, ndpi_scaled, ome
 from .bounded import BoundedFile
 from .encoding import associated_from_page, icc_profile, level_from_page
 from .levels import choose_levels
 from .logcapture import tifffile_messages
 from .properties import build_properties
+from .quickhash import with_quickhash
 from .tags import MALFORMED, check_page, description
 
 __all__ = ["sniff", "open_pyramid"]
@@ -165,6 +166,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     base = chosen[0]
     base_size = (int(base.imagewidth), int(base.imagelength))
     levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
+    if vendor == "hamamatsu":  # OpenSlide's levels made by scaled JPEG decoding (see .ndpi_scaled)
+        levels = ndpi_scaled.with_scaled_levels(levels, base_size)
     vendor_props: dict[str, str] = {}
     mpp: tuple = (None, None)
     objective = None
@@ -184,6 +187,7 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         # TCGA SVS: the same 3144 bytes), and so does wsitool.
         associated["thumbnail"] = dataclasses.replace(thumb, color_profile=profile)
     _openslide_structure_properties(properties, profile, associated)
+    properties = with_quickhash(path, tiff, pages, source, properties)  # read on first use
     return Pyramid(vendor=vendor, levels=levels, associated=associated, properties=properties,
                    color_profile=profile)
 

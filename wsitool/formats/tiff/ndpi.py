@@ -13,7 +13,9 @@ and tifffile's NDPI support (``TiffFile.is_ndpi``, ``TiffPage.ndpi_tags``,
   (McuStarts) lists the byte offset of each restart interval inside that
   stream, with the high 32 bits of each in tag 65432 (McuStartsHighBytes)
   where needed; tifffile makes one segment per interval from them (see
-  :attr:`wsitool.model.TileEncoding.jpeg_scan_segments`);
+  :attr:`wsitool.model.TileEncoding.jpeg_scan_segments`); below the stored
+  levels OpenSlide lists levels decoded from the same intervals at 1/2, 1/4,
+  1/8 (:mod:`.ndpi_scaled`);
 * tag 65449: a property map, ``key=value`` lines separated by CR LF, which
   OpenSlide reports as ``hamamatsu.<key>`` as they are (a value keeps a lone
   CR, and the key is the text before the first ``=``).
