@@ -172,7 +172,10 @@ class Slide:
         ``openslide.mpp-y`` (micrometres per pixel), ``openslide.objective-power``,
         ``openslide.level-count``, ``openslide.level[N].width|height|downsample|
         tile-width|tile-height``; raw TIFF tags as ``tiff.<TagName>``; vendor
-        fields as ``aperio.<Key>`` or ``ome.<Attribute>``.
+        fields as ``aperio.<Key>`` or ``ome.<Attribute>``.  ``openslide.quickhash-1``
+        (OpenSlide's identity of the slide, :mod:`wsitool.formats.quickhash`) is
+        listed from the start but read from the file the first time its value is
+        asked for, which needs the slide open (else :class:`WsiError`).
         """
         return self._properties
 

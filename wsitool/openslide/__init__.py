@@ -22,9 +22,13 @@ Deliberate differences from openslide-python (README "Moving from openslide-pyth
   integer level positions, and every level-0 region, are pixel-identical.
 * **Vendor names** are wsitool's: an OME-TIFF pyramid is ``"ome-tiff"`` with
   all its levels (OpenSlide sees level 0 only, as ``"generic-tiff"``).
-* ``openslide.quickhash-1`` is absent (wsitool does not reproduce OpenSlide's
-  hash); ``openslide.background-color`` and ``openslide.bounds-*`` appear only
-  where the format records them (not Aperio or generic TIFF, as in OpenSlide).
+* ``openslide.quickhash-1`` is OpenSlide's value for Aperio, NDPI, generic
+  tiled TIFF and DICOM (:mod:`wsitool.formats.quickhash`), computed the first
+  time it is read rather than at open; absent where OpenSlide has none (a
+  smallest level over 5 MiB, TIFF formats wsitool does not follow such as
+  Philips or Leica).  ``openslide.background-color`` and ``openslide.bounds-*``
+  appear only where the format records them (not Aperio or generic TIFF, as in
+  OpenSlide).
 * **Cache**: without :meth:`OpenSlide.set_cache` reads use no tile cache (the
   compiled JPEG loop decodes straight into the region, faster for one-off
   regions than OpenSlide's default 32 MiB cache); ``set_cache(OpenSlideCache(n))``
@@ -140,14 +144,17 @@ def openslide_properties(properties: Mapping[str, str]) -> dict[str, str]:
     ``openslide.level[N].downsample``, ``openslide.mpp-x|y`` -> ``%.17g``;
     ``tiff.XResolution|YResolution`` -> float32 ``%.17g``; everything else unchanged.
     """
-    out = dict(properties)
-    for key, value in properties.items():
-        if key in (PROPERTY_NAME_MPP_X, PROPERTY_NAME_MPP_Y) or (
-                key.startswith("openslide.level[") and key.endswith("].downsample")):
-            out[key] = _number(value)
-        elif key in ("tiff.XResolution", "tiff.YResolution"):
-            out[key] = _resolution(value)
-    return out
+    return {key: _openslide_text(key, value) for key, value in properties.items()}
+
+
+def _openslide_text(key: str, value: str) -> str:
+    """One property's value as OpenSlide writes it (see :func:`openslide_properties`)."""
+    if key in (PROPERTY_NAME_MPP_X, PROPERTY_NAME_MPP_Y) or (
+            key.startswith("openslide.level[") and key.endswith("].downsample")):
+        return _number(value)
+    if key in ("tiff.XResolution", "tiff.YResolution"):
+        return _resolution(value)
+    return value
 
 
 def _profile_object(profile: bytes | None):
@@ -165,6 +172,10 @@ class _ReadOnlyMap(Mapping):
         if key not in self._keys:
             raise KeyError(key)
         return self._get(key)
+
+    def __contains__(self, key) -> bool:
+        self._owner._check()
+        return key in self._keys  # without reading the value (a deferred property, an image)
 
     def __iter__(self):
         self._owner._check()
@@ -261,8 +272,9 @@ class OpenSlide(AbstractSlide):
         self._slide: Slide | None = slide
         self._cache_scope = None
         self._profile = _profile_object(slide.color_profile)
-        props = openslide_properties(slide.properties)
-        self._properties = _ReadOnlyMap(self, props, props.__getitem__, "_PropertyMap")
+        props = slide.properties  # converted on each read: a deferred value is computed only when read
+        self._properties = _ReadOnlyMap(self, props, lambda key: _openslide_text(key, props[key]),
+                                        "_PropertyMap")
         self._associated = _ReadOnlyMap(self, sorted(slide.associated_images),
                                         self._associated_image, "_AssociatedImageMap")
 

@@ -40,6 +40,7 @@ from .encoding import frame_encoding, is_encapsulated
 from .frames import frame_table
 from .instance import Instance, is_dicom
 from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
+from .quickhash import KEY as QUICKHASH, series_quickhash
 from .series import dicom_files, series_of_file, series_of_folder
 from .tiling import Image, merge_parts, tile_grid
 
@@ -231,6 +232,9 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
     profile = icc_profile_of(kept[0].head.ds)
     if profile is not None:  # OpenSlide's key for it (openslide-python's ICC support)
         properties["openslide.icc-size"] = str(len(profile))
+    quickhash = series_quickhash(kept[0].head.series)  # the series' identity, as OpenSlide's
+    if quickhash is not None:
+        properties[QUICKHASH] = quickhash
     return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,
                    properties=properties, problems=problems, release=sources.close,
                    color_profile=profile,
