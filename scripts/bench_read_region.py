@@ -8,7 +8,11 @@ Usage::
         [--tools wsitool,openslide,compat,tiffslide,floor] [--json out.json] [--markdown]
     python scripts/bench_read_region.py --render out.json [--markdown]   # re-print a saved run
 
-Make a slide first with ``scripts/make_bench_slide.py`` (real tissue tiles).
+Make a slide first with ``scripts/make_bench_slide.py`` (real tissue tiles), or a
+wide Hamamatsu NDPI with ``scripts/make_ndpi.py`` (one JPEG scan per level, restart
+intervals as tiles).  On an NDPI the target lines are NDPI's (issue 25): wsitool at
+1024 with 2 threads at least 2x OpenSlide, and a 256 read decoding no more restart
+intervals than it touches (from the decoder counters, measured in the parent).
 
 What one run does:
 
@@ -317,6 +321,9 @@ def floor_worker(spec: dict) -> list[dict]:
     if use_oj:  # the binding wsitool decodes J2K with: its whole-tile speed
         ctx = openjpeg._Context()
     prefix = lv.encoding.jpeg_prefix
+    scan = lv.encoding.jpeg_scan_segments  # NDPI restart intervals: header + segment + EOI
+    if scan:
+        from wsitool.codec.tilebytes import jpeg_stream
     out = []
     for size_s, regions in spec["regions"].items():
         size = int(size_s)
@@ -328,7 +335,9 @@ def floor_worker(spec: dict) -> list[dict]:
                     i = row * lv.tiles_across + col
                     off, cnt = int(lv.tiles.offsets[i]), int(lv.tiles.bytecounts[i])
                     data = os.pread(lv.source.fileno(), cnt, off)
-                    if prefix:
+                    if scan:
+                        data = jpeg_stream(lv, data, col, row)
+                    elif prefix:
                         data = prefix + data[2:]
                     streams.append(nvimgcodec.CodeStream(data))
         tiles_per_region = len(streams) / len(regions)
@@ -482,7 +491,27 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool | None]]:
+def interval_count(slide_path: str, level: int, loc, size: int) -> dict:
+    """Restart intervals (tiles) one ``size`` read at ``loc`` touches and decodes, from the
+    decoder counters (``tiles_decoded`` of the CPU pool, before / after)."""
+    import wsitool
+    from wsitool.codec.pool import get_pool
+    from wsitool.geometry import level_rect, plan_tiles
+
+    with wsitool.open_slide(slide_path) as slide:
+        lv = slide.levels[level]
+        rx, ry = level_rect(lv, *loc)
+        touched = len(plan_tiles(lv, rx, ry, size, size)[1])
+        slide.read_region(loc, level, (8, 8), mode="rgb", threads=1)  # decoders made
+        pool = get_pool("cpu")
+        before = pool.stats().tiles_decoded
+        slide.read_region(loc, level, (size, size), mode="rgb", threads=1)
+        decoded = pool.stats().tiles_decoded - before
+    return dict(size=size, loc=list(loc), touched=touched, decoded=decoded,
+                tile=[lv.tile_width, lv.tile_height], tiles_in_level=lv.tiles_across * lv.tiles_down)
+
+
+def target_summary(results: list[dict], j2k: bool, ndpi: dict | None = None) -> list[tuple[str, str, bool | None]]:
     """The issue's targets: (what, measured, met).
 
     Every line gives the ratio of wall-clock throughputs; single-thread
@@ -508,6 +537,22 @@ def target_summary(results: list[dict], j2k: bool) -> list[tuple[str, str, bool 
         else:
             out.append((what, f"wall {v:.2f}x (need >= {need}x)", v >= need))
 
+    if ndpi:
+        # issue 25 (NDPI): 2x OpenSlide at 1024 with 2 threads; bounded work per region
+        add("NDPI 1024 RGB 2 threads / openslide 2 threads (pool)", get("wsitool", 1024, 2, "rgb "),
+            get("openslide", 1024, 2), 2.0)
+        add("NDPI 1024 RGB 2 threads / openslide 1 thread", get("wsitool", 1024, 2, "rgb "),
+            get("openslide", 1024, 1), 2.0)
+        add("NDPI 1024 RGB 1 thread / openslide 1 thread", get("wsitool", 1024, 1, "rgb "),
+            get("openslide", 1024, 1), 1.0)
+        add("NDPI 256 RGB 1 thread / openslide 1 thread", get("wsitool", 256, 1, "rgb "),
+            get("openslide", 256, 1), 1.0)
+        n = ndpi.get("intervals")
+        if n:
+            out.append((f"NDPI one {n['size']} read: restart intervals ({n['tile'][0]}x{n['tile'][1]}) decoded",
+                        f"{n['decoded']} decoded, {n['touched']} touched, of {n['tiles_in_level']} in the level "
+                        f"(need decoded <= touched)", n["decoded"] <= n["touched"]))
+        return out
     if j2k:
         # issue 18: against the best peer (cuCIM CPU, fastslide, OpenSlide)
         def best_peer(size, threads):
@@ -612,6 +657,7 @@ def main(argv=None) -> int:
         lv = slide.levels[args.level]
         lw, lh, ds = lv.width, lv.height, lv.downsample
         j2k = lv.encoding.stream == "j2k"
+        ndpi = bool(getattr(lv.encoding, "jpeg_scan_segments", False))
         desc = f"{Path(args.slide).name}: level {args.level} {lw}x{lh}, {lv.compression}, " \
                f"tiles {lv.tile_width}x{lv.tile_height}"
     sizes = [int(s) for s in args.size.split(",") if s]
@@ -623,6 +669,10 @@ def main(argv=None) -> int:
     spec = dict(slide=str(Path(args.slide).resolve()), level=args.level, reps=args.reps,
                 regions=regions, threads=threads, modes=args.modes.split(","),
                 warm=args.warm)
+    ndpi_info = None
+    if ndpi:
+        size = 256 if "256" in regions else sizes[0]
+        ndpi_info = dict(intervals=interval_count(spec["slide"], args.level, regions[str(size)][0], size))
     warmed = warm_page_cache(spec["slide"], args.level, regions, {str(s): s for s in sizes})
     print(f"page cache: read the {warmed / 2**20:.1f} MiB of tiles the regions touch",
           file=sys.stderr)
@@ -644,9 +694,9 @@ def main(argv=None) -> int:
     run = dict(
         slide=args.slide, description=desc, date=when, cpu_count=os.cpu_count(), load_avg=load,
         machine=platform.platform(), native=native_status(), reps=args.reps, rounds=args.rounds, regions=regions,
-        j2k=j2k, level=args.level, results=results,
+        j2k=j2k, ndpi=ndpi_info, level=args.level, results=results,
     )
-    summary = target_summary(results, j2k) if args.level == 0 else []
+    summary = target_summary(results, j2k, ndpi_info) if args.level == 0 else []
     run["targets"] = [dict(what=w, measured=m, met=t) for w, m, t in summary]
     if args.json:
         args.json.write_text(json.dumps(run, indent=1))
@@ -678,7 +728,7 @@ def render(run: dict, markdown: bool = False) -> int:
     print_table(results, title)
     j2k = run.get("j2k", "JP2000" in run["description"] or "J2K" in run["description"])
     if run.get("level", 0) == 0:
-        for what, measured, met in target_summary(results, j2k):
+        for what, measured, met in target_summary(results, j2k, run.get("ndpi")):
             flag = {True: "met", False: "NOT met", None: "-"}[met]
             print(f"  {flag:8s} {what}: {measured}")
     if markdown:

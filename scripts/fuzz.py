@@ -68,7 +68,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared"))
 SEED_DIRS = (SHARED / "samples", SHARED / "bug-inputs")
-SEED_SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff")
+SEED_SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff", ".ndpi")
 RESULT_PREFIX = "@@FUZZ "
 
 #: Mutation kinds (each recipe stacks one to three of them).
