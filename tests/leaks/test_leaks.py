@@ -56,6 +56,18 @@ def test_path_does_not_leak_and_a_leak_would_show(results, path):
     assert clean["seconds"] <= leakcheck.MAX_MEASURE_S + 1 and leaky["seconds"] <= leakcheck.MAX_MEASURE_S + 1
 
 
+def test_robust_slope_ignores_a_step_but_not_a_steady_rise():
+    """The leak check's slope: a one-off 1 MiB step of RSS (a heap growing once) leaves a
+    flat series below the threshold; a steady 1 KiB per step rise is above it, step or not."""
+    xs = list(range(0, 6000, 20))
+    flat = [50e6 + (1 << 20) * (x > 3000) + 4096 * ((x // 20) % 3) for x in xs]
+    lo, hi = leakcheck.theil_sen_ci95(xs, flat)
+    assert hi < leakcheck.THRESHOLD_BYTES_PER_STEP
+    rising = [y + 1024 * x for x, y in zip(xs, flat)]
+    lo, hi = leakcheck.theil_sen_ci95(xs, rising)
+    assert leakcheck.THRESHOLD_BYTES_PER_STEP < lo < 1024 * 1.1 < hi
+
+
 def test_every_path_names_a_target_on_its_path():
     """The target each leaking variant wraps exists (a renamed function would make
     the injection a no-op; the test above also checks it was called)."""
@@ -66,6 +78,7 @@ def test_every_path_names_a_target_on_its_path():
         assert src and src.strip(), name
     for target in {"wsitool.codec.openjpeg:decode_window", "wsitool.read.worker:plan_decode", "wsitool.codec.nvdecode:plan_decode",
                    "wsitool.read.worker:decode_array", "wsitool.slide:decode_associated",
+                   "wsitool.codec.generic:decode_scaled",
                    "wsitool.export.downsample:halve_rows", "wsitool.serve.app:encode",
                    "wsitool.codec.jpegloop:RegionJobs.run", "wsitool.openslide:OpenSlide.read_region"}:
         module, attr = target.split(":")
