@@ -87,14 +87,17 @@ OK_SLOPE_MB_PER_1K = 1.0
 
 
 def decoders_created(sample: dict) -> int:
-    """Decoders the child had created at ``sample`` (one per reading thread)."""
+    """Per-thread decoder objects the child had created at ``sample`` (see the README:
+    one per thread and kind of decoder it used)."""
     return int((sample.get("decoder") or {}).get("decoders_created", 0))
 
 
 @dataclasses.dataclass(frozen=True)
 class WarmUp:
-    """When warm-up ends: ``per_worker`` iterations (``WARMUP_READS_PER_WORKER * workers``)
-    and ``iterations`` (iteration mode) or ``seconds`` (duration mode) of the run."""
+    """When the fixed warm-up ends: ``per_worker`` iterations (``WARMUP_READS_PER_WORKER *
+    workers``), :data:`WARMUP_READS_EACH` reads by every worker, and ``iterations``
+    (iteration mode) or ``seconds`` (duration mode) of the run, whichever comes last.
+    :func:`settled_start` may extend it (the plateau test)."""
 
     per_worker: int
     iterations: Optional[int]
