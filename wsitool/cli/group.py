@@ -53,7 +53,7 @@ app = typer.Typer(
     cls=OneLineUsage,
     add_completion=False,
     no_args_is_help=True,
-    help="Read, convert, serve and stress-test whole-slide images (SVS, TIFF, OME-TIFF, DICOM WSI).",
+    help="Read, convert, serve and stress-test whole-slide images (SVS, NDPI, TIFF, OME-TIFF, DICOM WSI).",
 )
 
 
@@ -68,4 +68,4 @@ def _options(
     version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
-    """Read, convert, serve and stress-test whole-slide images (SVS, TIFF, OME-TIFF, DICOM WSI)."""
+    """Read, convert, serve and stress-test whole-slide images (SVS, NDPI, TIFF, OME-TIFF, DICOM WSI)."""

@@ -30,7 +30,7 @@ def _icc_summary(profile: bytes | None) -> dict | None:
 @app.command()
 @handle_errors
 def info(
-    slide: Path = typer.Argument(..., help="Slide file (SVS, TIFF, OME-TIFF, DICOM), or a folder holding one DICOM series."),
+    slide: Path = typer.Argument(..., help="Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM), or a folder holding one DICOM series."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     show_phi: bool = typer.Option(False, "--show-phi", help="Also print the properties that identify a patient, institution or specimen (DICOM PatientID, ...); hidden by default."),
     backends: bool = typer.Option(False, "--backends", help="Also show the decode backends table (what decodes which compression, and why a backend is unavailable)."),

@@ -75,7 +75,8 @@ def summary_table(report: StressReport):
                              f"{dec['tiles_direct']:,} direct + {dec['tiles_roi']:,} ROI into caller buffers, "
                              f"{dec['tiles_scratch']:,} via scratch, {dec['tiles_generic']:,} tifffile, "
                              f"{dec.get('tiles_openjpeg', 0):,} OpenJPEG windows "
-                             f"({dec.get('tiles_reduced', 0):,} reduced); "
+                             f"({dec.get('tiles_reduced', 0):,} reduced), "
+                             f"{dec.get('tiles_scaled', 0):,} scaled JPEG; "
                              f"{dec['scratch_allocations']} scratch allocations")
     if d["crash"]:
         c = d["crash"]
