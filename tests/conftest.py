@@ -24,18 +24,23 @@ NO_SHARED = f"real slides folder {SHARED_SAMPLES} is absent"
 NO_BUGS = f"bug-inputs folder {BUG_INPUTS} is absent"
 
 
-def fuzz_script():
-    """``scripts/fuzz.py`` imported as a module (loaded once; the fuzz tests share it)."""
+def script_module(name: str):
+    """``scripts/NAME.py`` imported as a module, loaded once (tests share it)."""
     import importlib.util
     import sys
 
-    name = "wsitool_fuzz_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "fuzz.py")
+    key = f"wsitool_script_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "scripts" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
+        sys.modules[key] = mod
         spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return sys.modules[key]
+
+
+def fuzz_script():
+    """``scripts/fuzz.py`` imported as a module (the fuzz tests share it)."""
+    return script_module("fuzz")
 
 
 def shared_sample(name: str) -> Path:

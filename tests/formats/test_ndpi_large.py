@@ -22,9 +22,7 @@ Slow: the wide file takes ~10 s to write on 2 cores (the 4 GiB one < 1 s and
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -33,7 +31,7 @@ import tifffile
 import wsitool
 from wsitool.codec.pool import get_pool
 
-from conftest import REPO, shared_sample
+from conftest import script_module, shared_sample
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +40,7 @@ WIDE = (100352, 2048)
 
 
 def _make_ndpi():
-    name = "make_ndpi_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "make_ndpi.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name].make_ndpi
+    return script_module("make_ndpi").make_ndpi
 
 
 @pytest.fixture(scope="module")
