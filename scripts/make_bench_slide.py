@@ -5,6 +5,7 @@ Usage::
 
     python scripts/make_bench_slide.py OUT.svs [--width 40000 --height 30000]
                                              [--codec jpeg|j2k] [--seed 0] [--samples DIR]
+                                             [--levels N] [--mpp 0.499]
 
 The tiles are not re-encoded: their compressed bytes are read through the TIFF tile
 offsets of a real slide in ``../shared/samples`` (or ``--samples DIR``) and copied
@@ -27,8 +28,12 @@ Layout (the Aperio layout OpenSlide expects, openslide.org/formats/aperio): IFD 
 is level 0 (tiled); IFD 1 a stripped JPEG thumbnail; then the lower levels, tiled,
 at downsamples 4, 16, ... while a level is at least 4 tiles wide and high.  Lower
 levels are filled the same way, with copied level-0-resolution tiles (their content
-is not a true downsample, which does not matter for read benchmarks).  The first
-ImageDescription starts with ``Aperio`` and carries ``AppMag = 20|MPP = 0.499``.
+is not a true downsample, which does not matter for read benchmarks).  ``--levels N``
+keeps at most N levels (``--levels 1``: a single-level slide; its thumbnail is then
+written after level 0).  The first ImageDescription starts with ``Aperio`` and carries
+``AppMag = 20|MPP = 0.499``; ``--mpp`` sets another level-0 resolution in micrometres
+per pixel (AppMag becomes ``round(10 / mpp)``, the 10 um/px at 1x that Aperio's
+20x = 0.5 um/px pairing implies).
 
 The file is written next to OUT under a temporary name and renamed when complete.
 Nothing here is meant to be committed: write OUT outside the repository (``/tmp``).
@@ -107,12 +112,20 @@ def main(argv=None) -> int:
     ap.add_argument("--codec", choices=sorted(SOURCES), default="jpeg",
                     help="whose tiles to copy (default jpeg)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tile draw (default 0)")
+    ap.add_argument("--levels", type=int, default=None,
+                    help="keep at most this many levels (default: all, down to 4 tiles a side)")
+    ap.add_argument("--mpp", type=float, default=0.499,
+                    help="level-0 micrometres per pixel written to the description (default 0.499)")
     ap.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES,
                     help=f"folder of the source slides (default {DEFAULT_SAMPLES}; "
                          "or set WSITOOL_SHARED to the folder holding samples/)")
     args = ap.parse_args(argv)
     if args.width <= 0 or args.height <= 0:
         ap.error("--width and --height must be positive")
+    if args.levels is not None and args.levels < 1:
+        ap.error("--levels must be at least 1")
+    if not (args.mpp > 0 and np.isfinite(args.mpp)):
+        ap.error("--mpp must be a positive number")
     src = args.samples / SOURCES[args.codec]
     if not src.exists():
         ap.error(f"source slide {src} not found (set --samples or WSITOOL_SHARED)")
@@ -120,7 +133,7 @@ def main(argv=None) -> int:
     tiles, page, jpegtables, pixels = tissue_tiles(src)
     tw, th = page.tilewidth, page.tilelength
     rng = np.random.default_rng(args.seed)
-    sizes = level_sizes(args.width, args.height, tw)
+    sizes = level_sizes(args.width, args.height, tw)[:args.levels]
     print(f"{src.name}: {len(tiles)} tissue tiles of {tw}x{th}; levels {sizes}")
 
     # thumbnail: assembled from the pixels of the smallest level's tiles, subsampled
@@ -138,19 +151,23 @@ def main(argv=None) -> int:
     compression = 7 if args.codec == "jpeg" else 33005
     codec_name = "JPEG/RGB Q=30" if args.codec == "jpeg" else "J2K/KDU Q=70"
     desc0 = (f"Aperio Image Library v12.0.0 \r\n{args.width}x{args.height} [0,0 {args.width}x"
-             f"{args.height}] ({tw}x{th}) {codec_name}|AppMag = 20|MPP = 0.499|"
+             f"{args.height}] ({tw}x{th}) {codec_name}|AppMag = {round(10 / args.mpp)}|"
+             f"MPP = {args.mpp:g}|"
              f"Filename = wsitool-bench-{args.codec}|Source = {src.name} (tiles copied)")
 
     out = args.out
     tmp = out.with_name(out.name + ".partial")
     try:
         with tifffile.TiffWriter(tmp, bigtiff=True) as tif:
+            def write_thumbnail() -> None:
+                tif.write(thumb, photometric="rgb", compression="jpeg", rowsperstrip=16,
+                          description=f"Aperio Image Library v12.0.0 \n{args.width}x"
+                                      f"{args.height} -> {thumb.shape[1]}x{thumb.shape[0]} - ",
+                          metadata=None)
+
             for i, ((w, h), grid) in enumerate(zip(sizes, grids)):
                 if i == 1:
-                    tif.write(thumb, photometric="rgb", compression="jpeg", rowsperstrip=16,
-                              description=f"Aperio Image Library v12.0.0 \n{args.width}x"
-                                          f"{args.height} -> {thumb.shape[1]}x{thumb.shape[0]} - ",
-                              metadata=None)
+                    write_thumbnail()
                 desc = desc0 if i == 0 else (
                     f"Aperio Image Library v12.0.0 \r\n{args.width}x{args.height} [0,0 "
                     f"{args.width}x{args.height}] ({tw}x{th}) -> {w}x{h} {codec_name}")
@@ -164,6 +181,8 @@ def main(argv=None) -> int:
                     jpegtables=jpegtables if args.codec == "jpeg" else None,
                     description=desc, metadata=None,
                 )
+            if len(sizes) == 1:
+                write_thumbnail()
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
