@@ -31,6 +31,7 @@ from .errors import InvalidRegionError, SlideWarning, WsiError
 from .formats import open_folder, open_pyramid
 from .model import AssociatedImage, Level
 from .read.cache import TileCache
+from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.icc import COLOR_MODES, IccTransform
 from .read.lazy import level_array
 from .read.region import read_region
@@ -299,6 +300,64 @@ class Slide:
                 self._icc = IccTransform(self.color_profile, self.path)
             self._icc.apply(region)
         return region
+
+    def read_patches(self, locations, size, *, level=0, read_size=None, batch_size=64, mode="rgb",
+                     threads=None, on_error="raise", device="cpu", out=None):
+        """Read many patches of one size, decoding each tile once per batch.
+
+        The patches of a batch are grouped by the tiles they touch and each tile
+        is decoded once (on ``threads`` threads, with the compiled JPEG loop where
+        it applies), then copied into every patch that needs it; see
+        :mod:`wsitool.read.patches`.  Each patch equals
+        ``read_region(location, level, size, mode=mode)`` bit for bit.  Sort the
+        locations (row by row) when their order is free: only patches of the same
+        batch share decoded tiles.
+
+        Args:
+            locations: level-0 ``(x, y)`` of each patch's top-left corner: a
+                sequence of pairs or an ``(n, 2)`` integer array; may lie partly
+                or wholly outside the slide (those pixels are 0, alpha 0).
+            size: ``(width, height)`` of each patch, pixels.
+            level: the level read.
+            read_size: None (default), or ``(width, height)`` of the window read
+                at ``level`` for each patch (floats allowed, e.g. 448 or 490.8),
+                then reduced to ``size`` by the exact area filter
+                (:mod:`wsitool.areafilter`: the mean over each output pixel's
+                footprint).  The window is ``ceil(read_size)`` pixels; the filter
+                maps ``[0, read_size)`` onto the patch.  8-bit samples, CPU only.
+            batch_size: patches per batch (the last batch may be smaller).
+            mode: ``"rgb"`` (default) -> ``(b, h, w, 3)`` uint8; ``"rgba"`` ->
+                ``(b, h, w, 4)`` uint8; ``"raw"`` -> ``(b, h, w, samples)`` in the
+                level's dtype.
+            threads: decode threads (default: the CPU count).
+            on_error: ``"raise"`` or ``"fill"`` (a corrupt tile becomes background
+                in every patch it feeds, with a :class:`~wsitool.errors.TileWarning`).
+            device: ``"cpu"`` (numpy) or ``"cuda"`` / ``"cuda:N"`` (CuPy; each
+                patch is one GPU region read for now: tiles are not yet shared
+                between patches on the GPU).
+            out: None (default: return an iterator of batches), or an ``(n, h, w, c)``
+                C-contiguous array of the output dtype, filled in place and returned.
+
+        Returns:
+            Without ``out``: an iterator of ``(b, h, w, c)`` arrays, in input
+            order, ``b <= batch_size``.  With ``out``: ``out``.
+
+        Raises:
+            InvalidRegionError: malformed locations, size, read_size, batch_size,
+                threads, mode, level or ``out`` (also ``ValueError``); raised by
+                the call itself, before any tile is read.
+            ResourceLimitError: a window or one batch over the configured limits.
+            UnsupportedFormatError: ``rgb``/``rgba`` of samples without an RGB conversion.
+            TileDecodeError: a corrupt tile, with ``on_error="raise"`` (from the
+                iteration that reaches it).
+            DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
+        """
+        req = check_patch_request(self.levels, self.path, locations, size, level=level, read_size=read_size,
+                                  batch_size=batch_size, mode=mode, threads=threads, on_error=on_error,
+                                  device=device)
+        if out is not None:
+            return fill_all(req, out, self._tile_cache)
+        return read_patch_batches(req, self._tile_cache)
 
     def to_dask(self, level=0, *, chunks="tile"):
         """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.

@@ -317,7 +317,28 @@ def path_openslide(rng, stack):
     return step, "wsitool.openslide:OpenSlide.read_region"
 
 
+def path_patches(rng, stack):
+    """Batch patch reads (``Slide.read_patches``): runs of tiles through the compiled loop,
+    carried between batches, two threads, now and then area-filtered (``read_size``)."""
+    import wsitool
+
+    stack.enter_context(_paths_ctx(native=True))
+    slide = wsitool.open_slide(JPEG)
+    stack.callback(slide.close)
+    w, h = slide.dimensions
+
+    def step():
+        x0, y0 = rng.randrange(-50, w - 200), rng.randrange(-50, h - 200)
+        locs = [(x0 + 70 * i, y0 + 70 * j) for j in range(3) for i in range(3)]
+        read = (rng.uniform(64, 100),) * 2 if rng.random() < 0.2 else None
+        for batch in slide.read_patches(locs, (64, 64), batch_size=4, threads=2, read_size=read):
+            assert batch.shape[1:] == (64, 64, 3)
+
+    return step, "wsitool.read.patches:PatchReader.fill"
+
+
 PATHS = {
+    "patches": path_patches,
     "jpeg-loop": path_jpeg_loop,
     "jpeg-nvimgcodec": path_jpeg_nvimgcodec,
     "j2k-openjpeg": path_j2k_openjpeg,

@@ -97,6 +97,7 @@ from .request import check_out, output_shape
 
 __all__ = [
     "read_region_cuda",
+    "device_index",
     "fill_region_batched",
     "HostArrays",
     "gpu_memory_sample",
@@ -349,7 +350,13 @@ def _cpu_fallback(lv: Level, t: _Tile, arrays) -> bool:
     return True
 
 
-def _device_for(path: str, device: str) -> int:
+def device_index(path: str, device: str) -> int:
+    """The CUDA device index of ``device`` (``"cuda"`` / ``"cuda:N"``) for a read of ``path``.
+
+    Raises:
+        InvalidRegionError: ``device`` is not ``"cuda"`` or ``"cuda:N"``.
+        DeviceUnavailableError: no usable CUDA device, or N is not one of them.
+    """
     try:
         return cuda_device_id(device)
     except ValueError as exc:
@@ -390,7 +397,7 @@ def read_region_cuda(path: str, level: Level, x: int, y: int, w: int, h: int, *,
         ResourceLimitError: the GPU ran out of memory for the output or scratch.
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
     """
-    dev = _device_for(path, device)
+    dev = device_index(path, device)
     import cupy
 
     shape, dtype = output_shape(level, (w, h), mode)

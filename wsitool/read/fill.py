@@ -27,7 +27,7 @@ from ..model import Level
 from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
-__all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
+__all__ = ["fill_outside", "fill_region", "fill_level_rect", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
 
 
 def fill_outside(out: np.ndarray, rx: int, ry: int, inside) -> None:
@@ -89,6 +89,14 @@ def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode
     ``cache``: a :class:`~wsitool.read.cache.CacheScope`, or None (no cache).
     """
     rx, ry = level_rect(lv, x, y)
+    fill_level_rect(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
+
+
+def fill_level_rect(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, mode: str,
+                    threads: int | None, on_error: str, pool, cache=None) -> None:
+    """:func:`fill_region` of the rectangle whose top-left corner is ``(rx, ry)`` in
+    pixels of ``lv`` itself (no level-0 mapping): the entry of the batch reader
+    (:mod:`.patches`), which plans in level pixels."""
     if cache is not None:
         _fill_cached(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
         return

@@ -8,7 +8,7 @@ concept each:
 * :mod:`.registry`: which slides are served, under which stable ids (never a path
   outside the folders given);
 * :mod:`.iiif`: IIIF Image API 3.0 request syntax, its geometry and ``info.json``;
-* :mod:`.resample`: the area filter, strip by strip;
+* :mod:`wsitool.areafilter` (floor 0, shared with the batch reader): the area filter, strip by strip;
 * :mod:`.render`: reading a region of a slide at a scale in bounded memory,
   rotation, quality and encoding;
 * :mod:`.dz`: Deep Zoom routes on :mod:`wsitool.deepzoom`'s geometry;

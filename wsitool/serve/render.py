@@ -7,7 +7,7 @@ requested scale ``min(w / out_w, h / out_h)`` (with a relative slack,
 thumbnail never reads level 0 of a pyramid.  The region's window on that level
 is read through :meth:`wsitool.Slide.read_region` in strips of whole tile rows
 (each source tile is decoded once per request) and reduced by the area filter
-(:mod:`.resample`) strip by strip, so a request holds one strip of source
+(:mod:`wsitool.areafilter`) strip by strip, so a request holds one strip of source
 pixels (:data:`STRIP_BYTES`) plus its output, whatever the scale.
 
 When the window's size is within one source pixel of an integer multiple of
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..deepzoom import best_level_for_downsample
 from ..geometry import level0_coordinate
-from .resample import AreaReducer
+from ..areafilter import AreaReducer
 
 __all__ = ["ReadPlan", "plan_read", "read_scaled", "finish", "encode", "STRIP_BYTES",
            "thumbnail_size"]

@@ -1,4 +1,4 @@
-"""The area filter: exact box averaging of a source window onto an output grid, strip by strip.
+"""The area filter (floor 0): exact box averaging of a source window onto an output grid, strip by strip.
 
 Each output pixel is the mean of the source over its footprint, the source
 being piecewise constant (pixel ``k`` covers ``[k, k + 1)``): pixels cut by the

@@ -1,0 +1,239 @@
+"""Batch patch reads (``Slide.read_patches``): every patch equals ``read_region`` bit for bit, each tile
+decoded once per batch, validation before any decode."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import wsitool
+from wsitool import InvalidRegionError, ResourceLimitError, TileDecodeError
+from wsitool.areafilter import reduce_area
+from wsitool.codec.pool import get_pool
+from wsitool.errors import TileWarning
+
+from conftest import REPO_SAMPLES, SHARED_SAMPLES, shared_sample, with_tile_bytes
+
+#: Slides of each kind the batch reader must match ``read_region`` on (by name: nothing opened at import).
+SHARED = [
+    "aperio-cmu1-small-region-jpeg.svs",          # JPEG SVS (compiled loop or Python path)
+    "aperio-tcga-cr-7395-jp2k-33005-2level.svs",  # JPEG 2000 SVS (OpenJPEG windows)
+    "dicom-cmu1-small-region-12level",            # DICOM series, 12 levels
+    "generic-bigtiff-zstd-5level-10000x5000.tiff",  # generic tiled TIFF (tifffile/imagecodecs)
+    "tiled-jpeg-ycbcr-48x32tiles-2pages.tif",     # JPEG YCbCr, colour transform after decoding
+]
+
+
+def _open(name: str) -> wsitool.Slide:
+    path = REPO_SAMPLES / name if name.startswith("sample-") else shared_sample(name)
+    return wsitool.open_slide(path)
+
+
+def _locations(rng, slide, level: int, n: int, size) -> np.ndarray:
+    """Level-0 corners: inside, straddling every edge, and wholly outside the level."""
+    lv = slide.levels[level]
+    ds = lv.downsample
+    w, h = size
+    xs = rng.integers(-w, lv.width + 16, n)
+    ys = rng.integers(-h, lv.height + 16, n)
+    xs[: n // 3] = rng.integers(0, max(1, lv.width - w), n // 3)  # a third wholly inside
+    return np.stack([np.round(xs * ds), np.round(ys * ds)], 1).astype(np.int64)
+
+
+def _reference(slide, locs, level, size, mode="rgb"):
+    return np.stack([slide.read_region((int(x), int(y)), level, size, mode=mode) for x, y in locs])
+
+
+@pytest.mark.parametrize("name", ["sample-aperio-jpeg.svs"] + SHARED)
+def test_patches_equal_read_region_on_each_kind_of_slide(name, read_path):
+    rng = np.random.default_rng(7)
+    with _open(name) as slide:
+        mode = "rgb" if slide.levels[0].encoding.rgb_problem is None else "raw"
+        for level in sorted({0, slide.level_count - 1}):
+            size = (96, 80)
+            locs = _locations(rng, slide, level, 24, size)
+            want = _reference(slide, locs, level, size, mode)
+            for batch_size, threads in ((1, 1), (5, 2), (64, 1), (7, 3)):
+                got = list(slide.read_patches(locs, size, level=level, batch_size=batch_size, mode=mode,
+                                              threads=threads))
+                assert [len(b) for b in got] == [min(batch_size, len(locs) - i)
+                                                 for i in range(0, len(locs), batch_size)]
+                np.testing.assert_array_equal(np.concatenate(got), want,
+                                              err_msg=f"{name} level {level} batch {batch_size}")
+
+
+@pytest.mark.parametrize("mode", ["rgba", "raw"])
+def test_modes_and_the_out_form(mode, read_path):
+    rng = np.random.default_rng(1)
+    with _open("sample-aperio-jpeg.svs") as slide:
+        locs = _locations(rng, slide, 0, 30, (200, 150))
+        want = _reference(slide, locs, 0, (200, 150), mode)
+        out = np.full(want.shape, 77, want.dtype)
+        assert slide.read_patches(locs, (200, 150), mode=mode, batch_size=8, out=out, threads=2) is out
+        np.testing.assert_array_equal(out, want)
+        assert want[..., 3].min() == 0 if mode == "rgba" else True  # some pixels outside: alpha 0
+
+
+def test_a_tall_grid_larger_than_tiles_and_sequences_of_pairs():
+    with _open("sample-aperio-jpeg.svs") as slide:
+        lv = slide.levels[1]
+        locs = [(int(x * lv.downsample), int(y * lv.downsample))
+                for y in range(-37, lv.height, 300) for x in range(-13, lv.width, 300)]
+        size = (lv.tile_width * 2 + 17, lv.tile_height + 5)  # spans three tile columns, two rows
+        got = np.concatenate(list(slide.read_patches(locs, size, level=1, batch_size=3)))
+        np.testing.assert_array_equal(got, _reference(slide, locs, 1, size))
+
+
+def _touched_tiles(lv, locs, window):
+    """The set of ``(row, col)`` tiles of ``lv`` the windows at level-0 ``locs`` touch."""
+    tiles = set()
+    for x, y in locs:
+        lx, ly = math.floor(x / lv.downsample + 0.5), math.floor(y / lv.downsample + 0.5)
+        x0, y0 = max(lx, 0), max(ly, 0)
+        x1, y1 = min(lx + window[0], lv.width), min(ly + window[1], lv.height)
+        if x1 <= x0 or y1 <= y0:
+            continue
+        for r in range(y0 // lv.tile_height, (y1 - 1) // lv.tile_height + 1):
+            for c in range(x0 // lv.tile_width, (x1 - 1) // lv.tile_width + 1):
+                tiles.add((r, c))
+    return tiles
+
+
+@pytest.mark.parametrize("name", ["sample-aperio-jpeg.svs", "aperio-tcga-cr-7395-jp2k-33005-2level.svs"])
+def test_each_tile_is_decoded_once_per_batch(name, read_path):
+    """Decoder counters: a batch decodes exactly the tiles its patches touch that the previous
+    batch did not (a run the next batch needs is carried over); one batch: exactly its tiles."""
+    with _open(name) as slide:
+        lv = slide.levels[0]
+        size = (lv.tile_width - 16, lv.tile_height - 16)   # unaligned: most tiles feed 2-4 patches
+        locs = [(37 + i * size[0], 41 + j * size[1]) for j in range(4) for i in range(5)]
+        pool = get_pool("cpu")
+        pool.reset_stats()
+        list(slide.read_patches(locs, size, batch_size=len(locs), threads=2))
+        every = _touched_tiles(lv, locs, size)
+        assert pool.stats().tiles_decoded == len(every) < 4 * len(locs) / 2
+        previous: set = set()
+        pool.reset_stats()
+        for j, batch in enumerate(slide.read_patches(locs, size, batch_size=6, threads=1)):
+            del batch
+            tiles = _touched_tiles(lv, locs[6 * j:6 * j + 6], size)
+            decoded = pool.stats().tiles_decoded
+            pool.reset_stats()
+            assert decoded == len(tiles - previous), f"batch {j}"
+            previous = tiles
+
+
+def test_the_decoded_tile_cache_is_honoured():
+    path = REPO_SAMPLES / "sample-aperio-jpeg.svs"
+    locs = [(10 + 100 * i, 20 + 90 * j) for j in range(4) for i in range(4)]
+    with wsitool.open_slide(path) as plain:
+        want = np.concatenate(list(plain.read_patches(locs, (128, 128))))
+    with wsitool.open_slide(path, cache=64 << 20) as slide:
+        pool = get_pool("cpu")
+        pool.reset_stats()
+        first = np.concatenate(list(slide.read_patches(locs, (128, 128), batch_size=4)))
+        cold = pool.stats().tiles_decoded
+        second = np.concatenate(list(slide.read_patches(locs, (128, 128), batch_size=4)))
+        assert pool.stats().tiles_decoded == cold > 0   # the second pass decodes nothing
+    np.testing.assert_array_equal(first, want)
+    np.testing.assert_array_equal(second, want)
+
+
+@pytest.mark.parametrize("read_size", [(448, 448), (300, 250), (490.8, 490.8), (100.5, 60.25)])
+def test_read_size_is_the_area_filter_of_the_larger_window(read_size, read_path):
+    rng = np.random.default_rng(3)
+    with _open("sample-aperio-jpeg.svs") as slide:
+        size = (224, 112) if read_size[0] != read_size[1] else (224, 224)
+        window = (math.ceil(read_size[0]), math.ceil(read_size[1]))
+        locs = _locations(rng, slide, 0, 12, window)
+        got = np.concatenate(list(slide.read_patches(locs, size, read_size=read_size, batch_size=5, threads=2)))
+        for i, (x, y) in enumerate(locs):
+            win = slide.read_region((int(x), int(y)), 0, window, mode="rgb")
+            want = reduce_area(win, (0, 0, read_size[0], read_size[1]), size[0], size[1])
+            np.testing.assert_array_equal(got[i], want, err_msg=f"patch {i}")
+
+
+def test_a_corrupt_tile_raises_or_becomes_background(tmp_path, read_path):
+    src = REPO_SAMPLES / "sample-aperio-jpeg.svs"
+    bad = with_tile_bytes(src, tmp_path, 0, lambda b: b[:2] + bytes(len(b) - 2))
+    locs = [(10, 10), (600, 500), (100, 30)]
+    with wsitool.open_slide(bad) as slide:
+        with pytest.raises(TileDecodeError, match="tile"):
+            list(slide.read_patches(locs, (64, 64)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = np.concatenate(list(slide.read_patches(locs, (64, 64), on_error="fill")))
+        assert any(issubclass(w.category, TileWarning) for w in caught)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TileWarning)
+            want = np.stack([slide.read_region(p, 0, (64, 64), mode="rgb", on_error="fill") for p in locs])
+    np.testing.assert_array_equal(got, want)
+    assert not got[0].any() and got[1].any()   # tile 0 is background, the other patch is not
+
+
+def test_requests_are_checked_when_called_before_any_decode():
+    with _open("sample-aperio-jpeg.svs") as slide:
+        pool = get_pool("cpu")
+        pool.reset_stats()
+        bad = [
+            dict(locations=[(0, 0, 1)], size=(8, 8)),
+            dict(locations=[(0.5, 0)], size=(8, 8)),
+            dict(locations=np.zeros((2, 2), complex), size=(8, 8)),
+            dict(locations=[(0, 0)], size=(0, 8)),
+            dict(locations=[(0, 0)], size=(8, 8), batch_size=0),
+            dict(locations=[(0, 0)], size=(8, 8), threads=0),
+            dict(locations=[(0, 0)], size=(8, 8), level=9),
+            dict(locations=[(0, 0)], size=(8, 8), mode="bgr"),
+            dict(locations=[(0, 0)], size=(8, 8), on_error="ignore"),
+            dict(locations=[(0, 0)], size=(8, 8), read_size=(-1, 4)),
+            dict(locations=[(0, 0)], size=(8, 8), read_size=(float("nan"), 4)),
+            dict(locations=[(0, 0)], size=(8, 8), out=np.zeros((2, 8, 8, 3), np.uint8)),
+            dict(locations=[(0, 0)], size=(8, 8), device="tpu"),
+        ]
+        for kwargs in bad:
+            with pytest.raises(InvalidRegionError):
+                slide.read_patches(**kwargs)   # raised by the call, not by the first batch
+        assert pool.stats().tiles_decoded == 0
+        wsitool.set_limits(max_region_bytes=200_000)   # a tile (196,608 bytes) and 6 patches of 100 x 100
+        with pytest.raises(ResourceLimitError, match="batch_size"):
+            slide.read_patches([(0, 0)] * 20, (100, 100), batch_size=16)
+        assert [len(b) for b in slide.read_patches([(0, 0)] * 20, (100, 100), batch_size=6)] == [6, 6, 6, 2]
+        assert pool.stats().tiles_decoded > 0
+        assert list(slide.read_patches(np.empty((0, 2), int), (8, 8))) == []
+
+
+def test_read_size_needs_8_bit_samples():
+    path = SHARED_SAMPLES / "dicom-highdicom-sm-gray16.dcm"
+    if not path.exists():
+        pytest.skip(f"needs {path}")
+    with wsitool.open_slide(path) as slide:
+        with pytest.raises(InvalidRegionError, match="8-bit"):
+            slide.read_patches([(0, 0)], (8, 8), mode="raw", read_size=(16, 16))
+
+
+def test_cuda_without_a_gpu_is_one_clear_error():
+    from wsitool.device import cuda_available
+
+    if cuda_available():
+        pytest.skip("a CUDA device is present: tests/read/test_cuda.py covers the GPU")
+    with _open("sample-aperio-jpeg.svs") as slide:
+        with pytest.raises(wsitool.DeviceUnavailableError):
+            slide.read_patches([(0, 0)], (8, 8), device="cuda")
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "j2k"])
+def test_patches_equal_read_region_on_a_bench_slide(tmp_path, codec):
+    """The benchmark's slide kind (scripts/make_bench_slide.py: real tiles copied into a larger grid)."""
+    from conftest import script_module
+
+    shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    out = tmp_path / f"bench-{codec}.svs"
+    assert script_module("make_bench_slide").main([str(out), "--width", "2600", "--height", "2000",
+                                                   "--codec", codec, "--samples", str(SHARED_SAMPLES)]) == 0
+    with wsitool.open_slide(out) as slide:
+        locs = [(37 + 224 * i, 37 + 224 * j) for j in range(8) for i in range(11)]
+        got = np.concatenate(list(slide.read_patches(locs, (224, 224), batch_size=16, threads=2)))
+        np.testing.assert_array_equal(got, _reference(slide, locs, 0, (224, 224)))
