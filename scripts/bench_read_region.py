@@ -485,7 +485,7 @@ def print_table(results: list[dict], title: str) -> None:
 
 
 def markdown_table(results: list[dict]) -> str:
-    """The table as GitHub Markdown (for the README)."""
+    """The table as GitHub Markdown (for the pages in docs/benchmarks/)."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---:|" * 2 + "---|---|" + "---:|" * 7]
     lines += ["| " + " | ".join(cells) + " |" for _size, cells in table_rows(results)]
     return "\n".join(lines)

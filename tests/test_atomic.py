@@ -87,7 +87,7 @@ def test_check_output_source_rule(tmp_path):
     with pytest.raises(OutputExistsError) as info:
         atomic.check_output(other, [src], False)
     assert isinstance(info.value, FileExistsError) and info.value.filename == str(other)
-    assert str(info.value) == f"{other}: already exists (use --overwrite / overwrite=True)"
+    assert str(info.value) == f"{other}: already exists (pass overwrite=True to replace it)"
     atomic.check_output(other, [src], True)
     atomic.check_output(tmp_path / "new.png", [src], False)
     with pytest.raises(IsADirectoryError):

@@ -25,7 +25,8 @@ def as_int(value, what: str, where: str | None = None, error: type[Exception] = 
             a ``ValueError``).
 
     Raises:
-        error: ``value`` is a bool, not a number, or a float with a fraction.
+        InvalidRegionError: (or the ``error`` class given) ``value`` is a bool, not a
+            number, or a float with a fraction.
     """
     if type(value) is int:  # the common case, without the ABC checks below
         return value

@@ -267,7 +267,7 @@ class Partial:
 
         Raises:
             OutputIsSourceError, OutputExistsError, IsADirectoryError: as :func:`commit`;
-            the partial is removed then.
+                the partial is removed then.
         """
         try:
             commit(self.path, self.final, overwrite=overwrite, sources=self.sources)

@@ -135,7 +135,7 @@ def webp_frame_size(data: bytes) -> tuple[int, int] | None:
     RFC 9649 (WebP container): ``RIFF <size> WEBP`` then a chunk.  ``VP8X``
     stores canvas width - 1 and height - 1 as 24-bit little-endian values at
     payload bytes 4 and 7; ``VP8L`` has the signature byte 0x2F and then
-    14-bit width - 1 and height - 1; ``VP8 `` (lossy) has a 3-byte frame tag,
+    14-bit width - 1 and height - 1; ``"VP8 "`` (lossy) has a 3-byte frame tag,
     the start code 9D 01 2A and 14-bit width and height (RFC 6386 section 9.1).
     """
     if len(data) < 30 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":

@@ -2,7 +2,7 @@
 
 Ground floor (imports numpy only; CuPy only when handed a CuPy array).
 
-Rules (README "Conversion of non-RGB data"): integer samples are scaled
+Rules (``docs/guides/colour.md``): integer samples are scaled
 linearly, ``round(v * 255 / (2**BitsPerSample - 1))`` (so 16-bit 65535 -> 255);
 floats are clipped to [0, 1] and scaled by 255; one-sample images (MinIsBlack)
 are replicated to grey RGB, MinIsWhite is inverted; palette images go through

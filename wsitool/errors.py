@@ -143,10 +143,15 @@ class OutputExistsError(WsiError, FileExistsError):
     """An output exists and ``overwrite`` (``--overwrite``) was not given.
 
     An :class:`OSError` (``errno.EEXIST``) whose ``filename`` is the output path.
+    Its message uses the Python API's words (``overwrite=True``); the command
+    line says ``--overwrite`` instead (:data:`CLI_REASON`).
     """
 
-    def __init__(self, path: str | os.PathLike,
-                 reason: str = "already exists (use --overwrite / overwrite=True)"):
+    #: The default reason, and the one the command line prints in its place.
+    API_REASON = "already exists (pass overwrite=True to replace it)"
+    CLI_REASON = "already exists (add --overwrite to replace it)"
+
+    def __init__(self, path: str | os.PathLike, reason: str = API_REASON):
         super().__init__(_errno.EEXIST, reason, os.fspath(path))
 
     def __str__(self) -> str:

@@ -138,7 +138,7 @@ class TileIndex:
 class Level:
     """One pyramid level: geometry, tile grid, encoding and byte source.
 
-    Public attributes (read-only by convention):
+    Attributes:
         index: level number, 0 = full resolution.
         width, height: level size in pixels of this level.
         downsample: ``(W0 / width + H0 / height) / 2`` relative to level 0 (as

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .codec.associated import decode_associated
-from .codec.library import nv
+from .codec import library as nvlib
 from .deepzoom import best_level_for_downsample
 from .errors import InvalidRegionError, SlideWarning, WsiError
 from .formats import open_folder, open_pyramid
@@ -92,8 +92,8 @@ class Slide:
             a truncated file); each is also emitted as a
             :class:`~wsitool.errors.SlideWarning`.
 
-    Raises (from the constructor):
-        FileNotFoundError: the path does not exist.
+    Raises:
+        FileNotFoundError: (from the constructor, as all below) the path does not exist.
         UnsupportedFormatError: not a slide format wsitool reads (e.g. random
             bytes, a DICOM file that is not a whole-slide image), a directory
             without one DICOM series, or a file without a usable image.
@@ -116,8 +116,9 @@ class Slide:
         # The decoders' library is loaded before the slide's own files are
         # opened: it opens its plugins then, and under a tight descriptor limit
         # (ulimit -n) a load after the slide's descriptors would leave it without
-        # its CPU codecs rather than fail (tests/test_os_resources.py).
-        nv()
+        # its CPU codecs rather than fail (tests/test_os_resources.py).  Where it
+        # cannot be imported, JPEG and JPEG 2000 levels take the imagecodecs path.
+        with_nv = nvlib.available()
         if os.path.isdir(self.path):
             # a folder slide (a DICOM series): the format opens the sources it needs
             self._source = None
@@ -129,6 +130,9 @@ class Slide:
             except BaseException:
                 self._source.close()
                 raise
+        if not with_nv:
+            for lv in pyramid.levels:
+                lv.encoding = nvlib.fallback_encoding(lv.encoding)
         self._pyramid = pyramid
         if cache is not None:
             self._tile_cache = cache.scope()

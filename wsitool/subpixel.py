@@ -1,7 +1,7 @@
 """Regions at fractional level positions read as OpenSlide reads them (floor 6).
 
 ``read_region`` takes the nearest stored pixel of a level (a documented rule,
-README "Python API").  OpenSlide instead maps a level-0 location to
+``docs/guides/reading.md``).  OpenSlide instead maps a level-0 location to
 ``location / downsample`` without rounding and paints the level's pixels at that
 fractional offset (cairo, bilinear); openslide-python's ``DeepZoomGenerator``
 then composites the RGBA result on the background colour.  The Deep Zoom tile

@@ -199,12 +199,12 @@ def test_jpeg_quality_90_whole_cmu1_over_40db(tmp_path, cmu1):
     assert value >= libjpeg_psnr(ref, 90) - 0.5
 
 
-def test_jpeg2000_quality_100_is_lossless_in_openslide(tmp_path, sample_jpeg):
+def test_jpeg2000_psnr_0_is_lossless_in_openslide(tmp_path, sample_jpeg):
     with wsitool.open_slide(sample_jpeg) as src:
         ref = source_region(src, 100, 50, 300, 260)
     out = tmp_path / "j2k.svs"
     res = export_pyramid(sample_jpeg, out, region=(100, 50, 300, 260), compression="jpeg2000",
-                         quality=100)
+                         psnr=0)
     assert res.level_dimensions == [(300, 260), (150, 130)]
     with tifffile.TiffFile(out) as tf:
         assert tf.pages[0].compression == 33005
@@ -220,8 +220,8 @@ def test_jpeg2000_quality_100_is_lossless_in_openslide(tmp_path, sample_jpeg):
 def test_lossy_jpeg2000_decodes_close_to_source(tmp_path, cmu1):
     out = tmp_path / "j2k.svs"
     # associated=False: the size check is about the tiles, not the label and macro carried over
-    export_pyramid(cmu1, out, region=(800, 1200, 256, 256), compression="jpeg2000", quality=90,
-                   associated=False)
+    export_pyramid(cmu1, out, region=(800, 1200, 256, 256), compression="jpeg2000",
+                   associated=False)  # the default target PSNR (40 dB)
     with wsitool.open_slide(cmu1) as src:
         ref = source_region(src, 800, 1200, 256, 256)
     with wsitool.open_slide(out) as s:
@@ -520,12 +520,13 @@ def test_progress_and_encoders_per_thread(tmp_path, sample_jpeg):
     totals = {t for _, t in seen}
     assert totals == {res.tiles_written}
     assert [d for d, _ in seen] == list(range(res.tiles_written + 1))
-    # JPEG 2000 tiles are encoded by nvImageCodec: one encoder per encoding thread
+    # JPEG 2000 tiles are encoded by OpenJPEG through imagecodecs (issue 26), which keeps
+    # no per-thread encoder: the nvImageCodec pool makes none
     pool = wsitool.codec.pool.get_pool("cpu")
     created = pool.encoders_created
     export_pyramid(sample_jpeg, tmp_path / "p2.svs", threads=2, compression="jpeg2000",
                    region=(0, 0, 1024, 768))
-    assert 1 <= pool.encoders_created - created <= 2
+    assert pool.encoders_created == created
 
 
 def test_cli_export_pyramid(tmp_path, sample_jpeg):

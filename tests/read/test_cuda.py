@@ -389,7 +389,7 @@ def test_gpu_compare_diff_statistics():
 
 
 def _fake_cupy():
-    """A minimal numpy-backed stand-in for the parts of CuPy that wsitool.gpu uses."""
+    """A minimal numpy-backed stand-in for the parts of CuPy that wsitool.read.cuda uses."""
     import contextlib
     import types
 

@@ -13,13 +13,14 @@
  * nvimgcodecDecoderDecode call, and check every tile's processing status.
  *
  * It is the same plan and the same checks as the Python path in
- * wsitool/region.py (_TileWorker) and wsitool/decode.py (read_tile_stream,
- * plan_decode, check_decoded), which stays the reference: tests pin this
+ * wsitool/read/worker.py (TileWorker), wsitool/codec/tilebytes.py
+ * (read_tile_stream) and wsitool/codec/nvdecode.py (plan_decode,
+ * check_decoded), which stays the reference: tests pin this
  * loop to it pixel for pixel and error for error.  Only the per-tile Python
  * calls (about 30 us a tile against about 300 us of decoding) are gone, and
  * the GIL is released for the whole call.
  *
- * The library is not linked: wsitool.native passes the path of the
+ * The library is not linked: wsitool.codec.jpegloop passes the path of the
  * libnvimgcodec.so.0 that the nvidia-nvimgcodec package loaded, and the
  * functions are looked up with dlsym.  The version the library reports must
  * equal the version of the header this file was compiled with (the structure
@@ -28,7 +29,7 @@
  *
  * Errors are not raised from here: each failed tile is zero-filled in the
  * output (transparent background, as the Python path does) and reported as
- * (job index, code, a, b); wsitool.native turns that into the same
+ * (job index, code, a, b); wsitool.codec.jpegloop turns that into the same
  * TileDecodeError message the Python path gives.
  */
 #define PY_SSIZE_T_CLEAN
@@ -405,7 +406,7 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
     memset(&params, 0, sizeof params);
     params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS;
     params.struct_size = sizeof params;
-    /* EXIF orientation in a tile is ignored, as wsitool.decode.TILE_DECODE_PARAMS
+    /* EXIF orientation in a tile is ignored, as wsitool.codec.library.decode_params()
      * does (with 1 and the identity orientation of our images it was ignored
      * anyway, while the Python binding applied it). */
     params.apply_exif_orientation = 0;
@@ -667,7 +668,7 @@ static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
 static const char decode_tiles_doc[] =
     "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch, scan_segments=0)\n"
     "--\n\n"
-    "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/native.py).\n\n"
+    "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/codec/jpegloop.py).\n\n"
     "fd: the slide's file descriptor; prefix: bytes put in front of each tile\n"
     "(JPEG prefix, or b''); out: writable C-contiguous (h, w, 3 or 4) uint8 buffer;\n"
     "offsets, counts: the level's segment offsets and byte counts, int64;\n"

@@ -40,6 +40,19 @@ console = Console(width=terminal_width(sys.stdout))
 err_console = Console(stderr=True, width=terminal_width(sys.stderr))
 
 
+def fitted_console() -> Console:
+    """The console for reports a person reads (``info``, the stress summary): the
+    terminal's width; in a pipe or file $COLUMNS, else 80 columns (not the 200 of
+    :data:`console`, whose one-line messages are meant for grep)."""
+    if console.is_terminal:
+        return console
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = 0
+    return Console(file=sys.stdout, width=width if width > 0 else 80)
+
+
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (errors.OutputIsSourceError, 2),  # usage: an output that is the source slide
     (errors.OutputExistsError, 9),  # an existing output without --overwrite
@@ -104,7 +117,10 @@ def handle_errors(func: Callable) -> Callable:
         except MemoryError:
             raise fail("out of memory (ENOMEM)", 9) from None
         except (errors.WsiError, OSError) as exc:
-            if isinstance(exc, OSError) and not isinstance(exc, errors.WsiError):
+            if isinstance(exc, errors.OutputExistsError) and \
+                    exc.strerror == errors.OutputExistsError.API_REASON:  # CLI words, not the API's
+                message = f"{exc.filename}: {errors.OutputExistsError.CLI_REASON}"
+            elif isinstance(exc, OSError) and not isinstance(exc, errors.WsiError):
                 where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
                 message = f"{where}{exc.strerror or exc}"
             else:

@@ -34,14 +34,15 @@ def _parse_background(text: str) -> Tuple[int, int, int]:
 @handle_errors
 def export_pyramid_cmd(
     sources: Optional[List[Path]] = typer.Argument(
-        None, help="Source slide file(s) (or quoted glob patterns), followed by OUTPUT.",
+        None, metavar="SLIDE...", help="Source slide file(s) (or quoted glob patterns), followed by OUTPUT.",
         show_default=False),
-    output: Path = typer.Argument(..., help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
+    output: Path = typer.Argument(..., metavar="OUTPUT", help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
                                             "Several slides (batch): an output folder."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder)."),
     tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
     compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."),
-    quality: int = typer.Option(90, "--quality", "-q", help="1..100; JPEG quality, JPEG 2000: 100 lossless, else a target size of quality/300 of the raw tile."),
+    quality: int = typer.Option(90, "--quality", "-q", metavar="1..100", help="JPEG quality."),
+    psnr: Optional[float] = typer.Option(None, "--psnr", metavar="DB", help="JPEG 2000: target PSNR of every tile in dB (default 40: about JPEG quality 90; each dB more costs about 5 % in size); 0: lossless."),
     region: Optional[Tuple[int, int, int, int]] = typer.Option(
         None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
     level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
@@ -92,10 +93,15 @@ def export_pyramid_cmd(
     if max_pixels is not None and max_pixels <= 0:
         raise fail("--max-pixels must be positive", 2)
     bg = _parse_background(background)
+    if psnr is not None and compression.lower() not in ("jpeg2000", "copy"):
+        raise fail(f"--psnr applies to --compression jpeg2000, not {compression.lower()} "
+                   "(JPEG takes --quality)", 2)
     options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
                    region=tuple(region) if region else None, level=level, overlap=overlap,
                    threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
                    on_error=on_error, label=not no_label, associated=not no_associated)
+    if psnr is not None:
+        options["psnr"] = psnr
     if from_source_levels:
         if fmt == "dzi":
             raise fail("--from-source-levels applies to tiff and ome-tiff (Deep Zoom level sizes "

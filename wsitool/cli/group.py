@@ -20,9 +20,68 @@ def click_class(name: str) -> type:
 CLICK_EXCEPTION = click_class("ClickException")
 
 
+def metavar_for(param) -> str:
+    """The metavariable help shows for ``param`` when it names none (issue 26: users
+    expect ``SLIDE``, ``PATH...``, ``N``, not type labels such as ``<list[Path]>``
+    or ``{slide}``): an argument's name in capitals, an option's kind of value
+    (``N``, ``NUMBER``, ``PATH``, ``TEXT``, ``a|b``), nothing for a flag; ``...``
+    where it takes several values."""
+    if param.param_type_name == "argument":
+        return param.name.upper()
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
+        return ""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:  # a plain click parameter
+        return {"integer": "N", "float": "NUMBER", "path": "PATH"}.get(
+            getattr(getattr(param, "type", None), "name", ""), "TEXT")
+    if desc.is_choice:
+        return "|".join(str(c) for c in desc.choices or ())
+    if desc.is_path:
+        kind = "PATH"
+    elif desc.is_ranged:
+        kind = "N" if desc.ranged_type_name == "int" else "NUMBER"
+    else:
+        kind = {"int": "N", "float": "NUMBER"}.get(param.bare_type().replace("list[", "").rstrip("]"), "TEXT")
+    return kind + ("..." if desc.is_list or param.nargs == -1 else "")
+
+
+def with_metavars(command):
+    """``command`` (a click command) with :func:`metavar_for` set on every parameter
+    that names no metavariable of its own; arguments show as ``SLIDE`` in the usage
+    line (``[SLIDE]`` optional, ``SLIDE...`` several) and without a type column."""
+    for param in getattr(command, "params", ()):
+        if param.metavar is None:
+            param.metavar = metavar_for(param)
+        if param.param_type_name == "argument":
+            name = param.metavar + ("..." if param.nargs != 1 and not param.metavar.endswith("...")
+                                    else "")
+            piece = name if param.required else f"[{name}]"
+            param.get_usage_pieces = lambda ctx, piece=piece: [piece]
+            param.display_type_rich = lambda ctx: None
+    help_option = getattr(command, "get_help_option", None)
+    if help_option is not None and not getattr(command, "_wsitool_metavars", False):
+        def get_help_option(ctx, _orig=help_option):  # --help: a flag, no value shown
+            opt = _orig(ctx)
+            if opt is not None and opt.metavar is None:
+                opt.metavar = ""
+            return opt
+        command.get_help_option = get_help_option
+        command._wsitool_metavars = True
+    return command
+
+
 class OneLineUsage(TyperGroup):
     """The command group, printing a usage error as one line (``wsitool: error:
-    ...``, exit 2) instead of click's boxed usage block, as the README promises."""
+    ...``, exit 2) instead of click's boxed usage block, as the docs promise;
+    help shows metavariables (:func:`with_metavars`)."""
+
+    def get_command(self, ctx, cmd_name):
+        """The subcommand ``cmd_name``, its parameters given metavariables."""
+        return with_metavars(super().get_command(ctx, cmd_name))
+
+    def format_help(self, ctx, formatter):
+        with_metavars(self)
+        return super().format_help(ctx, formatter)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Run the command line; usage errors become one line and exit status 2."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -14,11 +16,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import errors
+from ..codec import openjpeg
 from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
 from ..slide import open_slide
-from .console import console, err_console, handle_errors, shown
+from .console import console, err_console, fitted_console, handle_errors, shown
 from .group import app
 
 
@@ -58,7 +61,7 @@ def info(
                 "photometric": lv.photometric,
                 "samples": lv.samples,
                 "dtype": str(lv.dtype),
-                "decoder": lv.decoder,
+                "decoder": openjpeg.decoder_name(lv),  # who really decodes (read/worker.py)
                 "compression_problem": lv.compression_problem,
             }
             for lv in s.levels
@@ -95,61 +98,107 @@ def info(
         return
     mpp = f"{data['mpp_x']:.4g} x {data['mpp_y']:.4g} µm/px" if data["mpp_x"] else "unknown"
     obj = f"{data['objective_power']:g}x" if data["objective_power"] else "unknown"
-    _info_console().print(f"[bold]{escape(str(slide))}[/]  vendor [cyan]{escape(str(data['vendor']))}[/]  "
-                          f"MPP {mpp}  objective {obj}")
+    out = _info_console()
+    # fields are never split across lines: a line breaks between them (issue 26)
+    for line in _fields([str(slide), f"vendor {data['vendor']}", f"MPP {mpp}", f"objective {obj}"],
+                        out.width):
+        _line(out, line)
     if data["painted_tiles"] is not None:
-        _info_console().print(f"{'[yellow]' if data['painted_tiles'] else ''}painted tiles: {data['painted_tiles']} "
-                      "undecodable source tile(s) painted with the background by export --on-error fill",
-                      highlight=False)
+        _prose(out, f"painted tiles: {data['painted_tiles']} undecodable source tile(s) painted "
+                    "with the background by export --on-error fill")
     icc = data["icc_profile"]
-    _info_console().print(f"ICC profile: {escape(icc['description'] or '(no description)')} ({icc['bytes']} bytes)"
-                          if icc else "ICC profile: none", highlight=False)
+    _prose(out, f"ICC profile: {icc['description'] or '(no description)'} ({icc['bytes']} bytes)"
+           if icc else "ICC profile: none")
     if picks:
-        _info_console().print("DICOM: read " + ", ".join(f"{k.replace('-', ' ')} {v}" for k, v in picks.items()),
-                              highlight=False)
+        _prose(out, "DICOM: read " + ", ".join(f"{k.replace('-', ' ')} {v}" for k, v in picks.items()))
     if hidden:
-        _info_console().print(f"{hidden} identifying propert{'y' if hidden == 1 else 'ies'} (patient, "
-                              "institution, specimen) hidden: --show-phi shows them", highlight=False)
+        _prose(out, f"{hidden} identifying propert{'y' if hidden == 1 else 'ies'} (patient, "
+                    "institution, specimen) hidden: --show-phi shows them")
     for key, value in phi.items():  # --show-phi: the identifying properties themselves
-        _info_console().print(f"{shown(key)} = {shown(value)}", highlight=False)
+        _line(out, f"{errors.printable(key)} = {errors.printable(value)}")
     _print_info_tables(slide, levels, assoc, data["backends"], backends)
 
 
 def _info_console() -> Console:
-    """The console ``info`` prints to: the terminal's width, else $COLUMNS, else 80."""
-    if console.is_terminal:
-        return console
-    try:
-        width = int(os.environ.get("COLUMNS", ""))
-    except ValueError:
-        width = 0
-    return Console(file=sys.stdout, width=width if width > 0 else 80)
+    """The console ``info`` prints to (:func:`.console.fitted_console`)."""
+    return fitted_console()
+
+
+def _line(out: Console, text: str, style: str = "") -> None:
+    """One output line, as is: rich neither wraps it nor pads it (a value longer
+    than the terminal is left whole, for the terminal to fold)."""
+    text = escape(errors.printable(text.rstrip()))
+    out.print(f"[{style}]{text}[/]" if style and text else text, highlight=False, soft_wrap=True)
+
+
+def _prose(out: Console, text: str) -> None:
+    """A sentence, wrapped between words to the console's width."""
+    for line in textwrap.wrap(text, width=max(out.width, 20), break_long_words=False,
+                              break_on_hyphens=False) or [""]:
+        _line(out, line)
+
+
+def _fields(fields: list[str], width: int, sep: str = "  ") -> list[str]:
+    """``fields`` joined by ``sep`` into lines of at most ``width`` columns, broken
+    between fields only (a field wider than ``width`` gets a line of its own)."""
+    lines: list[str] = []
+    cur = ""
+    for f in fields:
+        if cur and len(cur) + len(sep) + len(f) > width:
+            lines.append(cur)
+            cur = f
+        else:
+            cur = f"{cur}{sep}{f}" if cur else f
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def _table(out: Console, title: str, headers: list[str], rows: list[list[str]]) -> None:
+    """A plain-text table that fits ``out.width`` without breaking a value: columns
+    two spaces apart (one where two do not fit), no trailing spaces; where even
+    that is too wide, each row becomes ``header value`` fields wrapped between
+    fields."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    _line(out, title, "bold")
+    for gap in (2, 1):
+        if sum(widths) + gap * (len(widths) - 1) <= out.width:
+            pad = " " * gap
+            _line(out, pad.join(h.ljust(w) for h, w in zip(headers, widths)), "bold")
+            for r in rows:
+                _line(out, pad.join(v.ljust(w) for v, w in zip(r, widths)))
+            return
+    for r in rows:
+        for i, line in enumerate(_fields([f"{h} {v}" for h, v in zip(headers, r)], out.width - 2)):
+            _line(out, ("  " if i else "") + line)
+
+
+def _print_stripped(out: Console, renderable) -> None:
+    """A rich renderable (wrapping prose cells) printed without trailing spaces."""
+    with out.capture() as cap:
+        out.print(renderable)
+    text = re.sub(r"[ \t]+((?:\x1b\[[0-9;]*m)*)$", r"\1", cap.get(), flags=re.M)
+    out.file.write(text)
+    out.file.flush()
 
 
 def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: list,
                        show_backends: bool) -> None:
-    """The human-readable part of ``wsitool info``: levels, associated images, backends."""
+    """The human-readable part of ``wsitool info``: levels, associated images, backends.
+
+    Every line fits the console's width (80 columns in a pipe without $COLUMNS)
+    and no value is broken across lines (:func:`_table`)."""
     out = _info_console()
-
-    def table(title: str, *headers: str) -> Table:
-        t = Table(title=title, title_justify="left", box=None, padding=(0, 1), pad_edge=False,
-                  header_style="bold underline", title_style="bold")
-        for h in headers:  # headers are never cut: a column is at least as wide as its header
-            t.add_column(h, min_width=len(h), overflow="fold")
-        return t
-
-    lt = table("Levels (sizes: width x height)", "level", "size", "downsample", "tile",
-               "compression", "pixels", "decoder")
+    rows = []
     for lv in levels:
-        comp = escape(lv["compression"])
-        if lv["compression_problem"]:
-            comp = f"[bold red]{comp} unsupported[/]"
-        lt.add_row(
+        comp = lv["compression"] + (" unsupported" if lv["compression_problem"] else "")
+        rows.append([
             str(lv["level"]), f"{lv['width']}x{lv['height']}", f"{lv['downsample']:.4g}",
             f"{lv['tile_width']}x{lv['tile_height']}" + ("" if lv["tiled"] else " strips"),
             comp, f"{lv['photometric']} {lv['samples']}x{lv['dtype']}", lv["decoder"],
-        )
-    out.print(lt)
+        ])
+    _table(out, "Levels (sizes: width x height)",
+           ["level", "size", "downsample", "tile", "compression", "pixels", "decoder"], rows)
     for lv in levels:
         if lv["compression_problem"]:
             err_console.print(f"[yellow]wsitool: warning:[/] {escape(str(slide))}: level {lv['level']}: "
@@ -157,15 +206,17 @@ def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: lis
                               "(reads fail with exit 3, unsupported format)", highlight=False,
                               soft_wrap=True)
     if assoc:
-        at = table("Associated images", "name", "width x height")
-        for name, size in assoc.items():
-            at.add_row(escape(name), f"{size[0]} x {size[1]}" if isinstance(size, list) else escape(size))
-        out.print(at)
+        _table(out, "Associated images", ["name", "width x height"],
+               [[name, f"{size[0]} x {size[1]}" if isinstance(size, list) else str(size)]
+                for name, size in assoc.items()])
     if show_backends:
-        bt = table("Decode backends", "backend", "available", "decodes", "detail")
+        bt = Table(title="Decode backends", title_justify="left", box=None, padding=(0, 1),
+                   pad_edge=False, header_style="bold underline", title_style="bold")
+        for h in ("backend", "available", "decodes", "detail"):
+            bt.add_column(h, min_width=len(h), overflow="fold")
         for b in backend_rows:
             bt.add_row(b["name"], "yes" if b["available"] else "no", b["decodes"], b.get("detail", ""))
-        out.print(bt)
+        _print_stripped(out, bt)
     else:
         parts = []
         for device in ("cpu", "cuda"):
@@ -178,8 +229,7 @@ def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: lis
             if n == 0 and why:
                 part += f" ({why.split(':')[0]})"
             parts.append(part)
-        out.print(escape(f"Decode backends: {', '.join(parts)}, see --backends"),
-                  highlight=False)
+        _prose(out, f"Decode backends: {', '.join(parts)}, see --backends")
 
 
 def _painted_tiles(slide) -> Optional[int]:

@@ -8,7 +8,7 @@ from typing import Literal, Optional, Tuple
 
 import typer
 
-from .. import atomic
+from .. import atomic, errors
 from ..distributed import load_regions_csv, read_regions
 from ..errors import TileWarning
 from ..export import check_image_extension, write_image
@@ -28,7 +28,8 @@ def read_region_cmd(
     ),
     level: Optional[int] = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
     size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", metavar="W H", help="WIDTH HEIGHT in pixels of LEVEL, separated by a space."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file: .png, .tif/.tiff or .npy."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Output file: .png, .jpg/.jpeg, .webp, .tif/.tiff or .npy."),
+    quality: int = typer.Option(90, "--quality", "-q", min=1, max=100, metavar="1..100", help="Quality of a .jpg or .webp output (WebP: 100 is lossless)."),
     mode: Literal["rgba", "rgb", "raw"] = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
     threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
     on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default) or fill corrupt tiles with transparent background."),
@@ -96,7 +97,12 @@ def read_region_cmd(
                           highlight=False, soft_wrap=True)
     if device != "cpu":
         arr = arr.get()
-    write_image(output, arr, overwrite=overwrite, sources=[slide])
+    try:
+        write_image(output, arr, overwrite=overwrite, sources=[slide], quality=quality)
+    except ValueError as exc:
+        if isinstance(exc, errors.WsiError):
+            raise
+        raise fail(str(exc), 2) from None
     console.print(
         f"wrote {shown(output)} (width {arr.shape[1]}, height {arr.shape[0]}, {arr.shape[2]} "
         f"channel{'s' if arr.shape[2] != 1 else ''} {arr.dtype}) "

@@ -10,7 +10,7 @@ import typer
 from rich.live import Live
 
 from .. import atomic, stress
-from .console import console, fail, handle_errors, shown
+from .console import console, fail, fitted_console, handle_errors, shown
 from .group import app
 
 
@@ -84,7 +84,7 @@ def stress_cmd(
     finally:
         if live is not None:
             live.stop()
-    console.print(stress.summary_table(result))
+    fitted_console().print(stress.summary_table(result))  # 80 columns in a pipe
     if report is not None:
         stress.write_report(result, report)
         console.print(f"wrote report {shown(report)}", highlight=False)

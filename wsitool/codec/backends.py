@@ -15,7 +15,7 @@ import numpy as np
 
 from ..device import NO_CUDA, cuda_probe
 from . import jpegloop
-from .library import nv
+from .library import available as nv_available, nv, unavailable_reason
 
 __all__ = ["backend_report"]
 
@@ -133,11 +133,14 @@ def backend_report(probe: bool = True) -> list[dict]:
     if ok:
         hw["detail"] += "; this GPU model " + ("has" if hw_hint else "is not listed with") + \
             " a JPEG engine (nvJPEG docs)"
+    nv_ok = nv_available()
     return [
-        {"name": "CPU: nvImageCodec (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": True,
+        {"name": "CPU: nvImageCodec (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": nv_ok,
          "decodes": "JPEG (7) RGB/YCbCr, JPEG 2000 (33003, 33005, 34712); device cpu, "
                     "and fallback for device cuda",
-         "detail": "always available"},
+         "detail": "loaded" if nv_ok else
+                   f"{unavailable_reason()}; JPEG and JPEG 2000 tiles are decoded by imagecodecs "
+                   "(the same pixels, slower)"},
         gpu_entry("CUDA: nvJPEG", "GPU_ONLY", "jpeg", nvjpeg_lib, "nvidia-nvjpeg-cu12",
                   "JPEG (7) RGB/YCbCr; device cuda"),
         hw,
@@ -145,8 +148,10 @@ def backend_report(probe: bool = True) -> list[dict]:
                   "JPEG 2000 (33003, 33005, 34712); device cuda"),
         _native_entry(),
         {"name": "CPU: tifffile + imagecodecs", "device": "cpu", "available": True,
-         "decodes": "all other compressions (none, LZW, deflate, zstd, WebP, gray/CMYK JPEG, "
-                    "16-bit); device cuda: decoded on the CPU, then copied",
+         "decodes": ("all other compressions (none, LZW, deflate, zstd, WebP, gray/CMYK JPEG, "
+                     "16-bit)" if nv_ok else
+                     "every compression, JPEG and JPEG 2000 included (nvImageCodec is not "
+                     "importable)") + "; device cuda: decoded on the CPU, then copied",
          "detail": "always available"},
     ]
 

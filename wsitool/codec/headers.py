@@ -9,7 +9,7 @@ data that imagecodecs crashes on (:mod:`wsitool.bitstream`) raises
 
 from __future__ import annotations
 
-from ..bitstream import j2k_header_problem, jpeg_frame_size, jpegls_frame_size, lzw_problem, webp_frame_size
+from ..bitstream import j2k_header_problem, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem, webp_frame_size
 from ..errors import TileDecodeError
 from ..model import Level
 from .failures import grid_reason, unreadable_header_reason
@@ -47,7 +47,12 @@ def check_header(level: Level, data: bytes, col: int, row: int) -> None:
                                   f"{kind.upper()} stream without a readable frame header")
         check_cell(level, col, row, *size)
     elif kind == "j2k":
-        codestream(level, data, col, row)
+        # the SIZ size of the header walk (no nvImageCodec: this path is also the
+        # fallback where it cannot be imported, library.fallback_encoding)
+        head = j2k_main_header(data if isinstance(data, bytes) else bytes(data))
+        if head.problem:
+            raise TileDecodeError(level.path, level.index, col, row, head.problem)
+        check_cell(level, col, row, head.width, head.height)
     elif kind == "lzw":
         problem = lzw_problem(data)
         if problem:

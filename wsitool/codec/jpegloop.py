@@ -71,7 +71,11 @@ def _load():
             _reason = ("not built (was there a C compiler at install time? `pip install -v .` "
                        "shows the build log); JPEG reads take the Python path")
             return None
-        base = os.path.dirname(nv().__file__)
+        try:
+            base = os.path.dirname(nv().__file__)
+        except ImportError as exc:  # the loop calls nvImageCodec's C API: nothing to call
+            _reason = f"{exc}; JPEG reads take the imagecodecs path"
+            return None
         lib = os.path.join(base, "libnvimgcodec.so.0")
         try:
             # Creating the instance loads nvImageCodec's extensions, which print
@@ -137,7 +141,7 @@ class RegionJobs:
         rx, ry: the region's top-left corner in level pixels.
         inside: ``(cx0, cy0, cx1, cy1)``, the part of the region inside the
             level in level pixels (from ``plan_tiles``).
-        on_error: ``"raise"`` or ``"fill"`` (see :func:`wsitool.read_region`).
+        on_error: ``"raise"`` or ``"fill"`` (see :meth:`wsitool.Slide.read_region`).
     """
 
     def __init__(self, lv: Level, out: np.ndarray, rx: int, ry: int, inside, on_error: str):

@@ -24,7 +24,7 @@ one the required ``imagecodecs`` wheel ships (``imagecodecs.libs/libopenjp2-*``,
 so a plain ``pip install`` provides it), else the system's ``libopenjp2.so.7``;
 without either, :func:`available` is False and J2K tiles take the
 nvImageCodec path (:mod:`.nvdecode`) as before.  Measured numbers are in the
-README ("JPEG 2000 window decode").
+docs (``docs/explanations/decoding.md``, "JPEG 2000: window decode").
 
 Rules kept from the nvImageCodec path:
 
@@ -56,6 +56,7 @@ import numpy as np
 from ..bitstream import jp2_boxes, j2k_main_header
 from ..errors import TileDecodeError
 from ..model import Level
+from ..settings import get_decode_paths
 from .failures import no_image_reason, outside_reason, unreadable_header_reason
 from .headers import check_cell
 from .pool import ThreadState
@@ -168,6 +169,19 @@ def _load():
 def available() -> bool:
     """Whether a usable libopenjp2 (>= 2.3) was found (loads it on the first call)."""
     return _load() is not None
+
+
+def decodes(lv: Level) -> bool:
+    """Whether ``lv``'s tiles are decoded by this OpenJPEG window decoder: JPEG 2000
+    code streams, the ``openjpeg`` decode path on (:class:`wsitool.settings.DecodePaths`)
+    and libopenjp2 found; otherwise they take ``lv.decoder``'s path."""
+    return lv.encoding.stream == "j2k" and get_decode_paths().openjpeg and available()
+
+
+def decoder_name(lv: Level) -> str:
+    """Who decodes ``lv``'s tiles on a read: ``"openjpeg"`` where :func:`decodes`, else
+    :attr:`wsitool.model.TileEncoding.decoder` (``"nvimagecodec"``, ``"tifffile"``, ...)."""
+    return "openjpeg" if decodes(lv) else lv.decoder
 
 
 def library_path() -> str | None:

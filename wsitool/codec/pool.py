@@ -192,7 +192,7 @@ class DecoderPool:
         self._retired = DecodeStats()  # counters of threads that have ended
         self.encoders_created = 0
         if device == "cpu":
-            self._device_id = nv().NVIMGCODEC_DEVICE_CPU_ONLY
+            self._device_id = None  # nvImageCodec's CPU-only id, looked up at the first decoder
         elif device.startswith("cuda"):
             self._device_id = cuda_device_id(device)
         else:
@@ -208,6 +208,8 @@ class DecoderPool:
         parallelism comes from our own per-thread instances.
         """
         kinds = [nv().BackendKind.CPU_ONLY]
+        # (a pool for the imagecodecs path, without nvImageCodec, never gets here)
+        device_id = nv().NVIMGCODEC_DEVICE_CPU_ONLY if self._device_id is None else self._device_id
         if self.device != "cpu":
             gpu = [nv().BackendKind.GPU_ONLY, nv().BackendKind.HYBRID_CPU_GPU]
             if cls is nv().Decoder:
@@ -215,7 +217,7 @@ class DecoderPool:
             kinds = gpu + kinds
         with self._create_lock:
             try:
-                return cls(device_id=self._device_id, max_num_cpu_threads=1,
+                return cls(device_id=device_id, max_num_cpu_threads=1,
                            backends=[nv().Backend(k) for k in kinds])
             except Exception as exc:  # pragma: no cover - depends on the machine
                 raise DeviceUnavailableError(

@@ -22,18 +22,19 @@ PAINTED_KEY = "UndecodableTiles"
 PAINTED_NAMESPACE = "wsitool"
 
 
-#: Longest side (pixels) of the thumbnail written in the Aperio layout: the
-#: largest pyramid level whose sides are all at most this (the last level if
-#: none is).  Aperio's are "typically about 1024x768" (Aperio, "Digital Slides
-#: and Third-party Data Interchange", p. 14, quoted in OpenSlide's Aperio notes).
-THUMBNAIL_SIZE = 1024
-
-
 def thumbnail_level(dims: Sequence[tuple[int, int]]) -> int:
-    """Index of the pyramid level kept as the Aperio thumbnail (see :data:`THUMBNAIL_SIZE`)."""
-    for k, (w, h) in enumerate(dims):
-        if w <= THUMBNAIL_SIZE and h <= THUMBNAIL_SIZE:
-            return k
+    """Index of the pyramid level whose pixels make the Aperio thumbnail: the smallest.
+
+    In the Aperio layout the thumbnail (IFD 1, stripped) is never larger than
+    the smallest pyramid level: Bio-Formats' SVS reader sorts every IFD that
+    is not a label or macro by size and drops the smallest if it is stripped,
+    so a thumbnail larger than a level would push that level out of the
+    pyramid (the level's pixels are then lost to Bio-Formats, QuPath and
+    ``bfconvert``).  OpenSlide, tiffslide and tifffile take IFD 1 as the
+    thumbnail whatever its size.  An export's smallest level fits in one tile.
+    """
+    if not dims:
+        raise ValueError("no pyramid levels")
     return len(dims) - 1
 
 
@@ -62,7 +63,7 @@ def associated_for_export(slide, label: bool, associated: bool,
     the ``tiff`` output gets one made from its own pyramid.
 
     Raises:
-        WsiError (and subclasses): an associated image cannot be read, with
+        WsiError: (or a subclass) an associated image cannot be read, with
             ``on_error="raise"``; with ``"fill"`` it is left out with a
             :class:`~wsitool.errors.TileWarning`.
     """

@@ -59,7 +59,8 @@ def write_dzi(tiles, final: Path, files_dir: Path, dims, T: int, O: int,
     Raises:
         OutputExistsError, OutputIsSourceError: see :func:`wsitool.atomic.check_output`.
         OSError: the folder cannot be written (disk full, permissions), naming ``final``.
-        Any error from ``tiles``; nothing is then left under either name.
+
+    Any error from ``tiles`` propagates; nothing is then left under either name.
     """
     ext = "jpeg" if compression == "jpeg" else "png"
     partial = atomic.create_dir(final, sources)  # the tiles folder and the .dzi are made in it

@@ -5,14 +5,13 @@ Codecs: JPEG tiles are encoded by libjpeg-turbo through imagecodecs
 nvImageCodec's CPU encoder writes for the same quality and subsampling, checked
 by ``tests/export/test_encode.py``, in about 0.87 of its CPU time, with the GIL
 released and no per-thread encoder to hold).  JPEG 2000 tiles are encoded by
-nvImageCodec (one encoder per thread, from :mod:`wsitool.codec.pool`'s
-per-thread state).  Its CPU JPEG 2000 encoder takes a target size ratio, not a
-quality: ``quality`` 100 means lossless, below 100 a compressed size of
-``quality / 300`` of the raw tile (90 -> 30 %, about 3.3:1, which on dense H&E
-tissue gives about the PSNR of JPEG at quality 90; 30 -> 10 %).  It writes a
-JP2 file; the code stream is taken out of its ``jp2c`` box (ISO/IEC 15444-1
-Annex I.5.4).  Deflate and uncompressed TIFF tiles, and PNG tiles of Deep Zoom
-(``deflate`` / ``none``), are encoded with imagecodecs.
+OpenJPEG through imagecodecs (``jpeg2k_encode``, a raw code stream, ISO/IEC
+15444-1 Annex A, as TIFF compressions 33005 and 34712 hold; the GIL released).
+Their quality is a target PSNR in dB (:data:`DEFAULT_PSNR`; OpenJPEG's
+fixed-quality mode, one quality layer, the irreversible 9/7 wavelet), or
+lossless (``psnr=0``: the reversible 5/3 wavelet).  Deflate and uncompressed
+TIFF tiles, and PNG tiles of Deep Zoom (``deflate`` / ``none``), are encoded
+with imagecodecs.
 """
 
 from __future__ import annotations
@@ -24,9 +23,6 @@ from typing import Iterator
 import imagecodecs
 import numpy as np
 
-from ..bitstream import jp2_codestream
-from ..codec.library import nv
-from ..codec.pool import get_pool
 from ..errors import WsiError
 from .associated import LevelImage
 from .downsample import PyramidBuilder
@@ -34,27 +30,28 @@ from .plan import queue_depth
 from .source import StripSource
 
 
+#: Default target PSNR (dB) of JPEG 2000 output tiles.  At 40 dB the shared TCGA
+#: JPEG 2000 slide (Aperio "J2K/KDU Q=70", 3.90 MB) re-exports to 4.18 MB (6 levels);
+#: 40 dB is about what JPEG at quality 90 gives on H&E tissue.
+DEFAULT_PSNR = 40.0
+
+
 class TileCodec:
     """Encodes one output tile (``(h, w, 3)`` uint8, C-contiguous) to bytes.
 
-    Runs on any thread.  nvImageCodec work uses the calling thread's own
-    encoder from :func:`wsitool.codec.pool.get_pool` under that thread's lock.
+    Runs on any thread (the encoders keep no state between tiles).
+
+    ``psnr`` (JPEG 2000 only): the target PSNR in dB of each tile against its
+    pixels, > 0; 0 for lossless.  ``quality`` (JPEG only): 1..100.
     """
 
-    def __init__(self, fmt: str, compression: str, quality: int):
+    def __init__(self, fmt: str, compression: str, quality: int, psnr: float | None = None):
         self.fmt = fmt
         self.compression = compression
         self.quality = quality
-        self._params = None
+        self.psnr = DEFAULT_PSNR if psnr is None else float(psnr)
         if compression == "jpeg":
             self._subsampling = "444" if jpeg_subsampling(quality) == (1, 1) else "420"
-        elif compression == "jpeg2000":
-            if quality >= 100:
-                self._params = nv().EncodeParams(quality_type=nv().QualityType.LOSSLESS)
-            else:
-                self._params = nv().EncodeParams(
-                    quality_type=nv().QualityType.SIZE_RATIO, quality_value=quality / 300.0
-                )
 
     def encode(self, tile: np.ndarray) -> bytes:
         """Encoded bytes of ``tile`` ((h, w, 3) uint8) for this format and compression.
@@ -68,20 +65,16 @@ class TileCodec:
             except Exception as exc:  # imagecodecs.JpegError and friends
                 raise WsiError(f"libjpeg-turbo could not encode a {tile.shape[1]}x{tile.shape[0]} "
                                f"JPEG tile: {exc}") from None
-        if self._params is not None:  # JPEG 2000
-            state = get_pool("cpu").state()
-            with state.lock:
-                encoder = state.encoder
-                cs = encoder.encode(tile, "jpeg2k", params=self._params)
-            if cs is None:
-                raise WsiError(
-                    f"nvImageCodec could not encode a {tile.shape[1]}x{tile.shape[0]} "
-                    f"{self.compression} tile"
-                )
-            try:  # the encoder writes a JP2 file: its jp2c box holds the code stream
-                return jp2_codestream(bytes(cs))
-            except ValueError:
-                raise WsiError("JPEG 2000 encoder output has no code stream (no jp2c box)") from None
+        if self.compression == "jpeg2000":
+            try:
+                if self.psnr > 0:
+                    return imagecodecs.jpeg2k_encode(tile, level=self.psnr, codecformat="j2k",
+                                                     reversible=False, numthreads=1)
+                return imagecodecs.jpeg2k_encode(tile, level=0, codecformat="j2k", reversible=True,
+                                                 numthreads=1)
+            except Exception as exc:  # imagecodecs.Jpeg2kError
+                raise WsiError(f"OpenJPEG could not encode a {tile.shape[1]}x{tile.shape[0]} "
+                               f"JPEG 2000 tile: {exc}") from None
         if self.fmt == "dzi":  # PNG tiles (deflate, or stored blocks for "none")
             return imagecodecs.png_encode(tile, level=6 if self.compression == "deflate" else 0)
         if self.compression == "deflate":
@@ -96,15 +89,19 @@ def jpeg_subsampling(quality: int) -> tuple[int, int]:
     return (1, 1) if quality >= 90 else (2, 2)
 
 
-def tiff_compression(fmt: str, compression: str, quality: int) -> tuple[dict, str]:
-    """tifffile page keyword arguments for pre-encoded tiles, and the Aperio kind text."""
+def tiff_compression(fmt: str, compression: str, quality: int,
+                     psnr: float | None = None) -> tuple[dict, str]:
+    """tifffile page keyword arguments for pre-encoded tiles, and the Aperio kind text
+    (``psnr``: JPEG 2000's target in dB, 0 lossless; default :data:`DEFAULT_PSNR`)."""
     if compression == "jpeg":
         sub = jpeg_subsampling(quality)
         return ({"compression": "jpeg", "photometric": "ycbcr", "subsampling": sub},
                 f"JPEG/YCbCr Q={quality}")
     if compression == "jpeg2000":
         code = 33005 if fmt == "tiff" else 34712
-        return {"compression": code, "photometric": "rgb"}, f"J2K/RGB Q={quality}"
+        psnr = DEFAULT_PSNR if psnr is None else float(psnr)
+        return {"compression": code, "photometric": "rgb"}, \
+            ("J2K/RGB lossless" if psnr <= 0 else f"J2K/RGB PSNR={psnr:g}dB")
     if compression == "deflate":
         return {"compression": "adobe_deflate", "photometric": "rgb", "predictor": 2}, "Deflate"
     return {"compression": None, "photometric": "rgb"}, "Raw"

@@ -1,4 +1,12 @@
-"""Writing one region array as PNG, TIFF or ``.npy`` (``read-region``, batch region reads) (floor 6)."""
+"""Writing one region array as PNG, JPEG, WebP, TIFF or ``.npy`` (``read-region``, batch region reads) (floor 6).
+
+JPEG (``.jpg`` / ``.jpeg``, libjpeg-turbo through imagecodecs: baseline, no
+chroma subsampling at quality >= 90, 4:2:0 below, as the export's JPEG tiles)
+has no alpha: an RGBA region is composited onto white (the transparent
+pixels are those outside the slide or of missing tiles).  WebP (``.webp``,
+libwebp) keeps the alpha; quality 100 is lossless.  Both hold 8-bit samples
+only: 16-bit or float raw reads go to ``.tif`` or ``.npy``.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,10 @@ from .. import atomic
 
 
 #: File types :func:`write_image` writes, by extension.
-IMAGE_EXTENSIONS = (".png", ".tif", ".tiff", ".npy")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".npy")
+
+#: Default quality (1..100) of ``.jpg`` and ``.webp`` outputs.
+DEFAULT_QUALITY = 90
 
 
 def check_image_extension(path: Path) -> None:
@@ -25,13 +36,15 @@ def check_image_extension(path: Path) -> None:
     """
     ext = path.suffix.lower()
     if ext not in IMAGE_EXTENSIONS:
-        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .tif, .tiff or .npy)")
+        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .jpg, .jpeg, .webp, "
+                         ".tif, .tiff or .npy)")
 
 
-def write_image(path: Path, array, *, overwrite: bool = True, sources=()) -> None:
+def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
+                quality: int = DEFAULT_QUALITY) -> None:
     """Write one region, ``array`` (``(height, width, channels)`` numpy, e.g. uint8
-    RGB/RGBA or the level's dtype for raw reads), to PNG, TIFF (zlib) or ``.npy``
-    by the extension of ``path``, atomically (:mod:`wsitool.atomic`): the data
+    RGB/RGBA or the level's dtype for raw reads), to PNG, JPEG, WebP, TIFF (zlib)
+    or ``.npy`` by the extension of ``path``, atomically (:mod:`wsitool.atomic`): the data
     goes to a new exclusive temporary file in the destination folder, renamed
     onto ``path`` only when complete.
 
@@ -41,9 +54,13 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=()) -> Non
         overwrite: replace an existing ``path`` (never one of ``sources``).
         sources: paths read to make ``array`` (the slide); ``path`` must not
             be one of them, also through a link.
+        quality: 1..100, for ``.jpg`` / ``.jpeg`` / ``.webp`` (WebP: 100 is
+            lossless); ignored by the other types.
 
     Raises:
-        ValueError: unknown extension.
+        ValueError: unknown extension; a JPEG or WebP of samples that are not
+            uint8, or of other than 1 (JPEG: also 2), 3 or 4 channels; a quality
+            outside 1..100.
         OutputIsSourceError: ``path`` is one of ``sources`` (also a ValueError).
         OutputExistsError: ``path`` exists and ``overwrite`` is False (a FileExistsError).
         IsADirectoryError: ``path`` is an existing folder.
@@ -60,12 +77,14 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=()) -> Non
         if arr.ndim == 3 and arr.shape[2] not in (1, 2, 3, 4):
             arr = arr[..., :3]
         data = imagecodecs.png_encode(np.ascontiguousarray(arr))  # encode before creating the file
+    elif ext in (".jpg", ".jpeg", ".webp"):
+        data = _encode_8bit(path, np.asarray(array), ext, quality)
     partial, fh = atomic.open_file(path, sources)
     with partial:
         with fh:
             if ext == ".npy":
                 np.save(fh, array)
-            elif ext == ".png":
+            elif ext in (".png", ".jpg", ".jpeg", ".webp"):
                 fh.write(data)
             else:
 
@@ -76,3 +95,36 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=()) -> Non
         partial.commit(overwrite)
 
 
+
+
+def _encode_8bit(path: Path, arr: np.ndarray, ext: str, quality: int) -> bytes:
+    """``arr`` as JPEG or WebP bytes (see the module notes); ValueError naming ``path``
+    for what the format cannot hold."""
+    kind = "WebP" if ext == ".webp" else "JPEG"
+    if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) or not 1 <= quality <= 100:
+        raise ValueError(f"{path}: quality must be 1..100, got {quality!r}")
+    if arr.dtype != np.uint8:
+        raise ValueError(f"{path}: {kind} holds 8-bit samples, this region is {arr.dtype} "
+                         "(write .tif or .npy)")
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    channels = arr.shape[2]
+    if kind == "JPEG":
+        if channels in (2, 4):  # no alpha in JPEG: composite onto white
+            rgb = arr[..., :-1].astype(np.uint16)
+            a = arr[..., -1:].astype(np.uint16)
+            arr = ((rgb * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
+            channels -= 1
+        if channels not in (1, 3):
+            raise ValueError(f"{path}: JPEG holds 1 or 3 channels, this region has {channels}")
+        sub = "444" if quality >= 90 else "420"
+        return imagecodecs.jpeg8_encode(np.ascontiguousarray(arr if channels == 3 else arr[..., 0]),
+                                        level=int(quality), subsampling=sub)
+    if channels not in (3, 4):
+        if channels == 1:
+            arr = np.repeat(arr, 3, axis=2)
+        else:
+            raise ValueError(f"{path}: WebP holds 3 or 4 channels, this region has {channels}")
+    if quality >= 100:
+        return imagecodecs.webp_encode(np.ascontiguousarray(arr), lossless=True)
+    return imagecodecs.webp_encode(np.ascontiguousarray(arr), level=int(quality))

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..deepzoom import deepzoom_level_dimensions
+from . import omexml
 
 
 #: Output formats.
@@ -335,8 +336,9 @@ def background_color(value) -> np.ndarray:
 
 
 def output_metadata(slide, L: int) -> dict:
-    """MPP (µm per output level-0 pixel), objective power and ICC profile (raw bytes or
-    None, carried unchanged) of the output made from level ``L`` of ``slide``."""
+    """MPP (µm per output level-0 pixel), objective power, ICC profile (raw bytes or
+    None, carried unchanged), acquisition date and instrument (:mod:`.omexml`) of the
+    output made from level ``L`` of ``slide``."""
     lv0, lv = slide.levels[0], slide.levels[L]
     fx, fy = lv0.width / lv.width, lv0.height / lv.height
     mpp = slide.mpp
@@ -345,6 +347,9 @@ def output_metadata(slide, L: int) -> dict:
         "mpp": (mpp[0] * fx, mpp[1] * fy) if mpp else None,
         "mag": (mag / ((fx + fy) / 2)) if mag else None,
         "icc": slide.color_profile,
+        "acquired": omexml.acquisition_date(slide.properties),
+        "instrument": omexml.instrument_from(slide.properties,
+                                             (mag / ((fx + fy) / 2)) if mag else None),
     }
 
 

@@ -53,6 +53,7 @@ How the pyramid is built (streaming, never a whole level in memory):
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import time
 import warnings
@@ -88,6 +89,7 @@ def export_pyramid(
     tile_size: int = 256,
     compression: str = "jpeg",
     quality: int = 90,
+    psnr: float | None = None,
     region: Sequence[int] | None = None,
     level: int = 0,
     overlap: int = 0,
@@ -127,9 +129,12 @@ def export_pyramid(
             ignored.  A ``region`` must be on the level's tile grid.  See
             :mod:`wsitool.export.passthrough` for the tags, the checks each
             copied tile passes and what cannot be copied.
-        quality: 1..100.  JPEG quality; for JPEG 2000 100 is lossless and
-            below a target size of ``quality / 300`` of the raw tile.
-            Ignored by ``deflate`` / ``none``.
+        quality: 1..100.  JPEG quality.  Ignored by ``jpeg2000``, ``deflate``
+            and ``none``.
+        psnr: JPEG 2000 only: the target PSNR in dB of every tile (OpenJPEG's
+            fixed-quality mode), default :data:`~wsitool.export.encode.DEFAULT_PSNR`
+            (40 dB); higher is closer to the source and larger (about +5 %
+            size per dB on H&E); ``0`` is lossless.  Ignored by the other codecs.
         region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels,
             ``w, h`` the size in pixels of ``level``; default the whole level.
             Parts outside the slide become background; it must overlap the slide.
@@ -185,7 +190,8 @@ def export_pyramid(
     Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
     notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
     and Third-party Data Interchange" p. 14): IFD 0 the full resolution
-    (tiled); IFD 1 a stripped JPEG thumbnail (:data:`THUMBNAIL_SIZE`);
+    (tiled); IFD 1 a stripped JPEG thumbnail, the size of the smallest level
+    (:func:`~wsitool.export.associated.thumbnail_level`);
     then the other levels (tiled, NewSubfileType 0); then ``label`` (LZW,
     NewSubfileType 1) and ``macro`` (JPEG, NewSubfileType 9), stripped, each
     with ImageDescription ``Aperio Image Library ...`` and a second line
@@ -199,7 +205,7 @@ def export_pyramid(
 
     Raises:
         ValueError: an invalid option (format, compression, tile size,
-            quality, overlap, threads, background).
+            quality, psnr, overlap, threads, background).
         OutputIsSourceError: the output is the source slide (same file, also
             through a link), whatever ``overwrite``; also a ``ValueError``.
         InvalidRegionError: bad level or region (also a ``ValueError``).
@@ -209,16 +215,18 @@ def export_pyramid(
             exists and ``overwrite`` is False; a ``FileExistsError``.
         IsADirectoryError: the output path (the ``.dzi`` file for Deep Zoom) is
             a directory and ``overwrite`` is True.
-        FileNotFoundError: the source or the output folder does not exist.
+        FileNotFoundError: the source or the output folder does not exist (the
+            source is checked first, before the output).
         UnsupportedFormatError, CorruptFileError: the source is not readable.
         TileDecodeError: a source tile cannot be decoded (``on_error="raise"``);
             with ``compression="copy"`` also a copied tile that fails its
             checks (or, with ``verify``, its decode).
         WsiError: an encoder failure; an associated image that cannot be
             read (``on_error="raise"``).
-        Any error leaves nothing under the output name (nor a Deep Zoom
-        ``_files`` folder); an existing output replaced with ``overwrite``
-        is only replaced once the new one is complete.
+
+    Any error leaves nothing under the output name (nor a Deep Zoom
+    ``_files`` folder); an existing output replaced with ``overwrite``
+    is only replaced once the new one is complete.
     """
     t_start = time.perf_counter()
     fmt = str(format).lower()
@@ -246,6 +254,13 @@ def export_pyramid(
     q = as_int(quality, "quality", error=ValueError)
     if not 1 <= q <= 100:
         raise ValueError(f"quality must be 1..100, got {q}")
+    if psnr is not None:
+        try:
+            psnr = float(psnr)
+        except (TypeError, ValueError):
+            raise ValueError(f"psnr must be a number of dB (0: lossless), got {psnr!r}") from None
+        if not 0 <= psnr <= 200:
+            raise ValueError(f"psnr must be 0 (lossless) .. 200 dB, got {psnr:g}")
     O = as_int(overlap, "overlap", error=ValueError)
     if O < 0:
         raise ValueError(f"overlap must be >= 0, got {O}")
@@ -271,6 +286,10 @@ def export_pyramid(
     # One rule for every output (wsitool.atomic): never the source, an existing
     # output only with overwrite; checked before the slide is read.
     sources = [source.path if isinstance(source, Slide) else os.fspath(source)]
+    if not isinstance(source, Slide) and not os.path.exists(sources[0]):
+        # the source first: with the arguments swapped, the error names the missing slide,
+        # not the existing one given as the output
+        raise FileNotFoundError(errno.ENOENT, "source slide not found", sources[0])
     atomic.check_output(final, sources, overwrite)
     if files_dir is not None:
         atomic.check_output(files_dir, sources, overwrite, kind="dir")
@@ -305,7 +324,7 @@ def export_pyramid(
                 "pixels (raise it with --max-pixels / max_pixels=)"
             )
         if compression == "copy":
-            return _export_copy(slide, final, fmt, L, (rx, ry, w, h), q, nthreads, bg, overwrite,
+            return _export_copy(slide, final, fmt, L, (rx, ry, w, h), q, psnr, nthreads, bg, overwrite,
                                 progress, on_error, label, associated, bool(verify), sources, t_start)
         if from_source_levels:
             segments = source_level_segments(slide.levels, L, (rx, ry, w, h), T, fmt)
@@ -330,7 +349,7 @@ def export_pyramid(
                          thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
                          associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
             for seg in segments for slv in (slide.levels[seg.level],))
-        codec = TileCodec(fmt, compression, q)
+        codec = TileCodec(fmt, compression, q, psnr)
         tiles = _segment_tiles(segments, srcs, codec, T, O, fmt, nthreads, thumb)
         meta = output_metadata(slide, L)
         meta["associated"] = extra
@@ -343,7 +362,7 @@ def export_pyramid(
                                 sources=sources, painted=meta["painted"])
         else:
             nbytes = write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,
-                                 sources=sources)
+                                 sources=sources, psnr=psnr)
         counter.finish()
         if failed_count():
             first = next(s.first_error for s in srcs if s.first_error)
@@ -363,7 +382,7 @@ def export_pyramid(
 
 
 
-def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, nthreads: int, bg,
+def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, psnr, nthreads: int, bg,
                  overwrite: bool, progress, on_error: str, label: bool, associated: bool,
                  verify: bool, sources: list, t_start: float) -> ExportResult:
     """``compression="copy"``: copied levels (:mod:`.passthrough`), then computed ones."""
@@ -391,7 +410,7 @@ def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, nthre
         [(cl.cols, cl.width, cl.level.tile_height,
           int(np.asarray(cl.level.tiles.bytecounts).max(initial=0))) for cl in plan.copied],
         verify, nthreads)
-    codec = TileCodec(fmt, plan.reencode, quality)
+    codec = TileCodec(fmt, plan.reencode, quality, psnr)
     pyramid = PyramidBuilder(cdims, T, 0, pad_tiles=True, strip=src.strip)
     if len(cdims) > 1 or thumb is not None:
         computed = encoded_tiles(src, pyramid, codec, nthreads, keep=thumb, skip=1)
@@ -408,7 +427,7 @@ def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, nthre
     meta["painted"] = (lambda: len(failures())) if on_error == "fill" else None
     nbytes = write_tiff_copy(slide, plan, computed, final, fmt, cdims, quality, meta, overwrite,
                              counter, on_error=on_error, verify=verify, threads=nthreads,
-                             failed=failed, sources=sources)
+                             failed=failed, sources=sources, psnr=psnr)
     counter.finish()
     bad = failures()
     if bad:

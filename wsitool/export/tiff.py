@@ -14,8 +14,8 @@ Format facts used here:
   (NewSubfileType 9), named on the second line of their ImageDescription;
   tifffile and tiffslide take IFD 1 as the thumbnail whatever it holds.  JPEG 2000 tiles use compression 33005
   (Aperio "JP2K RGB": a raw JPEG 2000 code stream, ISO/IEC 15444-1 Annex A).
-* OME-TIFF: OME-XML in the first ImageDescription with ``Pixels``
-  ``PhysicalSizeX/Y`` in ``µm``; the reduced levels are SubIFDs (TIFF tag
+* OME-TIFF: OME-XML (:mod:`.omexml`: MPP, objective, scanner, acquisition
+  date, channels) in the first ImageDescription; the reduced levels are SubIFDs (TIFF tag
   330) of the full-resolution IFD with NewSubfileType 1 (OME-TIFF
   specification, "Sub-resolutions").  JPEG 2000 tiles use compression 34712.
 * TIFF 6.0: TileWidth and TileLength must be multiples of 16 (section 15);
@@ -45,6 +45,7 @@ from ..formats.tiff import aperio
 from ..version import __version__
 from .associated import PAINTED_KEY, PAINTED_NAMESPACE
 from .encode import TileCounter, jpeg_subsampling, tiff_compression
+from . import omexml
 from .passthrough import CopyPlan, copied_tiles
 
 #: The writer named in the Software tag and Aperio descriptions.
@@ -92,14 +93,14 @@ def _finish(tw, out_fh, fmt: str, meta: dict) -> None:
 
 
 def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, quality: int,
-                meta: dict, overwrite: bool, counter: TileCounter, sources=()) -> int:
+                meta: dict, overwrite: bool, counter: TileCounter, sources=(), psnr=None) -> int:
     """Write a re-encoded ``tiff`` / ``ome-tiff`` export; returns the output's size in bytes.
 
     ``tiles`` yields ``(level, col, row, bytes)`` for levels ``dims`` (``(width, height)``
     in pixels, full resolution first), level 0 in page order; the lower levels' tiles go
     to a spill file until level 0's page is written.
     """
-    page_args, kind = tiff_compression(fmt, compression, quality)
+    page_args, kind = tiff_compression(fmt, compression, quality, psnr)
     raw = sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in dims)
     bigtiff = _needs_bigtiff(raw)
     index: list[list[tuple[int, int]]] = [[] for _ in dims]
@@ -123,7 +124,7 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
         gen0 = level0()
         generators.insert(0, gen0)
         with out_fh:
-            tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff"))
+            tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=False)  # OME-XML: .omexml
             args = dict(tile=(T, T), **page_args)
             _first_page(tw, fmt, final, meta, dims, _Feed(gen0), T, kind, args)
             for _ in gen0:  # run the pipeline to its end: the rest goes to the spill file
@@ -170,9 +171,12 @@ def _first_page(tw, fmt: str, final: Path, meta: dict, dims, data, tile: int, ki
         mpp = meta["mpp"][0] if meta["mpp"] else None
         desc = aperio.description_text(w0, h0, tile, kind, mpp, meta["mag"], SOFTWARE,
                                        extra={PAINTED_KEY: 0} if painted is not None else None)
-        tw.write(data, description=desc, metadata=None, **common)
+        # NewSubfileType 0 written out: Bio-Formats' SVS reader takes an IFD without the tag
+        # for a label or macro (it reads the missing tag as -1), which costs the pyramid a level
+        tw.write(data, description=desc, metadata=None, subfiletype=0, **common)
     else:
-        tw.write(data, subifds=len(dims) - 1, metadata=_ome_metadata(final, meta, painted), **common)
+        tw.write(data, subifds=len(dims) - 1, metadata=None,
+                 description=_ome_xml(final, meta, dims[0], painted), **common)
 
 
 def _level_page(tw, fmt: str, meta: dict, dims, k: int, data, tile: int, kind: str,
@@ -203,7 +207,7 @@ def _spilled(fd: int, entries: list[tuple[int, int]]) -> Iterator[bytes]:
 
 def write_thumbnail(tw, image: np.ndarray, w0: int, h0: int) -> None:
     """The Aperio thumbnail IFD: stripped JPEG (RGB), NewSubfileType 0, ImageDescription
-    ``Aperio Image Library ...`` then ``W0xH0 -> WxH - `` as Aperio writes it (OpenSlide's
+    ``Aperio Image Library ...`` then ``"W0xH0 -> WxH - "`` as Aperio writes it (OpenSlide's
     Aperio notes: "the thumbnail image is always stripped").  Quality 90 without chroma
     subsampling, as the JPEG tiles at that quality."""
 
@@ -232,8 +236,8 @@ def write_associated(tw, fmt: str, name: str, image: np.ndarray) -> None:
                  subfiletype=1 if name == "label" else 9, software=SOFTWARE,
                  description=aperio.associated_description_text(name, (w, h), SOFTWARE), **comp)
     else:
-        tw.write(image, photometric="rgb", rowsperstrip=16, software=SOFTWARE,
-                 metadata={"axes": "YXS", "Name": name}, **comp)
+        tw.write(image, photometric="rgb", rowsperstrip=16, software=SOFTWARE, metadata=None,
+                 **comp)  # its OME Image (Name, IFD) is in the first IFD's OME-XML
 
 
 def record_painted(fh, count: int) -> None:
@@ -264,25 +268,31 @@ def _resolution(meta: dict, dims, k: int) -> dict:
             "resolutionunit": "CENTIMETER"}
 
 
-def _ome_metadata(final: Path, meta: dict, painted) -> dict:
-    ome = {"axes": "YXS", "Name": final.name.split(".")[0]}
-    if meta["mpp"]:
-        ome.update(PhysicalSizeX=meta["mpp"][0], PhysicalSizeY=meta["mpp"][1],
-                   PhysicalSizeXUnit="µm", PhysicalSizeYUnit="µm")
-    if painted is not None:  # the count is put in once level 0 is done
-        ome["MapAnnotation"] = {"Namespace": PAINTED_NAMESPACE, "Value": {PAINTED_KEY: "0"}}
-    return ome
+def _ome_xml(final: Path, meta: dict, size0, painted) -> str:
+    """The OME-XML of an ``ome-tiff`` export (:mod:`.omexml`): the pyramid (level 0 in
+    IFD 0, the other levels its SubIFDs) with the MPP, acquisition date, scanner and
+    objective of the source, then the label and macro in the next IFDs; the painted-
+    tile placeholder (0) where counted."""
+    images = [omexml.OmeImage(final.name.split(".")[0], size0[0], size0[1], 0,
+                              physical_size_um=tuple(meta["mpp"]) if meta["mpp"] else None,
+                              acquired=meta.get("acquired"), objective=True)]
+    for k, (name, image) in enumerate(meta.get("associated", ())):
+        images.append(omexml.OmeImage(name, image.shape[1], image.shape[0], k + 1,
+                                      acquired=meta.get("acquired")))
+    instrument = meta.get("instrument") or omexml.Instrument(magnification=meta.get("mag"))
+    annotation = (PAINTED_NAMESPACE, {PAINTED_KEY: "0"}) if painted is not None else None
+    return omexml.ome_xml(images, instrument=instrument, annotation=annotation, creator=SOFTWARE)
 
 
 def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdims, quality: int,
                     meta: dict, overwrite: bool, counter: TileCounter, *, on_error: str,
-                    verify: bool, threads: int, failed: set, sources=()) -> int:
+                    verify: bool, threads: int, failed: set, sources=(), psnr=None) -> int:
     """Write a ``compression="copy"`` export (:mod:`.passthrough`); returns the output's size in bytes.
 
     Layout as :func:`write_tiff`: output levels ``0 .. len(plan.copied) - 1``
     are the copied source levels (each page with its source's tile size and
     codec tags), then the computed levels ``cdims[1:]`` (``cdims[0]`` is the
-    last copied level), re-encoded as ``plan.reencode`` at ``quality`` in
+    last copied level), re-encoded as ``plan.reencode`` at ``quality`` (JPEG 2000: ``psnr``) in
     ``plan.tile`` tiles.  ``computed`` yields their ``(k, col, row, bytes)``,
     ``k >= 1`` numbered from the last copied level; they are made first (into
     the anonymous spill file), so that a source tile the downsampler cannot
@@ -293,7 +303,7 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
     m = len(copied)
     dims = [(cl.width, cl.height) for cl in copied] + [tuple(d) for d in cdims[1:]]
     T = plan.tile
-    c_args, c_kind = tiff_compression(fmt, plan.reencode, quality)
+    c_args, c_kind = tiff_compression(fmt, plan.reencode, quality, psnr)
     raw = sum(int(cl.subgrid(cl.level.tiles.bytecounts).astype(np.uint64).sum()) for cl in copied)
     raw += sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in cdims[1:])
     bigtiff = _needs_bigtiff(raw)
@@ -312,7 +322,7 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
             pos += len(data)
             counter.add()
         with out_fh:
-            tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=(fmt == "ome-tiff"))
+            tw = tifffile.TiffWriter(out_fh, bigtiff=bigtiff, ome=False)  # OME-XML: .omexml
             first = copied[0]
             _first_page(tw, fmt, final, meta, dims, tiles_of(first), first.level.tile_width,
                         first.kind, first.page)

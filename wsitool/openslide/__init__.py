@@ -13,7 +13,7 @@ This is a thin layer over :class:`wsitool.Slide`: it converts (numpy -> PIL,
 numbers -> OpenSlide's strings, wsitool's errors -> OpenSlide's) and decides
 nothing of its own.  Needs Pillow: ``pip install "wsitool[openslide]"``.
 
-Deliberate differences from openslide-python (README "Moving from openslide-python"):
+Deliberate differences from openslide-python (``docs/guides/openslide-migration.md``):
 
 * **Fractional level positions**: a ``location`` that falls between two pixels
   of a level > 0 (``x / downsample`` not an integer) is read from the nearest
@@ -542,7 +542,7 @@ def open_slide(filename) -> OpenSlide | ImageSlide:
     """An :class:`OpenSlide` for a whole-slide image, else an :class:`ImageSlide` (Pillow).
 
     Raises:
-        OSError / PIL.UnidentifiedImageError: neither wsitool nor Pillow opens it.
+        OSError, PIL.UnidentifiedImageError: neither wsitool nor Pillow opens it.
         OpenSlideError: a slide wsitool recognises but cannot open.
     """
     try:

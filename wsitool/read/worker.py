@@ -76,8 +76,7 @@ class TileWorker:
         # force the scratch path turn it off.
         paths = get_decode_paths()
         # JPEG 2000 through OpenJPEG's window decoder (nvImageCodec as fallback)
-        self.decode = (_decode_j2k if lv.encoding.stream == "j2k" and paths.openjpeg
-                       and openjpeg.available() else decode_into)
+        self.decode = _decode_j2k if openjpeg.decodes(lv) else decode_into
         self.batch = batch if (
             batch > 1 and lv.encoding.codec == "nv" and self.in_place
             and not paths.force_scratch and paths.roi_decode
@@ -220,6 +219,10 @@ class TileWorker:
             return
         sx0, sy0, sx1, sy1 = src
         sub = arr[sy0:sy1, sx0:sx1]
+        if lv.encoding.ycbcr_after_decode and sub.dtype == np.uint8 and sub.shape[2] == 3:
+            # Aperio 33003 on the imagecodecs path (no nvImageCodec, library.fallback_encoding):
+            # converted as the nvImageCodec branch above does, raw included
+            sub = ycbcr_to_rgb(sub)
         if self.mode == "raw":
             dst[...] = sub
             return

@@ -26,7 +26,7 @@ from .samplers import SAMPLERS
 #: Growth of RSS after warm-up (MiB) above which the verdict is ``leak``.
 #: Clean 16-worker, 10,000-iteration runs on the shared samples (JPEG, JPEG
 #: 2000, zstd, deflate) grow by 1.8 to 4.9 MiB, less than a tenth of this
-#: (figures in the README); the leaks this check exists for grew by 1.6 GB to
+#: (figures in ``docs/benchmarks/``); the leaks this check exists for grew by 1.6 GB to
 #: 19 GB over such a run.  Small steady leaks show in ``slope_mb_per_1k`` of
 #: a longer run (e.g. 50,000 iterations) before they cross the threshold.
 DEFAULT_MAX_GROWTH_MB = 64.0

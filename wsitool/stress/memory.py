@@ -77,7 +77,7 @@ MIN_MEASURED_READS_PER_WORKER = 50
 #: ``leak`` when the 95 % interval of the RSS slope lies wholly above this
 #: (MiB per 1,000 iterations: 2 KiB kept per read).  The leak of issue 24
 #: (27 KiB per read) measured +13 to +19; clean 16-worker runs on the shared
-#: samples measure under +0.5 (README "Stress test").
+#: samples measure under +0.5 (``docs/benchmarks/stress-2026-12-01.md``).
 LEAK_SLOPE_MB_PER_1K = 2.0
 
 #: ``ok`` only when the upper bound of that interval is below this (MiB per
@@ -87,7 +87,7 @@ OK_SLOPE_MB_PER_1K = 1.0
 
 
 def decoders_created(sample: dict) -> int:
-    """Per-thread decoder objects the child had created at ``sample`` (see the README:
+    """Per-thread decoder objects the child had created at ``sample`` (see ``docs/guides/stress.md``:
     one per thread and kind of decoder it used)."""
     return int((sample.get("decoder") or {}).get("decoders_created", 0))
 

@@ -101,10 +101,25 @@ def series_of_folder(folder: str, files: list[str]) -> tuple[list[Instance], lis
                                     f"({first_error})")
         raise UnsupportedFormatError(f"{folder}: no DICOM whole-slide image in the folder")
     if len(by_series) > 1:
-        named = "; ".join(f"{uid or '(no SeriesInstanceUID)'} ({os.path.basename(found[0].path)}, "
-                          f"{len(found)} file(s))" for uid, found in by_series.items())
-        raise UnsupportedFormatError(
-            f"{folder}: the folder holds {len(by_series)} DICOM series ({named}); "
-            "open one of their files instead"
-        )
+        raise UnsupportedFormatError(_several_series(folder, files, by_series))
     return next(iter(by_series.values())), problems
+
+
+#: Series named by one of their files in the several-series message; the rest are counted.
+NAMED_SERIES = 2
+
+
+def _several_series(folder: str, files: list[str], by_series: dict) -> str:
+    """One short line for a folder that is not one slide: what it holds (DICOM series,
+    other files) and what to give instead (a file of one series, named for the first
+    :data:`NAMED_SERIES`)."""
+    try:
+        others = sum(1 for e in os.scandir(folder) if e.is_file()) - len(files)
+    except OSError:
+        others = 0
+    names = [os.path.basename(found[0].path) for found in by_series.values()]
+    shown = ", ".join(names[:NAMED_SERIES]) + (f", ... {len(names) - NAMED_SERIES} more"
+                                               if len(names) > NAMED_SERIES else "")
+    held = f"{len(by_series)} DICOM series" + (f" and {others} other file(s)" if others > 0 else "")
+    return (f"{folder}: a folder of {held}, not one slide: give one slide file, e.g. a file "
+            f"of one series ({shown})")
