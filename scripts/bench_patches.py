@@ -36,7 +36,7 @@ every tool alike; the reported rate is patches / median pass time.
 ``--resample``: also the grid at half the resolution of level 0 (a 0.5 um/px grid on a
 0.25 um/px slide): 224 x 224 patches each read as 448 x 448 (``read_size=448``) and
 area-filtered; its floor is the tiles decoded once plus the area filter of every
-window (the filter timed on pre-assembled windows).
+window (``wsitool.areafilter.AreaFilter``, timed on one pre-assembled window per patch).
 
 ``--rss-passes N``: ``read_patches`` over the grid N times in one process; the RSS after
 the first pass and after the last (MiB) and the growth.
@@ -188,16 +188,18 @@ def floor_pass(spec: dict):
                     raise RuntimeError("floor decode failed")
     if spec["read_size"] is None:
         return decode_all
-    from wsitool.areafilter import reduce_area
+    from wsitool.areafilter import AreaFilter
 
     read, size = spec["read_size"], spec["patch"]
     window = np.random.default_rng(0).integers(0, 256, (read, read, 3), dtype=np.uint8)
+    out = np.empty((size, size, 3), np.uint8)
+    filt = AreaFilter(read, read, (0, 0, read, read), size, size, 3)  # the taps once, as read_patches
     n = len(spec["locations"])
 
     def decode_and_filter():
         decode_all()
         for _ in range(n):
-            reduce_area(window, (0, 0, read, read), size, size)
+            filt.apply(window, out)
     return decode_and_filter
 
 

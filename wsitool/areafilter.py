@@ -21,9 +21,11 @@ window the strips come from (row 0 is the window's first row).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
-__all__ = ["AreaReducer", "reduce_area", "taps"]
+__all__ = ["AreaFilter", "AreaReducer", "reduce_area", "taps"]
 
 
 def taps(start: float, stop: float, count: int, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -184,3 +186,33 @@ def reduce_area(src: np.ndarray, box, out_w: int, out_h: int) -> np.ndarray:
     r = AreaReducer(w, h, box, out_w, out_h, c)
     r.feed(src)
     return r.out
+
+
+class AreaFilter:
+    """The area filter of one geometry, applied to many whole windows (the batch reader's patches).
+
+    The taps are computed once, not once per window as :func:`reduce_area` does;
+    :meth:`apply` gives the same pixels as ``reduce_area(src, box, out_w, out_h)``.
+    Safe to share between threads (each :meth:`apply` works on its own state).
+
+    Args:
+        src_w, src_h: window size in source pixels.
+        box: ``(x0, y0, x1, y1)`` of the window mapped onto the output (as
+            :class:`AreaReducer`).
+        out_w, out_h: output size in pixels.
+        channels: samples per pixel.
+    """
+
+    def __init__(self, src_w: int, src_h: int, box, out_w: int, out_h: int, channels: int):
+        self._proto = AreaReducer(src_w, src_h, box, out_w, out_h, channels)
+        self._start = dict(_fed=0, _pending=None, _row=self._proto._row, _next=0)
+        self.shape = self._proto.out.shape
+
+    def apply(self, src: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Reduce the ``(src_h, src_w, channels)`` uint8 window ``src`` into ``out``
+        (``(out_h, out_w, channels)`` uint8, written in place); return ``out``."""
+        r = copy.copy(self._proto)  # shares the taps; fresh feeding state below
+        r.__dict__.update(self._start)
+        r.out = out
+        r.feed(src)
+        return out

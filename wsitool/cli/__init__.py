@@ -23,7 +23,7 @@ import warnings
 from typing import List, Optional
 
 from .. import signals
-from . import export, info, read, serve, stress  # noqa: F401  (each registers its command on app)
+from . import export, info, patches, read, serve, stress  # noqa: F401  (each registers its command on app)
 from .console import EXIT_CODES, exit_code_for, fail, handle_errors, show_warning
 from .group import app
 

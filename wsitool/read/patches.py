@@ -6,7 +6,7 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
 
 1. each patch's window (``read_size``, default ``size``, in pixels of the
    level) is placed on the level by the same nearest-pixel rule as
-   :func:`wsitool.read_region` (:func:`wsitool.geometry.level_rect`);
+   :meth:`wsitool.Slide.read_region` (:func:`wsitool.geometry.level_rect`);
 2. the tiles the windows touch are collected and cut into *runs*: tiles next to
    each other in one tile row (at most :data:`RUN_TILES` of them);
 3. each run is decoded once into a per-thread buffer one tile high
@@ -21,7 +21,7 @@ The runs are shared by the threads (each thread takes the next run when it has
 finished its last one).  Runs that the next batch also touches are carried over
 to it, decoded (:class:`PatchReader`): on a row-major grid two consecutive
 batches share the tile rows of the patch row they split, and those tiles are
-decoded once.  A patch equals :func:`wsitool.read_region` of its location bit
+decoded once.  A patch equals :meth:`wsitool.Slide.read_region` of its location bit
 for bit (with ``read_size``, the area filter of that read of the window), pixels
 outside the slide and missing tiles included.
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..areafilter import AreaReducer
+from ..areafilter import AreaFilter
 from ..arguments import as_int
 from ..codec.pool import get_pool
 from ..errors import InvalidRegionError, ResourceLimitError
@@ -357,6 +357,7 @@ class PatchReader:
         self._carried: list[_Run] = []
         self._next = 0  # index of the first patch of the batch expected next
         self._following: _Footprint | None = None  # its footprint, computed with the last batch
+        self._windows: np.ndarray | None = None    # read_size: the windows of a batch, reused
 
     def spans(self) -> Iterator[tuple[int, int]]:
         """``[j0, j1)`` of each batch."""
@@ -393,7 +394,12 @@ class PatchReader:
         self._release([r for r in self._carried if r not in runs])
         ww, wh = req.window
         c = req.shape[2]
-        dest = out if req.read is None else np.empty((j1 - j0, wh, ww, c), req.dtype)
+        if req.read is None:
+            dest = out
+        else:  # the windows, kept for the next batch (no fresh pages per batch)
+            if self._windows is None or len(self._windows) < j1 - j0:
+                self._windows = np.empty((j1 - j0, wh, ww, c), req.dtype)
+            dest = self._windows[:j1 - j0]
         if fp.partial.any():
             dest[fp.partial] = 0
         pool = get_pool("cpu")
@@ -438,17 +444,14 @@ class PatchReader:
 def _reduce(req: PatchRequest, windows: np.ndarray, out: np.ndarray) -> None:
     """Reduce each ``(wh, ww, c)`` window onto its ``(h, w, c)`` patch by the area filter."""
     rw, rh = req.read
-    w, h = req.size
     ww, wh = req.window
-    c = req.shape[2]
+    filt = AreaFilter(ww, wh, (0.0, 0.0, rw, rh), req.size[0], req.size[1], req.shape[2])
 
     def work(todo) -> None:
         for i in todo:
-            reducer = AreaReducer(ww, wh, (0.0, 0.0, rw, rh), w, h, c)
-            reducer.feed(windows[i])
-            out[i] = reducer.out
+            filt.apply(windows[i], out[i])
 
-    idx = list(range(len(windows)))
+    idx = list(range(len(out)))
     run_jobs(idx, thread_count(req.threads, len(idx)), work)
 
 
