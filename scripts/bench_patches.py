@@ -41,6 +41,10 @@ window (``wsitool.areafilter.AreaFilter``, timed on one pre-assembled window per
 ``--rss-passes N``: ``read_patches`` over the grid N times in one process; the RSS after
 the first pass and after the last (MiB) and the growth.
 
+``--plan``: also time ``wsitool.patches.plan_patches(slide, mpp=0.5, size=224)`` (tissue
+mask plus coordinates) on each slide, in its own process, and count the regions it reads
+at level 0 (issue 34: under 2 s on a 40000 x 30000 pyramid, never level 0).
+
 Targets (issue 31, JPEG): one thread at least 0.9x the floor and 3x cuCIM with one
 worker; two threads at least 1.6x wsitool's own one-thread rate and 3x cuCIM with 2
 workers; the resampled grid at least 0.8x its floor.  J2K: the floor's rate within 10 %.
@@ -203,7 +207,29 @@ def floor_pass(spec: dict):
     return decode_and_filter
 
 
+def plan_worker(spec: dict) -> dict:
+    """Time one plan of ``spec["slide"]``; count read_region calls per level."""
+    import wsitool
+    from wsitool.patches import plan_patches
+
+    levels: list[int] = []
+    original = wsitool.Slide.read_region
+
+    def counted(self, location, level, size, **kwargs):
+        levels.append(level)
+        return original(self, location, level, size, **kwargs)
+
+    wsitool.Slide.read_region = counted
+    t0 = time.perf_counter()
+    with wsitool.open_slide(spec["slide"]) as slide:
+        plan = plan_patches(slide, mpp=0.5, size=224, mpp_override=None if slide.mpp else 0.25)
+    return dict(plan_s=time.perf_counter() - t0, patches=len(plan), level=plan.level,
+                level0_reads=levels.count(0), reads=len(levels), read_levels=sorted(set(levels)))
+
+
 def worker(spec: dict) -> dict:
+    if spec["tool"] == "plan":
+        return plan_worker(spec)
     one_pass = reader(spec)
     one_pass()  # warm-up: page cache, decoders, buffers
     gc.collect()
@@ -355,6 +381,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", default="wsitool,per-patch,cucim,openslide,floor")
     ap.add_argument("--resample", action="store_true", help="also the 0.5-from-0.25 um/px grid (JPEG slides)")
     ap.add_argument("--rss-passes", type=int, default=0, help="RSS over this many read_patches passes")
+    ap.add_argument("--plan", action="store_true", help="also time plan_patches (mask + coordinates)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per tool subprocess")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
@@ -370,6 +397,11 @@ def main(argv=None) -> int:
         with wsitool.open_slide(path) as s:
             codec = s.levels[0].encoding.stream
         results += bench_slide(path, args, tools, threads, args.resample and codec == "jpeg")
+        if args.plan:
+            res = run_worker(dict(tool="plan", slide=path), args.timeout)
+            if res is not None:
+                print(f"  plan_patches(mpp=0.5, size=224): {res['plan_s']:.2f} s, {res['patches']} patches, "
+                      f"reads at levels {res['read_levels']} ({res['level0_reads']} at level 0)")
     report(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

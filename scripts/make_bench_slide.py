@@ -5,7 +5,7 @@ Usage::
 
     python scripts/make_bench_slide.py OUT.svs [--width 40000 --height 30000]
                                              [--codec jpeg|j2k] [--seed 0] [--samples DIR]
-                                             [--levels N] [--mpp 0.499]
+                                             [--levels N] [--mpp 0.499] [--margin 0.1]
 
 The tiles are not re-encoded: their compressed bytes are read through the TIFF tile
 offsets of a real slide in ``../shared/samples`` (or ``--samples DIR``) and copied
@@ -31,7 +31,9 @@ levels are filled the same way, with copied level-0-resolution tiles (their cont
 is not a true downsample, which does not matter for read benchmarks).  ``--levels N``
 keeps at most N levels (``--levels 1``: a single-level slide; its thumbnail is then
 written after level 0).  The first ImageDescription starts with ``Aperio`` and carries
-``AppMag = 20|MPP = 0.499``; ``--mpp`` sets another level-0 resolution in micrometres
+``AppMag = 20|MPP = 0.499``; ``--margin F`` fills the cells within ``F`` of the width
+and height from each edge with the source's most background tile, at every level (so a
+tissue mask from any level finds a margin); ``--mpp`` sets another level-0 resolution in micrometres
 per pixel (AppMag becomes ``round(10 / mpp)``, the 10 um/px at 1x that Aperio's
 20x = 0.5 um/px pairing implies).
 
@@ -61,8 +63,9 @@ WHITE_LEVEL = 215      # a pixel is background when all of R, G, B are >= this
 MAX_WHITE_FRACTION = 0.6
 
 
-def tissue_tiles(path: Path) -> tuple[list[bytes], tifffile.TiffPage, bytes | None, list[np.ndarray]]:
-    """Encoded bytes of the interior tissue tiles of level 0 of ``path`` (+ their pixels)."""
+def tissue_tiles(path: Path):
+    """Encoded bytes of the interior tissue tiles of level 0 of ``path``, the page, its JPEG
+    tables, the tiles' pixels, and ``(bytes, pixels)`` of its most background (whitest) tile."""
     with tifffile.TiffFile(path) as tif:
         page = tif.pages[0]
         if not page.is_tiled:
@@ -72,6 +75,7 @@ def tissue_tiles(path: Path) -> tuple[list[bytes], tifffile.TiffPage, bytes | No
         down = -(-page.imagelength // th)
         fh = tif.filehandle
         tiles, pixels = [], []
+        whitest, white_max = None, -1.0
         for row in range(page.imagelength // th):          # full rows only
             for col in range(page.imagewidth // tw):       # full columns only
                 index = row * across + col
@@ -83,12 +87,14 @@ def tissue_tiles(path: Path) -> tuple[list[bytes], tifffile.TiffPage, bytes | No
                 arr, _, _ = page.decode(data, index, jpegtables=page.jpegtables)
                 arr = np.asarray(arr).reshape(th, tw, -1)[..., :3]
                 white = np.all(arr >= WHITE_LEVEL, axis=2).mean()
+                if white > white_max:
+                    whitest, white_max = (data, arr), white
                 if white <= MAX_WHITE_FRACTION:
                     tiles.append(data)
                     pixels.append(arr)
         if not tiles:
             raise SystemExit(f"{path}: no tissue tile found among {across}x{down} tiles")
-        return tiles, page, page.jpegtables, pixels
+        return tiles, page, page.jpegtables, pixels, whitest
 
 
 def level_sizes(width: int, height: int, tile: int) -> list[tuple[int, int]]:
@@ -116,12 +122,17 @@ def main(argv=None) -> int:
                     help="keep at most this many levels (default: all, down to 4 tiles a side)")
     ap.add_argument("--mpp", type=float, default=0.499,
                     help="level-0 micrometres per pixel written to the description (default 0.499)")
+    ap.add_argument("--margin", type=float, default=0.0,
+                    help="fraction of the width and height on each side filled with a background tile "
+                         "at every level (tissue-detection checks; default 0)")
     ap.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES,
                     help=f"folder of the source slides (default {DEFAULT_SAMPLES}; "
                          "or set WSITOOL_SHARED to the folder holding samples/)")
     args = ap.parse_args(argv)
     if args.width <= 0 or args.height <= 0:
         ap.error("--width and --height must be positive")
+    if not 0 <= args.margin < 0.5:
+        ap.error("--margin must be in [0, 0.5)")
     if args.levels is not None and args.levels < 1:
         ap.error("--levels must be at least 1")
     if not (args.mpp > 0 and np.isfinite(args.mpp)):
@@ -130,7 +141,7 @@ def main(argv=None) -> int:
     if not src.exists():
         ap.error(f"source slide {src} not found (set --samples or WSITOOL_SHARED)")
     t0 = time.perf_counter()
-    tiles, page, jpegtables, pixels = tissue_tiles(src)
+    tiles, page, jpegtables, pixels, whitest = tissue_tiles(src)
     tw, th = page.tilewidth, page.tilelength
     rng = np.random.default_rng(args.seed)
     sizes = level_sizes(args.width, args.height, tw)[:args.levels]
@@ -138,9 +149,19 @@ def main(argv=None) -> int:
 
     # thumbnail: assembled from the pixels of the smallest level's tiles, subsampled
     grids = []
+    if args.margin:  # the background tile, index len(tiles), around the tissue at every level
+        tiles = tiles + [whitest[0]]
+        pixels = pixels + [whitest[1]]
     for w, h in sizes:
         across, down = -(-w // tw), -(-h // th)
-        grids.append(rng.integers(0, len(tiles), size=(down, across)))
+        grid = rng.integers(0, len(tiles) - (1 if args.margin else 0), size=(down, across))
+        if args.margin:
+            cy = (np.arange(down) + 0.5) / down
+            cx = (np.arange(across) + 0.5) / across
+            edge = ((cy[:, None] < args.margin) | (cy[:, None] > 1 - args.margin)
+                    | (cx[None, :] < args.margin) | (cx[None, :] > 1 - args.margin))
+            grid[edge] = len(tiles) - 1
+        grids.append(grid)
     lw, lh = sizes[-1]
     small = np.concatenate(
         [np.concatenate([pixels[i] for i in r], axis=1) for r in grids[-1]], axis=0

@@ -10,7 +10,7 @@ import tarfile
 import numpy as np
 import pytest
 
-pytest.importorskip("skimage", reason="the patches extra (scikit-image) is not installed")
+pytest.importorskip("cv2", reason="the patches extra (opencv-python-headless) is not installed")
 pytest.importorskip("pyarrow", reason="the patches extra (pyarrow) is not installed")
 h5py = pytest.importorskip("h5py", reason="the patches extra (h5py) is not installed")
 

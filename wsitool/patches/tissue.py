@@ -5,8 +5,9 @@ The rule (a common one in the field; CLAM's segmentation is the best-known form)
 1. a thumbnail at about :attr:`TissueParams.mpp` micrometres per pixel (8 by
    default): the pyramid level closest to it from the finer side, read in
    strips (at 1/2, 1/4 or 1/8 scale where the level is large, see
-   :mod:`wsitool.read.reduced`) and reduced by the exact area filter, so level 0
-   of a pyramid is never read;
+   :mod:`wsitool.read.reduced`), used as it is when within a factor
+   :data:`CLOSE_ENOUGH`, else reduced by the exact area filter; level 0 of a
+   pyramid is never read;
 2. the HSV saturation of each pixel (``max(R, G, B) - min(R, G, B)`` scaled by
    ``255 / max``: stained tissue is coloured, glass and background are grey or
    white), median-blurred (:attr:`TissueParams.median` pixels);
@@ -25,7 +26,8 @@ median 7, closing 4, area 100 and holes 16 reference patches of 512 x 512
 level-0 pixels).  A user's mask (array, image file or callable) replaces steps
 2-4 (:func:`load_mask`).
 
-Masks use scikit-image and SciPy (the ``patches`` extra).
+Masks use OpenCV (``opencv-python-headless``, the ``patches`` extra): its exact 8-bit median
+filter, closing, connected components and contours.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ MIN_TISSUE_SATURATION = 20.0
 #: Level-0 MPP assumed for the thumbnail's scale of a slide without resolution
 #: metadata and no override (40x); the mask is still correct, only its scale differs.
 ASSUMED_MPP = 0.25
+#: A level (or its 1/2, 1/4, 1/8 reading) at least ``1 / CLOSE_ENOUGH`` of the thumbnail's
+#: downsample is used as the thumbnail without resampling (8 um/px asked, 6.2 to 8 given).
+CLOSE_ENOUGH = 1.3
 #: Rows of the chosen level read per strip of the thumbnail.
 _STRIP_ROWS = 512
 
@@ -120,9 +125,10 @@ class TissueMask:
         rounded outward to whole mask pixels); parts outside the mask count as
         background.
         """
-        if self._integral is None:
-            m = self.mask.astype(np.int64)
-            self._integral = np.pad(m.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+        if self._integral is None:  # (h + 1, w + 1) sums of the mask above and left of each corner
+            import cv2  # optional: the patches extra
+
+            self._integral = cv2.integral(self.mask.astype(np.uint8), sdepth=cv2.CV_64F).astype(np.int64)
         dx, dy = self.downsample
         mh, mw = self.mask.shape
         x = np.asarray(x, np.float64)
@@ -141,33 +147,34 @@ class TissueMask:
         """The tissue as a GeoJSON ``FeatureCollection`` of polygons in level-0 pixels.
 
         One feature per connected piece of tissue: its outline, then its holes
-        (marching squares at the half level of the mask, :func:`skimage.measure.find_contours`).
+        (OpenCV's border following, ``cv2.findContours`` with a two-level hierarchy),
+        each ring closed, through the corners of the mask's pixels.
         """
-        from skimage import measure  # optional: the patches extra
+        import cv2  # optional: the patches extra
 
         dx, dy = self.downsample
-        labels = measure.label(self.mask, connectivity=2)
+        m = np.pad(self.mask.astype(np.uint8), 1)
+        contours, hierarchy = cv2.findContours(m, cv2.RETR_CCOMP, cv2.CHAIN_APPROX_SIMPLE)
         features = []
-        for region in measure.regionprops(labels):
-            r0, c0, r1, c1 = region.bbox
-            crop = np.pad(region.image, 1)
-            rings = []
-            for contour in measure.find_contours(crop.astype(np.uint8), 0.5):
-                ys = (contour[:, 0] - 1 + r0 + 0.5) * dy
-                xs = (contour[:, 1] - 1 + c0 + 0.5) * dx
-                ring = np.round(np.stack([xs, ys], 1), 2).tolist()
-                if ring[0] != ring[-1]:
-                    ring.append(ring[0])
-                area = 0.5 * float(np.dot(xs[:-1], ys[1:]) - np.dot(xs[1:], ys[:-1]))
-                rings.append((abs(area), ring))
-            if not rings:
-                continue
-            rings.sort(key=lambda r: -r[0])
-            features.append({
-                "type": "Feature",
-                "geometry": {"type": "Polygon", "coordinates": [r for _, r in rings]},
-                "properties": {"area_px": float(region.area * dx * dy)},
-            })
+        if hierarchy is None:
+            return {"type": "FeatureCollection", "features": features}
+        hierarchy = hierarchy[0]
+
+        def ring(c) -> list:
+            pts = c[:, 0, :].astype(np.float64) - 1 + 0.5   # pixel centres, the padding removed
+            xy = np.round(np.stack([pts[:, 0] * dx, pts[:, 1] * dy], 1), 2).tolist()
+            return xy + [xy[0]]
+
+        for i, (nxt, prev, child, parent) in enumerate(hierarchy):
+            if parent != -1:
+                continue   # a hole: listed with its outline
+            rings = [ring(contours[i])]
+            j = child
+            while j != -1:
+                rings.append(ring(contours[j]))
+                j = hierarchy[j][0]
+            features.append({"type": "Feature", "geometry": {"type": "Polygon", "coordinates": rings},
+                             "properties": {"area_px": float(cv2.contourArea(contours[i]) * dx * dy)}})
         return {"type": "FeatureCollection", "features": features}
 
     def save_geojson(self, path: str | os.PathLike) -> None:
@@ -186,12 +193,14 @@ def _best_level(slide, target_ds: float) -> int:
 
 
 def read_thumbnail(slide, target_ds: float, *, threads: int | None = None) -> tuple[np.ndarray, tuple[float, float]]:
-    """The slide at ``target_ds`` level-0 pixels per pixel, as ``(h, w, 3)`` uint8, and its exact
-    ``(dx, dy)`` level-0 pixels per pixel.
+    """The slide at about ``target_ds`` level-0 pixels per pixel, as ``(h, w, 3)`` uint8, and its
+    exact ``(dx, dy)`` level-0 pixels per pixel.
 
     Reads the coarsest level at or below ``target_ds`` in strips (large levels at
-    1/2, 1/4 or 1/8 scale), reducing each strip by the area filter, so only one
-    strip is in memory besides the thumbnail.  Pixels outside the slide are 0.
+    1/2, 1/4 or 1/8 scale, :mod:`wsitool.read.reduced`).  Where that is within a
+    factor :data:`CLOSE_ENOUGH` of ``target_ds`` it is the thumbnail as read (no
+    resampling); else each strip is reduced by the area filter onto the
+    ``target_ds`` grid, so only one strip is in memory besides the thumbnail.
     """
     level = _best_level(slide, target_ds)
     lv = slide.levels[level]
@@ -202,22 +211,31 @@ def read_thumbnail(slide, target_ds: float, *, threads: int | None = None) -> tu
             k = f
     vw, vh = -(-lv.width // k), -(-lv.height // k)
     W0, H0 = slide.dimensions
-    ow = max(1, round(W0 / target_ds))
-    oh = max(1, round(H0 / target_ds))
-    reducer = AreaReducer(vw, vh, (0, 0, vw, vh), ow, oh, 3)
+    if ds * k * CLOSE_ENOUGH >= target_ds:
+        ow, oh = vw, vh
+        out = np.empty((vh, vw, 3), np.uint8)
+        feed = None
+    else:
+        ow, oh = max(1, round(W0 / target_ds)), max(1, round(H0 / target_ds))
+        reducer = AreaReducer(vw, vh, (0, 0, vw, vh), ow, oh, 3)
+        out, feed = reducer.out, reducer.feed
     for row in range(0, vh, _STRIP_ROWS):
         rows = min(_STRIP_ROWS, vh - row)
         y0 = level0_coordinate(row, ds * k)
-        strip = slide.read_region((0, y0), level, (vw, rows), mode="rgb", threads=threads, downsample=k)
-        reducer.feed(strip)
-    return reducer.out, (W0 / ow, H0 / oh)
+        if feed is None:
+            slide.read_region((0, y0), level, (vw, rows), mode="rgb", threads=threads, downsample=k,
+                              out=out[row:row + rows])
+        else:
+            feed(slide.read_region((0, y0), level, (vw, rows), mode="rgb", threads=threads, downsample=k))
+    return out, (W0 / ow, H0 / oh)
 
 
 def _saturation(rgb: np.ndarray) -> np.ndarray:
-    """HSV saturation, 0..255 float32, of ``(h, w, 3)`` uint8 pixels (0 where black)."""
-    hi = rgb.max(axis=2).astype(np.float32)
-    lo = rgb.min(axis=2).astype(np.float32)
-    return np.where(hi > 0, (hi - lo) * 255.0 / np.maximum(hi, 1), 0.0).astype(np.float32)
+    """HSV saturation, 0..255 uint8, of ``(h, w, 3)`` uint8 pixels: ``255 * (max - min) / max``
+    rounded, 0 where black (OpenCV's RGB to HSV for 8 bits)."""
+    import cv2  # optional: the patches extra
+
+    return np.ascontiguousarray(cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2HSV)[..., 1])
 
 
 def _otsu(values: np.ndarray) -> tuple[float, float]:
@@ -236,17 +254,32 @@ def _otsu(values: np.ndarray) -> tuple[float, float]:
 
 
 def _clean(mask: np.ndarray, params: TissueParams, px_area: float) -> np.ndarray:
-    from skimage import morphology  # optional: the patches extra
+    """Closing with a disk, then small pieces of tissue removed and small holes filled (OpenCV)."""
+    import cv2  # optional: the patches extra
 
+    m = mask.astype(np.uint8)
     if params.close > 0:
-        mask = morphology.closing(mask, morphology.disk(params.close))
-    min_area = int(params.min_area / px_area)
-    if min_area > 1:  # scikit-image 0.26: removes pieces of at most max_size pixels
-        mask = morphology.remove_small_objects(mask, max_size=min_area - 1)
-    min_hole = int(params.min_hole / px_area)
+        r = params.close
+        m = cv2.morphologyEx(m, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1)))
+    min_area = params.min_area / px_area
+    if min_area > 1:
+        n, labels, stats, _ = cv2.connectedComponentsWithStats(m, connectivity=8)
+        small = np.flatnonzero(stats[:, cv2.CC_STAT_AREA] < min_area)
+        small = small[small > 0]                      # label 0 is the background
+        if len(small):
+            m[np.isin(labels, small)] = 0
+    min_hole = params.min_hole / px_area
     if min_hole > 1:
-        mask = morphology.remove_small_holes(mask, max_size=min_hole - 1)
-    return mask
+        n, labels, stats, _ = cv2.connectedComponentsWithStats((m == 0).astype(np.uint8), connectivity=4)
+        h, w = m.shape
+        x, y, bw, bh = (stats[:, k] for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH,
+                                              cv2.CC_STAT_HEIGHT))
+        inner = (x > 0) & (y > 0) & (x + bw < w) & (y + bh < h)   # not touching the border: a hole
+        holes = np.flatnonzero(inner & (stats[:, cv2.CC_STAT_AREA] < min_hole))
+        holes = holes[holes > 0]
+        if len(holes):
+            m[np.isin(labels, holes)] = 1
+    return m.astype(bool)
 
 
 def _level0_mpp(slide, mpp_override: float | None) -> float | None:
@@ -273,16 +306,16 @@ def detect_tissue(slide, params: TissueParams | None = None, *, mpp_override: fl
 
     Raises:
         InvalidRegionError: a bad parameter.
-        ImportError: scikit-image or SciPy absent (``pip install 'wsitool[patches]'``).
+        ImportError: OpenCV absent (``pip install 'wsitool[patches]'``).
     """
-    from scipy import ndimage  # optional: the patches extra
+    import cv2  # optional: the patches extra (opencv-python-headless)
 
     params = (params or TissueParams()).check()
     mpp0 = _level0_mpp(slide, mpp_override) or ASSUMED_MPP
     thumb, (dx, dy) = read_thumbnail(slide, max(1.0, params.mpp / mpp0), threads=threads)
     sat = _saturation(thumb)
-    if params.median > 1:
-        sat = ndimage.median_filter(sat, size=params.median, mode="nearest")
+    if params.median > 1:  # exact median, edges replicated (OpenCV's O(1) histogram filter for 8 bits)
+        sat = cv2.medianBlur(sat, params.median)
     if params.threshold is not None:
         threshold = float(params.threshold)
         mask = sat > threshold
