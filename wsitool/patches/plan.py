@@ -369,6 +369,8 @@ def read_plans(path: str | os.PathLike) -> list[PatchPlan]:
         FileNotFoundError: ``path`` does not exist.
     """
     kind = _kind(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, "no such plan file", os.fspath(path))
     try:
         if kind == "parquet":
             import pyarrow.parquet as pq  # optional: the patches extra
