@@ -22,6 +22,14 @@ want to handle differently:
   sources (a usage error; also a :class:`ValueError`).
 * :class:`OutputExistsError` -- an output exists and overwriting was not
   asked for (also a :class:`FileExistsError`).
+* :class:`RemoteNotFoundError` -- a slide URL names no object (also a
+  :class:`FileNotFoundError`, as a missing file).
+* :class:`RemoteAccessError` -- the server refused access: denied, expired
+  credentials or an expired presigned URL.
+* :class:`RemoteUnavailableError` -- the remote source kept failing after
+  its retries (timeout, 5xx, connection reset, truncated body).
+* :class:`RemoteChangedError` -- the object changed on the server while the
+  slide was open (another size or ETag).
 
 Messages always name the file and, where it applies, the level and tile.
 """
@@ -49,6 +57,10 @@ __all__ = [
     "DaskUnavailableError",
     "OutputExistsError",
     "OutputIsSourceError",
+    "RemoteNotFoundError",
+    "RemoteAccessError",
+    "RemoteUnavailableError",
+    "RemoteChangedError",
     "printable",
 ]
 
@@ -159,6 +171,41 @@ class OutputExistsError(WsiError, FileExistsError):
 
     def __reduce__(self):
         return (type(self), (self.filename, self.strerror))
+
+
+class RemoteNotFoundError(WsiError, FileNotFoundError):
+    """A slide URL names no object (HTTP 404, no such key or bucket).
+
+    A :class:`FileNotFoundError` (the CLI exits 9, as for a missing file) whose
+    message names the URL without credentials or query tokens.
+    """
+
+    def __init__(self, url: str, reason: str = "not found"):
+        OSError.__init__(self, _errno.ENOENT, reason, url)
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+    def __reduce__(self):
+        return (type(self), (self.filename, self.strerror))
+
+
+class RemoteAccessError(WsiError):
+    """The server refused a slide URL: access denied (HTTP 401/403), expired
+    credentials or an expired presigned URL, or a range it will not serve (416).
+    The message names the URL without credentials or query tokens."""
+
+
+class RemoteUnavailableError(WsiError):
+    """A remote slide's server kept failing after the retries: timeouts, HTTP
+    429/5xx, connection resets, bodies cut short.  The message names the URL
+    (without tokens), the last cause and the attempts made."""
+
+
+class RemoteChangedError(WsiError):
+    """A remote slide changed on the server while it was open: its size or ETag
+    (or Last-Modified) differs from the one taken at open.  Reads never mix two
+    versions of an object; open the slide again."""
 
 
 def printable(text) -> str:

@@ -15,14 +15,15 @@ tiles_across * tiles_down + row * tiles_across + col``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .storage import ByteSource
 
-__all__ = ["TileEncoding", "TileIndex", "Level", "AssociatedImage", "Pyramid", "level_properties",
-           "SCALED_JPEG"]
+__all__ = ["TileEncoding", "TileIndex", "Channel", "Level", "AssociatedImage", "Pyramid",
+           "level_properties", "multichannel_level", "SCALED_JPEG", "DEFAULT_CHANNEL_COLORS",
+           "wavelength_color", "channel_color"]
 
 #: :attr:`TileEncoding.codec` of levels decoded from JPEG streams at a reduced
 #: scale (libjpeg DCT scaling, see :attr:`TileEncoding.scale_log2`).
@@ -135,6 +136,51 @@ class TileIndex:
     planes: int = 1
 
 
+#: Display colours ``(r, g, b)`` given, in this order, to the channels of a
+#: multi-channel slide that name neither a colour nor a wavelength: blue, green,
+#: red, cyan, magenta, yellow, then white for every further channel.  (A single
+#: channel without a colour is shown white, i.e. grey.)
+DEFAULT_CHANNEL_COLORS = ((0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255), (255, 0, 255),
+                          (255, 255, 0))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Channel:
+    """One channel (stain, fluorophore) of a multi-channel level.
+
+    Attributes:
+        name: short name (``"DAPI"``); never empty (``"C0"``, ``"C1"``, ... when
+            the file names none).
+        description: longer text from the file, or None.
+        excitation_nm, emission_nm: wavelengths in nanometres where the file
+            gives them (a value of 0 or less counts as not given), else None.
+        color: display colour ``(r, g, b)``, 0..255: what a channel value at the
+            top of its range adds to the composite.
+        color_source: where ``color`` came from: ``"palette"`` (DICOM palette
+            LUT), ``"file"`` (a colour stored in the file: QPTIFF, OME-XML),
+            ``"wavelength"`` (emission, else excitation, wavelength) or
+            ``"default"`` (:data:`DEFAULT_CHANNEL_COLORS`).
+        lut: ``(256, 3)`` uint8 lookup table of the composite (value scaled to
+            0..255 -> colour), e.g. a decoded DICOM palette; None means the
+            linear ramp from black to ``color``.
+    """
+
+    name: str
+    description: str | None = None
+    excitation_nm: float | None = None
+    emission_nm: float | None = None
+    color: tuple[int, int, int] = (255, 255, 255)
+    color_source: str = "default"
+    lut: Any = dataclasses.field(default=None, repr=False)
+
+    def table(self) -> np.ndarray:
+        """The ``(256, 3)`` uint8 table of this channel's contribution to the composite."""
+        if self.lut is not None:
+            return self.lut
+        ramp = np.arange(256, dtype=np.uint32)
+        return ((ramp[:, None] * np.asarray(self.color, np.uint32)[None, :] + 127) // 255).astype(np.uint8)
+
+
 class Level:
     """One pyramid level: geometry, tile grid, encoding and byte source.
 
@@ -159,11 +205,24 @@ class Level:
         path: the slide's path (named in messages).
         source: the :class:`~wsitool.storage.ByteSource` the tiles are read from.
         tiles: the :class:`TileIndex`; encoding: the :class:`TileEncoding`.
+        channels: the :class:`Channel` s of a multi-channel (fluorescence) level,
+            one per sample, in the slide's order; ``()`` for every other level
+            (RGB, a plain grey image), which reads exactly as before.
+        planes: for a multi-channel level, one single-sample :class:`Level` per
+            channel (same geometry; each its own :class:`TileIndex`, encoding and
+            byte source: a DICOM optical path, a QPTIFF page); reads decode
+            each plane and stack them (``raw``) or compose them (``rgb`` /
+            ``rgba``, :mod:`wsitool.read.channels`).  None for other levels.
+            ``tiles``, ``encoding`` and ``source`` of a multi-channel level
+            are its first plane's (for what only describes the level).
+        plane: in a plane of a multi-channel level, its channel index (the
+            decoded-tile cache keys it apart from the other planes); else None.
     """
 
     def __init__(self, *, index: int, width: int, height: int, downsample: float,
                  tile_width: int, tile_height: int, tiled: bool, samples: int, dtype: np.dtype,
-                 encoding: TileEncoding, tiles: TileIndex, source: ByteSource, path: str):
+                 encoding: TileEncoding, tiles: TileIndex, source: ByteSource, path: str,
+                 channels: tuple = (), planes: tuple | None = None, plane: int | None = None):
         self.index = index
         self.width = width
         self.height = height
@@ -179,6 +238,9 @@ class Level:
         self.tiles = tiles
         self.source = source
         self.path = path
+        self.channels = tuple(channels)
+        self.planes = None if planes is None else tuple(planes)
+        self.plane = plane
 
     # the encoding's facts, read through (one place holds them)
     compression = property(lambda self: self.encoding.compression)
@@ -196,12 +258,88 @@ class Level:
         """``(tile_width, tile_height)`` in pixels."""
         return (self.tile_width, self.tile_height)
 
+    @property
+    def cache_key(self):
+        """The level's key in the decoded-tile cache: its index, or ``(index, plane)`` for a plane."""
+        return self.index if self.plane is None else (self.index, self.plane)
+
+    def select(self, picked: Sequence[int]) -> "Level":
+        """This multi-channel level restricted to channels ``picked`` (indices, in that
+        order; checked by the caller): a new :class:`Level` sharing the planes."""
+        assert self.planes is not None
+        planes = tuple(self.planes[k] for k in picked)
+        return Level(index=self.index, width=self.width, height=self.height,
+                     downsample=self.downsample, tile_width=self.tile_width,
+                     tile_height=self.tile_height, tiled=self.tiled, samples=len(planes),
+                     dtype=self.dtype, encoding=self.encoding, tiles=planes[0].tiles,
+                     source=planes[0].source, path=self.path,
+                     channels=tuple(self.channels[k] for k in picked), planes=planes)
+
     def __repr__(self) -> str:
         return (
             f"Level({self.index}, {self.width}x{self.height}, downsample={self.downsample:.4g}, "
             f"tile={self.tile_width}x{self.tile_height}, {self.compression}/{self.photometric}, "
             f"{self.samples}x{self.dtype})"
         )
+
+
+#: ``(wavelength nm, (r, g, b))`` anchors of :func:`wavelength_color`, linearly
+#: interpolated between them (violet, blue, cyan, green, yellow, red; red above).
+_SPECTRUM = ((380.0, (130, 0, 200)), (440.0, (0, 0, 255)), (490.0, (0, 255, 255)),
+             (510.0, (0, 255, 0)), (580.0, (255, 255, 0)), (645.0, (255, 0, 0)))
+
+
+def wavelength_color(nm: float) -> tuple[int, int, int]:
+    """A display colour ``(r, g, b)`` for light of ``nm`` nanometres: linear between the
+    anchors of :data:`_SPECTRUM` (440 nm blue, 510 nm green, 580 nm yellow, 645 nm red),
+    the end colours beyond them (far red and infrared stay red)."""
+    if nm <= _SPECTRUM[0][0]:
+        return _SPECTRUM[0][1]
+    for (w0, c0), (w1, c1) in zip(_SPECTRUM, _SPECTRUM[1:]):
+        if nm <= w1:
+            t = (nm - w0) / (w1 - w0)
+            return tuple(int(round(a + (b - a) * t)) for a, b in zip(c0, c1))  # type: ignore[return-value]
+    return _SPECTRUM[-1][1]
+
+
+def channel_color(index: int, count: int, emission_nm: float | None = None,
+                  excitation_nm: float | None = None) -> tuple[tuple[int, int, int], str]:
+    """``(colour, source)`` of channel ``index`` of ``count`` that has no colour of its own:
+    from its emission wavelength, else its excitation wavelength
+    (:func:`wavelength_color`; source ``"wavelength"``), else white for a single channel
+    or :data:`DEFAULT_CHANNEL_COLORS` in order, white past its end (``"default"``)."""
+    for nm in (emission_nm, excitation_nm):
+        if nm is not None and nm > 0:
+            return wavelength_color(nm), "wavelength"
+    if count == 1 or index >= len(DEFAULT_CHANNEL_COLORS):
+        return (255, 255, 255), "default"
+    return DEFAULT_CHANNEL_COLORS[index], "default"
+
+
+def multichannel_level(planes: Sequence[Level], channels: Sequence[Channel]) -> Level:
+    """One multi-channel :class:`Level` of single-sample ``planes`` (one per channel, same
+    index, size, tile size and dtype; their ``plane`` is set here), described by ``channels``.
+
+    Raises:
+        ValueError: no planes, a plane count other than the channel count, planes of
+            several sizes, tile sizes or dtypes, or a plane of more than one sample
+            (a format bug, not a file problem: formats check first).
+    """
+    if not planes or len(planes) != len(channels):
+        raise ValueError(f"{len(planes)} plane(s) for {len(channels)} channel(s)")
+    first = planes[0]
+    for p in planes:
+        if (p.width, p.height, p.tile_width, p.tile_height, p.dtype, p.samples) != (
+                first.width, first.height, first.tile_width, first.tile_height, first.dtype, 1):
+            raise ValueError(f"plane {p!r} differs from {first!r}")
+    for k, p in enumerate(planes):
+        p.plane = k
+    return Level(index=first.index, width=first.width, height=first.height,
+                 downsample=first.downsample, tile_width=first.tile_width,
+                 tile_height=first.tile_height, tiled=first.tiled, samples=len(planes),
+                 dtype=first.dtype, encoding=dataclasses.replace(first.encoding, rgb_problem=None),
+                 tiles=first.tiles, source=first.source, path=first.path,
+                 channels=tuple(channels), planes=tuple(planes))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -35,7 +35,7 @@ from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.icc import COLOR_MODES, IccTransform
 from .read.lazy import level_array
 from .read.region import read_region
-from .storage import LocalFile
+from .storage import is_url, open_source, redact
 
 __all__ = ["Level", "Slide", "open_slide", "cached_slide", "chunk_read_count"]
 
@@ -84,7 +84,8 @@ class Slide:
     (or use it as a context manager) to release the file.
 
     Attributes:
-        path: the path given.
+        path: the path given; for a URL, the URL without credentials or query
+            (:func:`wsitool.storage.redact`), as every message names it.
         vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``.
         levels: the :class:`~wsitool.model.Level` objects, largest first.
         problems: what the parser reported while reading the structure (e.g.
@@ -100,8 +101,13 @@ class Slide:
         CorruptFileError: the container's structure is broken.
     """
 
-    def __init__(self, path: str | os.PathLike, cache: TileCache | int | None = None):
-        self.path = os.fspath(path)
+    def __init__(self, path: str | os.PathLike, cache: TileCache | int | None = None,
+                 storage_options: dict | None = None):
+        remote = is_url(path)
+        #: where the bytes come from, as given (a URL keeps its query: a presigned URL's signature)
+        self._location = str(path) if remote else os.fspath(path)
+        self._storage_options = dict(storage_options) if storage_options else None
+        self.path = redact(self._location) if remote else self._location
         self.problems: list[str] = []
         self._pyramid = None
         self._closed = False
@@ -119,12 +125,15 @@ class Slide:
         # its CPU codecs rather than fail (tests/test_os_resources.py).  Where it
         # cannot be imported, JPEG and JPEG 2000 levels take the imagecodecs path.
         with_nv = nvlib.available()
-        if os.path.isdir(self.path):
+        if not remote and os.path.isdir(self.path):
+            if storage_options:
+                raise WsiError(f"{self.path}: storage options apply to URLs only")
             # a folder slide (a DICOM series): the format opens the sources it needs
             self._source = None
             pyramid = open_folder(self.path)
         else:
-            self._source = LocalFile(self.path)  # FileNotFoundError passes through
+            # a local file (FileNotFoundError passes through) or a URL (wsitool.storage.remote)
+            self._source = open_source(self._location, storage_options)
             try:
                 pyramid = open_pyramid(self.path, self._source)
             except BaseException:
@@ -134,6 +143,8 @@ class Slide:
             for lv in pyramid.levels:
                 lv.encoding = nvlib.fallback_encoding(lv.encoding)
         self._pyramid = pyramid
+        #: requests and bytes the open took (a remote slide), taken once the structure is parsed
+        self._open_stats = self._source.stats() if getattr(self._source, "remote", False) else None
         if cache is not None:
             self._tile_cache = cache.scope()
         self.vendor = pyramid.vendor
@@ -148,6 +159,25 @@ class Slide:
                           f"{self.level_count} level(s))", SlideWarning, stacklevel=3)
 
     # ------------------------------------------------------------------ metadata
+
+    @property
+    def remote(self) -> dict | None:
+        """Where a slide opened from a URL is read from, and what reading it cost; None for a local slide.
+
+        Keys: ``url`` (without credentials or query), ``protocol`` (``"http"``,
+        ``"s3"``, ``"gs"``, ``"az"``), ``size`` (bytes), ``etag`` and
+        ``last_modified`` (pinned at open; either may be None), ``open_requests``
+        and ``open_bytes`` (what opening took: the head fetch, the IFD chain, the
+        tile offsets), ``requests`` and ``bytes`` (so far, open included).
+        """
+        src = self._source
+        if src is None or not getattr(src, "remote", False):
+            return None
+        now = src.stats()
+        opened = self._open_stats or now
+        return {"url": self.path, "protocol": src.protocol, "size": src.size, "etag": src.etag,
+                "last_modified": src.modified, "open_requests": opened["requests"],
+                "open_bytes": opened["bytes"], "requests": now["requests"], "bytes": now["bytes"]}
 
     @property
     def level_count(self) -> int:
@@ -168,6 +198,13 @@ class Slide:
     def level_downsamples(self) -> tuple[float, ...]:
         """Downsample factor of each level relative to level 0."""
         return tuple(lv.downsample for lv in self.levels)
+
+    @property
+    def channels(self) -> tuple:
+        """The :class:`~wsitool.model.Channel` s of a multi-channel (fluorescence) slide, in
+        the slide's order (name, description, wavelengths in nm, display colour); ``()``
+        for RGB and other single-image slides."""
+        return self.levels[0].channels
 
     @property
     def properties(self) -> Mapping[str, str]:
@@ -260,7 +297,7 @@ class Slide:
     # ------------------------------------------------------------------ reading
 
     def read_region(self, location, level, size, *, out=None, mode="rgba", threads=None,
-                    on_error="raise", device="cpu", color=None, downsample=1):
+                    on_error="raise", device="cpu", color=None, downsample=1, channels=None):
         """Read a region; see :func:`wsitool.read.region.read_region` for the full contract.
 
         Args:
@@ -281,6 +318,12 @@ class Slide:
                 the CPU; a slide without a profile is returned unchanged.
             downsample: 1, 2, 4 or 8: ``level`` read at ``1/downsample`` scale
                 (``size`` in pixels of that scale; :mod:`wsitool.read.reduced`).
+            channels: a multi-channel (fluorescence) slide's channels to read
+                (:attr:`channels`): None (all), an index or name, or a sequence
+                of them in the order wanted.  ``raw`` then gives ``(height,
+                width, len(channels))``; ``rgb`` / ``rgba`` the composite of those
+                channels (each through its display colour, added, clipped; see
+                :mod:`wsitool.read.channels`).
 
         Returns:
             The filled array (``out`` itself when given).
@@ -298,7 +341,7 @@ class Slide:
             raise InvalidRegionError(f"{self.path}: color='icc' applies to mode 'rgb' / 'rgba' on the CPU")
         region = read_region(self.levels, self.path, location, level, size, out=out, mode=mode,
                              threads=threads, on_error=on_error, device=device,
-                             cache=self._tile_cache, downsample=downsample)
+                             cache=self._tile_cache, downsample=downsample, channels=channels)
         if color == "icc" and self.color_profile is not None:
             if self._icc is None:
                 self._icc = IccTransform(self.color_profile, self.path)
@@ -306,7 +349,7 @@ class Slide:
         return region
 
     def read_patches(self, locations, size, *, level=0, read_size=None, batch_size=64, mode="rgb",
-                     threads=None, on_error="raise", device="cpu", out=None):
+                     threads=None, on_error="raise", device="cpu", out=None, channels=None):
         """Read many patches of one size, decoding each tile once per batch.
 
         The patches of a batch are grouped by the tiles they touch and each tile
@@ -341,6 +384,7 @@ class Slide:
                 between patches on the GPU).
             out: None (default: return an iterator of batches), or an ``(n, h, w, c)``
                 C-contiguous array of the output dtype, filled in place and returned.
+            channels: as :meth:`read_region`'s (multi-channel slides, CPU only).
 
         Returns:
             Without ``out``: an iterator of ``(b, h, w, c)`` arrays, in input
@@ -358,7 +402,7 @@ class Slide:
         """
         req = check_patch_request(self.levels, self.path, locations, size, level=level, read_size=read_size,
                                   batch_size=batch_size, mode=mode, threads=threads, on_error=on_error,
-                                  device=device)
+                                  device=device, channels=channels)
         if out is not None:
             return fill_all(req, out, self._tile_cache)
         return read_patch_batches(req, self._tile_cache)
@@ -376,6 +420,10 @@ class Slide:
             DaskUnavailableError: dask is not installed.
             InvalidRegionError: ``level`` out of range or bad ``chunks``.
         """
+        if self.remote is not None:  # by URL, size and ETag
+            _remember_options(self._location, self._storage_options)
+            return level_array(self.levels, self._location, level, read_chunk_by_path,
+                               stamp=self._source.identity(), chunks=chunks)
         path = os.path.abspath(self.path)
         return level_array(self.levels, path, level, read_chunk_by_path, stamp=file_stamp(path),
                            chunks=chunks)
@@ -427,11 +475,23 @@ class Slide:
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
 
 
-def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None) -> Slide:
+def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None,
+               storage_options: dict | None = None) -> Slide:
     """Open a whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF, DICOM WSI).
 
     ``path`` is a file, or for DICOM a file of the series (the other instances
-    are found beside it) or a folder holding one series.
+    are found beside it) or a folder holding one series; or the URL of a
+    TIFF-based slide: ``http://``, ``https://`` (presigned URLs too), ``s3://``,
+    ``gs://``, ``az://`` (needs ``pip install 'wsitool[remote]'``; see
+    :mod:`wsitool.storage.remote` for how it is read).
+
+    ``storage_options`` (URLs only): ``timeout`` (seconds per request, default
+    20), ``operation_timeout`` (seconds per read, default 120), ``retries``
+    (default 4), ``concurrency`` (requests in flight per slide, default 16);
+    HTTP(S): ``headers``, ``verify``; object stores: obstore's keys or the
+    fsspec names tiffslide takes (``anon``, ``key``, ``secret``, ``token``,
+    ``endpoint_url``, ``region_name``, ``account_name``, ``account_key``,
+    ``sas_token``; :mod:`wsitool.storage.objectstore`).
 
     Returns a :class:`Slide`, usable as a context manager.
 
@@ -441,12 +501,16 @@ def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None) ->
     decode every tile they touch).  See :mod:`wsitool.read.cache`.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist (for a URL:
+            :class:`~wsitool.errors.RemoteNotFoundError`, a subclass).
         UnsupportedFormatError: not a slide format wsitool reads (random bytes, a
             folder without exactly one DICOM series).
         CorruptFileError: broken container structure (bad header or IFD, zero-size image).
+        RemoteAccessError: access denied, expired credentials or presigned URL.
+        RemoteUnavailableError: the server kept failing after the retries.
+        WsiError: a URL without the ``wsitool[remote]`` extra installed, or a bad storage option.
     """
-    return Slide(path, cache=cache)
+    return Slide(path, cache=cache, storage_options=storage_options)
 
 
 # ---------------------------------------------------------------------- slides by path
@@ -461,6 +525,40 @@ def _stamp(path: str) -> tuple[int, int]:
 @functools.lru_cache(maxsize=16)
 def _open_cached(path: str, stamp: tuple[int, int]) -> Slide:
     return open_slide(path)
+
+
+#: storage options of the URLs opened in this process, for the slides cached_slide opens by URL
+_url_options: dict[str, dict | None] = {}
+_remote_slides: dict[str, Slide] = {}
+_remote_lock = threading.Lock()
+
+
+def _remember_options(url: str, options: dict | None) -> None:
+    with _remote_lock:
+        _url_options[url] = options
+
+
+def _cached_remote(url: str, stamp) -> Slide:
+    """:func:`cached_slide` of a URL: keyed by ``(url, size, etag)`` (:meth:`RemoteSource.identity`)."""
+    with _remote_lock:
+        slide = _remote_slides.get(url)
+        options = _url_options.get(url)
+    if slide is not None and (stamp is None or slide._source.identity() == tuple(stamp)):
+        return slide
+    fresh = open_slide(url, storage_options=options)
+    now = fresh._source.identity()
+    if stamp is not None and tuple(stamp) != now:
+        fresh.close()
+        raise WsiError(f"{fresh.path}: the object changed since the task was built (size/ETag "
+                       f"{tuple(stamp)[1:]} -> {now[1:]}); rebuild the Dask array")
+    with _remote_lock:
+        old = _remote_slides.pop(url, None)
+        _remote_slides[url] = fresh
+        while len(_remote_slides) > 16:
+            _remote_slides.pop(next(iter(_remote_slides))).close()
+    if old is not None:
+        old.close()
+    return fresh
 
 
 def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None) -> Slide:
@@ -479,7 +577,14 @@ def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None) 
         WsiError: ``stamp`` is given and the file changed since it was taken.
         FileNotFoundError, UnsupportedFormatError, CorruptFileError: as
             :func:`open_slide`.
+
+    A URL is keyed by ``(url, size, ETag)`` instead (``stamp`` is that triple,
+    :meth:`wsitool.storage.remote.RemoteSource.identity`); it is opened with the
+    storage options it was last opened with in this process, else with none
+    (the credential chains of the environment).
     """
+    if is_url(path):
+        return _cached_remote(str(path), stamp)
     path = os.path.abspath(os.fspath(path))
     now = _stamp(path)
     if stamp is not None and tuple(stamp) != now:
@@ -513,6 +618,9 @@ def read_chunk_by_path(path: str, stamp: tuple[int, int], level: int, x0: int, y
     return slide.read_region((x0, y0), level, (w, h), mode="rgb", threads=threads)
 
 
-def file_stamp(path: str | os.PathLike) -> tuple[int, int]:
-    """``(mtime_ns, size in bytes)`` of ``path``, as :func:`cached_slide` compares it."""
+def file_stamp(path: str | os.PathLike) -> tuple:
+    """``(mtime_ns, size in bytes)`` of ``path``, as :func:`cached_slide` compares it
+    (a URL: ``(url, size, etag)`` of the object, opened through :func:`cached_slide`)."""
+    if is_url(path):
+        return _cached_remote(str(path), None)._source.identity()
     return _stamp(os.path.abspath(os.fspath(path)))

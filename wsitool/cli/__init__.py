@@ -11,7 +11,10 @@ Exit codes:
     0 success; 1 other wsitool error; 2 bad command-line usage;
     3 unsupported format; 4 corrupt file; 5 invalid region request;
     6 resource limit exceeded; 7 tile decode error; 8 no CUDA device;
-    9 file not found or other I/O error (also EMFILE/ENOMEM/EIO);
+    9 file not found or other I/O error (also EMFILE/ENOMEM/EIO; a URL naming no object);
+    16 remote access denied (HTTP 401/403, expired credentials or presigned URL, 416);
+    17 remote source failing after retries (timeout, 5xx, reset, truncated body);
+    18 remote slide changed on the server while open (size or ETag);
     130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.signals).
     ``wsitool stress`` adds its own verdict codes (see its help).
 """

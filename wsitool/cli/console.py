@@ -62,6 +62,10 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (errors.ResourceLimitError, 6),
     (errors.TileDecodeError, 7),
     (errors.DeviceUnavailableError, 8),
+    (errors.RemoteNotFoundError, 9),  # a URL naming no object, as a missing file
+    (errors.RemoteAccessError, 16),  # denied, expired credentials or presigned URL
+    (errors.RemoteUnavailableError, 17),  # the remote source failed after its retries
+    (errors.RemoteChangedError, 18),  # the object changed on the server while open
     (errors.WsiError, 1),
     (FileNotFoundError, 9),
     (OSError, 9),
@@ -128,6 +132,43 @@ def handle_errors(func: Callable) -> Callable:
             raise fail(message, exit_code_for(exc)) from None
 
     return wrapper
+
+
+#: help of the repeatable ``--storage-option`` of the commands that read a slide
+STORAGE_OPTION_HELP = ("For a slide URL (http(s)://, s3://, gs://, az://): KEY=VALUE passed to the remote reader, "
+                       "repeatable (e.g. anon=true, endpoint_url=http://host:9000, timeout=30, "
+                       "headers.Authorization='Bearer ...'); VALUE is read as JSON when it parses, else as text.")
+
+
+def storage_options(items: Optional[list]) -> Optional[dict]:
+    """The ``--storage-option KEY=VALUE`` items as a dict (None when there are none).
+
+    VALUE is JSON when it parses as JSON (``true``, ``30``, ``{"a": 1}``), else the text;
+    a dotted KEY (``headers.Authorization``) makes nested dicts.  A malformed item
+    raises the usage Exit (code 2).
+    """
+    if not items:
+        return None
+    import json  # noqa: PLC0415
+
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise fail(f"--storage-option {item.split('=')[0]!r}: expected KEY=VALUE", 2)
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise fail(f"--storage-option {key}: {name} is both a value and a group", 2)
+        node[leaf] = value
+    return out
 
 
 def max_pixels_scope(max_pixels: Optional[int]):

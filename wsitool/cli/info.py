@@ -8,7 +8,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -21,7 +21,7 @@ from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
 from ..slide import open_slide
-from .console import console, err_console, fitted_console, handle_errors, shown
+from .console import STORAGE_OPTION_HELP, console, err_console, fitted_console, handle_errors, shown, storage_options
 from .group import app
 
 
@@ -33,10 +33,11 @@ def _icc_summary(profile: bytes | None) -> dict | None:
 @app.command()
 @handle_errors
 def info(
-    slide: Path = typer.Argument(..., help="Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM), or a folder holding one DICOM series."),
+    slide: str = typer.Argument(..., help="Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM), a folder holding one DICOM series, or a slide URL (http(s)://, s3://, gs://, az://)."),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     show_phi: bool = typer.Option(False, "--show-phi", help="Also print the properties that identify a patient, institution or specimen (DICOM PatientID, ...); hidden by default."),
     backends: bool = typer.Option(False, "--backends", help="Also show the decode backends table (what decodes which compression, and why a backend is unavailable)."),
+    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
 ) -> None:
     """Show levels, tile sizes, compression, MPP, vendor and associated images.
 
@@ -47,7 +48,8 @@ def info(
     $COLUMNS columns, or 80.
     """
 
-    with open_slide(slide) as s:
+    with open_slide(slide, storage_options=storage_options(storage_option)) as s:
+        slide = s.path  # a URL without its credentials and query
         levels = [
             {
                 "level": lv.index,
@@ -75,6 +77,7 @@ def info(
                 assoc[name] = f"unreadable: {exc}"
         data = {
             "path": str(slide),
+            "remote": s.remote,  # where a URL is read from, and what its open took; None for a file
             "vendor": s.vendor,
             "dimensions": list(s.dimensions),
             "level_count": s.level_count,
@@ -83,6 +86,7 @@ def info(
             "objective_power": s.objective_power,
             "levels": levels,
             "associated_images": assoc,
+            "channels": [_channel_summary(c) for c in s.channels],  # multi-channel slides, else []
             "icc_profile": _icc_summary(s.color_profile),
             "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
             "backends": backend_report(),
@@ -103,6 +107,10 @@ def info(
     for line in _fields([str(slide), f"vendor {data['vendor']}", f"MPP {mpp}", f"objective {obj}"],
                         out.width):
         _line(out, line)
+    if data["remote"]:
+        rem = data["remote"]
+        _prose(out, f"read from {rem['protocol']} ({rem['size']} bytes, ETag {rem['etag'] or '-'}): "
+                    f"open took {rem['open_requests']} request(s), {rem['open_bytes']} bytes")
     if data["painted_tiles"] is not None:
         _prose(out, f"painted tiles: {data['painted_tiles']} undecodable source tile(s) painted "
                     "with the background by export --on-error fill")
@@ -116,7 +124,21 @@ def info(
                     "institution, specimen) hidden: --show-phi shows them")
     for key, value in phi.items():  # --show-phi: the identifying properties themselves
         _line(out, f"{errors.printable(key)} = {errors.printable(value)}")
+    if data["channels"]:
+        _table(out, "Channels (composite: each through its colour, added)",
+               ["channel", "name", "colour", "from", "excitation", "emission"],
+               [[str(k), errors.printable(c["name"]), "#%02x%02x%02x" % tuple(c["color"]), c["color_source"],
+                 f"{c['excitation_nm']:g} nm" if c["excitation_nm"] else "-",
+                 f"{c['emission_nm']:g} nm" if c["emission_nm"] else "-"]
+                for k, c in enumerate(data["channels"])])
     _print_info_tables(slide, levels, assoc, data["backends"], backends)
+
+
+def _channel_summary(channel) -> dict:
+    """The JSON of one :class:`~wsitool.model.Channel` (its lookup table left out)."""
+    return {"name": channel.name, "description": channel.description,
+            "excitation_nm": channel.excitation_nm, "emission_nm": channel.emission_nm,
+            "color": list(channel.color), "color_source": channel.color_source}
 
 
 def _info_console() -> Console:

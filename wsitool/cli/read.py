@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Literal, Optional, Tuple
+from typing import List, Literal, Optional, Tuple
 
 import typer
 
@@ -13,15 +13,17 @@ from ..distributed import load_regions_csv, read_regions
 from ..errors import TileWarning
 from ..export import check_image_extension, write_image
 from ..slide import open_slide
+from ..storage import is_url, redact
 from .batch import batch_progress, failure_code, usage_errors
-from .console import console, err_console, fail, handle_errors, max_pixels_scope, shown
+from .console import (STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, max_pixels_scope, shown,
+                      storage_options)
 from .group import app
 
 
 @app.command("read-region")
 @handle_errors
 def read_region_cmd(
-    slide: Path = typer.Argument(..., help="Slide file."),
+    slide: str = typer.Argument(..., help="Slide file, or a slide URL (http(s)://, s3://, gs://, az://)."),
     location: Optional[Tuple[int, int]] = typer.Option(
         None, "--location", "-l", metavar="X Y",
         help="X Y of the top-left pixel, level-0 pixels, two integers separated by a space (default 0 0)."
@@ -42,6 +44,7 @@ def read_region_cmd(
     scheduler: Optional[str] = typer.Option(None, "--scheduler", help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT."),
     quiet: bool = typer.Option(False, "--quiet", help="With --regions: no progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output file(s) (never the source slide)."),
+    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
 ) -> None:
     """Read a region (OpenSlide semantics) and write it to an image file.
 
@@ -50,7 +53,12 @@ def read_region_cmd(
     else the exit code of the first failed region's error.
     """
 
+    options = storage_options(storage_option)
+    if not is_url(slide):
+        slide = Path(slide)
     if regions is not None:
+        if options:
+            raise fail("--storage-option applies to single regions for now (not with --regions)", 2)
         single = [o for o, v in (("--size", size), ("--output", output), ("--location", location),
                                  ("--level", level)) if v is not None]
         if single:
@@ -84,7 +92,7 @@ def read_region_cmd(
     atomic.clean_stale_partials(output.parent)
 
 
-    with max_pixels_scope(max_pixels), open_slide(slide) as s, \
+    with max_pixels_scope(max_pixels), open_slide(slide, storage_options=options) as s, \
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TileWarning)
         arr = s.read_region(location, level, size, mode=mode, threads=threads, on_error=on_error,
@@ -106,7 +114,7 @@ def read_region_cmd(
     console.print(
         f"wrote {shown(output)} (width {arr.shape[1]}, height {arr.shape[0]}, {arr.shape[2]} "
         f"channel{'s' if arr.shape[2] != 1 else ''} {arr.dtype}) "
-        f"from {shown(slide)} level {level} at ({location[0]}, {location[1]})",
+        f"from {shown(redact(str(slide)))} level {level} at ({location[0]}, {location[1]})",
         highlight=False,
     )
 

@@ -110,6 +110,8 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
             with lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 arr = enc.page.asarray()
+        except WsiError:  # a remote source's failure, named as such (its own exit code)
+            raise
         except Exception as exc:
             raise_if_os_resource(exc, path)
             raise WsiError(f"{path}: associated image {name!r} could not be decoded: {exc}") from None

@@ -34,7 +34,8 @@ import xml.sax.saxutils as sax
 from datetime import datetime
 from typing import Mapping, Sequence
 
-__all__ = ["OmeChannel", "OmeImage", "Instrument", "ome_xml", "acquisition_date", "instrument_from"]
+__all__ = ["OmeChannel", "OmeImage", "Instrument", "ome_xml", "as_description", "acquisition_date",
+           "instrument_from"]
 
 NAMESPACE = "http://www.openmicroscopy.org/Schemas/OME/2016-06"
 SCHEMA_LOCATION = f"{NAMESPACE} {NAMESPACE}/ome.xsd"
@@ -174,6 +175,16 @@ def ome_xml(images: Sequence[OmeImage], *, instrument: Instrument | None = None,
     # 7-bit ASCII, as TIFF strings are (TIFF 6.0 section 2): "µm" and any other
     # character outside ASCII become XML character references (&#181;)
     return "".join(out).encode("ascii", "xmlcharrefreplace").decode("ascii")
+
+
+def as_description(xml: str) -> bytes:
+    """The ImageDescription bytes of an :func:`ome_xml` document: UTF-8, with the character
+    references it uses for non-ASCII text turned back into characters.  Bio-Formats (8.x)
+    does not resolve character references in OME-XML attribute values: ``&#181;m`` reads
+    as ``" #181;m"``, an unknown unit, and the whole OME-XML is then ignored (the file is
+    read as a plain TIFF, one series per IFD, without channel names); the OME-TIFF
+    specification has the ImageDescription in UTF-8."""
+    return re.sub(r"&#(\d+);", lambda m: chr(int(m.group(1))), xml).encode("utf-8")
 
 
 _DATE_FORMATS = (

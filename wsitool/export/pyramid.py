@@ -70,6 +70,7 @@ from ..read.request import level_index
 from ..settings import get_limits
 from ..slide import Slide, open_slide
 from .associated import LevelImage, associated_for_export, thumbnail_level
+from .channels import export_channels
 from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
 from .encode import TileCodec, TileCounter, encoded_tiles
@@ -323,6 +324,10 @@ def export_pyramid(
                 f"{slide.path}: export of {w}x{h} ({w * h} pixels) exceeds the limit of {limit} "
                 "pixels (raise it with --max-pixels / max_pixels=)"
             )
+        if fmt == "ome-tiff" and slide.channels:  # every channel kept, named and coloured
+            return export_channels(slide, final, L, (rx, ry, w, h), T, compression, q, sources,
+                                   label=label, associated=associated, on_error=on_error,
+                                   threads=nthreads, overwrite=overwrite, progress=progress)
         if compression == "copy":
             return _export_copy(slide, final, fmt, L, (rx, ry, w, h), q, psnr, nthreads, bg, overwrite,
                                 progress, on_error, label, associated, bool(verify), sources, t_start)

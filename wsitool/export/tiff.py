@@ -176,7 +176,7 @@ def _first_page(tw, fmt: str, final: Path, meta: dict, dims, data, tile: int, ki
         tw.write(data, description=desc, metadata=None, subfiletype=0, **common)
     else:
         tw.write(data, subifds=len(dims) - 1, metadata=None,
-                 description=_ome_xml(final, meta, dims[0], painted), **common)
+                 description=omexml.as_description(_ome_xml(final, meta, dims[0], painted)), **common)
 
 
 def _level_page(tw, fmt: str, meta: dict, dims, k: int, data, tile: int, kind: str,

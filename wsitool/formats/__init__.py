@@ -36,6 +36,9 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     head = source.read(0, HEAD_BYTES)
     for fmt in FORMATS:
         if fmt.sniff(head):
+            if source.remote and fmt is not tiff:  # (a DICOM file finds its series by its folder)
+                raise UnsupportedFormatError(f"{path}: DICOM files are read from local paths only, "
+                                             "not from URLs")
             return fmt.open_pyramid(path, source)
     raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
 

@@ -24,6 +24,7 @@ from ..codec import jpegloop
 from ..errors import TileDecodeError, TileWarning
 from ..geometry import level_rect, plan_tiles
 from ..model import Level
+from .channels import fill_channels
 from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
@@ -96,7 +97,11 @@ def fill_level_rect(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray
                     threads: int | None, on_error: str, pool, cache=None) -> None:
     """:func:`fill_region` of the rectangle whose top-left corner is ``(rx, ry)`` in
     pixels of ``lv`` itself (no level-0 mapping): the entry of the batch reader
-    (:mod:`.patches`), which plans in level pixels."""
+    (:mod:`.patches`), which plans in level pixels.  A multi-channel level fills
+    plane by plane (:func:`wsitool.read.channels.fill_channels`)."""
+    if lv.planes is not None:
+        fill_channels(fill_level_rect, lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
+        return
     if cache is not None:
         _fill_cached(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
         return
@@ -107,7 +112,7 @@ def fill_level_rect(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray
     fill_outside(out, rx, ry, inside)
     if not jobs:
         return
-    if len(jobs) >= _PREFETCH_MIN_TILES:
+    if len(jobs) >= _PREFETCH_MIN_TILES or lv.source.remote:  # (remote: requests merged, in flight at once)
         _prefetch(lv, jobs[0].col, jobs[-1].col, jobs[0].row, jobs[-1].row)
     k = thread_count(threads, len(jobs))
     # JPEG 2000 tiles are not batched: each takes milliseconds to decode, so
@@ -181,7 +186,7 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
     fill_outside(out, rx, ry, inside)
     if not jobs:
         return
-    index = lv.index
+    index = lv.cache_key  # the level's index, or (index, plane) for a channel's plane
 
     def work(todo) -> None:
         for job in todo:

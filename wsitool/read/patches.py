@@ -143,8 +143,11 @@ def _positive_pair(value, what: str, path: str, whole: bool) -> tuple:
 
 def check_patch_request(levels: Sequence[Level], path: str, locations, size, *, level=0, read_size=None,
                         batch_size=64, mode: str = "rgb", threads=None, on_error: str = "raise",
-                        device: str = "cpu") -> PatchRequest:
+                        device: str = "cpu", channels=None) -> PatchRequest:
     """Validate a batch request; see :meth:`wsitool.Slide.read_patches` for the arguments.
+
+    ``channels`` selects channels of a multi-channel level (as ``read_region``'s);
+    the request's ``level`` is then the selection (:meth:`wsitool.model.Level.select`).
 
     Raises:
         InvalidRegionError: a malformed argument (also a ``ValueError``).
@@ -166,7 +169,9 @@ def check_patch_request(levels: Sequence[Level], path: str, locations, size, *, 
         raise ResourceLimitError(f"{path}: read_size {read[0]:g}x{read[1]:g} exceeds the max_region_pixels "
                                  f"limit {get_limits().max_region_pixels}")
     # level, mode, decoder and per-window limits: the checks of a region read of one window
-    lv = validate_request(levels, path, (0, 0), level, window, mode)[0]
+    lv = validate_request(levels, path, (0, 0), level, window, mode, channels)[0]
+    if lv.planes is not None and device != "cpu":
+        raise InvalidRegionError(f"{path}: multi-channel levels read on the CPU only (device='cpu')")
     shape, dtype = output_shape(lv, (w, h), mode)
     if read is not None:
         if dtype != np.uint8:

@@ -53,7 +53,7 @@ BAND_BYTES = 16 << 20
 
 def uses_wavelet(lv: Level, k: int) -> bool:
     """Whether reads of ``lv`` at ``1/k`` decode J2K tiles at a reduced resolution."""
-    return (k > 1 and lv.encoding.stream == "j2k" and lv.encoding.codec == "nv"
+    return (k > 1 and lv.planes is None and lv.encoding.stream == "j2k" and lv.encoding.codec == "nv"
             and get_decode_paths().openjpeg and openjpeg.available()
             and lv.tile_width % k == 0 and lv.tile_height % k == 0)
 

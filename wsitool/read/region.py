@@ -28,7 +28,7 @@ __all__ = ["read_region"]
 
 def read_region(levels: Sequence[Level], path: str, location, level, size, *, out=None,
                 mode: str = "rgba", threads: int | None = None, on_error: str = "raise",
-                device: str = "cpu", cache=None, downsample: int = 1):
+                device: str = "cpu", cache=None, downsample: int = 1, channels=None):
     """Read a region of a pyramid into a new or caller-provided array.
 
     Args:
@@ -44,6 +44,9 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
         mode: ``"rgba"`` -> ``(height, width, 4)`` uint8 (default);
             ``"rgb"`` -> ``(height, width, 3)`` uint8 (fastest);
             ``"raw"`` -> ``(height, width, samples)`` in the level's dtype.
+            On a multi-channel (fluorescence) level ``raw`` gives every channel
+            (or those of ``channels``) in the slide's order and ``rgb`` /
+            ``rgba`` their composite (:mod:`wsitool.read.channels`).
         threads: number of threads decoding this region (default: the CPU count).
         on_error: ``"raise"`` (default) raises :class:`TileDecodeError` for a
             corrupt tile; ``"fill"`` fills it with background (transparent),
@@ -56,13 +59,16 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
             scale; ``size`` is then in pixels of that scale (see
             :mod:`wsitool.read.reduced` for the pixel grid; JPEG 2000 tiles are
             decoded at the matching wavelet resolution, others area-filtered).
+        channels: None (all), or channel indices / names of a multi-channel
+            level, in the order wanted (:func:`wsitool.read.channels.select_channels`).
 
     Returns:
         The region; pixels outside the slide and missing tiles (offset or byte
         count 0) are 0 with alpha 0.
 
     Raises:
-        InvalidRegionError: malformed request or ``out`` (also a ``ValueError``).
+        InvalidRegionError: malformed request or ``out`` (also a ``ValueError``), a
+            bad ``channels``, or ``device="cuda"`` on a multi-channel level.
         ResourceLimitError: output over the configured limits (before allocating).
         UnsupportedFormatError: ``rgb`` / ``rgba`` for samples without an RGB
             conversion (e.g. CIELab); use ``mode="raw"``.
@@ -72,12 +78,14 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
     if on_error not in ("raise", "fill"):
         raise InvalidRegionError(f"{path}: on_error must be 'raise' or 'fill', got {on_error!r}")
     k = check_downsample(downsample, path, device)
-    lv, x, y, w, h = validate_request(levels, path, location, level, size, mode)
+    lv, x, y, w, h = validate_request(levels, path, location, level, size, mode, channels)
     if threads is not None:
         threads = as_int(threads, "threads", path)
         if threads < 1:
             raise InvalidRegionError(f"{path}: threads must be >= 1, got {threads}")
     if device != "cpu":
+        if lv.planes is not None:
+            raise InvalidRegionError(f"{path}: multi-channel levels read on the CPU only (device='cpu')")
         with lv.source.reading():
             return read_region_cuda(path, lv, x, y, w, h, out=out, mode=mode, threads=threads,
                                     on_error=on_error, device=device)

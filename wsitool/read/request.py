@@ -17,6 +17,7 @@ from ..arguments import as_int, int_pair
 from ..errors import InvalidRegionError, ResourceLimitError, UnsupportedFormatError, WsiError
 from ..model import Level
 from ..settings import get_limits
+from .channels import select_channels
 
 __all__ = ["MODES", "DOWNSAMPLES", "output_shape", "level_index", "validate_request", "check_out",
            "check_tile_limit", "check_downsample"]
@@ -66,11 +67,16 @@ def level_index(level, count: int, path: str) -> int:
     return lvl
 
 
-def validate_request(levels: Sequence[Level], path: str, location, level, size, mode: str):
+def validate_request(levels: Sequence[Level], path: str, location, level, size, mode: str,
+                     channels=None):
     """Check a region request of a slide whose levels are ``levels``; return ``(Level, x, y, w, h)``.
 
+    ``channels`` (None: all) selects channels of a multi-channel level
+    (:func:`wsitool.read.channels.select_channels`); the returned level is then
+    the selection, whose ``samples`` is the number of channels chosen.
+
     Raises:
-        InvalidRegionError: bad level, location, size or mode.
+        InvalidRegionError: bad level, location, size, mode or channels.
         UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
             an RGB conversion (see :func:`wsitool.color.to_rgb8`), or the level's
             compression has no decoder (``Level.compression_problem``).
@@ -86,7 +92,7 @@ def validate_request(levels: Sequence[Level], path: str, location, level, size, 
     w, h = int_pair(size, "size", path)
     if w <= 0 or h <= 0:
         raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
-    lv = levels[lvl]
+    lv = select_channels(levels[lvl], channels, path)
     if lv.compression_problem:
         raise UnsupportedFormatError(f"{path}: level {lvl}: {lv.compression_problem}")
     if mode != "raw" and lv.encoding.rgb_problem:

@@ -3,12 +3,15 @@
 :class:`~wsitool.storage.source.ByteSource` is the interface the layers above
 read through; :class:`~wsitool.storage.local.LocalFile` implements it over a
 file descriptor (``pread`` / ``preadv``, ``posix_fadvise``).  A remote source
-(HTTP, S3 through fsspec range reads) is another module here implementing the
-same interface; nothing above changes, except that the compiled JPEG loop
+(:class:`~wsitool.storage.remote.RemoteSource`: HTTP(S), S3, GCS and Azure
+range reads, :func:`open_source` picks it for a URL) implements the same interface; nothing above changes, except that the compiled JPEG loop
 applies only where :meth:`ByteSource.fileno` gives a descriptor.
 """
 
 from .local import LocalFile
+from .opener import open_source
 from .source import ByteSource
+from .urls import is_url, redact
+from .view import SourceFile
 
-__all__ = ["ByteSource", "LocalFile"]
+__all__ = ["ByteSource", "LocalFile", "SourceFile", "open_source", "is_url", "redact"]

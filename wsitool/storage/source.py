@@ -31,6 +31,9 @@ class ByteSource(abc.ABC):
 
     path: str
     size: int
+    #: True for a source whose reads are network requests: the region layer then
+    #: always announces a region's tile ranges (:meth:`advise`) before reading them.
+    remote: bool = False
 
     @abc.abstractmethod
     def read(self, offset: int, count: int) -> bytes:

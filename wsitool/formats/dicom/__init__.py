@@ -33,12 +33,13 @@ import warnings
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
-from ...model import AssociatedImage, Level, Pyramid, TileIndex
+from ...model import AssociatedImage, Level, Pyramid, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
 from ...storage.span import Span
 from .encoding import frame_encoding, is_encapsulated
 from .frames import frame_table
 from .instance import Instance, is_dicom
+from .palette import path_channels
 from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
 from .quickhash import KEY as QUICKHASH, series_quickhash
 from .series import dicom_files, series_of_file, series_of_folder
@@ -93,6 +94,7 @@ class _Sources:
     def __init__(self, given: tuple[str, ByteSource] | None):
         self.given = given
         self.opened: list[ByteSource] = []
+        self._files: dict[str, ByteSource] = {}  # one source per file (channels share an instance)
 
     def of(self, paths: list[str]) -> ByteSource:
         parts = [self._one(p) for p in paths]
@@ -107,8 +109,12 @@ class _Sources:
             gpath, gsource = self.given
             if os.path.abspath(path) == os.path.abspath(gpath):
                 return gsource
+        key = os.path.abspath(path)
+        if key in self._files:
+            return self._files[key]
         src = LocalFile(path)
         self.opened.append(src)
+        self._files[key] = src
         return src
 
     def close(self) -> None:
@@ -117,6 +123,7 @@ class _Sources:
                 continue
             src.close()
         self.opened = []
+        self._files = {}
 
 
 def _assemble(path: str, instances: list[Instance], problems: list[str],
@@ -175,10 +182,26 @@ def _pick_volumes(path: str, instances: list[Instance], given) -> list[Instance]
     key = (anchor.study, anchor.pyramid)
     chosen = [i for i in volumes if (i.study, i.pyramid) == key]
     paths = _path_ids(anchor)
-    if paths:
+    if paths and not _multichannel(chosen):
         first = paths[0]
         chosen = [i for i in chosen if not _path_ids(i) or first in _path_ids(i)]
     return chosen
+
+
+def _multichannel(volumes: list[Instance]) -> bool:
+    """True when the volumes hold several optical paths of one-sample images: a
+    fluorescence series, read as channels (else the first optical path is read)."""
+    ids = {p for i in volumes for p in _path_ids(i)}
+    return len(ids) > 1 and all(i.samples == 1 for i in volumes)
+
+
+def _path_items(images: list[Image]) -> list:
+    """The distinct Optical Path Sequence items of ``images``, by identifier, in first-seen order."""
+    seen: dict[str, object] = {}
+    for image in images:
+        for item in image.head.ds.get("OpticalPathSequence") or []:
+            seen.setdefault(str(item.get("OpticalPathIdentifier", "")), item)
+    return list(seen.values())
 
 
 def _first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) -> bytes | None:
@@ -193,31 +216,69 @@ def _first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) ->
 def _describe(path: str, instances: list[Instance], problems: list[str], sources: _Sources) -> Pyramid:
     volumes = _pick_volumes(path, instances, sources.given)
     images = sorted(_images(volumes), key=lambda im: -(im.head.width * im.head.height))
-    kept: list[Image] = []
+    items = _path_items(images) if _multichannel(volumes) else []
+    ids = [str(item.get("OpticalPathIdentifier", "")) for item in items]
+    # per size, largest first: the images of that size; each optical path from the first
+    # image holding it (one image when the series is not read as channels)
+    kept: list[list[tuple[Image, int]]] = []
+    level_sizes: list[tuple[int, int]] = []
     for image in images:
-        if kept and (image.head.width, image.head.height) == (kept[-1].head.width, kept[-1].head.height):
-            problems.append(f"passed over {image.head.path}: a second VOLUME instance of "
-                            f"{image.head.width}x{image.head.height}")
+        size = (image.head.width, image.head.height)
+        if not level_sizes or level_sizes[-1] != size:
+            level_sizes.append(size)
+            kept.append([])
+        group = kept[-1]
+        own = _path_ids(image.head)
+        if ids:
+            missing = [k for k in range(len(ids)) if ids[k] in own
+                       and all(ids[k] not in _path_ids(im.head) for im, _ in group)]
+            if missing:
+                group.extend((image, own.index(ids[k])) for k in missing)
+                continue
+        elif not group:
+            group.append((image, 0))
             continue
-        kept.append(image)
-    w0, h0 = kept[0].head.width, kept[0].head.height
+        problems.append(f"passed over {image.head.path}: a second VOLUME instance of "
+                        f"{image.head.width}x{image.head.height}")
+    if ids:
+        complete = []
+        for group, size in zip(kept, level_sizes):
+            if len(group) == len(ids):
+                group.sort(key=lambda pair: ids.index(_path_ids(pair[0].head)[pair[1]]))
+                complete.append(group)
+            else:
+                problems.append(f"passed over the {size[0]}x{size[1]} level: {len(group)} of the "
+                                f"{len(ids)} optical paths")
+        kept = complete
+        if not kept:
+            raise UnsupportedFormatError(f"{path}: no level of the DICOM series holds all "
+                                         f"{len(ids)} optical paths")
+    w0, h0 = kept[0][0][0].head.width, kept[0][0][0].head.height
+    channels = path_channels(items, kept[0][0][0].head.bits_stored) if ids else []
     levels = []
     notes = {}
-    for index, image in enumerate(kept):
-        head = image.head
-        offsets, counts, grid = tile_grid(image)
-        source = sources.of([p.path for p in image.parts])
-        encoding, dtype = frame_encoding(head, _first_frame(source, offsets, counts))
-        levels.append(Level(
-            index=index, width=head.width, height=head.height,
-            downsample=(w0 / head.width + h0 / head.height) / 2.0,
-            tile_width=head.frame_width, tile_height=head.frame_height, tiled=True,
-            samples=head.samples, dtype=dtype, encoding=encoding,
-            tiles=TileIndex(offsets, counts), source=source, path=head.path))
+    for index, group in enumerate(kept):
+        planes, grids = [], []
+        for image, path_index in group:
+            head = image.head
+            offsets, counts, grid = tile_grid(image, path_index)
+            source = sources.of([p.path for p in image.parts])
+            encoding, dtype = frame_encoding(head, _first_frame(source, offsets, counts))
+            planes.append(Level(
+                index=index, width=head.width, height=head.height,
+                downsample=(w0 / head.width + h0 / head.height) / 2.0,
+                tile_width=head.frame_width, tile_height=head.frame_height, tiled=True,
+                samples=head.samples, dtype=dtype, encoding=encoding,
+                tiles=TileIndex(offsets, counts), source=source, path=head.path))
+            grids.append(grid)
+        image, head, grid = group[0][0], group[0][0].head, grids[0]
+        levels.append(multichannel_level(planes, channels) if ids else planes[0])
         if index == 0:
+            picked = (f"all {len(ids)}, as channels" if ids
+                      else f"{grid.optical_path} (first of {grid.optical_paths})")
             notes = {
                 "wsitool.dicom.organization": grid.organization,
-                "wsitool.dicom.optical-path": f"{grid.optical_path} (first of {grid.optical_paths})",
+                "wsitool.dicom.optical-path": picked,
                 "wsitool.dicom.focal-plane": f"{grid.focal_plane} (first of {grid.focal_planes})",
                 "wsitool.dicom.offset-table": image.table,
                 "wsitool.dicom.image-type": "VOLUME" if head.has_image_type else "(none; taken as VOLUME)",
@@ -228,11 +289,11 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
             notes[f"wsitool.dicom.level[{index}].concatenation-parts"] = str(len(image.parts))
     associated = _associated(instances, sources, problems)
     sizes = {name: (im.width, im.height) for name, im in associated.items()}
-    properties = build_properties(tuple(levels), kept[0].head.ds, notes, sizes)
-    profile = icc_profile_of(kept[0].head.ds)
+    properties = build_properties(tuple(levels), kept[0][0][0].head.ds, notes, sizes)
+    profile = icc_profile_of(kept[0][0][0].head.ds)
     if profile is not None:  # OpenSlide's key for it (openslide-python's ICC support)
         properties["openslide.icc-size"] = str(len(profile))
-    quickhash = series_quickhash(kept[0].head.series)  # the series' identity, as OpenSlide's
+    quickhash = series_quickhash(kept[0][0][0].head.series)  # the series' identity, as OpenSlide's
     if quickhash is not None:
         properties[QUICKHASH] = quickhash
     return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,

@@ -131,9 +131,10 @@ def _is_sparse(image: Image, per_frame: list) -> bool:
     return bool(per_frame) and _first(per_frame[0], "PlanePositionSlideSequence") is not None
 
 
-def tile_grid(image: Image) -> tuple[np.ndarray, np.ndarray, GridNotes]:
+def tile_grid(image: Image, path_index: int = 0) -> tuple[np.ndarray, np.ndarray, GridNotes]:
     """The ``(across * down,)`` uint64 offsets and counts of the image's tiles in row-major
-    grid order (0 for missing tiles), for the first optical path and focal plane.
+    grid order (0 for missing tiles), for optical path ``path_index`` (the item of the
+    instance's Optical Path Sequence; default the first) and the first focal plane.
 
     Raises:
         CorruptFileError: fewer TILED_FULL frames than the grid has tiles
@@ -147,19 +148,23 @@ def tile_grid(image: Image) -> tuple[np.ndarray, np.ndarray, GridNotes]:
     down = -(-head.height // head.frame_height)
     n = across * down
     path_seq = ds.get("OpticalPathSequence") or []
-    chosen = str(path_seq[0].get("OpticalPathIdentifier", "")) if path_seq else ""
+    chosen = str(path_seq[path_index].get("OpticalPathIdentifier", "")) if path_seq else ""
     paths = int(ds.get("NumberOfOpticalPaths") or len(path_seq) or 1)
     planes = int(ds.get("TotalPixelMatrixFocalPlanes") or 1)
     per_frame = _per_frame(image)
     if not _is_sparse(image, per_frame):
-        if image.frames < n:
+        # frames by column, row, focal plane, then optical path: path k starts after
+        # k paths' worth of every focal plane
+        first = path_index * n * planes
+        if image.frames < first + n:
             raise CorruptFileError(
                 f"{head.path}: inconsistent Total Pixel Matrix: {head.width}x{head.height} in "
                 f"frames of {head.frame_width}x{head.frame_height} is a grid of {across}x{down} = "
-                f"{n} tiles, but the image has {image.frames} frame(s)"
+                f"{n} tiles" + (f" for optical path {path_index + 1} of {paths}" if path_index else "")
+                + f", but the image has {image.frames} frame(s)"
             )
-        offsets = image.offsets[:n].copy()
-        counts = image.counts[:n].copy()
+        offsets = image.offsets[first:first + n].copy()
+        counts = image.counts[first:first + n].copy()
         missing = int(np.count_nonzero(counts == 0))
         offsets[counts == 0] = 0
         notes = GridNotes("TILED_FULL", chosen or "(none)", paths, "1", planes, missing)

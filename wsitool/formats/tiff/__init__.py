@@ -25,9 +25,9 @@ import warnings
 import tifffile
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError, raise_if_os_resource
-from ...model import Pyramid
-from ...storage import ByteSource
-from . import aperio, ndpi, ndpi_scaled, ome
+from ...model import Pyramid, multichannel_level
+from ...storage import ByteSource, SourceFile
+from . import aperio, ndpi, ndpi_scaled, ome, qptiff
 from .bounded import BoundedFile
 from .encoding import associated_from_page, icc_profile, level_from_page
 from .levels import choose_levels
@@ -60,7 +60,8 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     if not sniff(head):
         raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
     with tifffile_messages() as messages:
-        fh = BoundedFile(path)
+        # a remote slide: tifffile reads through the source (its block cache), never by name
+        fh = SourceFile(source) if source.remote else BoundedFile(path)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -98,7 +99,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
             release()
             raise
     pyramid.release = release
-    pyramid.problems = list(messages)
+    pyramid.problems = list(pyramid.problems) + list(messages)
     return pyramid
 
 
@@ -132,6 +133,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         vendor = "aperio"
     elif ndpi.is_ndpi(tiff):
         vendor = "hamamatsu"
+    elif qptiff.is_qptiff(first_desc):
+        vendor = "qptiff"
     elif tiff.is_ome:
         vendor = "ome-tiff"
     candidates = _candidates(path, pages)
@@ -153,7 +156,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
                 associated_pages.setdefault(ome_other[top_index], page)
             continue
         name = (aperio.associated_name(page, top_index) if vendor == "aperio"
-                else ndpi.associated_name(page) if vendor == "hamamatsu" else None)
+                else ndpi.associated_name(page) if vendor == "hamamatsu"
+                else qptiff.associated_name(description(page)) if vendor == "qptiff" else None)
         if name is not None:
             associated_pages.setdefault(name, page)
         else:
@@ -162,10 +166,14 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         if any(p.imagewidth <= 0 or p.imagelength <= 0 for p, _ in candidates):
             raise CorruptFileError(f"{path}: image has zero width or height")
         raise UnsupportedFormatError(f"{path}: no image usable as a slide level")
-    chosen = choose_levels(pool)
-    base = chosen[0]
-    base_size = (int(base.imagewidth), int(base.imagelength))
-    levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
+    problems: list[str] = []
+    if vendor == "qptiff":
+        base, levels = _qptiff_levels(path, source, pool, problems)
+    else:
+        chosen = choose_levels(pool)
+        base = chosen[0]
+        base_size = (int(base.imagewidth), int(base.imagelength))
+        levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
     if vendor == "hamamatsu":  # OpenSlide's levels made by scaled JPEG decoding (see .ndpi_scaled)
         levels = ndpi_scaled.with_scaled_levels(levels, base_size)
     vendor_props: dict[str, str] = {}
@@ -177,6 +185,8 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         *mpp, objective = ndpi.description_metadata(pages[0], source.read, vendor_props)
     elif vendor == "ome-tiff":
         *mpp, objective = ome.ome_metadata(tiff.ome_metadata or "", vendor_props)
+    elif vendor == "qptiff":
+        objective = qptiff.objective_power(first_desc)
     properties = build_properties(vendor, base, levels, vendor_props, tuple(mpp), objective)
     associated = {name: associated_from_page(name, page) for name, page in associated_pages.items()}
     profile = icc_profile(base)
@@ -189,7 +199,42 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     _openslide_structure_properties(properties, profile, associated)
     properties = with_quickhash(path, tiff, pages, source, properties)  # read on first use
     return Pyramid(vendor=vendor, levels=levels, associated=associated, properties=properties,
-                   color_profile=profile)
+                   color_profile=profile, problems=problems)
+
+
+def _qptiff_levels(path: str, source: ByteSource, pool: list, problems: list[str]):
+    """``(level 0's page, levels)`` of a QPTIFF's channel pages (:mod:`.qptiff`): the pages of
+    one size, in file order, are the channels of one level, largest size first; a size with
+    another page count than level 0 is passed over (reported in ``problems``).  One page of
+    a size makes plain single-sample levels, as any TIFF."""
+    groups: dict[tuple[int, int], list] = {}
+    for page in pool:
+        groups.setdefault((int(page.imagewidth), int(page.imagelength)), []).append(page)
+    sizes = sorted(groups, key=lambda wh: -(wh[0] * wh[1]))
+    count = len(groups[sizes[0]])
+    base = groups[sizes[0]][0]
+    base_size = sizes[0]
+    descs = [description(p) for p in groups[sizes[0]]]
+    channels = [qptiff.page_channel(d, k, count) for k, d in enumerate(descs)]
+    levels = []
+    for size in sizes:
+        pages = groups[size]
+        if len(pages) != count:
+            problems.append(f"passed over the {size[0]}x{size[1]} pages: {len(pages)} page(s) for "
+                            f"{count} channel(s)")
+            continue
+        index = len(levels)
+        planes = [level_from_page(path, source, index, page, base_size) for page in pages]
+        if count == 1:
+            levels.append(planes[0])
+            continue
+        first = planes[0]
+        if any((p.samples, p.dtype, p.tile_width, p.tile_height) !=
+               (1, first.dtype, first.tile_width, first.tile_height) for p in planes):
+            raise UnsupportedFormatError(f"{path}: QPTIFF channel pages of {size[0]}x{size[1]} differ in "
+                                         "samples, sample type or tile size")
+        levels.append(multichannel_level(planes, channels))
+    return base, tuple(levels)
 
 
 def _openslide_structure_properties(props: dict[str, str], profile: bytes | None, associated: dict) -> None:

@@ -1,0 +1,256 @@
+"""Local servers for the remote-reading tests and benchmark: nginx, an S3 server (moto), a delay proxy.
+
+Each starts on 127.0.0.1 with a free port and stops when its context exits:
+
+* :func:`nginx` serves a folder with Range support (Debian's ``nginx-light``); its
+  access log (one line per request: status, bytes sent, Range) is ``server.log``.
+* :func:`moto_s3` runs ``moto_server`` (PyPI ``moto[server]``), an S3 API in one process.
+* :func:`delay_proxy` forwards TCP connections to a server and holds each request
+  ``delay`` seconds before passing it on (the round trip of a distant server).
+
+Used by ``tests/remote`` and ``scripts/bench_remote.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen | None, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@dataclass
+class Server:
+    """A started server: its base URL, port and (nginx) access log."""
+
+    url: str
+    port: int
+    log: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    def log_lines(self) -> list[str]:
+        """The access log's lines so far (nginx writes each when the request ends)."""
+        if self.log is None or not self.log.exists():
+            return []
+        return self.log.read_text().splitlines()
+
+    def requests(self) -> list[tuple[int, int, str]]:
+        """``(status, body bytes sent, Range header)`` of each logged request."""
+        out = []
+        for line in self.log_lines():
+            status, sent, rng = line.split("|")[:3]
+            out.append((int(status), int(sent), rng))
+        return out
+
+
+@contextlib.contextmanager
+def nginx(root: str | os.PathLike, etag: bool = True):
+    """nginx serving the folder ``root`` at ``Server.url`` (``http://127.0.0.1:PORT/``).
+
+    Raises:
+        RuntimeError: nginx is not installed or did not start.
+    """
+    if NGINX is None:
+        raise RuntimeError("nginx is not installed (Debian: apt-get install nginx-light)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="wsitool-nginx-") as tmp:
+        tmp = Path(tmp)
+        log = tmp / "access.log"
+        user = "user root root;" if os.geteuid() == 0 else ""
+        (tmp / "nginx.conf").write_text(f"""
+{user}
+worker_processes 2;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    log_format wsi '$status|$body_bytes_sent|$http_range|$request_uri';
+    access_log {log} wsi;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    sendfile on;
+    keepalive_requests 100000;
+    keepalive_timeout 60s;
+    etag {"on" if etag else "off"};
+    types {{ }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        root {os.path.abspath(root)};
+    }}
+}}
+""")
+        proc = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            _wait_port(port, proc)
+            yield Server(f"http://127.0.0.1:{port}/", port, log)
+        finally:
+            _stop(proc)
+            if proc.stderr:
+                proc.stderr.close()
+
+
+def moto_available() -> bool:
+    """True when ``moto_server`` and boto3 can be used."""
+    try:
+        import boto3  # noqa: F401
+        import moto  # noqa: F401
+    except ImportError:
+        return False
+    return _moto_command() is not None
+
+
+def _moto_command() -> list[str] | None:
+    import sys
+    exe = Path(sys.executable).with_name("moto_server")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("moto_server")
+    return [found] if found else None
+
+
+@contextlib.contextmanager
+def moto_s3():
+    """An S3 server (moto) at ``Server.url``; credentials are any, the region us-east-1.
+
+    ``Server.extra["env"]``: the environment variables that point an S3 client at it
+    (``AWS_ENDPOINT_URL``, dummy keys, region).
+    """
+    cmd = _moto_command()
+    if cmd is None:
+        raise RuntimeError("moto_server is not installed (pip install 'moto[server]')")
+    port = free_port()
+    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port, proc, 60)
+        url = f"http://127.0.0.1:{port}"
+        # the server answers once its routes are loaded
+        end = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/", timeout=2).read()
+                break
+            except Exception:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.1)
+        env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+        yield Server(url, port, None, {"env": env})
+    finally:
+        _stop(proc)
+
+
+class _Proxy:
+    """TCP forwarder that waits ``delay`` seconds before forwarding each chunk a client sends
+    (one request per chunk for the small GETs of range reads)."""
+
+    def __init__(self, target_port: int, delay: float):
+        self.target = target_port
+        self.delay = delay
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.stopping = False
+        self.threads: list[threading.Thread] = []
+        self.accepter = threading.Thread(target=self._accept, daemon=True)
+        self.accepter.start()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._pipe, args=(conn,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _pipe(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:
+            client.close()
+            return
+        for s in (client, upstream):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while not self.stopping:
+                ready, _, _ = select.select([client, upstream], [], [], 0.5)
+                for s in ready:
+                    data = s.recv(1 << 20)
+                    if not data:
+                        return
+                    if s is client:
+                        if self.delay:
+                            time.sleep(self.delay)
+                        upstream.sendall(data)
+                    else:
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            upstream.close()
+
+    def close(self) -> None:
+        self.stopping = True
+        self.sock.close()
+        for t in self.threads:
+            t.join(2)
+
+
+@contextlib.contextmanager
+def delay_proxy(target_port: int, delay: float):
+    """A proxy on a free port in front of ``target_port`` adding ``delay`` seconds to each request.
+    Yields its port."""
+    proxy = _Proxy(target_port, delay)
+    try:
+        yield proxy.port
+    finally:
+        proxy.close()

@@ -1,0 +1,151 @@
+"""Servers for the remote-reading tests (imported by them): nginx, moto's S3, a scripted HTTP server for faults."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+import importlib.util
+import sys
+from pathlib import Path
+
+
+def _servers():
+    name = "wsitool_test_remote_servers"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "remote_servers.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+servers = _servers()
+
+
+@pytest.fixture(scope="session")
+def nginx_factory():
+    """``nginx_factory(root)`` -> a started nginx over ``root`` (stopped at the end of the session)."""
+    if servers.NGINX is None:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx-light)")
+    import contextlib
+    stack = contextlib.ExitStack()
+    started = {}
+
+    def start(root):
+        key = str(root)
+        if key not in started:
+            started[key] = stack.enter_context(servers.nginx(root))
+        return started[key]
+
+    with stack:
+        yield start
+
+
+class Script:
+    """What the scripted server does: ``actions`` is a list consumed one per request
+    (then ``default``); each is "ok", a status code, "short", "reset", "hang" or "slow"."""
+
+    def __init__(self, data: bytes, etag: str = '"v1"'):
+        self.data = data
+        self.etag = etag
+        self.actions: list = []
+        self.default = "ok"
+        self.log: list[tuple[str, str]] = []  # (action, Range)
+        self.lock = threading.Lock()
+
+    def next(self):
+        with self.lock:
+            return self.actions.pop(0) if self.actions else self.default
+
+
+def _handler(script: Script):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            action = script.next()
+            rng = self.headers.get("Range", "")
+            script.log.append((str(action), rng))
+            if isinstance(action, int):
+                body = b"no"
+                self.send_response(action)
+                if action == 416:
+                    self.send_header("Content-Range", f"bytes */{len(script.data)}")
+                if action in (429, 503):
+                    self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            if action == "hang":
+                time.sleep(30)
+                return
+            if action == "slow":
+                time.sleep(0.5)  # a slow first byte, within the timeout
+            m = re.match(r"bytes=(\d+)-(\d+)", rng)
+            start, end = (int(m.group(1)), int(m.group(2)) + 1) if m else (0, len(script.data))
+            end = min(end, len(script.data))
+            body = script.data[start:end]
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(script.data)}")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("ETag", script.etag)
+            self.end_headers()
+            if action == "short":
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            if action == "reset":
+                self.wfile.write(body[: len(body) // 3])
+                self.wfile.flush()
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                self.connection.close()
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture
+def scripted():
+    """``scripted(data)`` -> ``(url, Script)`` of a threaded HTTP server serving ``data``."""
+    started = []
+
+    def start(data: bytes, etag: str = '"v1"'):
+        script = Script(data, etag)
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(script))
+        srv.daemon_threads = True
+        t = threading.Thread(target=srv.serve_forever, daemon=True)
+        t.start()
+        started.append((srv, t))
+        return f"http://127.0.0.1:{srv.server_address[1]}/slide.svs", script
+
+    yield start
+    for srv, t in started:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+
+
+def client_connections(port: int) -> int:
+    """TCP connections of this process to 127.0.0.1:``port`` that are open."""
+    return sum(1 for c in psutil.Process().net_connections("tcp")
+               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def remote_threads() -> int:
+    """Live threads of wsitool's remote fetch pools."""
+    return sum(1 for t in threading.enumerate() if t.name.startswith("wsitool-remote"))

@@ -1,0 +1,165 @@
+"""Slides read over HTTP from a real nginx equal the local reads; requests and bytes of the bench slide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import wsitool
+from conftest import NO_SHARED, SHARED_SAMPLES, tiff_samples
+from remote_helpers import nginx_factory  # noqa: F401  (a fixture)
+
+pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _open_both(path: Path, url: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            local = wsitool.open_slide(path)
+        except wsitool.WsiError as exc:
+            local = exc
+        try:
+            remote = wsitool.open_slide(url)
+        except wsitool.WsiError as exc:
+            remote = exc
+    return local, remote
+
+
+@pytest.mark.parametrize("sample", tiff_samples(), ids=lambda p: p.name)
+def test_every_sample_reads_the_same_over_http(sample, nginx_factory):
+    srv = nginx_factory(SHARED_SAMPLES)
+    local, remote = _open_both(sample, srv.url + sample.name)
+    if isinstance(local, Exception):  # a broken sample: the same error class, naming the URL
+        assert type(remote) is type(local), (remote, local)
+        assert srv.url + sample.name in str(remote)
+        return
+    assert not isinstance(remote, Exception), remote
+    with local, remote:
+        assert remote.remote["protocol"] == "http" and remote.remote["size"] == sample.stat().st_size
+        assert remote.level_dimensions == local.level_dimensions
+        assert dict(remote.properties) == dict(local.properties)
+        assert list(remote.associated_images) == list(local.associated_images)
+        for name in local.associated_images:
+            try:
+                want = local.associated_images[name]
+            except wsitool.WsiError as exc:
+                with pytest.raises(type(exc)):
+                    remote.associated_images[name]
+                continue
+            assert np.array_equal(remote.associated_images[name], want), name
+        for i, (w, h) in enumerate(local.level_dimensions):
+            if w * h > 40_000_000:  # the biggest levels: a band through the middle
+                loc, size = (0, int(local.level_downsamples[i] * h // 2)), (w, min(h, 512))
+            else:
+                loc, size = (0, 0), (w, h)
+            mode = "raw"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    want = local.read_region(loc, i, size, mode=mode, on_error="fill")
+                except wsitool.WsiError as exc:
+                    with pytest.raises(type(exc)):
+                        remote.read_region(loc, i, size, mode=mode, on_error="fill")
+                    continue
+                got = remote.read_region(loc, i, size, mode=mode, on_error="fill")
+            assert np.array_equal(got, want), (sample.name, i)
+
+
+def test_presigned_style_url_and_redaction(nginx_factory):
+    if not SHARED_SAMPLES.is_dir():
+        pytest.skip(NO_SHARED)
+    srv = nginx_factory(SHARED_SAMPLES)
+    name = "aperio-cmu1-small-region-jpeg.svs"
+    url = srv.url + name + "?X-Amz-Credential=AKIDSECRET&X-Amz-Signature=deadbeef"
+    before = len(srv.requests())
+    with wsitool.open_slide(url) as s:
+        assert "deadbeef" not in s.path and "AKIDSECRET" not in s.path and s.path.endswith("?<redacted>")
+        assert all("deadbeef" not in str(v) for v in s.properties.values())
+        assert s.remote["open_requests"] >= 1
+        s.read_region((0, 0), 0, (512, 512))
+    logged = srv.requests()[before:]
+    assert logged and all(status == 206 for status, _, _ in logged)  # only ranged GETs, no HEAD
+    assert logged[0][2] == "bytes=0-65535"  # the head fetch is 64 KiB
+    missing = srv.url + "nope.svs?token=abc123"
+    r = subprocess.run([sys.executable, "-m", "wsitool", "info", missing], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 9 and "abc123" not in r.stderr and "nope.svs" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_reads_a_url(nginx_factory, tmp_path):
+    if not SHARED_SAMPLES.is_dir():
+        pytest.skip(NO_SHARED)
+    srv = nginx_factory(SHARED_SAMPLES)
+    url = srv.url + "aperio-cmu1-small-region-jpeg.svs"
+    out = tmp_path / "r.npy"
+    r = subprocess.run([sys.executable, "-m", "wsitool", "read-region", url, "-l", "100", "200", "-s", "300", "250",
+                        "--mode", "rgb", "-o", str(out), "--storage-option", "timeout=10",
+                        "--storage-option", "headers.X-Test=1"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    with wsitool.open_slide(SHARED_SAMPLES / "aperio-cmu1-small-region-jpeg.svs") as s:
+        assert np.array_equal(np.load(out), s.read_region((100, 200), 0, (300, 250), mode="rgb"))
+    r = subprocess.run([sys.executable, "-m", "wsitool", "info", "--json", url], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    import json
+    data = json.loads(r.stdout)
+    assert data["remote"]["protocol"] == "http" and data["remote"]["open_requests"] >= 1
+    r = subprocess.run([sys.executable, "-m", "wsitool", "info", url, "--storage-option", "bogus"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "KEY=VALUE" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def bench_slide(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    out = folder / "b.svs"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "make_bench_slide.py"), str(out)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"could not build the bench slide: {r.stderr.strip()[-200:]}")
+    return out
+
+
+def _tiles_bytes(lv, x, y, w, h):
+    c0, c1 = x // lv.tile_width, (x + w - 1) // lv.tile_width
+    r0, r1 = y // lv.tile_height, (y + h - 1) // lv.tile_height
+    return sum(int(lv.tiles.bytecounts[r * lv.tiles_across + c]) for r in range(r0, r1 + 1)
+               for c in range(c0, c1 + 1))
+
+
+def test_request_and_byte_accounting_on_the_bench_slide(bench_slide, nginx_factory):
+    srv = nginx_factory(bench_slide.parent)
+    before = len(srv.requests())
+    with wsitool.open_slide(srv.url + bench_slide.name) as s:
+        size = s.remote["size"]
+        opened = s.remote["open_requests"], s.remote["open_bytes"]
+        # the head fetch, the IFD chain (3 levels + thumbnail/label/macro IFDs after their data)
+        # and the tile offset tables: counted by the source
+        assert opened[0] <= 1 + 6 + 3, opened
+        src = s._source
+        s.read_region((20000, 15000), 0, (256, 256))
+        after_small = src.stats()
+        assert after_small["bytes"] <= 0.01 * size, (after_small, size)
+        lv = s.levels[0]
+        x, y = 10100, 8050
+        s0 = src.stats()
+        s.read_region((x, y), 0, (1024, 1024))
+        s1 = src.stats()
+        need = _tiles_bytes(lv, x, y, 1024, 1024)
+        assert s1["bytes"] - s0["bytes"] <= 1.25 * need + 64 * 1024, (s1["bytes"] - s0["bytes"], need)
+        # merged per tile row (5 rows of tiles), not one request per tile (25)
+        assert s1["requests"] - s0["requests"] <= 5
+        counted = src.stats()
+    logged = srv.requests()[before:]
+    # the server's access log agrees with the source's counters
+    assert len(logged) == counted["requests"]
+    assert sum(sent for _, sent, _ in logged) == counted["bytes"]

@@ -1,0 +1,54 @@
+"""Open a slide location, a local path or a URL, as a byte source (floor 1)."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import WsiError
+from .local import LocalFile
+from .source import ByteSource
+from .urls import redact, scheme_of
+
+__all__ = ["open_source"]
+
+
+def open_source(location: str | os.PathLike, storage_options: dict | None = None) -> ByteSource:
+    """The :class:`ByteSource` of a local path or a slide URL.
+
+    ``http://`` / ``https://`` URLs are read by :mod:`.http`; ``s3://``, ``gs://``
+    (``gcs://``), ``az://`` (``abfs://``, ``abfss://``, ``azure://``) by
+    :mod:`.objectstore`; both through :class:`~wsitool.storage.remote.RemoteSource`.
+    ``storage_options``: the generic keys of :class:`~wsitool.storage.remote.RemoteOptions`
+    (``timeout``, ``operation_timeout``, ``retries``, ``concurrency``) and the
+    transport's own; only for URLs.
+
+    Raises:
+        FileNotFoundError, PermissionError, OSError: a local path, as ``os.open``.
+        RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: the URL's first request.
+        WsiError: ``storage_options`` for a local path, a bad option, or the
+            ``wsitool[remote]`` extra not installed.
+    """
+    scheme = scheme_of(location)
+    if scheme is None:
+        if storage_options:
+            raise WsiError(f"{os.fspath(location)}: storage options apply to URLs only")
+        return LocalFile(location)
+    from .remote import RemoteOptions, RemoteSource  # noqa: PLC0415 (the remote layer is loaded for URLs only)
+
+    url = str(location)
+    shown = redact(url)
+    options = dict(storage_options or {})
+    generic = RemoteOptions.take(options)
+    if scheme in ("http", "https"):
+        from .http import HttpTransport  # noqa: PLC0415
+
+        transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8)
+    else:
+        from .objectstore import ObjectStoreTransport  # noqa: PLC0415
+
+        transport = ObjectStoreTransport(url, shown, options, timeout=generic.timeout)
+    try:
+        return RemoteSource(url, transport, generic)
+    except BaseException:
+        transport.close()
+        raise

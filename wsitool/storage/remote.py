@@ -1,0 +1,620 @@
+"""A slide's bytes read over the network with range requests (floor 1).
+
+:class:`RemoteSource` is the :class:`~wsitool.storage.ByteSource` of a slide
+URL.  It does not read ahead like a file object: it fetches what the layers
+above ask for, and remembers it in a process-wide cache.
+
+* **Open**: one ranged GET of the first :data:`HEAD_BYTES` (64 KiB) bytes; the
+  object's size comes from its ``Content-Range`` (no HEAD request, so presigned
+  URLs work) and its ETag (else Last-Modified) is pinned.  Every later response
+  must carry the same size and ETag, else :class:`~wsitool.errors.RemoteChangedError`:
+  reads never mix two versions of an object.
+* **Metadata reads** (the TIFF parser walking the IFD chain, tile offset tables,
+  associated images) go through a block cache of :data:`BLOCK_SIZE` (64 KiB)
+  blocks; the blocks one read misses are fetched as one request per contiguous
+  run, and a block several threads want at once is fetched once (the others wait
+  for it).
+* **Tile reads**: before a region is decoded, the region layer calls
+  :meth:`RemoteSource.advise` with the byte ranges of its tiles; they are merged
+  where the gap between them is at most :data:`MERGE_GAP` bytes and fetched
+  exactly (no block rounding), at most ``concurrency`` requests in flight per
+  slide (default :data:`CONCURRENCY`), while the first tiles already decode.
+* **Cache**: blocks and fetched ranges share one least-recently-used byte
+  budget for the whole process (:func:`set_cache_bytes`; default
+  :data:`DEFAULT_CACHE_BYTES`, environment ``WSITOOL_REMOTE_CACHE_MB``).
+* **Failures**: timeouts, connection resets, bodies cut short and HTTP
+  429/500/502/503/504 are retried with exponential back-off (``retries``
+  times, honouring ``Retry-After``); each request has a timeout (``timeout``
+  seconds between bytes) and each read operation a deadline
+  (``operation_timeout``), so no read hangs.  Then
+  :class:`~wsitool.errors.RemoteUnavailableError`.  Not found, access denied
+  and a changed object are not retried.
+
+How one request is made is a :class:`Transport`'s business
+(:mod:`wsitool.storage.http` for HTTP(S), :mod:`wsitool.storage.objectstore`
+for S3, GCS and Azure).  Messages name the URL through
+:func:`~wsitool.storage.urls.redact` only.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import concurrent.futures as cf
+import contextlib
+import os
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import RemoteChangedError, RemoteUnavailableError, WsiError
+from .source import ByteSource
+from .urls import redact
+
+__all__ = [
+    "RemoteSource", "Transport", "Response", "Transient", "RemoteOptions",
+    "BLOCK_SIZE", "HEAD_BYTES", "MERGE_GAP", "CONCURRENCY", "DEFAULT_CACHE_BYTES",
+    "set_cache_bytes", "cache_stats",
+]
+
+#: Bytes of the first request at open (the TIFF header and, usually, the first IFDs).
+HEAD_BYTES = 64 * 1024
+#: Block size of the metadata cache.
+BLOCK_SIZE = 64 * 1024
+#: Advised ranges closer than this are fetched as one request (the bytes between come along).
+MERGE_GAP = 16 * 1024
+#: Largest single request of an advised read (longer merged ranges are split, to fetch in parallel).
+MAX_REQUEST = 4 * 1024 * 1024
+#: Default number of requests in flight per slide for advised (tile) ranges.
+CONCURRENCY = 16
+#: Default byte budget of the process-wide cache (256 MiB).
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class RemoteOptions:
+    """Network settings of one remote slide (the generic keys of ``storage_options``).
+
+    Attributes:
+        timeout: seconds a request may wait for its next bytes (connect and read).
+        operation_timeout: seconds one read (a region, a metadata read) may take in all,
+            retries included.
+        retries: attempts after the first for a transient failure.
+        concurrency: requests in flight for one slide's advised ranges.
+        backoff: seconds before the first retry (doubled each time, with jitter, at most 8 s).
+    """
+
+    timeout: float = 20.0
+    operation_timeout: float = 120.0
+    retries: int = 4
+    concurrency: int = CONCURRENCY
+    backoff: float = 0.25
+
+    KEYS = ("timeout", "operation_timeout", "retries", "concurrency", "backoff")
+
+    @classmethod
+    def take(cls, options: dict) -> "RemoteOptions":
+        """The generic settings popped out of ``options`` (the rest stays for the transport).
+
+        Raises:
+            WsiError: a value that is not a positive number (retries: a non-negative integer).
+        """
+        out = cls()
+        for key in cls.KEYS:
+            if key not in options:
+                continue
+            raw = options.pop(key)
+            try:
+                value = int(raw) if key in ("retries", "concurrency") else float(raw)
+            except (TypeError, ValueError):
+                raise WsiError(f"storage option {key}: expected a number, got {raw!r}") from None
+            if value < 0 or (value == 0 and key not in ("retries", "backoff")):
+                raise WsiError(f"storage option {key}: must be positive, got {raw!r}")
+            setattr(out, key, value)
+        return out
+
+
+@dataclass
+class Response:
+    """One ranged GET's result: the bytes and what the server said about the object."""
+
+    data: bytes
+    size: int  # the object's total size (Content-Range total)
+    etag: str | None = None
+    modified: str | None = None
+
+
+class Transient(Exception):
+    """A failure worth retrying (timeout, reset, 429/5xx, short body); ``retry_after`` in seconds or None."""
+
+    def __init__(self, reason: str, retry_after: float | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class Transport(abc.ABC):
+    """How one ranged GET of one object is made.
+
+    Implementations raise :class:`~wsitool.errors.RemoteNotFoundError`,
+    :class:`~wsitool.errors.RemoteAccessError` or
+    :class:`~wsitool.errors.RemoteChangedError` for what retrying cannot fix and
+    :class:`Transient` for what it may; their messages use :attr:`shown`.
+    """
+
+    #: the URL as messages show it (:func:`~wsitool.storage.urls.redact`).
+    shown: str
+    #: "http", "s3", "gs" or "az" (named by ``info``).
+    protocol: str
+
+    @abc.abstractmethod
+    def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
+        """Bytes ``start .. end - 1`` (``end`` past the object's end gives the bytes there are).
+
+        ``pin``: the object's identity taken at open (None for the first request): a
+        transport that can make the server check it (``If-Match``) does.
+        """
+
+    def after_fork(self) -> None:
+        """Drop connections inherited from the parent (called in a child process before its first read)."""
+
+    def close(self) -> None:
+        """Close the connections."""
+
+
+# ---------------------------------------------------------------------- the shared cache
+
+
+class _Cache:
+    """Least-recently-used bytes, keyed by ``(source token, kind, start[, end])``, one byte budget."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.lock = threading.Lock()
+        self._items: OrderedDict = OrderedDict()
+        self.bytes = 0
+        #: key -> Future of bytes being fetched (one fetch per key however many threads wait)
+        self.inflight: dict = {}
+
+    def get(self, key):  # caller holds self.lock
+        data = self._items.get(key)
+        if data is not None:
+            self._items.move_to_end(key)
+        return data
+
+    def put(self, key, data: bytes) -> None:  # caller holds self.lock
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old)
+        if len(data) > self.budget:
+            return
+        self._items[key] = data
+        self.bytes += len(data)
+        while self.bytes > self.budget:
+            _, gone = self._items.popitem(last=False)
+            self.bytes -= len(gone)
+
+    def drop(self, token) -> None:
+        """Forget every entry of one source (at its close)."""
+        with self.lock:
+            for key in [k for k in self._items if k[0] == token]:
+                self.bytes -= len(self._items.pop(key))
+
+
+def _budget_from_env() -> int:
+    raw = os.environ.get("WSITOOL_REMOTE_CACHE_MB")
+    try:
+        return max(1, int(float(raw) * 1024 * 1024)) if raw else DEFAULT_CACHE_BYTES
+    except ValueError:
+        return DEFAULT_CACHE_BYTES
+
+
+_cache = _Cache(_budget_from_env())
+
+
+def set_cache_bytes(budget: int) -> None:
+    """Set the byte budget of the process-wide remote cache (evicting down to it now).
+
+    Raises:
+        ValueError: ``budget`` below 1.
+    """
+    if budget < 1:
+        raise ValueError(f"remote cache budget must be >= 1 byte, got {budget}")
+    with _cache.lock:
+        _cache.budget = int(budget)
+        while _cache.bytes > _cache.budget:
+            _, gone = _cache._items.popitem(last=False)
+            _cache.bytes -= len(gone)
+
+
+def cache_stats() -> dict:
+    """``{"bytes": held, "budget": budget, "entries": count}`` of the process-wide remote cache."""
+    with _cache.lock:
+        return {"bytes": _cache.bytes, "budget": _cache.budget, "entries": len(_cache._items)}
+
+
+def _reset_after_fork() -> None:
+    # The parent's lock may have been held by another thread at fork, and its
+    # in-flight futures belong to threads the child does not have.
+    global _cache
+    _cache = _Cache(_cache.budget)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+_tokens = iter(range(1, 1 << 62))
+_tokens_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------- the source
+
+
+class RemoteSource(ByteSource):
+    """The bytes of one remote object, read with ranged GETs through ``transport``.
+
+    Args:
+        url: the URL as given (kept in :attr:`path`; messages use :attr:`shown`).
+        transport: the :class:`Transport` of the object.
+        options: the :class:`RemoteOptions` (timeouts, retries, concurrency).
+
+    Attributes:
+        size: the object's size, from the first response.
+        etag, modified: its ETag and Last-Modified at open (either may be None).
+        requests, bytes_fetched: counters of this source (requests sent, body bytes received).
+        protocol: the transport's protocol name.
+
+    Raises:
+        RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: the first request failed.
+    """
+
+    remote = True
+
+    def __init__(self, url: str, transport: Transport, options: RemoteOptions | None = None):
+        self.path = url
+        self.shown = redact(url)
+        self.transport = transport
+        self.protocol = transport.protocol
+        self.options = options or RemoteOptions()
+        with _tokens_lock:
+            self._token = next(_tokens)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._readers = 0
+        self._closing = False
+        self._closed = False
+        self._pid = os.getpid()
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._extents: list[tuple[int, int, int, cf.Future]] = []  # advised (start, end, seq, bytes), sorted
+        self._seq = 0
+        self.requests = 0
+        self.bytes_fetched = 0
+        self.pin: Response | None = None
+        deadline = time.monotonic() + self.options.operation_timeout
+        first = self._fetch(0, HEAD_BYTES, deadline)
+        self.size = first.size
+        self.etag = first.etag
+        self.modified = first.modified
+        self.pin = Response(b"", first.size, first.etag, first.modified)
+        with _cache.lock:
+            for k in range(0, len(first.data) // BLOCK_SIZE + (1 if len(first.data) % BLOCK_SIZE else 0)):
+                block = first.data[k * BLOCK_SIZE:(k + 1) * BLOCK_SIZE]
+                if len(block) == BLOCK_SIZE or (k * BLOCK_SIZE + len(block) == self.size):
+                    _cache.put((self._token, "b", k), block)
+
+    # -------------------------------------------------------------- requests
+
+    def _fetch(self, start: int, end: int, deadline: float) -> Response:
+        """One range, retried; checked against the pinned identity.
+
+        Raises:
+            RemoteUnavailableError: still failing after the retries or past the deadline.
+            RemoteChangedError: the object is not the one opened.
+        """
+        self._check_process()
+        attempt = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteUnavailableError(
+                    f"{self.shown}: no answer within the operation timeout of "
+                    f"{self.options.operation_timeout:g} s (bytes {start}-{end - 1})")
+            try:
+                with self._lock:
+                    self.requests += 1
+                response = self.transport.get(start, end, self.pin, min(self.options.timeout, left))
+            except Transient as exc:
+                attempt += 1
+                if attempt > self.options.retries:
+                    raise RemoteUnavailableError(
+                        f"{self.shown}: {exc.reason} (bytes {start}-{end - 1}; gave up after "
+                        f"{attempt} attempts)") from None
+                pause = min(8.0, self.options.backoff * (2 ** (attempt - 1))) * (0.5 + random.random())
+                if exc.retry_after is not None:
+                    pause = max(pause, min(exc.retry_after, 10.0))
+                pause = min(pause, max(0.0, deadline - time.monotonic()))
+                time.sleep(pause)
+                continue
+            with self._lock:
+                self.bytes_fetched += len(response.data)
+            self._check_pin(response, start, end)
+            return response
+
+    def _check_pin(self, response: Response, start: int, end: int) -> None:
+        pin = self.pin
+        if pin is None:
+            want = max(0, min(end, response.size) - start)
+        else:
+            if response.size != pin.size:
+                raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
+                                         f"(size {pin.size} -> {response.size} bytes); open it again")
+            if pin.etag and response.etag and response.etag != pin.etag:
+                raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
+                                         f"(ETag {pin.etag} -> {response.etag}); open it again")
+            if not pin.etag and pin.modified and response.modified and response.modified != pin.modified:
+                raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
+                                         f"(Last-Modified {pin.modified} -> {response.modified}); open it again")
+            want = max(0, min(end, pin.size) - start)
+        if len(response.data) != want:  # transports check this too; never hand on a short body
+            raise RemoteUnavailableError(f"{self.shown}: {len(response.data)} bytes for a range of {want} "
+                                         f"(bytes {start}-{end - 1})")
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's connections and threads are not ours
+            self._pid = os.getpid()
+            self._pool = None
+            self._lock = threading.Lock()
+            self._idle = threading.Condition(self._lock)
+            self._readers = 0
+            self._extents = []
+            self.transport.after_fork()
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.options.operation_timeout
+
+    # -------------------------------------------------------------- reads
+
+    def read(self, offset: int, count: int) -> bytes:
+        """Up to ``count`` bytes at ``offset`` (fewer only at the end of the object).
+
+        Raises:
+            RemoteUnavailableError, RemoteChangedError, RemoteAccessError: see the module.
+            WsiError: the source is closed.
+        """
+        if self._closed:
+            raise WsiError(f"{self.shown}: slide is closed")
+        if offset < 0 or count < 0:
+            raise OSError(f"{self.shown}: negative offset or count ({offset}, {count})")
+        count = min(count, self.size - offset)
+        if count <= 0:
+            return b""
+        deadline = self._deadline()
+        data = self._from_extents(offset, count, deadline)
+        if data is not None:
+            return data
+        return self._from_blocks(offset, count, deadline)
+
+    def readinto(self, offset: int, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(offset, len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def _wait(self, future: cf.Future, deadline: float):
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except cf.TimeoutError:
+            raise RemoteUnavailableError(f"{self.shown}: no answer within the operation timeout of "
+                                         f"{self.options.operation_timeout:g} s") from None
+
+    def _from_extents(self, offset: int, count: int, deadline: float) -> bytes | None:
+        end = offset + count
+        with self._lock:
+            k = bisect.bisect_right(self._extents, (offset, float("inf"))) - 1
+            hit = None
+            # extents may overlap: look back a few for one that covers the range
+            for j in range(k, max(-1, k - 8), -1):
+                s, e, _, fut = self._extents[j]
+                if s <= offset and e >= end:
+                    hit = (s, fut)
+                    break
+        if hit is None:
+            return None
+        s, fut = hit
+        try:
+            data = self._wait(fut, deadline)
+        except RemoteUnavailableError:
+            raise
+        except WsiError:
+            raise
+        except Exception:  # pragma: no cover - the advised fetch failed oddly: read the blocks
+            return None
+        if data is None:
+            return None
+        return data[offset - s:end - s]
+
+    def _from_blocks(self, offset: int, count: int, deadline: float) -> bytes:
+        b0, b1 = offset // BLOCK_SIZE, (offset + count - 1) // BLOCK_SIZE
+        have: dict[int, bytes] = {}
+        waits: dict[int, cf.Future] = {}
+        mine: dict[int, cf.Future] = {}
+        with _cache.lock:
+            for b in range(b0, b1 + 1):
+                key = (self._token, "b", b)
+                data = _cache.get(key)
+                if data is not None:
+                    have[b] = data
+                elif key in _cache.inflight:
+                    waits[b] = _cache.inflight[key]
+                else:
+                    waits[b] = mine[b] = _cache.inflight[key] = cf.Future()
+        if mine:
+            self._fetch_blocks(mine, deadline)  # resolves the futures (also on failure)
+        for b, fut in waits.items():
+            have[b] = self._wait(fut, deadline)
+        blob = b"".join(have[b] for b in range(b0, b1 + 1))
+        start = offset - b0 * BLOCK_SIZE
+        return blob[start:start + count]
+
+    def _fetch_blocks(self, mine: dict[int, cf.Future], deadline: float) -> None:
+        """Fetch the blocks of ``mine`` (one request per contiguous run), publish them in the
+        cache and resolve their futures; on a failure every future left gets the error."""
+        runs: list[list[int]] = []
+        for b in sorted(mine):
+            if runs and runs[-1][-1] + 1 == b:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        done: set[int] = set()
+        try:
+            for run in runs:
+                start = run[0] * BLOCK_SIZE
+                end = min(self.size, (run[-1] + 1) * BLOCK_SIZE)
+                data = self._fetch(start, end, deadline).data
+                pieces = {b: data[(b - run[0]) * BLOCK_SIZE:(b - run[0] + 1) * BLOCK_SIZE] for b in run}
+                with _cache.lock:
+                    for b, block in pieces.items():
+                        _cache.put((self._token, "b", b), block)
+                        _cache.inflight.pop((self._token, "b", b), None)
+                for b, block in pieces.items():
+                    mine[b].set_result(block)
+                    done.add(b)
+        except BaseException as exc:
+            left = [b for b in mine if b not in done]
+            with _cache.lock:
+                for b in left:
+                    _cache.inflight.pop((self._token, "b", b), None)
+            for b in left:
+                mine[b].set_exception(exc)
+            # (the caller re-raises it from the futures it waits on)
+
+    # -------------------------------------------------------------- advice (tile ranges)
+
+    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Start fetching the ``(offset, count)`` ranges: merged where the gap is at most
+        :data:`MERGE_GAP`, split at :data:`MAX_REQUEST`, at most ``concurrency`` requests in
+        flight.  Later reads inside these ranges wait for them instead of fetching blocks.
+        Never raises: a failed fetch is raised by the read that needs its bytes."""
+        if self._closed:
+            return
+        self._check_process()
+        spans = sorted((max(0, o), min(self.size, o + c)) for o, c in ranges if c > 0 and o < self.size)
+        merged: list[list[int]] = []
+        for s, e in spans:
+            if merged and s - merged[-1][1] <= MERGE_GAP:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        jobs: list[tuple[int, int, cf.Future]] = []
+        with self._lock:
+            if self._closing:
+                return
+            for s, e in merged:
+                if self._covered(s, e):
+                    continue
+                for a in range(s, e, MAX_REQUEST):
+                    b = min(e, a + MAX_REQUEST)
+                    fut: cf.Future = cf.Future()
+                    self._seq += 1
+                    bisect.insort(self._extents, (a, b, self._seq, fut))
+                    jobs.append((a, b, fut))
+            if jobs and self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wsitool-remote")
+            pool = self._pool
+        self._trim_extents()
+        deadline = self._deadline()
+        for a, b, fut in jobs:
+            pool.submit(self._fill_extent, a, b, fut, deadline)
+
+    def _covered(self, s: int, e: int) -> bool:  # caller holds self._lock
+        k = bisect.bisect_right(self._extents, (s, float("inf"))) - 1
+        for j in range(k, max(-1, k - 8), -1):
+            a, b, _, _ = self._extents[j]
+            if a <= s and b >= e:
+                return True
+        return False
+
+    def _fill_extent(self, a: int, b: int, fut: cf.Future, deadline: float) -> None:
+        try:
+            data = self._fetch(a, b, deadline).data
+        except BaseException as exc:
+            with self._lock:
+                self._extents = [t for t in self._extents if t[3] is not fut]
+            fut.set_exception(exc)
+            return
+        fut.set_result(data)
+
+    #: Advised bytes a slide keeps (the oldest ranges are dropped past this): what the
+    #: regions being read now need, not a cache (decoded tiles are cached above).
+    EXTENT_BYTES = 64 * 1024 * 1024
+
+    def _trim_extents(self) -> None:
+        with self._lock:
+            total = sum(t[1] - t[0] for t in self._extents)
+            if total <= self.EXTENT_BYTES:
+                return
+            # drop the finished ranges advised first until at half the budget
+            gone = set()
+            for a, b, seq, fut in sorted((t for t in self._extents if t[3].done()), key=lambda t: t[2]):
+                if total <= self.EXTENT_BYTES // 2:
+                    break
+                gone.add(seq)
+                total -= b - a
+            self._extents = [t for t in self._extents if t[2] not in gone]
+
+    # -------------------------------------------------------------- lifetime
+
+    def fileno(self) -> int | None:
+        return None
+
+    @contextlib.contextmanager
+    def reading(self):
+        self._check_process()
+        with self._lock:
+            if self._closed or self._closing:
+                raise WsiError(f"{self.shown}: slide is closed")
+            self._readers += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._idle.notify_all()
+
+    def close(self) -> None:
+        """Wait for the reads in flight, stop the fetch threads, close the connections and drop
+        this slide's cached bytes.  Idempotent."""
+        with self._idle:
+            if self._closed:
+                return
+            self._closing = True
+            while self._readers:
+                self._idle.wait()
+            self._closed = True
+            pool, self._pool = self._pool, None
+            self._extents = []
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.transport.close()
+        _cache.drop(self._token)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict:
+        """``{"requests": n, "bytes": n}`` sent and received by this source so far."""
+        with self._lock:
+            return {"requests": self.requests, "bytes": self.bytes_fetched}
+
+    def identity(self) -> tuple:
+        """``(url, size, etag or last-modified)``: one version of the object (the cache key of
+        slides opened by URL)."""
+        return (self.path, self.size, self.etag or self.modified or "")
+
+    def __repr__(self) -> str:
+        return f"RemoteSource({self.shown!r}, {self.size} bytes)"

@@ -1,0 +1,47 @@
+"""Slide URLs: which strings are URLs, and how they are shown without secrets (floor 1).
+
+A slide location is a URL when it starts with one of :data:`SCHEMES` followed
+by ``://``; anything else is a local path.  :func:`redact` is the only form of
+a URL that wsitool prints, logs or stores in a property: the user name and
+password of the authority and the whole query string (presigned URLs carry
+their signature and credential there) are replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+__all__ = ["SCHEMES", "is_url", "scheme_of", "redact"]
+
+#: URL schemes wsitool reads slides from (``gcs`` is an alias of ``gs``; ``abfs`` / ``abfss`` / ``azure`` of ``az``).
+SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure")
+
+
+def scheme_of(location) -> str | None:
+    """The lower-case scheme of ``location`` when it is a slide URL (one of :data:`SCHEMES`), else None."""
+    if isinstance(location, os.PathLike) or not isinstance(location, str):
+        return None
+    head, sep, _ = location.partition("://")
+    if not sep:
+        return None
+    head = head.lower()
+    return head if head in SCHEMES else None
+
+
+def is_url(location) -> bool:
+    """True when ``location`` is a string URL of a scheme in :data:`SCHEMES`."""
+    return scheme_of(location) is not None
+
+
+def redact(url: str) -> str:
+    """``url`` with its secrets replaced: ``user:password@`` becomes ``***@`` and a query
+    string becomes ``?<redacted>`` (a fragment is dropped).  Not a URL: returned unchanged."""
+    if not is_url(url):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "<redacted>" if parts.query else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
