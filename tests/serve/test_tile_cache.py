@@ -12,7 +12,7 @@ import pytest
 
 import wsitool
 from wsitool.errors import TileDecodeError, TileWarning
-from wsitool.read.cache import TileCache
+from wsitool.read.cache import ENTRY_OVERHEAD, MAP_MIN_BYTES, TileCache, entry_cost
 
 from conftest import REPO, SHARED_SAMPLES  # noqa: E402
 SAMPLES = sorted((REPO / "samples").glob("sample-*"))
@@ -37,16 +37,19 @@ def test_cached_reads_equal_uncached(path):
 
 
 def test_budget_lru_and_counters():
-    cache = TileCache(3000)
+    one = entry_cost(1000)
+    assert one >= 1000 + ENTRY_OVERHEAD
+    cache = TileCache(3 * one)
     tile = lambda v: (lambda: np.full((10, 10, 10), v, np.uint8))  # 1000 bytes each  # noqa: E731
     scope = cache.scope()
     for i in range(3):
         scope.tile(0, i, 0, "rgb", tile(i))
-    assert cache.stats().entries == 3 and cache.nbytes == 3000
+    assert cache.stats().entries == 3 and cache.nbytes == 3 * one
     scope.tile(0, 0, 0, "rgb", tile(9))          # hit: (0, 0) becomes most recent
     scope.tile(0, 3, 0, "rgb", tile(3))          # evicts (1, 0), the least recently used
     s = cache.stats()
-    assert (s.hits, s.misses, s.evictions, s.entries, s.bytes) == (1, 4, 1, 3, 3000)
+    assert (s.hits, s.misses, s.evictions, s.entries, s.bytes) == (1, 4, 1, 3, 3 * one)
+    assert s.pending_bytes == 0 and s.retired_bytes == 0
     assert (scope.token, 0, 1, 0, "rgb") not in cache and (scope.token, 0, 0, 0, "rgb") in cache
     big = scope.tile(0, 9, 9, "rgb", lambda: np.zeros(5000, np.uint8))  # over budget: not kept
     assert big.size == 5000 and (scope.token, 0, 9, 9, "rgb") not in cache
@@ -131,3 +134,103 @@ def test_a_load_in_flight_when_its_slide_closes_is_not_stored():
     t.join(5)
     assert got and got[0].shape == (4, 4, 3)
     assert cache.stats().entries == 0 and cache.stats().bytes == 0
+
+
+def _live_cache_arrays(arrays) -> int:
+    """Distinct live memory (bytes) under the arrays the cache returned that are still alive."""
+    seen, total = set(), 0
+    for ref in arrays:
+        a = ref()
+        if a is None:
+            continue
+        base = a
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        if id(base) not in seen:
+            seen.add(id(base))
+            total += a.nbytes
+    return total
+
+
+def test_accounted_bytes_cover_what_the_cache_holds():
+    """Tiles kept, tiles being decoded and evicted tiles a reader still holds: the cache's
+    accounted bytes cover them all at every step, and never exceed the budget.  What the
+    cache keeps alive is measured from outside: weak references to every array it returned,
+    minus the ones the test itself holds on purpose (its readers' references)."""
+    import gc
+    import weakref
+
+    tile_bytes = 240 * 240 * 3                       # Aperio's JPEG tiles: memory maps of their own
+    assert tile_bytes >= MAP_MIN_BYTES
+    budget = 10 * entry_cost(tile_bytes) + 100       # room for 10 tiles
+    cache = TileCache(budget)
+    scope = cache.scope()
+    returned = []                                    # weak references to every array the cache gave out
+    held = []                                        # a "reader" keeping some evicted tiles alive
+    in_load = threading.Event()
+    release = threading.Event()
+
+    def load(v):
+        return lambda: np.full((240, 240, 3), v % 256, np.uint8)
+
+    def check():
+        gc.collect()
+        s = cache.stats()
+        live = _live_cache_arrays(returned)
+        assert s.bytes <= s.max_bytes, s
+        # everything alive that came from the cache is accounted (held tiles count as retired)
+        assert live <= s.bytes, (live, s)
+        kept = sum(entry_cost(tile_bytes) for _ in range(s.entries))
+        assert s.bytes == kept + s.pending_bytes + s.retired_bytes, s
+        return s
+
+    for i in range(40):
+        t = scope.tile(0, i, 0, "rgb", load(i))
+        assert t[0, 0, 0] == i % 256 and not t.flags.writeable
+        assert t.ctypes.data % 4096 == 0               # its own page-aligned memory
+        returned.append(weakref.ref(t))
+        if i % 7 == 0:
+            held.append(t)                           # a reader slow to let go
+        del t
+        s = check()
+    assert s.evictions >= 30 and s.retired_bytes > 0  # held tiles evicted, still counted
+    assert s.entries < 10                            # they take room from the kept tiles
+    # a load in flight reserves a tile's cost before it returns
+    def slow():
+        in_load.set()
+        release.wait(10)
+        return np.zeros((240, 240, 3), np.uint8)
+
+    th = threading.Thread(target=lambda: returned.append(weakref.ref(scope.tile(0, 99, 0, "rgb", slow))))
+    th.start()
+    assert in_load.wait(10)
+    s = check()
+    assert s.pending_bytes == entry_cost(tile_bytes)
+    release.set()
+    th.join(10)
+    s = check()
+    assert s.pending_bytes == 0
+    # the reader lets go: retired bytes are released, room comes back
+    held.clear()
+    gc.collect()
+    s = check()
+    assert s.retired_bytes == 0
+    for i in range(100, 120):
+        t = scope.tile(0, i, 0, "rgb", load(i))
+        returned.append(weakref.ref(t))
+        del t
+    s = check()
+    assert s.entries == 10 and s.bytes <= budget
+    scope.close()
+    s = check()
+    assert s.entries == 0 and s.bytes == 0
+
+
+def test_an_evicted_tile_nobody_holds_is_not_retired():
+    """The eviction's reference count: no false "still held" for tiles only the cache had."""
+    cache = TileCache(2 * entry_cost(240 * 240 * 3))
+    scope = cache.scope()
+    for i in range(6):
+        scope.tile(0, i, 0, "rgb", lambda: np.ones((240, 240, 3), np.uint8))
+    s = cache.stats()
+    assert s.evictions >= 4 and s.retired_bytes == 0 and s.entries == 2

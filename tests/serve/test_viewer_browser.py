@@ -63,7 +63,8 @@ def browser():
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=700,600", "--disable-extensions", "--no-first-run"):
+                "--disable-background-networking", "--window-size=700,600", "--disable-extensions",
+                "--no-first-run"):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(driver_path), options=opts)
     driver.set_page_load_timeout(30)
@@ -114,3 +115,26 @@ def test_openseadragon_draws_the_slide(openseadragon_js, browser, serve_slides):
     # tissue (H&E: pink / purple), not the page's dark background nor a white gap
     assert 40 < centre.mean() < 235, centre.mean(axis=(0, 1))
     assert centre[..., 0].mean() > centre[..., 1].mean() + 10, centre.mean(axis=(0, 1))
+
+
+def test_an_unreachable_viewer_script_shows_a_message(browser, serve_slides):
+    """Offline (the CDN unreachable: here a closed local port): the pane says why and names
+    --viewer-js instead of staying blank.  Needs no npm and no network."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/openseadragon.min.js"  # nothing listens there
+    slide = REPO / "samples" / "sample-aperio-jpeg.svs"
+    with serve_slides([slide], threads=1, cache_mb=0, viewer_js=dead) as (url, state):
+        browser.get(f"{url}/view/{slide.name}")
+        _wait(browser, "var m = document.getElementById('viewer-missing');"
+                       "return m !== null && !m.hidden;")
+        message = browser.find_element("id", "viewer-missing")
+        assert message.is_displayed()
+        text = message.text
+        assert "--viewer-js" in text and "could not be loaded" in text and dead in text, text
+        assert f"openseadragon@{OPENSEADRAGON_VERSION}" in text, text
+        rect = message.rect
+        assert rect["width"] > 100 and rect["height"] > 30, rect
+        assert browser.execute_script("return typeof OpenSeadragon;") == "undefined"

@@ -21,12 +21,20 @@ def serve_cmd(
     sources: List[Path] = typer.Argument(..., help="Slide files and folders of slides."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: loopback only)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Decode threads (default: CPU count)."),
-    cache_mb: int = typer.Option(256, "--cache-mb", min=0, help="Decoded-tile cache budget in MiB (0: off)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                          help="Decode threads in all (default: CPU count); split over --workers."),
+    cache_mb: int = typer.Option(256, "--cache-mb", min=0,
+                                 help="Decoded-tile cache budget in MiB (0: off); split over --workers."),
+    workers: int = typer.Option(1, "--workers", min=1,
+                                help="Server processes sharing the port, each with its share of --threads and "
+                                     "--cache-mb (POSIX; default 1)."),
     viewer_js: Optional[str] = typer.Option(None, "--viewer-js",
                                             help="OpenSeadragon script: a URL, or a local file the server serves "
                                                  "(default: the pinned jsDelivr release)."),
     tile_size: int = typer.Option(512, "--tile-size", min=16, help="IIIF tile size advertised in info.json."),
+    follow_links: bool = typer.Option(False, "--follow-links",
+                                      help="Serve slides that symbolic links in the folders lead to, even "
+                                           "outside them (default: skipped, and counted at start)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
     debug: bool = typer.Option(False, "--debug", help="Log every request (debug level)."),
 ) -> None:
@@ -34,7 +42,8 @@ def serve_cmd(
 
     Routes: /iiif/3/{id}/info.json, /iiif/3/{id}/{region}/{size}/{rotation}/{quality}.{format},
     /dz/{id}.dzi, /dz/{id}_files/{level}/{col}_{row}.jpeg, /view/{id}, /status.  Stops
-    cleanly on SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129).  Needs the 'serve' extra.
+    cleanly on SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129); a port in use is exit 9.
+    Needs the 'serve' extra.
     """
     try:  # the optional web stack
         import starlette  # noqa: F401
@@ -44,10 +53,11 @@ def serve_cmd(
         from ..serve.runner import serve
     except ImportError as exc:
         raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
-    options = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size)
+    options = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size,
+                   follow_links=follow_links)
     if threads is not None:
         options["threads"] = threads
     config = ServeConfig(**options)
-    code = serve(sources, config, host=host, port=port, quiet=quiet, debug=debug)
+    code = serve(sources, config, host=host, port=port, quiet=quiet, debug=debug, workers=workers)
     if code:
         raise typer.Exit(code)

@@ -103,6 +103,7 @@ class ServerState:
     def status(self) -> dict:
         data = self.counters.snapshot()
         data["slides"] = len(self.registry)
+        data["pid"] = os.getpid()  # (which worker answered, with --workers)
         data["threads"] = self.config.threads
         data["cache"] = self.cache.stats().as_dict() if self.cache is not None else None
         return data

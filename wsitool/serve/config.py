@@ -37,6 +37,8 @@ class ServeConfig:
         level_tolerance: relative slack when choosing a level: a level whose
             downsample is at most ``scale * (1 + level_tolerance)`` may answer
             (pyramids store downsamples such as 4.002 for a nominal 4).
+        follow_links: serve slides that symbolic links in the folders lead to,
+            even outside them (``--follow-links``; see :mod:`.registry`).
     """
 
     threads: int = dataclasses.field(default_factory=lambda: max(1, os.cpu_count() or 1))
@@ -52,6 +54,7 @@ class ServeConfig:
     max_width: int | None = None
     max_height: int | None = None
     level_tolerance: float = 0.01
+    follow_links: bool = False
 
     def __post_init__(self):
         if self.threads < 1:

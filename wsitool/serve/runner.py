@@ -1,21 +1,32 @@
-"""Running the server: uvicorn on one process, graceful shutdown on signals.
+"""Running the server: uvicorn on one process (or several), graceful shutdown on signals.
 
-:func:`serve` opens the slides (one shared decoded-tile cache), starts uvicorn
+:func:`serve` binds the listening socket (a port in use is an ``OSError``: exit
+9 in the CLI), opens the slides (one shared decoded-tile cache), starts uvicorn
 on the Starlette app (:mod:`.app`) and returns the process's exit code when it
 stops: 0 when it stopped by itself, 128 + the signal number after SIGINT (130),
 SIGTERM (143) or SIGHUP (129).  On a signal uvicorn stops accepting
 connections, lets the requests in flight finish, then the worker threads are
 joined and the slides closed.  A second SIGINT forces the exit.
 
-One process only: ``--threads`` decode threads share one cache.  (Several
-processes behind a load balancer would each need their own share of the cache
-budget; that is not offered.)
+``workers=1`` (default): one process, ``--threads`` decode threads share one
+cache.  ``workers=N`` (``--workers N``, POSIX): the parent binds the socket and
+checks the slides, then forks N worker processes that accept connections on
+that one socket (the kernel hands each connection to one of them); each opens
+the slides itself, with ``threads // N`` decode threads (at least 1) and a
+cache of ``cache_mb // N`` MiB, so the whole server keeps to the one budget.
+Each worker has its own event loop and its own interpreter lock, which is
+what one process lacks under load (see scripts/bench_serve.py).  The parent
+forwards SIGINT / SIGTERM / SIGHUP to the workers, waits for them and exits
+128 + the signal; a worker that dies is not restarted.  ``/status`` reports
+the counters of the worker that answered it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import signal
 import sys
 
@@ -24,9 +35,12 @@ from .app import ServerState, create_app
 from .config import ServeConfig
 from .registry import SlideRegistry
 
-__all__ = ["serve", "build_state", "tune_malloc"]
+__all__ = ["serve", "build_state", "tune_malloc", "bind"]
 
 log = logging.getLogger("wsitool.serve")
+
+#: Pending connections the kernel queues per listening socket.
+_BACKLOG = 2048
 
 _SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
                  if s is not None)
@@ -68,6 +82,64 @@ def tune_malloc() -> bool:
     return True
 
 
+def bind(host: str, port: int) -> list:
+    """Listening sockets on every address of ``host`` at ``port`` (0: one free port for all).
+
+    Bound here, before uvicorn starts, so that a port in use is an ``OSError``
+    that the CLI prints as one ``wsitool: error:`` line with exit code 9 (I/O),
+    instead of uvicorn's own log line and exit status.  ``SO_REUSEADDR`` is set
+    (a restart does not wait for the old connections' ``TIME_WAIT``).
+
+    Raises:
+        OSError: the address cannot be resolved or bound; ``filename`` is
+            ``host:port`` and ``strerror`` says why (``errno`` kept).
+    """
+    import socket
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(exc.errno, f"cannot resolve the address to listen on ({exc.strerror})",
+                      where) from None
+    sockets, seen = [], set()
+    try:
+        for family, kind, proto, _, addr in infos:
+            if (family, addr[0]) in seen:
+                continue
+            seen.add((family, addr[0]))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:  # the same free port on every address
+                addr = (addr[0], sockets[0].getsockname()[1], *addr[2:])
+            sock.bind(addr)
+            sock.listen(_BACKLOG)  # connections wait in the backlog until a worker accepts them
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            why = ("address already in use (another server listens there: choose another --port, "
+                   "or --port 0 for any free one)")
+        elif exc.errno == errno.EACCES:
+            why = "permission denied (ports below 1024 need privileges: choose --port 1024 or above)"
+        raise OSError(exc.errno, why, where) from None
+    return sockets
+
+
+def links_note(links: list[str], shown: int = 3) -> str:
+    """One line on the symbolic links skipped (``""`` when none): how many, why, the first few."""
+    if not links:
+        return ""
+    names = ", ".join(links[:shown]) + (f", ... ({len(links) - shown} more)" if len(links) > shown else "")
+    return (f"skipped {len(links)} symbolic link{'s' if len(links) > 1 else ''} leading outside "
+            f"the folders given ({names}): give --follow-links to serve what they lead to")
+
+
 def build_state(sources, config: ServeConfig) -> ServerState:
     """Open the slides of ``sources`` (files and folders) with one shared cache.
 
@@ -78,52 +150,156 @@ def build_state(sources, config: ServeConfig) -> ServerState:
     from ..slide import open_slide
 
     cache = TileCache(config.cache_mb << 20) if config.cache_mb > 0 else None
-    registry = SlideRegistry(sources, lambda path: open_slide(path, cache=cache))
+    registry = SlideRegistry(sources, lambda path: open_slide(path, cache=cache),
+                             follow_links=config.follow_links)
     return ServerState(registry, config, cache)
 
 
 def serve(sources, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000,
           quiet: bool = False, debug: bool = False, state: ServerState | None = None,
-          ready=None) -> int:
+          ready=None, workers: int = 1) -> int:
     """Serve ``sources`` until a signal; return the exit code (see the module docstring).
 
     ``ready``: called with the bound ``(host, port)`` once the server listens
-    (tests pass port 0 and learn the port here).
-    """
-    import uvicorn
+    (tests pass port 0 and learn the port here).  ``workers``: processes (see
+    the module docstring; ``state`` is for one process only).
 
+    Raises:
+        OSError: the address cannot be bound (a port in use), a source is missing.
+        UnsupportedFormatError: no slide to serve.
+        ValueError: ``workers < 1``, or ``workers > 1`` where ``os.fork`` is missing.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers > 1 and (state is not None or not hasattr(os, "fork")):
+        raise ValueError("several workers need os.fork (POSIX) and no prepared state")
     level = logging.WARNING if quiet else (logging.DEBUG if debug else logging.INFO)
     _log_to_stderr(level)
     tune_malloc()
-    if state is None:
-        state = build_state(sources, config)
+    sockets = bind(host, port)  # a port in use fails here, before the slides are opened
+    try:
+        if workers > 1:
+            return _supervise(sources, config, sockets, workers, level, ready)
+        if state is None:
+            state = build_state(sources, config)
+        try:
+            _check(state.registry)
+        except BaseException:
+            state.close()
+            raise
+
+        def on_ready(bound):
+            log.info("serving %d slide(s) at http://%s:%d/ (%d threads, cache %s)", len(state.registry),
+                     bound[0], bound[1], config.threads,
+                     f"{config.cache_mb} MiB" if state.cache is not None else "off")
+            if ready is not None:
+                ready(bound)
+
+        return _run(state, sockets, level, on_ready)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _check(registry) -> None:
+    """Log what was left out; raise when nothing is left to serve."""
+    links = links_note(registry.links_skipped)
     reasons = [why if str(why).startswith(str(path)) else f"{path}: {why}"  # (most name the file)
-               for path, why in state.registry.skipped]
-    if not len(state.registry):
-        raise UnsupportedFormatError("no slide to serve: " + ("; ".join(reasons) or
-                                                              "no slide file in the folders given"))
+               for path, why in registry.skipped]
+    if not len(registry):
+        raise UnsupportedFormatError("no slide to serve: " + "; ".join(
+            reasons + [links] if links else reasons or ["no slide file in the folders given"]))
+    if links:
+        log.warning("%s", links)
     for why in reasons:
         log.warning("not served: %s", why)
+
+
+def _run(state: ServerState, sockets, level: int, on_ready) -> int:
+    """uvicorn on ``sockets`` until it stops; closes ``state``; the exit code."""
+    import uvicorn
+
     app = create_app(state)
-    uconfig = uvicorn.Config(app, host=host, port=port, log_level=level, access_log=False,
-                             lifespan="off", log_config=None, timeout_graceful_shutdown=10)
+    uconfig = uvicorn.Config(app, log_level=level, access_log=False, lifespan="off", log_config=None,
+                             timeout_graceful_shutdown=10)
     server = _Server(uconfig)
-
-    def on_ready(bound):
-        log.info("serving %d slide(s) at http://%s:%d/ (%d threads, cache %s)", len(state.registry),
-                 bound[0], bound[1], config.threads,
-                 f"{config.cache_mb} MiB" if state.cache is not None else "off")
-        if ready is not None:
-            ready(bound)
-
     server.on_ready = on_ready
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         state.close()
     if server.signalled:
         return 128 + int(server.signalled)
     return 0 if server.started else 1
+
+
+def _supervise(sources, config: ServeConfig, sockets, workers: int, level: int, ready) -> int:
+    """Fork ``workers`` processes serving on ``sockets`` with a share of the budget each; wait."""
+    import dataclasses
+
+    from ..slide import open_slide
+
+    registry = SlideRegistry(sources, open_slide, follow_links=config.follow_links)
+    try:
+        _check(registry)  # once, in the parent: the workers open the same slides quietly
+        count = len(registry)
+    finally:
+        registry.close()
+    share = dataclasses.replace(config, cache_mb=config.cache_mb // workers,
+                                threads=max(1, config.threads // workers))
+    children = []
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:  # a worker
+            code = 1
+            try:
+                os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which forwards it once
+                _exit_with_parent()
+                log.setLevel(max(level, logging.WARNING))  # (the parent says what was skipped)
+                code = _run(build_state(sources, share), sockets, level, None)
+            except BaseException as exc:
+                log.error("worker %d: %s: %s", os.getpid(), type(exc).__name__, exc)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    signalled = []
+
+    def forward(sig, frame):
+        if not signalled:
+            signalled.append(sig)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    previous = {s: signal.signal(s, forward) for s in _SIGNALS}
+    try:
+        bound = tuple(sockets[0].getsockname()[:2])
+        log.info("serving %d slide(s) at http://%s:%d/ (%d workers x %d threads, cache %s)", count,
+                 bound[0], bound[1], workers, share.threads,
+                 f"{share.cache_mb} MiB each" if share.cache_mb > 0 else "off")
+        if ready is not None:
+            ready(bound)
+        codes = []
+        for pid in children:
+            _, status = os.waitpid(pid, 0)
+            codes.append(os.waitstatus_to_exitcode(status))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if signalled:
+        return 128 + int(signalled[0])
+    return max((c for c in codes if c > 0), default=0)
+
+
+def _exit_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies (no orphaned workers)."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class _Server:

@@ -2,9 +2,11 @@
 
 OpenSeadragon is not part of wsitool: the page loads it from ``script_url``
 (the pinned jsDelivr release by default, or ``/viewer.js`` when the server was
-given a local file).  The viewer page exposes ``window.viewer`` (the
-OpenSeadragon viewer) and ``window.wsitoolTiles`` (tiles loaded so far) for
-scripted checks.
+given a local file).  When the script cannot be loaded (an offline network
+cannot reach the CDN) the viewer pane shows a message saying so and naming
+``--viewer-js`` (element ``#viewer-missing``) instead of staying blank.  The
+viewer page exposes ``window.viewer`` (the OpenSeadragon viewer) and
+``window.wsitoolTiles`` (tiles loaded so far) for scripted checks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import html
 import json
 from urllib.parse import quote
+
+from .config import OPENSEADRAGON_VERSION
 
 __all__ = ["index_page", "view_page", "slide_facts"]
 
@@ -23,6 +27,8 @@ td, th { padding: 0.2em 0.8em; text-align: left; border-bottom: 1px solid #ddd; 
 #layout { display: flex; height: 100vh; }
 #viewer { flex: 1; background: #222; }
 #side { width: 22em; overflow: auto; padding: 0.5em 1em; font-size: 90%; }
+#viewer-missing { color: #eee; padding: 2em; max-width: 40em; line-height: 1.4; }
+#viewer-missing code { color: #fc6; }
 """
 
 _MAIN_PROPERTIES = ("openslide.vendor", "openslide.objective-power", "openslide.mpp-x",
@@ -78,16 +84,28 @@ def view_page(entry, script_url: str, images_url: str | None) -> str:
         options["prefixUrl"] = images_url
     else:
         options["showNavigationControl"] = False
+    missing = (f"<div id=\"viewer-missing\" hidden><p><strong>The viewer could not be loaded.</strong> "
+               f"This page needs OpenSeadragon from <code>{html.escape(script_url)}</code>, which the "
+               f"browser could not fetch (an offline network cannot reach the CDN).</p><p>Start the "
+               f"server with <code>--viewer-js PATH</code> naming a local copy of "
+               f"<code>openseadragon.min.js</code> (<code>npm install openseadragon@{OPENSEADRAGON_VERSION}"
+               f"</code>, then <code>node_modules/openseadragon/build/openseadragon/"
+               f"openseadragon.min.js</code>) and the server serves it itself.</p><p>The IIIF and Deep "
+               f"Zoom routes work without it: <a href=\"/iiif/3/{q}/info.json\">info.json</a>.</p></div>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>{html.escape(entry.id)} - wsitool serve</title>
 <style>{_STYLE}</style></head>
-<body><div id="layout"><div id="viewer"></div>
+<body><div id="layout"><div id="viewer">{missing}</div>
 <div id="side"><p><a href="/">all slides</a></p><h2>{html.escape(entry.id)}</h2>
 <table>{facts}</table></div></div>
 <script src="{html.escape(script_url)}"></script>
 <script>
 window.wsitoolTiles = 0;
-window.viewer = OpenSeadragon({json.dumps(options)});
-window.viewer.addHandler("tile-loaded", function () {{ window.wsitoolTiles += 1; }});
+if (typeof OpenSeadragon === "undefined") {{
+  document.getElementById("viewer-missing").hidden = false;
+}} else {{
+  window.viewer = OpenSeadragon({json.dumps(options)});
+  window.viewer.addHandler("tile-loaded", function () {{ window.wsitoolTiles += 1; }});
+}}
 </script></body></html>
 """

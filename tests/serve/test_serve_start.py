@@ -1,0 +1,173 @@
+"""``wsitool serve`` at start-up: a port in use, folders of symbolic links (issue 28, items 3 and 5)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("uvicorn")
+
+import wsitool  # noqa: E402
+from wsitool.serve.registry import SlideRegistry  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+
+SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
+SLIDE2 = REPO / "samples" / "sample-aperio-j2k.svs"
+
+
+def _wsitool(*args, timeout=60):
+    return subprocess.run([sys.executable, "-c", "from wsitool.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_port_in_use_is_one_line_exit_9():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _wsitool("serve", str(SLIDE), "--port", str(port), "--cache-mb", "0")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 9, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("wsitool: error:"), proc.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "already in use" in lines[0] and "--port" in lines[0]
+
+
+def test_an_unresolvable_host_is_one_line_exit_9():
+    proc = _wsitool("serve", str(SLIDE), "--host", "no-such-host.invalid", "--port", "0")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 9 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("wsitool: error: no-such-host.invalid:0:"), proc.stderr
+
+
+def test_bind_gives_one_port_for_port_0():
+    from wsitool.serve.runner import bind
+
+    sockets = bind("127.0.0.1", 0)
+    try:
+        port = sockets[0].getsockname()[1]
+        assert len(sockets) == 1 and port > 0
+        sockets[0].listen()
+        with pytest.raises(OSError) as info:  # (SO_REUSEADDR does not share a listening port)
+            bind("127.0.0.1", port)
+        assert info.value.filename == f"127.0.0.1:{port}" and "already in use" in info.value.strerror
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.fixture
+def linked(tmp_path):
+    """A data set assembled from links: two slide links and a linked folder, all leading elsewhere."""
+    elsewhere = tmp_path / "store"
+    (elsewhere / "cases").mkdir(parents=True)
+    os.symlink(SLIDE2, elsewhere / "cases" / "c.svs")
+    root = tmp_path / "dataset"
+    root.mkdir()
+    os.symlink(SLIDE, root / "a.svs")
+    os.symlink(SLIDE2, root / "b.svs")
+    os.symlink(elsewhere / "cases", root / "cases")
+    os.symlink(root, root / "loop")  # a cycle: walked once with --follow-links
+    return root
+
+
+def test_links_leaving_the_folder_are_counted_not_served(linked):
+    registry = SlideRegistry([linked], wsitool.open_slide)
+    try:
+        assert len(registry) == 0
+        assert sorted(os.path.basename(p) for p in registry.links_skipped) == ["a.svs", "b.svs", "cases"]
+    finally:
+        registry.close()
+
+
+def test_follow_links_serves_them_under_the_links_ids(linked):
+    registry = SlideRegistry([linked], wsitool.open_slide, follow_links=True)
+    try:
+        assert list(registry.entries) == ["a.svs", "b.svs", "cases~c.svs"]
+        assert not registry.links_skipped and not registry.skipped
+    finally:
+        registry.close()
+
+
+def test_serve_says_how_many_links_it_skipped(linked):
+    proc = _wsitool("serve", str(linked), "--port", "0")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr
+    assert "no slide to serve" in lines[0] and "skipped 3 symbolic links" in lines[0]
+    assert "--follow-links" in lines[0]
+
+
+def test_serve_warns_of_skipped_links_beside_served_slides(tmp_path, linked):
+    import shutil
+    import signal
+    import time
+
+    shutil.copy(SLIDE, linked / "real.svs")
+    proc = subprocess.Popen([sys.executable, "-c", "from wsitool.cli import main; main()", "serve",
+                             str(linked), "--port", "0", "--cache-mb", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "serving" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(lines)
+    assert "serving 1 slide(s)" in text, text
+    assert "WARNING: skipped 3 symbolic links" in text and "--follow-links" in text, text
+
+
+def test_workers_share_the_port_and_the_budget_and_stop_on_sigterm():
+    """--workers 2: one start-up line, the workers answer on one port, each with half the
+    cache budget; SIGTERM to the parent stops them all (exit 143, no worker left)."""
+    import re
+    import signal
+    import time
+
+    import httpx
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(SLIDE),
+                             "--port", "0", "--workers", "2", "--threads", "2", "--cache-mb", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        end = time.monotonic() + 60
+        while time.monotonic() < end and "serving" not in line:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+        m = re.search(r"serving 1 slide\(s\) at http://127\.0\.0\.1:(\d+)/ \(2 workers x 1 threads, "
+                      r"cache 32 MiB each\)", line)
+        assert m, line
+        url = f"http://127.0.0.1:{m.group(1)}"
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(4):
+                r = client.get("/iiif/3/sample-aperio-jpeg.svs/full/128,/0/default.jpg")
+                assert r.status_code == 200 and r.content[:2] == b"\xff\xd8"
+            status = client.get("/status").json()
+        assert status["pid"] in {w.pid for w in workers}           # a worker answered
+        assert status["cache"]["max_bytes"] == 32 << 20 and status["threads"] == 1
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
