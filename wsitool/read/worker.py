@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codec import jpegloop, openjpeg
 from ..codec.failures import tile_failed
 from ..codec.generic import decode_array
 from ..codec.library import decode_params, nv
-from ..codec import openjpeg
 from ..codec.nvdecode import check_decoded, count_decoded, decode_checked, decode_into, plan_decode
 from ..codec.pool import ThreadState
 from ..codec.tilebytes import read_tile_stream
@@ -170,7 +170,7 @@ class TileWorker:
         else:
             retry = False
         stats = state.stats
-        for (job, cs, how, shape, _block), image, result in zip(pending, images, results):
+        for (job, cs, how, shape, _block), image, result in zip(pending, images, results, strict=True):
             try:
                 if retry:
                     decode_checked(lv, job.col, job.row, cs, job.view(self.out), state)
@@ -226,7 +226,8 @@ class TileWorker:
         if self.mode == "raw":
             dst[...] = sub
             return
-        rgb, alpha = to_rgb8(sub, lv.encoding.photometric_code, lv.encoding.bits, lv.encoding.colormap, lv.encoding.extrasamples)
+        enc = lv.encoding
+        rgb, alpha = to_rgb8(sub, enc.photometric_code, enc.bits, enc.colormap, enc.extrasamples)
         dst[..., :3] = rgb
         if self.mode == "rgba":
             dst[..., 3] = 255 if alpha is None else alpha
@@ -250,6 +251,13 @@ def decode_tile(lv: Level, col: int, row: int, mode: str, pool) -> np.ndarray:
         out = np.empty((th, tw, lv.samples), lv.dtype)
     else:
         out = np.empty((th, tw, 4 if mode == "rgba" else 3), np.uint8)
+    if tw > 1 and jpegloop.applies(lv, mode, out):  # (a 1-column tile: see fill._ends_one_column_into_a_tile)
+        # the compiled loop, where it applies: the same pixels, checks and counters as the
+        # Python path (tests/codec/test_jpegloop.py), a third of its time on a tile
+        x0, y0 = col * lv.tile_width, row * lv.tile_height
+        region = jpegloop.RegionJobs(lv, out, x0, y0, (x0, y0, x0 + tw, y0 + th), "raise")
+        region.run(pool)
+        return out
     rect = (0, 0, tw, th)
     TileWorker(lv, out, mode, "raise", pool).run([TileJob(col, row, rect, rect)])
     return out
