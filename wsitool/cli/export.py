@@ -18,7 +18,8 @@ from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
 from ..export.plan import background_color
 from .batch import batch_progress, failure_code, usage_errors
-from .console import console, err_console, fail, handle_errors, shown
+from ..storage import redact
+from .console import STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
 from .group import app
 
 
@@ -33,8 +34,8 @@ def _parse_background(text: str) -> Tuple[int, int, int]:
 @app.command("export-pyramid")
 @handle_errors
 def export_pyramid_cmd(
-    sources: Optional[List[Path]] = typer.Argument(
-        None, metavar="SLIDE...", help="Source slide file(s) (or quoted glob patterns), followed by OUTPUT.",
+    sources: Optional[List[str]] = typer.Argument(
+        None, metavar="SLIDE...", help="Source slide file(s) (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), followed by OUTPUT (local).",
         show_default=False),
     output: Path = typer.Argument(..., metavar="OUTPUT", help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
                                             "Several slides (batch): an output folder."),
@@ -59,6 +60,7 @@ def export_pyramid_cmd(
     no_associated: bool = typer.Option(False, "--no-associated", help="Do not carry the source's label and macro images over."),
     from_source_levels: bool = typer.Option(False, "--from-source-levels", help="tiff/ome-tiff, re-encoding: read each output level whose downsample is one of the source's levels (a power of two within 2%) from that level, and halve the next ones from it, instead of halving everything from level 0."),
     verify: bool = typer.Option(False, "--verify", help="With --compression copy: also decode every copied tile (a tile that does not decode fails the export, exit 7, or with --on-error fill is written as missing)."),
+    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
@@ -110,6 +112,9 @@ def export_pyramid_cmd(
             raise fail("--from-source-levels re-encodes; --compression copy always copies the "
                        "source's levels", 2)
         options["from_source_levels"] = True
+    remote_options = storage_options(storage_option)
+    if remote_options:  # sent with each export task, to every Dask worker
+        options["storage_options"] = remote_options
     if verify:
         if compression.lower() != "copy":
             raise fail("--verify applies to --compression copy only", 2)
@@ -132,7 +137,7 @@ def format_for_output(output: Path) -> Optional[str]:
     return None
 
 
-def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> None:
+def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None:
     show = not quiet and err_console.is_terminal
     progress_bar = None
     callback = None
@@ -166,7 +171,7 @@ def _export_single(slide: Path, output: Path, quiet: bool, options: dict) -> Non
     except ValueError as exc:
         if isinstance(exc, errors.WsiError):
             raise
-        raise fail(f"{slide}: {exc}", 2) from None
+        raise fail(f"{redact(slide)}: {exc}", 2) from None
     dims = result.level_dimensions
     console.print(
         f"wrote {shown(result.output)} ({result.format}, {result.compression}, {len(dims)} level{'s' if len(dims) != 1 else ''} "
@@ -181,13 +186,13 @@ def _warn_painted(source, result) -> None:
     """One warning line when an export painted missing or undecodable source tiles."""
     if result is not None and (result.tiles_missing or result.tiles_failed):
         err_console.print(
-            f"[yellow]wsitool: warning:[/] {shown(source)}: {result.tiles_missing} missing and "
+            f"[yellow]wsitool: warning:[/] {shown(redact(str(source)))}: {result.tiles_missing} missing and "
             f"{result.tiles_failed} undecodable source tile(s) were painted with the background",
             highlight=False,
         )
 
 
-def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, scheduler: Optional[str],
+def _export_batch(srcs: List[str], from_list: Optional[Path], output: Path, scheduler: Optional[str],
                   quiet: bool, options: dict) -> None:
     """Batch export-pyramid: many slides into the folder ``output`` (wsitool.distributed)."""
 
@@ -213,8 +218,8 @@ def _export_batch(srcs: List[Path], from_list: Optional[Path], output: Path, sch
         def on_done(o) -> None:
             counts[o.status] += 1
             bar.advance(task)
-            line = {"ok": f"[green]ok[/] {shown(o.source)} -> {shown(o.output)} ({o.seconds:.1f} s)",
-                    "skipped": f"[yellow]skipped[/] {shown(o.source)} ({shown(o.output)} is "
+            line = {"ok": f"[green]ok[/] {shown(redact(o.source))} -> {shown(o.output)} ({o.seconds:.1f} s)",
+                    "skipped": f"[yellow]skipped[/] {shown(redact(o.source))} ({shown(o.output)} is "
                                "recorded complete for this source and these options)",
                     "failed": f"[red]failed[/] {shown(o.error)}"}[o.status]
             (err_console if o.status == "failed" else console).print(line, highlight=False,

@@ -57,8 +57,6 @@ def read_region_cmd(
     if not is_url(slide):
         slide = Path(slide)
     if regions is not None:
-        if options:
-            raise fail("--storage-option applies to single regions for now (not with --regions)", 2)
         single = [o for o, v in (("--size", size), ("--output", output), ("--location", location),
                                  ("--level", level)) if v is not None]
         if single:
@@ -70,7 +68,7 @@ def read_region_cmd(
             raise fail("--regions reads on the CPU only (drop --device)", 2)
         with max_pixels_scope(max_pixels):
             _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
-                                threads, quiet, overwrite)
+                                threads, quiet, overwrite, options)
         return
     batch_only = [o for o, v in (("--output-dir", output_dir), ("--format", fmt),
                                  ("--scheduler", scheduler)) if v is not None]
@@ -120,7 +118,7 @@ def read_region_cmd(
 
 
 def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, scheduler,
-                        threads, quiet, overwrite=False) -> None:
+                        threads, quiet, overwrite=False, options=None) -> None:
     if scheduler is not None and scheduler != "threads" and threads is not None:
         raise fail("--threads applies to the local thread pool; on Dask the workers' threads are used", 2)
     requests = load_regions_csv(regions)
@@ -128,14 +126,15 @@ def _read_regions_batch(slide, regions, output_dir, fmt, pack, mode, on_error, s
         task = bar.add_task("regions", total=len(requests))
         outcomes = read_regions(slide, requests, output_dir, format=fmt, pack=pack, mode=mode,
                                 on_error=on_error, scheduler=scheduler, workers=threads,
-                                progress=lambda o: bar.advance(task), overwrite=overwrite)
+                                progress=lambda o: bar.advance(task), overwrite=overwrite,
+                                storage_options=options)
     failed = [o for o in outcomes if o.status != "ok"]
     for o in failed:
         err_console.print(f"[red]failed[/] {shown(o.request.name)}: {shown(o.error)}", highlight=False,
                           soft_wrap=True)
     where = outcomes[0].path if pack and len(outcomes) > len(failed) else str(output_dir)
     console.print(f"wrote {len(outcomes) - len(failed)} of {len(outcomes)} region(s) from "
-                  f"{shown(slide)} to {shown(where)}", highlight=False, soft_wrap=True)
+                  f"{shown(redact(str(slide)))} to {shown(where)}", highlight=False, soft_wrap=True)
     if failed:
         raise fail(f"{len(failed)} of {len(outcomes)} region(s) failed (first: {failed[0].error})",
                    failure_code(failed[0].error_types))

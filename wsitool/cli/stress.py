@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import List, Literal, Optional
 
 import typer
 from rich.live import Live
 
 from .. import atomic, stress
-from .console import console, fail, fitted_console, handle_errors, shown
+from ..storage import is_url
+from .console import STORAGE_OPTION_HELP, console, fail, fitted_console, handle_errors, shown, storage_options
 from .group import app
 
 
 @app.command("stress")
 @handle_errors
 def stress_cmd(
-    slide: Path = typer.Argument(..., help="Slide file."),
+    slide: str = typer.Argument(..., help="Slide file, or a slide URL (http(s)://, s3://, gs://, az://)."),
     workers: int = typer.Option(16, "--workers", "-w", min=1, help="Reader threads sharing one opened slide."),
     iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
                                              help="Total reads over all workers (default 10000)."),
@@ -36,6 +37,7 @@ def stress_cmd(
     sample_interval: float = typer.Option(0.1, "--sample-interval", help="Seconds between RSS samples."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --report / --plot file."),
+    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
 ) -> None:
     """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
 
@@ -44,6 +46,9 @@ def stress_cmd(
     general codes 1-9 for bad input (2 a bad option, 9 an unwritable --report/--plot).
     """
 
+    options = storage_options(storage_option)
+    if not is_url(slide):
+        slide = Path(slide)
     if iterations is not None and duration is not None:
         raise fail("--iterations and --duration are mutually exclusive", 2)
     for name, value in (("--duration", duration), ("--stall-timeout", stall_timeout),
@@ -62,7 +67,7 @@ def stress_cmd(
                 raise fail(f"{target}: {problem} ({name})", 9)
             # the rule of every command that writes (wsitool.atomic.check_output): never
             # the slide itself, and an existing file only with --overwrite
-            atomic.check_output(target, [slide], overwrite)
+            atomic.check_output(target, [] if is_url(slide) else [slide], overwrite)
     live = None
     if console.is_terminal:
         live = Live(console=console, refresh_per_second=4, transient=True)
@@ -79,7 +84,7 @@ def stress_cmd(
             verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup, mode=mode,
             read_threads=read_threads, stall_timeout=stall_timeout, device=device,
             sample_interval=sample_interval,
-            progress=on_progress,
+            progress=on_progress, storage_options=options,
         )
     finally:
         if live is not None:

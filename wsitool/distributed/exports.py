@@ -15,6 +15,7 @@ from typing import Any
 from .. import atomic
 from ..errors import OutputExistsError
 from ..export import export_pyramid
+from ..storage import is_url, redact
 from .cluster import (BatchOptionError, ClientHandle, check_scheduler, dask_available, error_record,
                       import_distributed, quiet_tifffile)
 from .manifest import MANIFEST_NAME, Manifest, source_stamp
@@ -62,7 +63,9 @@ def expand_sources(sources: Iterable[str | os.PathLike] = (),
     items: list[str] = []
     for src in sources:
         s = os.fspath(src)
-        if not os.path.exists(s) and any(ch in s for ch in "*?["):
+        if is_url(s):  # a URL is one slide (a presigned URL's "?" is no pattern)
+            items.append(s)
+        elif not os.path.exists(s) and any(ch in s for ch in "*?["):
             matches = sorted(_glob.glob(s, recursive=True))
             if not matches:
                 raise FileNotFoundError(errno.ENOENT, "the pattern matches no file", s)
@@ -82,7 +85,7 @@ def expand_sources(sources: Iterable[str | os.PathLike] = (),
     seen: set[str] = set()
     out = []
     for item in items:
-        key = os.path.abspath(item)
+        key = item if is_url(item) else os.path.abspath(item)
         if key not in seen:
             seen.add(key)
             out.append(item)
@@ -147,8 +150,8 @@ def _export_task(source: str, output: str, options: dict, index: int = 0,
                             worker=worker)
     except Exception as exc:
         msg, types = error_record(exc)
-        if source not in msg:
-            msg = f"{source}: {msg}"
+        if redact(source) not in msg:
+            msg = f"{redact(source)}: {msg}"
         return SlideOutcome(source, output, "failed", time.perf_counter() - t0, error=msg,
                             error_types=types, worker=worker)
 
@@ -293,7 +296,9 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
                 priority = os.path.getsize(s)
             except OSError:
                 priority = 0
-            fut = handle.client.submit(_export_task, os.path.abspath(s), str(o.resolve()), task_options(i),
+            # (storage options for URL sources travel in the task's options, to every worker)
+            fut = handle.client.submit(_export_task, s if is_url(s) else os.path.abspath(s),
+                                       str(o.resolve()), task_options(i),
                                        i, topic, pure=False, priority=priority,
                                        key=f"wsitool-export-{i}-{os.path.basename(s)}-{time.time_ns()}")
             futures[fut] = i

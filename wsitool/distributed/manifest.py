@@ -18,7 +18,7 @@ MANIFEST_NAME = ".wsitool-manifest.json"
 
 
 #: Export options that do not change the output's content (not compared on resume).
-UNRECORDED_OPTIONS = ("threads", "overwrite", "progress", "max_pixels")
+UNRECORDED_OPTIONS = ("threads", "overwrite", "progress", "max_pixels", "storage_options")  # (credentials)
 
 
 def output_size(output: Path, format: str) -> int | None:

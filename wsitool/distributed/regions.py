@@ -16,6 +16,7 @@ from ..errors import InvalidRegionError, WsiError
 from ..export import write_image
 from ..read.request import validate_request
 from ..slide import Slide, cached_slide, file_stamp, open_slide
+from ..storage import is_url, redact
 from .cluster import BatchOptionError, ClientHandle, check_scheduler, error_record, import_distributed, quiet_tifffile
 from .pack import PackWriter
 from .regions_csv import RegionRequest, check_name, load_regions_csv
@@ -47,13 +48,14 @@ PACK_FORMATS = ("npz", "zarr")
 
 def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir: str | None,
                  fmt: str | None, mode: str, on_error: str, threads: int,
-                 return_arrays: bool, overwrite: bool = False) -> list[tuple[RegionOutcome, np.ndarray | None]]:
+                 return_arrays: bool, overwrite: bool = False,
+                 storage_options: dict | None = None) -> list[tuple[RegionOutcome, np.ndarray | None]]:
     """Read a batch of regions of one slide; write files (never over the slide ``path``;
     an existing file only with ``overwrite``) or return the arrays."""
     quiet_tifffile()
     results = []
     try:
-        slide = cached_slide(path, stamp)
+        slide = cached_slide(path, stamp, storage_options)
     except Exception as exc:
         msg, types = error_record(exc)
         return [(RegionOutcome(r, "failed", error=msg, error_types=types), None) for r in requests]
@@ -66,7 +68,7 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
                 results.append((RegionOutcome(req, "ok", shape=arr.shape), arr))
             else:
                 dest = Path(output_dir) / f"{req.name}.{fmt}"
-                write_image(dest, arr, overwrite=overwrite, sources=(path,))
+                write_image(dest, arr, overwrite=overwrite, sources=() if is_url(path) else (path,))
                 results.append((RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None))
         except Exception as exc:
             msg, types = error_record(exc)
@@ -75,6 +77,10 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
 
 
 def slide_stem(path: str) -> str:
+    """The file name of ``path`` (a local path or a slide URL, without its query) without extension."""
+    if is_url(path):
+        import urllib.parse  # noqa: PLC0415
+        path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
     name = os.path.basename(path)
     for suffix in (".ome.tiff", ".ome.tif"):
         if name.lower().endswith(suffix):
@@ -88,15 +94,16 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
                  pack: bool = False, mode: str = "rgba", on_error: str = "raise",
                  scheduler=None, workers: int | None = None, batch_size: int | None = None,
                  progress: Callable[[RegionOutcome], None] | None = None,
-                 overwrite: bool = False) -> list[RegionOutcome]:
+                 overwrite: bool = False, storage_options: dict | None = None) -> list[RegionOutcome]:
     """Read many regions of one slide and write them to ``output_dir``.
 
     Each region is read exactly as a single :meth:`Slide.read_region` call with
     the same ``mode`` and ``on_error`` (so its pixels equal a single read).
 
     Args:
-        slide: an open :class:`~wsitool.slide.Slide` or a path (only the path
-            is sent to workers).
+        slide: an open :class:`~wsitool.slide.Slide`, a path or a slide URL
+            (only the path or URL is sent to workers; a URL with its size and
+            ETag, so a worker never reads another version).
         regions: :class:`RegionRequest` objects, or the path of a CSV file
             (:func:`load_regions_csv`).
         output_dir: folder for the outputs (created if absent).
@@ -124,6 +131,9 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         overwrite: replace outputs that exist (never the slide itself).
             Without it an existing output refuses the whole batch before
             anything is read or written.
+        storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`;
+            carried in every task, so Dask workers open the URL with them (an
+            open remote Slide's own options are used).
 
     Returns:
         One :class:`RegionOutcome` per request, in request order.  A region
@@ -161,14 +171,19 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         requests = list(regions)
     names: set[str] = set()
     own = not isinstance(slide, Slide)
-    s = open_slide(slide) if own else slide
+    s = open_slide(slide, storage_options=storage_options) if own else slide
+    remote = s.remote is not None
+    if remote:  # tasks open the URL itself (s.path is redacted) with its options: to every worker
+        path, stamp = s._location, s._source.identity()
+        storage_options = s._storage_options
     try:
-        path = os.path.abspath(s.path)
+        if not remote:
+            path = os.path.abspath(s.path)
         for i, r in enumerate(requests):
             where = f"region {r.name!r}"
             check_name(r.name, where)
             if r.name in names:
-                raise InvalidRegionError(f"{path}: duplicate region name {r.name!r}")
+                raise InvalidRegionError(f"{redact(path)}: duplicate region name {r.name!r}")
             names.add(r.name)
             try:
                 lv, *_ = validate_request(s.levels, s.path, (r.x, r.y), r.level, (r.width, r.height), mode)
@@ -176,18 +191,19 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
                 raise type(exc)(f"{exc} ({where}, #{i + 1})") from None
             if fmt == "png" and mode == "raw" and (lv.dtype != np.uint8 or lv.samples > 4):
                 raise InvalidRegionError(
-                    f"{path}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "
+                    f"{redact(path)}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "
                     f"hold them in raw mode (use --format npy or tif) ({where})"
                 )
     finally:
         if own:
             s.close()
-    stamp = file_stamp(path)
+    if not remote:
+        stamp = file_stamp(path)
     out_dir = Path(output_dir)
 
     # Every output checked before anything is read or written (wsitool.atomic):
     # none may be the slide; existing ones only with overwrite.
-    sources = (path, os.fspath(s.path))
+    sources = () if remote else (path, os.fspath(s.path))
     if pack:
         dests = [out_dir / f"{slide_stem(path)}-regions.{fmt}"]
     else:
@@ -198,7 +214,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
     out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
     atomic.clean_stale_partials(out_dir)
     writer = PackWriter(dests[0], fmt, sources, overwrite) if pack else None
-    region_task = functools.partial(_region_task, overwrite=overwrite)
+    region_task = functools.partial(_region_task, overwrite=overwrite, storage_options=storage_options)
     outcomes: dict[str, RegionOutcome] = {}
 
     def collect(batch_results):

@@ -57,8 +57,8 @@ import errno
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -69,15 +69,26 @@ from ..geometry import level_rect
 from ..read.request import level_index
 from ..settings import get_limits
 from ..slide import Slide, open_slide
+from ..storage import is_url
 from .associated import LevelImage, associated_for_export, thumbnail_level
 from .channels import export_channels
 from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
 from .encode import TileCodec, TileCounter, encoded_tiles
 from .passthrough import plan_copy
-from .plan import (COMPRESSIONS, FORMATS, ON_ERROR, ExportResult, Segment, background_color,
-                   copy_memory_bound, memory_bound, output_metadata, pyramid_dimensions,
-                   source_level_segments)
+from .plan import (
+    COMPRESSIONS,
+    FORMATS,
+    ON_ERROR,
+    ExportResult,
+    Segment,
+    background_color,
+    copy_memory_bound,
+    memory_bound,
+    output_metadata,
+    pyramid_dimensions,
+    source_level_segments,
+)
 from .source import StripSource
 from .tiff import write_tiff, write_tiff_copy
 
@@ -104,12 +115,14 @@ def export_pyramid(
     associated: bool = True,
     verify: bool = False,
     from_source_levels: bool = False,
+    storage_options: dict | None = None,
 ) -> ExportResult:
     """Write a slide, or a region of it, as a new tiled pyramid.
 
     Args:
-        source: path of a slide, or an open :class:`~wsitool.slide.Slide`
-            (left open).
+        source: path of a slide, a slide URL (``http(s)://``, ``s3://``,
+            ``gs://``, ``az://``; the output stays local), or an open
+            :class:`~wsitool.slide.Slide` (left open).
         output: output path.  ``tiff`` / ``ome-tiff``: the file (e.g.
             ``out.svs``, ``out.ome.tif``).  ``dzi``: ``NAME.dzi`` (or
             ``NAME``, to which ``.dzi`` is added); tiles go to ``NAME_files/``.
@@ -187,6 +200,8 @@ def export_pyramid(
             The scanner's own lower levels are then kept (re-encoded once)
             rather than recomputed; each source level read costs its decode.
             ``compression="copy"`` always uses the source's levels.
+        storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`
+            (credentials, endpoint, timeouts); ignored for an open Slide.
 
     Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
     notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
@@ -286,8 +301,9 @@ def export_pyramid(
         final, files_dir = output, None
     # One rule for every output (wsitool.atomic): never the source, an existing
     # output only with overwrite; checked before the slide is read.
-    sources = [source.path if isinstance(source, Slide) else os.fspath(source)]
-    if not isinstance(source, Slide) and not os.path.exists(sources[0]):
+    remote = not isinstance(source, Slide) and is_url(source)
+    sources = [] if remote else [source.path if isinstance(source, Slide) else os.fspath(source)]
+    if not isinstance(source, Slide) and not remote and not os.path.exists(sources[0]):
         # the source first: with the arguments swapped, the error names the missing slide,
         # not the existing one given as the output
         raise FileNotFoundError(errno.ENOENT, "source slide not found", sources[0])
@@ -297,9 +313,10 @@ def export_pyramid(
     atomic.clean_stale_partials(final.parent)
 
     own = not isinstance(source, Slide)
-    slide = open_slide(source) if own else source
+    slide = open_slide(source, storage_options=storage_options) if own else source
     try:
-        sources.append(slide.path)
+        if slide.remote is None:
+            sources.append(slide.path)
         atomic.check_output(final, sources, overwrite)
         L = level_index(level, slide.level_count, slide.path)
         lv = slide.levels[L]
@@ -452,10 +469,10 @@ def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, psnr,
 
 
 def _segment_tiles(segments, srcs, codec, T: int, O: int, fmt: str, threads: int,
-                   thumb: "LevelImage | None"):
+                   thumb: LevelImage | None):
     """``(level, col, row, bytes)`` of every output level, segment after segment (each one
     a pyramid of its own, from its source level), levels numbered across the segments."""
-    for seg, src in zip(segments, srcs):
+    for seg, src in zip(segments, srcs, strict=True):
         pyramid = PyramidBuilder(seg.dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
         keep = None
         if thumb is not None and seg.first <= thumb.level < seg.first + len(seg.dims):

@@ -47,6 +47,15 @@ _AWS = {"key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": 
 _AZURE = {"account_name": "azure_storage_account_name", "account_key": "azure_storage_account_key",
           "sas_token": "azure_storage_sas_key", "connection_string": None}
 _GCS = {"token": "google_service_account"}
+#: obstore's own keys each protocol takes: a prefix, and the short names
+_NATIVE_PREFIX = {"s3": ("aws_",), "gs": ("google_",), "az": ("azure_",)}
+_NATIVE_KEYS = {
+    "s3": ("endpoint", "region", "access_key_id", "secret_access_key", "session_token",
+           "virtual_hosted_style_request", "bucket", "bucket_name"),
+    "gs": ("service_account", "service_account_key", "bucket", "bucket_name"),
+    "az": ("account_name", "account_key", "sas_key", "use_emulator", "use_fabric_endpoint",
+           "container_name"),
+}
 
 
 def _obstore():
@@ -81,10 +90,7 @@ def store_config(protocol: str, options: dict) -> tuple[dict, dict]:
                 raise WsiError(f"storage option {key}: not supported; give account_name and "
                                "account_key or sas_token")
             config[names[key]] = value
-        elif key.startswith(("aws_", "google_", "azure_", "skip_signature", "bucket")) or key in (
-                "endpoint", "region", "access_key_id", "secret_access_key", "session_token",
-                "virtual_hosted_style_request", "account_name", "account_key", "sas_key",
-                "service_account", "service_account_key", "use_emulator", "use_fabric_endpoint"):
+        elif key.startswith(_NATIVE_PREFIX[protocol]) or key in _NATIVE_KEYS[protocol] or key == "skip_signature":
             config[key] = value
         else:
             raise WsiError(f"storage option {key}: not an option for {protocol}:// URLs")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from ..device import cuda_device_id
 from ..errors import InvalidRegionError
 from ..read.request import output_shape
 from ..slide import open_slide
+from ..storage import redact
 from .memory import WARMUP_READS_PER_WORKER, WarmUp
 from .regions import size_bounds
 from .samplers import SAMPLERS
@@ -42,7 +43,7 @@ class RunPlan:
     pipe's ``fd``) to the child process; ``iterations`` is None in duration mode."""
 
     path: str
-    iterations: Optional[int]
+    iterations: int | None
     warm: WarmUp
     slide_info: dict
     config: dict
@@ -75,22 +76,24 @@ def parse_levels(spec: str | Sequence[int] | None, level_count: int, path: str =
     return out
 
 
-def plan_run(path: str | os.PathLike, *, workers: int, iterations: Optional[int], duration: Optional[float],
+def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, duration: float | None,
              region_size: int, levels: str | Sequence[int] | None, seed: int, verify_every: int,
              max_growth_mb: float, warmup: float, sample_interval: float, stall_timeout: float,
-             mode: str, read_threads: int, device: str, samplers: Iterable[str]) -> RunPlan:
+             mode: str, read_threads: int, device: str, samplers: Iterable[str],
+             storage_options: dict | None = None) -> RunPlan:
     """Check the arguments of :func:`~wsitool.stress.run_stress` and probe the slide.
 
     Raises what ``run_stress`` documents for bad input: DeviceUnavailableError,
     InvalidRegionError, and the errors of :func:`wsitool.open_slide`.
     """
     path = os.fspath(path)
+    shown = redact(path)
     if device != "cpu":
         cuda_device_id(device)  # DeviceUnavailableError: "no CUDA device available ..."
     kind = "cpu" if device == "cpu" else "cuda"
 
     def bad(msg: str) -> InvalidRegionError:
-        return InvalidRegionError(f"{path}: {msg}")
+        return InvalidRegionError(f"{shown}: {msg}")
 
     if workers < 1:
         raise bad(f"workers must be >= 1, got {workers}")
@@ -115,12 +118,12 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: Optional[int]
     if not sample_interval > 0 or not stall_timeout > 0 or not max_growth_mb >= 0:
         raise bad("sample_interval and stall_timeout must be > 0, max_growth_mb >= 0")
 
-    with open_slide(path) as probe:
-        level_ids = parse_levels(levels, probe.level_count, path)
+    with open_slide(path, storage_options=storage_options) as probe:
+        level_ids = parse_levels(levels, probe.level_count, shown)
         lv_info = [{"index": lv.index, "width": lv.width, "height": lv.height,
                     "downsample": lv.downsample} for lv in probe.levels if lv.index in level_ids]
         slide_info = {
-            "path": path,
+            "path": shown,  # a URL without its query (tokens)
             "vendor": probe.vendor,
             "levels": [{"index": lv.index, "width": lv.width, "height": lv.height,
                         "downsample": lv.downsample, "tile_width": lv.tile_width,
@@ -153,6 +156,7 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: Optional[int]
         "dtype": np.dtype(dtype).str, "itemsize": np.dtype(dtype).itemsize,
         "sample_interval": sample_interval, "samplers": all_samplers,
         "warmup_iterations": warmup_iterations,
+        "storage_options": storage_options,  # (sent on the child's stdin, never its command line)
     }
     return RunPlan(path=path, iterations=iterations,
                    warm=WarmUp(per_worker_warmup, warmup_iterations, warmup_seconds),

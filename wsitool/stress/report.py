@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from .. import atomic
+from ..storage import is_url
 from ..version import __version__
 from .faults import injected_fault
 from .results import StressReport
@@ -40,11 +42,12 @@ def validate_report(data: Mapping) -> None:
     jsonschema.Draft202012Validator(report_schema()).validate(data)
 
 
-def report_sources(report: "StressReport | None") -> tuple:
+def report_sources(report: StressReport | None) -> tuple:
     """The stressed slide's path, as ``sources`` for :mod:`wsitool.atomic` (an output
     never replaces it); empty when the report does not name one."""
     try:
-        return (report.data["slide"]["path"],) if report is not None else ()
+        path = report.data["slide"]["path"] if report is not None else None
+        return () if path is None or is_url(path) else (path,)
     except (AttributeError, KeyError, TypeError):
         return ()
 
@@ -56,9 +59,9 @@ def write_report(report: StressReport, path: str | os.PathLike) -> None:
     atomic.write_bytes(path, text.encode("utf-8"), overwrite=True, sources=report_sources(report))
 
 
-def build_report(*, started_at: str, slide_info: dict, config: dict, last: dict, done: Optional[dict],
+def build_report(*, started_at: str, slide_info: dict, config: dict, last: dict, done: dict | None,
                  wall: float, memory: dict, verify_every: int, checked: int, mismatches: int,
-                 first_mismatches: list, errors_listed: list, crash: Optional[dict], problems: list[str],
+                 first_mismatches: list, errors_listed: list, crash: dict | None, problems: list[str],
                  verdict: str) -> StressReport:
     """The :class:`StressReport` of a finished run.
 

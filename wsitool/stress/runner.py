@@ -26,13 +26,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
 
 from ..errors import WsiError
+from ..storage import redact
 from ..signals import signal_name
-from .config import (DEFAULT_MAX_GROWTH_MB, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STALL_TIMEOUT,
-                     DEFAULT_VERIFY_EVERY, DEFAULT_WARMUP, plan_run)
+from .config import (
+    DEFAULT_MAX_GROWTH_MB,
+    DEFAULT_SAMPLE_INTERVAL,
+    DEFAULT_STALL_TIMEOUT,
+    DEFAULT_VERIFY_EVERY,
+    DEFAULT_WARMUP,
+    plan_run,
+)
 from .memory import MIB, memory_section
 from .report import MAX_LISTED, build_report
 from .results import StressProgress, StressReport
@@ -44,8 +51,8 @@ def run_stress(
     path: str | os.PathLike,
     *,
     workers: int = 16,
-    iterations: Optional[int] = 10000,
-    duration: Optional[float] = None,
+    iterations: int | None = 10000,
+    duration: float | None = None,
     region_size: int = 512,
     levels: str | Sequence[int] | None = None,
     seed: int = 0,
@@ -58,12 +65,13 @@ def run_stress(
     read_threads: int = 1,
     device: str = "cpu",
     samplers: Iterable[str] = (),
-    progress: Optional[Callable[[StressProgress], None]] = None,
+    progress: Callable[[StressProgress], None] | None = None,
+    storage_options: dict | None = None,
 ) -> StressReport:
     """Stress one slide with many threads reading random regions; return the report.
 
     Args:
-        path: the slide (any format :func:`wsitool.open_slide` reads).
+        path: the slide (any format :func:`wsitool.open_slide` reads), or a slide URL.
         workers: reader threads sharing one ``Slide`` in the child (>= 1).
         iterations: total reads over all workers (>= 1); ignored if ``duration`` is set.
         duration: run for this many seconds instead of a fixed iteration count.
@@ -88,6 +96,8 @@ def run_stress(
             :data:`SAMPLERS`).
         progress: called with a :class:`StressProgress` at every sample (from
             the calling thread).
+        storage_options: for a slide URL, as :func:`wsitool.open_slide` (sent to
+            the child on its stdin, never on its command line).
 
     Returns:
         A :class:`StressReport`; its verdict never raises: leaks, mismatches,
@@ -104,10 +114,10 @@ def run_stress(
         path, workers=workers, iterations=iterations, duration=duration, region_size=region_size,
         levels=levels, seed=seed, verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup,
         sample_interval=sample_interval, stall_timeout=stall_timeout, mode=mode,
-        read_threads=read_threads, device=device, samplers=samplers)
+        read_threads=read_threads, device=device, samplers=samplers, storage_options=storage_options)
     path, iterations = plan.path, plan.iterations
 
-    verifier = Verifier(path, mode, device)
+    verifier = Verifier(path, mode, device, storage_options)
     verifier.start()
     tmpdir = tempfile.TemporaryDirectory(prefix="wsitool-stress-")
     trace_path = os.path.join(tmpdir.name, "child-stderr.txt")
@@ -143,7 +153,7 @@ def run_stress(
     proc.stdin.write(json.dumps(child_cfg).encode())
     proc.stdin.close()
 
-    messages: "queue.Queue[Optional[dict]]" = queue.Queue()
+    messages: queue.Queue[dict | None] = queue.Queue()
 
     def reader() -> None:
         with os.fdopen(rfd, "rb") as fh:
@@ -160,14 +170,14 @@ def run_stress(
     samples: list[dict] = []
     errors_listed: list[dict] = []
     last: dict = {}
-    done: Optional[dict] = None
-    fatal: Optional[str] = None
+    done: dict | None = None
+    fatal: str | None = None
     hang = False
     last_change = time.monotonic()
     last_iterations = -1
     snap = StressProgress(target=iterations, duration_s=duration)
 
-    def measured_start() -> Optional[dict]:
+    def measured_start() -> dict | None:
         for s in samples:
             if plan.warm.over(s):
                 return s
@@ -266,7 +276,7 @@ def run_stress(
         reason = fatal or (stderr_tail.strip().splitlines() or ["no output"])[-1]
         if status < 0:
             reason = f"killed by {signal_name(-status)}"
-        raise WsiError(f"{path}: the stress child process failed to start: {reason}")
+        raise WsiError(f"{redact(path)}: the stress child process failed to start: {reason}")
 
     memory = memory_section(samples, plan.warm, warmup, max_growth_mb, workers)
     crash = crash_record(status=status, hang=hang, done=done, fatal=fatal, last=last,

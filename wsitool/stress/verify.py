@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Optional
 
 import numpy as np
 
@@ -24,12 +23,12 @@ from .report import MAX_LISTED
 class Verifier(threading.Thread):
     """Reads each region to verify with its own Slide, serially, and compares."""
 
-    def __init__(self, path: str, mode: str, device: str):
+    def __init__(self, path: str, mode: str, device: str, storage_options: dict | None = None):
         super().__init__(name="stress-verifier", daemon=True)
-        self.slide = open_slide(path)  # opened before the run: a fresh reader
+        self.slide = open_slide(path, storage_options=storage_options)  # opened before the run: a fresh reader
         self.mode = mode
         self.device = device
-        self.queue: "queue.Queue[Optional[list]]" = queue.Queue()
+        self.queue: queue.Queue[list | None] = queue.Queue()
         self.checked = 0
         self.mismatches = 0
         self.listed: list[dict] = []

@@ -288,7 +288,7 @@ def main() -> int:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     pipe = os.fdopen(cfg["fd"], "wb", buffering=0)
     try:
-        with open_slide(cfg["path"]) as slide:
+        with open_slide(cfg["path"], storage_options=cfg.get("storage_options")) as slide:
             Workload(cfg, slide, pipe).run()
     except BaseException as exc:
         traceback.print_exc()

@@ -1,0 +1,133 @@
+"""A forked child reads a remote slide through connections of its own; gs:// and az:// URLs and
+their credential options (their emulators are not run here: the URL parsing and the translation
+of fsspec / tiffslide option names to obstore's are what wsitool adds)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import wsitool
+from conftest import NO_SHARED, SHARED_SAMPLES
+from remote_helpers import client_connections, scripted  # noqa: F401 (fixture)
+from wsitool.errors import WsiError
+from wsitool.storage import redact
+
+NAME = "aperio-cmu1-small-region-jpeg.svs"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
+def test_a_forked_child_reads_through_new_connections(scripted):  # noqa: F811
+    path = SHARED_SAMPLES / NAME
+    if not path.is_file():
+        pytest.skip(NO_SHARED)
+    url, script = scripted(path.read_bytes())
+    port = int(url.split(":")[2].split("/")[0])
+    with wsitool.open_slide(path) as local:
+        want_parent = local.read_region((0, 0), 0, (512, 512))
+        want_child = local.read_region((1000, 600), 0, (700, 500))
+    with wsitool.open_slide(url) as s:
+        assert np.array_equal(s.read_region((0, 0), 0, (512, 512)), want_parent)
+        parent_pool = s._source.transport._pool
+        assert client_connections(port) > 0  # the parent holds pooled connections
+        before = len(script.log)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            code = 1
+            try:
+                got = s.read_region((1000, 600), 0, (700, 500))
+                fresh = s._source.transport._pool is not parent_pool
+                code = 0 if (np.array_equal(got, want_child) and fresh) else 3
+            except BaseException:
+                code = 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0, "child: 3 wrong pixels or the parent's pool, 4 an error"
+        assert len(script.log) > before  # the child fetched its region over the network
+        # the parent still reads through its own pool
+        assert s._source.transport._pool is parent_pool
+        assert np.array_equal(s.read_region((1000, 600), 0, (700, 500)), want_child)
+
+
+# ---------------------------------------------------------------------- gs:// and az://
+
+obstore = pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
+from wsitool.storage.objectstore import ObjectStoreTransport, store_config  # noqa: E402
+
+
+@pytest.mark.parametrize("url,protocol,root,key", [
+    ("gs://bucket/dir/slide.svs", "gs", "gs://bucket", "dir/slide.svs"),
+    ("gcs://bucket/a%20b.svs", "gs", "gs://bucket", "a b.svs"),
+    ("az://container/x/y.svs", "az", "az://container", "x/y.svs"),
+    ("azure://container/y.svs", "az", "az://container", "y.svs"),
+    ("abfs://container/y.svs", "az", "abfs://container", "y.svs"),
+])
+def test_cloud_urls_name_bucket_and_key(url, protocol, root, key):
+    options = {"account_name": "acct", "account_key": "a2V5"} if protocol == "az" else {"anon": True}
+    t = ObjectStoreTransport(url, redact(url), options)
+    assert t.protocol == protocol and t.key == key and t._args[0] == root
+
+
+@pytest.mark.parametrize("url", ["gs://bucket", "gs://bucket/", "az://container/", "s3:///key.svs"])
+def test_a_cloud_url_without_an_object_is_one_clear_error(url):
+    with pytest.raises(WsiError, match="names a bucket and an object"):
+        ObjectStoreTransport(url, url, {})
+
+
+def test_gcs_options_translate():
+    config, client = store_config("gs", {"token": "/keys/sa.json", "anon": True})
+    assert config == {"google_service_account": "/keys/sa.json", "skip_signature": True}
+    assert "allow_http" not in client
+    config, client = store_config("gs", {"google_service_account_key": "{}",
+                                         "client_options": {"allow_http": True}})
+    assert config == {"google_service_account_key": "{}"} and client == {"allow_http": True}
+
+
+def test_azure_options_translate():
+    config, _ = store_config("az", {"account_name": "acct", "account_key": "k", "sas_token": "sv=1&sig=2"})
+    assert config == {"azure_storage_account_name": "acct", "azure_storage_account_key": "k",
+                      "azure_storage_sas_key": "sv=1&sig=2"}
+    config, client = store_config("az", {"use_emulator": True})  # Azurite
+    assert config == {"use_emulator": True} and client["allow_http"] is True
+    with pytest.raises(WsiError, match="connection_string"):
+        store_config("az", {"connection_string": "DefaultEndpointsProtocol=https;..."})
+
+
+@pytest.mark.parametrize("protocol,key", [("gs", "endpoint_url"), ("az", "key"), ("gs", "account_key"),
+                                          ("az", "nonsense")])
+def test_an_option_of_another_store_is_refused(protocol, key):
+    with pytest.raises(WsiError, match=f"storage option {key}: not an option for {protocol}://"):
+        store_config(protocol, {key: "x"})
+
+
+def test_s3_names_and_the_endpoint_variable(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    config, client = store_config("s3", {"key": "AK", "secret": "SK", "token": "ST",
+                                         "client_kwargs": {"region_name": "eu-west-1"}})
+    assert config == {"aws_access_key_id": "AK", "aws_secret_access_key": "SK",
+                      "aws_session_token": "ST", "aws_region": "eu-west-1"}
+    assert client["allow_http"] is True  # the variable names a plain-HTTP local server
+
+
+def test_cloud_urls_with_tokens_are_redacted():
+    sas = "az://container/s.svs?sv=2024-01-01&sig=SECRET"
+    assert redact(sas) == "az://container/s.svs?<redacted>"
+    assert redact("gs://user:pw@bucket/s.svs") == "gs://***@bucket/s.svs"
+
+
+def test_an_unreachable_gcs_endpoint_is_unavailable_17_naming_the_url():
+    from wsitool.cli.console import exit_code_for
+
+    url = "gs://bucket/slide.svs?token=SECRET"
+    options = {"anon": True, "google_base_url": "http://127.0.0.1:9", "client_options": {"allow_http": True},
+               "retries": 0, "timeout": 2, "operation_timeout": 5}
+    with pytest.raises(WsiError) as info:
+        wsitool.open_slide(url, storage_options=options)
+    assert exit_code_for(info.value) == 17
+    assert "gs://bucket/slide.svs" in str(info.value) and "SECRET" not in str(info.value)
