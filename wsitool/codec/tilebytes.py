@@ -36,6 +36,10 @@ def read_tile_bytes(level: Level, index: int, col: int, row: int, stats: DecodeS
     if where is None:
         return None
     offset, count = where
+    if level.source.framed:  # a frame fetched by number (DICOMweb): its length is what came
+        data = level.source.read_frame(offset)
+        stats.bytes_read += len(data)
+        return data
     data = level.source.read(offset, count)
     _check_read(level, col, row, len(data), count, offset)
     stats.bytes_read += count
@@ -87,9 +91,15 @@ def read_tile_stream(level: Level, index: int, col: int, row: int,
         start = len(prefix)  # a bare restart interval: the whole header goes in front
     else:
         start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
-    buf, view = state.read_buffer(start + count, slot)
-    got = level.source.readinto(offset, view[start:start + count])
-    _check_read(level, col, row, got, count, offset)
+    if level.source.framed:  # a frame fetched by number (DICOMweb): copied in whole
+        frame = level.source.read_frame(offset)
+        count = len(frame)
+        buf, view = state.read_buffer(start + count, slot)
+        view[start:start + count] = frame
+    else:
+        buf, view = state.read_buffer(start + count, slot)
+        got = level.source.readinto(offset, view[start:start + count])
+        _check_read(level, col, row, got, count, offset)
     state.stats.bytes_read += count
     if jpeg and enc.jpeg_scan_segments:
         view[:start] = prefix

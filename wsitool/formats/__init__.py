@@ -17,7 +17,7 @@ from ..model import Pyramid
 from ..storage import ByteSource
 from . import dicom, tiff
 
-__all__ = ["FORMATS", "open_pyramid", "open_folder"]
+__all__ = ["FORMATS", "open_pyramid", "open_folder", "open_dicomweb"]
 
 #: The formats tried, in order.
 FORMATS = (tiff, dicom)
@@ -41,6 +41,12 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
                                              "not from URLs")
             return fmt.open_pyramid(path, source)
     raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
+
+
+def open_dicomweb(url, storage_options: dict | None = None) -> Pyramid:
+    """The pyramid of a DICOMweb series (``url``: a :class:`~wsitool.storage.dicomweb.SeriesUrl`);
+    see :func:`wsitool.formats.dicom.open_dicomweb` for what it raises."""
+    return dicom.open_dicomweb(url, storage_options)
 
 
 def open_folder(path: str) -> Pyramid:

@@ -65,6 +65,11 @@ def _prefetch(lv: Level, c0: int, c1: int, r0: int, r1: int) -> None:
         return
     offsets, counts, across = lv.tiles.offsets, lv.tiles.bytecounts, lv.tiles_across
     ranges: list[tuple[int, int]] = []
+    if lv.source.framed:  # frames by number (DICOMweb): exactly the region's, in one request
+        for row in range(r0, r1 + 1):
+            ranges.extend((off, 1) for off in offsets[row * across + c0:row * across + c1 + 1].tolist() if off)
+        lv.source.advise(ranges)
+        return
     for row in range(r0, r1 + 1):
         i0, i1 = row * across + c0, row * across + c1 + 1
         offs = offsets[i0:i1]
@@ -187,6 +192,8 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
     if not jobs:
         return
     index = lv.cache_key  # the level's index, or (index, plane) for a channel's plane
+    if lv.source.framed:  # (DICOMweb: the region's frames in one request, not one per miss)
+        _prefetch(lv, jobs[0].col, jobs[-1].col, jobs[0].row, jobs[-1].row)
 
     def work(todo) -> None:
         for job in todo:

@@ -33,6 +33,9 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
         if storage_options:
             raise WsiError(f"{os.fspath(location)}: storage options apply to URLs only")
         return LocalFile(location)
+    if scheme.startswith("dicomweb+"):
+        raise WsiError(f"{redact(str(location))}: a DICOMweb series is opened with open_slide, "
+                       "not as one file")
     from .remote import RemoteOptions, RemoteSource  # noqa: PLC0415 (the remote layer is loaded for URLs only)
 
     url = str(location)

@@ -34,6 +34,11 @@ class ByteSource(abc.ABC):
     #: True for a source whose reads are network requests: the region layer then
     #: always announces a region's tile ranges (:meth:`advise`) before reading them.
     remote: bool = False
+    #: True for a source of frames fetched by number (DICOMweb,
+    #: :class:`~wsitool.storage.dicomweb.FrameSource`): a tile's offset is its frame's
+    #: address and its byte count only an upper bound; the tile path reads it whole
+    #: with ``read_frame(offset)``, and the region layer advises the tiles' addresses.
+    framed: bool = False
 
     @abc.abstractmethod
     def read(self, offset: int, count: int) -> bytes:

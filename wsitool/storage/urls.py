@@ -15,7 +15,8 @@ import urllib.parse
 __all__ = ["SCHEMES", "is_url", "scheme_of", "redact"]
 
 #: URL schemes wsitool reads slides from (``gcs`` is an alias of ``gs``; ``abfs`` / ``abfss`` / ``azure`` of ``az``).
-SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure")
+SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure",
+           "dicomweb+http", "dicomweb+https")  # (a DICOMweb series, wsitool.storage.dicomweb)
 
 
 def scheme_of(location) -> str | None:

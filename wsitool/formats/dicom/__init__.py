@@ -35,6 +35,7 @@ import numpy as np
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 from ...model import AssociatedImage, Level, Pyramid, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
+from ...storage.dicomweb import DicomWebClient, SeriesUrl
 from ...storage.span import Span
 from .encoding import frame_encoding, is_encapsulated
 from .frames import frame_table
@@ -44,8 +45,9 @@ from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
 from .quickhash import KEY as QUICKHASH, series_quickhash
 from .series import dicom_files, series_of_file, series_of_folder
 from .tiling import Image, merge_parts, tile_grid
+from .web import frames_table, series_instances
 
-__all__ = ["sniff", "open_pyramid", "open_folder", "PHI_KEYWORDS", "is_phi"]
+__all__ = ["sniff", "open_pyramid", "open_folder", "open_dicomweb", "PHI_KEYWORDS", "is_phi"]
 
 #: Image Type value 3 -> associated image name (OpenSlide's).
 ASSOCIATED = {"LABEL": "label", "OVERVIEW": "macro", "THUMBNAIL": "thumbnail"}
@@ -71,6 +73,27 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     """
     instances, problems = series_of_file(path)
     return _assemble(path, instances, problems, (path, source))
+
+
+def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyramid:
+    """Describe the DICOMweb series ``url`` (QIDO-RS, WADO-RS metadata; frames fetched per
+    region, :mod:`.web`) as the local reader describes a series folder.
+
+    ``storage_options``: as :class:`~wsitool.storage.dicomweb.DicomWebClient`.
+
+    Raises:
+        RemoteNotFoundError: no such series.  RemoteAccessError: access denied.
+        RemoteUnavailableError: the server kept failing.
+        UnsupportedFormatError, CorruptFileError: as :func:`open_folder`, and no
+            transfer syntax wsitool reads agreed with the server.
+    """
+    client = DicomWebClient(url, storage_options)
+    try:
+        instances, problems, sources = series_instances(client)
+    except BaseException:
+        client.close()
+        raise
+    return _assemble(url.shown, instances, problems, None, sources=sources, tables=frames_table)
 
 
 def open_folder(path: str) -> Pyramid | None:
@@ -126,13 +149,21 @@ class _Sources:
         self._files = {}
 
 
+def _file_table(inst: Instance):
+    """The frames of a local instance: :func:`frame_table` of its file."""
+    return frame_table(inst, is_encapsulated(inst.transfer_syntax, inst.path))
+
+
 def _assemble(path: str, instances: list[Instance], problems: list[str],
-              given: tuple[str, ByteSource] | None) -> Pyramid:
-    sources = _Sources(given)
+              given: tuple[str, ByteSource] | None, sources=None, tables=_file_table) -> Pyramid:
+    """The pyramid of ``instances``.  ``sources`` (``.of(paths)``, ``.close()``, ``.given``)
+    and ``tables`` (instance -> ``(offsets, counts, table name)``) default to local files;
+    the DICOMweb reader (:mod:`.web`) gives its own (frames fetched by number)."""
+    sources = _Sources(given) if sources is None else sources
     try:
         with warnings.catch_warnings():  # pydicom's value-length warnings on lazy conversion
             warnings.simplefilter("ignore")
-            return _describe(path, instances, problems, sources)
+            return _describe(path, instances, problems, sources, tables)
     except WsiError:
         sources.close()
         raise
@@ -147,7 +178,7 @@ def _assemble(path: str, instances: list[Instance], problems: list[str],
         raise
 
 
-def _images(instances: list[Instance]) -> list[Image]:
+def _images(instances: list[Instance], tables=_file_table) -> list[Image]:
     """Each instance as an :class:`Image`, the parts of a concatenation as one."""
     groups: dict[str, list[Instance]] = {}
     order: list[str] = []
@@ -160,8 +191,7 @@ def _images(instances: list[Instance]) -> list[Image]:
     images = []
     for key in order:
         parts = groups[key]
-        tables = [frame_table(p, is_encapsulated(p.transfer_syntax, p.path)) for p in parts]
-        images.append(merge_parts(parts, tables))
+        images.append(merge_parts(parts, [tables(p) for p in parts]))
     return images
 
 
@@ -213,9 +243,10 @@ def _first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) ->
     return source.read(int(offsets[k]), min(int(counts[k]), 65536))
 
 
-def _describe(path: str, instances: list[Instance], problems: list[str], sources: _Sources) -> Pyramid:
+def _describe(path: str, instances: list[Instance], problems: list[str], sources: _Sources,
+              tables=_file_table) -> Pyramid:
     volumes = _pick_volumes(path, instances, sources.given)
-    images = sorted(_images(volumes), key=lambda im: -(im.head.width * im.head.height))
+    images = sorted(_images(volumes, tables), key=lambda im: -(im.head.width * im.head.height))
     items = _path_items(images) if _multichannel(volumes) else []
     ids = [str(item.get("OpticalPathIdentifier", "")) for item in items]
     # per size, largest first: the images of that size; each optical path from the first
@@ -287,7 +318,7 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
             notes[f"wsitool.dicom.level[{index}].missing-tiles"] = str(grid.missing)
         if len(image.parts) > 1:
             notes[f"wsitool.dicom.level[{index}].concatenation-parts"] = str(len(image.parts))
-    associated = _associated(instances, sources, problems)
+    associated = _associated(instances, sources, problems, tables)
     sizes = {name: (im.width, im.height) for name, im in associated.items()}
     properties = build_properties(tuple(levels), kept[0][0][0].head.ds, notes, sizes)
     profile = icc_profile_of(kept[0][0][0].head.ds)
@@ -302,14 +333,15 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
                    identifying=frozenset(k for k in properties if is_phi(k)))
 
 
-def _associated(instances: list[Instance], sources: _Sources, problems: list[str]) -> dict[str, AssociatedImage]:
+def _associated(instances: list[Instance], sources: _Sources, problems: list[str],
+                tables=_file_table) -> dict[str, AssociatedImage]:
     out: dict[str, AssociatedImage] = {}
     for inst in instances:
         name = ASSOCIATED.get(inst.flavor)
         if name is None or name in out:
             continue
         try:
-            (image,) = _images([inst])
+            (image,) = _images([inst], tables)
             offsets, counts, _grid = tile_grid(image)
             source = sources.of([inst.path])
             encoding, dtype = frame_encoding(inst, _first_frame(source, offsets, counts))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 
-__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "is_dicom"]
+__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "instance_from_dataset", "is_dicom"]
 
 #: VL Whole Slide Microscopy Image Storage (PS3.4 B.5).
 WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
@@ -140,6 +140,22 @@ def read_instance(path: str) -> Instance:
             raise CorruptFileError(
                 f"{path}: unreadable DICOM header: {type(exc).__name__}: {exc}"
             ) from None
+
+
+def instance_from_dataset(path: str, ds: Dataset, file_size: int) -> Instance:
+    """The :class:`Instance` of a header that did not come from a file (DICOMweb metadata):
+    ``ds`` must carry ``file_meta.TransferSyntaxUID``; ``path`` names it in messages and
+    ``file_size`` is the size of the address space its frames are read from.
+
+    Raises:
+        UnsupportedFormatError, CorruptFileError: as :func:`read_instance`.
+    """
+    try:
+        return _describe(path, ds, 0, file_size)
+    except WsiError as exc:
+        raise type(exc)(f"{path}: {exc}") from None
+    except Exception as exc:  # a malformed value pydicom converts late
+        raise CorruptFileError(f"{path}: malformed DICOM attributes: {type(exc).__name__}: {exc}") from None
 
 
 def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instance:

@@ -1,0 +1,210 @@
+"""DICOMweb series read as slides: instances from WADO-RS metadata, frames fetched by number (floor 3).
+
+A series URL (``.../studies/{study}/series/{series}``) is read as the local
+reader reads a series folder (:func:`wsitool.formats.dicom.open_dicomweb`):
+QIDO-RS lists the series' instances, WADO-RS metadata gives each instance's
+header as DICOM JSON, which pydicom turns into a data set
+(``Dataset.from_json``; bulk data fetched by its URI), and the same code builds
+the levels, optical paths (channels), associated images and properties.  Each
+instance's frames come from a :class:`~wsitool.storage.dicomweb.FrameSource`:
+frame ``k`` at address ``k * FRAME_STRIDE``, its byte count an upper bound
+(:data:`NOMINAL`); the region layer announces a region's frames and they come
+in one multipart request per instance.
+
+Transfer syntax: the metadata does not say how the frames are stored, so each
+instance is negotiated at open, on its first frame: the syntax the server
+names when asked for any (``transfer-syntax=*``, only to learn it: plugins
+before Orthanc DICOMweb 1.16 answer frames asked so with short bodies), then
+``AvailableTransferSyntaxUID`` where QIDO gives it, then a fallback list
+(lossy syntaxes only for an image that says it was lossy-compressed, so a
+server never re-encodes lossless pixels lossily).  Every frame request names
+that syntax explicitly.  None accepted -> :class:`~wsitool.errors.UnsupportedFormatError`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
+from ...storage.dicomweb import FRAME_STRIDE, MEDIA_TYPES, DicomWebClient, FrameSource, NotAcceptable
+from .instance import WSI_SOP_CLASS, Instance, instance_from_dataset
+
+__all__ = ["NOMINAL", "series_instances", "frames_table", "upload"]
+
+#: The byte count a DICOMweb tile index gives every frame: an upper bound (frames are read whole).
+NOMINAL = (1 << 31) - 1
+
+_LOSSY = {"ISO_10918_1": ["1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51"],
+          "ISO_15444_1": ["1.2.840.10008.1.2.4.91"], "ISO_14495_1": ["1.2.840.10008.1.2.4.81"]}
+#: Tried for every image, in this order, after the server's own answer.
+LOSSLESS = ["1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.70",
+            "1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.1"]
+_AVAILABLE = "00083002"
+
+
+class _Sources:
+    """The frame sources of one series by instance path (the pyramid's ``release`` closes the client)."""
+
+    given = None
+
+    def __init__(self, client: DicomWebClient, by_path: dict[str, FrameSource]):
+        self.client = client
+        self.by_path = by_path
+
+    def of(self, paths: list[str]) -> FrameSource:
+        if len(paths) != 1:
+            raise UnsupportedFormatError(f"{paths[0]}: concatenations are not read over DICOMweb")
+        return self.by_path[paths[0]]
+
+    def close(self) -> None:
+        for src in self.by_path.values():
+            src.close()
+        self.client.close()
+
+
+def frames_table(inst: Instance) -> tuple[np.ndarray, np.ndarray, str]:
+    """The frames of a DICOMweb instance: frame ``k`` (1-based) at ``k * FRAME_STRIDE``, each
+    counted :data:`NOMINAL` bytes (read whole); the table is ``"wado-rs"``."""
+    n = inst.frames
+    offsets = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(FRAME_STRIDE)
+    return offsets, np.full(n, NOMINAL, np.uint64), "wado-rs"
+
+
+def _uid(item: dict, tag: str) -> str:
+    values = (item.get(tag) or {}).get("Value") or [""]
+    return str(values[0])
+
+
+def _candidates(ds, stored: str | None, available: list[str]) -> list[str]:
+    """Transfer syntaxes to ask the first frame in, best first, without repeats."""
+    order = [ts for ts in ([stored] if stored else []) + available if ts in MEDIA_TYPES]
+    if str(ds.get("LossyImageCompression", "") or "") == "01":
+        methods = ds.get("LossyImageCompressionMethod") or []
+        methods = [methods] if isinstance(methods, str) else list(methods)
+        for method in methods:
+            order += _LOSSY.get(str(method), [])
+        if str(ds.get("PhotometricInterpretation", "")).upper() == "YBR_ICT":
+            order.append("1.2.840.10008.1.2.4.91")
+        order += _LOSSY["ISO_10918_1"] + _LOSSY["ISO_15444_1"] + _LOSSY["ISO_14495_1"]
+    order += LOSSLESS
+    return list(dict.fromkeys(order))
+
+
+def _negotiate(client: DicomWebClient, sop: str, ds, available: list[str], path: str) -> str:
+    """The transfer syntax the server sends ``sop``'s frames in (its first frame fetched and cached).
+
+    Raises:
+        UnsupportedFormatError: the server refused every syntax wsitool decodes.
+    """
+    tried = []
+    last = ""
+    for syntax in _candidates(ds, client.stored_syntax(sop), available):
+        try:
+            (frame,) = client.frames(sop, [1], syntax, negotiate=True)
+        except NotAcceptable as exc:
+            tried.append(syntax)
+            last = str(exc)
+            continue
+        client.cache.put((sop, 1), frame)
+        return syntax
+    raise UnsupportedFormatError(f"{path}: the DICOMweb server sends the frames in none of the transfer "
+                                 f"syntaxes wsitool reads (tried {len(tried)}: {', '.join(tried)}; "
+                                 f"last answer: {last})")
+
+
+def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str], _Sources]:
+    """The WSI instances of the client's series (headers from WADO-RS metadata), problems,
+    and their frame sources (``.of``/``.close`` as the local reader's).
+
+    Raises:
+        RemoteNotFoundError: no such series.  RemoteAccessError: access denied.
+        RemoteUnavailableError: the server kept failing.
+        UnsupportedFormatError: no whole-slide image instance; no transfer syntax agreed.
+        CorruptFileError: metadata that pydicom cannot read or a header missing attributes.
+    """
+    import pydicom  # (the DICOM library is imported with the first DICOM slide)
+    from pydicom.dataset import FileMetaDataset
+
+    found = client.instances()
+    available = {}
+    for item in found:
+        values = (item.get(_AVAILABLE) or {}).get("Value") or []
+        available[_uid(item, "00080018")] = [str(v) for v in values]
+    metadata = client.metadata()
+    if not metadata:
+        raise RemoteNotFoundError(client.shown, "not found (no instance metadata)")
+
+    def bulk(*args):  # pydicom passes (tag, vr, uri) or (uri,)
+        return client.bulk(args[-1])
+
+    instances, problems, by_path = [], [], {}
+    for item in metadata:
+        if _uid(item, "00080016") != WSI_SOP_CLASS:
+            continue
+        sop = _uid(item, "00080018")
+        path = f"{client.shown}/instances/{sop}"
+        try:
+            ds = pydicom.Dataset.from_json(item, bulk_data_uri_handler=bulk)
+        except (RemoteAccessError, RemoteNotFoundError, WsiError):
+            raise
+        except Exception as exc:  # pydicom's ways of refusing a JSON value
+            from ...errors import CorruptFileError
+
+            raise CorruptFileError(f"{path}: unreadable DICOM JSON metadata: {type(exc).__name__}: "
+                                   f"{exc}") from None
+        _decimal_strings(ds)
+        syntax = _negotiate(client, sop, ds, available.get(sop, []), path)
+        ds.file_meta = FileMetaDataset()
+        ds.file_meta.TransferSyntaxUID = syntax
+        frames = int(ds.get("NumberOfFrames") or 1)
+        size = (frames + 1) * FRAME_STRIDE
+        inst = instance_from_dataset(path, ds, size)
+        instances.append(inst)
+        by_path[path] = FrameSource(client, sop, inst.frames, syntax, path)
+    if not instances:
+        raise UnsupportedFormatError(f"{client.shown}: the DICOMweb series holds no VL Whole Slide "
+                                     "Microscopy image")
+    return instances, problems, _Sources(client, by_path)
+
+
+def _ds_text(value) -> str:
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _decimal_strings(ds) -> None:
+    """Decimal String values (numbers in DICOM JSON, PS3.18 F.2.3) as the shortest text of
+    their number, ``-1`` rather than ``-1.0``: the text a file most often holds, so that
+    properties read as from the file (a file's ``0.2500`` still shows as ``0.25``)."""
+    for elem in ds.iterall():
+        if elem.VR != "DS" or elem.value is None or elem.value == "":
+            continue
+        try:
+            if elem.VM > 1:
+                elem.value = [_ds_text(v) for v in elem.value]
+            else:
+                elem.value = _ds_text(elem.value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+
+
+def upload(base_url: str, files, storage_options: dict | None = None) -> int:
+    """STOW-RS: store the DICOM files ``files`` (paths) on the DICOMweb service at ``base_url``
+    (its root, e.g. ``http://host/dicom-web``) in one request; returns how many were sent.
+
+    Raises:
+        RemoteAccessError: denied (401/403) or refused.  RemoteUnavailableError: the server failed.
+        OSError: a file that cannot be read.
+    """
+    from ...storage.dicomweb import SeriesUrl
+
+    datas = []
+    for name in files:
+        with open(name, "rb") as fp:
+            datas.append(fp.read())
+    client = DicomWebClient(SeriesUrl(base_url.rstrip("/"), "0", "0", base_url), storage_options)
+    try:
+        client.store(datas)
+    finally:
+        client.close()
+    return len(datas)
