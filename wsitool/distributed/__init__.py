@@ -9,6 +9,9 @@ Dask (``dask.distributed`` for clusters) rather than a scheduler of our own:
 * :func:`read_regions` (:mod:`.regions`): many regions of one slide (e.g. from a CSV file, see
   :func:`load_regions_csv`, :mod:`.regions_csv`) read on a local thread pool or on a Dask cluster,
   written one file per region or packed into one ``.npz`` / Zarr store.
+* :func:`patches_to_dask` / :func:`patches_to_bag` (:mod:`.patches`): the patches of
+  patch plans (:mod:`wsitool.patches`) as a lazy ``(n, h, w, 3)`` array chunked by
+  batch, or a bag of batches; each task reads one batch with ``read_patches``.
 * :func:`export_many` (:mod:`.exports`, resume by :mod:`.manifest`): many slides exported with
   :func:`wsitool.export.export_pyramid`, one Dask task per slide, on a
   ``LocalCluster`` sized to the machine or on an existing cluster; one slide's
@@ -48,6 +51,7 @@ from .arrays import level_to_dask
 from .cluster import BatchOptionError, dask_available
 from .exports import SlideOutcome, expand_sources, export_many, export_output_path
 from .manifest import MANIFEST_NAME
+from .patches import patches_to_bag, patches_to_dask
 from .regions import RegionOutcome, read_regions
 from .regions_csv import MAX_NAME_BYTES, NAME_PUNCTUATION, RegionRequest, load_regions_csv
 
@@ -67,6 +71,8 @@ __all__ = [
     "export_output_path",
     "export_many",
     "MANIFEST_NAME",
+    "patches_to_dask",
+    "patches_to_bag",
     "NAME_PUNCTUATION",
     "MAX_NAME_BYTES",
 ]
