@@ -156,7 +156,8 @@ TARGETS = {"passthrough": 0.1, "tiff": 0.8, "tiff-source-levels": 0.8, "ome-tiff
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("slide")
-    p.add_argument("--format", default="all", choices=["passthrough", "tiff", "tiff-source-levels", "ome-tiff", "dzi", "all"])
+    p.add_argument("--format", default="all",
+                   choices=["passthrough", "tiff", "tiff-source-levels", "ome-tiff", "dzi", "all"])
     p.add_argument("--tile-size", type=int, default=None,
                    help="default 256 for TIFF formats, 254 for dzi")
     p.add_argument("--quality", type=int, default=90)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     try:
-        import pyvips  # noqa: F401
+        import pyvips
 
         have_vips = True
         vips_note = f"pyvips {pyvips.__version__}, libvips {pyvips.version(0)}.{pyvips.version(1)}.{pyvips.version(2)}"

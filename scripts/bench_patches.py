@@ -297,7 +297,7 @@ def bench_slide(path: str, args, tools: list[str], threads: list[int], resample:
                 configs.append(dict(tool=tool, threads=k, slide=path, locations=locs, patch=args.patch,
                                     read_size=read, batch=args.batch))
         times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for i, spec in enumerate(configs):
                 res = run_worker(spec, args.timeout)
                 if res is not None:

@@ -118,7 +118,7 @@ def make_regions(width: int, height: int, size: int, count: int, seed: int, down
     rng = np.random.default_rng([seed, size])
     xs = rng.integers(0, max(1, width - size), count)
     ys = rng.integers(0, max(1, height - size), count)
-    return [(int(round(x * downsample)), int(round(y * downsample))) for x, y in zip(xs, ys)]
+    return [(int(round(x * downsample)), int(round(y * downsample))) for x, y in zip(xs, ys, strict=True)]
 
 
 def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -> int:
@@ -342,8 +342,8 @@ def floor_worker(spec: dict) -> list[dict]:
                     streams.append(nvimgcodec.CodeStream(data))
         tiles_per_region = len(streams) / len(regions)
 
+        raw: list[bytes] = []
         if use_oj:
-            raw = []
             for x0, y0 in regions:
                 x, y = level_rect(lv, x0, y0)
                 for row in range(y // th, (y + size - 1) // th + 1):
@@ -352,7 +352,7 @@ def floor_worker(spec: dict) -> list[dict]:
                         raw.append(os.pread(lv.source.fileno(), int(lv.tiles.bytecounts[i]),
                                             int(lv.tiles.offsets[i])))
 
-        def one_pass():
+        def one_pass(raw=raw, streams=streams):  # (this size's tiles)
             if use_oj:
                 for data in raw:
                     openjpeg.decode_window(ctx, data, (0, 0, tw, th), 0, buf)

@@ -50,7 +50,9 @@ The machinery (:class:`Worker`, :func:`seed_targets`, :func:`make_recipe`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -125,10 +127,8 @@ def _all_pages(tif):
             continue
         out.append(page)
         if page.subifds:
-            try:
+            with contextlib.suppress(Exception):
                 out.extend(p for p in tifffile.TiffPages(page) if isinstance(p, tifffile.TiffPage))
-            except Exception:
-                pass
     return out
 
 
@@ -163,7 +163,7 @@ def seed_targets(path: str | os.PathLike) -> Targets:
                             t.count_arrays.append((tag.valueoffset, isize, tag.count))
                         elif tag.code == 347:
                             t.jpeg_tables.append((tag.valueoffset, tag.count))
-                    for off, cnt in zip(page.dataoffsets, page.databytecounts):
+                    for off, cnt in zip(page.dataoffsets, page.databytecounts, strict=False):
                         if off and cnt and off + cnt <= size:
                             t.segments.append((int(off), int(cnt)))
     except Exception:
@@ -222,7 +222,7 @@ def _one_mutation(t: Targets, data: bytes, rng: random.Random, kind: str) -> tup
         e = rng.choice(t.entries)
         field = rng.choice(("code", "type", "count", "value"))
         if field == "code":
-            put(e, _pack(rng.choice(list(STRUCT_TAGS) + [rng.getrandbits(16)]), 2, bo))
+            put(e, _pack(rng.choice([*STRUCT_TAGS, rng.getrandbits(16)]), 2, bo))
         elif field == "type":
             put(e + 2, _pack(rng.choice((0, 1, 2, 3, 4, 5, 7, 11, 12, 13, 16, 17, 18, 19, 255)), 2, bo))
         elif field == "count":
@@ -281,7 +281,8 @@ def _one_mutation(t: Targets, data: bytes, rng: random.Random, kind: str) -> tup
             elif rng.random() < 0.5:
                 put(off + i + 2, _pack(_interesting(rng, _read_int(blob, i + 2, 2, ">")), 2, ">"))
             else:
-                put(off + i + 1, bytes([rng.choice((0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xD9, 0xDA, 0xDB, 0xDD, 0xEE, 0xD0))]))
+                markers = (0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xD9, 0xDA, 0xDB, 0xDD, 0xEE, 0xD0)
+                put(off + i + 1, bytes([rng.choice(markers)]))
         else:
             put(off + rng.randrange(max(1, min(cnt, 32))), bytes([rng.getrandbits(8)]))
     elif kind == "truncate":
@@ -368,7 +369,7 @@ def exercise(path: str, seed: int) -> dict:
                     slide.get_best_level_for_downsample(d)
                 where = "associated"
                 for name in list(slide.associated_images):
-                    img = guarded(lambda: slide.associated_images[name])
+                    img = guarded(lambda name=name: slide.associated_images[name])
                     if img is not None:
                         assert img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8, img.shape
                 for lv in slide.levels[:8]:
@@ -383,8 +384,8 @@ def exercise(path: str, seed: int) -> dict:
                         on_error = rng.choice(("raise", "fill"))
                         threads = rng.choice((1, 2))
                         loc = (int(x * ds), int(y * ds))
-                        arr = guarded(lambda: slide.read_region(loc, lv.index, (w, h), mode=mode,
-                                                                on_error=on_error, threads=threads))
+                        arr = guarded(functools.partial(slide.read_region, loc, lv.index, (w, h), mode=mode,
+                                                        on_error=on_error, threads=threads))
                         if arr is not None:
                             want_c = 4 if mode == "rgba" else 3 if mode == "rgb" else lv.samples
                             assert arr.shape == (h, w, want_c), (arr.shape, (h, w, want_c))
@@ -464,7 +465,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self._buf = b""
         self._eof = False
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the runner's for its life: close() closes it
 
     def _start(self) -> None:
         env = dict(os.environ)
@@ -617,10 +618,7 @@ def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = No
         queue = [{"seed_file": str(p), "kinds": ["none"], "patches": [], "truncate": None} for p in files]
         try:
             while time.monotonic() < deadline:
-                if queue:
-                    recipe = queue.pop(0)
-                else:
-                    recipe = make_recipe(targets[str(rng.choice(files))], rng)
+                recipe = queue.pop(0) if queue else make_recipe(targets[str(rng.choice(files))], rng)
                 data = apply_recipe(recipe)
                 path = work / ("input" + Path(recipe["seed_file"]).suffix)
                 path.write_bytes(data)
@@ -869,7 +867,7 @@ def fuzz_cli_batch(minutes: float, seed: int, out_dir: Path, log=print) -> dict:
     root = Path(tempfile.mkdtemp(prefix="wsitool-fuzz-batch-"))
     work = root / "work"
     work.mkdir()
-    counts = {k: 0 for k in ("tried", "ok", "documented") + BATCH_FAULTS}
+    counts = dict.fromkeys(("tried", "ok", "documented", *BATCH_FAULTS), 0)
     distinct: dict[str, dict] = {}
     deadline = time.monotonic() + minutes * 60
     out_dir.mkdir(parents=True, exist_ok=True)

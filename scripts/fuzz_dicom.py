@@ -77,14 +77,14 @@ def seeds() -> list[Path]:
 
 def layout(path: Path):
     """``(pixel_pos, frame ranges)`` of a seed, from wsitool itself (unmutated)."""
-    import wsitool  # noqa: F401  (imported lazily: the parent stays light)
+    # (wsitool imported here, not at the top: the parent stays light)
     from wsitool.formats.dicom.encoding import is_encapsulated
     from wsitool.formats.dicom.frames import frame_table
     from wsitool.formats.dicom.instance import read_instance
 
     inst = read_instance(str(path))
     offsets, counts, _ = frame_table(inst, is_encapsulated(inst.transfer_syntax, inst.path))
-    return inst.pixel_pos, [(int(o), int(c)) for o, c in zip(offsets, counts)]
+    return inst.pixel_pos, [(int(o), int(c)) for o, c in zip(offsets, counts, strict=True)]
 
 
 def mutate(data: bytearray, pixel_pos: int, frames, rng: random.Random) -> tuple[bytearray, str]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
@@ -36,13 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's wsitool, installed or not
+
+import wsitool
+from wsitool.errors import WsiError
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import logging  # noqa: E402
-
-import wsitool  # noqa: E402
-from wsitool.errors import WsiError  # noqa: E402
 
 TOLERANCES = {"jpeg": (4, 0.5), "j2k": (2, 0.5), "cpu": (0, 0.0)}
 SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff")
@@ -92,7 +92,8 @@ def regions_for(lv, n: int, rng: np.random.Generator, max_size: int = 700):
         if kind == 0:
             x, y = int(rng.integers(0, max(1, lv.width - w + 1))), int(rng.integers(0, max(1, lv.height - h + 1)))
         elif kind == 1:
-            x, y = int(rng.integers(max(0, lv.width - w), lv.width)), int(rng.integers(max(0, lv.height - h), lv.height))
+            x = int(rng.integers(max(0, lv.width - w), lv.width))
+            y = int(rng.integers(max(0, lv.height - h), lv.height))
         else:
             x, y = int(rng.integers(-w + 1, lv.width)), int(rng.integers(-h + 1, lv.height))
         out.append((round(x * lv.downsample), round(y * lv.downsample), w, h))

@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.encaps import encapsulate_extended
 from pydicom.sequence import Sequence

@@ -150,8 +150,8 @@ def main(argv=None) -> int:
     # thumbnail: assembled from the pixels of the smallest level's tiles, subsampled
     grids = []
     if args.margin:  # the background tile, index len(tiles), around the tissue at every level
-        tiles = tiles + [whitest[0]]
-        pixels = pixels + [whitest[1]]
+        tiles = [*tiles, whitest[0]]
+        pixels = [*pixels, whitest[1]]
     for w, h in sizes:
         across, down = -(-w // tw), -(-h // th)
         grid = rng.integers(0, len(tiles) - (1 if args.margin else 0), size=(down, across))
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
                                       f"{args.height} -> {thumb.shape[1]}x{thumb.shape[0]} - ",
                           metadata=None)
 
-            for i, ((w, h), grid) in enumerate(zip(sizes, grids)):
+            for i, ((w, h), grid) in enumerate(zip(sizes, grids, strict=True)):
                 if i == 1:
                     write_thumbnail()
                 desc = desc0 if i == 0 else (

@@ -61,6 +61,7 @@ import argparse
 import struct
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import imagecodecs
@@ -332,7 +333,7 @@ def make_ndpi(path, width: int = 100352, height: int = 2048, interval: int = 512
             macro_bytes = sfh.read(macro_page.databytecounts[0])
 
     pages = []  # IFD order: levels (largest first), macro
-    order = list(range(1, levels)) + ["macro"] + [0] if offset_above_4g else list(range(levels)) + ["macro"]
+    order = [*range(1, levels), "macro", 0] if offset_above_4g else [*range(levels), "macro"]
     written = {}
     with open(path, "wb") as fh:
         fh.write(b"II*\0" + struct.pack("<Q", 0))
@@ -342,8 +343,8 @@ def make_ndpi(path, width: int = 100352, height: int = 2048, interval: int = 512
                     continue
                 strip_at = fh.tell()
                 fh.write(macro_bytes)
-                entries = macro_tags + [Entry(273, LONG, 1, b"", wide=strip_at),
-                                        entry(279, LONG, len(macro_bytes))]
+                entries = [*macro_tags, Entry(273, LONG, 1, b"", wide=strip_at),
+                           entry(279, LONG, len(macro_bytes))]
             else:
                 k = item
                 if k == 0 and offset_above_4g:
@@ -354,7 +355,8 @@ def make_ndpi(path, width: int = 100352, height: int = 2048, interval: int = 512
                 count, starts = write_strip(fh, canvas, 1 << k, w, h, iw, enc, mcu_h)
                 starts = np.asarray(starts, np.uint64)
                 res = (int(round(px_per_cm / (1 << k))), 1)
-                entries = common + [
+                entries = [
+                    *common,
                     entry(256, LONG, w), entry(257, LONG, h),
                     Entry(273, LONG, 1, b"", wide=strip_at), entry(278, LONG, h), entry(279, LONG, count),
                     entry(282, RATIONAL, [res]), entry(283, RATIONAL, [res]),
@@ -375,7 +377,7 @@ def make_ndpi(path, width: int = 100352, height: int = 2048, interval: int = 512
         pages.sort(key=lambda p: (p[0] == 0, p[1] if p[1] != "macro" else 0))
         fh.seek(4)
         fh.write(struct.pack("<Q", pages[0][2]))
-        for (_, _, _, next_at), (_, _, at, _) in zip(pages, pages[1:]):
+        for (_, _, _, next_at), (_, _, at, _) in pairwise(pages):
             fh.seek(next_at)
             fh.write(struct.pack("<Q", at))
         fh.seek(0, 2)
@@ -403,7 +405,8 @@ def main(argv=None) -> int:
                      a.offset_above_4g, not a.no_macro, a.source)
     print(f"wrote {info['path']}: {info['size']} bytes in {time.perf_counter() - t0:.1f} s")
     for k, (w, h, iw, at, count) in enumerate(info["levels"]):
-        print(f"  level {k}: {w} x {h}, intervals {iw} px ({w // iw} x {-(-h // (8 if a.subsampling == '444' else 16))}),"
+        mcu_h = 8 if a.subsampling == "444" else 16
+        print(f"  level {k}: {w} x {h}, intervals {iw} px ({w // iw} x {-(-h // mcu_h)}),"
               f" strip at {at} (+{count} bytes)")
     return 0
 

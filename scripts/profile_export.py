@@ -33,16 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's wsitool, installed or not
+
+import wsitool
+from wsitool.export import export_pyramid, pyramid_dimensions
+from wsitool.export.downsample import PyramidBuilder
+from wsitool.export.encode import TileCodec, encoded_tiles
+from wsitool.export.source import StripSource
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-
-import wsitool  # noqa: E402
-from wsitool.export import export_pyramid, pyramid_dimensions  # noqa: E402
-from wsitool.export.downsample import PyramidBuilder  # noqa: E402
-from wsitool.export.encode import TileCodec, encoded_tiles  # noqa: E402
-from wsitool.export.source import StripSource  # noqa: E402
 
 
 def _strips(src: StripSource, H: int):

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     size = args.size
     rng = np.random.default_rng([args.seed, size])
     locs = [(int(x), int(y)) for x, y in zip(rng.integers(0, max(1, lv.width - size), args.regions),
-                                             rng.integers(0, max(1, lv.height - size), args.regions))]
+                                             rng.integers(0, max(1, lv.height - size), args.regions), strict=True)]
     decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
                                  max_num_cpu_threads=1,
                                  backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
@@ -115,11 +115,11 @@ def main(argv=None) -> int:
             decoder.decode(cs, image=tile_img)
 
     def decode():
-        for cs, img in zip(streams, images):
+        for cs, img in zip(streams, images, strict=True):
             decoder.decode(cs, image=img)
 
     def plus_images():
-        for cs, (_o, _c, _s, (dy0, dy1, dx0, dx1), _b) in zip(streams, jobs):
+        for cs, (_o, _c, _s, (dy0, dy1, dx0, dx1), _b) in zip(streams, jobs, strict=True):
             decoder.decode(cs, image=nvimgcodec.as_image(out[dy0:dy1, dx0:dx1]))
 
     def plus_streams():

@@ -56,8 +56,8 @@ Two modes:
   (the total is that of the definite-leak records memcheck reported, i.e. after
   the suppressions in ``scripts/valgrind.supp``, whose matches are counted as
   "suppressed"; "other memcheck errors" are the non-leak errors, reported but not
-  failed on), then each record that counts, with its stack.  Exits 1 if any bytes are lost through wsitool's native code,
-  3 if the XML file is missing or incomplete.
+  failed on), then each record that counts, with its stack.  Exits 1 if any bytes are lost through wsitool's
+  native code, 3 if the XML file is missing or incomplete.
 
 Standard library + numpy + wsitool only.
 """
@@ -65,6 +65,7 @@ Standard library + numpy + wsitool only.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -250,8 +251,8 @@ def drive_jpegloop(calls: int) -> str:
                     _fail("jpegloop: the compiled loop does not apply")
                 where, threads = plans[i]
                 before = taken["runs"]
-                _run_read(lambda: slide.read_region((x, y), n, (w, h), mode="rgb", out=buf,
-                                                    threads=threads), where)
+                _run_read(functools.partial(slide.read_region, (x, y), n, (w, h), mode="rgb", out=buf,
+                                            threads=threads), where)
                 if taken["runs"] == before:
                     _fail(f"jpegloop: read {i} ({x}, {y}, {w}x{h} of "
                                      f"level {n}) did not take the compiled loop")
@@ -297,8 +298,8 @@ def drive_openjpeg(calls: int) -> str:
                 buf = np.empty((h, w, 3), np.uint8)
                 where, threads = plans[i]
                 before = pool.stats().tiles_openjpeg
-                _run_read(lambda: slide.read_region((x, y), n, (w, h), mode="rgb", out=buf,
-                                                    threads=threads, downsample=k), where)
+                _run_read(functools.partial(slide.read_region, (x, y), n, (w, h), mode="rgb", out=buf,
+                                            threads=threads, downsample=k), where)
                 if pool.stats().tiles_openjpeg == before:
                     _fail(f"openjpeg: read {i} ({x}, {y}, {w}x{h} of "
                                      f"level {n}, 1/{k}) decoded no tile through OpenJPEG")

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import threading

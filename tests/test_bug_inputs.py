@@ -39,10 +39,9 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool.geometry import level_rect
 from wsitool.codec.pool import get_pool
-from wsitool.errors import ResourceLimitError, TileDecodeError, WsiError
-from wsitool.errors import TileWarning
+from wsitool.errors import ResourceLimitError, TileDecodeError, TileWarning, WsiError
+from wsitool.geometry import level_rect
 
 from conftest import BUG_INPUTS, NO_BUGS
 
@@ -126,7 +125,7 @@ def test_manifest_check(name, index, check, refs):
         elif kind == "level_downsamples":
             got = slide.level_downsamples
             assert len(got) == len(check["expect"])
-            for g, e in zip(got, check["expect"]):
+            for g, e in zip(got, check["expect"], strict=True):
                 assert math.isclose(g, e, rel_tol=check.get("rel_tol", 1e-9)), (got, check["expect"])
         elif kind == "best_level":
             assert check.get("policy", "openslide") == "openslide"
@@ -233,7 +232,7 @@ def _export_module():
 
 
 def _call_export(export, src: Path, out: Path, **kwargs):
-    fn = getattr(export, "export_pyramid", None) or getattr(wsitool, "export_pyramid")
+    fn = getattr(export, "export_pyramid", None) or wsitool.export_pyramid
     params = inspect.signature(fn).parameters
     accepted = {k: v for k, v in kwargs.items() if k in params or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())}

@@ -8,8 +8,12 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from wsitool.deepzoom import (DeepZoomGeometry, best_level_for_downsample, bounds_from_properties,
-                              deepzoom_level_dimensions)
+from wsitool.deepzoom import (
+    DeepZoomGeometry,
+    best_level_for_downsample,
+    bounds_from_properties,
+    deepzoom_level_dimensions,
+)
 
 deepzoom = pytest.importorskip("openslide.deepzoom")
 
@@ -76,7 +80,7 @@ def test_bounds_match_openslide_python(w, h, bounds, tile, overlap):
     dims, ds = _pyramid(w, h, 4, factor=3)
     props = {}
     if bounds is not None:
-        for key, v in zip(("x", "y", "width", "height"), bounds):
+        for key, v in zip(("x", "y", "width", "height"), bounds, strict=True):
             if v is not None:
                 props[f"openslide.bounds-{key}"] = str(v)
     gen = deepzoom.DeepZoomGenerator(_FakeSlide(dims, ds, props), tile, overlap, bounds is not None)

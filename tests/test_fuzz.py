@@ -25,9 +25,9 @@ import pytest
 
 from conftest import REPO, SHARED, fuzz_script
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 FUZZ_SCRIPT = REPO / "scripts" / "fuzz.py"
 REGRESSIONS = json.loads((Path(__file__).parent / "fuzz_regressions.json").read_text())
@@ -36,7 +36,7 @@ REGRESSIONS = json.loads((Path(__file__).parent / "fuzz_regressions.json").read_
 fuzz = fuzz_script()
 
 # Seeds for the in-test fuzzing: small files keep one example well under 0.1 s.
-SEEDS = [p for p in fuzz.seed_files(limit_bytes=1_000_000)]
+SEEDS = list(fuzz.seed_files(limit_bytes=1_000_000))
 SEED_TARGETS = {str(p): fuzz.seed_targets(p) for p in SEEDS}
 
 

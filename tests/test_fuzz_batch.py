@@ -61,7 +61,9 @@ def test_known_bad_inputs_are_documented_errors(fuzz, tmp_path):
 
 def test_checker_sees_raw_control_characters(fuzz, tmp_path, monkeypatch):
     import wsitool.errors
-    from wsitool.cli import console, export as cli_export, read as cli_read
+    from wsitool.cli import console
+    from wsitool.cli import export as cli_export
+    from wsitool.cli import read as cli_read
 
     for module in (console, cli_export, cli_read):  # as before the fix: printed raw
         monkeypatch.setattr(module, "shown", lambda text: str(text))

@@ -59,7 +59,7 @@ def test_as_int_and_pairs():
     for bad in (True, 2.5, "3", None):
         with pytest.raises(InvalidRegionError, match="x must be an integer"):
             as_int(bad, "x", "slide.svs")
-    with pytest.raises(ValueError, match="^tile_size must be an integer"):
+    with pytest.raises(ValueError, match=r"^tile_size must be an integer"):
         as_int(1.5, "tile_size", error=ValueError)
     assert int_pair((1, 2.0), "size") == (1, 2)
     with pytest.raises(InvalidRegionError, match="pair of integers"):
@@ -75,9 +75,8 @@ def test_decode_paths_nest_by_field_and_restore():
         outer.__exit__(None, None, None)  # out of order: restores only its own field
         assert get_decode_paths().native is before.native and get_decode_paths().force_scratch
     assert get_decode_paths() == before
-    with pytest.raises(TypeError):
-        with decode_paths(bogus=True):
-            pass
+    with pytest.raises(TypeError), decode_paths(bogus=True):
+        pass
 
 
 def test_per_process_value_is_made_once_and_anew_in_a_forked_child():

@@ -11,9 +11,10 @@ import tifffile
 import wsitool
 from wsitool.read.icc import IccTransform, profile_description
 
-imagecodecs = pytest.importorskip("imagecodecs")
-ImageCms = pytest.importorskip("PIL.ImageCms")
-from PIL import Image  # noqa: E402
+pytest.importorskip("imagecodecs")
+pytest.importorskip("PIL.ImageCms")
+import imagecodecs
+from PIL import Image, ImageCms
 
 
 def adobe_rgb_profile() -> bytes:

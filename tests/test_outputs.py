@@ -19,15 +19,16 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REPO_SAMPLES
 import wsitool
-from wsitool import atomic, distributed as D
-from wsitool.distributed.regions_csv import check_name
+from wsitool import atomic
+from wsitool import distributed as D
 from wsitool.cli import app
+from wsitool.distributed.regions_csv import check_name
+
+from conftest import REPO_SAMPLES
 
 SAMPLE = REPO_SAMPLES / "sample-aperio-jpeg.svs"
 runner = CliRunner()

@@ -84,7 +84,7 @@ print("alive", code)
 
 @pytest.mark.parametrize("args", [[], ["--convert"]])
 def test_signal_exit_is_one_line_even_when_a_library_converts_it(args):
-    out = subprocess.run([sys.executable, "-c", _SELF_KILL] + args, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _SELF_KILL, *args], capture_output=True, text=True,
                          timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "alive 143"
@@ -231,7 +231,7 @@ def test_signal_mid_stress_on_jpeg2000_exits_cleanly(tmp_path, sig, code, tries)
         tmp.mkdir()
         started: list[float] = []
 
-        def ready() -> bool:  # the child is running; give the verifier a backlog to chew on
+        def ready(started=started, tmp=tmp) -> bool:  # the child is running; give the verifier a backlog to chew on
             if not started and any(p.name.startswith("wsitool-stress-") for p in tmp.iterdir()):
                 started.append(time.monotonic())
             return bool(started) and time.monotonic() - started[0] > 3.0

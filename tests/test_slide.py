@@ -48,7 +48,7 @@ def test_geometry_and_mpp_match_openslide(path):
     with wsitool.open_slide(path) as slide:
         assert slide.level_count == osr.level_count
         assert slide.level_dimensions == osr.level_dimensions
-        for ours, theirs in zip(slide.level_downsamples, osr.level_downsamples):
+        for ours, theirs in zip(slide.level_downsamples, osr.level_downsamples, strict=True):
             assert math.isclose(ours, theirs, rel_tol=1e-9)
         for key in ("openslide.mpp-x", "openslide.mpp-y", "openslide.objective-power"):
             theirs = osr.properties.get(key)

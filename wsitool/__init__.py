@@ -24,8 +24,7 @@ from .errors import (
 from .export import ExportResult, export_pyramid
 from .settings import Limits, get_limits, limits, set_limits
 from .slide import Level, Slide, open_slide
-from .version import __version__
-
+from .version import __version__ as __version__
 
 __all__ = [
     "open_slide",

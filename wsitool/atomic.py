@@ -44,8 +44,9 @@ import shutil
 import socket
 import stat
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Iterable
+from typing import IO
 
 from .errors import OutputExistsError, OutputIsSourceError
 
@@ -284,7 +285,7 @@ class Partial:
             self.done = True
         _unregister(self.path)
 
-    def __enter__(self) -> "Partial":
+    def __enter__(self) -> Partial:
         return self
 
     def __exit__(self, etype, exc, tb) -> None:

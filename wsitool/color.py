@@ -50,7 +50,7 @@ def ycbcr_to_rgb(ycc):
     xp = array_module(ycc)
     f = ycc.astype(xp.float32)
     y, cb, cr = f[..., 0], f[..., 1] - 128.0, f[..., 2] - 128.0
-    rgb = xp.empty(ycc.shape[:2] + (3,), xp.float32)
+    rgb = xp.empty((*ycc.shape[:2], 3), xp.float32)
     rgb[..., 0] = y + 1.402 * cr
     rgb[..., 1] = y - 0.344136 * cb - 0.714136 * cr
     rgb[..., 2] = y + 1.772 * cb

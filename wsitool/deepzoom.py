@@ -220,16 +220,16 @@ class DeepZoomGeometry:
             raise ValueError("Invalid level")
         cols_rows = self.level_tiles[level]
         addr = tuple(address)
-        if len(addr) != 2 or any(not 0 <= t < lim for t, lim in zip(addr, cols_rows)):
+        if len(addr) != 2 or any(not 0 <= t < lim for t, lim in zip(addr, cols_rows, strict=True)):
             raise ValueError("Invalid address")
-        T, O = self.tile_size, self.overlap
+        T, ov = self.tile_size, self.overlap
         slide_level = self.slide_levels[level]
         scale = self._scale[level]
         ds = self.slide_downsamples[slide_level]
         location, read, size = [], [], []
         for t, lim, z_lim, l_lim, off in zip(addr, cols_rows, self.level_dimensions[level],
-                                             self.slide_dimensions[slide_level], self.offset):
-            z_start, z_end = tile_span(t, lim, T, O, z_lim)
+                                             self.slide_dimensions[slide_level], self.offset, strict=True):
+            z_start, z_end = tile_span(t, lim, T, ov, z_lim)
             z_size = z_end - z_start
             l_start = scale * z_start                    # slide-level pixels (float)
             location.append(int(ds * l_start + off))

@@ -23,7 +23,7 @@ NO_CUDA = "no CUDA device available"
 def cuda_probe() -> tuple[bool, str]:
     """(available, reason) -- CuPy importable and at least one CUDA device."""
     try:
-        import cupy  # noqa: F401
+        import cupy
     except Exception as exc:  # ImportError, or CUDA libraries missing
         return False, f"CuPy not importable ({type(exc).__name__})"
     try:

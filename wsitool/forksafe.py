@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 __all__ = ["PerProcess"]
 
 T = TypeVar("T")
 
-_all: list["PerProcess"] = []
+_all: list[PerProcess] = []
 #: Values of the parent process, kept alive (unused) in a forked child.
 _inherited: list[object] = []
 

@@ -15,7 +15,9 @@ tiles_across * tiles_down + row * tiles_across + col``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -263,7 +265,7 @@ class Level:
         """The level's key in the decoded-tile cache: its index, or ``(index, plane)`` for a plane."""
         return self.index if self.plane is None else (self.index, self.plane)
 
-    def select(self, picked: Sequence[int]) -> "Level":
+    def select(self, picked: Sequence[int]) -> Level:
         """This multi-channel level restricted to channels ``picked`` (indices, in that
         order; checked by the caller): a new :class:`Level` sharing the planes."""
         assert self.planes is not None
@@ -295,10 +297,10 @@ def wavelength_color(nm: float) -> tuple[int, int, int]:
     the end colours beyond them (far red and infrared stay red)."""
     if nm <= _SPECTRUM[0][0]:
         return _SPECTRUM[0][1]
-    for (w0, c0), (w1, c1) in zip(_SPECTRUM, _SPECTRUM[1:]):
+    for (w0, c0), (w1, c1) in pairwise(_SPECTRUM):
         if nm <= w1:
             t = (nm - w0) / (w1 - w0)
-            return tuple(int(round(a + (b - a) * t)) for a, b in zip(c0, c1))  # type: ignore[return-value]
+            return tuple(int(round(a + (b - a) * t)) for a, b in zip(c0, c1, strict=True))  # type: ignore[return-value]
     return _SPECTRUM[-1][1]
 
 

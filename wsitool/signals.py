@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from . import atomic
 
@@ -35,7 +35,7 @@ HANDLED: tuple[int, ...] = tuple(
     s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None),
                 getattr(signal, "SIGHUP", None)) if s is not None)
 
-_received: Optional[int] = None
+_received: int | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -116,7 +116,7 @@ def handling() -> Iterator[None]:
         restore(previous)
 
 
-def received() -> Optional[int]:
+def received() -> int | None:
     """The handled signal that arrived since :func:`install`, or None."""
     return _received
 

@@ -127,7 +127,7 @@ def test_console_script_installed_and_quiet(sample_jpeg, tmp_path):
     assert proc.returncode == 5
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("wsitool: error:"), proc.stderr
-    ok = subprocess.run(cmd[:5] + ["-s", "64", "64", "-o", str(tmp_path / "y.png")],
+    ok = subprocess.run([*cmd[:5], "-s", "64", "64", "-o", str(tmp_path / "y.png")],
                         capture_output=True, text=True, env=env, timeout=120)
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
 

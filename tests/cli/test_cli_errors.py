@@ -150,10 +150,10 @@ def test_truncated_structure_is_one_warning_line_not_a_library_log(sample_jpeg, 
 
     cut = tmp_path / "cut.svs"
     cut.write_bytes(sample_jpeg.read_bytes()[:20000])
-    with pytest.warns(wsitool.SlideWarning, match="invalid page offset") as caught:
-        with wsitool.open_slide(cut) as slide:
-            assert slide.level_count >= 1
-            assert slide.problems and "invalid page offset" in slide.problems[0]
+    with (pytest.warns(wsitool.SlideWarning, match="invalid page offset") as caught,
+          wsitool.open_slide(cut) as slide):
+        assert slide.level_count >= 1
+        assert slide.problems and "invalid page offset" in slide.problems[0]
     assert str(cut) in str(caught[0].message)
     assert "tifffile" not in capsys.readouterr().err
 

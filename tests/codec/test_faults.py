@@ -15,17 +15,17 @@ import pytest
 import tifffile
 
 import wsitool
-from wsitool.codec import nvdecode
 from wsitool.bitstream import webp_frame_size
+from wsitool.codec import nvdecode
 from wsitool.codec.pool import get_pool
 from wsitool.errors import (
     CorruptFileError,
     ResourceLimitError,
     TileDecodeError,
+    TileWarning,
     UnsupportedFormatError,
     WsiError,
 )
-from wsitool.errors import TileWarning
 
 from conftest import BUG_INPUTS, NO_BUGS
 
@@ -216,19 +216,18 @@ def test_limits_are_configurable():
             with pytest.raises(ResourceLimitError, match="max_region_pixels"):
                 s.read_region((0, 0), 0, (101, 100))
             assert s.read_region((0, 0), 0, (100, 100)).shape == (100, 100, 4)
-        with wsitool.limits(max_region_bytes=1000):
-            with pytest.raises(ResourceLimitError, match="max_region_bytes"):
-                s.read_region((0, 0), 0, (16, 16))  # 1024 bytes as RGBA
-        with wsitool.limits(max_tile_pixels=256 * 256):  # the file's tiles are 512 x 512
-            with pytest.raises(ResourceLimitError, match="max_tile_pixels"):
-                s.read_region((0, 0), 0, (8, 8))
+        with wsitool.limits(max_region_bytes=1000), pytest.raises(ResourceLimitError, match="max_region_bytes"):
+            s.read_region((0, 0), 0, (16, 16))  # 1024 bytes as RGBA
+        # (the file's tiles are 512 x 512)
+        with wsitool.limits(max_tile_pixels=256 * 256), pytest.raises(ResourceLimitError, match="max_tile_pixels"):
+            s.read_region((0, 0), 0, (8, 8))
 
 
 def test_associated_image_over_limit_refused():
     path = bug("B18_bigtiff_svs_assoc_without_description.tif")
-    with wsitool.open_slide(path) as s, wsitool.limits(max_region_pixels=1000):
-        with pytest.raises(ResourceLimitError, match="associated image 'label'"):
-            s.associated_images["label"]
+    with (wsitool.open_slide(path) as s, wsitool.limits(max_region_pixels=1000),
+          pytest.raises(ResourceLimitError, match="associated image 'label'")):
+        s.associated_images["label"]
 
 
 # ---------------------------------------------------------------------- 16-bit, big-endian, CMYK
@@ -328,9 +327,8 @@ def test_wrong_count_offsets_is_corrupt_file_error(tmp_path):
     raw = bytearray(path.read_bytes())
     struct.pack_into("<I", raw, entry + 4, 2)  # 2 offsets for a 2 x 2 grid
     path.write_bytes(raw)
-    with pytest.raises(WsiError):
-        with wsitool.open_slide(path) as s:
-            s.read_region((0, 0), 0, (64, 64))
+    with pytest.raises(WsiError), wsitool.open_slide(path) as s:
+        s.read_region((0, 0), 0, (64, 64))
 
 
 # ---------------------------------------------------------------------- truncated JPEG 2000 (fuzz find)
@@ -495,7 +493,7 @@ def _append_tile(path, index: int, payload: bytes) -> None:
     raw = bytearray(path.read_bytes())
     at = len(raw)
     raw += payload
-    for (where, fmt), value in zip(spec, (at, len(payload))):
+    for (where, fmt), value in zip(spec, (at, len(payload)), strict=True):
         struct.pack_into(fmt, raw, where + index * struct.calcsize(fmt), value)
     path.write_bytes(raw)
 

@@ -48,7 +48,7 @@ def bench_j2k(tmp_path_factory):
 
 def _slides(bench):
     paths = [SHARED_SAMPLES / n for n in J2K_SHARED if (SHARED_SAMPLES / n).exists()]
-    return paths + [REPO_SAMPLES / "sample-aperio-j2k.svs", bench]
+    return [*paths, REPO_SAMPLES / "sample-aperio-j2k.svs", bench]
 
 
 def _tiles(lv):

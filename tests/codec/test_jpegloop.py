@@ -21,12 +21,10 @@ import pytest
 
 import wsitool
 from wsitool.codec import jpegloop
-from wsitool.settings import decode_paths
 from wsitool.codec.pool import get_pool
+from wsitool.settings import decode_paths
 
-from conftest import (BUG_INPUTS, random_regions, repo_samples, tiff_samples, with_byte_count,
-                      with_tile_bytes)
-
+from conftest import BUG_INPUTS, random_regions, repo_samples, tiff_samples, with_byte_count, with_tile_bytes
 
 _paths = contextlib.ExitStack()
 
@@ -97,8 +95,8 @@ def _assert_parity(slide, loc, level, size, **kw):
         return None
     assert not isinstance(fast, Exception), f"{what}: compiled loop raised {fast!r}"
     assert np.array_equal(fast, ref), what
-    assert fast_counts == ref_counts, f"{what}: {dict(zip(_COUNTERS, fast_counts))} vs " \
-                                      f"{dict(zip(_COUNTERS, ref_counts))}"
+    assert fast_counts == ref_counts, f"{what}: {dict(zip(_COUNTERS, fast_counts, strict=True))} vs " \
+                                      f"{dict(zip(_COUNTERS, ref_counts, strict=True))}"
     # (the threads finish their tiles in any order)
     assert sorted(map(_normal, fast_warn)) == sorted(map(_normal, ref_warn)), what
     return fast
@@ -110,7 +108,7 @@ def _jpeg_levels(slide):
 
 
 def _jpeg_slides():
-    paths = [p for p in tiff_samples() + repo_samples() + sorted(BUG_INPUTS.glob("*.tif"))]
+    paths = list(tiff_samples() + repo_samples() + sorted(BUG_INPUTS.glob("*.tif")))
     found = []
     for p in paths:
         try:
@@ -284,7 +282,7 @@ def test_one_decoder_per_thread_and_threads_agree(sample_jpeg):
                 state = get_pool("cpu").state()
                 first = None
                 for _ in range(3):
-                    for (x, y, w, h), r in zip(regions, ref):
+                    for (x, y, w, h), r in zip(regions, ref, strict=True):
                         got = slide.read_region((x, y), 0, (w, h), mode="rgb", threads=1)
                         assert np.array_equal(got, r)
                         first = state.stats.decoders_created if first is None else first
@@ -349,7 +347,7 @@ def _replace_tile(src, tmp_path, index: int, data: bytes, name: str):
         raw.append(0)
     offset = len(raw)
     raw += data
-    for (pos, item), value in zip(spots, (offset, len(data))):
+    for (pos, item), value in zip(spots, (offset, len(data)), strict=True):
         raw[pos + index * item:pos + (index + 1) * item] = value.to_bytes(item, "little")
     out = tmp_path / f"{name}-{src.name}"
     out.write_bytes(bytes(raw))

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from wsitool.export import downsample
-from wsitool.export.downsample import (PyramidBuilder, halve_rows, halve_rows_numpy, means,
-                                       means_numpy)
+from wsitool.export.downsample import PyramidBuilder, halve_rows, halve_rows_numpy, means, means_numpy
 from wsitool.export.plan import sum_dtype
 
 native = pytest.mark.skipif(downsample._boxfilter is None,

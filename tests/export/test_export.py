@@ -23,15 +23,18 @@ import tifffile
 import wsitool
 from wsitool import export
 from wsitool.bitstream import jp2_codestream
-from wsitool.export import associated as export_associated, dzi as export_dzi, encode as export_encode
 from wsitool.errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
+from wsitool.export import associated as export_associated
+from wsitool.export import dzi as export_dzi
+from wsitool.export import encode as export_encode
 from wsitool.export import export_pyramid
 
 from conftest import repo_samples, shared_sample, tiff_samples
 
-openslide = pytest.importorskip("openslide")
-from openslide.deepzoom import DeepZoomGenerator  # noqa: E402
-from PIL import Image  # noqa: E402
+pytest.importorskip("openslide")
+import openslide
+from openslide.deepzoom import DeepZoomGenerator
+from PIL import Image
 
 WHITE = np.array([255, 255, 255], np.uint8)
 
@@ -271,7 +274,7 @@ def test_region_outside_slide_gets_background(tmp_path, sample_jpeg):
     bg = (10, 200, 30)
     out = tmp_path / "edge.svs"
     with wsitool.open_slide(sample_jpeg) as src:
-        W, H = src.dimensions
+        W, _ = src.dimensions
         ref = source_region(src, W - 100, -40, 300, 200, bg=bg)
     export_pyramid(sample_jpeg, out, region=(W - 100, -40, 300, 200), background=bg,
                    compression="deflate", tile_size=64)
@@ -319,7 +322,7 @@ def test_ome_tiff_subifds_and_physical_size(tmp_path, cmu1):
         assert len(tf.pages[0].subifds) == len(res.level_dimensions) - 1
         levels = tf.series[0].levels
         assert [(lv.shape[1], lv.shape[0]) for lv in levels] == res.level_dimensions
-        pixels = [e for e in ET.fromstring(tf.ome_metadata).iter() if e.tag.endswith("Pixels")][0]
+        pixels = next(e for e in ET.fromstring(tf.ome_metadata).iter() if e.tag.endswith("Pixels"))
         assert float(pixels.get("PhysicalSizeX")) == pytest.approx(mpp[0], rel=1e-6)
         assert pixels.get("PhysicalSizeXUnit") == "µm"
         np.testing.assert_array_equal(levels[0].asarray(), ref)
@@ -347,7 +350,7 @@ def test_dzi_matches_deepzoomgenerator(tmp_path, cmu1, tile, overlap, size):
     info = ET.parse(out).getroot()
     assert info.get("TileSize") == str(tile) and info.get("Overlap") == str(overlap)
     assert info.get("Format") == "png"
-    size_el = [e for e in info if e.tag.endswith("Size")][0]
+    size_el = next(e for e in info if e.tag.endswith("Size"))
     assert (int(size_el.get("Width")), int(size_el.get("Height"))) == (w, h)
     files = tmp_path / "dz_files"
     assert len(list(files.iterdir())) == dz.level_count
@@ -543,8 +546,8 @@ def test_cli_export_pyramid(tmp_path, sample_jpeg):
     with wsitool.open_slide(out) as s:
         assert s.level_dimensions == ((400, 300), (200, 150), (100, 75))
     assert runner.invoke(app, args).exit_code == 9  # exists
-    assert runner.invoke(app, args + ["--overwrite"]).exit_code == 0
-    bad_bg = runner.invoke(app, args[:-3] + ["--background", "1,2", "--overwrite"])
+    assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
+    bad_bg = runner.invoke(app, [*args[:-3], "--background", "1,2", "--overwrite"])
     assert bad_bg.exit_code == 2
     outside = runner.invoke(app, ["export-pyramid", str(sample_jpeg), str(tmp_path / "o.svs"),
                                   "--region", "9000", "0", "10", "10"])

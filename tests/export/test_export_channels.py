@@ -14,12 +14,12 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 import tifffile
+from test_export_bioformats import image_info
 
 import wsitool
 from wsitool.export import export_pyramid
 
 from conftest import shared_sample
-from test_export_bioformats import image_info
 
 NS = "{http://www.openmicroscopy.org/Schemas/OME/2016-06}"
 CASES = {

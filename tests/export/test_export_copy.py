@@ -56,7 +56,7 @@ def level_pages(path: Path) -> list:
 def raw_tiles(tf, page) -> list[bytes]:
     fh = tf.filehandle
     out = []
-    for off, n in zip(page.dataoffsets, page.databytecounts):
+    for off, n in zip(page.dataoffsets, page.databytecounts, strict=True):
         fh.seek(off)
         out.append(fh.read(n) if n else b"")
     return out
@@ -81,7 +81,7 @@ def test_copied_levels_hold_the_source_tiles_byte_for_byte(copied):
     try:
         assert len(opages) == len(res.level_dimensions) >= n_src
         assert res.tiles_copied == sum(len(p.dataoffsets) for p in spages)
-        for k, (sp, op) in enumerate(zip(spages, opages)):
+        for k, (sp, op) in enumerate(zip(spages, opages[:len(spages)], strict=True)):
             assert (op.imagewidth, op.imagelength) == (sp.imagewidth, sp.imagelength)
             assert (op.tilewidth, op.tilelength) == (sp.tilewidth, sp.tilelength)
             assert op.photometric == sp.photometric, f"level {k}"
@@ -115,14 +115,14 @@ def _check_same(got: np.ndarray, ref: np.ndarray, reader: str, k: int) -> None:
 
 
 def test_tifffile_reads_the_same_pixels(copied):
-    src, out, fmt, res, n_src = copied
+    src, out, *_ = copied
     with tifffile.TiffFile(src) as s, tifffile.TiffFile(out) as o:
         for k, lv in enumerate(s.series[0].levels):
             _check_same(o.series[0].levels[k].asarray(), lv.asarray(), "tifffile", k)
 
 
 def test_tiffslide_reads_the_same_pixels(copied):
-    src, out, fmt, res, n_src = copied
+    src, out, _fmt, _res, n_src = copied
     tiffslide = pytest.importorskip("tiffslide")
     with tiffslide.TiffSlide(src) as s, tiffslide.TiffSlide(out) as o:
         for k in range(n_src):
@@ -151,7 +151,7 @@ def test_openslide_reads_the_same_pixels(copied):
 
 
 def test_libvips_reads_the_same_pixels(copied):
-    src, out, fmt, res, n_src = copied
+    src, out, fmt, _res, n_src = copied
     pyvips = pytest.importorskip("pyvips", reason="pyvips (test extra) not installed")
     with tifffile.TiffFile(src) as tf:
         j2k = int(tf.pages[0].compression) in (33003, 33005, 34712)

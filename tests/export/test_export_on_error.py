@@ -14,7 +14,6 @@ and a copy of CMU-1 (in ``tmp_path``) with six level-0 tiles zeroed.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
 

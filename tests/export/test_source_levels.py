@@ -140,8 +140,8 @@ def test_off_grid_regions_keep_the_halving_geometry(tmp_path, region):
     a = export_pyramid(path, tmp_path / "a.svs", region=region, tile_size=16, compression="deflate",
                        from_source_levels=True)
     b = export_pyramid(path, tmp_path / "b.svs", region=region, tile_size=16, compression="deflate")
-    for (wa, ha), (wb, hb) in zip(a.level_dimensions, b.level_dimensions):
-        assert wb - 1 <= wa <= wb and hb - 1 <= ha <= hb
     assert len(a.level_dimensions) == len(b.level_dimensions)
+    for (wa, ha), (wb, hb) in zip(a.level_dimensions, b.level_dimensions, strict=True):
+        assert wb - 1 <= wa <= wb and hb - 1 <= ha <= hb
     with wsitool.open_slide(tmp_path / "a.svs") as s:
         assert [tuple(d) for d in s.level_dimensions] == [tuple(d) for d in a.level_dimensions]

@@ -116,7 +116,7 @@ def write_instance(path: Path, img: np.ndarray, tile: int, *, series: str, study
     across = -(-w // tile)
     indices = list(range(len(cells)))
     if sparse_keep is not None:
-        indices = list(reversed(sorted(sparse_keep)))
+        indices = sorted(sparse_keep, reverse=True)
     if concat is not None:
         indices = list(concat[3])
     chosen = [cells[i] for i in indices]

@@ -258,10 +258,10 @@ def test_a_decode_of_the_wrong_size_is_refused(ndpi, monkeypatch):
     from PIL import JpegImagePlugin
 
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", lambda self, mode, size: None)
-    with wsitool.open_slide(ndpi) as slide:
-        with pytest.raises(TileDecodeError, match=r"level 5, tile \(col 0, row 0\): scaled JPEG decode gives "
-                                                  r"496x8 RGB, not the 124x2 RGB tile"):
-            slide.read_region((0, 0), 5, (10, 2), mode="rgb")
+    with (wsitool.open_slide(ndpi) as slide,
+          pytest.raises(TileDecodeError, match=r"level 5, tile \(col 0, row 0\): scaled JPEG decode gives "
+                                               r"496x8 RGB, not the 124x2 RGB tile")):
+        slide.read_region((0, 0), 5, (10, 2), mode="rgb")
 
 
 # ------------------------------------------------------------------ the rule

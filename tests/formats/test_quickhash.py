@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 import tifffile
 
-from conftest import BUG_INPUTS, NO_SHARED, SHARED_SAMPLES, repo_samples
 from wsitool import Slide
 from wsitool.errors import WsiError
 from wsitool.formats.deferred import DeferredProperties
 from wsitool.formats.quickhash import KEY, feed_string
 from wsitool.formats.tiff import quickhash as tiff_quickhash
 from wsitool.storage import LocalFile
+
+from conftest import BUG_INPUTS, NO_SHARED, SHARED_SAMPLES, repo_samples
 
 real = pytest.importorskip("openslide")
 ws = pytest.importorskip("wsitool.openslide")

@@ -198,7 +198,6 @@ def path_scaled_jpeg(rng, stack):
 def path_associated(rng, stack):
     """Associated images (thumbnail, label, macro), decoded anew on each step."""
     import wsitool
-    from wsitool.codec import associated
 
     paths = [JPEG, J2K]
 
@@ -275,7 +274,7 @@ def path_serve(rng, stack):
     try:
         from starlette.testclient import TestClient
     except ImportError as exc:
-        raise Skip(f"the web stack is not installed: {exc}")
+        raise Skip(f"the web stack is not installed: {exc}") from exc
     from wsitool.serve.app import create_app
     from wsitool.serve.config import ServeConfig
     from wsitool.serve.runner import build_state

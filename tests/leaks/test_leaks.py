@@ -1,4 +1,5 @@
-"""No decode path leaks memory: one child process per path measures the RSS slope, then proves a leak of 1 KiB would show.
+"""No decode path leaks memory: one child process per path measures the RSS slope, then proves a leak of
+1 KiB would show.
 
 What is measured, and the thresholds, are in ``tests/leaks/leakcheck.py``
 (:func:`leakcheck.measure`): a path passes when the 95 % interval of its RSS
@@ -19,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import leakcheck
-
 from conftest import REPO
 
 SCRIPT = REPO / "tests" / "leaks" / "leakcheck.py"
@@ -68,7 +68,7 @@ def test_robust_slope_ignores_a_step_but_not_a_steady_rise():
     flat = [50e6 + (1 << 20) * (x > 3000) + 4096 * ((x // 20) % 3) for x in xs]
     lo, hi = leakcheck.theil_sen_ci95(xs, flat)
     assert hi < leakcheck.THRESHOLD_BYTES_PER_STEP
-    rising = [y + 1024 * x for x, y in zip(xs, flat)]
+    rising = [y + 1024 * x for x, y in zip(xs, flat, strict=True)]
     lo, hi = leakcheck.theil_sen_ci95(xs, rising)
     assert leakcheck.THRESHOLD_BYTES_PER_STEP < lo < 1024 * 1.1 < hi
 

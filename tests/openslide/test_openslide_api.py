@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-ws = pytest.importorskip("wsitool.openslide")
-from PIL import Image  # noqa: E402
+pytest.importorskip("wsitool.openslide")
+from PIL import Image
 
-from conftest import repo_samples, shared_sample  # noqa: E402
+import wsitool.openslide as ws
+
+from conftest import repo_samples, shared_sample
 
 
 def _svs():
@@ -22,9 +24,10 @@ def test_formats_and_errors():
         ws.OpenSlide("/nonexistent.svs")
     with pytest.raises(ws.OpenSlideUnsupportedFormatError):
         ws.OpenSlide(str(shared_sample("broken-not-a-tiff-random-ascii.svs")))
-    with pytest.raises(ws.OpenSlideError):  # a corrupt tile: wsitool's TileDecodeError, mapped
-        with ws.OpenSlide(str(shared_sample("broken-aperio-unreadable-jpeg.svs"))) as s:
-            s.read_region((0, 0), 0, (16, 16))
+    # a corrupt tile: wsitool's TileDecodeError, mapped
+    with (pytest.raises(ws.OpenSlideError),
+          ws.OpenSlide(str(shared_sample("broken-aperio-unreadable-jpeg.svs"))) as s):
+        s.read_region((0, 0), 0, (16, 16))
     assert issubclass(ws.OpenSlideUnsupportedFormatError, ws.OpenSlideError)
 
 

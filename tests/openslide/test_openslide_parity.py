@@ -15,13 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-real = pytest.importorskip("openslide")
-real_dz = pytest.importorskip("openslide.deepzoom")
+pytest.importorskip("openslide")
+pytest.importorskip("openslide.deepzoom")
 
-import wsitool.openslide as ws  # noqa: E402
-import wsitool.openslide.deepzoom as ws_dz  # noqa: E402
+import openslide as real
+import openslide.deepzoom as real_dz
 
-from conftest import SHARED_SAMPLES, repo_samples, tiff_samples  # noqa: E402
+import wsitool.openslide as ws
+import wsitool.openslide.deepzoom as ws_dz
+
+from conftest import SHARED_SAMPLES, repo_samples, tiff_samples
 
 
 def _both_open() -> list[Path]:

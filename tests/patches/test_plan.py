@@ -12,21 +12,22 @@ import pytest
 
 pytest.importorskip("cv2", reason="the patches extra (opencv-python-headless) is not installed")
 pytest.importorskip("pyarrow", reason="the patches extra (pyarrow) is not installed")
-h5py = pytest.importorskip("h5py", reason="the patches extra (h5py) is not installed")
+pytest.importorskip("h5py", reason="the patches extra (h5py) is not installed")
 
-import tifffile  # noqa: E402
+import h5py
+import tifffile
 
-import wsitool  # noqa: E402
-from wsitool import InvalidRegionError  # noqa: E402
-from wsitool.areafilter import reduce_area  # noqa: E402
-from wsitool.cli import main  # noqa: E402
-from wsitool.errors import OutputExistsError  # noqa: E402
-from wsitool.patches import detect_tissue, plan_patches, read_plan  # noqa: E402
-from wsitool.patches.extract import extract_shards  # noqa: E402
-from wsitool.patches.plan import PlanFileError, read_plans, write_plans  # noqa: E402
-from wsitool.patches.preview import render_preview  # noqa: E402
+import wsitool
+from wsitool import InvalidRegionError
+from wsitool.areafilter import reduce_area
+from wsitool.cli import main
+from wsitool.errors import OutputExistsError
+from wsitool.patches import detect_tissue, plan_patches, read_plan
+from wsitool.patches.extract import extract_shards
+from wsitool.patches.plan import PlanFileError, read_plans, write_plans
+from wsitool.patches.preview import render_preview
 
-from conftest import REPO_SAMPLES, shared_sample  # noqa: E402
+from conftest import REPO_SAMPLES, shared_sample
 
 SAMPLE = REPO_SAMPLES / "sample-aperio-jpeg.svs"   # MPP 0.5, levels at downsample 1, 2, 4
 
@@ -186,12 +187,12 @@ def test_extracted_shards_hold_exactly_the_plan(tmp_path, fmt):
         with tarfile.open(shard) as tar:
             names = tar.getnames()
             for name in names[::2]:
-                key, ext = name.split(".", 1)
+                key, _ext = name.split(".", 1)
                 meta = json.loads(tar.extractfile(f"{key}.json").read())
                 img = np.asarray(Image.open(io.BytesIO(tar.extractfile(name).read())))
                 seen.append((meta["x"], meta["y"], img))
-    assert [(x, y) for x, y, _ in seen] == list(zip(plan.x.tolist(), plan.y.tolist()))
-    for (_, _, img), ref in zip(seen, want):
+    assert [(x, y) for x, y, _ in seen] == list(zip(plan.x.tolist(), plan.y.tolist(), strict=True))
+    for (_, _, img), ref in zip(seen, want, strict=True):
         if fmt == "png":
             np.testing.assert_array_equal(img, ref)
         else:

@@ -12,7 +12,6 @@ reason otherwise; ``scripts/gpu_check.sh`` runs them on a GPU machine.
 from __future__ import annotations
 
 import dataclasses
-
 import importlib.util as importlib_util
 import json
 import os
@@ -26,15 +25,15 @@ import pytest
 
 import wsitool
 from wsitool import device
-from wsitool.codec import backends, nvdecode, pool as codec_pool
+from wsitool.codec import backends, nvdecode
+from wsitool.codec import pool as codec_pool
 from wsitool.codec.library import nv as nvimgcodec
+from wsitool.errors import DeviceUnavailableError, InvalidRegionError, TileDecodeError, TileWarning
 from wsitool.forksafe import PerProcess
 from wsitool.read import cuda as gpu
 from wsitool.read import cuda_arrays
-from wsitool.settings import decode_paths
-from wsitool.errors import DeviceUnavailableError, InvalidRegionError, TileDecodeError
-from wsitool.errors import TileWarning
 from wsitool.read.request import validate_request
+from wsitool.settings import decode_paths
 
 from conftest import REPO, random_regions, shared_sample
 
@@ -93,9 +92,9 @@ class _SpyDecoder:
 
 @needs_no_gpu
 def test_read_region_cuda_raises_device_unavailable(cmu1):
-    with wsitool.open_slide(cmu1) as s:
-        with pytest.raises(DeviceUnavailableError, match="no CUDA device available") as info:
-            s.read_region((0, 0), 0, (64, 64), device="cuda")
+    with (wsitool.open_slide(cmu1) as s,
+          pytest.raises(DeviceUnavailableError, match="no CUDA device available") as info):
+        s.read_region((0, 0), 0, (64, 64), device="cuda")
     assert str(cmu1) in str(info.value)
 
 
@@ -230,7 +229,8 @@ def test_ycbcr_after_decode_converted_like_the_cpu_path(monkeypatch):
     path = shared_sample(TCGA_J2K)
     with wsitool.open_slide(path) as s:
         lv = s.levels[1]
-        monkeypatch.setattr(lv, "encoding", dataclasses.replace(lv.encoding, ycbcr_after_decode=True))  # as for Aperio 33003
+        # as for Aperio 33003
+        monkeypatch.setattr(lv, "encoding", dataclasses.replace(lv.encoding, ycbcr_after_decode=True))
         loc = (int(500 * lv.downsample), int(300 * lv.downsample))
         for mode in ("rgb", "rgba", "raw"):
             ref = s.read_region(loc, 1, (400, 300), mode=mode)
@@ -254,9 +254,8 @@ def _truncate_tile(monkeypatch, bad_col, bad_row):
 
 def test_corrupt_tile_in_batch_raises_with_level_col_row(cmu1, monkeypatch):
     _truncate_tile(monkeypatch, 2, 1)
-    with wsitool.open_slide(cmu1) as s:
-        with pytest.raises(TileDecodeError) as info:
-            _batched_host(s, (100, 50), 0, (700, 500), "rgb")
+    with wsitool.open_slide(cmu1) as s, pytest.raises(TileDecodeError) as info:
+        _batched_host(s, (100, 50), 0, (700, 500), "rgb")
     assert (info.value.level, info.value.col, info.value.row) == (0, 2, 1)
 
 
@@ -472,7 +471,7 @@ def test_read_region_cuda_orchestration_with_stand_in(fake_cupy, cmu1):
         out = fake_cupy.full((500, 700, 3), 9, np.uint8)
         assert s.read_region((100, 50), 0, (700, 500), mode="rgb", out=out, device="cuda:0") is out
         assert np.array_equal(out.get(), s.read_region((100, 50), 0, (700, 500), mode="rgb"))
-        with pytest.raises(InvalidRegionError, match="cupy.ndarray"):
+        with pytest.raises(InvalidRegionError, match=r"cupy\.ndarray"):
             s.read_region((0, 0), 0, (700, 500), mode="rgb", out=np.zeros((500, 700, 3), np.uint8),
                           device="cuda")
         with pytest.raises(DeviceUnavailableError, match="cuda:3 requested"):
@@ -539,7 +538,7 @@ def test_gpu_out_buffer_honoured_and_decoded_in_place(cmu1):
         res = s.read_region((100, 50), 0, (700, 500), mode="rgb", out=out, device="cuda")
         stats, after = pool.stats(), gpu.gpu_stats()
         ref = s.read_region((100, 50), 0, (700, 500), mode="rgb")
-        with pytest.raises(InvalidRegionError, match="cupy.ndarray"):
+        with pytest.raises(InvalidRegionError, match=r"cupy\.ndarray"):
             s.read_region((0, 0), 0, (700, 500), mode="rgb", out=np.zeros((500, 700, 3), np.uint8),
                           device="cuda")
         with pytest.raises(InvalidRegionError, match="shape"):
@@ -557,9 +556,8 @@ def test_gpu_out_buffer_honoured_and_decoded_in_place(cmu1):
 @pytest.mark.gpu
 def test_gpu_corrupt_tile_raises_with_position():
     path = shared_sample(UNREADABLE)
-    with wsitool.open_slide(path) as s:
-        with pytest.raises(TileDecodeError) as info:
-            s.read_region((0, 0), 0, (16, 16), device="cuda")
+    with wsitool.open_slide(path) as s, pytest.raises(TileDecodeError) as info:
+        s.read_region((0, 0), 0, (16, 16), device="cuda")
     assert (info.value.level, info.value.col, info.value.row) == (0, 0, 0)
 
 

@@ -47,7 +47,7 @@ def _reference(slide, locs, level, size, mode="rgb"):
     return np.stack([slide.read_region((int(x), int(y)), level, size, mode=mode) for x, y in locs])
 
 
-@pytest.mark.parametrize("name", ["sample-aperio-jpeg.svs"] + SHARED)
+@pytest.mark.parametrize("name", ["sample-aperio-jpeg.svs", *SHARED])
 def test_patches_equal_read_region_on_each_kind_of_slide(name, read_path):
     rng = np.random.default_rng(7)
     with _open(name) as slide:
@@ -209,9 +209,8 @@ def test_read_size_needs_8_bit_samples():
     path = SHARED_SAMPLES / "dicom-highdicom-sm-gray16.dcm"
     if not path.exists():
         pytest.skip(f"needs {path}")
-    with wsitool.open_slide(path) as slide:
-        with pytest.raises(InvalidRegionError, match="8-bit"):
-            slide.read_patches([(0, 0)], (8, 8), mode="raw", read_size=(16, 16))
+    with wsitool.open_slide(path) as slide, pytest.raises(InvalidRegionError, match="8-bit"):
+        slide.read_patches([(0, 0)], (8, 8), mode="raw", read_size=(16, 16))
 
 
 def test_cuda_without_a_gpu_is_one_clear_error():
@@ -219,9 +218,8 @@ def test_cuda_without_a_gpu_is_one_clear_error():
 
     if cuda_available():
         pytest.skip("a CUDA device is present: tests/read/test_cuda.py covers the GPU")
-    with _open("sample-aperio-jpeg.svs") as slide:
-        with pytest.raises(wsitool.DeviceUnavailableError):
-            slide.read_patches([(0, 0)], (8, 8), device="cuda")
+    with _open("sample-aperio-jpeg.svs") as slide, pytest.raises(wsitool.DeviceUnavailableError):
+        slide.read_patches([(0, 0)], (8, 8), device="cuda")
 
 
 @pytest.mark.parametrize("codec", ["jpeg", "j2k"])

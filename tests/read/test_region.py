@@ -117,7 +117,7 @@ def test_cmu1_rgb_colours_are_he_not_green(cmu1):
     assert r > g + 20 and b > g + 10
 
 
-@pytest.mark.parametrize("path", [p for p in repo_samples()], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", list(repo_samples()), ids=lambda p: p.name)
 def test_modes_agree(path):
     with wsitool.open_slide(path) as slide:
         for lv in slide.levels:
@@ -142,7 +142,7 @@ def test_modes_agree(path):
 
 def test_region_wholly_outside_is_transparent(sample_jpeg):
     with wsitool.open_slide(sample_jpeg) as slide:
-        w, h = slide.dimensions
+        w, _ = slide.dimensions
         get_pool().reset_stats()
         arr = slide.read_region((w + 10, -500), 0, (64, 64))
         assert arr.shape == (64, 64, 4) and not arr.any()
@@ -261,7 +261,7 @@ def test_close_waits_for_reads_in_flight(sample_jpeg, read_path):
         slide = wsitool.open_slide(sample_jpeg)
         started = threading.Barrier(5)
 
-        def work():
+        def work(slide, started, attempt):
             started.wait()
             for _ in range(200):
                 try:
@@ -274,7 +274,7 @@ def test_close_waits_for_reads_in_flight(sample_jpeg, read_path):
                 if not np.array_equal(got, ref):
                     wrong.append(attempt)
 
-        threads = [threading.Thread(target=work) for _ in range(4)]
+        threads = [threading.Thread(target=work, args=(slide, started, attempt)) for _ in range(4)]
         for t in threads:
             t.start()
         started.wait()

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool.geometry import plan_tiles
-from wsitool.read import fill, threads as read_threads, worker
-from wsitool.settings import decode_paths
-from wsitool.storage import local
 from wsitool.codec.pool import get_pool
 from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes, read_tile_stream
+from wsitool.geometry import plan_tiles
+from wsitool.read import fill, worker
+from wsitool.read import threads as read_threads
+from wsitool.settings import decode_paths
+from wsitool.storage import local
 
 from conftest import random_regions, repo_samples, with_byte_count, with_tile_bytes
 
@@ -60,9 +61,8 @@ def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path, read_path):
         slide = wsitool.open_slide(short)
     except wsitool.WsiError:
         pytest.skip("tifffile refuses the cut file before any tile read")
-    with slide:
-        with pytest.raises(wsitool.TileDecodeError, match="truncated file"):
-            slide.read_region(loc, 0, (16, 16), mode="rgb")
+    with slide, pytest.raises(wsitool.TileDecodeError, match="truncated file"):
+        slide.read_region(loc, 0, (16, 16), mode="rgb")
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -184,7 +184,7 @@ def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads, pytho
                         for x, y, w, h in regions])
             st = pool.stats()
             counts.append((st.tiles_decoded, st.tiles_direct, st.tiles_roi, st.tiles_scratch))
-        for a, b in zip(*got):
+        for a, b in zip(*got, strict=True):
             assert np.array_equal(a, b)
         assert counts[0] == counts[1] and counts[0][0] > 0
 

@@ -26,9 +26,8 @@ def test_reads_and_size(tmp_path):
         src.advise([(0, 100), (5000, 10)])  # advisory: never raises
     assert src.closed and src.fileno() is None
     src.advise([(0, 10)])
-    with pytest.raises(WsiError, match="slide is closed"):
-        with src.reading():
-            pass
+    with pytest.raises(WsiError, match="slide is closed"), src.reading():
+        pass
 
 
 def test_close_waits_for_reads_in_flight(tmp_path):

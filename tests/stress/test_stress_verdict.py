@@ -12,8 +12,16 @@ import pytest
 from typer.testing import CliRunner
 
 from wsitool.cli import app
-from wsitool.stress import (EXIT_CODES, LEAK_SLOPE_MB_PER_1K, MIN_MEASURED_ITERATIONS, MIN_MEASURED_SAMPLES,
-                            OK_SLOPE_MB_PER_1K, WARMUP_READS_PER_WORKER, report_schema, validate_report)
+from wsitool.stress import (
+    EXIT_CODES,
+    LEAK_SLOPE_MB_PER_1K,
+    MIN_MEASURED_ITERATIONS,
+    MIN_MEASURED_SAMPLES,
+    OK_SLOPE_MB_PER_1K,
+    WARMUP_READS_PER_WORKER,
+    report_schema,
+    validate_report,
+)
 from wsitool.stress.faults import FAULT_ENV
 from wsitool.stress.memory import memory_verdict, slope_ci95
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import List, Optional
 
 from .. import signals
 from . import export, info, patches, read, serve, stress  # noqa: F401  (each registers its command on app)
@@ -33,7 +32,7 @@ from .group import app
 __all__ = ["app", "main", "EXIT_CODES", "exit_code_for", "fail", "handle_errors"]
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console-script entry point.
 
     SIGINT, SIGTERM and SIGHUP get one clean shutdown (:mod:`wsitool.signals`):

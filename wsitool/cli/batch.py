@@ -1,4 +1,5 @@
-"""What ``read-region --regions`` and batch ``export-pyramid`` share: the progress bar and the exit code of a failed batch (floor 9)."""
+"""What ``read-region --regions`` and batch ``export-pyramid`` share: the progress bar and the exit code
+of a failed batch (floor 9)."""
 
 from __future__ import annotations
 

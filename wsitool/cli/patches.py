@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import Literal
 
 import typer
 
@@ -31,7 +31,7 @@ def _preview_path(preview: Path, slide: str, many: bool) -> Path:
     return preview
 
 
-def _load_mask_arg(mask: Optional[Path]):
+def _load_mask_arg(mask: Path | None):
     if mask is None:
         return "auto"
     if not mask.exists():
@@ -42,29 +42,29 @@ def _load_mask_arg(mask: Optional[Path]):
 @patches_app.command("plan")
 @handle_errors
 def plan_cmd(
-    slides: List[Path] = typer.Argument(..., metavar="SLIDE...", help="Slide files (or DICOM folders)."),
+    slides: list[Path] = typer.Argument(..., metavar="SLIDE...", help="Slide files (or DICOM folders)."),
     output: Path = typer.Option(..., "--output", "-o", metavar="OUT",
                                 help="OUT.parquet (every slide), OUT.h5 (one slide, CLAM's layout), or a folder "
                                      "(one file per slide, --format)."),
-    mpp: Optional[float] = typer.Option(None, "--mpp", metavar="UM", help="Micrometres per pixel of the patches."),
-    magnification: Optional[float] = typer.Option(None, "--magnification", metavar="X",
+    mpp: float | None = typer.Option(None, "--mpp", metavar="UM", help="Micrometres per pixel of the patches."),
+    magnification: float | None = typer.Option(None, "--magnification", metavar="X",
                                                   help="Objective magnification of the patches (instead of --mpp)."),
     size: int = typer.Option(224, "--size", metavar="PX", min=1, help="Patch side in pixels (default 224)."),
     overlap: int = typer.Option(0, "--overlap", metavar="PX", min=0, help="Pixels shared by neighbouring patches."),
     min_tissue: float = typer.Option(0.5, "--min-tissue", metavar="0..1", min=0.0, max=1.0,
                                      help="Smallest tissue fraction of a kept patch (default 0.5)."),
-    mpp_override: Optional[float] = typer.Option(None, "--mpp-override", metavar="UM",
+    mpp_override: float | None = typer.Option(None, "--mpp-override", metavar="UM",
                                                  help="Level-0 MPP of slides that record none."),
     mpp_tolerance: float = typer.Option(0.05, "--mpp-tolerance", metavar="REL", min=0.0,
                                         help="A level within this relative MPP difference is read as is."),
     allow_upscale: bool = typer.Option(False, "--allow-upscale", help="Allow an MPP finer than level 0."),
     no_mask: bool = typer.Option(False, "--no-mask", help="Plan the whole slide (no tissue detection)."),
-    mask: Optional[Path] = typer.Option(None, "--mask", metavar="IMAGE", help="A tissue mask image (one slide)."),
+    mask: Path | None = typer.Option(None, "--mask", metavar="IMAGE", help="A tissue mask image (one slide)."),
     clam: bool = typer.Option(False, "--clam", help="CLAM's tissue-detection defaults."),
     fmt: Literal["parquet", "h5"] = typer.Option("parquet", "--format", help="With a folder: parquet or h5."),
-    preview: Optional[Path] = typer.Option(None, "--preview", metavar="PNG",
+    preview: Path | None = typer.Option(None, "--preview", metavar="PNG",
                                            help="Also draw mask and grid: a PNG (one slide) or a folder."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
+    threads: int | None = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing plan and preview files."),
 ) -> None:
@@ -129,7 +129,7 @@ def extract_cmd(
     fmt: Literal["jpeg", "png"] = typer.Option("jpeg", "--format", help="jpeg (default) or png (lossless)."),
     quality: int = typer.Option(90, "--quality", "-q", min=1, max=100, metavar="1..100", help="JPEG quality."),
     shard_size: int = typer.Option(1000, "--shard-size", min=1, metavar="N", help="Patches per tar shard."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
+    threads: int | None = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing shards."),
 ) -> None:

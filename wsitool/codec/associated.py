@@ -60,7 +60,7 @@ def _check_segments(where: str, image: AssociatedImage, source: ByteSource) -> N
     """:func:`_segment_problem` of every present segment, before tifffile decodes them."""
     if image.encoding.compression_code not in (_LZW, _JPEG):
         return
-    for off, count in zip(image.offsets, image.bytecounts):
+    for off, count in zip(image.offsets, image.bytecounts, strict=False):
         if off == 0 or count == 0:
             continue
         problem = _segment_problem(_segment_bytes(where, "data", off, count, source), image)
@@ -169,7 +169,7 @@ def _decode_tiles(where: str, image: AssociatedImage, source: ByteSource) -> np.
     down = -(-image.height // th)
     dtype = np.dtype(f"u{image.itemsize}")
     out = np.zeros((image.height, image.width, image.samples), dtype)
-    for k, (off, count) in enumerate(zip(image.offsets, image.bytecounts)):
+    for k, (off, count) in enumerate(zip(image.offsets, image.bytecounts, strict=False)):
         if k >= across * down:
             break
         if off == 0 or count == 0:

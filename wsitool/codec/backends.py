@@ -15,7 +15,8 @@ import numpy as np
 
 from ..device import NO_CUDA, cuda_probe
 from . import jpegloop
-from .library import available as nv_available, nv, unavailable_reason
+from .library import available as nv_available
+from .library import nv, unavailable_reason
 
 __all__ = ["backend_report"]
 

@@ -9,7 +9,14 @@ data that imagecodecs crashes on (:mod:`wsitool.bitstream`) raises
 
 from __future__ import annotations
 
-from ..bitstream import j2k_header_problem, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem, webp_frame_size
+from ..bitstream import (
+    j2k_header_problem,
+    j2k_main_header,
+    jpeg_frame_size,
+    jpegls_frame_size,
+    lzw_problem,
+    webp_frame_size,
+)
 from ..errors import TileDecodeError
 from ..model import Level
 from .failures import grid_reason, unreadable_header_reason

@@ -147,7 +147,7 @@ class RegionJobs:
     def __init__(self, lv: Level, out: np.ndarray, rx: int, ry: int, inside, on_error: str):
         self.lv = lv
         self.out = out
-        self.region = (rx, ry) + tuple(inside)
+        self.region = (rx, ry, *inside)
         cx0, cy0, cx1, cy1 = inside
         tw, th = lv.tile_width, lv.tile_height
         self.c0, self.r0 = cx0 // tw, cy0 // th
@@ -200,7 +200,7 @@ class RegionJobs:
                 # tile's left edge, a tile to re-decode after a failure): its decoder is made
                 # with this one, on the thread's first read, not at the first such tile
                 # (which came at random all through a stress run, each a step of RSS).
-                state.decoder  # noqa: B018 - creates it
+                _ = state.decoder  # (the property creates it)
                 direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
                     fd, self.prefix, self.out, offsets, counts, self.level, self.region,
                     span[0], span[1], self.chunk, self.scan_segments)

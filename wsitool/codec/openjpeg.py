@@ -53,7 +53,7 @@ import threading
 
 import numpy as np
 
-from ..bitstream import jp2_boxes, j2k_main_header
+from ..bitstream import j2k_main_header, jp2_boxes
 from ..errors import TileDecodeError
 from ..model import Level
 from ..settings import get_decode_paths
@@ -375,7 +375,7 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
         if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
             raise ValueError(outside_reason(rect, width, height))
         shape = window_shape(rect, reduce)
-        if dst.shape != shape + (3,):
+        if dst.shape != (*shape, 3):
             raise ValueError(f"destination shape {dst.shape} does not match {shape} for {rect}")
         if reduce and not lib.opj_set_decoded_resolution_factor(codec, reduce):
             raise ValueError(io.error or f"cannot drop {reduce} resolution levels")

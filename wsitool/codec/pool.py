@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class DecodeStats:
     tiles_reduced: int = 0
     tiles_scaled: int = 0
 
-    def add(self, other: "DecodeStats") -> None:
+    def add(self, other: DecodeStats) -> None:
         """Add ``other``'s counters to these (in place)."""
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
@@ -75,7 +76,7 @@ class DecodeStats:
 class ThreadState:
     """Decoder, its lock, scratch buffers and counters of one thread."""
 
-    def __init__(self, pool: "DecoderPool", stats: DecodeStats):
+    def __init__(self, pool: DecoderPool, stats: DecodeStats):
         self.pool = pool
         self.stats = stats
         self.lock = threading.Lock()
@@ -271,7 +272,7 @@ class DecoderPool:
         """Zero every thread's counters.  Call it while no thread decodes: the
         counters are updated without a lock, so a concurrent update may be lost."""
         with self._create_lock:
-            for s in self._all_stats + [self._retired]:
+            for s in [*self._all_stats, self._retired]:
                 for f in dataclasses.fields(s):
                     setattr(s, f.name, 0)
 

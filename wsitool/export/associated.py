@@ -1,15 +1,15 @@
-"""What an export carries besides the pyramid: the Aperio thumbnail, label and macro, and the count of painted tiles (floor 6)."""
+"""What an export carries besides the pyramid: the Aperio thumbnail, label and macro, and the count of
+painted tiles (floor 6)."""
 
 from __future__ import annotations
 
 import re
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import TileWarning, WsiError
-
 
 #: Name of the recorded count of undecodable source tiles painted over by an
 #: ``on_error="fill"`` export: an Aperio ``key = value`` field of the first

@@ -133,7 +133,7 @@ def export_channels(slide, final: Path, L: int, rect: tuple[int, int, int, int],
                     done += total // len(channels)
                     if progress is not None:
                         progress(done, total)
-                for name, image in extra:
+                for _name, image in extra:
                     tw.write(image, photometric="rgb" if image.ndim == 3 else "minisblack",
                              compression="zlib", rowsperstrip=16, metadata=None, software=SOFTWARE)
             fh.flush()

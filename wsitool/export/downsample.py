@@ -15,7 +15,7 @@ here are its reference (``tests/export/test_boxfilter.py``).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -224,15 +224,15 @@ class PyramidBuilder:
     # -- emission ------------------------------------------------------------------
     def _emit(self, k: int) -> Iterator[tuple[int, int, int, np.ndarray]]:
         lv = self.levels[k]
-        T, O = self.tile, self.overlap
+        T, ov = self.tile, self.overlap
         while lv.next_row < lv.tiles_down:
             r = lv.next_row
-            y0, y1 = tile_span(r, lv.tiles_down, T, O, lv.height)
+            y0, y1 = tile_span(r, lv.tiles_down, T, ov, lv.height)
             y1 = min(y1, lv.height)  # stored pixels end at the level's edge
             if y1 > lv.end:
                 return
             for c in range(lv.tiles_across):
-                x0, x1 = tile_span(c, lv.tiles_across, T, O, lv.width)
+                x0, x1 = tile_span(c, lv.tiles_across, T, ov, lv.width)
                 x1 = min(x1, lv.width)
                 # a copy, always: a full-width slice is contiguous already, and a view would
                 # see the window's rows move while an encoder thread reads it

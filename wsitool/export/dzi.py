@@ -13,10 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 from xml.sax.saxutils import quoteattr
 
 from .. import atomic
@@ -37,13 +38,11 @@ def dzi_paths(output: Path) -> tuple[Path, Path]:
 
 
 def _unlink(path: Path) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    except FileNotFoundError:
-        pass
 
 
-def write_dzi(tiles, final: Path, files_dir: Path, dims, T: int, O: int,
+def write_dzi(tiles, final: Path, files_dir: Path, dims, T: int, ov: int,
                compression: str, overwrite: bool, counter: TileCounter, sources=(),
                painted: Callable[[], int] | None = None) -> int:
     """Write a Deep Zoom export; returns the bytes written (tiles and ``.dzi``).
@@ -51,7 +50,7 @@ def write_dzi(tiles, final: Path, files_dir: Path, dims, T: int, O: int,
     ``tiles`` yields ``(level, col, row, bytes)`` (level 0 the full resolution,
     as :func:`~wsitool.export.encode.encoded_tiles` numbers them) for the levels
     ``dims`` (``(width, height)`` in pixels, full resolution first), ``T`` x ``T``
-    tiles with overlap ``O`` (pixels).  Everything is made in a hidden folder
+    tiles with overlap ``ov`` (pixels).  Everything is made in a hidden folder
     beside ``final`` and renamed into place, the ``_files`` folder first and
     the ``.dzi`` last (what viewers open); ``painted()``, if given, is the
     count of painted tiles recorded in a comment of the ``.dzi``.
@@ -80,7 +79,7 @@ def write_dzi(tiles, final: Path, files_dir: Path, dims, T: int, O: int,
         xml = (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<Image xmlns="http://schemas.microsoft.com/deepzoom/2008" Format={quoteattr(ext)} '
-            f'Overlap="{O}" TileSize="{T}">\n'
+            f'Overlap="{ov}" TileSize="{T}">\n'
             f'  <Size Width="{w}" Height="{h}"/>\n'
             + (f"  <!-- wsitool: {PAINTED_KEY}={painted()} -->\n" if painted is not None else "")
             + "</Image>\n"

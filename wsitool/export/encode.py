@@ -17,8 +17,8 @@ with imagecodecs.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import imagecodecs
 import numpy as np
@@ -28,7 +28,6 @@ from .associated import LevelImage
 from .downsample import PyramidBuilder
 from .plan import queue_depth
 from .source import StripSource
-
 
 #: Default target PSNR (dB) of JPEG 2000 output tiles.  At 40 dB the shared TCGA
 #: JPEG 2000 slide (Aperio "J2K/KDU Q=70", 3.90 MB) re-exports to 4.18 MB (6 levels);
@@ -126,7 +125,7 @@ class TileCounter:
 
 
 def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, threads: int,
-                   keep: "LevelImage | None" = None, skip: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
+                   keep: LevelImage | None = None, skip: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
     """Every output tile as ``(level, col, row, bytes)``; each level in row-major order.
 
     ``keep``: the tiles of its level are also copied into it (the pixels of
@@ -155,7 +154,7 @@ def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, t
         lv0 = pyramid.levels[0]
         if strips:
             ahead = reader.submit(src.read, strips[0][0], staging[:strips[0][1]])
-        for i, (sy, rows) in enumerate(strips):
+        for i, (_sy, rows) in enumerate(strips):
             ahead.result()
             ahead = None
             lv0.tail(rows)[...] = staging[:rows]

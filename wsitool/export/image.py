@@ -19,7 +19,6 @@ import tifffile
 
 from .. import atomic
 
-
 #: File types :func:`write_image` writes, by extension.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".npy")
 

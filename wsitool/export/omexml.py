@@ -31,8 +31,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import xml.sax.saxutils as sax
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Mapping, Sequence
 
 __all__ = ["OmeChannel", "OmeImage", "Instrument", "ome_xml", "as_description", "acquisition_date",
            "instrument_from"]
@@ -122,7 +122,7 @@ def ome_xml(images: Sequence[OmeImage], *, instrument: Instrument | None = None,
     """
     if not images:
         raise ValueError("an OME-XML document needs at least one image")
-    out = [f'<?xml version="1.0" encoding="UTF-8"?>',
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f"<OME{_attrs(xmlns=NAMESPACE)} xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\""
            f"{_attrs(Creator=creator)} xsi:schemaLocation=\"{SCHEMA_LOCATION}\">"]
     has_instrument = instrument is not None and not instrument.empty()
@@ -130,7 +130,8 @@ def ome_xml(images: Sequence[OmeImage], *, instrument: Instrument | None = None,
     if has_instrument:
         out.append('<Instrument ID="Instrument:0">')
         if any(v is not None for v in (instrument.manufacturer, instrument.model, instrument.serial)):
-            out.append(f"<Microscope{_attrs(Manufacturer=instrument.manufacturer, Model=instrument.model, SerialNumber=instrument.serial)}/>")
+            scope = _attrs(Manufacturer=instrument.manufacturer, Model=instrument.model, SerialNumber=instrument.serial)
+            out.append(f"<Microscope{scope}/>")
         if has_objective:
             out.append(f'<Objective ID="Objective:0:0"{_attrs(NominalMagnification=float(instrument.magnification))}/>')
         out.append("</Instrument>")
@@ -155,10 +156,13 @@ def ome_xml(images: Sequence[OmeImage], *, instrument: Instrument | None = None,
                    f"{_attrs(Type=im.dtype, Interleaved=interleaved if interleaved else None)}"
                    f"{_attrs(SizeX=im.width, SizeY=im.height, SizeZ=1, SizeC=size_c, SizeT=1, **phys)}>")
         for c, ch in enumerate(im.channels):
+            color = _color(ch.color) if ch.color else None
+            emission_unit = "nm" if ch.emission_nm else None
+            excitation_unit = "nm" if ch.excitation_nm else None
             out.append(f'<Channel ID="Channel:{i}:{c}"'
-                       f"{_attrs(SamplesPerPixel=ch.samples, Name=ch.name, Color=_color(ch.color) if ch.color else None)}"
-                       f"{_attrs(EmissionWavelength=ch.emission_nm, EmissionWavelengthUnit='nm' if ch.emission_nm else None)}"
-                       f"{_attrs(ExcitationWavelength=ch.excitation_nm, ExcitationWavelengthUnit='nm' if ch.excitation_nm else None)}>"
+                       f"{_attrs(SamplesPerPixel=ch.samples, Name=ch.name, Color=color)}"
+                       f"{_attrs(EmissionWavelength=ch.emission_nm, EmissionWavelengthUnit=emission_unit)}"
+                       f"{_attrs(ExcitationWavelength=ch.excitation_nm, ExcitationWavelengthUnit=excitation_unit)}>"
                        "<LightPath/></Channel>")
         planes = len(im.channels) if not interleaved else 1
         out.append(f'<TiffData IFD="{im.ifd}" PlaneCount="{planes}"/>')

@@ -1,4 +1,5 @@
-"""Tile passthrough (``compression="copy"``): output levels made of the source's compressed tiles, byte for byte (floor 6).
+"""Tile passthrough (``compression="copy"``): output levels made of the source's compressed tiles, byte for
+byte (floor 6).
 
 What is copied: every source level from the exported one down (its tile grid,
 tile size and downsample step, whatever the factor) becomes an output level
@@ -50,16 +51,16 @@ that is not on the level's tile grid (:func:`plan_copy`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from ..bitstream import SOI, jpeg_sof
-from ..errors import InvalidRegionError, TileDecodeError, UnsupportedFormatError
-from ..geometry import level0_coordinate
 from ..codec.headers import check_header, codestream
 from ..codec.pool import DecodeStats
 from ..codec.tilebytes import jpeg_stream, read_tile_bytes
+from ..errors import InvalidRegionError, TileDecodeError, UnsupportedFormatError
+from ..geometry import level0_coordinate
 from ..model import Level
 
 JPEG = 7

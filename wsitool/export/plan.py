@@ -1,7 +1,7 @@
 """The plan of an export: output formats and levels, strip rows, the memory bound, the result (floor 6).
 
 Memory bound (bytes of numpy buffers; see :func:`memory_bound`), with ``W``
-the output width, ``T`` the tile size, ``O`` the overlap, ``N`` the number of
+the output width, ``T`` the tile size, ``ov`` the overlap, ``N`` the number of
 levels, ``R <= 2T`` the strip rows (above), ``Q = 4 * threads + 4`` tiles in
 flight in the encoder pool, ``D`` decode threads (= ``threads``), ``S`` the
 pixel count of one source tile (or strip) and ``s`` the source's bytes per
@@ -49,7 +49,6 @@ import numpy as np
 
 from ..deepzoom import deepzoom_level_dimensions
 from . import omexml
-
 
 #: Output formats.
 FORMATS = ("tiff", "ome-tiff", "dzi")
@@ -265,7 +264,7 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         The bound ``B`` of the module docstring (bytes).  It does not depend
         on the height of the export.
     """
-    W, T, O, N = int(width), int(tile_size), int(overlap), int(levels)
+    W, T, ov, N = int(width), int(tile_size), int(overlap), int(levels)
     q = queue_depth(threads)
     stw, sth = (int(v) for v in source_tile)
     R = strip_rows(T, sth) if sth > 0 else T
@@ -273,7 +272,7 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         decode_bytes = 8 * max(1, source_pixel_bytes // source_itemsize)
     else:
         decode_bytes = max(3, source_pixel_bytes)
-    c0, ck = window_rows(T, O, R)
+    c0, ck = window_rows(T, ov, R)
     return int(
         4 * R * W
         + 2 * R * W
@@ -283,8 +282,8 @@ def memory_bound(width: int, tile_size: int, *, overlap: int = 0, levels: int = 
         + 6 * (R // 2 + 3) * (W + N)
         + 12 * (R // 32 + 3) * (W // 16 + N)
         + 6 * (R // 2 + 2) * (W + 2)
-        + 6 * q * (T + 2 * O) ** 2
-        + 6 * (T + 2 * O) ** 2
+        + 6 * q * (T + 2 * ov) ** 2
+        + 6 * (T + 2 * ov) ** 2
         + 4 * threads * stw * sth * decode_bytes
         + 3 * int(thumbnail_pixels)
         + 6 * int(associated_pixels)
@@ -309,15 +308,15 @@ def sum_dtype(k: int):
     return np.uint64
 
 
-def window_rows(T: int, O: int, R: int) -> tuple[int, int]:
+def window_rows(T: int, ov: int, R: int) -> tuple[int, int]:
     """Row capacity of the level-0 window and of the lower levels' windows.
 
-    After a level emits and trims, it keeps fewer than ``T + 2 O`` rows (the
+    After a level emits and trims, it keeps fewer than ``T + 2 ov`` rows (the
     unfinished tile row with its overlaps) or one unpaired row; then a strip
     of ``R`` rows arrives at level 0, and at most ``R // 2 + 1`` rows at the
     next level (pairs of the strip plus the unpaired row), fewer below.
     """
-    return T + 2 * O + R, T + 2 * O + R // 2 + 3
+    return T + 2 * ov + R, T + 2 * ov + R // 2 + 3
 
 
 def background_color(value) -> np.ndarray:

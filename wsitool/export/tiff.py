@@ -33,8 +33,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import tifffile
@@ -43,9 +43,9 @@ from .. import atomic
 from ..errors import WsiError
 from ..formats.tiff import aperio
 from ..version import __version__
+from . import omexml
 from .associated import PAINTED_KEY, PAINTED_NAMESPACE
 from .encode import TileCounter, jpeg_subsampling, tiff_compression
-from . import omexml
 from .passthrough import CopyPlan, copied_tiles
 
 #: The writer named in the Software tag and Aperio descriptions.

@@ -73,6 +73,5 @@ class DeferredProperties(Mapping):
         return {**other, **self.copy()}
 
     def __repr__(self) -> str:
-        shown = {k: (self._values[k] if k in self._values else "<computed on first access>")
-                 for k in self._keys}
+        shown = {k: self._values.get(k, "<computed on first access>") for k in self._keys}
         return f"{type(self).__name__}({shown!r})"

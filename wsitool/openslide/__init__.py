@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from io import BytesIO
@@ -217,7 +216,7 @@ class AbstractSlide:
         """``(width, height)`` of level 0."""
         return self.level_dimensions[0]
 
-    def get_thumbnail(self, size) -> "Image.Image":
+    def get_thumbnail(self, size) -> Image.Image:
         """An RGB PIL thumbnail fitting in ``size = (width, height)`` (aspect kept).
 
         As openslide-python: the whole best level for ``max(W0 / width, H0 / height)``
@@ -225,7 +224,7 @@ class AbstractSlide:
         default white) and shrunk with PIL's Lanczos ``thumbnail``; the slide's ICC
         profile goes into ``info["icc_profile"]``.
         """
-        downsample = max(d / s for d, s in zip(self.dimensions, size))
+        downsample = max(d / s for d, s in zip(self.dimensions, size, strict=False))
         level = self.get_best_level_for_downsample(downsample)
         region = self.read_region((0, 0), level, self.level_dimensions[level])
         background = "#" + self.properties.get(PROPERTY_NAME_BACKGROUND_COLOR, "ffffff")
@@ -237,7 +236,7 @@ class AbstractSlide:
             thumb.info["icc_profile"] = profile
         return thumb
 
-    def set_cache(self, cache: "OpenSlideCache") -> None:
+    def set_cache(self, cache: OpenSlideCache) -> None:
         """Accepted and ignored (this class keeps no decoded tiles)."""
 
 
@@ -334,7 +333,7 @@ class OpenSlide(AbstractSlide):
         return self._properties
 
     @property
-    def associated_images(self) -> Mapping[str, "Image.Image"]:
+    def associated_images(self) -> Mapping[str, Image.Image]:
         """Lazy read-only mapping of name -> PIL ``RGBA`` image (alpha 255), with
         ``info["icc_profile"]`` where the image has a profile."""
         self._check()
@@ -349,7 +348,7 @@ class OpenSlide(AbstractSlide):
     def _profile_bytes(self) -> bytes | None:
         return self._check().color_profile
 
-    def _associated_image(self, name: str) -> "Image.Image":
+    def _associated_image(self, name: str) -> Image.Image:
         slide = self._check()
         with _mapped():
             rgb = slide.associated_images[name]
@@ -365,7 +364,7 @@ class OpenSlide(AbstractSlide):
 
     # ------------------------------------------------------------ reading
 
-    def read_region(self, location, level: int, size) -> "Image.Image":
+    def read_region(self, location, level: int, size) -> Image.Image:
         """A region as a PIL ``RGBA`` image (not premultiplied).
 
         Args:
@@ -398,7 +397,7 @@ class OpenSlide(AbstractSlide):
             image.info["icc_profile"] = profile
         return image
 
-    def set_cache(self, cache: "OpenSlideCache") -> None:
+    def set_cache(self, cache: OpenSlideCache) -> None:
         """Keep decoded tiles in ``cache`` (wsitool's :class:`~wsitool.read.cache.TileCache`).
 
         Raises:
@@ -495,7 +494,7 @@ class ImageSlide(AbstractSlide):
         return _ReadOnlyMap(self, (), None, "_PropertyMap")
 
     @property
-    def associated_images(self) -> Mapping[str, "Image.Image"]:
+    def associated_images(self) -> Mapping[str, Image.Image]:
         self._check()
         return _ReadOnlyMap(self, (), None, "_AssociatedImageMap")
 
@@ -511,7 +510,7 @@ class ImageSlide(AbstractSlide):
         self._check()
         return 0
 
-    def read_region(self, location, level: int, size) -> "Image.Image":
+    def read_region(self, location, level: int, size) -> Image.Image:
         """A region of the image, transparent outside; ``level`` must be 0.
 
         Raises:

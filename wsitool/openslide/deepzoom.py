@@ -17,8 +17,13 @@ from PIL import Image
 
 from ..deepzoom import DeepZoomGeometry, bounds_from_properties
 from ..subpixel import deepzoom_tile
-from . import (PROPERTY_NAME_BACKGROUND_COLOR, PROPERTY_NAME_BOUNDS_HEIGHT, PROPERTY_NAME_BOUNDS_WIDTH,
-               PROPERTY_NAME_BOUNDS_X, PROPERTY_NAME_BOUNDS_Y)
+from . import (
+    PROPERTY_NAME_BACKGROUND_COLOR,
+    PROPERTY_NAME_BOUNDS_HEIGHT,
+    PROPERTY_NAME_BOUNDS_WIDTH,
+    PROPERTY_NAME_BOUNDS_X,
+    PROPERTY_NAME_BOUNDS_Y,
+)
 
 __all__ = ["DeepZoomGenerator"]
 

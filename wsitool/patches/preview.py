@@ -49,7 +49,7 @@ def render_preview(slide, plan: PatchPlan, *, threads: int | None = None) -> np.
                                     Image.fromarray(tint).resize(img.size, Image.NEAREST)).convert("RGB")
     draw = ImageDraw.Draw(img)
     side = plan.read_size * plan.params.get("level_downsample", 1.0)
-    for x, y in zip(plan.x.tolist(), plan.y.tolist()):
+    for x, y in zip(plan.x.tolist(), plan.y.tolist(), strict=True):
         x0, y0 = x / dx * scale, y / dy * scale
         draw.rectangle([x0, y0, x0 + side / dx * scale - 1, y0 + side / dy * scale - 1], outline=(255, 210, 0))
     return np.asarray(img)

@@ -163,9 +163,9 @@ class TissueMask:
         def ring(c) -> list:
             pts = c[:, 0, :].astype(np.float64) - 1 + 0.5   # pixel centres, the padding removed
             xy = np.round(np.stack([pts[:, 0] * dx, pts[:, 1] * dy], 1), 2).tolist()
-            return xy + [xy[0]]
+            return [*xy, xy[0]]
 
-        for i, (nxt, prev, child, parent) in enumerate(hierarchy):
+        for i, (_next, _prev, child, parent) in enumerate(hierarchy):
             if parent != -1:
                 continue   # a hole: listed with its outline
             rings = [ring(contours[i])]
@@ -263,14 +263,14 @@ def _clean(mask: np.ndarray, params: TissueParams, px_area: float) -> np.ndarray
         m = cv2.morphologyEx(m, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1)))
     min_area = params.min_area / px_area
     if min_area > 1:
-        n, labels, stats, _ = cv2.connectedComponentsWithStats(m, connectivity=8)
+        _, labels, stats, _ = cv2.connectedComponentsWithStats(m, connectivity=8)
         small = np.flatnonzero(stats[:, cv2.CC_STAT_AREA] < min_area)
         small = small[small > 0]                      # label 0 is the background
         if len(small):
             m[np.isin(labels, small)] = 0
     min_hole = params.min_hole / px_area
     if min_hole > 1:
-        n, labels, stats, _ = cv2.connectedComponentsWithStats((m == 0).astype(np.uint8), connectivity=4)
+        _, labels, stats, _ = cv2.connectedComponentsWithStats((m == 0).astype(np.uint8), connectivity=4)
         h, w = m.shape
         x, y, bw, bh = (stats[:, k] for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH,
                                               cv2.CC_STAT_HEIGHT))

@@ -97,7 +97,7 @@ def to_8bit(plane: np.ndarray) -> np.ndarray:
 def composite(raw: np.ndarray, lv: Level, out: np.ndarray) -> None:
     """Write the composite of ``raw`` (``(h, w, C)``, the channels of ``lv`` in order) into
     ``out[..., :3]`` (uint8): the sum of each channel's table entry, clipped at 255."""
-    acc = np.zeros(raw.shape[:2] + (3,), np.uint16)
+    acc = np.zeros((*raw.shape[:2], 3), np.uint16)
     for k, channel in enumerate(lv.channels):
         acc += channel.table()[to_8bit(raw[..., k])]
     np.minimum(acc, 255, out=acc)

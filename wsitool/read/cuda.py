@@ -90,8 +90,7 @@ from ..device import cuda_device_id
 from ..errors import DeviceUnavailableError, InvalidRegionError, ResourceLimitError, TileDecodeError
 from ..geometry import TileJob, level_rect, plan_tiles
 from ..model import Level
-from .cuda_arrays import (HostArrays, bump, gpu_memory_sample, gpu_stats, release_scratch,
-                          reset_gpu_stats, thread_arrays)
+from .cuda_arrays import HostArrays, bump, gpu_memory_sample, gpu_stats, release_scratch, reset_gpu_stats, thread_arrays
 from .fill import fill_outside, fill_region
 from .request import check_out, output_shape
 
@@ -172,10 +171,10 @@ def fill_region_batched(lv: Level, x: int, y: int, w: int, h: int, out, mode: st
             bad.append(job)
             continue
         tiles.append(_Tile(job, data, cs, how, size, None))
-    if tiles and arrays.check_colour and _level_key(lv, arrays) not in _colour_ok:
-        if not _check_colour(lv, tiles[0], state, arrays):
-            _fill_on_cpu(lv, x, y, w, h, out, mode, threads, on_error, arrays)
-            return
+    if (tiles and arrays.check_colour and _level_key(lv, arrays) not in _colour_ok
+            and not _check_colour(lv, tiles[0], state, arrays)):
+        _fill_on_cpu(lv, x, y, w, h, out, mode, threads, on_error, arrays)
+        return
 
     # One flat scratch holds the RGB region (unless decoding straight into
     # ``out``) followed by one whole-tile slot per "scratch" tile.
@@ -185,7 +184,7 @@ def fill_region_batched(lv: Level, x: int, y: int, w: int, h: int, out, mode: st
     flat = arrays.scratch(total, stats) if total else None
     rgb = out if direct else flat[:region_bytes].reshape(h, w, 3)
     offset = region_bytes
-    for t, nbytes in zip(tiles, slot_bytes):
+    for t, nbytes in zip(tiles, slot_bytes, strict=True):
         t.target = t.job.view(rgb)
         if nbytes:
             t.slot = flat[offset:offset + nbytes].reshape(t.size[1], t.size[0], 3)
@@ -311,13 +310,13 @@ def _decode_batch(lv: Level, tiles: list[_Tile], state, arrays, *, fallback: boo
         if len(results) != len(tiles):
             bump(batch_retries=1)
             results = []
-            for t, image in zip(tiles, images):
+            for t, image in zip(tiles, images, strict=True):
                 try:
                     results.append(decoder.decode(t.cs, image=image, params=decode_params(),
                                               cuda_stream=arrays.stream_ptr))
                 except Exception as exc:
                     results.append(exc)
-    for t, image, result in zip(tiles, images, results):
+    for t, image, result in zip(tiles, images, results, strict=True):
         col, row = t.job.col, t.job.row
         try:
             if isinstance(result, Exception):
@@ -335,10 +334,7 @@ def _cpu_fallback(lv: Level, t: _Tile, arrays) -> bool:
     state = get_pool("cpu").state()
     col, row = t.job.col, t.job.row
     width, height = t.size
-    if t.how == "scratch":
-        src = (0, 0, width, height)
-    else:
-        src = t.job.src
+    src = (0, 0, width, height) if t.how == "scratch" else t.job.src
     sx0, sy0, sx1, sy1 = src
     host = np.empty((sy1 - sy0, sx1 - sx0, 3), np.uint8)
     try:

@@ -1,4 +1,5 @@
-"""Where the GPU path's pixels live: numpy or CuPy targets per thread, device scratch, counters, memory samples (floor 4).
+"""Where the GPU path's pixels live: numpy or CuPy targets per thread, device scratch, counters, memory
+samples (floor 4).
 
 CuPy (the optional ``gpu`` extra) is imported inside the functions and classes
 that need a device.  :class:`HostArrays` gives the batched path numpy targets, so

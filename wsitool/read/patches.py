@@ -256,9 +256,9 @@ def footprint(lv: Level, corners: np.ndarray, window: tuple[int, int]) -> _Footp
     inside = (x1 > x0) & (y1 > y0)
     partial = ~inside | (x0 != corners[:, 0]) | (y0 != corners[:, 1]) | (x1 - x0 != ww) | (y1 - y0 != wh)
     idx = np.flatnonzero(inside)
-    box = list(zip(x0[idx].tolist(), x1[idx].tolist(), y0[idx].tolist(), y1[idx].tolist()))
+    box = list(zip(x0[idx].tolist(), x1[idx].tolist(), y0[idx].tolist(), y1[idx].tolist(), strict=True))
     tiles = list(zip((x0[idx] // tw).tolist(), ((x1[idx] - 1) // tw).tolist(),
-                     (y0[idx] // th).tolist(), ((y1[idx] - 1) // th).tolist()))
+                     (y0[idx] // th).tolist(), ((y1[idx] - 1) // th).tolist(), strict=True))
     rows: dict[int, set[int]] = {}
     for c0, c1, r0, r1 in tiles:
         cols = range(c0, c1 + 1)
@@ -292,7 +292,7 @@ def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footpr
         if not cols:
             continue
         start = prev = cols[0]
-        for c in cols[1:] + [None]:
+        for c in [*cols[1:], None]:
             if c is not None and c == prev + 1 and c - start < RUN_TILES:
                 prev = c
                 continue
@@ -302,7 +302,7 @@ def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footpr
             if c is not None:
                 start = prev = c
     corners = fp.corners
-    for i, (a0, a1, b0, b1), (c0, c1, r0, r1) in zip(fp.idx, fp.box, fp.tiles):
+    for i, (a0, a1, b0, b1), (c0, c1, r0, r1) in zip(fp.idx, fp.box, fp.tiles, strict=True):
         px, py = int(corners[i, 0]), int(corners[i, 1])
         for r in range(r0, r1 + 1):
             for run in by_row[r]:
@@ -477,13 +477,13 @@ def _fill_cuda(req: PatchRequest, locs: np.ndarray, out):
 
 def _new_batch(req: PatchRequest, n: int):
     if req.device == "cpu":
-        return np.empty((n,) + req.shape, req.dtype)
+        return np.empty((n, *req.shape), req.dtype)
     import cupy  # optional dependency: device="cuda" only
 
     from .cuda import device_index
 
     with cupy.cuda.Device(device_index(req.path, req.device)):
-        return cupy.empty((n,) + req.shape, req.dtype)
+        return cupy.empty((n, *req.shape), req.dtype)
 
 
 def read_patch_batches(req: PatchRequest, cache=None) -> Iterator:
@@ -501,11 +501,11 @@ def fill_all(req: PatchRequest, out, cache=None):
     """
     n = len(req.locations)
     if req.device == "cpu":
-        check_out(out, (n,) + req.shape, req.dtype, req.path)
+        check_out(out, (n, *req.shape), req.dtype, req.path)
     else:
         import cupy  # optional dependency: device="cuda" only
 
-        check_out(out, (n,) + req.shape, req.dtype, req.path, cupy.ndarray, "cupy.ndarray")
+        check_out(out, (n, *req.shape), req.dtype, req.path, cupy.ndarray, "cupy.ndarray")
     reader = PatchReader(req, cache)
     for j0, j1 in reader.spans():
         reader.fill(j0, j1, out[j0:j1])

@@ -1,4 +1,5 @@
-"""``wsitool stress``: a multi-threaded random-region stress run with a memory-leak and thread-safety report (floor 6, consumers).
+"""``wsitool stress``: a multi-threaded random-region stress run with a memory-leak and thread-safety report
+(floor 6, consumers).
 
 :func:`run_stress` answers three questions about the decoder stack on one
 slide, with evidence: does memory grow, does any read return wrong pixels
@@ -43,17 +44,26 @@ this face does not import ``worker`` (the child imports it alone, so
 """
 
 # The names below stay importable from ``wsitool.stress`` as before the package split
-# (the CLI uses live_table / summary_table / plot_available); ``__all__`` is unchanged.
-from .config import (DEFAULT_MAX_GROWTH_MB, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STALL_TIMEOUT,
-                     DEFAULT_VERIFY_EVERY, DEFAULT_WARMUP, parse_levels)
-from .memory import (LEAK_SLOPE_MB_PER_1K, MIN_MEASURED_ITERATIONS, MIN_MEASURED_SAMPLES, OK_SLOPE_MB_PER_1K,
-                     WARMUP_READS_PER_WORKER)
+# (the CLI uses live_table / summary_table / plot_available); ``__all__`` is unchanged, so the
+# ones it does not list are re-exported with ``X as X``.
+from .config import DEFAULT_MAX_GROWTH_MB, parse_levels
+from .config import DEFAULT_SAMPLE_INTERVAL as DEFAULT_SAMPLE_INTERVAL
+from .config import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT
+from .config import DEFAULT_VERIFY_EVERY as DEFAULT_VERIFY_EVERY
+from .config import DEFAULT_WARMUP as DEFAULT_WARMUP
+from .memory import LEAK_SLOPE_MB_PER_1K as LEAK_SLOPE_MB_PER_1K
+from .memory import MIN_MEASURED_ITERATIONS as MIN_MEASURED_ITERATIONS
+from .memory import MIN_MEASURED_SAMPLES as MIN_MEASURED_SAMPLES
+from .memory import OK_SLOPE_MB_PER_1K as OK_SLOPE_MB_PER_1K
+from .memory import WARMUP_READS_PER_WORKER as WARMUP_READS_PER_WORKER
 from .plot import plot_available, write_plot
-from .report import MAX_LISTED, report_schema, validate_report, write_report
+from .report import MAX_LISTED as MAX_LISTED
+from .report import report_schema, validate_report, write_report
 from .results import StressProgress, StressReport
 from .runner import run_stress
 from .samplers import SAMPLERS
-from .table import live_table, summary_table
+from .table import live_table as live_table
+from .table import summary_table as summary_table
 from .verdict import EXIT_CODES
 
 __all__ = [

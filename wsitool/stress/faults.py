@@ -21,12 +21,11 @@ The report records the fault in force (``run.fault_injected``).
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 FAULT_ENV = "WSITOOL_STRESS_FAULT"
 FAULTS = ("leak", "corrupt", "segv", "hang")
 
 
-def injected_fault() -> Optional[str]:
+def injected_fault() -> str | None:
     """The fault :data:`FAULT_ENV` asks for, or None when it is unset or empty."""
     return os.environ.get(FAULT_ENV) or None

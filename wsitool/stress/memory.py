@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -100,8 +100,8 @@ class WarmUp:
     :func:`settled_start` may extend it (the plateau test)."""
 
     per_worker: int
-    iterations: Optional[int]
-    seconds: Optional[float]
+    iterations: int | None
+    seconds: float | None
 
     def over(self, s: dict) -> bool:
         """True when sample ``s`` (a child message) is measured, not warm-up."""
@@ -134,7 +134,7 @@ def t975(dof: int) -> float:
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * dof**3))
 
 
-def slope_ci95(xs: Sequence[float], ys: Sequence[float]) -> Optional[tuple[float, float]]:
+def slope_ci95(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
     """95 % confidence interval of the least-squares slope (per unit of x), or None.
 
     From the residual scatter around the line (ordinary least squares, t with
@@ -156,7 +156,7 @@ def slope_ci95(xs: Sequence[float], ys: Sequence[float]) -> Optional[tuple[float
     return float(b - h), float(b + h)
 
 
-def gpu_growth(measured: list[dict]) -> Optional[dict]:
+def gpu_growth(measured: list[dict]) -> dict | None:
     """GPU memory after warm-up from the ``gpu_memory_sample`` sampler, or None.
 
     Growth (end - start, MiB) of CuPy's pool bytes in use and of the device's
@@ -181,7 +181,7 @@ def min_measured_iterations(workers: int) -> int:
 
 
 def memory_verdict(meas: list, growth, gpu_growth_mb, ci, max_growth_mb: float,
-                   workers: int) -> tuple[str, Optional[str]]:
+                   workers: int) -> tuple[str, str | None]:
     """``("ok" | "leak" | "inconclusive", note)`` of the memory measured after warm-up.
 
     Args:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-
 import os
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -49,19 +49,20 @@ def write_plot(report: StressReport, path: str | os.PathLike) -> None:
     xs = [s["iterations"] for s in samples]
     ys = [s["rss_mb"] for s in samples]
     measured = [s["measured"] for s in samples]
-    ax.plot([x for x, m in zip(xs, measured) if not m], [y for y, m in zip(ys, measured) if not m],
-            ".", color="0.6", label="warm-up")
-    ax.plot([x for x, m in zip(xs, measured) if m], [y for y, m in zip(ys, measured) if m],
+    warm_x = [x for x, m in zip(xs, measured, strict=True) if not m]
+    warm_y = [y for y, m in zip(ys, measured, strict=True) if not m]
+    ax.plot(warm_x, warm_y, ".", color="0.6", label="warm-up")
+    ax.plot([x for x, m in zip(xs, measured, strict=True) if m], [y for y, m in zip(ys, measured, strict=True) if m],
             ".-", color="tab:blue", label="RSS")
     if mem.get("fit_intercept_mb") is not None and mem.get("slope_mb_per_1k") is not None:
-        mx = [x for x, m in zip(xs, measured) if m]
+        mx = [x for x, m in zip(xs, measured, strict=True) if m]
         fx = np.array([min(mx), max(mx)], dtype=float)
         ax.plot(fx, mem["fit_intercept_mb"] + mem["slope_mb_per_1k"] * fx / 1000.0, "--",
                 color="tab:red", label=f"fit: {mem['slope_mb_per_1k']:+.3f} MB / 1k it" + (
                     f" (95 %: {ci[0]:+.3f} to {ci[1]:+.3f})" if (ci := mem.get("slope_ci95_mb_per_1k")) else ""))
     # per-thread decoders made after warm-up (a thread meeting a tile kind for the
     # first time): each is a one-off step of RSS, not a leak
-    made = [s["iterations"] for prev, s in zip(samples, samples[1:])
+    made = [s["iterations"] for prev, s in pairwise(samples)
             if s["measured"] and s.get("decoders", 0) > prev.get("decoders", 0)]
     if made:
         ax.plot(made, [0.03] * len(made), "^", color="tab:orange", ms=5,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -20,11 +20,11 @@ class StressProgress:
 
     elapsed_s: float = 0.0
     iterations: int = 0
-    target: Optional[int] = None
-    duration_s: Optional[float] = None
+    target: int | None = None
+    duration_s: float | None = None
     reads_per_s: float = 0.0
     rss_mb: float = 0.0
-    growth_mb: Optional[float] = None
+    growth_mb: float | None = None
     verified: int = 0
     mismatches: int = 0
     errors: int = 0

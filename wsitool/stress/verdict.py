@@ -16,8 +16,6 @@ general codes 1-9 of :mod:`wsitool.cli`): 0 ok, 10 leak, 11 mismatch,
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..signals import signal_name
 from .memory import MIB
 
@@ -34,8 +32,8 @@ def excerpt(text: str, keep: int = 3000) -> str:
     return text[:keep] + "\n[... cut ...]\n" + text[-keep:]
 
 
-def crash_record(*, status: int, hang: bool, done: Optional[dict], fatal: Optional[str], last: dict,
-                 stall_timeout: float, stderr_tail: str) -> Optional[dict]:
+def crash_record(*, status: int, hang: bool, done: dict | None, fatal: str | None, last: dict,
+                 stall_timeout: float, stderr_tail: str) -> dict | None:
     """The report's ``crash`` section, or None when the child ended normally.
 
     ``status`` is the child's exit status (negative: killed by that signal),
@@ -67,7 +65,7 @@ def crash_record(*, status: int, hang: bool, done: Optional[dict], fatal: Option
     }
 
 
-def judge(*, crash: Optional[dict], hang: bool, mismatches: int, read_errors: int,
+def judge(*, crash: dict | None, hang: bool, mismatches: int, read_errors: int,
           memory_verdict: str) -> tuple[list[str], str]:
     """``(problems, verdict)``: every problem that applies, most serious first, and that one (or ``"ok"``)."""
     problems = []

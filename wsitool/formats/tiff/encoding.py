@@ -57,9 +57,8 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
               else "webp" if comp in WEBP_COMPRESSIONS
               else "lzw" if comp == LZW
               else None)
-    if comp == JPEG and eight_bit_rgb and photometric in (_PHOTOMETRIC_RGB, _PHOTOMETRIC_YCBCR):
-        codec = "nv"
-    elif comp in J2K_COMPRESSIONS and eight_bit_rgb:
+    if eight_bit_rgb and ((comp == JPEG and photometric in (_PHOTOMETRIC_RGB, _PHOTOMETRIC_YCBCR))
+                          or comp in J2K_COMPRESSIONS):
         codec = "nv"
     else:
         codec = "generic"

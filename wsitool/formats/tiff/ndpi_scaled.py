@@ -40,6 +40,7 @@ skipped).
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def scaled_plan(stored: list[tuple[int, int, int, int, tuple[int, ...]]]) -> lis
         level would hide another.
     """
     widths = [w for w, *_ in stored]
-    if any(b >= a for a, b in zip(widths, widths[1:])):
+    if any(b >= a for a, b in pairwise(widths)):
         return [(i, 1) for i in range(len(stored))]
     by_width: dict[int, tuple[int, int]] = {}
     for i, (width, _height, tw, th, denoms) in enumerate(stored):

@@ -54,7 +54,7 @@ def other_images(tiff: tifffile.TiffFile) -> dict[int, str]:
     """
     try:
         series = tiff.series
-    except Exception:  # noqa: BLE001 - an unreadable OME-XML: fall back to every IFD
+    except Exception:  # an unreadable OME-XML: fall back to every IFD
         return {}
     if len(series) < 2 or any(s.kind != "ome" for s in series):
         return {}

@@ -260,13 +260,13 @@ def _is_reduced(page) -> bool:
 def _segments(page, file_size: int) -> tuple[tuple[int, int], ...] | None:
     """The IFD's ``(offset, count)`` segments (module docstring, 3), or None where OpenSlide
     hashes none: no or mismatched lists, over :data:`LIMIT`, or a segment outside the file."""
-    for offsets_code, counts_code in (_TILE_TAGS, _STRIP_TAGS):
-        offsets_tag = _tag(page, offsets_code)
+    for tags in (_TILE_TAGS, _STRIP_TAGS):  # (offsets code, counts code)
+        offsets_tag = _tag(page, tags[0])
         if offsets_tag is not None and int(offsets_tag.count) > 0:
             break
     else:
         return None
-    counts_tag = _tag(page, counts_code)
+    counts_tag = _tag(page, tags[1])
     if counts_tag is None or int(counts_tag.count) != int(offsets_tag.count):
         return None
     offsets, counts = _sequence(offsets_tag.value), _sequence(counts_tag.value)
@@ -276,7 +276,7 @@ def _segments(page, file_size: int) -> tuple[tuple[int, int], ...] | None:
         total = sum(counts)
         if not isinstance(total, (int, np.integer)) or total > LIMIT or min(counts) < 0:
             return None  # (a float among them makes the total a float)
-        segments = tuple(zip(map(operator.index, offsets), map(operator.index, counts)))
+        segments = tuple(zip(map(operator.index, offsets), map(operator.index, counts), strict=True))
     except TypeError:
         return None
     if min(offsets) < 0 or max((o + c for o, c in segments if c), default=0) > file_size:
