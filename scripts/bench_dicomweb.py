@@ -28,8 +28,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -143,7 +141,7 @@ def main() -> int:
                 sop = slide.levels[0].source.sop
                 before = proxy.requests
                 run["wsitool_rps"] = round(timed(
-                    lambda x, y: slide.read_region((x, y), 0, (args.region, args.region), threads=1),
+                    lambda x, y, slide=slide: slide.read_region((x, y), 0, (args.region, args.region), threads=1),
                     locs, threads), 1)
                 run["wsitool_requests_per_region"] = round((proxy.requests - before) / len(locs), 2)
                 slide.close()
@@ -151,7 +149,7 @@ def main() -> int:
                 client = DicomWebClient(parse_series_url(purl), {"frame_cache_mb": 0})
                 t, across = args.tile, -(-args.size // args.tile)
 
-                def frames(x, y):
+                def frames(x, y, t=t, across=across, client=client, sop=sop, syntax=syntax):  # this run's values
                     c0, c1 = x // t, (x + args.region - 1) // t
                     r0, r1 = y // t, (y + args.region - 1) // t
                     nums = [r * across + c + 1 for r in range(r0, r1 + 1) for c in range(c0, c1 + 1)]
@@ -165,7 +163,7 @@ def main() -> int:
                                                requested_transfer_syntax=syntax)
                     before = proxy.requests
                     run["wsidicom_rps"] = round(timed(
-                        lambda x, y: wslide.read_region((x, y), 0, (args.region, args.region)),
+                        lambda x, y, wslide=wslide: wslide.read_region((x, y), 0, (args.region, args.region)),
                         locs, threads), 1)
                     run["wsidicom_requests_per_region"] = round((proxy.requests - before) / len(locs), 2)
                     wslide.close()

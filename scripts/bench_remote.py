@@ -55,7 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import remote_servers as rs  # noqa: E402
+import remote_servers as rs
 
 READERS = ("wsitool", "tiffslide", "tiffslide-block64k")
 
@@ -124,7 +124,7 @@ def child(job: dict) -> list[dict]:
         w, h = slide.dimensions
         rng = random.Random(cell["seed"])
 
-        def where(r):
+        def where(r, w=w, h=h, size=size):  # (defaults: this cell's values)
             return (r.randrange(0, w - size), r.randrange(0, h - size))
 
         read(slide, where(rng), (size, size))
@@ -133,7 +133,7 @@ def child(job: dict) -> list[dict]:
         stop = time.perf_counter() + job["seconds"]
         counts = [0] * threads
 
-        def worker(k):
+        def worker(k, cell=cell, slide=slide, size=size, stop=stop, counts=counts, where=where):
             r = random.Random(cell["seed"] * 100 + k + 1)
             while time.perf_counter() < stop or counts[k] == 0:
                 read(slide, where(r), (size, size))

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -130,10 +131,8 @@ class Server:
         """The server's RSS: its process and its worker processes (``--workers``), summed."""
         total = self.ps.memory_info().rss
         for child in self.ps.children(recursive=True):
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += child.memory_info().rss
-            except psutil.Error:
-                pass
         return total
 
     def sample(self):
@@ -204,10 +203,8 @@ class ExternalServer(Server):
             self._found = time.monotonic()
         total = 0
         for p in self._procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += p.memory_info().rss
-            except psutil.Error:
-                pass
         return total
 
     def stop(self):

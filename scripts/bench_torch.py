@@ -139,7 +139,8 @@ def main() -> None:
             else:
                 loader = DataLoader(ds, batch_size=64, shuffle=shuffle, num_workers=nw, persistent_workers=True,
                                     collate_fn=collate_patches)
-                set_epoch = lambda e: None  # noqa: E731
+                def set_epoch(e):
+                    return None
             first, best, cpu = rate_loader(loader, set_epoch, args.repeat)
             print(f"DataLoader {nw} workers, {name:38s} {best:8.0f} patches/s  ({best / base:.2f}x; "
                   f"first epoch with worker start {first:.0f}/s); {cpu:.0f} per CPU-second "

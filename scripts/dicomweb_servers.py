@@ -92,28 +92,27 @@ def orthanc(threads: int | None = None):
         path = os.path.join(tmp, "orthanc.json")
         with open(path, "w") as fp:
             json.dump(config, fp)
-        log = open(os.path.join(tmp, "orthanc.log"), "wb")
-        proc = subprocess.Popen([ORTHANC, path], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/system", timeout=2):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.close()
-                        with open(os.path.join(tmp, "orthanc.log"), "rb") as fp:
-                            tail = fp.read()[-2000:].decode("utf-8", "replace")
-                        raise RuntimeError(f"Orthanc did not start:\n{tail}") from None
-                    time.sleep(0.1)
-            yield Server(port)
-        finally:
-            proc.terminate()
+        with open(os.path.join(tmp, "orthanc.log"), "wb") as log:
+            proc = subprocess.Popen([ORTHANC, path], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/system", timeout=2):
+                            break
+                    except OSError:
+                        if proc.poll() is not None or time.monotonic() > deadline:
+                            log.close()
+                            with open(os.path.join(tmp, "orthanc.log"), "rb") as fp:
+                                tail = fp.read()[-2000:].decode("utf-8", "replace")
+                            raise RuntimeError(f"Orthanc did not start:\n{tail}") from None
+                        time.sleep(0.1)
+                yield Server(port)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

@@ -18,6 +18,7 @@ Used by ``tests/remote`` and ``scripts/bench_remote.py``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import select
 import shutil
@@ -139,8 +140,8 @@ http {{
 def moto_available() -> bool:
     """True when ``moto_server`` and boto3 can be used."""
     try:
-        import boto3  # noqa: F401
-        import moto  # noqa: F401
+        importlib.import_module("boto3")
+        importlib.import_module("moto")
     except ImportError:
         return False
     return _moto_command() is not None
@@ -166,7 +167,7 @@ def moto_s3():
     if cmd is None:
         raise RuntimeError("moto_server is not installed (pip install 'moto[server]')")
     port = free_port()
-    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port, proc, 60)
@@ -309,24 +310,23 @@ def seaweedfs_s3():
                f"-master.port={ports[0]}", f"-volume.port={ports[1]}", "-filer", f"-filer.port={ports[2]}",
                "-s3", f"-s3.port={ports[3]}", "-s3.port.iceberg=0", "-s3.port.lance=0",
                "-master.volumeSizeLimitMB=1024"]
-        log = open(Path(tmp) / "weed.log", "wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{ports[3]}"
-            end = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"weed exited with status {proc.returncode}")
-                try:
-                    urllib.request.urlopen(url + "/", timeout=2).read()
-                    break
-                except Exception:
-                    if time.monotonic() > end:
-                        raise RuntimeError("SeaweedFS's S3 gateway did not answer within 60 s") from None
-                    time.sleep(0.25)
-            env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                   "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
-            yield Server(url, ports[3], None, {"env": env})
-        finally:
-            _stop(proc)
-            log.close()
+        with open(Path(tmp) / "weed.log", "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                url = f"http://127.0.0.1:{ports[3]}"
+                end = time.monotonic() + 60
+                while True:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"weed exited with status {proc.returncode}")
+                    try:
+                        urllib.request.urlopen(url + "/", timeout=2).read()
+                        break
+                    except Exception:
+                        if time.monotonic() > end:
+                            raise RuntimeError("SeaweedFS's S3 gateway did not answer within 60 s") from None
+                        time.sleep(0.25)
+                env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+                yield Server(url, ports[3], None, {"env": env})
+            finally:
+                _stop(proc)

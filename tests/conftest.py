@@ -9,6 +9,7 @@ is absent.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,17 @@ REPO_SAMPLES = REPO / "samples"
 
 NO_SHARED = f"real slides folder {SHARED_SAMPLES} is absent"
 NO_BUGS = f"bug-inputs folder {BUG_INPUTS} is absent"
+
+# The fixtures of the server tests (serve_slides; nginx_factory, scripted), registered here for
+# tests/serve and tests/remote.  Not a conftest.py in those folders: without packages, pytest
+# imports every conftest.py as the module `conftest`, so a second one would take the place of
+# this one for the tests that `from conftest import ...`.  Appended to sys.path (pytest prepends
+# a test module's folder only when it imports that module), after everything else.
+for _folder in ("serve", "remote"):
+    _path = str(Path(__file__).resolve().parent / _folder)
+    if _path not in sys.path:
+        sys.path.append(_path)
+pytest_plugins = ["serve_helpers", "remote_helpers"]
 
 
 def script_module(name: str):

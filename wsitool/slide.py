@@ -14,26 +14,27 @@ Slides opened by path once per process (Dask tasks, batch workers) come from
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
 import types
 import warnings
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
-from .codec.associated import decode_associated
 from .codec import library as nvlib
+from .codec.associated import decode_associated
 from .deepzoom import best_level_for_downsample
 from .errors import InvalidRegionError, SlideWarning, WsiError
 from .formats import open_dicomweb, open_folder, open_pyramid
 from .model import AssociatedImage, Level
 from .read.cache import TileCache
-from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.icc import COLOR_MODES, IccTransform
 from .read.lazy import level_array
+from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.region import read_region
 from .storage import is_url, open_source, redact
 from .storage.dicomweb import parse_series_url
@@ -465,17 +466,15 @@ class Slide:
         """True once :meth:`close` was called."""
         return self._closed
 
-    def __enter__(self) -> "Slide":
+    def __enter__(self) -> Slide:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def __del__(self):  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"

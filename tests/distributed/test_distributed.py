@@ -12,6 +12,7 @@ import os
 import pickle
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,7 +165,7 @@ def test_load_regions_csv(tmp_path):
     f = tmp_path / "r.csv"
     f.write_text(REGIONS_CSV)
     reqs = D.load_regions_csv(f)
-    assert [r.name for r in reqs][0] == "first"
+    assert next(r.name for r in reqs) == "first"
     assert reqs[1].name == "000002_x100_y50_L1_256x256"
     assert (reqs[2].x, reqs[2].y, reqs[2].level, reqs[2].width, reqs[2].height) == (-20, -30, 2, 100, 100)
     bad = tmp_path / "bad.csv"
@@ -192,9 +193,9 @@ def test_read_regions_threads_equal_single_reads(tmp_path, fmt):
     assert [o.status for o in outcomes] == ["ok"] * len(reqs)
     assert len(seen) == len(reqs)
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{r.name}.{fmt}" for r in reqs)
-    for r, o in zip(reqs, outcomes):
+    for r, o in zip(reqs, outcomes, strict=True):
         data = (np.load(o.path) if fmt == "npy"
-                else imagecodecs.png_decode(open(o.path, "rb").read()))
+                else imagecodecs.png_decode(Path(o.path).read_bytes()))
         np.testing.assert_array_equal(data, _single(SAMPLE, r))
 
 
@@ -232,7 +233,7 @@ def test_read_regions_on_cluster_equal_single_reads(tmp_path, client):
     f.write_text(REGIONS_CSV)
     reqs = D.load_regions_csv(f)
     outcomes = D.read_regions(SAMPLE, f, tmp_path / "files", format="npy", scheduler=client, batch_size=2)
-    for r, o in zip(reqs, outcomes):
+    for r, o in zip(reqs, outcomes, strict=True):
         assert o.status == "ok"
         np.testing.assert_array_equal(np.load(o.path), _single(SAMPLE, r))
     outcomes = D.read_regions(SAMPLE, f, tmp_path / "pack", pack=True, scheduler=client)
@@ -312,7 +313,7 @@ def _check_export(source, output, single_dir):
 @needs_export
 def test_export_many_on_cluster_corrupt_and_resume(tmp_path, client):
     good, corrupt = _batch_sources(tmp_path)
-    sources = good[:2] + [corrupt] + good[2:]
+    sources = [*good[:2], corrupt, *good[2:]]
     out = tmp_path / "out"
     seen, tiles = [], {}
     outcomes = D.export_many(sources, out, scheduler=client, compression="deflate", progress=seen.append,
@@ -351,7 +352,7 @@ def test_export_many_on_cluster_corrupt_and_resume(tmp_path, client):
 def test_cli_export_pyramid_batch_on_scheduler_address(tmp_path, client):
     good, corrupt = _batch_sources(tmp_path)
     listing = tmp_path / "list.txt"
-    listing.write_text("\n".join(good[:2] + [corrupt]) + "\n# a comment\n\n")
+    listing.write_text("\n".join([*good[:2], corrupt]) + "\n# a comment\n\n")
     out = tmp_path / "out"
     runner = CliRunner()
     res = runner.invoke(app, ["export-pyramid", str(out), "--from-list", str(listing),
@@ -450,7 +451,7 @@ def test_read_regions_own_local_cluster(tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "LocalCluster", SpyCluster)
     reqs = [D.RegionRequest(200, 300, 0, 64, 48, "a"), D.RegionRequest(0, 0, 2, 384, 288, "b")]
     outcomes = D.read_regions(SAMPLE, reqs, tmp_path, format="npy", scheduler="local")
-    for r, o in zip(reqs, outcomes):
+    for r, o in zip(reqs, outcomes, strict=True):
         np.testing.assert_array_equal(np.load(o.path), _single(SAMPLE, r))
     assert len(made) == 1
     cluster, kinds = made[0]

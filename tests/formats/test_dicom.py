@@ -88,14 +88,14 @@ def test_every_sample_opens_and_reads_every_level(name):
         assert ("(first of" in slide.properties["wsitool.dicom.optical-path"]) != bool(slide.channels)
 
 
-@pytest.mark.parametrize("name", sorted(OPENSLIDE) + [SERIES])
+@pytest.mark.parametrize("name", [*sorted(OPENSLIDE), SERIES])
 def test_geometry_mpp_and_associated_match_openslide(name):
     osr = _openslide().OpenSlide(str(shared_sample(f"{SERIES}/level-0-frames-0-30.dcm"))) \
         if name == SERIES else _oracle(name)
     with wsitool.open_slide(shared_sample(name)) as slide:
         assert slide.level_count == osr.level_count
         assert slide.level_dimensions == osr.level_dimensions
-        for ours, theirs in zip(slide.level_downsamples, osr.level_downsamples):
+        for ours, theirs in zip(slide.level_downsamples, osr.level_downsamples, strict=True):
             assert math.isclose(ours, theirs, rel_tol=1e-12)
         for key in ("openslide.mpp-x", "openslide.mpp-y", "openslide.objective-power"):
             theirs, ours = osr.properties.get(key), slide.properties.get(key)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import re
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
-
-import importlib.util
-import sys
-from pathlib import Path
 
 
 def _servers():

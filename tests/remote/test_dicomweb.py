@@ -85,7 +85,7 @@ def test_every_series_reads_the_same_over_dicomweb(sample, orthanc):
         assert remote.level_downsamples == local.level_downsamples
         assert [lv.tile_width for lv in remote.levels] == [lv.tile_width for lv in local.levels]
         assert [repr(c) for c in remote.channels] == [repr(c) for c in local.channels]
-        for a, b in zip(remote.channels, local.channels):
+        for a, b in zip(remote.channels, local.channels, strict=True):
             assert (a.lut is None) == (b.lut is None)
             assert a.lut is None or np.array_equal(a.lut, b.lut)
         for lv, (w, h) in enumerate(local.level_dimensions):

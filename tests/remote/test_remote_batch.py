@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 import wsitool
+from wsitool.cli import app
+
 from conftest import NO_SHARED, SHARED_SAMPLES
 from remote_helpers import servers
-from wsitool.cli import app
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
 boto3 = pytest.importorskip("boto3", reason="boto3 (with moto[server]) is not installed")

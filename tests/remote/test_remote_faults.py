@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 import wsitool
-from conftest import NO_SHARED, SHARED_SAMPLES
-from remote_helpers import client_connections, remote_threads, scripted  # noqa: F401  (a fixture)
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, RemoteUnavailableError
+
+from conftest import NO_SHARED, SHARED_SAMPLES
+from remote_helpers import client_connections, remote_threads
+
+# scripted: a fixture of remote_helpers (registered by tests/conftest.py)
 
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
 
@@ -99,7 +102,7 @@ def test_a_hanging_server_times_out(scripted, data):
     try:
         script.default = "hang"
         t0 = time.monotonic()
-        with pytest.raises(RemoteUnavailableError, match="timed out|timeout"):
+        with pytest.raises(RemoteUnavailableError, match=r"timed out|timeout"):
             s.read_region((0, 0), 0, (1000, 1000), mode="rgb")
         assert time.monotonic() - t0 < FAST["operation_timeout"] + 2
     finally:

@@ -11,16 +11,19 @@ import numpy as np
 import pytest
 
 import wsitool
-from conftest import NO_SHARED, SHARED_SAMPLES
-from remote_helpers import client_connections, scripted  # noqa: F401 (fixture)
 from wsitool.errors import WsiError
 from wsitool.storage import redact
+
+from conftest import NO_SHARED, SHARED_SAMPLES
+from remote_helpers import client_connections
+
+# scripted: a fixture of remote_helpers (registered by tests/conftest.py)
 
 NAME = "aperio-cmu1-small-region-jpeg.svs"
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
-def test_a_forked_child_reads_through_new_connections(scripted):  # noqa: F811
+def test_a_forked_child_reads_through_new_connections(scripted):
     path = SHARED_SAMPLES / NAME
     if not path.is_file():
         pytest.skip(NO_SHARED)

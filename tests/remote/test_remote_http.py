@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import wsitool
+
 from conftest import NO_SHARED, SHARED_SAMPLES, tiff_samples
-from remote_helpers import nginx_factory  # noqa: F401  (a fixture)
+
+# nginx_factory: a fixture of remote_helpers (registered by tests/conftest.py)
 
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
 

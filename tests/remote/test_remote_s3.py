@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import wsitool
-from conftest import NO_SHARED, SHARED_SAMPLES, tiff_samples
-from remote_helpers import servers
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteChangedError, RemoteNotFoundError
+
+from conftest import NO_SHARED, SHARED_SAMPLES, tiff_samples
+from remote_helpers import servers
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
 boto3 = pytest.importorskip("boto3", reason="boto3 (with moto[server]) is not installed")

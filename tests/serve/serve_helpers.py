@@ -1,8 +1,9 @@
 """Helpers of the server tests: a server on 127.0.0.1 in a thread of the test process.
 
-Test modules import :func:`serve_slides` (a fixture) from here; not a
+tests/conftest.py registers this module as a plugin (``pytest_plugins``), which
+makes :func:`serve_slides` (a fixture) available to the test modules; not a
 ``conftest.py``, so that ``from conftest import ...`` elsewhere keeps meaning
-tests/conftest.py.
+tests/conftest.py.  The web stack is optional: the fixture skips without it.
 """
 
 from __future__ import annotations
@@ -11,10 +12,6 @@ import contextlib
 import threading
 
 import pytest
-
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
-httpx = pytest.importorskip("httpx")
 
 
 @contextlib.contextmanager
@@ -54,4 +51,6 @@ def running_server(sources, timeout: float = 20.0, **options):
 @pytest.fixture
 def serve_slides():
     """``serve_slides(sources, **ServeConfig options)``: the :func:`running_server` context manager."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
     return running_server

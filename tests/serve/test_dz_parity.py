@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve_helpers import serve_slides  # noqa: F401  (fixture)
+# serve_slides: a fixture of serve_helpers (registered by tests/conftest.py)
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
 
 httpx = pytest.importorskip("httpx")
 openslide = pytest.importorskip("openslide")
@@ -45,25 +47,27 @@ def test_dz_matches_deepzoomgenerator(name, serve_slides):
         pytest.skip(f"real slide {path} is absent")
     gen = DeepZoomGenerator(openslide.OpenSlide(str(path)))
     worst = 0.0
-    with serve_slides([path], threads=2, cache_mb=64) as (url, state):
-        with httpx.Client(base_url=url, timeout=60) as client:
-            dzi = client.get(f"/dz/{name}.dzi")
-            assert dzi.status_code == 200
-            assert dzi.text == gen.get_dzi("jpeg")
-            for level in range(gen.level_count):
-                cols, rows = gen.level_tiles[level]
-                for col, row in itertools.product(_sample(cols), _sample(rows)):
-                    r = client.get(f"/dz/{name}_files/{level}/{col}_{row}.png")
-                    assert r.status_code == 200, (level, col, row, r.text)
-                    ours = np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"), dtype=np.int16)
-                    theirs = np.asarray(gen.get_tile(level, (col, row)).convert("RGB"), dtype=np.int16)
-                    assert ours.shape == theirs.shape, (level, col, row)
-                    mad = float(np.abs(ours - theirs).mean())
-                    worst = max(worst, mad)
-                    assert mad <= 2.0, (level, col, row, mad)
-            # outside the grid: 404
-            assert client.get(f"/dz/{name}_files/{gen.level_count}/0_0.jpeg").status_code == 404
-            assert client.get(f"/dz/{name}_files/0/5_5.jpeg").status_code == 404
+    with (
+        serve_slides([path], threads=2, cache_mb=64) as (url, _state),
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        dzi = client.get(f"/dz/{name}.dzi")
+        assert dzi.status_code == 200
+        assert dzi.text == gen.get_dzi("jpeg")
+        for level in range(gen.level_count):
+            cols, rows = gen.level_tiles[level]
+            for col, row in itertools.product(_sample(cols), _sample(rows)):
+                r = client.get(f"/dz/{name}_files/{level}/{col}_{row}.png")
+                assert r.status_code == 200, (level, col, row, r.text)
+                ours = np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"), dtype=np.int16)
+                theirs = np.asarray(gen.get_tile(level, (col, row)).convert("RGB"), dtype=np.int16)
+                assert ours.shape == theirs.shape, (level, col, row)
+                mad = float(np.abs(ours - theirs).mean())
+                worst = max(worst, mad)
+                assert mad <= 2.0, (level, col, row, mad)
+        # outside the grid: 404
+        assert client.get(f"/dz/{name}_files/{gen.level_count}/0_0.jpeg").status_code == 404
+        assert client.get(f"/dz/{name}_files/0/5_5.jpeg").status_code == 404
     print(f"{name}: worst tile MAD {worst:.3f}")
 
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wsitool.serve.iiif import (IIIFError, ServiceLimits, info_document, parse_image_request,
-                                parse_region, parse_rotation, parse_size, scale_factors)
-from wsitool.serve.render import finish, plan_read, thumbnail_size
 from wsitool.areafilter import AreaReducer, reduce_area
+from wsitool.serve.iiif import (
+    IIIFError,
+    ServiceLimits,
+    info_document,
+    parse_image_request,
+    parse_region,
+    parse_rotation,
+    parse_size,
+    scale_factors,
+)
+from wsitool.serve.render import finish, plan_read, thumbnail_size
 
 LIM = ServiceLimits(4000, 4000, 4000 * 3000)
 

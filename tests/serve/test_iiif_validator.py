@@ -15,7 +15,9 @@ import random
 import numpy as np
 import pytest
 
-from serve_helpers import serve_slides  # noqa: F401  (fixture)
+# serve_slides: a fixture of serve_helpers (registered by tests/conftest.py)
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
 
 httpx = pytest.importorskip("httpx")
 validator = pytest.importorskip("iiif_validator.validator")
@@ -76,7 +78,7 @@ def test_validator_level2_passes(tmp_path, serve_slides):
     suite = validator.TestSuite(validator.ValidationInfo()).list_tests("3.0")
     level2 = sorted(n for n, t in suite.items() if t["level"] <= 2)
     level3 = sorted(n for n, t in suite.items() if t["level"] == 3 and n not in LEVEL3_BROKEN)
-    with serve_slides([folder], threads=2, cache_mb=32) as (url, state):
+    with serve_slides([folder], threads=2, cache_mb=32) as (url, _state):
         server = url.split("://", 1)[1]
         results = _run(level2, server, "validator-squares.tif")
         extra = _run(level3, server, "validator-squares.tif")

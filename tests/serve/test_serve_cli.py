@@ -57,7 +57,7 @@ def test_serve_stops_cleanly_on_signals(sig, code):
         status = httpx.get(f"http://127.0.0.1:{port}/status", timeout=10).json()
         assert status["cache"]["misses"] > 0 and status["slides"] == 1
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import serve_slides  # noqa: F401  (fixture)
+# serve_slides: a fixture of serve_helpers (registered by tests/conftest.py)
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
 
 httpx = pytest.importorskip("httpx")
 
@@ -93,36 +95,40 @@ BAD = [
 
 
 def test_bad_requests_get_short_errors(folder, serve_slides):
-    with serve_slides([folder], threads=2, cache_mb=8) as (url, state):
-        with httpx.Client(base_url=url, timeout=20) as client:
-            for path, status in BAD:
-                r = client.get(path)
-                assert r.status_code == status, (path, r.status_code, r.text)
-                if status != 200:
-                    assert len(r.content) < 300
-                if path.startswith(("/iiif/", "/dz/")):
-                    assert r.headers.get("access-control-allow-origin") == "*"
-            r = client.get("/iiif/3/b.svs", follow_redirects=False)
-            assert r.status_code == 303 and r.headers["location"].endswith("/iiif/3/b.svs/info.json")
-            assert client.get("/iiif/3/b.svs/full/max/0/default.jpg").status_code == 200
-            status = client.get("/status").json()
-            assert status["status_codes"]["400"] >= 10 and status["requests_in_flight"] == 1
+    with (
+        serve_slides([folder], threads=2, cache_mb=8) as (url, _state),
+        httpx.Client(base_url=url, timeout=20) as client,
+    ):
+        for path, status in BAD:
+            r = client.get(path)
+            assert r.status_code == status, (path, r.status_code, r.text)
+            if status != 200:
+                assert len(r.content) < 300
+            if path.startswith(("/iiif/", "/dz/")):
+                assert r.headers.get("access-control-allow-origin") == "*"
+        r = client.get("/iiif/3/b.svs", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].endswith("/iiif/3/b.svs/info.json")
+        assert client.get("/iiif/3/b.svs/full/max/0/default.jpg").status_code == 200
+        status = client.get("/status").json()
+        assert status["status_codes"]["400"] >= 10 and status["requests_in_flight"] == 1
 
 
 def test_corrupt_tile_is_a_500_and_the_server_goes_on(tmp_path, serve_slides, caplog):
     broken = SAMPLES_SHARED / "broken-aperio-unreadable-jpeg.svs"
     if not broken.exists():
         pytest.skip(f"real slide {broken} is absent")
-    with serve_slides([broken, SLIDE], threads=2, cache_mb=8) as (url, state):
-        with httpx.Client(base_url=url, timeout=20) as client:
-            for _ in range(3):
-                r = client.get("/iiif/3/broken-aperio-unreadable-jpeg.svs/full/max/0/default.jpg")
-                assert r.status_code == 500 and len(r.content) < 200
-                r = client.get("/dz/broken-aperio-unreadable-jpeg.svs_files/4/0_0.jpeg")
-                assert r.status_code == 500
-            assert client.get("/iiif/3/broken-aperio-unreadable-jpeg.svs/info.json").status_code == 200
-            assert client.get("/iiif/3/sample-aperio-jpeg.svs/full/128,/0/default.jpg").status_code == 200
-            assert state.cache.stats().failures >= 1
+    with (
+        serve_slides([broken, SLIDE], threads=2, cache_mb=8) as (url, state),
+        httpx.Client(base_url=url, timeout=20) as client,
+    ):
+        for _ in range(3):
+            r = client.get("/iiif/3/broken-aperio-unreadable-jpeg.svs/full/max/0/default.jpg")
+            assert r.status_code == 500 and len(r.content) < 200
+            r = client.get("/dz/broken-aperio-unreadable-jpeg.svs_files/4/0_0.jpeg")
+            assert r.status_code == 500
+        assert client.get("/iiif/3/broken-aperio-unreadable-jpeg.svs/info.json").status_code == 200
+        assert client.get("/iiif/3/sample-aperio-jpeg.svs/full/128,/0/default.jpg").status_code == 200
+        assert state.cache.stats().failures >= 1
     lines = [r for r in caplog.records if r.name == "wsitool.serve" and r.levelname == "ERROR"]
     assert lines and all("\n" not in r.getMessage() for r in lines)
     assert "broken-aperio-unreadable-jpeg.svs" in lines[0].getMessage()
@@ -131,7 +137,7 @@ def test_corrupt_tile_is_a_500_and_the_server_goes_on(tmp_path, serve_slides, ca
 def test_a_400_names_the_slide_by_its_id_not_its_path(folder, serve_slides):
     import wsitool
 
-    with serve_slides([folder], threads=1, cache_mb=0) as (url, state):
+    with serve_slides([folder], threads=1, cache_mb=0) as (url, _state):
         with wsitool.limits(max_region_pixels=64 * 64):  # any real read is now over the limit
             r = httpx.get(f"{url}/iiif/3/cases~a.svs/full/max/0/default.jpg")
         assert r.status_code == 400, r.text

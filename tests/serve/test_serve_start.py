@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("uvicorn")
 
-import wsitool  # noqa: E402
-from wsitool.serve.registry import SlideRegistry  # noqa: E402
+import wsitool
+from wsitool.serve.registry import SlideRegistry
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO
 
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 SLIDE2 = REPO / "samples" / "sample-aperio-j2k.svs"
@@ -164,7 +164,7 @@ def test_workers_share_the_port_and_the_budget_and_stop_on_sigterm():
         assert status["pid"] in {w.pid for w in workers}           # a worker answered
         assert status["cache"]["max_bytes"] == 32 << 20 and status["threads"] == 1
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,8 @@ import wsitool
 from wsitool.errors import TileDecodeError, TileWarning
 from wsitool.read.cache import ENTRY_OVERHEAD, MAP_MIN_BYTES, TileCache, entry_cost
 
-from conftest import REPO, SHARED_SAMPLES  # noqa: E402
+from conftest import REPO, SHARED_SAMPLES
+
 SAMPLES = sorted((REPO / "samples").glob("sample-*"))
 
 
@@ -40,7 +40,9 @@ def test_budget_lru_and_counters():
     one = entry_cost(1000)
     assert one >= 1000 + ENTRY_OVERHEAD
     cache = TileCache(3 * one)
-    tile = lambda v: (lambda: np.full((10, 10, 10), v, np.uint8))  # 1000 bytes each  # noqa: E731
+    def tile(v):  # a loader of a 1000-byte tile
+        return lambda: np.full((10, 10, 10), v, np.uint8)
+
     scope = cache.scope()
     for i in range(3):
         scope.tile(0, i, 0, "rgb", tile(i))

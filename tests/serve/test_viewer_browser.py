@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve_helpers import serve_slides  # noqa: F401  (fixture)
-
 from wsitool.serve.config import OPENSEADRAGON_VERSION
+
+# serve_slides: a fixture of serve_helpers (registered by tests/conftest.py)
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES_SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared")) / "samples"
@@ -126,7 +128,7 @@ def test_an_unreachable_viewer_script_shows_a_message(browser, serve_slides):
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/openseadragon.min.js"  # nothing listens there
     slide = REPO / "samples" / "sample-aperio-jpeg.svs"
-    with serve_slides([slide], threads=1, cache_mb=0, viewer_js=dead) as (url, state):
+    with serve_slides([slide], threads=1, cache_mb=0, viewer_js=dead) as (url, _state):
         browser.get(f"{url}/view/{slide.name}")
         _wait(browser, "var m = document.getElementById('viewer-missing');"
                        "return m !== null && !m.hidden;")

@@ -1,4 +1,5 @@
-"""Terminal output of the CLI: the consoles, one-line errors and warnings, and exit codes by exception class (floor 9)."""
+"""Terminal output of the CLI: the consoles, one-line errors and warnings, and exit codes by
+exception class (floor 9)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextlib
 import functools
 import os
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
@@ -86,16 +87,14 @@ def shown(text) -> str:
     return escape(errors.printable(text))
 
 
-def fail(message: str, code: int) -> "typer.Exit":
+def fail(message: str, code: int) -> typer.Exit:
     """Print one error line to stderr and return the Exit to raise."""
-    try:
+    with contextlib.suppress(OSError):  # no terminal any more (SIGHUP), a closed pipe: the exit code still tells
         err_console.print(f"[bold red]wsitool: error:[/] {shown(message)}", highlight=False, soft_wrap=True)
-    except OSError:  # no terminal any more (SIGHUP), a closed pipe: the exit code still tells
-        pass
     return typer.Exit(code)
 
 
-def interrupted(code: int) -> "typer.Exit":
+def interrupted(code: int) -> typer.Exit:
     """After SIGINT / SIGTERM / SIGHUP (exit status ``code`` = 128 + signal): remove this
     process's partial outputs, print the one "interrupted" line, return the Exit to raise."""
     signals.cleanup_partials()
@@ -140,7 +139,7 @@ STORAGE_OPTION_HELP = ("For a slide URL (http(s)://, s3://, gs://, az://): KEY=V
                        "headers.Authorization='Bearer ...'); VALUE is read as JSON when it parses, else as text.")
 
 
-def storage_options(items: Optional[list]) -> Optional[dict]:
+def storage_options(items: list | None) -> dict | None:
     """The ``--storage-option KEY=VALUE`` items as a dict (None when there are none).
 
     VALUE is JSON when it parses as JSON (``true``, ``30``, ``{"a": 1}``), else the text;
@@ -149,7 +148,7 @@ def storage_options(items: Optional[list]) -> Optional[dict]:
     """
     if not items:
         return None
-    import json  # noqa: PLC0415
+    import json
 
     out: dict = {}
     for item in items:
@@ -171,7 +170,7 @@ def storage_options(items: Optional[list]) -> Optional[dict]:
     return out
 
 
-def max_pixels_scope(max_pixels: Optional[int]):
+def max_pixels_scope(max_pixels: int | None):
     """Context manager applying ``--max-pixels`` (pixels per region) for one command."""
 
 

@@ -6,24 +6,31 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import List, Literal, Optional, Tuple
+from typing import Literal
 
 import typer
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from .. import errors
 from ..distributed import dask_available, expand_sources, export_many
 from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
 from ..export.plan import background_color
-from .batch import batch_progress, failure_code, usage_errors
 from ..storage import redact
+from .batch import batch_progress, failure_code, usage_errors
 from .console import STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
 from .group import app
 
 
-def _parse_background(text: str) -> Tuple[int, int, int]:
+def _parse_background(text: str) -> tuple[int, int, int]:
     """``--background R,G,B`` by the API's rule (:func:`wsitool.export.plan.background_color`)."""
     try:
         return tuple(int(v) for v in background_color(p.strip() for p in text.split(",")))  # type: ignore[return-value]
@@ -34,33 +41,87 @@ def _parse_background(text: str) -> Tuple[int, int, int]:
 @app.command("export-pyramid")
 @handle_errors
 def export_pyramid_cmd(
-    sources: Optional[List[str]] = typer.Argument(
-        None, metavar="SLIDE...", help="Source slide file(s) (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), followed by OUTPUT (local).",
+    sources: list[str] | None = typer.Argument(
+        None, metavar="SLIDE...",
+        help=("Source slide file(s) (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), "
+              "followed by OUTPUT (local)."),
         show_default=False),
-    output: Path = typer.Argument(..., metavar="OUTPUT", help="One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
-                                            "Several slides (batch): an output folder."),
-    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder)."),
+    output: Path = typer.Argument(
+        ..., metavar="OUTPUT",
+        help=("One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
+              "Several slides (batch): an output folder."),
+    ),
+    fmt: str | None = typer.Option(
+        None, "--format", "-f",
+        help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder).",
+    ),
     tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
-    compression: str = typer.Option("jpeg", "--compression", "-c", help="jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."),
+    compression: str = typer.Option(
+        "jpeg", "--compression", "-c",
+        help=("jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed "
+              "tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."),
+    ),
     quality: int = typer.Option(90, "--quality", "-q", metavar="1..100", help="JPEG quality."),
-    psnr: Optional[float] = typer.Option(None, "--psnr", metavar="DB", help="JPEG 2000: target PSNR of every tile in dB (default 40: about JPEG quality 90; each dB more costs about 5 % in size); 0: lossless."),
-    region: Optional[Tuple[int, int, int, int]] = typer.Option(
+    psnr: float | None = typer.Option(
+        None, "--psnr", metavar="DB",
+        help=("JPEG 2000: target PSNR of every tile in dB (default 40: about JPEG quality 90; each dB more costs about "
+              "5 % in size); 0: lossless."),
+    ),
+    region: tuple[int, int, int, int] | None = typer.Option(
         None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
     level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
     overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent exports)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones)."),
-    background: str = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent."),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", min=1,
+        help=("Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent "
+              "exports)."),
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Replace an existing output (batch: re-export completed ones).",
+    ),
+    background: str = typer.Option(
+        "255,255,255", "--background",
+        help="R,G,B painted where the source is transparent.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels)."),
-    from_list: Optional[Path] = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT."),
-    on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it with the background, warn, and record the count in the output."),
-    no_label: bool = typer.Option(False, "--no-label", help="Do not carry the source's label image over (it often shows patient identifiers)."),
-    no_associated: bool = typer.Option(False, "--no-associated", help="Do not carry the source's label and macro images over."),
-    from_source_levels: bool = typer.Option(False, "--from-source-levels", help="tiff/ome-tiff, re-encoding: read each output level whose downsample is one of the source's levels (a power of two within 2%) from that level, and halve the next ones from it, instead of halving everything from level 0."),
-    verify: bool = typer.Option(False, "--verify", help="With --compression copy: also decode every copied tile (a tile that does not decode fails the export, exit 7, or with --on-error fill is written as missing)."),
-    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
+    max_pixels: int | None = typer.Option(
+        None, "--max-pixels",
+        help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels).",
+    ),
+    from_list: Path | None = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
+    scheduler: str | None = typer.Option(
+        None, "--scheduler",
+        help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT.",
+    ),
+    on_error: Literal["raise", "fill"] = typer.Option(
+        "raise", "--on-error",
+        help=("raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it "
+              "with the background, warn, and record the count in the output."),
+    ),
+    no_label: bool = typer.Option(
+        False, "--no-label",
+        help="Do not carry the source's label image over (it often shows patient identifiers).",
+    ),
+    no_associated: bool = typer.Option(
+        False, "--no-associated",
+        help="Do not carry the source's label and macro images over.",
+    ),
+    from_source_levels: bool = typer.Option(
+        False, "--from-source-levels",
+        help=("tiff/ome-tiff, re-encoding: read each output level whose downsample is one of the source's levels (a "
+              "power of two within 2%) from that level, and halve the next ones from it, instead of halving everything "
+              "from level 0."),
+    ),
+    verify: bool = typer.Option(
+        False, "--verify",
+        help=("With --compression copy: also decode every copied tile (a tile that does not decode fails the export, "
+              "exit 7, or with --on-error fill is written as missing)."),
+    ),
+    storage_option: list[str] | None = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help=STORAGE_OPTION_HELP,
+    ),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
@@ -125,7 +186,7 @@ def export_pyramid_cmd(
         _export_single(srcs[0], output, quiet, options)
 
 
-def format_for_output(output: Path) -> Optional[str]:
+def format_for_output(output: Path) -> str | None:
     """Export format implied by an output file name, or None for an unknown extension."""
     name = output.name.lower()
     if name.endswith((".ome.tif", ".ome.tiff")):
@@ -174,7 +235,8 @@ def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None
         raise fail(f"{redact(slide)}: {exc}", 2) from None
     dims = result.level_dimensions
     console.print(
-        f"wrote {shown(result.output)} ({result.format}, {result.compression}, {len(dims)} level{'s' if len(dims) != 1 else ''} "
+        f"wrote {shown(result.output)} ({result.format}, {result.compression}, "
+        f"{len(dims)} level{'s' if len(dims) != 1 else ''} "
         f"{dims[0][0]}x{dims[0][1]} -> {dims[-1][0]}x{dims[-1][1]}, {result.tiles_written} tiles, "
         f"{result.bytes_written} bytes) in {result.seconds:.2f} s",
         highlight=False,
@@ -192,7 +254,7 @@ def _warn_painted(source, result) -> None:
         )
 
 
-def _export_batch(srcs: List[str], from_list: Optional[Path], output: Path, scheduler: Optional[str],
+def _export_batch(srcs: list[str], from_list: Path | None, output: Path, scheduler: str | None,
                   quiet: bool, options: dict) -> None:
     """Batch export-pyramid: many slides into the folder ``output`` (wsitool.distributed)."""
 

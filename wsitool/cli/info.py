@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -21,7 +19,7 @@ from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
 from ..slide import open_slide
-from .console import STORAGE_OPTION_HELP, console, err_console, fitted_console, handle_errors, shown, storage_options
+from .console import STORAGE_OPTION_HELP, err_console, fitted_console, handle_errors, storage_options
 from .group import app
 
 
@@ -33,11 +31,25 @@ def _icc_summary(profile: bytes | None) -> dict | None:
 @app.command()
 @handle_errors
 def info(
-    slide: str = typer.Argument(..., help="Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM), a folder holding one DICOM series, or a slide URL (http(s)://, s3://, gs://, az://)."),
+    slide: str = typer.Argument(
+        ...,
+        help=("Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM), a folder holding one DICOM series, or a slide URL "
+              "(http(s)://, s3://, gs://, az://)."),
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
-    show_phi: bool = typer.Option(False, "--show-phi", help="Also print the properties that identify a patient, institution or specimen (DICOM PatientID, ...); hidden by default."),
-    backends: bool = typer.Option(False, "--backends", help="Also show the decode backends table (what decodes which compression, and why a backend is unavailable)."),
-    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
+    show_phi: bool = typer.Option(
+        False, "--show-phi",
+        help=("Also print the properties that identify a patient, institution or specimen (DICOM PatientID, ...); "
+              "hidden by default."),
+    ),
+    backends: bool = typer.Option(
+        False, "--backends",
+        help="Also show the decode backends table (what decodes which compression, and why a backend is unavailable).",
+    ),
+    storage_option: list[str] | None = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help=STORAGE_OPTION_HELP,
+    ),
 ) -> None:
     """Show levels, tile sizes, compression, MPP, vendor and associated images.
 
@@ -127,7 +139,7 @@ def info(
     if data["channels"]:
         _table(out, "Channels (composite: each through its colour, added)",
                ["channel", "name", "colour", "from", "excitation", "emission"],
-               [[str(k), errors.printable(c["name"]), "#%02x%02x%02x" % tuple(c["color"]), c["color_source"],
+               [[str(k), errors.printable(c["name"]), "#{:02x}{:02x}{:02x}".format(*c["color"]), c["color_source"],
                  f"{c['excitation_nm']:g} nm" if c["excitation_nm"] else "-",
                  f"{c['emission_nm']:g} nm" if c["emission_nm"] else "-"]
                 for k, c in enumerate(data["channels"])])
@@ -186,12 +198,12 @@ def _table(out: Console, title: str, headers: list[str], rows: list[list[str]]) 
     for gap in (2, 1):
         if sum(widths) + gap * (len(widths) - 1) <= out.width:
             pad = " " * gap
-            _line(out, pad.join(h.ljust(w) for h, w in zip(headers, widths)), "bold")
+            _line(out, pad.join(h.ljust(w) for h, w in zip(headers, widths, strict=True)), "bold")
             for r in rows:
-                _line(out, pad.join(v.ljust(w) for v, w in zip(r, widths)))
+                _line(out, pad.join(v.ljust(w) for v, w in zip(r, widths, strict=False)))
             return
     for r in rows:
-        for i, line in enumerate(_fields([f"{h} {v}" for h, v in zip(headers, r)], out.width - 2)):
+        for i, line in enumerate(_fields([f"{h} {v}" for h, v in zip(headers, r, strict=False)], out.width - 2)):
             _line(out, ("  " if i else "") + line)
 
 
@@ -254,7 +266,7 @@ def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: lis
         _prose(out, f"Decode backends: {', '.join(parts)}, see --backends")
 
 
-def _painted_tiles(slide) -> Optional[int]:
+def _painted_tiles(slide) -> int | None:
     """The painted-tile count an ``--on-error fill`` export recorded (wsitool.export.painted_tiles)."""
 
     return painted_tiles(slide)

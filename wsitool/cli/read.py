@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import List, Literal, Optional, Tuple
+from typing import Literal
 
 import typer
 
@@ -15,8 +15,16 @@ from ..export import check_image_extension, write_image
 from ..slide import open_slide
 from ..storage import is_url, redact
 from .batch import batch_progress, failure_code, usage_errors
-from .console import (STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, max_pixels_scope, shown,
-                      storage_options)
+from .console import (
+    STORAGE_OPTION_HELP,
+    console,
+    err_console,
+    fail,
+    handle_errors,
+    max_pixels_scope,
+    shown,
+    storage_options,
+)
 from .group import app
 
 
@@ -24,27 +32,63 @@ from .group import app
 @handle_errors
 def read_region_cmd(
     slide: str = typer.Argument(..., help="Slide file, or a slide URL (http(s)://, s3://, gs://, az://)."),
-    location: Optional[Tuple[int, int]] = typer.Option(
+    location: tuple[int, int] | None = typer.Option(
         None, "--location", "-l", metavar="X Y",
         help="X Y of the top-left pixel, level-0 pixels, two integers separated by a space (default 0 0)."
     ),
-    level: Optional[int] = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
-    size: Optional[Tuple[int, int]] = typer.Option(None, "--size", "-s", metavar="W H", help="WIDTH HEIGHT in pixels of LEVEL, separated by a space."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Output file: .png, .jpg/.jpeg, .webp, .tif/.tiff or .npy."),
-    quality: int = typer.Option(90, "--quality", "-q", min=1, max=100, metavar="1..100", help="Quality of a .jpg or .webp output (WebP: 100 is lossless)."),
-    mode: Literal["rgba", "rgb", "raw"] = typer.Option("rgba", "--mode", help="rgba (default), rgb, or raw (native samples; .npy/.tif)."),
-    threads: Optional[int] = typer.Option(None, "--threads", "-t", min=1, help="Decode threads (default: CPU count); with --regions, regions read in parallel."),
-    on_error: Literal["raise", "fill"] = typer.Option("raise", "--on-error", help="raise (default) or fill corrupt tiles with transparent background."),
+    level: int | None = typer.Option(None, "--level", "-L", help="Pyramid level (default 0 = full resolution)."),
+    size: tuple[int, int] | None = typer.Option(
+        None, "--size", "-s", metavar="W H",
+        help="WIDTH HEIGHT in pixels of LEVEL, separated by a space.",
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", metavar="FILE",
+        help="Output file: .png, .jpg/.jpeg, .webp, .tif/.tiff or .npy.",
+    ),
+    quality: int = typer.Option(
+        90, "--quality", "-q", min=1, max=100, metavar="1..100",
+        help="Quality of a .jpg or .webp output (WebP: 100 is lossless).",
+    ),
+    mode: Literal["rgba", "rgb", "raw"] = typer.Option(
+        "rgba", "--mode",
+        help="rgba (default), rgb, or raw (native samples; .npy/.tif).",
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", min=1,
+        help="Decode threads (default: CPU count); with --regions, regions read in parallel.",
+    ),
+    on_error: Literal["raise", "fill"] = typer.Option(
+        "raise", "--on-error",
+        help="raise (default) or fill corrupt tiles with transparent background.",
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    max_pixels: Optional[int] = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
-    regions: Optional[Path] = typer.Option(None, "--regions", help="CSV of many regions (columns x,y,level,width,height[,name]); needs --output-dir."),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", help="Folder for the --regions outputs."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="With --regions: png (default), tif, npy; with --pack: npz (default) or zarr."),
-    pack: bool = typer.Option(False, "--pack", help="With --regions: one <slide>-regions.npz (or .zarr) store instead of one file per region."),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT."),
+    max_pixels: int | None = typer.Option(None, "--max-pixels", help="Refuse regions larger than this many pixels."),
+    regions: Path | None = typer.Option(
+        None, "--regions",
+        help="CSV of many regions (columns x,y,level,width,height[,name]); needs --output-dir.",
+    ),
+    output_dir: Path | None = typer.Option(None, "--output-dir", help="Folder for the --regions outputs."),
+    fmt: str | None = typer.Option(
+        None, "--format",
+        help="With --regions: png (default), tif, npy; with --pack: npz (default) or zarr.",
+    ),
+    pack: bool = typer.Option(
+        False, "--pack",
+        help="With --regions: one <slide>-regions.npz (or .zarr) store instead of one file per region.",
+    ),
+    scheduler: str | None = typer.Option(
+        None, "--scheduler",
+        help="With --regions: threads (default), local (Dask LocalCluster) or tcp://HOST:PORT.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="With --regions: no progress bar."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing output file(s) (never the source slide)."),
-    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
+    overwrite: bool = typer.Option(
+        False, "--overwrite",
+        help="Replace existing output file(s) (never the source slide).",
+    ),
+    storage_option: list[str] | None = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help=STORAGE_OPTION_HELP,
+    ),
 ) -> None:
     """Read a region (OpenSlide semantics) and write it to an image file.
 

@@ -6,8 +6,8 @@ package is imported when the command runs.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -18,17 +18,17 @@ from .group import app
 @app.command("serve")
 @handle_errors
 def serve_cmd(
-    sources: List[Path] = typer.Argument(..., help="Slide files and folders of slides."),
+    sources: list[Path] = typer.Argument(..., help="Slide files and folders of slides."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: loopback only)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1,
+    threads: int | None = typer.Option(None, "--threads", min=1,
                                           help="Decode threads in all (default: CPU count); split over --workers."),
     cache_mb: int = typer.Option(256, "--cache-mb", min=0,
                                  help="Decoded-tile cache budget in MiB (0: off); split over --workers."),
     workers: int = typer.Option(1, "--workers", min=1,
                                 help="Server processes sharing the port, each with its share of --threads and "
                                      "--cache-mb (POSIX; default 1)."),
-    viewer_js: Optional[str] = typer.Option(None, "--viewer-js",
+    viewer_js: str | None = typer.Option(None, "--viewer-js",
                                             help="OpenSeadragon script: a URL, or a local file the server serves "
                                                  "(default: the pinned jsDelivr release)."),
     tile_size: int = typer.Option(512, "--tile-size", min=16, help="IIIF tile size advertised in info.json."),
@@ -46,8 +46,8 @@ def serve_cmd(
     Needs the 'serve' extra.
     """
     try:  # the optional web stack
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
+        importlib.import_module("starlette")
+        importlib.import_module("uvicorn")
 
         from ..serve.config import DEFAULT_VIEWER_JS, ServeConfig
         from ..serve.runner import serve

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Literal, Optional
+from typing import Literal
 
 import typer
 from rich.live import Live
@@ -20,24 +20,48 @@ from .group import app
 def stress_cmd(
     slide: str = typer.Argument(..., help="Slide file, or a slide URL (http(s)://, s3://, gs://, az://)."),
     workers: int = typer.Option(16, "--workers", "-w", min=1, help="Reader threads sharing one opened slide."),
-    iterations: Optional[int] = typer.Option(None, "--iterations", "-n", min=1,
+    iterations: int | None = typer.Option(None, "--iterations", "-n", min=1,
                                              help="Total reads over all workers (default 10000)."),
-    duration: Optional[float] = typer.Option(None, "--duration", help="Run this many seconds instead of --iterations."),
-    region_size: int = typer.Option(512, "--region-size", min=1, help="Nominal region side (px); sides vary from 1/2 to 3/2 of it."),
+    duration: float | None = typer.Option(None, "--duration", help="Run this many seconds instead of --iterations."),
+    region_size: int = typer.Option(
+        512, "--region-size", min=1,
+        help="Nominal region side (px); sides vary from 1/2 to 3/2 of it.",
+    ),
     levels: str = typer.Option("all", "--levels", help="'all' or level indices, e.g. '0,1'."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random regions (>= 0)."),
-    verify_every: int = typer.Option(10, "--verify-every", "-k", min=1, help="Verify every K-th read against a fresh serial reader."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Plot RSS vs iterations (.png/.svg/.pdf; needs the 'plot' extra)."),
-    max_growth_mb: float = typer.Option(64.0, "--max-growth-mb", min=0.0, help="RSS growth after warm-up (MiB) counted as a leak."),
-    warmup: float = typer.Option(0.1, "--warmup", min=0.0, max=0.9, help="Fraction of the run not measured (warm-up), 0 to 0.9."),
-    mode: Literal["rgb", "rgba", "raw"] = typer.Option("rgb", "--mode", help="rgb (decode into caller buffers), rgba or raw."),
+    verify_every: int = typer.Option(
+        10, "--verify-every", "-k", min=1,
+        help="Verify every K-th read against a fresh serial reader.",
+    ),
+    report: Path | None = typer.Option(None, "--report", help="Write the JSON report here."),
+    plot: Path | None = typer.Option(
+        None, "--plot",
+        help="Plot RSS vs iterations (.png/.svg/.pdf; needs the 'plot' extra).",
+    ),
+    max_growth_mb: float = typer.Option(
+        64.0, "--max-growth-mb", min=0.0,
+        help="RSS growth after warm-up (MiB) counted as a leak.",
+    ),
+    warmup: float = typer.Option(
+        0.1, "--warmup", min=0.0, max=0.9,
+        help="Fraction of the run not measured (warm-up), 0 to 0.9.",
+    ),
+    mode: Literal["rgb", "rgba", "raw"] = typer.Option(
+        "rgb", "--mode",
+        help="rgb (decode into caller buffers), rgba or raw.",
+    ),
     read_threads: int = typer.Option(1, "--read-threads", min=1, help="threads= of each read."),
-    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="Seconds without progress before the run counts as hung."),
+    stall_timeout: float = typer.Option(
+        120.0, "--stall-timeout",
+        help="Seconds without progress before the run counts as hung.",
+    ),
     sample_interval: float = typer.Option(0.1, "--sample-interval", help="Seconds between RSS samples."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --report / --plot file."),
-    storage_option: Optional[List[str]] = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP),
+    storage_option: list[str] | None = typer.Option(
+        None, "--storage-option", metavar="KEY=VALUE",
+        help=STORAGE_OPTION_HELP,
+    ),
 ) -> None:
     """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
 
@@ -100,7 +124,7 @@ def stress_cmd(
         raise typer.Exit(result.exit_code)
 
 
-def _unwritable_output(path: Path) -> Optional[str]:
+def _unwritable_output(path: Path) -> str | None:
     """Why a file cannot be written at ``path`` (its folder missing or read-only,
     the path a folder), or None when it can."""
     folder = path.parent if str(path.parent) else Path(".")

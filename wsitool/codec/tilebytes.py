@@ -87,10 +87,8 @@ def read_tile_stream(level: Level, index: int, col: int, row: int,
     enc = level.encoding
     jpeg = enc.stream == "jpeg"
     prefix = enc.jpeg_prefix if jpeg else b""
-    if jpeg and enc.jpeg_scan_segments:
-        start = len(prefix)  # a bare restart interval: the whole header goes in front
-    else:
-        start = len(prefix) - 2 if prefix else 0  # the tile's SOI lands under the prefix's end
+    # a bare restart interval: the whole header goes in front; else the tile's SOI lands under the prefix's end
+    start = len(prefix) if jpeg and enc.jpeg_scan_segments else (len(prefix) - 2 if prefix else 0)
     if level.source.framed:  # a frame fetched by number (DICOMweb): copied in whole
         frame = level.source.read_frame(offset)
         count = len(frame)

@@ -5,6 +5,7 @@ Dask (``dask.distributed``) is optional: imported inside the functions that need
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -31,8 +32,8 @@ def import_distributed():
 def dask_available() -> bool:
     """True when both ``dask.array`` and ``distributed`` import."""
     try:
-        import dask.array  # noqa: F401
-        import distributed  # noqa: F401
+        importlib.import_module("dask.array")
+        importlib.import_module("distributed")
     except ImportError:
         return False
     return True

@@ -16,11 +16,17 @@ from .. import atomic
 from ..errors import OutputExistsError
 from ..export import export_pyramid
 from ..storage import is_url, redact
-from .cluster import (BatchOptionError, ClientHandle, check_scheduler, dask_available, error_record,
-                      import_distributed, quiet_tifffile)
+from .cluster import (
+    BatchOptionError,
+    ClientHandle,
+    check_scheduler,
+    dask_available,
+    error_record,
+    import_distributed,
+    quiet_tifffile,
+)
 from .manifest import MANIFEST_NAME, Manifest, source_stamp
 from .regions import slide_stem
-
 
 FORMAT_SUFFIX = {"tiff": ".tiff", "ome-tiff": ".ome.tiff", "dzi": ".dzi"}
 
@@ -217,7 +223,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     out_dir = Path(output_dir)
     outputs = [export_output_path(s, out_dir, format) for s in srcs]
     by_output: dict[Path, str] = {}
-    for s, o in zip(srcs, outputs):
+    for s, o in zip(srcs, outputs, strict=True):
         if o in by_output:
             raise BatchOptionError(
                 f"{s} and {by_output[o]} would both be exported to {o}; rename one or export them "
@@ -239,7 +245,7 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     stamps = [source_stamp(s) for s in srcs]
     todo: list[int] = []
     plans: dict[int, str] = {}
-    for i, (s, o) in enumerate(zip(srcs, outputs)):
+    for i, (s, o) in enumerate(zip(srcs, outputs, strict=True)):
         plans[i] = manifest.plan(s, o, format, options, overwrite)
         if plans[i] == "skip":
             results[i] = SlideOutcome(s, str(o), "skipped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat as _stat
@@ -11,7 +12,6 @@ import numpy as np
 
 from .. import atomic
 from ..export.dzi import dzi_paths
-
 
 #: The batch export manifest, in the output folder: what earlier batches completed.
 MANIFEST_NAME = ".wsitool-manifest.json"
@@ -117,9 +117,7 @@ class Manifest:
                 stamp, output_size=size, format=format, options=recorded_options(options),
                 completed=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         data = json.dumps({"version": 1, "outputs": self.entries}, indent=1, sort_keys=True) + "\n"
-        try:
+        with contextlib.suppress(OSError):
             atomic.write_bytes(self.path, data.encode("utf-8"), overwrite=True)
-        except OSError:
-            pass
 
 

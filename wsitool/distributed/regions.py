@@ -79,7 +79,7 @@ def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir
 def slide_stem(path: str) -> str:
     """The file name of ``path`` (a local path or a slide URL, without its query) without extension."""
     if is_url(path):
-        import urllib.parse  # noqa: PLC0415
+        import urllib.parse
         path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
     name = os.path.basename(path)
     for suffix in (".ome.tiff", ".ome.tif"):
@@ -165,10 +165,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         if fmt not in FILE_FORMATS:
             raise BatchOptionError(f"format must be one of {FILE_FORMATS}, got {format!r}")
     check_scheduler(scheduler, ("threads",))
-    if isinstance(regions, (str, os.PathLike)):
-        requests = load_regions_csv(regions)
-    else:
-        requests = list(regions)
+    requests = load_regions_csv(regions) if isinstance(regions, (str, os.PathLike)) else list(regions)
     names: set[str] = set()
     own = not isinstance(slide, Slide)
     s = open_slide(slide, storage_options=storage_options) if own else slide
@@ -204,10 +201,7 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
     # Every output checked before anything is read or written (wsitool.atomic):
     # none may be the slide; existing ones only with overwrite.
     sources = () if remote else (path, os.fspath(s.path))
-    if pack:
-        dests = [out_dir / f"{slide_stem(path)}-regions.{fmt}"]
-    else:
-        dests = [out_dir / f"{r.name}.{fmt}" for r in requests]
+    dests = [out_dir / f"{slide_stem(path)}-regions.{fmt}"] if pack else [out_dir / f"{r.name}.{fmt}" for r in requests]
     if out_dir.is_dir():
         for dest in dests:
             atomic.check_output(dest, sources, overwrite, kind="dir" if fmt == "zarr" else "file")

@@ -111,7 +111,7 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
             where = f"{path}: line {reader.line_num}"
             if len(row) < len(header):
                 row = row + [""] * (len(header) - len(row))
-            rec = dict(zip(header, (c.strip() for c in row)))
+            rec = dict(zip(header, (c.strip() for c in row), strict=False))
             vals = {}
             for col in _REQUIRED:
                 try:

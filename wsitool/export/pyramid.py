@@ -277,13 +277,13 @@ def export_pyramid(
             raise ValueError(f"psnr must be a number of dB (0: lossless), got {psnr!r}") from None
         if not 0 <= psnr <= 200:
             raise ValueError(f"psnr must be 0 (lossless) .. 200 dB, got {psnr:g}")
-    O = as_int(overlap, "overlap", error=ValueError)
-    if O < 0:
-        raise ValueError(f"overlap must be >= 0, got {O}")
-    if O and fmt != "dzi":
+    OV = as_int(overlap, "overlap", error=ValueError)
+    if OV < 0:
+        raise ValueError(f"overlap must be >= 0, got {OV}")
+    if OV and fmt != "dzi":
         raise ValueError("overlap applies to Deep Zoom (format dzi) only")
-    if 2 * O > T:
-        raise ValueError(f"overlap must be at most half the tile size ({T // 2}), got {O}")
+    if 2 * OV > T:
+        raise ValueError(f"overlap must be at most half the tile size ({T // 2}), got {OV}")
     nthreads = (os.cpu_count() or 1) if threads is None else as_int(threads, "threads", error=ValueError)
     if nthreads < 1:
         raise ValueError(f"threads must be >= 1, got {nthreads}")
@@ -364,7 +364,7 @@ def export_pyramid(
             thumb = LevelImage(kt, dims[kt][0], dims[kt][1], T)
         # segments run one after the other: the bound is that of the largest one's buffers
         bound = max(
-            memory_bound(seg.rect[2], T, overlap=O, levels=len(seg.dims), threads=nthreads,
+            memory_bound(seg.rect[2], T, overlap=OV, levels=len(seg.dims), threads=nthreads,
                          source_tile=(slv.tile_width, slv.tile_height),
                          source_pixel_bytes=slv.samples * slv.dtype.itemsize,
                          source_itemsize=slv.dtype.itemsize,
@@ -372,15 +372,17 @@ def export_pyramid(
                          associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
             for seg in segments for slv in (slide.levels[seg.level],))
         codec = TileCodec(fmt, compression, q, psnr)
-        tiles = _segment_tiles(segments, srcs, codec, T, O, fmt, nthreads, thumb)
+        tiles = _segment_tiles(segments, srcs, codec, T, OV, fmt, nthreads, thumb)
         meta = output_metadata(slide, L)
         meta["associated"] = extra
         meta["thumbnail"] = thumb
-        failed_count = lambda: sum(len(s.failed) for s in srcs)  # noqa: E731
+        def failed_count():
+            return sum(len(s.failed) for s in srcs)
+
         # with "fill", the count of painted tiles is recorded in the output once known
         meta["painted"] = failed_count if on_error == "fill" else None
         if fmt == "dzi":
-            nbytes = write_dzi(tiles, final, files_dir, dims, T, O, compression, overwrite, counter,
+            nbytes = write_dzi(tiles, final, files_dir, dims, T, OV, compression, overwrite, counter,
                                 sources=sources, painted=meta["painted"])
         else:
             nbytes = write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,
@@ -468,12 +470,12 @@ def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, psnr,
     )
 
 
-def _segment_tiles(segments, srcs, codec, T: int, O: int, fmt: str, threads: int,
+def _segment_tiles(segments, srcs, codec, T: int, OV: int, fmt: str, threads: int,
                    thumb: LevelImage | None):
     """``(level, col, row, bytes)`` of every output level, segment after segment (each one
     a pyramid of its own, from its source level), levels numbered across the segments."""
     for seg, src in zip(segments, srcs, strict=True):
-        pyramid = PyramidBuilder(seg.dims, T, O, pad_tiles=fmt != "dzi", strip=src.strip)
+        pyramid = PyramidBuilder(seg.dims, T, OV, pad_tiles=fmt != "dzi", strip=src.strip)
         keep = None
         if thumb is not None and seg.first <= thumb.level < seg.first + len(seg.dims):
             keep = copy.copy(thumb)  # the same pixels, numbered in the segment

@@ -66,7 +66,7 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def entry_cost(nbytes: int) -> int:
     return -(-nbytes // 16) * 16 + 16 + ENTRY_OVERHEAD
 
 
-def _own_copy(value: np.ndarray, buf: "mmap.mmap | None" = None) -> np.ndarray:
+def _own_copy(value: np.ndarray, buf: mmap.mmap | None = None) -> np.ndarray:
     """``value`` copied into a page-aligned anonymous memory map of its own (``buf``: the map
     of an evicted tile, reused, or a new one; unmapped when the array is freed); small tiles,
     and any tile when the system refuses a new map (Linux's ``vm.max_map_count``), are kept as
@@ -119,7 +119,7 @@ def _close(buf) -> None:
             buf.close()
 
 
-def _mapping_of(value: np.ndarray) -> "mmap.mmap | None":
+def _mapping_of(value: np.ndarray) -> mmap.mmap | None:
     """The memory map under an array made by :func:`_own_copy`, or None."""
     base = value
     while isinstance(base, np.ndarray):
@@ -222,7 +222,7 @@ class TileCache:
 
     # ------------------------------------------------------------------ scopes
 
-    def scope(self) -> "CacheScope":
+    def scope(self) -> CacheScope:
         """A new scope: the view of this cache one slide reads through."""
         return CacheScope(self, next(self._scopes))
 
@@ -246,7 +246,7 @@ class TileCache:
                 self._retired -= self._released.pop()
         return self._bytes + self._pending + self._retired
 
-    def _drop(self, value: np.ndarray) -> "mmap.mmap | None":
+    def _drop(self, value: np.ndarray) -> mmap.mmap | None:
         """Stop keeping ``value``; if a reader still holds it, its cost stays counted until freed;
         else the memory map under it (if any) is returned, for reuse or unmapping."""
         cost = entry_cost(value.nbytes)
@@ -258,7 +258,7 @@ class TileCache:
             return None
         return _mapping_of(value)
 
-    def _evict_to(self, limit: int, reuse: int = 0) -> "mmap.mmap | None":
+    def _evict_to(self, limit: int, reuse: int = 0) -> mmap.mmap | None:
         """Evict least recently used entries while the accounted total is over ``limit``.
 
         Returns the map of an evicted tile of ``reuse`` bytes that nobody holds (for the

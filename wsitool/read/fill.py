@@ -1,4 +1,5 @@
-"""Filling the caller's buffer with a validated region: outside parts, read-ahead, threads, and the choice of tile path (floor 4).
+"""Filling the caller's buffer with a validated region: outside parts, read-ahead, threads, and the choice of
+tile path (floor 4).
 
 The level-0 location is mapped to the level's frame by the nearest level pixel
 (:func:`wsitool.geometry.level_rect`); the part of the region inside the level
@@ -16,6 +17,7 @@ path is the one above, unchanged.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -78,7 +80,7 @@ def _prefetch(lv: Level, c0: int, c1: int, r0: int, r1: int) -> None:
         if lo > 0 and hi - lo <= 2 * int(counts[i0:i1].sum()):
             ranges.append((lo, hi - lo))
         else:
-            ranges.extend((off, end - off) for off, end in zip(offs.tolist(), ends.tolist()) if off)
+            ranges.extend((off, end - off) for off, end in zip(offs.tolist(), ends.tolist(), strict=True) if off)
     lv.source.advise(ranges)
 
 
@@ -199,8 +201,7 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
         for job in todo:
             col, row = job.col, job.row
             try:
-                tile = cache.tile(index, col, row, mode,
-                                  lambda: decode_tile(lv, col, row, mode, pool))
+                tile = cache.tile(index, col, row, mode, functools.partial(decode_tile, lv, col, row, mode, pool))
             except TileDecodeError as exc:
                 if on_error != "fill":
                     raise

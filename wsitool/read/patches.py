@@ -428,7 +428,10 @@ class PatchReader:
 
         try:
             with lv.source.reading():
-                run_jobs(runs, thread_count(req.threads, len(runs)), work)
+                # longest decodes first, copy-only (carried) runs last: the threads finish the
+                # batch together instead of one waiting on a long run taken at the end
+                order = sorted(runs, key=lambda r: 0 if r.buf is not None else -(r.c1 - r.c0 + 1))
+                run_jobs(order, thread_count(req.threads, len(runs)), work)
         except BaseException:
             self._release(runs)
             self._carried, self._next = [], -1

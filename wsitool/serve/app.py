@@ -39,8 +39,7 @@ from urllib.parse import quote
 from ..errors import InvalidRegionError, ResourceLimitError
 from .config import ServeConfig
 from .dz import DZ_MEDIA_TYPES, geometry_for, parse_dz_path, render_dz_tile
-from .iiif import (CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request,
-                   service_limits)
+from .iiif import CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request, service_limits
 from .render import encode, finish, plan_read, read_scaled
 from .status import ServerCounters
 from .viewer import index_page, view_page
@@ -122,8 +121,14 @@ def _public(message: str, entry) -> str:
 def create_app(state: ServerState):
     """The Starlette app serving ``state``'s slides (see the module docstring for the routes)."""
     from starlette.applications import Starlette
-    from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, PlainTextResponse,
-                                     RedirectResponse, Response)
+    from starlette.responses import (
+        FileResponse,
+        HTMLResponse,
+        JSONResponse,
+        PlainTextResponse,
+        RedirectResponse,
+        Response,
+    )
     from starlette.routing import Route
 
     counters = state.counters

@@ -23,10 +23,10 @@ import re
 
 import numpy as np
 
+from ..areafilter import reduce_area
 from ..deepzoom import DeepZoomGeometry
 from ..subpixel import deepzoom_tile, read_blended
 from .iiif import IIIFError
-from ..areafilter import reduce_area
 from .render import thumbnail_size
 
 __all__ = ["DZ_MEDIA_TYPES", "parse_dz_path", "geometry_for", "render_dz_tile"]

@@ -21,6 +21,7 @@ that wsitool cannot open are skipped with a log line (not fatal).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -167,7 +168,5 @@ class SlideRegistry:
     def close(self) -> None:
         """Close every slide."""
         for entry in self.entries.values():
-            try:
+            with contextlib.suppress(Exception):
                 entry.slide.close()
-            except Exception:
-                pass

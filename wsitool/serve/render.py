@@ -27,9 +27,9 @@ import math
 
 import numpy as np
 
+from ..areafilter import AreaReducer
 from ..deepzoom import best_level_for_downsample
 from ..geometry import level0_coordinate
-from ..areafilter import AreaReducer
 
 __all__ = ["ReadPlan", "plan_read", "read_scaled", "finish", "encode", "STRIP_BYTES",
            "thumbnail_size"]
@@ -62,7 +62,7 @@ class ReadPlan:
     @property
     def exact(self) -> bool:
         """The window is the output (ratio 1, pixel-aligned): read straight into it."""
-        x, y, w, h = self.window
+        _x, _y, w, h = self.window
         return self.box == (0, 0, w, h) and (w, h) == self.out
 
 

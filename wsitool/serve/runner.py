@@ -208,7 +208,7 @@ def _check(registry) -> None:
                for path, why in registry.skipped]
     if not len(registry):
         raise UnsupportedFormatError("no slide to serve: " + "; ".join(
-            reasons + [links] if links else reasons or ["no slide file in the folders given"]))
+            [*reasons, links] if links else reasons or ["no slide file in the folders given"]))
     if links:
         log.warning("%s", links)
     for why in reasons:

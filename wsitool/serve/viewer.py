@@ -65,7 +65,8 @@ def index_page(entries) -> str:
                     f"</td><td><a href=\"/dz/{q}.dzi\">dzi</a></td></tr>")
     body = "\n".join(rows) or "<tr><td colspan=5>no slides</td></tr>"
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>wsitool serve</title><style>{_STYLE}</style></head>
+<html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>wsitool serve</title>
+<style>{_STYLE}</style></head>
 <body><main><h1>Slides</h1>
 <table><tr><th>Slide</th><th>Size</th><th>Levels</th><th>IIIF</th><th>Deep Zoom</th></tr>
 {body}

@@ -4,7 +4,8 @@
 read through; :class:`~wsitool.storage.local.LocalFile` implements it over a
 file descriptor (``pread`` / ``preadv``, ``posix_fadvise``).  A remote source
 (:class:`~wsitool.storage.remote.RemoteSource`: HTTP(S), S3, GCS and Azure
-range reads, :func:`open_source` picks it for a URL) implements the same interface; nothing above changes, except that the compiled JPEG loop
+range reads, :func:`open_source` picks it for a URL) implements the same interface; nothing
+above changes, except that the compiled JPEG loop
 applies only where :meth:`ByteSource.fileno` gives a descriptor.
 """
 

@@ -36,18 +36,18 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
     if scheme.startswith("dicomweb+"):
         raise WsiError(f"{redact(str(location))}: a DICOMweb series is opened with open_slide, "
                        "not as one file")
-    from .remote import RemoteOptions, RemoteSource  # noqa: PLC0415 (the remote layer is loaded for URLs only)
+    from .remote import RemoteOptions, RemoteSource
 
     url = str(location)
     shown = redact(url)
     options = dict(storage_options or {})
     generic = RemoteOptions.take(options)
     if scheme in ("http", "https"):
-        from .http import HttpTransport  # noqa: PLC0415
+        from .http import HttpTransport
 
         transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8)
     else:
-        from .objectstore import ObjectStoreTransport  # noqa: PLC0415
+        from .objectstore import ObjectStoreTransport
 
         transport = ObjectStoreTransport(url, shown, options, timeout=generic.timeout)
     try:

@@ -96,7 +96,7 @@ class RemoteOptions:
     KEYS = ("timeout", "operation_timeout", "retries", "concurrency", "backoff")
 
     @classmethod
-    def take(cls, options: dict) -> "RemoteOptions":
+    def take(cls, options: dict) -> RemoteOptions:
         """The generic settings popped out of ``options`` (the rest stays for the transport).
 
         Raises:
@@ -160,9 +160,11 @@ class Transport(abc.ABC):
 
     def after_fork(self) -> None:
         """Drop connections inherited from the parent (called in a child process before its first read)."""
+        return  # a default: nothing to drop (not abstract: a transport without connections keeps it)
 
     def close(self) -> None:
         """Close the connections."""
+        return  # a default: nothing to close (not abstract)
 
 
 # ---------------------------------------------------------------------- the shared cache
@@ -558,7 +560,7 @@ class RemoteSource(ByteSource):
                 return
             # drop the finished ranges advised first until at half the budget
             gone = set()
-            for a, b, seq, fut in sorted((t for t in self._extents if t[3].done()), key=lambda t: t[2]):
+            for a, b, seq, _fut in sorted((t for t in self._extents if t[3].done()), key=lambda t: t[2]):
                 if total <= self.EXTENT_BYTES // 2:
                     break
                 gone.add(seq)

@@ -61,6 +61,7 @@ class ByteSource(abc.ABC):
 
         Advisory only: the default does nothing, and errors are never raised.
         """
+        return  # the default: no read-ahead (not abstract: every source may keep it)
 
     def fileno(self) -> int | None:
         """A file descriptor that ``pread`` works on, or None (not a local file).
@@ -87,7 +88,7 @@ class ByteSource(abc.ABC):
     def closed(self) -> bool:
         """True once :meth:`close` was called."""
 
-    def __enter__(self) -> "ByteSource":
+    def __enter__(self) -> ByteSource:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,5 @@
-"""The configuration of a stress run: defaults, argument checks, levels, the report's and the child's config (floor 6, consumers).
+"""The configuration of a stress run: defaults, argument checks, levels, the report's and the child's config
+(floor 6, consumers).
 
 :func:`plan_run` checks the arguments of :func:`~wsitool.stress.run_stress`
 and opens the slide once in the parent (its levels, the output shape of a
@@ -135,7 +136,7 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, d
         if len(shapes) != 1:  # levels always share samples and dtype; keep the guard
             raise bad(f"levels {level_ids} differ in samples or dtype for mode {mode!r}")
 
-    all_samplers = list(SAMPLERS.get(kind, [])) + [s for s in samplers]
+    all_samplers = list(SAMPLERS.get(kind, [])) + list(samplers)
     lo, hi = size_bounds(region_size)
     per_worker_warmup = WARMUP_READS_PER_WORKER * workers
     warmup_iterations = (max(math.ceil(warmup * iterations), per_worker_warmup)

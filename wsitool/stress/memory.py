@@ -1,4 +1,5 @@
-"""The memory measurement of a stress run: warm-up, RSS / GPU figures, slope fit and the memory verdict (floor 6, consumers).
+"""The memory measurement of a stress run: warm-up, RSS / GPU figures, slope fit and the memory verdict
+(floor 6, consumers).
 
 The child samples its resident set size every ``sample_interval`` seconds
 with the number of completed iterations and the decoder pool's counters.

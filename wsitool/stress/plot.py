@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 from itertools import pairwise
@@ -17,7 +18,7 @@ from .results import StressReport
 def plot_available() -> bool:
     """True when matplotlib (the ``plot`` extra) can be imported."""
     try:
-        import matplotlib  # noqa: F401  (optional: the plot extra)
+        importlib.import_module("matplotlib")  # the plot extra
     except ImportError:
         return False
     return True

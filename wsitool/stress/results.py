@@ -1,4 +1,5 @@
-"""What a stress run hands back: the live :class:`StressProgress` and the final :class:`StressReport` (floor 6, consumers)."""
+"""What a stress run hands back: the live :class:`StressProgress` and the final :class:`StressReport`
+(floor 6, consumers)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ child and stops the verifier before it propagates.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -30,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ..errors import WsiError
-from ..storage import redact
 from ..signals import signal_name
+from ..storage import redact
 from .config import (
     DEFAULT_MAX_GROWTH_MB,
     DEFAULT_SAMPLE_INTERVAL,
@@ -158,10 +159,8 @@ def run_stress(
     def reader() -> None:
         with os.fdopen(rfd, "rb") as fh:
             for line in fh:
-                try:
+                with contextlib.suppress(ValueError):  # a line cut by a crash
                     messages.put(json.loads(line))
-                except ValueError:
-                    pass  # a line cut by a crash
         messages.put(None)
 
     rthread = threading.Thread(target=reader, name="stress-reader", daemon=True)

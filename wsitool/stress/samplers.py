@@ -12,6 +12,7 @@ not stop the run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 
@@ -37,10 +38,8 @@ def process_counts() -> dict[str, float]:
     A count that climbs through a run points at a thread or file-handle leak.
     """
     out = {"threads": float(threading.active_count())}
-    try:
+    with contextlib.suppress(AttributeError, psutil.Error):  # num_fds is POSIX-only
         out["open_fds"] = float(psutil.Process().num_fds())
-    except (AttributeError, psutil.Error):  # num_fds is POSIX-only
-        pass
     return out
 
 

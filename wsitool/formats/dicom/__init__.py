@@ -42,7 +42,8 @@ from .frames import frame_table
 from .instance import Instance, is_dicom
 from .palette import path_channels
 from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
-from .quickhash import KEY as QUICKHASH, series_quickhash
+from .quickhash import KEY as QUICKHASH
+from .quickhash import series_quickhash
 from .series import dicom_files, series_of_file, series_of_folder
 from .tiling import Image, merge_parts, tile_grid
 from .web import frames_table, series_instances
@@ -273,7 +274,7 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
                         f"{image.head.width}x{image.head.height}")
     if ids:
         complete = []
-        for group, size in zip(kept, level_sizes):
+        for group, size in zip(kept, level_sizes, strict=True):
             if len(group) == len(ids):
                 group.sort(key=lambda pair: ids.index(_path_ids(pair[0].head)[pair[1]]))
                 complete.append(group)

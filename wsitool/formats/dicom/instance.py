@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is opened

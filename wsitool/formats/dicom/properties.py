@@ -60,10 +60,7 @@ def is_phi(name: str) -> bool:
     :data:`PHI_KEYWORDS`: any path component counts, so a sequence of PHI hides its items."""
     if not name.startswith(_PREFIX):
         return False
-    for part in name[len(_PREFIX):].split("."):
-        if part.split("[", 1)[0] in PHI_KEYWORDS:
-            return True
-    return False
+    return any(part.split("[", 1)[0] in PHI_KEYWORDS for part in name[len(_PREFIX):].split("."))
 
 
 def mpp_of(ds: Dataset) -> tuple[float | None, float | None]:
@@ -158,7 +155,7 @@ def build_properties(levels: tuple[Level, ...], ds: Dataset, extra: dict[str, st
     return props
 
 
-def icc_profile_of(ds: "Dataset") -> bytes | None:
+def icc_profile_of(ds: Dataset) -> bytes | None:
     """The ICC profile of the first optical path (ICC Profile (0028,2000) in the Optical
     Path Sequence (0048,0105), PS3.3 C.8.12.5), raw bytes, or None (also when it cannot be
     a profile: :func:`wsitool.color.icc_bytes`)."""

@@ -31,7 +31,8 @@ import dataclasses
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError
-from .instance import Instance, first_item as _first
+from .instance import Instance
+from .instance import first_item as _first
 
 __all__ = ["Image", "GridNotes", "merge_parts", "tile_grid"]
 
