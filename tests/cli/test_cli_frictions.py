@@ -18,7 +18,7 @@ import pytest
 
 import wsitool
 
-from conftest import SHARED_SAMPLES, shared_sample
+from conftest import REPO, SHARED_SAMPLES, shared_sample
 
 
 def cli(*args, columns: int = 80, cwd=None) -> subprocess.CompletedProcess:
@@ -37,6 +37,19 @@ def test_swapped_arguments_name_the_missing_source_not_the_existing_output(tmp_p
     assert proc.returncode == 9 and len(lines) == 1, proc.stderr
     assert "e1.svs: source slide not found" in lines[0]
     assert "already exists" not in proc.stderr
+
+
+def test_swapped_arguments_with_both_existing_never_suggest_replacing_the_slide(tmp_path):
+    """The trial's case: `export-pyramid OTHER.svs MINE.svs`, both slides: the old message said to add
+    --overwrite, which replaced the user's slide."""
+    import shutil
+
+    mine = tmp_path / "mine.svs"
+    shutil.copy(REPO / "samples" / "sample-aperio-jpeg.svs", mine)
+    before = mine.read_bytes()
+    proc = cli("export-pyramid", REPO / "samples" / "sample-aperio-j2k.svs", mine)
+    assert proc.returncode == 9 and "is a slide" in proc.stderr and "swapped" in proc.stderr, proc.stderr
+    assert mine.read_bytes() == before
 
 
 def test_existing_output_says_the_cli_option_only(tmp_path):

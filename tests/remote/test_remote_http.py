@@ -165,3 +165,30 @@ def test_request_and_byte_accounting_on_the_bench_slide(bench_slide, nginx_facto
     # the server's access log agrees with the source's counters
     assert len(logged) == counted["requests"]
     assert sum(sent for _, sent, _ in logged) == counted["bytes"]
+
+
+def test_patch_plans_from_a_url_keep_no_token(nginx_factory, tmp_path):
+    """`patches plan` and `extract` read a slide by URL; the plan records it without its query; a failing
+    URL's token is never printed (the trial found `patches plan` printing it as a local path)."""
+    pytest.importorskip("cv2", reason="the patches extra (opencv-python-headless) is not installed")
+    pytest.importorskip("pyarrow", reason="the patches extra (pyarrow) is not installed")
+    from wsitool.patches import read_plan
+
+    srv = nginx_factory(REPO / "samples")
+    url = srv.url + "sample-aperio-jpeg.svs"
+    plan_file = tmp_path / "p.parquet"
+    r = subprocess.run([sys.executable, "-m", "wsitool", "patches", "plan", url + "?sig=SECRET9", "--mpp", "0.5",
+                        "--size", "128", "--no-mask", "-o", str(plan_file), "--quiet"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert "SECRET9" not in r.stdout + r.stderr
+    plan = read_plan(plan_file)
+    assert plan.slide.path == url and plan.slide.size == (REPO / "samples" / "sample-aperio-jpeg.svs").stat().st_size
+    shards = tmp_path / "shards"   # made when missing
+    r = subprocess.run([sys.executable, "-m", "wsitool", "patches", "extract", str(plan_file), "-o", str(shards),
+                        "--format", "png", "--quiet"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert len(list(shards.glob("*.tar"))) == 1
+    r = subprocess.run([sys.executable, "-m", "wsitool", "patches", "plan", srv.url + "nope.svs?sig=SECRET9",
+                        "--mpp", "0.5", "-o", str(tmp_path / "q.parquet")], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 9 and "SECRET9" not in r.stderr and "nope.svs" in r.stderr

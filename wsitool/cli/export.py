@@ -24,6 +24,7 @@ from ..distributed import dask_available, expand_sources, export_many
 from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
 from ..export.plan import background_color
+from ..slide import open_slide
 from ..storage import redact
 from .batch import batch_progress, failure_code, usage_errors
 from .console import STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
@@ -198,7 +199,22 @@ def format_for_output(output: Path) -> str | None:
     return None
 
 
+def _looks_like_a_slide(path: Path) -> bool:
+    """True when ``path`` is an existing file wsitool opens as a slide (the arguments may be swapped)."""
+    if not path.is_file():
+        return False
+    try:
+        with open_slide(path):
+            return True
+    except (errors.WsiError, OSError, ValueError):
+        return False
+
+
 def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None:
+    if not options.get("overwrite") and ("://" in slide or os.path.exists(slide)) and _looks_like_a_slide(output):
+        # `export-pyramid e1.svs SLIDE.svs`: the user's slide is the second argument; never suggest replacing it
+        raise fail(f"{output}: already exists and is a slide: the order is `export-pyramid SLIDE OUTPUT` "
+                   "(were they swapped?); --overwrite would replace it", 9)
     show = not quiet and err_console.is_terminal
     progress_bar = None
     callback = None

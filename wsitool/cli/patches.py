@@ -15,7 +15,16 @@ from ..patches.preview import save_preview
 from ..patches.tissue import TissueParams
 from ..slide import open_slide
 from .batch import batch_progress
-from .console import console, err_console, exit_code_for, fail, handle_errors, shown
+from .console import (
+    STORAGE_OPTION_HELP,
+    console,
+    err_console,
+    exit_code_for,
+    fail,
+    handle_errors,
+    shown,
+    storage_options,
+)
 from .group import app
 
 patches_app = typer.Typer(help="Training-set patches: plan a slide's patches at an MPP, extract them to tar shards.",
@@ -25,9 +34,15 @@ app.add_typer(patches_app, name="patches")
 _PLAN_EXTS = (".parquet", ".h5", ".hdf5")
 
 
+def _stem(slide: str) -> str:
+    """A file-name stem for ``slide`` (a path or a URL: its last part, before any query)."""
+    name = slide.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return name.split(".")[0] or "slide"
+
+
 def _preview_path(preview: Path, slide: str, many: bool) -> Path:
     if many or preview.is_dir():
-        return preview / (Path(slide).name.split(".")[0] + "-preview.png")
+        return preview / (_stem(slide) + "-preview.png")
     return preview
 
 
@@ -42,7 +57,8 @@ def _load_mask_arg(mask: Path | None):
 @patches_app.command("plan")
 @handle_errors
 def plan_cmd(
-    slides: list[Path] = typer.Argument(..., metavar="SLIDE...", help="Slide files (or DICOM folders)."),
+    slides: list[str] = typer.Argument(..., metavar="SLIDE...",
+                                       help="Slide files, DICOM folders or URLs (http(s), s3, gs, az)."),
     output: Path = typer.Option(..., "--output", "-o", metavar="OUT",
                                 help="OUT.parquet (every slide), OUT.h5 (one slide, CLAM's layout), or a folder "
                                      "(one file per slide, --format)."),
@@ -67,6 +83,8 @@ def plan_cmd(
     threads: int | None = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing plan and preview files."),
+    storage_option: list[str] | None = typer.Option(None, "--storage-option", metavar="KEY=VALUE",
+                                                    help=STORAGE_OPTION_HELP),
 ) -> None:
     """Plan the patches of slides at a physical resolution (tissue only, by default).
 
@@ -85,8 +103,11 @@ def plan_cmd(
     if not folder and output.suffix.lower() != ".parquet" and len(slides) > 1:
         raise fail(f"{output}: CLAM's .h5 layout holds one slide; give OUT.parquet or a folder", 2)
     many = len(slides) > 1
-    if preview is not None and many and not preview.is_dir():
-        raise fail(f"{preview}: with several slides --preview is a folder", 2)
+    options = storage_options(storage_option)
+    if preview is not None and (many or str(preview).endswith(os.sep)):
+        preview.mkdir(parents=True, exist_ok=True)   # a folder of previews, made when missing
+    if folder:
+        output.mkdir(parents=True, exist_ok=True)
     params = TissueParams.clam() if clam else TissueParams()
     mask_arg = None if no_mask else _load_mask_arg(mask)
     plans, failures = [], []
@@ -94,18 +115,22 @@ def plan_cmd(
         task = progress.add_task("planning", total=len(slides))
         for path in slides:
             try:
-                with open_slide(path) as slide:
+                with open_slide(path, storage_options=options) as slide:
+                    if mpp_override is None and slide.mpp is None:
+                        raise errors.InvalidRegionError(
+                            f"{slide.path}: the slide records no resolution (MPP); give --mpp-override UM "
+                            "(its level-0 micrometres per pixel)")
                     plan = plan_patches(slide, mpp=mpp, magnification=magnification, size=size, overlap=overlap,
                                         mask=mask_arg, min_tissue=min_tissue, mpp_tolerance=mpp_tolerance,
                                         mpp_override=mpp_override, allow_upscale=allow_upscale, tissue=params,
                                         threads=threads)
                     if folder:
-                        write_plans([plan], output / f"{path.name.split('.')[0]}.{fmt}", overwrite=overwrite)
+                        write_plans([plan], output / f"{_stem(path)}.{fmt}", overwrite=overwrite)
                     if preview is not None:
                         save_preview(slide, plan, _preview_path(preview, str(path), many), overwrite=overwrite,
                                      threads=threads)
                 plans.append(plan)
-                console.print(f"{shown(path)}: {len(plan)} patches at level {plan.level}, "
+                console.print(f"{shown(slide.path)}: {len(plan)} patches at level {plan.level}, "
                               f"read {plan.read_size:g} px -> {plan.size} px, {plan.effective_mpp:.4g} um/px",
                               highlight=False)
             except (errors.WsiError, OSError) as exc:
@@ -132,19 +157,22 @@ def extract_cmd(
     threads: int | None = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing shards."),
+    storage_option: list[str] | None = typer.Option(None, "--storage-option", metavar="KEY=VALUE",
+                                                    help=STORAGE_OPTION_HELP),
 ) -> None:
     """Extract the patches of a plan into WebDataset-style tar shards (an image and a .json per patch)."""
     try:
         plans = read_plans(plan_file)
     except PlanFileError as exc:
         raise fail(str(exc), 2) from None
+    output_dir.mkdir(parents=True, exist_ok=True)   # made when missing, as the batch commands do
     total = sum(len(p) for p in plans)
     shards = []
     with batch_progress(quiet) as progress:
         task = progress.add_task("extracting", total=total)
         base = 0
         for plan in plans:
-            with open_slide(plan.slide.path) as slide:
+            with open_slide(plan.slide.path, storage_options=storage_options(storage_option)) as slide:
                 def step(done, base=base):
                     progress.update(task, completed=base + done)
                 shards += extract_shards(slide, plan, output_dir, fmt=fmt, quality=quality, shard_size=shard_size,

@@ -153,9 +153,11 @@ def read_region_cmd(
         if isinstance(exc, errors.WsiError):
             raise
         raise fail(str(exc), 2) from None
+    # JPEG has no alpha: an RGBA region is written composited onto white, 3 channels (export.image)
+    written = 3 if output.suffix.lower() in (".jpg", ".jpeg") and arr.shape[2] == 4 else arr.shape[2]
     console.print(
-        f"wrote {shown(output)} (width {arr.shape[1]}, height {arr.shape[0]}, {arr.shape[2]} "
-        f"channel{'s' if arr.shape[2] != 1 else ''} {arr.dtype}) "
+        f"wrote {shown(output)} (width {arr.shape[1]}, height {arr.shape[0]}, {written} "
+        f"channel{'s' if written != 1 else ''} {arr.dtype}) "
         f"from {shown(redact(str(slide)))} level {level} at ({location[0]}, {location[1]})",
         highlight=False,
     )

@@ -75,6 +75,14 @@ class SlideIdentity:
 
     @classmethod
     def of(cls, slide) -> SlideIdentity:
+        """The identity of an open slide (a remote one: its URL without credentials or query)."""
+        remote = getattr(slide, "remote", None)
+        if remote is not None:
+            try:
+                quick = slide.properties.get("openslide.quickhash-1")
+            except WsiError:
+                quick = None
+            return cls(remote["url"].split("?", 1)[0], remote.get("size"), quick)   # no query: no token
         path = os.path.abspath(slide.path)
         if os.path.isdir(path):
             size = sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
