@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidRegionError, WsiError
-from .patches.plan import PatchPlan, read_plans
+from .patches.plan import load_plans
 from .read.cache import TileCache
 from .slide import open_slide
 
@@ -102,15 +102,6 @@ class _SlideRef:
                            "plan it again")
 
 
-def _load_plans(plans) -> list[PatchPlan]:
-    if isinstance(plans, PatchPlan):
-        return [plans]
-    if isinstance(plans, (str, os.PathLike)):
-        return read_plans(plans)
-    out: list[PatchPlan] = []
-    for p in plans:
-        out.extend(_load_plans(p))
-    return out
 
 
 class _Table:
@@ -121,7 +112,7 @@ class _Table:
     """
 
     def __init__(self, plans):
-        plans = _load_plans(plans)
+        plans = load_plans(plans)
         if not plans:
             raise InvalidRegionError("no patch plans given")
         sizes = {p.size for p in plans}

@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from ..errors import DaskUnavailableError, InvalidRegionError, WsiError
-from ..patches.plan import PatchPlan, read_plans
+from ..patches.plan import load_plans
 from ..read.lazy import INSTALL_HINT, import_dask_array
 from ..slide import cached_slide, file_stamp
 
@@ -47,20 +47,11 @@ def read_patch_batch(path: str, stamp: tuple[int, int], locations: np.ndarray, s
                               batch_size=max(1, len(locations)), threads=threads, out=out)
 
 
-def _plans(plans) -> list[PatchPlan]:
-    if isinstance(plans, PatchPlan):
-        return [plans]
-    if isinstance(plans, (str, os.PathLike)):
-        return read_plans(plans)
-    out: list[PatchPlan] = []
-    for p in plans:
-        out.extend(_plans(p))
-    return out
 
 
 def _batches(plans, batch_size: int, threads: int):
     """``(size, [(plan index, row0, row1, task tuple)...])`` of the plans, checked."""
-    plans = _plans(plans)
+    plans = load_plans(plans)
     if not plans:
         raise InvalidRegionError("no patch plans given")
     if int(batch_size) < 1:

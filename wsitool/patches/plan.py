@@ -47,7 +47,7 @@ from ..errors import InvalidRegionError, WsiError
 from ..version import __version__
 from .tissue import TissueMask, TissueParams, detect_tissue, load_mask
 
-__all__ = ["SlideIdentity", "PatchPlan", "plan_patches", "read_plan", "read_plans", "write_plans",
+__all__ = ["SlideIdentity", "PatchPlan", "plan_patches", "read_plan", "read_plans", "load_plans", "write_plans",
            "PlanFileError", "COLUMNS"]
 
 #: The columns of a plan's table, with their dtypes.
@@ -402,6 +402,23 @@ def read_plans(path: str | os.PathLike) -> list[PatchPlan]:
         if isinstance(exc, (PlanFileError, FileNotFoundError)):
             raise
         raise PlanFileError(f"{os.fspath(path)}: not a readable patch plan ({exc})") from None
+
+
+def load_plans(plans) -> list[PatchPlan]:
+    """Plans from a :class:`PatchPlan`, a plan file's path, or a (nested) sequence of either, in order
+    (the consumers' one way to take plans: :mod:`wsitool.torchdata`, :mod:`wsitool.distributed.patches`).
+
+    Raises:
+        PlanFileError, FileNotFoundError: as :func:`read_plans`.
+    """
+    if isinstance(plans, PatchPlan):
+        return [plans]
+    if isinstance(plans, (str, os.PathLike)):
+        return read_plans(plans)
+    out: list[PatchPlan] = []
+    for p in plans:
+        out.extend(load_plans(p))
+    return out
 
 
 def read_plan(path: str | os.PathLike) -> PatchPlan:

@@ -326,7 +326,8 @@ class DicomWebClient:
         the unfiltered query where the server rejects the filter.
 
         Raises:
-            RemoteNotFoundError: no such series (404 or no instance).  Others: as :meth:`request`.
+            RemoteNotFoundError: no such series (404 or no instance); the other errors as
+                :meth:`request` raises them.
         """
         root = f"{self._series_path()}/instances"
         try:
@@ -386,8 +387,8 @@ class DicomWebClient:
 
         Raises:
             NotAcceptable: with ``negotiate``, the server will not send ``syntax``.
-            RemoteUnavailableError: fewer parts than frames (a short body), retried first.
-            Others: as :meth:`request`.
+            RemoteUnavailableError: fewer parts than frames (a short body), retried first;
+                the other errors as :meth:`request` raises them.
         """
         media = MEDIA_TYPES.get(syntax, "application/octet-stream")
         accept = f'multipart/related; type="{media}"; transfer-syntax={syntax}'
