@@ -9,6 +9,7 @@ from typing import Literal
 import typer
 
 from .. import errors
+from ..atomic import check_output
 from ..patches.extract import extract_shards
 from ..patches.plan import PlanFileError, plan_patches, read_plans, write_plans
 from ..patches.preview import save_preview
@@ -108,6 +109,8 @@ def plan_cmd(
         preview.mkdir(parents=True, exist_ok=True)   # a folder of previews, made when missing
     if folder:
         output.mkdir(parents=True, exist_ok=True)
+    else:  # before any planning: an existing plan file (or a slide given as the output) is refused now
+        check_output(output, [s for s in slides if "://" not in s], overwrite)
     params = TissueParams.clam() if clam else TissueParams()
     mask_arg = None if no_mask else _load_mask_arg(mask)
     plans, failures = [], []
