@@ -139,7 +139,8 @@ def plan_cmd(
             except (errors.WsiError, OSError) as exc:
                 if many:
                     failures.append(exc)
-                    err_console.print(f"[bold red]wsitool: error:[/] {shown(exc)}", highlight=False)
+                    err_console.print(f"[bold red]wsitool: error:[/] {shown(exc)}", highlight=False,
+                                      soft_wrap=True)   # one line, never wrapped mid-word
                 else:
                     raise
             progress.advance(task)
