@@ -272,3 +272,27 @@ def test_ended_threads_leave_their_counts_not_their_bookkeeping():
         gc.collect()
     assert len(pool._all_stats) <= live + 1  # not one per ended thread
     assert pool.stats().tiles_decoded - before >= 20  # their decodes still counted
+
+
+def test_a_thread_state_finalizer_never_takes_the_pool_lock():
+    """The garbage collector runs a dead thread's finalizer inside whatever the current thread is
+    doing; CI once hung with a thread holding the pool's create lock (making a decoder in
+    ``ThreadState.slot``) and the collection calling ``_retire``, which took the same lock."""
+    import threading
+
+    from wsitool.codec.pool import DecodeStats, DecoderPool
+
+    pool = DecoderPool("cpu")
+    gone = DecodeStats()
+    gone.tiles_decoded = 7
+    pool._all_stats.append(gone)
+
+    def inside_the_lock():
+        with pool._create_lock:    # as slot() holds it around factory()
+            pool._retire(gone)     # as a collection inside factory() would call it
+
+    t = threading.Thread(target=inside_the_lock, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the finalizer blocked on the pool lock"
+    assert pool.stats().tiles_decoded == 7 and gone not in pool._all_stats   # folded in, counted once

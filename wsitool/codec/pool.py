@@ -191,6 +191,10 @@ class DecoderPool:
         self._local = threading.local()
         self._all_stats: list[DecodeStats] = []  # of the live threads' states
         self._retired = DecodeStats()  # counters of threads that have ended
+        # states whose threads ended, waiting to be folded into _retired: filled by a finalizer,
+        # which the garbage collector may run inside any critical section of this pool (even one
+        # holding _create_lock, a plain Lock): so it takes no lock (list.append is atomic)
+        self._retiring: list[DecodeStats] = []
         self.encoders_created = 0
         if device == "cpu":
             self._device_id = None  # nvImageCodec's CPU-only id, looked up at the first decoder
@@ -242,6 +246,7 @@ class DecoderPool:
         if st is None:
             stats = DecodeStats()
             with self._create_lock:
+                self._fold_retired()   # (so that the list stays as long as the live threads)
                 self._all_stats.append(stats)
             st = ThreadState(self, stats)
             self._local.state = st
@@ -252,7 +257,17 @@ class DecoderPool:
         return st
 
     def _retire(self, stats: DecodeStats) -> None:
-        with self._create_lock:
+        """A thread's state was collected: its counters are folded in later (:meth:`_fold_retired`).
+
+        Runs as a ``weakref.finalize`` callback, at any allocation of any thread:
+        taking ``_create_lock`` here deadlocked a thread that held it while creating a
+        decoder (the collection ran inside ``factory()``)."""
+        self._retiring.append(stats)
+
+    def _fold_retired(self) -> None:
+        """Move the states of ended threads into ``_retired``; call under ``_create_lock``."""
+        while self._retiring:
+            stats = self._retiring.pop()
             for i, s in enumerate(self._all_stats):
                 if s is stats:
                     del self._all_stats[i]
@@ -263,6 +278,7 @@ class DecoderPool:
         """Sum of all threads' counters (a snapshot, new object)."""
         total = DecodeStats()
         with self._create_lock:
+            self._fold_retired()
             total.add(self._retired)
             for s in self._all_stats:
                 total.add(s)
@@ -272,6 +288,7 @@ class DecoderPool:
         """Zero every thread's counters.  Call it while no thread decodes: the
         counters are updated without a lock, so a concurrent update may be lost."""
         with self._create_lock:
+            self._fold_retired()
             for s in [*self._all_stats, self._retired]:
                 for f in dataclasses.fields(s):
                     setattr(s, f.name, 0)
