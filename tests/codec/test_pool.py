@@ -280,7 +280,7 @@ def test_a_thread_state_finalizer_never_takes_the_pool_lock():
     ``ThreadState.slot``) and the collection calling ``_retire``, which took the same lock."""
     import threading
 
-    from wsitool.codec.pool import DecodeStats, DecoderPool
+    from wsitool.codec.pool import DecoderPool, DecodeStats
 
     pool = DecoderPool("cpu")
     gone = DecodeStats()
