@@ -22,6 +22,9 @@ import pytest
 import leakcheck
 from conftest import REPO
 
+# RSS slopes: run on their own, not beside other tests (`pytest -m leak`; the README's test command)
+pytestmark = pytest.mark.leak
+
 SCRIPT = REPO / "tests" / "leaks" / "leakcheck.py"
 PATHS = list(leakcheck.PATHS)
 
