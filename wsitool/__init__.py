@@ -13,6 +13,7 @@ See :class:`wsitool.slide.Slide` and :func:`wsitool.read.region.read_region`.
 from .errors import (
     CorruptFileError,
     DeviceUnavailableError,
+    InvalidOptionError,
     InvalidRegionError,
     ResourceLimitError,
     SlideWarning,
@@ -37,6 +38,7 @@ __all__ = [
     "WsiError",
     "UnsupportedFormatError",
     "CorruptFileError",
+    "InvalidOptionError",
     "InvalidRegionError",
     "ResourceLimitError",
     "TileDecodeError",

@@ -8,6 +8,9 @@ want to handle differently:
   (not a TIFF, a DICOM file, a TIFF without any usable image).
 * :class:`CorruptFileError` -- the container is broken (bad IFD chain, an image
   with zero width or height, tile offsets that point outside the file).
+* :class:`InvalidOptionError` -- an option given to a function, command or
+  server is out of range or contradicts another (also a :class:`ValueError`,
+  so code written against the plain ``ValueError`` keeps working).
 * :class:`InvalidRegionError` -- the request itself is malformed (negative or
   zero size, level out of range, wrong ``out`` buffer).  Also a
   :class:`ValueError`, as ``openslide-python`` users expect.
@@ -48,6 +51,7 @@ __all__ = [
     "WsiError",
     "UnsupportedFormatError",
     "CorruptFileError",
+    "InvalidOptionError",
     "InvalidRegionError",
     "ResourceLimitError",
     "TileDecodeError",
@@ -75,6 +79,12 @@ class UnsupportedFormatError(WsiError):
 
 class CorruptFileError(WsiError):
     """The container is structurally broken (TIFF header, IFDs, offsets)."""
+
+
+class InvalidOptionError(WsiError, ValueError):
+    """An option is out of range, of the wrong kind, or contradicts another one
+    (an export's tile size, a server's cache budget, a Deep Zoom overlap); the
+    message names the option and what it accepts."""
 
 
 class InvalidRegionError(WsiError, ValueError):
