@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 
 def _lint(cwd, extra_path=None) -> subprocess.CompletedProcess:

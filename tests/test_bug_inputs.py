@@ -42,8 +42,9 @@ import wsitool
 from wsitool.codec.pool import get_pool
 from wsitool.errors import ResourceLimitError, TileDecodeError, TileWarning, WsiError
 from wsitool.geometry import level_rect
+from wsitool.slide import pyramid_levels
 
-from conftest import BUG_INPUTS, NO_BUGS
+from helpers import BUG_INPUTS, NO_BUGS
 
 MANIFEST_PATH = BUG_INPUTS / "manifest.json"
 ARRAYS_PATH = BUG_INPUTS / "expected_arrays.npz"
@@ -84,7 +85,7 @@ def _compare(actual: np.ndarray, ref: np.ndarray, metric: str, tol: float, what:
 
 
 def _tiles_touched(slide, level: int, location, size):
-    lv = slide.levels[level]
+    lv = pyramid_levels(slide)[level]
     x0, y0 = level_rect(lv, *location)
     x1, y1 = min(x0 + size[0], lv.width), min(y0 + size[1], lv.height)
     x0, y0 = max(x0, 0), max(y0, 0)
@@ -96,7 +97,7 @@ def _missing_mask(entry: dict, slide, check: dict) -> np.ndarray:
     """Boolean ``(h, w)`` mask of the region's pixels that fall on missing tiles."""
     w, h = check["size"]
     x, y = check["location"]
-    lv = slide.levels[check["level"]]
+    lv = pyramid_levels(slide)[check["level"]]
     mask = np.zeros((h, w), bool)
     for idx in entry.get("missing_tiles", []):
         col, row = idx % lv.tiles_across, idx // lv.tiles_across
@@ -174,7 +175,7 @@ def _check_region(slide, check, refs, name):
     if "alpha_ref" in check:
         _compare(arr[..., 3], refs[check["alpha_ref"]], "exact", 0, what + " alpha")
     else:
-        lv = slide.levels[level]
+        lv = pyramid_levels(slide)[level]
         xl, yl = level_rect(lv, *loc)
         if xl >= 0 and yl >= 0 and xl + size[0] <= lv.width and yl + size[1] <= lv.height:
             assert (arr[..., 3] == 255).all(), f"{what}: region inside the slide is not opaque"

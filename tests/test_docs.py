@@ -19,7 +19,8 @@ import wsitool
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
-COMMANDS = [None, "info", "read-region", "export-pyramid", "stress", "serve", "patches", "patches plan"]
+COMMANDS = [None, "info", "read-region", "read-regions", "export-pyramid", "export-many", "stress", "serve", "patches",
+            "patches plan"]
 
 
 @pytest.fixture(scope="module")

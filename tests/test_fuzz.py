@@ -14,6 +14,7 @@ Bounded for CI: a fixed number of hypothesis examples with a derandomised
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED, fuzz_script
+import fuzz
+import fuzzlib
+from helpers import REPO, SHARED
 
 pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings
@@ -33,11 +36,14 @@ FUZZ_SCRIPT = REPO / "scripts" / "fuzz.py"
 REGRESSIONS = json.loads((Path(__file__).parent / "fuzz_regressions.json").read_text())
 
 
-fuzz = fuzz_script()
+# Seeds for the in-test fuzzing: small files keep one example well under 0.1 s.  Listed at
+# import; their TIFF structure is read on first use (_seed_targets), not at import.
+SEEDS = list(fuzzlib.seed_files(limit_bytes=1_000_000))
 
-# Seeds for the in-test fuzzing: small files keep one example well under 0.1 s.
-SEEDS = list(fuzz.seed_files(limit_bytes=1_000_000))
-SEED_TARGETS = {str(p): fuzz.seed_targets(p) for p in SEEDS}
+
+@functools.cache
+def _seed_targets() -> dict:
+    return {str(p): fuzzlib.seed_targets(p) for p in SEEDS}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +68,7 @@ def scratch():
 
 
 def _assert_no_fault(worker, recipe: dict, scratch: Path, case_seed: int) -> dict:
-    data = fuzz.apply_recipe(recipe)
+    data = fuzzlib.apply_recipe(recipe)
     path = scratch / ("input" + Path(recipe["seed_file"]).suffix)
     path.write_bytes(data)
     res = worker.check(str(path), case_seed)
@@ -106,7 +112,7 @@ def test_recipes_rebuild_inputs_exactly(tmp_path):
     src = tmp_path / "seed.tif"
     src.write_bytes(original)
     recipe = {"seed_file": str(src), "patches": [[3, "ffff"], [1020, "0102030405"]], "truncate": 1022}
-    data = fuzz.apply_recipe(recipe)
+    data = fuzzlib.apply_recipe(recipe)
     assert len(data) == 1022
     assert data[3:5] == b"\xff\xff" and data[1020:1022] == b"\x01\x02"
     assert data[:3] == original[:3] and data[5:1020] == original[5:1020]
@@ -116,17 +122,17 @@ def test_mutations_hit_tiff_structure():
     """Targets come from tifffile: IFD entries, tile offsets/counts and tile bytes are found."""
     if not SEEDS:
         pytest.skip(f"no seed files under {SHARED}")
-    t = next(t for t in SEED_TARGETS.values() if t.offset_arrays and t.segments)
+    t = next(t for t in _seed_targets().values() if t.offset_arrays and t.segments)
     assert t.entries and t.tag_values and t.count_arrays
     rng = random.Random(5)
     with open(t.path, "rb") as fh:
         data = fh.read()
     for kind in ("tile_offset", "tile_bytecount", "ifd_entry", "tag_value", "tile_bytes"):
-        recipe = fuzz.make_recipe(t, rng, [kind])
+        recipe = fuzzlib.make_recipe(t, rng, [kind])
         assert recipe["patches"], kind
-        mutated = fuzz.apply_recipe(recipe, data)
+        mutated = fuzzlib.apply_recipe(recipe, data)
         assert len(mutated) == len(data)
-    offs = [o for o, _ in fuzz.make_recipe(t, rng, ["tile_offset"])["patches"]]
+    offs = [o for o, _ in fuzzlib.make_recipe(t, rng, ["tile_offset"])["patches"]]
     lo = min(vo for vo, _, _ in t.offset_arrays)
     hi = max(vo + isz * n for vo, isz, n in t.offset_arrays)
     assert all(lo <= o < hi for o in offs)
@@ -161,12 +167,12 @@ def test_fuzz_regression(case, path, worker, python_worker, scratch):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     seed_index=st.integers(min_value=0, max_value=10_000),
-    kinds=st.lists(st.sampled_from(fuzz.KINDS), min_size=1, max_size=3),
+    kinds=st.lists(st.sampled_from(fuzzlib.KINDS), min_size=1, max_size=3),
     rng_seed=st.integers(min_value=0, max_value=2**32 - 1),
 )
 def test_fuzz_mutated_slides(seed_index, kinds, rng_seed, worker, scratch):
-    t = SEED_TARGETS[str(SEEDS[seed_index % len(SEEDS)])]
-    recipe = fuzz.make_recipe(t, random.Random(rng_seed), kinds)
+    t = _seed_targets()[str(SEEDS[seed_index % len(SEEDS)])]
+    recipe = fuzzlib.make_recipe(t, random.Random(rng_seed), kinds)
     _assert_no_fault(worker, recipe, scratch, rng_seed)
 
 

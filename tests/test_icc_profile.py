@@ -80,7 +80,7 @@ def test_color_argument_checks(icc_slide):
 
 
 def test_slide_without_profile_is_untouched(repo_sample_path=None):
-    from conftest import repo_samples
+    from helpers import repo_samples
 
     path = next(p for p in repo_samples() if p.suffix == ".svs")
     with wsitool.open_slide(path) as slide:
@@ -117,7 +117,7 @@ def test_openslide_oracle_reads_the_same_profile(icc_slide):
 
 def test_shared_samples_profiles_match_openslide():
     real = pytest.importorskip("openslide")
-    from conftest import shared_sample
+    from helpers import shared_sample
 
     for name in ("aperio-tcga-cr-7395-jp2k-33005-2level.svs", "generic-boxes-deflate-4level.tiff"):
         path = str(shared_sample(name))

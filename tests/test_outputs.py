@@ -28,7 +28,7 @@ from wsitool import distributed as D
 from wsitool.cli import app
 from wsitool.distributed.regions_csv import check_name
 
-from conftest import REPO_SAMPLES
+from helpers import REPO_SAMPLES
 
 SAMPLE = REPO_SAMPLES / "sample-aperio-jpeg.svs"
 runner = CliRunner()

@@ -143,6 +143,12 @@ def test_test_extras_split(pyproject):
     assert "*.pyi" in pyproject["tool"]["setuptools"]["package-data"]["wsitool"]
 
 
+def test_py_typed_marker_is_shipped(pyproject):
+    """PEP 561: the marker is in the package and in its package data (wheels and sdists carry it)."""
+    assert (REPO / "wsitool" / "py.typed").is_file()
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["wsitool"]
+
+
 def test_python_m_wsitool_runs_the_cli():
     proc = subprocess.run([sys.executable, "-m", "wsitool", "--version"], capture_output=True, text=True,
                           timeout=120, cwd=REPO)

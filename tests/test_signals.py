@@ -20,7 +20,7 @@ import pytest
 
 from wsitool import signals
 
-from conftest import REPO, SHARED_SAMPLES, shared_sample
+from helpers import REPO, SHARED_SAMPLES, shared_sample
 
 WAIT_S = 60.0  # for the workload to start writing
 END_S = 90.0  # for the process to end after the signal

@@ -10,29 +10,21 @@ import pytest
 
 import wsitool
 from wsitool import CorruptFileError, UnsupportedFormatError, WsiError
+from wsitool.slide import pyramid_levels
 
-from conftest import SHARED_SAMPLES, repo_samples, shared_sample, tiff_samples
+from helpers import SHARED_SAMPLES, openslide_samples, repo_samples, shared_sample
 
 openslide = pytest.importorskip("openslide", reason="openslide-python is the test oracle")
 
 
-def _openslide_or_none(path):
-    try:
-        return openslide.OpenSlide(str(path))
-    except Exception:
-        return None
-
-
-# OpenSlide has no OME-TIFF support: it opens an OME pyramid's base image as a
-# one-level generic TIFF and ignores its SubIFD levels, so it is no oracle there.
+# The files OpenSlide opens and those it rejects, as tests/region_hashes.json records them
+# (nothing is opened at import).  OpenSlide has no OME-TIFF support: it opens an OME pyramid's
+# base image as a one-level generic TIFF and ignores its SubIFD levels, so it is no oracle there.
 ORACLE_FILES = [
-    p for p in tiff_samples() + repo_samples()
-    if ".ome." not in p.name and _openslide_or_none(p) is not None
+    p for p in openslide_samples() + openslide_samples("unread") + repo_samples()
+    if ".ome." not in p.name
 ]
-NON_ORACLE_FILES = [p for p in tiff_samples() if _openslide_or_none(p) is None] or [
-    pytest.param(None, marks=pytest.mark.skip(
-        reason=f"real slides folder {SHARED_SAMPLES} is absent (no files OpenSlide rejects)"))
-]
+NON_ORACLE_FILES = openslide_samples("rejected")
 
 
 def test_shared_samples_present_or_skipped():
@@ -72,31 +64,10 @@ def test_geometry_and_mpp_match_openslide(path):
             )
 
 
-def test_aperio_metadata_and_associated_images(cmu1):
-    osr = openslide.OpenSlide(str(cmu1))
-    with wsitool.open_slide(cmu1) as slide:
-        assert slide.mpp == (0.499, 0.499)
-        assert slide.objective_power == 20
-        assert slide.properties["aperio.AppMag"] == osr.properties["aperio.AppMag"]
-        assert slide.properties["aperio.MPP"] == osr.properties["aperio.MPP"]
-        for name in ("label", "macro", "thumbnail"):
-            ours = slide.associated_images[name]
-            theirs = np.asarray(osr.associated_images[name].convert("RGB"))
-            assert ours.dtype == np.uint8 and ours.shape == theirs.shape
-            assert np.abs(ours.astype(int) - theirs).max() <= 1, name
-        with pytest.raises(KeyError):
-            slide.associated_images["nope"]
+# (the Aperio rules and slides: tests/formats/test_aperio.py)
 
 
-def test_jpeg2000_aperio_levels(tcga_j2k):
-    with wsitool.open_slide(tcga_j2k) as slide:
-        assert slide.levels[0].compression == "APERIO_JP2000_RGB"
-        assert slide.levels[0].decoder == "nvimagecodec"
-        assert slide.mpp is None  # this TCGA file has no MPP field, as OpenSlide reports
-        assert list(slide.associated_images) == ["thumbnail"]
-
-
-@pytest.mark.parametrize("path", NON_ORACLE_FILES, ids=lambda p: getattr(p, "name", "none"))
+@pytest.mark.parametrize("path", NON_ORACLE_FILES, ids=lambda p: p.name)
 def test_files_openslide_rejects_give_clear_result(path):
     """Either a clean wsitool error naming the file, or a slide whose reads work or fail cleanly."""
     try:
@@ -233,9 +204,10 @@ def test_closed_slide_is_freed_without_the_cyclic_collector(path):
         for name in slide.associated_images:
             assert slide.associated_images[name].size
         slide.read_region((0, 0), 0, (16, 16))
-        refs = [weakref.ref(slide), weakref.ref(slide.levels[0]), weakref.ref(slide.associated_images)]
+        refs = [weakref.ref(slide), weakref.ref(slide.levels[0]), weakref.ref(slide.associated_images),
+                weakref.ref(pyramid_levels(slide)[0])]
         slide.close()
         del slide
-        assert [r() for r in refs] == [None, None, None]
+        assert [r() for r in refs] == [None, None, None, None]
     finally:
         gc.enable()

@@ -21,7 +21,7 @@ import wsitool
 from wsitool.errors import InvalidRegionError, WsiError
 from wsitool.patches.plan import PatchPlan, SlideIdentity, plan_patches
 
-from conftest import REPO, REPO_SAMPLES
+from helpers import REPO, REPO_SAMPLES
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed (pip install 'wsitool[torch]')")

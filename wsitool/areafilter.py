@@ -22,6 +22,7 @@ window the strips come from (row 0 is the window's first row).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ def _block_mean(src: np.ndarray, fy: int, fx: int) -> np.ndarray:
     if n == 1:
         return src
     acc_t = np.uint16 if n <= 256 else np.uint32
-    rows = src[0::fy].astype(acc_t)
+    rows: np.ndarray[Any, np.dtype[np.unsignedinteger[Any]]] = src[0::fy].astype(acc_t)
     for dy in range(1, fy):
         rows += src[dy::fy]
     if fx == 1:
@@ -92,7 +93,7 @@ class AreaReducer:
         self._src_w = src_w
         # exact integer ratio on a pixel-aligned box: block means
         fx, fy = (x1 - x0) / out_w, (y1 - y0) / out_h
-        self._block = None
+        self._block: tuple[int, int, int, int] | None = None
         if (fx.is_integer() and fy.is_integer() and x0.is_integer() and y0.is_integer()):
             self._block = (int(fy), int(fx), int(x0), int(y0))
         self._xfirst, _, self._xw = taps(x0, x1, out_w, src_w)
@@ -100,7 +101,7 @@ class AreaReducer:
         T = self._xw.shape[1]
         self._xidx = np.minimum(self._xfirst[:, None] + np.arange(T)[None, :], src_w - 1)
         self._fed = 0           # window rows fed so far
-        self._pending = None    # rows kept for output rows not finished yet
+        self._pending: np.ndarray | None = None    # rows kept for output rows not finished yet
         #: window row of the first kept row (or of the first row wanted, when none are kept)
         self._row = self._block[3] if self._block is not None else int(self._yfirst[0])
         self._next = 0          # next output row to finish
@@ -139,6 +140,7 @@ class AreaReducer:
 
     def _feed_blocks(self, strip: np.ndarray) -> None:
         """The block-mean path: every output row whose ``fy`` rows are in now."""
+        assert self._block is not None  # (this path is taken only with block means)
         fy, fx, x0, y0 = self._block
         ow = self.out.shape[1]
         rows = strip[:, x0:x0 + fx * ow]

@@ -6,6 +6,7 @@ Ground floor (standard library, numpy and :mod:`wsitool.errors`).
 from __future__ import annotations
 
 import numbers
+from typing import SupportsInt, cast
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def as_int(value, what: str, where: str | None = None, error: type[Exception] = 
         raise error(f"{prefix}{what} must be an integer, got {value!r}")
     if not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and float(value).is_integer():
-            return int(value)
+            return int(cast(SupportsInt, value))  # (numbers.Real as typed has no __int__)
         raise error(f"{prefix}{what} must be an integer, got {value!r}")
     return int(value)
 

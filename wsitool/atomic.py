@@ -46,7 +46,7 @@ import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import OutputExistsError, OutputIsSourceError
 
@@ -432,14 +432,14 @@ def anonymous_file(folder: str | os.PathLike, final: str | os.PathLike | None = 
 # --------------------------------------------------------------------------- commit
 
 _RENAME_NOREPLACE = 1
-_renameat2 = None
+_renameat2: Any = None  # libc's renameat2 (a ctypes function), False where there is none, None: not looked up
 _AT_FDCWD = -100
 
 
-def _load_renameat2():
+def _load_renameat2() -> Any:
     global _renameat2
     if _renameat2 is None:
-        fn = False
+        fn: Any = False
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fn = libc.renameat2

@@ -287,13 +287,9 @@ def j2k_main_header(data: bytes) -> J2KHeader:
             return _bad(f"invalid JPEG 2000 marker {data[i:i + 2].hex()} in the main header")
         marker = data[i + 1]
         if marker == 0x90:  # SOT: Lsot = 10, segment of 12 bytes
-            # COD and QCD are required in the main header (T.800 A.2, table A.1);
-            # OpenJPEG inside nvImageCodec crashed the process without COD (fuzzing)
-            missing = [name for code, name in ((0x52, "COD"), (0x5C, "QCD")) if code not in seen]
-            if missing:
-                return _bad(f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing")
-            if i + 12 > n:
-                return _bad("JPEG 2000 tile-part header truncated")
+            problem = _j2k_sot_problem(seen, i + 12 > n)
+            if problem:
+                return _bad(problem)
             return J2KHeader(None, start, end, width, height, levels)
         if marker not in _J2K_MAIN_HEADER_MARKERS:
             # OpenJPEG skips unknown markers by searching for the next known one;
@@ -310,28 +306,11 @@ def j2k_main_header(data: bytes) -> J2KHeader:
         if marker == 0x51:
             problem, csiz = _j2k_siz_problem(seg)
             if problem is None:
-                width = int.from_bytes(seg[2:6], "big") - int.from_bytes(seg[10:14], "big")
-                height = int.from_bytes(seg[6:10], "big") - int.from_bytes(seg[14:18], "big")
-        elif marker == 0x52:  # COD: Scod, SGcod (4 bytes), SPcod
-            problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
-            if problem is None and (seg[0] > 7 or (seg[0] & 1 and len(seg) < 11 + seg[5])):
-                problem = f"invalid Scod {seg[0]} (or precinct sizes missing)"
-            if problem is None and seg[1] > 4:
-                problem = f"invalid progression order {seg[1]}"
-            if problem is None and int.from_bytes(seg[2:4], "big") == 0:
-                problem = "zero quality layers"
-            levels = seg[5]
-        elif marker == 0x53:  # COC: Ccoc (1 or 2 bytes), Scoc, SPcoc
-            k = 1 if csiz < 257 else 2
-            problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
-                       else "short COC")
-            if problem is None and (seg[k] > 1 or (seg[k] & 1 and len(seg) < k + 7 + seg[k + 1])):
-                problem = f"invalid Scoc {seg[k]} (or precinct sizes missing)"
-        elif marker == 0x5C:  # QCD: Sqcd, quantisation style in the low 5 bits
-            problem = (None if seg and (seg[0] & 0x1F) in (0, 1, 2)
-                       else "invalid QCD quantisation style")
+                width, height = _j2k_siz_size(seg)
         else:
-            problem = None
+            problem = _j2k_segment_problem(marker, seg, csiz)
+            if marker == 0x52:  # COD: SPcod's first byte, the decomposition levels
+                levels = seg[5]
         if problem:
             return _bad(f"invalid JPEG 2000 main header: {problem}")
         i += 2 + length
@@ -339,6 +318,61 @@ def j2k_main_header(data: bytes) -> J2KHeader:
 
 def _bad(problem: str) -> J2KHeader:
     return J2KHeader(problem, 0, 0, 0, 0, 0)
+
+
+def _j2k_sot_problem(seen: set[int], truncated: bool) -> str | None:
+    """What is wrong where the main header ends at the first SOT: a required segment not
+    ``seen`` (COD and QCD, T.800 A.2, table A.1: OpenJPEG inside nvImageCodec crashed
+    the process without COD, found by fuzzing), or the SOT segment cut short."""
+    missing = [name for code, name in ((0x52, "COD"), (0x5C, "QCD")) if code not in seen]
+    if missing:
+        return f"invalid JPEG 2000 main header: required {' and '.join(missing)} missing"
+    if truncated:
+        return "JPEG 2000 tile-part header truncated"
+    return None
+
+
+def _j2k_siz_size(seg: bytes) -> tuple[int, int]:
+    """``(width, height)`` of the image a SIZ segment declares: Xsiz - XOsiz, Ysiz - YOsiz."""
+    width = int.from_bytes(seg[2:6], "big") - int.from_bytes(seg[10:14], "big")
+    height = int.from_bytes(seg[6:10], "big") - int.from_bytes(seg[14:18], "big")
+    return width, height
+
+
+def _j2k_segment_problem(marker: int, seg: bytes, csiz: int) -> str | None:
+    """What is wrong with the segment ``seg`` of a main-header ``marker`` other than SIZ
+    (COD, COC and QCD are checked; ``csiz``: the component count SIZ declared), or None."""
+    if marker == 0x52:
+        return _j2k_cod_problem(seg)
+    if marker == 0x53:
+        return _j2k_coc_problem(seg, csiz)
+    if marker == 0x5C:  # QCD: Sqcd, quantisation style in the low 5 bits
+        return (None if seg and (seg[0] & 0x1F) in (0, 1, 2)
+                else "invalid QCD quantisation style")
+    return None
+
+
+def _j2k_cod_problem(seg: bytes) -> str | None:
+    """Range checks of a COD segment: Scod, SGcod (4 bytes), SPcod (T.800 A.6.1)."""
+    problem = _j2k_coding_problem(seg, 0, "COD") if len(seg) >= 10 else "short COD"
+    if problem is None and (seg[0] > 7 or (seg[0] & 1 and len(seg) < 11 + seg[5])):
+        problem = f"invalid Scod {seg[0]} (or precinct sizes missing)"
+    if problem is None and seg[1] > 4:
+        problem = f"invalid progression order {seg[1]}"
+    if problem is None and int.from_bytes(seg[2:4], "big") == 0:
+        problem = "zero quality layers"
+    return problem
+
+
+def _j2k_coc_problem(seg: bytes, csiz: int) -> str | None:
+    """Range checks of a COC segment: Ccoc (1 byte, 2 with 257 or more components), Scoc,
+    SPcoc (T.800 A.6.2)."""
+    k = 1 if csiz < 257 else 2
+    problem = (_j2k_coding_problem(seg, k - 4, "COC") if len(seg) >= k + 6
+               else "short COC")
+    if problem is None and (seg[k] > 1 or (seg[k] & 1 and len(seg) < k + 7 + seg[k + 1])):
+        problem = f"invalid Scoc {seg[k]} (or precinct sizes missing)"
+    return problem
 
 
 def _j2k_siz_problem(seg: bytes) -> tuple[str | None, int]:

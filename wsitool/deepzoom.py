@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from io import BytesIO
 from xml.etree.ElementTree import Element, ElementTree, SubElement
 
+from .errors import InvalidOptionError, InvalidRegionError
+
 __all__ = [
     "tile_span",
     "DZI_NAMESPACE",
@@ -84,7 +86,8 @@ def bounds_from_properties(properties: Mapping[str, str]) -> tuple[int | None, i
     Raises:
         ValueError: a present property is not an integer.
     """
-    return tuple(int(properties[k]) if k in properties else None for k in _BOUNDS_KEYS)  # type: ignore[return-value]
+    x, y, w, h = (int(properties[k]) if k in properties else None for k in _BOUNDS_KEYS)
+    return x, y, w, h
 
 
 def deepzoom_level_dimensions(width: int, height: int) -> tuple[tuple[int, int], ...]:
@@ -151,7 +154,7 @@ class DeepZoomGeometry:
             :func:`bounds_from_properties`.
 
     Raises:
-        ValueError: bad tile size, overlap or level lists.
+        InvalidOptionError: bad tile size, overlap or level lists (also a ValueError).
     """
 
     def __init__(self, level_dimensions: Sequence[Sequence[int]], level_downsamples: Sequence[float],
@@ -160,11 +163,11 @@ class DeepZoomGeometry:
         dims = tuple((int(w), int(h)) for w, h in level_dimensions)
         ds = tuple(float(d) for d in level_downsamples)
         if not dims or len(dims) != len(ds):
-            raise ValueError("level_dimensions and level_downsamples must be non-empty and equally long")
+            raise InvalidOptionError("level_dimensions and level_downsamples must be non-empty and equally long")
         if int(tile_size) != tile_size or tile_size < 1:
-            raise ValueError(f"tile_size must be an integer >= 1, got {tile_size!r}")
+            raise InvalidOptionError(f"tile_size must be an integer >= 1, got {tile_size!r}")
         if int(overlap) != overlap or overlap < 0:
-            raise ValueError(f"overlap must be an integer >= 0, got {overlap!r}")
+            raise InvalidOptionError(f"overlap must be an integer >= 0, got {overlap!r}")
         self.tile_size = int(tile_size)
         self.overlap = int(overlap)
         self.bounds = None if bounds is None else tuple(bounds)
@@ -214,14 +217,15 @@ class DeepZoomGeometry:
         edge.
 
         Raises:
-            ValueError: ``"Invalid level"`` / ``"Invalid address"`` (openslide-python's messages).
+            InvalidRegionError: ``"Invalid level"`` / ``"Invalid address"`` (openslide-python's
+                messages; also a ValueError, as openslide-python raises).
         """
         if not 0 <= level < self.level_count:
-            raise ValueError("Invalid level")
+            raise InvalidRegionError("Invalid level")
         cols_rows = self.level_tiles[level]
         addr = tuple(address)
         if len(addr) != 2 or any(not 0 <= t < lim for t, lim in zip(addr, cols_rows, strict=True)):
-            raise ValueError("Invalid address")
+            raise InvalidRegionError("Invalid address")
         T, ov = self.tile_size, self.overlap
         slide_level = self.slide_levels[level]
         scale = self._scale[level]
@@ -235,7 +239,7 @@ class DeepZoomGeometry:
             location.append(int(ds * l_start + off))
             read.append(int(min(math.ceil(scale * z_size), l_lim - math.ceil(l_start))))
             size.append(z_size)
-        return DeepZoomTile(tuple(location), slide_level, tuple(read), tuple(size))
+        return DeepZoomTile((location[0], location[1]), slide_level, (read[0], read[1]), (size[0], size[1]))
 
     def dzi_xml(self, format: str) -> str:
         """The ``.dzi`` XML: ``<Image TileSize Overlap Format xmlns><Size Width Height/></Image>``.

@@ -42,11 +42,6 @@ from __future__ import annotations
 import errno as _errno
 import os
 
-try:
-    import resource as _resource  # POSIX only
-except ImportError:  # pragma: no cover - Windows
-    _resource = None
-
 __all__ = [
     "WsiError",
     "UnsupportedFormatError",
@@ -166,7 +161,7 @@ class OutputExistsError(WsiError, FileExistsError):
 
     An :class:`OSError` (``errno.EEXIST``) whose ``filename`` is the output path.
     Its message uses the Python API's words (``overwrite=True``); the command
-    line says ``--overwrite`` instead (:data:`CLI_REASON`).
+    line says ``--overwrite`` instead (``CLI_REASON``).
     """
 
     #: The default reason, and the one the command line prints in its place.
@@ -231,80 +226,6 @@ def printable(text) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
-#: errno values that mean the operating system ran out of something (descriptors,
-#: memory) or the storage failed: I/O errors of the machine, not of the slide.
-RESOURCE_ERRNOS = frozenset(e for e in (
-    getattr(_errno, "EMFILE", None), getattr(_errno, "ENFILE", None), getattr(_errno, "ENOMEM", None),
-    getattr(_errno, "EIO", None), getattr(_errno, "ENOBUFS", None),
-) if e is not None)
-
-_RESOURCE_HINTS = {
-    getattr(_errno, "EMFILE", -1): "the process is out of file descriptors: raise ulimit -n",
-    getattr(_errno, "ENFILE", -1): "the system is out of file descriptors",
-    getattr(_errno, "ENOMEM", -1): "out of memory",
-    getattr(_errno, "EIO", -1): "the storage reported an I/O error",
-}
-
-
-def os_resource_error(exc: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
-    """An OSError naming the cause if ``exc`` is an operating-system resource
-    failure (:data:`RESOURCE_ERRNOS`: EMFILE, ENFILE, ENOMEM, EIO, ...), else None.
-
-    Such failures are the machine's, not the file's: callers raise the result
-    instead of reporting the slide as corrupt (the CLI exits 9, I/O error).
-    """
-    if isinstance(exc, MemoryError):
-        code = _errno.ENOMEM
-    elif isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
-        code = exc.errno
-    else:
-        return None
-    hint = _RESOURCE_HINTS.get(code)
-    text = os.strerror(code) + (f" ({hint})" if hint else "")
-    where = os.fspath(path) if path is not None else getattr(exc, "filename", None)
-    return OSError(code, text, where) if where is not None else OSError(code, text)
-
-
-def raise_if_os_resource(exc: BaseException, path: str | os.PathLike | None = None) -> None:
-    """Raise :func:`os_resource_error` of ``exc`` when there is one (else return)."""
-    err = os_resource_error(exc, path)
-    if err is not None:
-        raise err from None
-
-
-#: Descriptors a native decoder may need for its own work (thread-pool pipes,
-#: plugin files): with fewer free than this, a failed decode is blamed on the
-#: descriptor limit, not on the tile.
-DECODER_DESCRIPTOR_HEADROOM = 4
-
-
-def descriptors_exhausted(path: str | os.PathLike | None = None) -> OSError | None:
-    """Probe whether this process can still open files: None if it can, else the
-    OSError (EMFILE/ENFILE/ENOMEM) worded by :func:`os_resource_error`.
-
-    A native decoder that cannot get a descriptor (or memory) for its work
-    returns "no image", which looks like corrupt tile data; callers probe before
-    blaming the tile.  Exhausted means: opening a file fails now, or fewer than
-    :data:`DECODER_DESCRIPTOR_HEADROOM` descriptors are free under the soft
-    ``RLIMIT_NOFILE`` (the decoder may have failed a moment ago and released
-    what it had).
-    """
-    try:
-        fd = os.open(os.devnull, os.O_RDONLY)
-    except OSError as exc:
-        return os_resource_error(exc, path)
-    os.close(fd)
-    try:
-        soft = _resource.getrlimit(_resource.RLIMIT_NOFILE)[0] if _resource else None
-        # (listing /proc/self/fd takes one descriptor itself, which it lists)
-        in_use = len(os.listdir("/proc/self/fd")) - 1
-    except (OSError, ValueError):
-        soft = in_use = None
-    if in_use is not None and soft not in (None, -1) and soft - in_use < DECODER_DESCRIPTOR_HEADROOM:
-        return os_resource_error(OSError(_errno.EMFILE, os.strerror(_errno.EMFILE)), path)
-    return None
 
 
 class TileWarning(UserWarning):

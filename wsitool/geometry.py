@@ -19,13 +19,19 @@ __all__ = ["TileGrid", "TileJob", "level_rect", "level0_coordinate", "plan_tiles
 
 
 class TileGrid(Protocol):
-    """What geometry needs of a level: its size, tile size (pixels of the level) and downsample."""
+    """What geometry needs of a level: its size, tile size (pixels of the level) and downsample
+    (read-only: the public, frozen :class:`wsitool.Level` views match too)."""
 
-    width: int
-    height: int
-    tile_width: int
-    tile_height: int
-    downsample: float
+    @property
+    def width(self) -> int: ...
+    @property
+    def height(self) -> int: ...
+    @property
+    def tile_width(self) -> int: ...
+    @property
+    def tile_height(self) -> int: ...
+    @property
+    def downsample(self) -> float: ...
 
 
 class TileJob(NamedTuple):

@@ -15,7 +15,7 @@ tiles_across * tiles_down + row * tiles_across + col``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -261,7 +261,7 @@ class Level:
         return (self.tile_width, self.tile_height)
 
     @property
-    def cache_key(self):
+    def cache_key(self) -> int | tuple[int, int]:
         """The level's key in the decoded-tile cache: its index, or ``(index, plane)`` for a plane."""
         return self.index if self.plane is None else (self.index, self.plane)
 
@@ -300,7 +300,8 @@ def wavelength_color(nm: float) -> tuple[int, int, int]:
     for (w0, c0), (w1, c1) in pairwise(_SPECTRUM):
         if nm <= w1:
             t = (nm - w0) / (w1 - w0)
-            return tuple(int(round(a + (b - a) * t)) for a, b in zip(c0, c1, strict=True))  # type: ignore[return-value]
+            r, g, b = (int(round(lo + (hi - lo) * t)) for lo, hi in zip(c0, c1, strict=True))
+            return r, g, b
     return _SPECTRUM[-1][1]
 
 
@@ -388,7 +389,9 @@ class Pyramid:
         vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``, ...
         levels: the levels, largest first.
         associated: name -> :class:`AssociatedImage`.
-        properties: metadata (OpenSlide's key names, see :attr:`wsitool.Slide.properties`).
+        properties: metadata (OpenSlide's key names, see :attr:`wsitool.Slide.properties`);
+            read-only for its users (a format may compute some values on first access,
+            :class:`wsitool.formats.deferred.DeferredProperties`).
         problems: what the parser reported while reading the structure.
         release: releases the format's own resources (e.g. a tifffile handle).
         identifying: names of the properties that identify a patient, person,
@@ -401,14 +404,14 @@ class Pyramid:
     vendor: str
     levels: tuple[Level, ...]
     associated: dict[str, AssociatedImage]
-    properties: dict[str, str]
+    properties: Mapping[str, str]
     problems: list[str] = dataclasses.field(default_factory=list)
     release: Callable[[], None] | None = None
     color_profile: bytes | None = None
     identifying: frozenset[str] = frozenset()
 
 
-def level_properties(levels) -> dict[str, str]:
+def level_properties(levels: Sequence[Level]) -> dict[str, str]:
     """The format-neutral properties of a pyramid's levels, with OpenSlide's key names:
     ``openslide.level-count`` and ``openslide.level[N].width|height|downsample|tile-width|
     tile-height`` (pixels of level N; the downsample relative to level 0)."""

@@ -19,8 +19,13 @@ The limits are checked before any allocation or decode:
   few rows of the image width, so the default ``2**26`` (64 million pixels)
   is generous; a file declaring more is refused instead of decoded.
 
-Change them with :func:`set_limits` (process-wide) or temporarily with the
-:func:`limits` context manager; the CLI exposes ``--max-pixels``.
+Change the process default with :func:`set_limits`, or override it for the
+current context only with the :func:`limits` context manager (a
+:class:`contextvars.ContextVar`: other threads, and asyncio tasks started
+elsewhere, keep their own limits); the CLI exposes ``--max-pixels``.  The
+threads wsitool starts for a call (the decode pool of a region read, export's
+reader and encoders, the threads of a batch read, Dask's threaded scheduler)
+run in a copy of the caller's context, so they apply the caller's limits.
 
 The module also holds :class:`DecodePaths`, which decode paths region reads may
 take (the compiled JPEG loop, sub-region decodes): the switches that parity
@@ -32,9 +37,11 @@ Ground floor (standard library only).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import threading
+from collections.abc import Iterator
 
 __all__ = ["Limits", "get_limits", "set_limits", "limits", "DecodePaths", "get_decode_paths",
            "decode_paths"]
@@ -51,12 +58,31 @@ class Limits:
 
 
 _lock = threading.Lock()
-_current = Limits()
+#: the process default (:func:`set_limits`)
+_default = Limits()
+#: this context's override (:func:`limits`), or None for the process default
+_override: contextvars.ContextVar[Limits | None] = contextvars.ContextVar("wsitool_limits", default=None)
+
+_LIMIT_NAMES = tuple(f.name for f in dataclasses.fields(Limits))
 
 
 def get_limits() -> Limits:
-    """Return the limits in force (a frozen :class:`Limits`)."""
-    return _current
+    """Return the limits in force in the current context (a frozen :class:`Limits`):
+    the innermost :func:`limits` block's, else the process default."""
+    current = _override.get()
+    return _default if current is None else current
+
+
+def _checked(changes: dict[str, int | None]) -> dict[str, int]:
+    """The changes that are not None, each checked to be a positive integer (else ``ValueError``)."""
+    unknown = set(changes) - set(_LIMIT_NAMES)
+    if unknown:
+        raise TypeError(f"unknown limit(s): {sorted(unknown)}")
+    kept = {k: v for k, v in changes.items() if v is not None}
+    for name, value in kept.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return kept
 
 
 def set_limits(
@@ -66,41 +92,43 @@ def set_limits(
     max_tile_pixels: int | None = None,
     max_export_pixels: int | None = None,
 ) -> Limits:
-    """Change the process-wide limits; arguments left ``None`` keep their value.
+    """Change the process default limits; arguments left ``None`` keep their value.
 
-    Returns the previous :class:`Limits`.  Raises ``ValueError`` for a value
-    that is not a positive integer.
+    The default applies in every thread and context that has no :func:`limits`
+    block of its own in force (inside one, that block's values stay in force
+    until it ends).  Returns the previous default :class:`Limits`.
+
+    Raises:
+        ValueError: a value that is not a positive integer.
     """
-    global _current
-    changes = {
-        k: v
-        for k, v in dict(
-            max_region_pixels=max_region_pixels,
-            max_region_bytes=max_region_bytes,
-            max_tile_pixels=max_tile_pixels,
-            max_export_pixels=max_export_pixels,
-        ).items()
-        if v is not None
-    }
-    for name, value in changes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    global _default
+    changes = _checked(dict(max_region_pixels=max_region_pixels, max_region_bytes=max_region_bytes,
+                            max_tile_pixels=max_tile_pixels, max_export_pixels=max_export_pixels))
     with _lock:
-        previous = _current
-        _current = dataclasses.replace(_current, **changes)
+        previous = _default
+        _default = dataclasses.replace(_default, **changes)
     return previous
 
 
 @contextlib.contextmanager
-def limits(**changes: int):
-    """Context manager: apply :func:`set_limits` changes, restore on exit."""
-    previous = set_limits(**changes)
+def limits(**changes: int) -> Iterator[Limits]:
+    """Context manager: the limits in force with ``changes`` applied, for the current
+    context only, until the block ends (then the outer value is back).
+
+    Other threads keep their limits; the threads wsitool starts for a call made
+    inside the block run in a copy of this context and apply these limits.
+    Blocks nest.  Yields the :class:`Limits` in force inside the block.
+
+    Raises:
+        ValueError: a value that is not a positive integer.
+        TypeError: an unknown limit name.
+    """
+    inner = dataclasses.replace(get_limits(), **_checked(dict(changes)))
+    token = _override.set(inner)
     try:
-        yield get_limits()
+        yield inner
     finally:
-        global _current
-        with _lock:
-            _current = previous
+        _override.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +171,7 @@ def get_decode_paths() -> DecodePaths:
 
 
 @contextlib.contextmanager
-def decode_paths(**changes: bool):
+def decode_paths(**changes: bool) -> Iterator[DecodePaths]:
     """Context manager: change :class:`DecodePaths` fields process-wide; on exit each
     changed field gets back the value it had on entry (the other fields are left
     as they are then, so nested uses that change different fields compose).

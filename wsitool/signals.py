@@ -23,9 +23,14 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 from . import atomic
+
+#: A handler :func:`signal.signal` takes back: a callable or ``SIG_DFL`` / ``SIG_IGN``.
+Handler = Callable[[int, FrameType | None], Any] | int
 
 __all__ = ["Interrupted", "HANDLED", "install", "restore", "handling", "received",
            "exit_code", "signal_name", "cleanup_partials"]
@@ -74,36 +79,38 @@ def _handler(signum, frame) -> None:
     raise Interrupted(signum)
 
 
-def install() -> dict[int, object]:
+def install() -> dict[int, Handler]:
     """Route SIGINT, SIGTERM and SIGHUP to :class:`Interrupted` in the main thread.
 
     Returns the previous handlers (for :func:`restore`).  Does nothing (and
     returns ``{}``) outside the main thread, where Python cannot set handlers.
     A signal that is ignored (``SIG_IGN``, e.g. SIGHUP under ``nohup``, SIGINT
-    of a background job) stays ignored.
+    of a background job) stays ignored; so does one whose handler was set from C
+    (``getsignal`` gives None: it could not be put back).
     """
     global _received
     if threading.current_thread() is not threading.main_thread():
         return {}
     _received = None
-    previous: dict[int, object] = {}
+    previous: dict[int, Handler] = {}
     for signum in HANDLED:
         current = signal.getsignal(signum)
-        if current is signal.SIG_IGN:
+        # ignored: leave it so; None: a handler set from C, which could not be put back
+        if current is signal.SIG_IGN or current is None:
             continue
         previous[signum] = current
         signal.signal(signum, _handler)
     return previous
 
 
-def restore(previous: dict[int, object]) -> None:
+def restore(previous: dict[int, Handler]) -> None:
     """Put back the handlers :func:`install` returned (and forget the signal received)."""
     global _received
     if threading.current_thread() is not threading.main_thread():
         return
     _received = None
     for signum, handler in previous.items():
-        signal.signal(signum, handler)  # type: ignore[arg-type]
+        signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

@@ -9,40 +9,120 @@ detection, vendor rules and metadata are the format's (for TIFF see
 as OpenSlide computes it.
 
 Slides opened by path once per process (Dask tasks, batch workers) come from
-:func:`cached_slide`.
+:func:`~wsitool.slide.cached_slide`; the Dask plumbing itself (graphs, the chunk task, the
+per-process slide cache) is :mod:`wsitool.read.lazy`'s, bound here to
+:func:`open_slide`.
+
+:attr:`Slide.levels` gives read-only :class:`Level` views; the pyramid's own
+level objects (byte source, tile index, encoding) stay inside wsitool
+(:func:`pyramid_levels`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import os
 import threading
 import types
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 
+from . import model
 from .codec import library as nvlib
 from .codec.associated import decode_associated
 from .deepzoom import best_level_for_downsample
-from .errors import InvalidRegionError, SlideWarning, WsiError
+from .errors import InvalidOptionError, InvalidRegionError, SlideWarning, WsiError
 from .formats import open_dicomweb, open_folder, open_pyramid
-from .model import AssociatedImage, Level
-from .read.cache import TileCache
+from .literals import Chunks, Color, CupyArray, Device, Mode, OnError
+from .model import AssociatedImage
+from .read import lazy
+from .read.cache import CacheScope, TileCache
 from .read.icc import COLOR_MODES, IccTransform
-from .read.lazy import level_array
+from .read.lazy import chunk_read_count, level_array
 from .read.patches import check_patch_request, fill_all, read_patch_batches
-from .read.region import read_region
-from .storage import is_url, open_source, redact
+from .read.region import read_pyramid_region
+from .storage import ByteSource, is_url, open_source, redact
 from .storage.dicomweb import parse_series_url
 
-__all__ = ["Level", "Slide", "open_slide", "cached_slide", "chunk_read_count"]
+if TYPE_CHECKING:
+    import dask.array
+
+__all__ = ["Level", "Slide", "open_slide", "cached_slide", "chunk_read_count", "file_stamp",
+           "read_chunk_by_path", "pyramid_levels"]
+
+#: ``(x, y)`` or ``(width, height)``: two integers.
+Pair = Sequence[int]
+#: Channels of a multi-channel read: an index or name, or a sequence of them.
+ChannelSelection = int | str | Sequence[int | str]
 
 
-class _AssociatedImages(Mapping):
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """A read-only description of one pyramid level (what :attr:`Slide.levels` holds).
+
+    Attributes:
+        index: level number, 0 = full resolution.
+        width, height: size in pixels of this level.
+        downsample: ``(W0 / width + H0 / height) / 2`` relative to level 0 (as OpenSlide).
+        tile_width, tile_height: tile size in pixels; for a stripped level the
+            image width and the rows per strip.
+        tiles_across, tiles_down: the tile grid (columns, rows).
+        tiled: False for a stripped level.
+        samples: samples per pixel (what a ``mode="raw"`` read gives).
+        dtype: numpy dtype of one sample.
+        compression: compression name, e.g. ``"JPEG"``, ``"APERIO_JP2000_RGB"``.
+        photometric: photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
+        decoder: ``"nvimagecodec"``, ``"pillow"``, ``"tifffile"`` or ``"imagecodecs"``.
+        compression_problem: None, or why no decoder reads this level's tiles.
+        channels: the :class:`~wsitool.model.Channel` s of a multi-channel level, else ``()``.
+        mpp: ``(mpp_x, mpp_y)`` micrometres per pixel of this level (level 0's times
+            ``W0 / width`` and ``H0 / height``), or None where the slide gives none.
+    """
+
+    index: int
+    width: int
+    height: int
+    downsample: float
+    tile_width: int
+    tile_height: int
+    tiles_across: int
+    tiles_down: int
+    tiled: bool
+    samples: int
+    dtype: np.dtype
+    compression: str
+    photometric: str
+    decoder: str
+    compression_problem: str | None
+    channels: tuple[model.Channel, ...]
+    mpp: tuple[float, float] | None
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels of this level."""
+        return (self.width, self.height)
+
+    @property
+    def tile_size(self) -> tuple[int, int]:
+        """``(tile_width, tile_height)`` in pixels."""
+        return (self.tile_width, self.tile_height)
+
+    @classmethod
+    def of(cls, lv: model.Level, level0: model.Level, mpp: tuple[float, float] | None) -> Level:
+        """The view of pyramid level ``lv`` (``level0``: the pyramid's first, for the mpp)."""
+        scaled = None if mpp is None else (mpp[0] * level0.width / lv.width, mpp[1] * level0.height / lv.height)
+        return cls(index=lv.index, width=lv.width, height=lv.height, downsample=lv.downsample,
+                   tile_width=lv.tile_width, tile_height=lv.tile_height, tiles_across=lv.tiles_across,
+                   tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
+                   compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
+                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled)
+
+
+class _AssociatedImages(Mapping[str, np.ndarray]):
     """Lazy read-only mapping: name -> ``(height, width, 3)`` uint8 RGB array.
 
     It holds what decoding needs (the path, byte source and lock), not the
@@ -51,7 +131,8 @@ class _AssociatedImages(Mapping):
     after ``close`` (about 0.7 KiB per open and close of a small slide).
     """
 
-    def __init__(self, path: str, source, lock: threading.Lock, images: dict[str, AssociatedImage]):
+    def __init__(self, path: str, source: ByteSource | None, lock: threading.Lock,
+                 images: dict[str, AssociatedImage]) -> None:
         self._path = path
         self._source = source
         self._lock = lock
@@ -62,7 +143,9 @@ class _AssociatedImages(Mapping):
         if name not in self._images:
             raise KeyError(name)
         if name not in self._cache:
-            self._cache[name] = decode_associated(self._path, self._images[name], self._source, self._lock)
+            # (a slide without a source of its own, a DICOM folder, has images with their own)
+            self._cache[name] = decode_associated(self._path, self._images[name],
+                                                  cast(ByteSource, self._source), self._lock)
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -89,7 +172,7 @@ class Slide:
         path: the path given; for a URL, the URL without credentials or query
             (:func:`wsitool.storage.redact`), as every message names it.
         vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``.
-        levels: the :class:`~wsitool.model.Level` objects, largest first.
+        levels: read-only :class:`Level` views, largest first.
         problems: what the parser reported while reading the structure (e.g.
             "invalid page offset 828578": an IFD past the end of the file, i.e.
             a truncated file); each is also emitted as a
@@ -103,21 +186,22 @@ class Slide:
         CorruptFileError: the container's structure is broken.
     """
 
-    def __init__(self, path: str | os.PathLike, cache: TileCache | int | None = None,
-                 storage_options: dict | None = None):
+    def __init__(self, path: str | os.PathLike[str], cache: TileCache | int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         remote = is_url(path)
         #: where the bytes come from, as given (a URL keeps its query: a presigned URL's signature)
         self._location = str(path) if remote else os.fspath(path)
         self._storage_options = dict(storage_options) if storage_options else None
         self.path = redact(self._location) if remote else self._location
         self.problems: list[str] = []
-        self._pyramid = None
+        self._pyramid: model.Pyramid | None = None
         self._closed = False
-        self._tile_cache = None
+        self._tile_cache: CacheScope | None = None
+        self._source: ByteSource | None
         if isinstance(cache, int) and not isinstance(cache, bool):
             cache = TileCache(cache)  # a private cache of that many bytes
         if cache is not None and not isinstance(cache, TileCache):
-            raise TypeError(f"cache must be a wsitool.read.cache.TileCache, a byte budget or None, "
+            raise TypeError(f"cache must be a wsitool.TileCache, a byte budget or None, "
                             f"got {type(cache).__name__}")
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()
@@ -127,37 +211,22 @@ class Slide:
         # its CPU codecs rather than fail (tests/test_os_resources.py).  Where it
         # cannot be imported, JPEG and JPEG 2000 levels take the imagecodecs path.
         with_nv = nvlib.available()
-        series = parse_series_url(self._location) if remote else None
-        if series is not None:
-            # a DICOMweb series: the format fetches metadata and frames (frame sources of its own)
-            self._source = None
-            pyramid = open_dicomweb(series, storage_options)
-        elif not remote and os.path.isdir(self.path):
-            if storage_options:
-                raise WsiError(f"{self.path}: storage options apply to URLs only")
-            # a folder slide (a DICOM series): the format opens the sources it needs
-            self._source = None
-            pyramid = open_folder(self.path)
-        else:
-            # a local file (FileNotFoundError passes through) or a URL (wsitool.storage.remote)
-            self._source = open_source(self._location, storage_options)
-            try:
-                pyramid = open_pyramid(self.path, self._source)
-            except BaseException:
-                self._source.close()
-                raise
+        pyramid = self._open_structure(remote, storage_options)
         if not with_nv:
             for lv in pyramid.levels:
                 lv.encoding = nvlib.fallback_encoding(lv.encoding)
         self._pyramid = pyramid
         #: requests and bytes the open took (a remote slide), taken once the structure is parsed
-        self._open_stats = self._source.stats() if getattr(self._source, "remote", False) else None
+        opened: Any = self._source
+        self._open_stats = opened.stats() if getattr(opened, "remote", False) else None
         if cache is not None:
             self._tile_cache = cache.scope()
         self.vendor = pyramid.vendor
-        self.levels: tuple[Level, ...] = pyramid.levels
+        #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
+        self._levels: tuple[model.Level, ...] = pyramid.levels
         self._associated = _AssociatedImages(self.path, self._source, self._lock, pyramid.associated)
         self._properties = types.MappingProxyType(pyramid.properties)
+        self._views = tuple(Level.of(lv, pyramid.levels[0], self.mpp) for lv in pyramid.levels)
         self._icc: IccTransform | None = None  # built on the first color="icc" read
         for message in pyramid.problems:
             self.problems.append(message)
@@ -165,10 +234,43 @@ class Slide:
             warnings.warn(f"{self.path}: {kind}: {message} (opened anyway, with "
                           f"{self.level_count} level(s))", SlideWarning, stacklevel=3)
 
+    def _open_structure(self, remote: bool, storage_options: dict[str, Any] | None) -> model.Pyramid:
+        """Set :attr:`_source` (None where the format opens its own sources) and return the
+        format's pyramid of the slide at :attr:`_location`."""
+        series = parse_series_url(self._location) if remote else None
+        if series is not None:
+            # a DICOMweb series: the format fetches metadata and frames (frame sources of its own)
+            self._source = None
+            return open_dicomweb(series, storage_options)
+        if not remote and os.path.isdir(self.path):
+            if storage_options:
+                raise WsiError(f"{self.path}: storage options apply to URLs only")
+            # a folder slide (a DICOM series): the format opens the sources it needs
+            self._source = None
+            return open_folder(self.path)
+        # a local file (FileNotFoundError passes through) or a URL (wsitool.storage.remote)
+        self._source = source = open_source(self._location, storage_options)
+        try:
+            return open_pyramid(self.path, source)
+        except BaseException:
+            source.close()
+            raise
+
     # ------------------------------------------------------------------ metadata
 
+    def _pyramid_open(self) -> model.Pyramid:
+        """The format's pyramid (set by the constructor, which raises rather than leave it unset)."""
+        assert self._pyramid is not None
+        return self._pyramid
+
     @property
-    def remote(self) -> dict | None:
+    def levels(self) -> tuple[Level, ...]:
+        """The levels, largest first, as read-only :class:`Level` views (geometry, tiling,
+        compression, dtype, channels, mpp)."""
+        return self._views
+
+    @property
+    def remote(self) -> dict[str, Any] | None:
         """Where a slide opened from a URL is read from, and what reading it cost; None for a local slide.
 
         Keys: ``url`` (without credentials or query), ``protocol`` (``"http"``,
@@ -177,7 +279,7 @@ class Slide:
         and ``open_bytes`` (what opening took: the head fetch, the IFD chain, the
         tile offsets), ``requests`` and ``bytes`` (so far, open included).
         """
-        src = self._source
+        src: Any = self._source
         if src is None or not getattr(src, "remote", False):
             return None
         now = src.stats()
@@ -207,7 +309,7 @@ class Slide:
         return tuple(lv.downsample for lv in self.levels)
 
     @property
-    def channels(self) -> tuple:
+    def channels(self) -> tuple[model.Channel, ...]:
         """The :class:`~wsitool.model.Channel` s of a multi-channel (fluorescence) slide, in
         the slide's order (name, description, wavelengths in nm, display colour); ``()``
         for RGB and other single-image slides."""
@@ -233,7 +335,7 @@ class Slide:
         """Names of :attr:`properties` that identify a patient, person, institution or
         specimen (DICOM's PatientID, PatientName, AccessionNumber, ...: the Basic
         Application Level Confidentiality Profile, PS3.15 E.1-1); empty for TIFF."""
-        return self._pyramid.identifying
+        return self._pyramid_open().identifying
 
     @property
     def mpp(self) -> tuple[float, float] | None:
@@ -285,12 +387,12 @@ class Slide:
         item of the Optical Path Sequence (0048,0105), PS3.3 C.8.12.5.  ``read_region(..., color="icc")`` converts
         pixels from it to sRGB.  See :meth:`associated_color_profile` for the
         associated images' own profiles."""
-        return self._pyramid.color_profile
+        return self._pyramid_open().color_profile
 
     def associated_color_profile(self, name: str) -> bytes | None:
         """The ICC profile embedded with associated image ``name`` (its own IFD's
         tag 34675), or None.  Raises ``KeyError`` for an unknown name."""
-        return self._pyramid.associated[name].color_profile
+        return self._pyramid_open().associated[name].color_profile
 
     def get_best_level_for_downsample(self, downsample: float) -> int:
         """Index of the largest level whose downsample is <= ``downsample``.
@@ -303,9 +405,23 @@ class Slide:
 
     # ------------------------------------------------------------------ reading
 
-    def read_region(self, location, level, size, *, out=None, mode="rgba", threads=None,
-                    on_error="raise", device="cpu", color=None, downsample=1, channels=None):
-        """Read a region; see :func:`wsitool.read.region.read_region` for the full contract.
+    @overload
+    def read_region(self, location: Pair, level: int, size: Pair, *, out: np.ndarray | None = None,
+                    mode: Mode = "rgba", threads: int | None = None, on_error: OnError = "raise",
+                    device: Literal["cpu"] = "cpu", color: Color | None = None, downsample: int = 1,
+                    channels: ChannelSelection | None = None) -> np.ndarray: ...
+
+    @overload
+    def read_region(self, location: Pair, level: int, size: Pair, *, out: CupyArray | None = None,
+                    mode: Mode = "rgba", threads: int | None = None, on_error: OnError = "raise",
+                    device: Literal["cuda"] | str, color: Color | None = None, downsample: int = 1,
+                    channels: ChannelSelection | None = None) -> CupyArray: ...
+
+    def read_region(self, location: Pair, level: int, size: Pair, *, out: np.ndarray | CupyArray | None = None,
+                    mode: Mode = "rgba", threads: int | None = None, on_error: OnError = "raise",
+                    device: Device | str = "cpu", color: Color | None = None, downsample: int = 1,
+                    channels: ChannelSelection | None = None) -> np.ndarray | CupyArray:
+        """Read a region: a NumPy array, or a CuPy array with ``device="cuda"``.
 
         Args:
             location: ``(x, y)`` of the top-left pixel in the level-0 reference frame.
@@ -346,17 +462,31 @@ class Slide:
             raise InvalidRegionError(f"{self.path}: color must be None or 'icc', got {color!r}")
         if color is not None and (mode == "raw" or device != "cpu"):
             raise InvalidRegionError(f"{self.path}: color='icc' applies to mode 'rgb' / 'rgba' on the CPU")
-        region = read_region(self.levels, self.path, location, level, size, out=out, mode=mode,
-                             threads=threads, on_error=on_error, device=device,
-                             cache=self._tile_cache, downsample=downsample, channels=channels)
+        region = read_pyramid_region(self._levels, self.path, location, level, size, out=out, mode=mode,
+                                     threads=threads, on_error=on_error, device=device,
+                                     cache=self._tile_cache, downsample=downsample, channels=channels)
         if color == "icc" and self.color_profile is not None:
             if self._icc is None:
                 self._icc = IccTransform(self.color_profile, self.path)
             self._icc.apply(region)
         return region
 
-    def read_patches(self, locations, size, *, level=0, read_size=None, batch_size=64, mode="rgb",
-                     threads=None, on_error="raise", device="cpu", out=None, channels=None):
+    @overload
+    def read_patches(self, locations: Sequence[Pair] | np.ndarray, size: Pair, *, level: int = 0,
+                     read_size: Sequence[float] | None = None, batch_size: int = 64, mode: Mode = "rgb",
+                     threads: int | None = None, on_error: OnError = "raise", device: Device | str = "cpu",
+                     out: None = None, channels: ChannelSelection | None = None) -> Iterator[Any]: ...
+
+    @overload
+    def read_patches(self, locations: Sequence[Pair] | np.ndarray, size: Pair, *, level: int = 0,
+                     read_size: Sequence[float] | None = None, batch_size: int = 64, mode: Mode = "rgb",
+                     threads: int | None = None, on_error: OnError = "raise", device: Device | str = "cpu",
+                     out: np.ndarray | CupyArray, channels: ChannelSelection | None = None) -> Any: ...
+
+    def read_patches(self, locations: Sequence[Pair] | np.ndarray, size: Pair, *, level: int = 0,
+                     read_size: Sequence[float] | None = None, batch_size: int = 64, mode: Mode = "rgb",
+                     threads: int | None = None, on_error: OnError = "raise", device: Device | str = "cpu",
+                     out: Any = None, channels: ChannelSelection | None = None) -> Iterator[Any] | Any:
         """Read many patches of one size, decoding each tile once per batch.
 
         The patches of a batch are grouped by the tiles they touch and each tile
@@ -407,33 +537,74 @@ class Slide:
                 iteration that reaches it).
             DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
         """
-        req = check_patch_request(self.levels, self.path, locations, size, level=level, read_size=read_size,
+        req = check_patch_request(self._levels, self.path, locations, size, level=level, read_size=read_size,
                                   batch_size=batch_size, mode=mode, threads=threads, on_error=on_error,
                                   device=device, channels=channels)
         if out is not None:
             return fill_all(req, out, self._tile_cache)
         return read_patch_batches(req, self._tile_cache)
 
-    def to_dask(self, level=0, *, chunks="tile"):
+    def to_dask(self, level: int = 0, *, chunks: Chunks = "tile", threads: int = 1) -> dask.array.Array:
         """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
 
         Each chunk is read with ``read_region(..., mode="rgb")`` when computed;
         the graph holds this slide's path, not the open file, so it runs on
-        remote Dask workers (each opens the slide once, :func:`cached_slide`).
+        remote Dask workers (each opens the slide once, :func:`~wsitool.slide.cached_slide`).
         See :func:`wsitool.read.lazy.level_array` (chunking).  Needs the
-        optional extra ``wsitool[dask]``.
+        optional extra ``wsitool[dask]``.  ``threads``: decode threads per chunk
+        read (default 1: Dask already runs chunks in parallel).
 
         Raises:
             DaskUnavailableError: dask is not installed.
             InvalidRegionError: ``level`` out of range or bad ``chunks``.
         """
         if self.remote is not None:  # by URL, size and ETag
-            _remember_options(self._location, self._storage_options)
-            return level_array(self.levels, self._location, level, read_chunk_by_path,
-                               stamp=self._source.identity(), chunks=chunks)
+            source: Any = self._source  # a RemoteSource
+            lazy.remember_options(self._location, self._storage_options)
+            return level_array(self._levels, self._location, level, read_chunk_by_path,
+                               stamp=source.identity(), chunks=chunks, threads=threads)
         path = os.path.abspath(self.path)
-        return level_array(self.levels, path, level, read_chunk_by_path, stamp=file_stamp(path),
-                           chunks=chunks)
+        return level_array(self._levels, path, level, read_chunk_by_path, stamp=file_stamp(path),
+                           chunks=chunks, threads=threads)
+
+    def get_thumbnail(self, size: Pair, *, background: tuple[int, int, int] | None = None) -> np.ndarray:
+        """An RGB thumbnail that fits within ``size = (width, height)``, aspect ratio kept.
+
+        As OpenSlide: the whole level best suited to ``max(W0 / width, H0 / height)``
+        (:meth:`get_best_level_for_downsample`) is read as RGBA, laid over the
+        background colour and shrunk with Lanczos resampling (Pillow's
+        ``Image.thumbnail``: each side at most the asked one, never enlarged).
+
+        Args:
+            size: ``(width, height)``, the largest thumbnail wanted, pixels (positive).
+            background: ``(r, g, b)`` behind transparent pixels; default the
+                slide's ``openslide.background-color`` property, else white.
+
+        Returns:
+            ``(height, width, 3)`` uint8.
+
+        Raises:
+            InvalidOptionError: ``size`` is not two positive integers (also ``ValueError``).
+            ResourceLimitError: the level read is over the configured limits.
+            TileDecodeError: a corrupt tile.
+        """
+        try:
+            w, h = (int(v) for v in size)
+        except (TypeError, ValueError):
+            raise InvalidOptionError(f"{self.path}: thumbnail size must be (width, height), got {size!r}") from None
+        if w <= 0 or h <= 0:
+            raise InvalidOptionError(f"{self.path}: thumbnail size must be positive, got {w}x{h}")
+        from PIL import Image
+
+        downsample = max(d / s for d, s in zip(self.dimensions, (w, h), strict=True))
+        level = self.get_best_level_for_downsample(downsample)
+        region = Image.fromarray(self.read_region((0, 0), level, self.level_dimensions[level]), "RGBA")
+        if background is None:
+            background = thumbnail_background(self.properties)
+        thumb = Image.new("RGB", region.size, background)
+        thumb.paste(region, None, region)
+        thumb.thumbnail((w, h), Image.Resampling.LANCZOS)
+        return np.asarray(thumb)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -472,9 +643,12 @@ class Slide:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self):  # pragma: no cover - best effort
-        with contextlib.suppress(Exception):
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        # no module globals here (contextlib, ...): at interpreter exit they may already be None
+        try:  # noqa: SIM105 - contextlib may be gone at interpreter exit
             self.close()
+        except Exception:
+            pass
 
     def __repr__(self) -> str:
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
@@ -518,58 +692,43 @@ def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None,
     return Slide(path, cache=cache, storage_options=storage_options)
 
 
-# ---------------------------------------------------------------------- slides by path
+def thumbnail_background(properties: Mapping[str, str]) -> tuple[int, int, int]:
+    """The ``(r, g, b)`` behind a thumbnail's transparent pixels: the
+    ``openslide.background-color`` property (``RRGGBB`` hex), else white.
+
+    Raises:
+        ValueError: a property value Pillow cannot read as a colour.
+    """
+    from PIL import ImageColor
+
+    rgb = ImageColor.getcolor("#" + properties.get("openslide.background-color", "ffffff"), "RGB")
+    assert isinstance(rgb, tuple)  # an "RGB" colour is a triple (Pillow types it int | tuple)
+    return (rgb[0], rgb[1], rgb[2])
 
 
-def _stamp(path: str) -> tuple[int, int]:
-    """``(mtime_ns, size in bytes)`` of ``path``; identifies one version of a file."""
-    st = os.stat(path)
-    return (st.st_mtime_ns, st.st_size)
+def pyramid_levels(slide: Slide) -> tuple[model.Level, ...]:
+    """The pyramid's own levels of ``slide`` (byte source, tile index, encoding), largest first.
+
+    For wsitool's own layers (export, the server, batch reads); not part of the
+    stable API: users read :attr:`Slide.levels`, the read-only views."""
+    return slide._levels
 
 
-@functools.lru_cache(maxsize=16)
-def _open_cached(path: str, stamp: tuple[int, int]) -> Slide:
-    return open_slide(path)
+# ---------------------------------------------------------------------- slides by path (wsitool.read.lazy)
 
 
-#: storage options of the URLs opened in this process, for the slides cached_slide opens by URL
-_url_options: dict[str, dict | None] = {}
-_remote_slides: dict[str, Slide] = {}
-_remote_lock = threading.Lock()
+def _open_for_tasks(location: str, storage_options: dict[str, Any] | None) -> tuple[Slide, tuple]:
+    """The opener :mod:`wsitool.read.lazy` caches slides with: the slide and its identity
+    (``(mtime_ns, size)`` of a file, ``(url, size, etag)`` of a URL)."""
+    slide = open_slide(location, storage_options=storage_options)
+    source: Any = slide._source
+    if source is not None and getattr(source, "remote", False):
+        return slide, source.identity()
+    return slide, lazy.file_stamp(_open_for_tasks, location)
 
 
-def _remember_options(url: str, options: dict | None) -> None:
-    with _remote_lock:
-        _url_options[url] = options
-
-
-def _cached_remote(url: str, stamp, storage_options: dict | None = None) -> Slide:
-    """:func:`cached_slide` of a URL: keyed by ``(url, size, etag)`` (:meth:`RemoteSource.identity`)."""
-    with _remote_lock:
-        slide = _remote_slides.get(url)
-        if storage_options is not None:
-            _url_options[url] = dict(storage_options)
-        options = _url_options.get(url)
-    if slide is not None and (stamp is None or slide._source.identity() == tuple(stamp)):
-        return slide
-    fresh = open_slide(url, storage_options=options)
-    now = fresh._source.identity()
-    if stamp is not None and tuple(stamp) != now:
-        fresh.close()
-        raise WsiError(f"{fresh.path}: the object changed since the task was built (size/ETag "
-                       f"{tuple(stamp)[1:]} -> {now[1:]}); rebuild the Dask array")
-    with _remote_lock:
-        old = _remote_slides.pop(url, None)
-        _remote_slides[url] = fresh
-        while len(_remote_slides) > 16:
-            _remote_slides.pop(next(iter(_remote_slides))).close()
-    if old is not None:
-        old.close()
-    return fresh
-
-
-def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None,
-                 storage_options: dict | None = None) -> Slide:
+def cached_slide(path: str | os.PathLike[str], stamp: Sequence[Any] | None = None,
+                 storage_options: dict[str, Any] | None = None) -> Slide:
     """This process's shared open :class:`Slide` for ``path``.
 
     Slides are cached per process (16 most recent), keyed by absolute path
@@ -593,44 +752,17 @@ def cached_slide(path: str | os.PathLike, stamp: tuple[int, int] | None = None,
     (a task carries them to a Dask worker) win and are remembered.  They are
     ignored for a local path.
     """
-    if is_url(path):
-        return _cached_remote(str(path), stamp, storage_options)
-    path = os.path.abspath(os.fspath(path))
-    now = _stamp(path)
-    if stamp is not None and tuple(stamp) != now:
-        raise WsiError(
-            f"{path}: the file changed since the task was built (mtime/size "
-            f"{tuple(stamp)} -> {now}); rebuild the Dask array"
-        )
-    return _open_cached(path, now)
+    slide: Slide = lazy.cached_slide(_open_for_tasks, path, stamp, storage_options)
+    return slide
 
 
-_chunk_reads = 0
-_chunk_reads_lock = threading.Lock()
+def file_stamp(path: str | os.PathLike[str]) -> tuple:
+    """``(mtime_ns, size in bytes)`` of ``path``, as :func:`~wsitool.slide.cached_slide` compares it
+    (a URL: ``(url, size, etag)`` of the object, opened through :func:`~wsitool.slide.cached_slide`)."""
+    return lazy.file_stamp(_open_for_tasks, path)
 
 
-def chunk_read_count() -> int:
-    """Number of chunk reads done by Dask arrays of levels (:meth:`Slide.to_dask`) in this process."""
-    return _chunk_reads
-
-
-def read_chunk_by_path(path: str, stamp: tuple[int, int], level: int, x0: int, y0: int,
-                       w: int, h: int, threads: int) -> np.ndarray:
-    """Dask task: one chunk ``(h, w, 3)`` uint8 of a level, read by path.
-
-    ``(x0, y0)`` is the chunk's top-left in level-0 pixels, ``(w, h)`` its size in
-    pixels of ``level``; ``stamp`` as in :func:`cached_slide`.
-    """
-    global _chunk_reads
-    slide = cached_slide(path, stamp)
-    with _chunk_reads_lock:
-        _chunk_reads += 1
-    return slide.read_region((x0, y0), level, (w, h), mode="rgb", threads=threads)
-
-
-def file_stamp(path: str | os.PathLike) -> tuple:
-    """``(mtime_ns, size in bytes)`` of ``path``, as :func:`cached_slide` compares it
-    (a URL: ``(url, size, etag)`` of the object, opened through :func:`cached_slide`)."""
-    if is_url(path):
-        return _cached_remote(str(path), None)._source.identity()
-    return _stamp(os.path.abspath(os.fspath(path)))
+#: Dask task: one chunk ``(h, w, 3)`` uint8 of a level, read by path:
+#: ``read_chunk_by_path(path, stamp, level, x0, y0, w, h, threads)``
+#: (:func:`wsitool.read.lazy.read_chunk` bound to this module's opener).
+read_chunk_by_path: Callable[..., np.ndarray] = functools.partial(lazy.read_chunk, opener=_open_for_tasks)

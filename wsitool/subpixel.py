@@ -83,7 +83,8 @@ def deepzoom_tile(slide, tile, background=(255, 255, 255), threads: int | None =
     Raises:
         as :meth:`wsitool.slide.Slide.read_region`.
     """
-    rgb = read_blended(slide, *tile.read_args, background=background, threads=threads)
+    location, slide_level, read_size = tile.read_args
+    rgb = read_blended(slide, location, slide_level, read_size, background=background, threads=threads)
     if tuple(tile.read_size) == tuple(tile.size):
         return rgb
     from PIL import Image  # the serve and openslide extras

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidRegionError, WsiError
+from .errors import InvalidOptionError, InvalidRegionError, WsiError
 from .patches.plan import load_plans
 from .read.cache import TileCache
-from .slide import open_slide
+from .slide import Slide, open_slide
 
 try:
     import torch
@@ -69,7 +69,8 @@ def _empty(shape: tuple[int, ...], dtype, shared: bool):
         new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
         if new_shared is not None:
             nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-            return torch.empty(0, dtype=dtype).set_(new_shared(nbytes), 0, shape)
+            strides = tuple(math.prod(max(d, 1) for d in shape[i + 1:]) for i in range(len(shape)))  # contiguous
+            return torch.empty(0, dtype=dtype).set_(new_shared(nbytes), 0, shape, strides)
         return torch.empty(shape, dtype=dtype).share_memory_()   # pragma: no cover - older PyTorch
     return torch.empty(shape, dtype=dtype)
 
@@ -145,7 +146,7 @@ class _SlidePool:
         self.pid = os.getpid()
         self.max_open = max_open
         self.cache = TileCache(cache_bytes) if cache_bytes > 0 else None
-        self.open: OrderedDict[str, object] = OrderedDict()
+        self.open: OrderedDict[str, Slide] = OrderedDict()
         self.checked: set[int] = set()
 
     def get(self, ref: _SlideRef, index: int):
@@ -401,10 +402,10 @@ class PatchDataset(_Reader, Dataset):
 
 def _stack(patches: list):
     """Stack same-shaped tensors (in shared memory in a ``DataLoader`` worker); ``(3, h, w)`` views of
-    ``(h, w, 3)`` pixels stay in that layout (``torch.channels_last``).  ValueError: shapes differ."""
+    ``(h, w, 3)`` pixels stay in that layout (``torch.channels_last``).  InvalidOptionError: shapes differ."""
     shape = patches[0].shape
     if any(p.shape != shape for p in patches):
-        raise ValueError(f"collate_patches: patches of different shapes, e.g. {tuple(shape)} and "
+        raise InvalidOptionError(f"collate_patches: patches of different shapes, e.g. {tuple(shape)} and "
                          f"{next(tuple(p.shape) for p in patches if p.shape != shape)}")
     last = patches[0].dim() == 3 and shape[0] > 1 and patches[0].permute(1, 2, 0).is_contiguous()
     dims = (len(patches), shape[1], shape[2], shape[0]) if last else (len(patches), *shape)
@@ -433,10 +434,10 @@ def collate_patches(samples: Sequence):
         patches are stacked straight into shared memory.
 
     Raises:
-        ValueError: no samples, or patches of different shapes.
+        InvalidOptionError: no samples, or patches of different shapes (a ``ValueError``).
     """
     if len(samples) == 0:
-        raise ValueError("collate_patches: no samples")
+        raise InvalidOptionError("collate_patches: no samples")
     out = _stack([torch.as_tensor(p) for p, _ in samples])
     keys = samples[0][1].keys()
     coords = {k: torch.tensor([c[k] for _, c in samples], dtype=torch.int64) for k in keys}
@@ -577,7 +578,8 @@ class PatchIterableDataset(_Reader, IterableDataset):
             raise InvalidRegionError(f"shuffle_window must be >= 1 or None, got {shuffle_window!r}")
         if (rank is None) != (world_size is None):
             raise InvalidRegionError("give both rank and world_size, or neither")
-        if world_size is not None and not (int(world_size) >= 1 and 0 <= int(rank) < int(world_size)):
+        if world_size is not None and rank is not None and not (int(world_size) >= 1 and
+                                                                0 <= int(rank) < int(world_size)):
             raise InvalidRegionError(f"need world_size >= 1 and 0 <= rank < world_size, got rank {rank!r}, "
                                      f"world_size {world_size!r}")
         self.batch_size = int(batch_size)
@@ -585,7 +587,7 @@ class PatchIterableDataset(_Reader, IterableDataset):
         self.seed = int(seed)
         self.shuffle_window = None if shuffle_window is None else int(shuffle_window)
         self.drop_last = bool(drop_last)
-        self._explicit = None if rank is None else (int(rank), int(world_size))
+        self._explicit = None if rank is None or world_size is None else (int(rank), int(world_size))
         self._dist_seen = (0, 1)
         self._dist_seen = self._dist()
         self._epoch = _shared_int(0)

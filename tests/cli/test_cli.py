@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import wsitool
 from wsitool.cli import app
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 runner = CliRunner()
 
@@ -156,7 +156,7 @@ def test_missing_output_folder_names_the_output(sample_jpeg, tmp_path):
 
 
 def test_export_of_absurd_declared_size_refused_by_default(tmp_path):
-    from conftest import BUG_INPUTS
+    from helpers import BUG_INPUTS
 
     path = BUG_INPUTS / "B25_huge_declared_100k_x_100k.tif"
     if not path.exists():

@@ -12,7 +12,7 @@ import wsitool
 from wsitool import errors
 from wsitool.cli import EXIT_CODES, app, exit_code_for
 
-from conftest import BUG_INPUTS, NO_BUGS, SHARED_SAMPLES
+from helpers import BUG_INPUTS, NO_BUGS, SHARED_SAMPLES
 
 runner = CliRunner()
 

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 import wsitool
 from wsitool.cli import app
 from wsitool.errors import UnsupportedFormatError
+from wsitool.slide import pyramid_levels
 
-from conftest import REPO, REPO_SAMPLES, shared_sample
+from helpers import REPO, REPO_SAMPLES, shared_sample
 
 JPEG = REPO_SAMPLES / "sample-aperio-jpeg.svs"
 runner = CliRunner()
@@ -132,7 +133,7 @@ def test_unknown_compression_flagged_by_info_and_reads_exit_3(tmp_path):
         assert "unsupported compression 52479" in one_error_line(rr.output)
         assert not out.exists()
     with wsitool.open_slide(path) as s:
-        assert s.levels[0].compression_problem
+        assert pyramid_levels(s)[0].compression_problem
         with pytest.raises(UnsupportedFormatError, match="unsupported compression 52479"):
             s.read_region((0, 0), 0, (1, 1))
 
@@ -140,7 +141,7 @@ def test_unknown_compression_flagged_by_info_and_reads_exit_3(tmp_path):
 def test_supported_levels_have_no_compression_problem():
     for p in sorted(REPO_SAMPLES.glob("sample-*")):
         with wsitool.open_slide(p) as s:
-            assert all(lv.compression_problem is None for lv in s.levels)
+            assert all(lv.compression_problem is None for lv in pyramid_levels(s))
 
 
 def test_bad_version_header_is_unsupported_format_as_documented():

@@ -26,8 +26,9 @@ from wsitool.errors import (
     UnsupportedFormatError,
     WsiError,
 )
+from wsitool.slide import pyramid_levels
 
-from conftest import BUG_INPUTS, NO_BUGS
+from helpers import BUG_INPUTS, NO_BUGS
 
 
 def bug(name: str):
@@ -78,7 +79,7 @@ def test_corrupt_tile_fill_policy_warns_counts_and_keeps_neighbours():
 def test_missing_tiles_are_transparent_and_counted(name):
     path = bug(name)
     with wsitool.open_slide(path) as s:
-        lv = s.levels[0]
+        lv = pyramid_levels(s)[0]
         pool = get_pool("cpu")
         pool.reset_stats()
         with warnings.catch_warnings():
@@ -155,7 +156,7 @@ def test_generic_jpeg_tile_with_wrong_sof_is_rejected(tmp_path):
     _patch_jpeg_sof(raw, off, 4000, 64)
     path.write_bytes(raw)
     with wsitool.open_slide(path) as s:
-        assert s.levels[0].decoder == "tifffile"
+        assert pyramid_levels(s)[0].decoder == "tifffile"
         s.read_region((0, 0), 0, (64, 64))  # tile 0 fine
         with pytest.raises(TileDecodeError, match="declares 4000x64") as info:
             s.read_region((64, 0), 0, (64, 64))
@@ -236,7 +237,7 @@ def test_associated_image_over_limit_refused():
 def test_uint16_rgb_mapping_is_the_documented_linear_scale():
     path = bug("B16_uint16_single_channel.tif")
     with wsitool.open_slide(path) as s:
-        assert s.levels[0].dtype == np.uint16 and s.levels[0].samples == 1
+        assert pyramid_levels(s)[0].dtype == np.uint16 and pyramid_levels(s)[0].samples == 1
         raw = s.read_region((50, 50), 0, (300, 200), mode="raw")
         rgb = s.read_region((50, 50), 0, (300, 200), mode="rgb")
         rgba = s.read_region((50, 50), 0, (300, 200))
@@ -265,7 +266,7 @@ def test_big_endian_equals_little_endian_twin(tmp_path):
 def test_cmyk_convention_and_conversion():
     path = bug("B30_cmyk_jpeg_tiles.tif")
     with wsitool.open_slide(path) as s:
-        lv = s.levels[0]
+        lv = pyramid_levels(s)[0]
         assert lv.photometric == "SEPARATED" and lv.samples == 4
         assert lv.encoding.page.tags.valueof(332) == 1  # InkSet CMYK
         raw = s.read_region((0, 0), 0, (512, 512), mode="raw")

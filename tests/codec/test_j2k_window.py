@@ -22,8 +22,9 @@ from wsitool.codec.pool import get_pool
 from wsitool.codec.tilebytes import read_tile_bytes
 from wsitool.errors import TileDecodeError
 from wsitool.settings import decode_paths
+from wsitool.slide import pyramid_levels
 
-from conftest import REPO, REPO_SAMPLES, SHARED_SAMPLES
+from helpers import REPO, REPO_SAMPLES, SHARED_SAMPLES
 
 pytestmark = pytest.mark.skipif(not openjpeg.available(), reason="no libopenjp2")
 
@@ -191,7 +192,7 @@ def test_main_header_facts_and_the_fallback_past_n_l(tcga_j2k):
     from wsitool.codec.library import nv
 
     with wsitool.open_slide(tcga_j2k) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         state = get_pool().state()
         data = bytes(read_tile_bytes(lv, 0, 0, 0, state.stats))
         header = j2k_main_header(data)

@@ -23,8 +23,9 @@ import wsitool
 from wsitool.codec import jpegloop
 from wsitool.codec.pool import get_pool
 from wsitool.settings import decode_paths
+from wsitool.slide import pyramid_levels
 
-from conftest import BUG_INPUTS, random_regions, repo_samples, tiff_samples, with_byte_count, with_tile_bytes
+from helpers import BUG_INPUTS, present, random_regions, repo_samples, tiff_samples, with_byte_count, with_tile_bytes
 
 _paths = contextlib.ExitStack()
 
@@ -104,11 +105,11 @@ def _assert_parity(slide, loc, level, size, **kw):
 
 def _jpeg_levels(slide):
     probe = {"rgb": np.empty((1, 1, 3), np.uint8), "rgba": np.empty((1, 1, 4), np.uint8)}
-    return [lv for lv in slide.levels if jpegloop.applies(lv, "rgb", probe["rgb"])]
+    return [lv for lv in pyramid_levels(slide) if jpegloop.applies(lv, "rgb", probe["rgb"])]
 
 
 def _jpeg_slides():
-    paths = list(tiff_samples() + repo_samples() + sorted(BUG_INPUTS.glob("*.tif")))
+    paths = present(tiff_samples() + repo_samples()) + sorted(BUG_INPUTS.glob("*.tif"))
     found = []
     for p in paths:
         try:
@@ -188,7 +189,7 @@ def test_bad_tile_gives_the_python_paths_error(sample_jpeg, tmp_path, fault, on_
     """One bad tile among good ones: the same error (type, tile, message) with
     ``on_error="raise"``; the same pixels, counters and warnings with ``"fill"``."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         size_of = int(lv.tiles.bytecounts[1])
         file_size = lv.source.size
     if fault == "no-soi":
@@ -208,7 +209,7 @@ def test_bad_tile_gives_the_python_paths_error(sample_jpeg, tmp_path, fault, on_
                                lambda b: b[:2] + bytes(range(256)) * (len(b) // 256) + b[2 + 256 * (len(b) // 256):],
                                fault)
     with wsitool.open_slide(bad) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         size = (min(lv.width, 3 * lv.tile_width + 17), min(lv.height, 2 * lv.tile_height - 5))
         for mode in ("rgb", "rgba"):
             got = _assert_parity(slide, (9, 3), 0, size, mode=mode, threads=threads, on_error=on_error)
@@ -231,7 +232,7 @@ def test_bad_tile_gives_the_python_paths_error(sample_jpeg, tmp_path, fault, on_
 def test_truncated_file_gives_the_python_paths_error(sample_jpeg, tmp_path):
     data = sample_jpeg.read_bytes()
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         last = int(np.argmax(lv.tiles.offsets[: lv.tiles_across * lv.tiles_down]))
         col, row = last % lv.tiles_across, last // lv.tiles_across
         loc = (col * lv.tile_width, row * lv.tile_height)
@@ -250,7 +251,7 @@ def test_out_view_is_filled_and_nothing_around_it(sample_jpeg):
     """A caller's ``out`` that is a C-contiguous block of a bigger array: filled in
     place (the very buffer), nothing written before or after it."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         w, h = min(lv.width, 500), min(lv.height, 300)
         big = np.full((h + 4, w, 3), 77, np.uint8)
         out = big[2:2 + h]
@@ -267,7 +268,7 @@ def test_one_decoder_per_thread_and_threads_agree(sample_jpeg):
     decoders get the single-thread pixels; each thread makes its decoders (the
     loop's and the Python path's) on its first read, and none after."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         rng = np.random.default_rng(3)
         # (regions whose last column is a tile's first column take the Python path,
         # read/fill._ends_one_column_into_a_tile: left out, so the loop reads them all)
@@ -304,7 +305,7 @@ def test_one_decoder_per_thread_and_threads_agree(sample_jpeg):
 def test_bad_arguments_are_refused_not_crashed(sample_jpeg):
     """The C entry point checks what it is given (a caller bug, not a file fault)."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         dec = jpegloop.new_decoder()
         out = np.zeros((10, 10, 3), np.uint8)
         level = (lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv.source.size)
@@ -367,7 +368,7 @@ def test_exif_orientation_in_a_tile_is_ignored_on_both_paths(sample_jpeg, tmp_pa
     """A tile whose code stream carries an EXIF Orientation: the stored pixels on
     both paths (the TIFF Orientation tag, not the tile's, says how the image lies)."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         tw, th = lv.tile_width, lv.tile_height
         plain = slide.read_region((tw, 0), 0, (tw, th), mode="rgb")
         off, count = int(lv.tiles.offsets[1]), int(lv.tiles.bytecounts[1])
@@ -385,7 +386,7 @@ def test_one_byte_tile_names_only_its_byte(sample_jpeg, tmp_path):
     """A 1-byte tile: the message shows that byte, not a leftover of an earlier read."""
     bad = _replace_tile(sample_jpeg, tmp_path, 1, b"\xab", "one-byte")
     with wsitool.open_slide(bad) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         for mode in ("rgb", "rgba"):
             err = _read(slide, (0, 0), 0, (2 * lv.tile_width, lv.tile_height), compiled=False, mode=mode)[0]
             assert isinstance(err, wsitool.TileDecodeError) and "starts with ab instead" in str(err), err
@@ -396,12 +397,12 @@ def test_first_bad_tile_in_tile_order_is_raised(sample_jpeg, tmp_path):
     """A decode failure (tile 1) before a read-time failure (tile 2) of the same
     batch: both paths raise tile 1's error, in every mode, on one thread."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         cut = int(lv.tiles.bytecounts[1]) * 4 // 10
     bad = with_byte_count(sample_jpeg, tmp_path, 1, cut, "cut")
     bad = with_tile_bytes(bad, tmp_path, 2, lambda b: b"\x00\x01" + b[2:], "no-soi")
     with wsitool.open_slide(bad) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         for mode in ("rgb", "rgba", "raw"):
             err = _read(slide, (0, 0), 0, (4 * lv.tile_width, lv.tile_height), compiled=True, mode=mode,
                         threads=1)[0]
@@ -412,7 +413,7 @@ def test_first_bad_tile_in_tile_order_is_raised(sample_jpeg, tmp_path):
 def test_coordinates_that_would_overflow_are_refused(sample_jpeg):
     """decode_tiles with sizes or coordinates near 2**63 raises, never writes out of bounds."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         dec = jpegloop.new_decoder()
         out = np.zeros((10, 10, 3), np.uint8)
         offsets = np.array([1, 0], np.uint64)
@@ -442,7 +443,7 @@ def test_without_the_extension_reads_take_the_python_path(sample_jpeg, monkeypat
         monkeypatch.setattr(jpegloop, "_tried", False)
         monkeypatch.setattr(jpegloop, "_module", None)
         assert jpegloop.status().startswith("not in use: not built")
-        assert not jpegloop.applies(slide.levels[0], "rgb", ref)
+        assert not jpegloop.applies(pyramid_levels(slide)[0], "rgb", ref)
         assert np.array_equal(slide.read_region((7, 9), 0, (300, 200), mode="rgb"), ref)
         row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
         assert len(row) == 1 and not row[0]["available"] and "not built" in row[0]["detail"]
@@ -461,7 +462,7 @@ def test_buffers_are_made_once_per_thread_then_reused(sample_jpeg):
     def work():
         state = get_pool("cpu").state()
         with wsitool.open_slide(sample_jpeg) as slide:
-            lv = slide.levels[0]
+            lv = pyramid_levels(slide)[0]
             size = (min(lv.width, 900), min(lv.height, 700))
             for mode in ("rgb", "rgba"):
                 slide.read_region((11, 13), 0, size, mode=mode, threads=1)
@@ -484,7 +485,7 @@ def test_a_failed_batch_call_is_retried_tile_by_tile(sample_jpeg, tmp_path):
     and counters, and a bad tile in that batch is still the only one that fails."""
     mod = jpegloop._load()
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         size = (min(lv.width, 3 * lv.tile_width + 17), min(lv.height, 2 * lv.tile_height - 5))
         ref, ref_counts, _ = _read(slide, (9, 3), 0, size, compiled=True, mode="rgb", threads=1)
         mod._fail_batch_calls(1)

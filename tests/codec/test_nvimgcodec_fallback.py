@@ -22,8 +22,9 @@ import pytest
 import wsitool
 from wsitool.codec import library
 from wsitool.codec.library import fallback_encoding
+from wsitool.slide import pyramid_levels
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 #: Largest per-sample difference allowed between the two paths, by tile stream.
 #: JPEG could differ by an IDCT rounding where the two libjpeg-turbo builds chose
@@ -94,8 +95,8 @@ def test_fallback_reads_the_same_pixels(blocked_reads, index):
     assert set(report["slides"][path]) <= {"tifffile", "imagecodecs"}
     got = np.load(npz)
     with wsitool.Slide(path) as s:
-        assert s.levels[0].decoder == "nvimagecodec"  # the reference is the nvImageCodec path
-        tol = TOLERANCE[s.levels[0].encoding.stream]
+        assert pyramid_levels(s)[0].decoder == "nvimagecodec"  # the reference is the nvImageCodec path
+        tol = TOLERANCE[pyramid_levels(s)[0].encoding.stream]
         for i, (w, h) in enumerate(s.level_dimensions):
             ref = s.read_region((0, 0), i, (w, h), mode="rgb")
             diff = np.abs(ref.astype(np.int16) - got[f"rgb{i}"].astype(np.int16))
@@ -126,7 +127,7 @@ def test_exports_without_nvimgcodec(tcga_j2k, tmp_path):
     with wsitool.Slide(tcga_j2k) as src:
         ref = src.read_region((2000, 1600), 0, (512, 512), mode="rgb").astype(float)
     with wsitool.Slide(out) as s:
-        assert s.dimensions == (512, 512) and s.levels[0].encoding.stream == "j2k"
+        assert s.dimensions == (512, 512) and pyramid_levels(s)[0].encoding.stream == "j2k"
         got = s.read_region((0, 0), 0, (512, 512), mode="rgb").astype(float)
     assert ref.std() > 10  # tissue, not background
     psnr = 10 * np.log10(255.0 ** 2 / np.mean((ref - got) ** 2))
@@ -135,7 +136,7 @@ def test_exports_without_nvimgcodec(tcga_j2k, tmp_path):
 
 def test_fallback_encoding_only_changes_nv_levels(cmu1):
     with wsitool.Slide(cmu1) as s:
-        enc = s.levels[0].encoding
+        enc = pyramid_levels(s)[0].encoding
     assert enc.codec == "nv"
     generic = fallback_encoding(enc)
     assert generic.codec == "generic" and generic.decoder == "tifffile"

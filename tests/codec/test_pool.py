@@ -16,8 +16,9 @@ from wsitool.codec.nvdecode import narrow_jpeg_crop
 from wsitool.codec.pool import get_pool
 from wsitool.geometry import level_rect, plan_tiles
 from wsitool.settings import decode_paths
+from wsitool.slide import pyramid_levels
 
-from conftest import random_regions, repo_samples
+from helpers import random_regions, repo_samples
 
 
 def _nv_slides(cmu1_path):
@@ -59,7 +60,7 @@ def test_zero_copy_path_equals_scratch_path(cmu1, force_scratch, read_path):
     pool = get_pool()
     for path in _nv_slides(cmu1):
         with wsitool.open_slide(path) as slide:
-            for lv in slide.levels:
+            for lv in pyramid_levels(slide):
                 for (x, y, w, h) in _regions_with_every_tile_kind(lv, rng):
                     loc = (round(x * lv.downsample), round(y * lv.downsample))
                     force_scratch(False)
@@ -155,7 +156,7 @@ def test_sixteen_threads_match_serial_reads(cmu1, tcga_j2k, read_path):
     jobs = []
     with wsitool.open_slide(cmu1) as a, wsitool.open_slide(tcga_j2k) as b:
         for slide in (a, b):
-            for lv in slide.levels:
+            for lv in pyramid_levels(slide):
                 for (x, y, w, h) in random_regions(rng, lv.width, lv.height, 10, max_size=400):
                     loc = (round(x * lv.downsample), round(y * lv.downsample))
                     jobs.append((slide, loc, lv.index, (w, h)))
@@ -211,7 +212,7 @@ def test_decode_returning_none_is_an_error_not_a_blank(sample_jpeg, tmp_path, re
     raw[pos:pos + item] = len(cut).to_bytes(item, "little")
     bad.write_bytes(bytes(raw))
     with wsitool.open_slide(bad) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         x, y = (5 % across) * lv.tile_width, (5 // across) * lv.tile_height
         with pytest.raises(wsitool.TileDecodeError) as info:
             slide.read_region((x, y), 0, (lv.tile_width, lv.tile_height), mode="rgb")

@@ -22,8 +22,9 @@ import wsitool
 from wsitool import distributed as D
 from wsitool.cli import app, exit_code_for
 from wsitool.codec.pool import get_pool
+from wsitool.slide import pyramid_levels
 
-from conftest import REPO_SAMPLES, SHARED_SAMPLES, shared_sample
+from helpers import REPO_SAMPLES, SHARED_SAMPLES, shared_sample
 
 HAVE_DASK = all(importlib.util.find_spec(m) is not None for m in ("dask", "distributed"))
 needs_dask = pytest.mark.skipif(
@@ -70,7 +71,7 @@ def test_to_dask_equals_whole_level_read(name, level):
     path = REPO_SAMPLES / name[5:] if name.startswith("repo:") else shared_sample(name)
     with wsitool.open_slide(path) as s:
         arr = s.to_dask(level)
-        lv = s.levels[level]
+        lv = pyramid_levels(s)[level]
         assert arr.shape == (lv.height, lv.width, 3)
         assert arr.dtype == np.uint8
         got = arr.compute(scheduler="sync")
@@ -81,7 +82,7 @@ def test_to_dask_equals_whole_level_read(name, level):
 def test_to_dask_slice_reads_only_its_chunks():
     with wsitool.open_slide(SAMPLE) as s:
         arr = s.to_dask(0)
-        lv = s.levels[0]
+        lv = pyramid_levels(s)[0]
     assert arr.chunksize[:2] == (lv.tile_height, lv.tile_width)
     ys, xs = slice(300, 700), slice(500, 530)
     # chunks the slice overlaps, from the array's own chunk boundaries
@@ -405,11 +406,17 @@ def test_without_dask_tcp_scheduler_fails_with_one_line(no_dask, tmp_path):
     assert not D.dask_available()
     with pytest.raises(D.DaskUnavailableError, match="wsitool\\[dask\\]"):
         D.export_many([SAMPLE], tmp_path, scheduler="tcp://127.0.0.1:8786")
-    res = CliRunner().invoke(app, ["export-pyramid", str(SAMPLE), str(tmp_path),
+    res = CliRunner().invoke(app, ["export-many", str(SAMPLE), str(tmp_path),
                                    "--scheduler", "tcp://127.0.0.1:8786"])
     assert res.exit_code == 1
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "dask" in lines[0].lower()
+    # the deprecated spelling (export-pyramid with --scheduler): its one warning line, then the same line
+    old = CliRunner().invoke(app, ["export-pyramid", str(SAMPLE), str(tmp_path),
+                                   "--scheduler", "tcp://127.0.0.1:8786"])
+    assert old.exit_code == 1
+    assert [ln for ln in old.output.splitlines() if ln.strip()] == [
+        "wsitool: warning: export-pyramid with several sources is deprecated; use export-many", lines[0]]
 
 
 @needs_export

@@ -19,7 +19,7 @@ import wsitool
 from wsitool.errors import InvalidRegionError, WsiError
 from wsitool.patches.plan import PatchPlan, SlideIdentity, plan_patches
 
-from conftest import REPO_SAMPLES
+from helpers import REPO_SAMPLES
 
 HAVE_DASK = all(importlib.util.find_spec(m) is not None for m in ("dask", "distributed"))
 pytestmark = pytest.mark.skipif(

@@ -13,7 +13,7 @@ from wsitool.codec.library import nv
 from wsitool.errors import WsiError
 from wsitool.export.encode import TileCodec
 
-from conftest import repo_samples
+from helpers import repo_samples
 
 
 @pytest.fixture(scope="module")

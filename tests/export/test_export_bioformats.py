@@ -24,7 +24,7 @@ import tifffile
 
 from wsitool.export import export_pyramid
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 
 def bioformats_jar() -> Path:

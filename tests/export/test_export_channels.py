@@ -19,7 +19,7 @@ from test_export_bioformats import image_info
 import wsitool
 from wsitool.export import export_pyramid
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 NS = "{http://www.openmicroscopy.org/Schemas/OME/2016-06}"
 CASES = {

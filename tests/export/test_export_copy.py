@@ -33,7 +33,7 @@ from wsitool.errors import InvalidRegionError, TileDecodeError
 from wsitool.export import export_pyramid, painted_tiles
 from wsitool.export.passthrough import jpeg_sampling
 
-from conftest import REPO_SAMPLES, shared_sample, with_byte_count, with_tile_bytes
+from helpers import REPO_SAMPLES, shared_sample, with_byte_count, with_tile_bytes
 
 runner = CliRunner()
 

@@ -44,7 +44,7 @@ import wsitool
 from wsitool.export import export_pyramid
 from wsitool.export.associated import thumbnail_level as _thumbnail_level
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 #: (slide, region (x, y, w, h) or None for the whole slide, compression, tile size)
 CASES = {

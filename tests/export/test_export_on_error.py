@@ -28,7 +28,7 @@ from wsitool.cli import app
 from wsitool.errors import TileDecodeError
 from wsitool.export import PAINTED_KEY, painted_tiles
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ import wsitool
 from wsitool.export import export_pyramid
 from wsitool.export.encode import DEFAULT_PSNR, TileCodec
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -14,7 +14,7 @@ from wsitool.cli import app
 from wsitool.export import export_pyramid
 from wsitool.export.plan import source_level_segments
 
-from conftest import REPO_SAMPLES, shared_sample
+from helpers import REPO_SAMPLES, shared_sample
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -2,8 +2,8 @@
 
 The 3-channel DICOM series (3DHISTECH, one instance per level holding the three
 optical paths as frames) is checked against its frames decoded directly (pydicom
-for the frame bytes, imagecodecs' JPEG decoder), the PerkinElmer QPTIFF against
-tifffile's pages.
+for the frame bytes, imagecodecs' JPEG decoder); the PerkinElmer QPTIFF against
+tifffile's pages is in test_qptiff.py.
 """
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ from __future__ import annotations
 import imagecodecs
 import numpy as np
 import pytest
-import tifffile
 
 import wsitool
 from wsitool.errors import InvalidRegionError
 from wsitool.formats.dicom.palette import expand_segments, palette_lut
 from wsitool.model import Channel, channel_color, wavelength_color
 from wsitool.read.channels import composite, to_8bit
+from wsitool.slide import pyramid_levels
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 DICOM = "dicom-3dhistech-fluorescence-3channel"
-QPTIFF = "qptiff-perkinelmer-vectra-small.qptiff"
 
 
 def _dicom_frames(path, level_file: str) -> list[np.ndarray]:
@@ -98,26 +97,7 @@ def test_dicom_info_json_lists_channels(capsys):
     assert data["levels"][0]["samples"] == 3
 
 
-# ------------------------------------------------------------------ QPTIFF
-
-
-def test_qptiff_channels_equal_tifffile_pages():
-    path = shared_sample(QPTIFF)
-    pages = tifffile.imread(path, series=0)  # (3, 1440, 1920)
-    with wsitool.open_slide(path) as s:
-        assert s.vendor == "qptiff"
-        assert [(c.name, c.color, c.color_source) for c in s.channels] == [
-            ("DAPI", (0, 0, 255), "file"), ("FITC", (0, 255, 0), "file"), ("Cy3", (255, 255, 0), "file")]
-        assert s.objective_power == 10.0
-        assert sorted(s.associated_images) == ["label", "macro", "thumbnail"]
-        raw = s.read_region((0, 0), 0, s.dimensions, mode="raw")
-        assert np.array_equal(np.moveaxis(pages, 0, -1), raw)
-        assert np.array_equal(s.read_region((0, 0), 0, s.dimensions, mode="raw", channels="Cy3")[..., 0],
-                              pages[2])
-        rgb = s.read_region((0, 0), 0, s.dimensions, mode="rgb")
-        p = pages.astype(np.int32)
-        want = np.stack([p[2], p[1] + p[2], p[0]], axis=-1).clip(0, 255).astype(np.uint8)
-        assert np.array_equal(rgb, want)
+# (the QPTIFF slide against tifffile's pages: tests/formats/test_qptiff.py)
 
 
 # ------------------------------------------------------------------ batch reads and the cache
@@ -149,7 +129,7 @@ def test_channel_selection_errors_and_rgb_slides_unchanged():
                 s.read_region((0, 0), 0, (8, 8), mode="raw", channels=bad)
         assert s.read_region((0, 0), 0, (8, 8), mode="raw", channels=-1).shape == (8, 8, 1)
     with wsitool.open_slide(shared_sample("aperio-cmu1-small-region-jpeg.svs")) as rgb:
-        assert rgb.channels == () and rgb.levels[0].planes is None
+        assert rgb.channels == () and pyramid_levels(rgb)[0].planes is None
         with pytest.raises(InvalidRegionError, match="multi-channel"):
             rgb.read_region((0, 0), 0, (8, 8), mode="raw", channels=[0])
 

@@ -33,8 +33,9 @@ import wsitool
 from wsitool.color import ycbcr_to_rgb
 from wsitool.errors import WsiError
 from wsitool.geometry import level0_coordinate
+from wsitool.slide import pyramid_levels
 
-from conftest import SHARED_SAMPLES, random_regions, shared_sample
+from helpers import random_regions, shared_names, shared_sample
 
 SERIES = "dicom-cmu1-small-region-12level"
 # sample -> (what OpenSlide is given, tolerance) for the ones OpenSlide opens
@@ -65,10 +66,8 @@ def _oracle(name):
 
 
 def test_all_shared_dicom_samples_are_covered():
-    if not SHARED_SAMPLES.is_dir():
-        pytest.skip("no shared samples")
-    found = {p.name for p in SHARED_SAMPLES.iterdir() if p.name.startswith("dicom-")}
-    assert found == set(ALL)
+    # tests/shared_samples.json lists the folder (tests/test_shared_samples.py checks it)
+    assert set(shared_names("dicom-")) == set(ALL)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -78,7 +77,7 @@ def test_every_sample_opens_and_reads_every_level(name):
         assert slide.vendor == "dicom"
         assert slide.properties["openslide.vendor"] == "dicom"
         assert int(slide.properties["openslide.level-count"]) == slide.level_count
-        for lv in slide.levels:
+        for lv in pyramid_levels(slide):
             arr = slide.read_region((0, 0), lv.index, (min(lv.width, 300), min(lv.height, 300)))
             assert arr.shape == (min(lv.height, 300), min(lv.width, 300), 4)
             assert (arr[..., 3] == 255).all()  # no missing tiles in these samples
@@ -106,7 +105,7 @@ def test_geometry_mpp_and_associated_match_openslide(name):
         for key in osr.associated_images:
             theirs = np.asarray(osr.associated_images[key].convert("RGB"))
             np.testing.assert_array_equal(slide.associated_images[key], theirs)
-        for lv in slide.levels:
+        for lv in pyramid_levels(slide):
             p = f"openslide.level[{lv.index}]"
             assert (lv.tile_width, lv.tile_height) == (int(osr.properties[f"{p}.tile-width"]),
                                                        int(osr.properties[f"{p}.tile-height"]))
@@ -114,7 +113,7 @@ def test_geometry_mpp_and_associated_match_openslide(name):
 
 def _compare_regions(slide, osr, tolerance, transform=None):
     rng = np.random.default_rng(20261201)
-    for lv in slide.levels:
+    for lv in pyramid_levels(slide):
         ds = lv.downsample
         integer = ds == round(ds)
         stored = None
@@ -206,7 +205,7 @@ def test_native_samples_equal_pydicom(name):
 def test_jpegls_sample_is_the_lossless_twin_of_the_uncompressed_one():
     with wsitool.open_slide(shared_sample("dicom-highdicom-sm-jpegls.dcm")) as ls, \
             wsitool.open_slide(shared_sample("dicom-highdicom-sm-rgb-uncompressed.dcm")) as raw:
-        assert ls.levels[0].compression == "JPEGLS" and ls.levels[0].decoder == "imagecodecs"
+        assert pyramid_levels(ls)[0].compression == "JPEGLS" and pyramid_levels(ls)[0].decoder == "imagecodecs"
         np.testing.assert_array_equal(ls.read_region((-3, -3), 0, (60, 60)),
                                       raw.read_region((-3, -3), 0, (60, 60)))
 
@@ -229,14 +228,14 @@ def test_file_of_a_series_opens_the_series_and_close_closes_every_source():
     name = f"{SERIES}/level-3-frames-0-1.dcm"
     slide = wsitool.open_slide(shared_sample(name))
     assert slide.level_count == 12 and slide.dimensions == (2220, 2967)
-    sources = {id(lv.source): lv.source for lv in slide.levels}
+    sources = {id(lv.source): lv.source for lv in pyramid_levels(slide)}
     assert len(sources) == 12
     slide.close()
     assert slide.closed and all(src.closed for src in sources.values())
     with pytest.raises(WsiError, match="closed"):
         slide.read_region((0, 0), 0, (8, 8))
     folder = wsitool.open_slide(shared_sample(SERIES))
-    levels = folder.levels
+    levels = pyramid_levels(folder)
     folder.close()
     assert all(lv.source.closed for lv in levels)
 

@@ -11,9 +11,10 @@ from pydicom.uid import generate_uid
 
 import wsitool
 from wsitool.errors import CorruptFileError, TileDecodeError, UnsupportedFormatError
+from wsitool.slide import pyramid_levels
 
-from conftest import shared_sample
 from dicom_build import jpeg_frames, make_image, tiles_of, write_instance, write_series
+from helpers import shared_sample
 
 TILE = 64
 IMG = make_image(300, 200)
@@ -73,7 +74,7 @@ def test_concatenation_is_one_level(tmp_path):
             assert slide.level_count == 1
             assert slide.properties["wsitool.dicom.level[0].concatenation-parts"] == "2"
             np.testing.assert_array_equal(slide.read_region((0, 0), 0, (300, 200), mode="rgb"), _expected())
-            src = slide.levels[0].source
+            src = pyramid_levels(slide)[0].source
         assert src.closed
 
 
@@ -162,7 +163,7 @@ def test_inconsistent_total_pixel_matrix(tmp_path):
 def test_frame_that_is_not_a_stream_is_a_tile_error(tmp_path):
     path = _single(tmp_path)
     with wsitool.open_slide(path) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         off, count = int(lv.tiles.offsets[6]), int(lv.tiles.bytecounts[6])
     data = bytearray(path.read_bytes())
     data[off:off + count] = b"\x00" * count

@@ -13,7 +13,7 @@ from wsitool.cli import app
 from wsitool.export import export_pyramid
 from wsitool.stress import run_stress
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 SERIES = "dicom-cmu1-small-region-12level"
 

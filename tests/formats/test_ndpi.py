@@ -21,8 +21,9 @@ from wsitool.codec.headers import check_header
 from wsitool.codec.pool import get_pool
 from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes, read_tile_stream
 from wsitool.errors import TileDecodeError
+from wsitool.slide import pyramid_levels
 
-from conftest import shared_sample, with_tile_bytes
+from helpers import shared_sample, with_tile_bytes
 
 NDPI = "ndpi-hamamatsu-stritt-dapi-fluor-3.5mb.ndpi"
 
@@ -50,7 +51,7 @@ def _regions(lv):
 
 def test_ndpi_segments_are_restart_intervals_with_the_pages_header(ndpi):
     with wsitool.open_slide(ndpi) as slide:
-        for lv in slide.levels[:4]:  # the stored levels (the scaled ones: test_ndpi_scaled.py)
+        for lv in pyramid_levels(slide)[:4]:  # the stored levels (the scaled ones: test_ndpi_scaled.py)
             enc = lv.encoding
             assert enc.jpeg_scan_segments and enc.stream == "jpeg" and enc.codec == "nv"
             assert enc.jpeg_prefix.startswith(b"\xff\xd8") and b"\xff\xdd" in enc.jpeg_prefix  # SOI, DRI
@@ -72,7 +73,7 @@ def test_ndpi_levels_equal_openslide_and_tifffile(ndpi, stored, read_path):
     openslide = pytest.importorskip("openslide")
     with wsitool.open_slide(ndpi) as slide, openslide.OpenSlide(str(ndpi)) as ref:
         assert slide.level_count == ref.level_count == 7  # 4 stored, 3 scaled (test_ndpi_scaled.py)
-        for L, lv in enumerate(slide.levels[:4]):
+        for L, lv in enumerate(pyramid_levels(slide)[:4]):
             assert ref.level_dimensions[L] == lv.dimensions
             ds = round(lv.downsample)
             out = np.empty((8, lv.width, 3), np.uint8)
@@ -88,7 +89,7 @@ def test_ndpi_levels_equal_openslide_and_tifffile(ndpi, stored, read_path):
 
 def test_ndpi_smallest_level_whole(ndpi, stored, read_path):
     with wsitool.open_slide(ndpi) as slide:
-        lv = slide.levels[len(stored) - 1]  # the smallest stored level
+        lv = pyramid_levels(slide)[len(stored) - 1]  # the smallest stored level
         got = np.asarray(slide.read_region((0, 0), lv.index, lv.dimensions, mode="rgb"))
         assert np.array_equal(got, stored[-1])
 
@@ -96,7 +97,7 @@ def test_ndpi_smallest_level_whole(ndpi, stored, read_path):
 def test_ndpi_generic_path_decodes_a_segment_as_tifffile(ndpi, stored):
     """tifffile's own decode of a segment (the path of NDPI levels nvImageCodec does not take)."""
     with wsitool.open_slide(ndpi) as slide:
-        lv = slide.levels[1]
+        lv = pyramid_levels(slide)[1]
         state = get_pool("cpu").state()
         for row in (0, 7, lv.tiles_down - 1):
             arr = decode_array(lv, 0, row, state)

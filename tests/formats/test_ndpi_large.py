@@ -30,8 +30,9 @@ import tifffile
 
 import wsitool
 from wsitool.codec.pool import get_pool
+from wsitool.slide import pyramid_levels
 
-from conftest import script_module, shared_sample
+from helpers import script_module, shared_sample
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +103,7 @@ def test_wide_ndpi_equals_openslide_and_tifffile(wide, read_path):
                                                                           (25088, 512))
         assert slide.level_dimensions == ref.level_dimensions
         for L in range(3):
-            lv = slide.levels[L]
+            lv = pyramid_levels(slide)[L]
             assert (lv.tile_width, lv.tile_height) == (512, 8) and lv.encoding.jpeg_scan_segments
             ds = round(slide.level_downsamples[L])
             for x, y, w, h in _regions(*lv.dimensions):
@@ -146,13 +147,13 @@ def test_ndpi_over_4gib_equals_openslide_and_tifffile(over_4g, read_path):
         except Exception:  # an OpenSlide that cannot open it: tifffile only
             ref = None
         with wsitool.open_slide(path) as slide:
-            lv = slide.levels[0]
+            lv = pyramid_levels(slide)[0]
             assert lv.dimensions == (16384, 1024) and min(int(o) for o in lv.tiles.offsets) > 1 << 32
             if ref is not None:
                 assert slide.level_dimensions == ref.level_dimensions
             for L in range(2):
                 ds = round(slide.level_downsamples[L])
-                for x, y, w, h in _regions(*slide.levels[L].dimensions):
+                for x, y, w, h in _regions(*pyramid_levels(slide)[L].dimensions):
                     got = np.asarray(slide.read_region((x * ds, y * ds), L, (w, h), mode="rgb"))
                     assert np.array_equal(got, _tifffile_region(tf, L, x, y, w, h)), (L, x, y, w, h)
                     if ref is not None:

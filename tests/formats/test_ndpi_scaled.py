@@ -26,8 +26,9 @@ from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes
 from wsitool.errors import TileDecodeError
 from wsitool.formats.tiff.ndpi_scaled import scaled_plan, with_scaled_levels
 from wsitool.read.cache import TileCache
+from wsitool.slide import pyramid_levels
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 NDPI = "ndpi-hamamatsu-stritt-dapi-fluor-3.5mb.ndpi"
 STORED = 4
@@ -74,16 +75,16 @@ def test_level_list_equals_openslide(ndpi, ref):
         for key, value in want.items():  # wsitool.Slide writes downsamples as floats ("16.0")
             got = slide.properties[key]
             assert (float(got) == float(value)) if key.endswith("downsample") else got == value, key
-        for lv in slide.levels[STORED:]:
+        for lv in pyramid_levels(slide)[STORED:]:
             assert lv.tile_size == (int(ref.properties[f"openslide.level[{lv.index}].tile-width"]),
                                     int(ref.properties[f"openslide.level[{lv.index}].tile-height"]))
 
 
 def test_scaled_levels_share_the_smallest_stored_levels_intervals(ndpi):
     with wsitool.open_slide(ndpi) as slide:
-        src = slide.levels[STORED - 1]
+        src = pyramid_levels(slide)[STORED - 1]
         assert src.encoding.codec == "nv" and src.decoder == "nvimagecodec"
-        for k, lv in enumerate(slide.levels[STORED:], start=1):
+        for k, lv in enumerate(pyramid_levels(slide)[STORED:], start=1):
             enc = lv.encoding
             assert (enc.codec, enc.scale_log2, lv.decoder) == ("scaled-jpeg", k, "pillow")
             assert lv.tiles is src.tiles and lv.source is src.source and enc.page is src.encoding.page
@@ -177,7 +178,7 @@ def test_a_region_decodes_only_the_intervals_it_touches(ndpi):
     with wsitool.open_slide(ndpi) as slide:
         pool = get_pool("cpu")
         for L, rows in ((4, 2), (5, 3), (6, 5)):
-            lv = slide.levels[L]
+            lv = pyramid_levels(slide)[L]
             ds = round(lv.downsample)
             y = 11  # rows 11 .. 11 + rows - 1 of the level
             before = pool.stats().tiles_scaled
@@ -198,7 +199,7 @@ def test_the_tile_cache_makes_repeat_reads_decode_nothing(ndpi):
         again = np.asarray(slide.read_region((0, 0), L, size, mode="rgb"))
         assert np.array_equal(first, again)
         assert pool.stats().tiles_scaled == decoded and cache.stats().misses == misses
-        assert cache.stats().hits >= slide.levels[L].tiles_down
+        assert cache.stats().hits >= pyramid_levels(slide)[L].tiles_down
 
 
 # ------------------------------------------------------------------ refusals
@@ -221,7 +222,7 @@ def test_a_corrupt_interval_names_its_tile_on_every_scaled_level(ndpi, tmp_path)
     bad = _with_interval(ndpi, tmp_path, STORED - 1, 9, lambda b: b"\xff" * len(b))
     with wsitool.open_slide(bad) as slide:
         for L in range(STORED, slide.level_count):
-            lv = slide.levels[L]
+            lv = pyramid_levels(slide)[L]
             ds, th = round(lv.downsample), lv.tile_height
             with pytest.raises(TileDecodeError, match=rf"level {L}, tile \(col 0, row 9\): scaled JPEG decode "
                                                       r"failed: OSError"):
@@ -236,7 +237,7 @@ def test_a_corrupt_interval_names_its_tile_on_every_scaled_level(ndpi, tmp_path)
 
 def test_frame_header_is_checked_before_decoding(ndpi):
     with wsitool.open_slide(ndpi) as slide:
-        src, lv = slide.levels[STORED - 1], slide.levels[STORED]
+        src, lv = pyramid_levels(slide)[STORED - 1], pyramid_levels(slide)[STORED]
         state = get_pool("cpu").state()
         stream = jpeg_stream(src, read_tile_bytes(src, 2, 0, 2, state.stats), 0, 2)
         assert decode_scaled_stream(lv, 0, 2, stream).shape == (lv.tile_height, lv.tile_width, 3)
@@ -287,7 +288,7 @@ def test_levels_scaled_from_a_larger_stored_level(ndpi, ref):
     """Levels 0 and 2 only (as a slide stored 4x apart): a level of 1984 pixels made from
     level 0 at 1/2, and the numbering and downsamples of the list."""
     with wsitool.open_slide(ndpi) as slide:
-        stored = (slide.levels[0], slide.levels[2])
+        stored = (pyramid_levels(slide)[0], pyramid_levels(slide)[2])
         levels = with_scaled_levels(stored, slide.dimensions)
         assert [lv.dimensions for lv in levels] == [(3968, 4864), (1984, 2432), (992, 1216), (496, 608),
                                                     (248, 304), (124, 152)]

@@ -26,22 +26,16 @@ from wsitool.formats.quickhash import KEY, feed_string
 from wsitool.formats.tiff import quickhash as tiff_quickhash
 from wsitool.storage import LocalFile
 
-from conftest import BUG_INPUTS, NO_SHARED, SHARED_SAMPLES, repo_samples
+from helpers import BUG_INPUTS, NO_SHARED, SHARED_SAMPLES, repo_samples, shared_params
 
 real = pytest.importorskip("openslide")
 ws = pytest.importorskip("wsitool.openslide")
 
 
 def _samples() -> list:
-    found: list[Path] = []
-    if SHARED_SAMPLES.is_dir():
-        found += [p for p in sorted(SHARED_SAMPLES.iterdir()) if p.suffix.lower() != ".md"]
-    if BUG_INPUTS.is_dir():
-        found += sorted(BUG_INPUTS.glob("*.tif"))
-    params = [pytest.param(p, id=p.name) for p in found + repo_samples()]
-    if not found:
-        params.append(pytest.param(None, id="shared-samples", marks=pytest.mark.skip(reason=NO_SHARED)))
-    return params
+    """Every listed shared sample (skipped by tests/conftest.py where absent), the bug inputs, the repo's."""
+    found = sorted(BUG_INPUTS.glob("*.tif")) if BUG_INPUTS.is_dir() else []
+    return shared_params() + [pytest.param(p, id=p.name) for p in found + repo_samples()]
 
 
 def _target(path: Path) -> Path:

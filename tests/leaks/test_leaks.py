@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import leakcheck
-from conftest import REPO
+from helpers import REPO
 
 # RSS slopes: run on their own, not beside other tests (`pytest -m leak`; the README's test command)
 pytestmark = pytest.mark.leak

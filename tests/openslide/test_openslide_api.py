@@ -10,7 +10,7 @@ from PIL import Image
 
 import wsitool.openslide as ws
 
-from conftest import repo_samples, shared_sample
+from helpers import repo_samples, shared_sample
 
 
 def _svs():

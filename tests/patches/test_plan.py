@@ -27,7 +27,7 @@ from wsitool.patches.extract import extract_shards
 from wsitool.patches.plan import PlanFileError, read_plans, write_plans
 from wsitool.patches.preview import render_preview
 
-from conftest import REPO_SAMPLES, shared_sample
+from helpers import REPO_SAMPLES, shared_sample
 
 SAMPLE = REPO_SAMPLES / "sample-aperio-jpeg.svs"   # MPP 0.5, levels at downsample 1, 2, 4
 

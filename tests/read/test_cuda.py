@@ -32,10 +32,11 @@ from wsitool.errors import DeviceUnavailableError, InvalidRegionError, TileDecod
 from wsitool.forksafe import PerProcess
 from wsitool.read import cuda as gpu
 from wsitool.read import cuda_arrays
-from wsitool.read.request import validate_request
+from wsitool.read.request import region_request
 from wsitool.settings import decode_paths
+from wsitool.slide import pyramid_levels
 
-from conftest import REPO, random_regions, shared_sample
+from helpers import REPO, random_regions, shared_sample
 
 HAS_CUDA = device.cuda_available()
 NO_GPU_REASON = f"no CUDA device available: {device.cuda_probe()[1]}"
@@ -58,19 +59,19 @@ def _env() -> dict:
 
 def _batched_host(slide, location, level, size, mode, on_error="raise", out=None):
     """Read a region through the batched path with numpy targets and the CPU decoder."""
-    lv, x, y, w, h = validate_request(slide.levels, slide.path, location, level, size, mode)
+    req = region_request(pyramid_levels(slide), slide.path, location, level, size, mode=mode, on_error=on_error)
+    lv, w, h = req.level, req.width, req.height
     shape = (h, w, {"rgba": 4, "rgb": 3}.get(mode, lv.samples))
     if out is None:
         out = np.full(shape, 77, lv.dtype if mode == "raw" else np.uint8)  # not zero: catches gaps
-    gpu.fill_region_batched(lv, x, y, w, h, out, mode, None, on_error, codec_pool.get_pool("cpu"),
-                            gpu.HostArrays())
+    gpu.fill_region_batched(req, out, codec_pool.get_pool("cpu"), gpu.HostArrays())
     return out
 
 
 def _level_regions(slide, rng, n: int, max_size: int):
     """``(level, level-0 location, w, h)`` of ``n`` random regions on the first and last level."""
     for level in sorted({0, slide.level_count - 1}):
-        lv = slide.levels[level]
+        lv = pyramid_levels(slide)[level]
         for xl, yl, w, h in random_regions(rng, lv.width, lv.height, n, max_size=max_size):
             yield level, (int(xl * lv.downsample), int(yl * lv.downsample)), w, h
 
@@ -228,7 +229,7 @@ def test_rgba_expands_on_the_target_with_transparent_outside(cmu1):
 def test_ycbcr_after_decode_converted_like_the_cpu_path(monkeypatch):
     path = shared_sample(TCGA_J2K)
     with wsitool.open_slide(path) as s:
-        lv = s.levels[1]
+        lv = pyramid_levels(s)[1]
         # as for Aperio 33003
         monkeypatch.setattr(lv, "encoding", dataclasses.replace(lv.encoding, ycbcr_after_decode=True))
         loc = (int(500 * lv.downsample), int(300 * lv.downsample))
@@ -310,11 +311,11 @@ def test_colour_check_moves_a_disagreeing_level_to_the_cpu(cmu1, monkeypatch):
     with wsitool.open_slide(cmu1) as s:
         for loc in ((100, 50), (1000, 900)):  # the second read skips the check (cached)
             ref = s.read_region(loc, 0, (700, 500), mode="rgb")
-            lv, x, y, w, h = validate_request(s.levels, s.path, loc, 0, (700, 500), "rgb")
+            req = region_request(pyramid_levels(s), s.path, loc, 0, (700, 500), mode="rgb")
             out = np.zeros((500, 700, 3), np.uint8)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                gpu.fill_region_batched(lv, x, y, w, h, out, "rgb", None, "raise", pool, arrays)
+                gpu.fill_region_batched(req, out, pool, arrays)
             assert np.array_equal(out, ref)
             messages += [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
     assert len(messages) == 1 and "differs from the CPU decode" in messages[0]
@@ -332,9 +333,9 @@ def test_colour_check_keeps_an_agreeing_level_on_the_device(cmu1, monkeypatch):
     arrays.check_colour, arrays.device_key = True, "fake-gpu"
     with wsitool.open_slide(cmu1) as s:
         ref = s.read_region((100, 50), 0, (700, 500), mode="rgb")
-        lv, x, y, w, h = validate_request(s.levels, s.path, (100, 50), 0, (700, 500), "rgb")
+        req = region_request(pyramid_levels(s), s.path, (100, 50), 0, (700, 500), mode="rgb")
         out = np.zeros((500, 700, 3), np.uint8)
-        gpu.fill_region_batched(lv, x, y, w, h, out, "rgb", None, "raise", pool, arrays)
+        gpu.fill_region_batched(req, out, pool, arrays)
     assert np.array_equal(out, ref)
     assert spy.calls == [1, 12]  # the check's tile, then the region's batch
     assert gpu._colour_ok[(str(cmu1), 0, "fake-gpu")] is True
@@ -342,7 +343,7 @@ def test_colour_check_keeps_an_agreeing_level_on_the_device(cmu1, monkeypatch):
 
 def test_check_decoded_rejects_none_and_foreign_buffers(cmu1):
     with wsitool.open_slide(cmu1) as s:
-        lv = s.levels[0]
+        lv = pyramid_levels(s)[0]
         dst = np.zeros((240, 240, 3), np.uint8)
         image = nvimgcodec().as_image(dst)
         with pytest.raises(TileDecodeError, match="no image"):

@@ -14,8 +14,9 @@ from wsitool import InvalidRegionError, ResourceLimitError, TileDecodeError
 from wsitool.areafilter import reduce_area
 from wsitool.codec.pool import get_pool
 from wsitool.errors import TileWarning
+from wsitool.slide import pyramid_levels
 
-from conftest import REPO_SAMPLES, SHARED_SAMPLES, shared_sample, with_tile_bytes
+from helpers import REPO_SAMPLES, SHARED_SAMPLES, shared_sample, with_tile_bytes
 
 #: Slides of each kind the batch reader must match ``read_region`` on (by name: nothing opened at import).
 SHARED = [
@@ -34,7 +35,7 @@ def _open(name: str) -> wsitool.Slide:
 
 def _locations(rng, slide, level: int, n: int, size) -> np.ndarray:
     """Level-0 corners: inside, straddling every edge, and wholly outside the level."""
-    lv = slide.levels[level]
+    lv = pyramid_levels(slide)[level]
     ds = lv.downsample
     w, h = size
     xs = rng.integers(-w, lv.width + 16, n)
@@ -51,7 +52,7 @@ def _reference(slide, locs, level, size, mode="rgb"):
 def test_patches_equal_read_region_on_each_kind_of_slide(name, read_path):
     rng = np.random.default_rng(7)
     with _open(name) as slide:
-        mode = "rgb" if slide.levels[0].encoding.rgb_problem is None else "raw"
+        mode = "rgb" if pyramid_levels(slide)[0].encoding.rgb_problem is None else "raw"
         for level in sorted({0, slide.level_count - 1}):
             size = (96, 80)
             locs = _locations(rng, slide, level, 24, size)
@@ -79,7 +80,7 @@ def test_modes_and_the_out_form(mode, read_path):
 
 def test_a_tall_grid_larger_than_tiles_and_sequences_of_pairs():
     with _open("sample-aperio-jpeg.svs") as slide:
-        lv = slide.levels[1]
+        lv = pyramid_levels(slide)[1]
         locs = [(int(x * lv.downsample), int(y * lv.downsample))
                 for y in range(-37, lv.height, 300) for x in range(-13, lv.width, 300)]
         size = (lv.tile_width * 2 + 17, lv.tile_height + 5)  # spans three tile columns, two rows
@@ -107,7 +108,7 @@ def test_each_tile_is_decoded_once_per_batch(name, read_path):
     """Decoder counters: a batch decodes exactly the tiles its patches touch that the previous
     batch did not (a run the next batch needs is carried over); one batch: exactly its tiles."""
     with _open(name) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         size = (lv.tile_width - 16, lv.tile_height - 16)   # unaligned: most tiles feed 2-4 patches
         locs = [(37 + i * size[0], 41 + j * size[1]) for j in range(4) for i in range(5)]
         pool = get_pool("cpu")
@@ -225,7 +226,7 @@ def test_cuda_without_a_gpu_is_one_clear_error():
 @pytest.mark.parametrize("codec", ["jpeg", "j2k"])
 def test_patches_equal_read_region_on_a_bench_slide(tmp_path, codec):
     """The benchmark's slide kind (scripts/make_bench_slide.py: real tiles copied into a larger grid)."""
-    from conftest import script_module
+    from helpers import script_module
 
     shared_sample("aperio-cmu1-small-region-jpeg.svs")
     out = tmp_path / f"bench-{codec}.svs"

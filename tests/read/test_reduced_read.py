@@ -30,7 +30,7 @@ from wsitool.errors import InvalidRegionError
 from wsitool.read.reduced import area_reduce
 from wsitool.settings import decode_paths
 
-from conftest import REPO_SAMPLES
+from helpers import REPO_SAMPLES
 
 TOLERANCE = {2: (4.1, 42, 3.5), 4: (8.4, 82, 2.8), 8: (10.0, 102, 2.2)}
 

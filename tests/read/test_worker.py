@@ -13,9 +13,10 @@ from wsitool.geometry import plan_tiles
 from wsitool.read import fill, worker
 from wsitool.read import threads as read_threads
 from wsitool.settings import decode_paths
+from wsitool.slide import pyramid_levels
 from wsitool.storage import local
 
-from conftest import random_regions, repo_samples, with_byte_count, with_tile_bytes
+from helpers import random_regions, repo_samples, with_byte_count, with_tile_bytes
 
 
 def _nv_slides(cmu1):
@@ -26,7 +27,7 @@ def test_read_tile_stream_is_prefix_plus_tile(cmu1, tcga_j2k):
     """The buffer path yields byte for byte the stream the bytes path builds."""
     for path in (cmu1, tcga_j2k):
         with wsitool.open_slide(path) as slide:
-            lv = slide.levels[0]
+            lv = pyramid_levels(slide)[0]
             state = get_pool("cpu").state()
             for index in (0, 1, lv.tiles_across + 1, len(lv.tiles.offsets) - 1):
                 col, row = index % lv.tiles_across, index // lv.tiles_across
@@ -50,7 +51,7 @@ def test_tile_without_soi_is_a_tile_error(sample_jpeg, tmp_path, read_path):
 def test_truncated_file_is_a_tile_error(sample_jpeg, tmp_path, read_path):
     data = sample_jpeg.read_bytes()
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         last = int(np.argmax(lv.tiles.offsets[: lv.tiles_across * lv.tiles_down]))
         cut_at = int(lv.tiles.offsets[last]) + 10
         col, row = last % lv.tiles_across, last // lv.tiles_across
@@ -72,7 +73,7 @@ def test_rgba_is_rgb_plus_opaque_alpha(cmu1, threads, read_path):
     rng = np.random.default_rng(11)
     for path in _nv_slides(cmu1):
         with wsitool.open_slide(path) as slide:
-            for lv in slide.levels:
+            for lv in pyramid_levels(slide):
                 for xl, yl, w, h in random_regions(rng, lv.width, lv.height, 8, max_size=500):
                     loc = (round(xl * lv.downsample), round(yl * lv.downsample))
                     rgb = slide.read_region(loc, lv.index, (w, h), mode="rgb", threads=threads)
@@ -139,7 +140,7 @@ def test_error_on_one_thread_stops_the_region(sample_jpeg, tmp_path, read_path):
     """A corrupt tile on any worker raises from read_region (after all workers end)."""
     bad = with_tile_bytes(sample_jpeg, tmp_path, 1, lambda b: b"\x00\x00" + b[2:])
     with wsitool.open_slide(bad) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         with pytest.raises(wsitool.TileDecodeError):
             slide.read_region((0, 0), 0, (min(lv.width, 4 * lv.tile_width), lv.tile_height * 2),
                               mode="rgb", threads=4)
@@ -151,7 +152,7 @@ def test_prefetch_advises_the_region_bytes(cmu1, monkeypatch, read_path):
                         raising=False)
     monkeypatch.setattr(local.os, "POSIX_FADV_WILLNEED", 3, raising=False)
     with wsitool.open_slide(cmu1) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         rx0, ry0, w, h = 100, 130, 3 * lv.tile_width, 3 * lv.tile_height
         slide.read_region((rx0, ry0), 0, (w, h), mode="rgb", threads=1)
         _, jobs = plan_tiles(lv, rx0, ry0, w, h)
@@ -172,7 +173,7 @@ def test_batched_decode_equals_per_tile_decode(cmu1, monkeypatch, threads, pytho
     """Batches of code streams in one decode call give the per-tile pixels and counts."""
     rng = np.random.default_rng(5)
     with wsitool.open_slide(cmu1) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         regions = random_regions(rng, lv.width, lv.height, 6, max_size=900)
         regions.append((0, 0, lv.width, lv.height))
         pool = get_pool("cpu")
@@ -194,10 +195,10 @@ def test_bad_tile_inside_a_batch_is_named_and_filled(sample_jpeg, tmp_path, monk
     (on_error="raise"), and with on_error="fill" only that tile is background and
     the result equals the per-tile path's."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        whole = int(slide.levels[0].tiles.bytecounts[1])
+        whole = int(pyramid_levels(slide)[0].tiles.bytecounts[1])
     bad = with_byte_count(sample_jpeg, tmp_path, 1, whole * 4 // 10)  # libjpeg-turbo gives up
     with wsitool.open_slide(bad) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         size = (min(lv.width, 4 * lv.tile_width), min(lv.height, 2 * lv.tile_height))
         with pytest.raises(wsitool.TileDecodeError) as info:
             slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
@@ -221,7 +222,7 @@ def test_rgba_keeps_one_wrapped_scratch_per_tile_size(sample_jpeg, python_path):
     per partial-tile shape (which would grow with every odd region)."""
     rng = np.random.default_rng(21)
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         for xl, yl, w, h in random_regions(rng, lv.width, lv.height, 25, max_size=700):
             rgba = slide.read_region((xl, yl), 0, (w, h), threads=1)
             assert np.array_equal(rgba[..., :3],
@@ -245,7 +246,7 @@ def test_jpeg2000_tiles_are_not_batched(sample_jpeg, monkeypatch, python_path):
     monkeypatch.setattr(worker.TileWorker, "flush", spy)
     for path in (sample_jpeg, sample_jpeg.with_name("sample-aperio-j2k.svs")):
         with wsitool.open_slide(path) as slide:
-            lv = slide.levels[0]
+            lv = pyramid_levels(slide)[0]
             size = (min(lv.width, 3 * lv.tile_width), min(lv.height, 3 * lv.tile_height))
             two = slide.read_region((0, 0), 0, size, mode="rgb", threads=2)
             one = slide.read_region((0, 0), 0, size, mode="rgb", threads=1)
@@ -260,7 +261,7 @@ def test_out_with_a_length_one_axis_of_any_stride(sample_jpeg, read_path):
     such an ``out`` (here a transposed one-pixel-wide column) is filled like a
     fresh one on the batched path, on one thread and on two."""
     with wsitool.open_slide(sample_jpeg) as slide:
-        lv = slide.levels[0]
+        lv = pyramid_levels(slide)[0]
         h = min(lv.height, 5 * lv.tile_height)
         ref = slide.read_region((lv.tile_width // 2, 0), 0, (1, h), mode="rgb", threads=1)
         for threads in (1, 2):
@@ -288,7 +289,7 @@ def test_one_column_at_a_tiles_left_edge_equals_the_whole_tile_decode(tmp_path, 
     tifffile.imwrite(path, img, tile=(128, 128), compression="jpeg", compressionargs={"level": 90},
                      photometric="ycbcr", subsampling=(2, 2))
     with wsitool.open_slide(path) as slide:
-        tw, th = slide.levels[0].tile_size
+        tw, th = pyramid_levels(slide)[0].tile_size
         for x0, w in ((0, 1), (0, 2), (1, 1), (tw - 1, 2)):
             for y0, h in ((0, 1), (3, 8), (5, 300)):
                 loc = (tw + x0, th + y0)

@@ -18,7 +18,7 @@ import wsitool
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, UnsupportedFormatError
 
-from conftest import shared_sample
+from helpers import shared_sample
 
 pydicom = pytest.importorskip("pydicom", reason="pydicom is not installed")
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import wsitool
 from wsitool.cli import app
 
-from conftest import NO_SHARED, SHARED_SAMPLES
+from helpers import NO_SHARED, SHARED_SAMPLES
 from remote_helpers import servers
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")

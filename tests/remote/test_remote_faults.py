@@ -12,7 +12,7 @@ import wsitool
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, RemoteUnavailableError
 
-from conftest import NO_SHARED, SHARED_SAMPLES
+from helpers import NO_SHARED, SHARED_SAMPLES
 from remote_helpers import client_connections, remote_threads
 
 # scripted: a fixture of remote_helpers (registered by tests/conftest.py)

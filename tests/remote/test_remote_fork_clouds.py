@@ -14,7 +14,7 @@ import wsitool
 from wsitool.errors import WsiError
 from wsitool.storage import redact
 
-from conftest import NO_SHARED, SHARED_SAMPLES
+from helpers import NO_SHARED, SHARED_SAMPLES
 from remote_helpers import client_connections
 
 # scripted: a fixture of remote_helpers (registered by tests/conftest.py)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import wsitool
+from wsitool.slide import pyramid_levels
 
-from conftest import NO_SHARED, SHARED_SAMPLES, tiff_samples
+from helpers import NO_SHARED, SHARED_SAMPLES, tiff_samples
 
 # nginx_factory: a fixture of remote_helpers (registered by tests/conftest.py)
 
@@ -151,7 +152,7 @@ def test_request_and_byte_accounting_on_the_bench_slide(bench_slide, nginx_facto
         s.read_region((20000, 15000), 0, (256, 256))
         after_small = src.stats()
         assert after_small["bytes"] <= 0.01 * size, (after_small, size)
-        lv = s.levels[0]
+        lv = pyramid_levels(s)[0]
         x, y = 10100, 8050
         s0 = src.stats()
         s.read_region((x, y), 0, (1024, 1024))

@@ -12,7 +12,7 @@ import wsitool
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteChangedError, RemoteNotFoundError
 
-from conftest import NO_SHARED, SHARED_SAMPLES, tiff_samples
+from helpers import NO_SHARED, SHARED_SAMPLES, present, tiff_samples
 from remote_helpers import servers
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
@@ -31,7 +31,7 @@ def s3():
         try:
             client = boto3.client("s3")
             client.create_bucket(Bucket="slides")
-            for p in tiff_samples():
+            for p in present(tiff_samples()):
                 client.upload_file(str(p), "slides", p.name)
             yield client
         finally:

@@ -2,8 +2,8 @@
 
 tests/conftest.py registers this module as a plugin (``pytest_plugins``), which
 makes :func:`serve_slides` (a fixture) available to the test modules; not a
-``conftest.py``, so that ``from conftest import ...`` elsewhere keeps meaning
-tests/conftest.py.  The web stack is optional: the fixture skips without it.
+``conftest.py``, so that the module ``conftest`` keeps meaning tests/conftest.py.
+The web stack is optional: the fixture skips without it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ pytest.importorskip("uvicorn")
 
 import wsitool  # noqa: E402
 
-from conftest import REPO, SHARED_SAMPLES  # noqa: E402
+from helpers import REPO, SHARED_SAMPLES  # noqa: E402
 
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 

@@ -138,8 +138,11 @@ def test_a_400_names_the_slide_by_its_id_not_its_path(folder, serve_slides):
     import wsitool
 
     with serve_slides([folder], threads=1, cache_mb=0) as (url, _state):
-        with wsitool.limits(max_region_pixels=64 * 64):  # any real read is now over the limit
-            r = httpx.get(f"{url}/iiif/3/cases~a.svs/full/max/0/default.jpg")
+        # the process default (the server's threads do not run in this test's context,
+        # so a `with wsitool.limits(...)` here would not reach them); the autouse fixture
+        # puts the default back; any real read is now over the limit
+        wsitool.set_limits(max_region_pixels=64 * 64)
+        r = httpx.get(f"{url}/iiif/3/cases~a.svs/full/max/0/default.jpg")
         assert r.status_code == 400, r.text
         assert "cases~a.svs" in r.text and "limit" in r.text
         assert str(folder) not in r.text and "/" not in r.text.split("cases~a.svs")[0]

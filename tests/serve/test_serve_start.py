@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn")
 import wsitool
 from wsitool.serve.registry import SlideRegistry
 
-from conftest import REPO
+from helpers import REPO
 
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 SLIDE2 = REPO / "samples" / "sample-aperio-j2k.svs"

@@ -13,7 +13,7 @@ import wsitool
 from wsitool.errors import TileDecodeError, TileWarning
 from wsitool.read.cache import ENTRY_OVERHEAD, MAP_MIN_BYTES, TileCache, entry_cost
 
-from conftest import REPO, SHARED_SAMPLES
+from helpers import REPO, SHARED_SAMPLES
 
 SAMPLES = sorted((REPO / "samples").glob("sample-*"))
 

@@ -25,7 +25,7 @@ from wsitool.stress import (
 from wsitool.stress.faults import FAULT_ENV
 from wsitool.stress.memory import memory_verdict, slope_ci95
 
-from conftest import REPO, REPO_SAMPLES, SHARED_SAMPLES, shared_sample
+from helpers import REPO, REPO_SAMPLES, SHARED_SAMPLES, shared_sample
 
 JPEG = str(REPO_SAMPLES / "sample-aperio-jpeg.svs")
 runner = CliRunner()

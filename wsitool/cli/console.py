@@ -56,6 +56,7 @@ def fitted_console() -> Console:
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (errors.OutputIsSourceError, 2),  # usage: an output that is the source slide
+    (errors.InvalidOptionError, 2),  # usage: an option out of range or clashing with another
     (errors.OutputExistsError, 9),  # an existing output without --overwrite
     (errors.UnsupportedFormatError, 3),
     (errors.CorruptFileError, 4),

@@ -1,4 +1,6 @@
-"""``wsitool export-pyramid``: one slide, or a batch of slides, to TIFF / OME-TIFF / Deep Zoom (floor 9)."""
+"""``wsitool export-pyramid`` (one slide) and ``wsitool export-many`` (slides into a folder): TIFF / OME-TIFF /
+Deep Zoom (floor 9).  ``export-pyramid`` with several sources still runs ``export-many``, after a deprecation
+line, for one release."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import typer
 from rich.progress import (
@@ -34,116 +36,157 @@ from .group import app
 def _parse_background(text: str) -> tuple[int, int, int]:
     """``--background R,G,B`` by the API's rule (:func:`wsitool.export.plan.background_color`)."""
     try:
-        return tuple(int(v) for v in background_color(p.strip() for p in text.split(",")))  # type: ignore[return-value]
+        r, g, b = (int(v) for v in background_color(p.strip() for p in text.split(",")))
     except ValueError:
         raise fail(f"--background must be R,G,B with values 0..255, got {text!r}", 2) from None
+    return r, g, b
+
+
+# The options of export-pyramid and export-many, defined once (typer reads these as the defaults).
+_SOURCES = typer.Argument(
+    None, metavar="SLIDE...",
+    help=("Source slide file(s) (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), "
+          "followed by OUTPUT (local)."),
+    show_default=False)
+_FORMAT = typer.Option(
+    None, "--format", "-f",
+    help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder).")
+_FORMAT_MANY = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS; the default), ome-tiff or dzi.")
+_TILE_SIZE = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF).")
+_COMPRESSION = typer.Option(
+    "jpeg", "--compression", "-c",
+    help=("jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed "
+          "tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."))
+_QUALITY = typer.Option(90, "--quality", "-q", metavar="1..100", help="JPEG quality.")
+_PSNR = typer.Option(
+    None, "--psnr", metavar="DB",
+    help=("JPEG 2000: target PSNR of every tile in dB (default 40: about JPEG quality 90; each dB more costs about "
+          "5 % in size); 0: lossless."))
+_REGION = typer.Option(
+    None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level.")
+_LEVEL = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0).")
+_OVERLAP = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels.")
+_THREADS = typer.Option(
+    None, "--threads", "-t", min=1,
+    help=("Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent "
+          "exports)."))
+_OVERWRITE = typer.Option(False, "--overwrite", help="Replace an existing output (batch: re-export completed ones).")
+_BACKGROUND = typer.Option("255,255,255", "--background", help="R,G,B painted where the source is transparent.")
+_QUIET = typer.Option(False, "--quiet", help="No progress bar.")
+_MAX_PIXELS = typer.Option(
+    None, "--max-pixels",
+    help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels).")
+_FROM_LIST = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line.")
+_SCHEDULER = typer.Option(
+    None, "--scheduler",
+    help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT.")
+_ON_ERROR = typer.Option(
+    "raise", "--on-error",
+    help=("raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it "
+          "with the background, warn, and record the count in the output."))
+_NO_LABEL = typer.Option(
+    False, "--no-label", help="Do not carry the source's label image over (it often shows patient identifiers).")
+_NO_ASSOCIATED = typer.Option(
+    False, "--no-associated", help="Do not carry the source's label and macro images over.")
+_FROM_SOURCE_LEVELS = typer.Option(
+    False, "--from-source-levels",
+    help=("tiff/ome-tiff, re-encoding: read each output level whose downsample is one of the source's levels (a "
+          "power of two within 2%) from that level, and halve the next ones from it, instead of halving everything "
+          "from level 0."))
+_VERIFY = typer.Option(
+    False, "--verify",
+    help=("With --compression copy: also decode every copied tile (a tile that does not decode fails the export, "
+          "exit 7, or with --on-error fill is written as missing)."))
+_STORAGE_OPTION = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
+
+#: the line export-pyramid prints (stderr) when given the batch form, for one release
+DEPRECATED_BATCH = "export-pyramid with several sources is deprecated; use export-many"
 
 
 @app.command("export-pyramid")
 @handle_errors
 def export_pyramid_cmd(
-    sources: list[str] | None = typer.Argument(
-        None, metavar="SLIDE...",
-        help=("Source slide file(s) (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), "
-              "followed by OUTPUT (local)."),
-        show_default=False),
+    sources: list[str] | None = _SOURCES,
     output: Path = typer.Argument(
         ..., metavar="OUTPUT",
         help=("One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
-              "Several slides (batch): an output folder."),
-    ),
-    fmt: str | None = typer.Option(
-        None, "--format", "-f",
-        help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder).",
-    ),
-    tile_size: int = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF)."),
-    compression: str = typer.Option(
-        "jpeg", "--compression", "-c",
-        help=("jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed "
-              "tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."),
-    ),
-    quality: int = typer.Option(90, "--quality", "-q", metavar="1..100", help="JPEG quality."),
-    psnr: float | None = typer.Option(
-        None, "--psnr", metavar="DB",
-        help=("JPEG 2000: target PSNR of every tile in dB (default 40: about JPEG quality 90; each dB more costs about "
-              "5 % in size); 0: lossless."),
-    ),
-    region: tuple[int, int, int, int] | None = typer.Option(
-        None, "--region", metavar="X Y W H", help="X Y W H: X Y in level-0 pixels, W H in pixels of --level."),
-    level: int = typer.Option(0, "--level", "-L", help="Source level to export (its resolution becomes level 0)."),
-    overlap: int = typer.Option(0, "--overlap", help="Deep Zoom tile overlap in pixels."),
-    threads: int | None = typer.Option(
-        None, "--threads", "-t", min=1,
-        help=("Encoder/decoder threads per export (default: CPU count; on a cluster: 2 x CPU count / concurrent "
-              "exports)."),
-    ),
-    overwrite: bool = typer.Option(
-        False, "--overwrite",
-        help="Replace an existing output (batch: re-export completed ones).",
-    ),
-    background: str = typer.Option(
-        "255,255,255", "--background",
-        help="R,G,B painted where the source is transparent.",
-    ),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-    max_pixels: int | None = typer.Option(
-        None, "--max-pixels",
-        help="Largest export allowed, in level-0 pixels of the output (default 2**33, 8.6 gigapixels).",
-    ),
-    from_list: Path | None = typer.Option(None, "--from-list", help="Batch: file listing source slides, one per line."),
-    scheduler: str | None = typer.Option(
-        None, "--scheduler",
-        help="Batch: local (Dask LocalCluster; default for several slides), sequential, or tcp://HOST:PORT.",
-    ),
-    on_error: Literal["raise", "fill"] = typer.Option(
-        "raise", "--on-error",
-        help=("raise (default): stop at the first undecodable source tile (exit 7, nothing written); fill: paint it "
-              "with the background, warn, and record the count in the output."),
-    ),
-    no_label: bool = typer.Option(
-        False, "--no-label",
-        help="Do not carry the source's label image over (it often shows patient identifiers).",
-    ),
-    no_associated: bool = typer.Option(
-        False, "--no-associated",
-        help="Do not carry the source's label and macro images over.",
-    ),
-    from_source_levels: bool = typer.Option(
-        False, "--from-source-levels",
-        help=("tiff/ome-tiff, re-encoding: read each output level whose downsample is one of the source's levels (a "
-              "power of two within 2%) from that level, and halve the next ones from it, instead of halving everything "
-              "from level 0."),
-    ),
-    verify: bool = typer.Option(
-        False, "--verify",
-        help=("With --compression copy: also decode every copied tile (a tile that does not decode fails the export, "
-              "exit 7, or with --on-error fill is written as missing)."),
-    ),
-    storage_option: list[str] | None = typer.Option(
-        None, "--storage-option", metavar="KEY=VALUE",
-        help=STORAGE_OPTION_HELP,
-    ),
+              "Several slides (deprecated: use export-many): an output folder.")),
+    fmt: str | None = _FORMAT, tile_size: int = _TILE_SIZE, compression: str = _COMPRESSION,
+    quality: int = _QUALITY, psnr: float | None = _PSNR, region: tuple[int, int, int, int] | None = _REGION,
+    level: int = _LEVEL, overlap: int = _OVERLAP, threads: int | None = _THREADS, overwrite: bool = _OVERWRITE,
+    background: str = _BACKGROUND, quiet: bool = _QUIET, max_pixels: int | None = _MAX_PIXELS,
+    from_list: Path | None = _FROM_LIST, scheduler: str | None = _SCHEDULER,
+    on_error: Literal["raise", "fill"] = _ON_ERROR, no_label: bool = _NO_LABEL,
+    no_associated: bool = _NO_ASSOCIATED, from_source_levels: bool = _FROM_SOURCE_LEVELS, verify: bool = _VERIFY,
+    storage_option: list[str] | None = _STORAGE_OPTION,
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
-    Batch mode (several sources, --from-list, an existing output folder or
-    --scheduler): each slide becomes OUTPUT/<stem>.tiff|.ome.tiff|.dzi, one
-    Dask task per slide; a failed slide is reported and the others go on;
-    completed outputs are skipped on a re-run (resume) unless --overwrite.
-    Exit status 0 when every slide was exported or skipped, else the exit
-    code of the first failed slide's error.  An undecodable source tile
-    stops a slide with exit 7 (a batch counts it failed) unless --on-error
-    fill, which paints it, warns and records the count in the output.
+    An undecodable source tile stops the export with exit 7 unless --on-error
+    fill, which paints it, warns and records the count in the output.  The
+    batch form (several sources, --from-list, an existing output folder or
+    --scheduler) is deprecated: it runs export-many, after one warning line.
     """
-
     srcs = list(sources or [])
     batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
              or str(output).endswith(os.sep))
+    fmt = _resolve_format(fmt, None if batch else output)
+    options = _export_options(
+        fmt, tile_size=tile_size, compression=compression, quality=quality, psnr=psnr, region=region, level=level,
+        overlap=overlap, threads=threads, overwrite=overwrite, background=background, max_pixels=max_pixels,
+        on_error=on_error, no_label=no_label, no_associated=no_associated, from_source_levels=from_source_levels,
+        verify=verify, storage_option=storage_option)
+    if batch:
+        err_console.print(f"[yellow]wsitool: warning:[/] {DEPRECATED_BATCH}", highlight=False, soft_wrap=True)
+        _export_batch(srcs, from_list, output, scheduler, quiet, options)
+    else:
+        _export_single(srcs[0], output, quiet, options)
+
+
+@app.command("export-many")
+@handle_errors
+def export_many_cmd(
+    sources: list[str] | None = typer.Argument(
+        None, metavar="SLIDE...",
+        help=("Source slide files (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), "
+              "followed by OUTPUT_DIR; or none, with --from-list."),
+        show_default=False),
+    output_dir: Path = typer.Argument(
+        ..., metavar="OUTPUT_DIR", help="Output folder (created if absent; its parent must exist)."),
+    fmt: str | None = _FORMAT_MANY, tile_size: int = _TILE_SIZE, compression: str = _COMPRESSION,
+    quality: int = _QUALITY, psnr: float | None = _PSNR, region: tuple[int, int, int, int] | None = _REGION,
+    level: int = _LEVEL, overlap: int = _OVERLAP, threads: int | None = _THREADS, overwrite: bool = _OVERWRITE,
+    background: str = _BACKGROUND, quiet: bool = _QUIET, max_pixels: int | None = _MAX_PIXELS,
+    from_list: Path | None = _FROM_LIST, scheduler: str | None = _SCHEDULER,
+    on_error: Literal["raise", "fill"] = _ON_ERROR, no_label: bool = _NO_LABEL,
+    no_associated: bool = _NO_ASSOCIATED, from_source_levels: bool = _FROM_SOURCE_LEVELS, verify: bool = _VERIFY,
+    storage_option: list[str] | None = _STORAGE_OPTION,
+) -> None:
+    """Export several slides into a folder, one Dask task per slide (resumable).
+
+    Each slide becomes OUTPUT_DIR/<stem>.tiff|.ome.tiff|.dzi (--format, default
+    tiff); a failed slide is reported and the others go on; completed outputs
+    are skipped on a re-run (resume) unless --overwrite.  Exit status 0 when
+    every slide was exported or skipped, else the exit code of the first
+    failed slide's error (an undecodable source tile: 7, unless --on-error fill).
+    """
+    options = _export_options(
+        _resolve_format(fmt, None), tile_size=tile_size, compression=compression, quality=quality, psnr=psnr,
+        region=region, level=level, overlap=overlap, threads=threads, overwrite=overwrite, background=background,
+        max_pixels=max_pixels, on_error=on_error, no_label=no_label, no_associated=no_associated,
+        from_source_levels=from_source_levels, verify=verify, storage_option=storage_option)
+    _export_batch(list(sources or []), from_list, output_dir, scheduler, quiet, options)
+
+
+def _resolve_format(fmt: str | None, output: Path | None) -> str:
+    """The export format: ``--format`` checked, and for one slide (``output`` given, else a
+    batch) the format its extension implies, which ``--format`` must agree with; a batch
+    defaults to tiff.  Usage errors exit 2."""
     if fmt is not None:
         fmt = fmt.lower()
         if fmt not in FORMATS:
             raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
-    if not batch:
+    if output is not None:
         implied = format_for_output(output)
         if implied is None:
             raise fail(f"{output}: unknown output extension (use .svs/.tif/.tiff for tiff, "
@@ -151,26 +194,35 @@ def export_pyramid_cmd(
         if fmt is not None and fmt != implied:
             raise fail(f"{output}: the extension means {implied}, but --format is {fmt}", 2)
         fmt = implied
-    fmt = fmt or "tiff"
-    if compression.lower() not in COMPRESSIONS:
+    return fmt or "tiff"
+
+
+def _export_options(fmt: str, *, tile_size: int, compression: str, quality: int, psnr: float | None,
+                    region: tuple[int, int, int, int] | None, level: int, overlap: int, threads: int | None,
+                    overwrite: bool, background: str, max_pixels: int | None, on_error: str, no_label: bool,
+                    no_associated: bool, from_source_levels: bool, verify: bool,
+                    storage_option: list[str] | None) -> dict[str, Any]:
+    """The keywords of :func:`~wsitool.export.export_pyramid` from the command's options, after
+    the checks between options the API leaves to the export (usage errors, exit 2)."""
+    comp = compression.lower()
+    if comp not in COMPRESSIONS:
         raise fail(f"--compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}", 2)
     if max_pixels is not None and max_pixels <= 0:
         raise fail("--max-pixels must be positive", 2)
     bg = _parse_background(background)
-    if psnr is not None and compression.lower() not in ("jpeg2000", "copy"):
-        raise fail(f"--psnr applies to --compression jpeg2000, not {compression.lower()} "
-                   "(JPEG takes --quality)", 2)
-    options = dict(format=fmt, tile_size=tile_size, compression=compression.lower(), quality=quality,
-                   region=tuple(region) if region else None, level=level, overlap=overlap,
-                   threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
-                   on_error=on_error, label=not no_label, associated=not no_associated)
+    if psnr is not None and comp not in ("jpeg2000", "copy"):
+        raise fail(f"--psnr applies to --compression jpeg2000, not {comp} (JPEG takes --quality)", 2)
+    options: dict[str, Any] = dict(
+        format=fmt, tile_size=tile_size, compression=comp, quality=quality, region=tuple(region) if region else None,
+        level=level, overlap=overlap, threads=threads, overwrite=overwrite, background=bg, max_pixels=max_pixels,
+        on_error=on_error, label=not no_label, associated=not no_associated)
     if psnr is not None:
         options["psnr"] = psnr
     if from_source_levels:
         if fmt == "dzi":
             raise fail("--from-source-levels applies to tiff and ome-tiff (Deep Zoom level sizes "
                        "are fixed by halving the full size)", 2)
-        if compression.lower() == "copy":
+        if comp == "copy":
             raise fail("--from-source-levels re-encodes; --compression copy always copies the "
                        "source's levels", 2)
         options["from_source_levels"] = True
@@ -178,13 +230,10 @@ def export_pyramid_cmd(
     if remote_options:  # sent with each export task, to every Dask worker
         options["storage_options"] = remote_options
     if verify:
-        if compression.lower() != "copy":
+        if comp != "copy":
             raise fail("--verify applies to --compression copy only", 2)
         options["verify"] = True
-    if batch:
-        _export_batch(srcs, from_list, output, scheduler, quiet, options)
-    else:
-        _export_single(srcs[0], output, quiet, options)
+    return options
 
 
 def format_for_output(output: Path) -> str | None:
@@ -246,9 +295,9 @@ def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None
             if progress_bar is not None:
                 progress_bar.stop()
     except ValueError as exc:
-        if isinstance(exc, errors.WsiError):
+        if isinstance(exc, errors.WsiError) and not isinstance(exc, errors.InvalidOptionError):
             raise
-        raise fail(f"{redact(slide)}: {exc}", 2) from None
+        raise fail(f"{redact(slide)}: {exc}", 2) from None  # an option the API refused
     dims = result.level_dimensions
     console.print(
         f"wrote {shown(result.output)} ({result.format}, {result.compression}, "
@@ -309,8 +358,7 @@ def _export_batch(srcs: list[str], from_list: Path | None, output: Path, schedul
             warnings.simplefilter("ignore", TileWarning)  # painted tiles: on_done's line says it
             outcomes = export_many(paths, output, scheduler=scheduler, progress=on_done,
                                    tile_progress=None if bar.disable else on_tiles, **options)
-    painted = [o.result.tiles_failed for o in outcomes
-               if o.result is not None and getattr(o.result, "tiles_failed", 0)]
+    painted = [o.result.tiles_failed for o in outcomes if o.result is not None and o.result.tiles_failed]
     console.print(f"{counts['ok']} exported, {counts['skipped']} skipped, {counts['failed']} failed "
                   f"of {len(outcomes)} slide(s) into {shown(output)}"
                   + (f"; {sum(painted)} undecodable tile(s) painted in {len(painted)} slide(s)"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any, cast
 
 import typer
 from typer.core import TyperGroup
@@ -12,12 +14,14 @@ from ..version import __version__
 from .console import interrupted, usage_line
 
 
-def click_class(name: str) -> type:
+def click_class(name: str) -> type[Exception]:
     """click's exception class ``name`` (typer vendors click in recent versions)."""
-    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+    return cast("type[Exception]", next(c for c in typer.BadParameter.__mro__ if c.__name__ == name))
 
 
-CLICK_EXCEPTION = click_class("ClickException")
+#: click's ClickException (its ``show()`` and ``exit_code`` used below; typed Any: the class
+#: is found at run time, in typer's vendored click or in click itself)
+CLICK_EXCEPTION: Any = click_class("ClickException")
 
 
 def metavar_for(param) -> str:
@@ -83,11 +87,13 @@ class OneLineUsage(TyperGroup):
         with_metavars(self)
         return super().format_help(ctx, formatter)
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
+             **extra: Any) -> Any:
         """Run the command line; usage errors become one line and exit status 2."""
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                              standalone_mode=False, **extra)
+                              standalone_mode=False, windows_expand_args=windows_expand_args, **extra)
         except CLICK_EXCEPTION as exc:
             if type(exc).__name__ == "NoArgsIsHelpError":  # bare `wsitool`: the help text
                 exc.show()

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 import textwrap
-from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -18,7 +18,7 @@ from ..codec import openjpeg
 from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
-from ..slide import open_slide
+from ..slide import Slide, open_slide, pyramid_levels
 from .console import STORAGE_OPTION_HELP, err_console, fitted_console, handle_errors, storage_options
 from .group import app
 
@@ -61,50 +61,7 @@ def info(
     """
 
     with open_slide(slide, storage_options=storage_options(storage_option)) as s:
-        slide = s.path  # a URL without its credentials and query
-        levels = [
-            {
-                "level": lv.index,
-                "width": lv.width,
-                "height": lv.height,
-                "downsample": lv.downsample,
-                "tile_width": lv.tile_width,
-                "tile_height": lv.tile_height,
-                "tiled": lv.tiled,
-                "compression": lv.compression,
-                "photometric": lv.photometric,
-                "samples": lv.samples,
-                "dtype": str(lv.dtype),
-                "decoder": openjpeg.decoder_name(lv),  # who really decodes (read/worker.py)
-                "compression_problem": lv.compression_problem,
-            }
-            for lv in s.levels
-        ]
-        assoc = {}
-        for name in s.associated_images:
-            try:
-                h, w = s.associated_images[name].shape[:2]
-                assoc[name] = [w, h]
-            except errors.WsiError as exc:
-                assoc[name] = f"unreadable: {exc}"
-        data = {
-            "path": str(slide),
-            "remote": s.remote,  # where a URL is read from, and what its open took; None for a file
-            "vendor": s.vendor,
-            "dimensions": list(s.dimensions),
-            "level_count": s.level_count,
-            "mpp_x": s.mpp_x,
-            "mpp_y": s.mpp_y,
-            "objective_power": s.objective_power,
-            "levels": levels,
-            "associated_images": assoc,
-            "channels": [_channel_summary(c) for c in s.channels],  # multi-channel slides, else []
-            "icc_profile": _icc_summary(s.color_profile),
-            "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
-            "backends": backend_report(),
-            "properties": {k: v for k, v in s.properties.items()
-                           if show_phi or k not in s.identifying_properties},
-        }
+        data = _info_data(s, show_phi)
         hidden = 0 if show_phi else len(s.identifying_properties)
         phi = {k: s.properties[k] for k in sorted(s.identifying_properties)} if show_phi else {}
         picks = {k.rsplit(".", 1)[1]: v for k, v in s.properties.items()
@@ -112,11 +69,75 @@ def info(
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
+    _print_info(data, hidden, phi, picks, backends)
+
+
+def _level_summary(lv: Any) -> dict[str, Any]:
+    """The JSON of one level in ``info --json`` (``lv``: one of :func:`~wsitool.slide.pyramid_levels`)."""
+    return {
+        "level": lv.index,
+        "width": lv.width,
+        "height": lv.height,
+        "downsample": lv.downsample,
+        "tile_width": lv.tile_width,
+        "tile_height": lv.tile_height,
+        "tiled": lv.tiled,
+        "compression": lv.compression,
+        "photometric": lv.photometric,
+        "samples": lv.samples,
+        "dtype": str(lv.dtype),
+        "decoder": openjpeg.decoder_name(lv),  # who really decodes (read/worker.py)
+        "compression_problem": lv.compression_problem,
+    }
+
+
+def _associated_sizes(s: Slide) -> dict[str, list[int] | str]:
+    """``[width, height]`` of each associated image, or ``"unreadable: <why>"``."""
+    assoc: dict[str, list[int] | str] = {}
+    for name in s.associated_images:
+        try:
+            h, w = s.associated_images[name].shape[:2]
+            assoc[name] = [w, h]
+        except errors.WsiError as exc:
+            assoc[name] = f"unreadable: {exc}"
+    return assoc
+
+
+def _info_data(s: Slide, show_phi: bool) -> dict[str, Any]:
+    """What ``info --json`` prints of the open slide ``s`` (identifying properties only with ``show_phi``)."""
+    levels = [_level_summary(lv) for lv in pyramid_levels(s)]
+    assoc = _associated_sizes(s)  # (read before the remote's figures, as always)
+    return {
+        "path": str(s.path),  # a URL without its credentials and query
+        "remote": s.remote,  # where a URL is read from, and what its open took; None for a file
+        "vendor": s.vendor,
+        "dimensions": list(s.dimensions),
+        "level_count": s.level_count,
+        "mpp_x": s.mpp_x,
+        "mpp_y": s.mpp_y,
+        "objective_power": s.objective_power,
+        "levels": levels,
+        "associated_images": assoc,
+        "channels": [_channel_summary(c) for c in s.channels],  # multi-channel slides, else []
+        "icc_profile": _icc_summary(s.color_profile),
+        "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
+        "backends": backend_report(),
+        "properties": {k: v for k, v in s.properties.items()
+                       if show_phi or k not in s.identifying_properties},
+    }
+
+
+def _print_info(data: dict[str, Any], hidden: int, phi: dict[str, str], picks: dict[str, str],
+                show_backends: bool) -> None:
+    """The human-readable ``wsitool info``: the header lines, then :func:`_print_info_tables`.
+
+    ``hidden``: identifying properties left out; ``phi``: those shown (``--show-phi``);
+    ``picks``: the DICOM optical path and focal plane read."""
     mpp = f"{data['mpp_x']:.4g} x {data['mpp_y']:.4g} µm/px" if data["mpp_x"] else "unknown"
     obj = f"{data['objective_power']:g}x" if data["objective_power"] else "unknown"
     out = _info_console()
     # fields are never split across lines: a line breaks between them (issue 26)
-    for line in _fields([str(slide), f"vendor {data['vendor']}", f"MPP {mpp}", f"objective {obj}"],
+    for line in _fields([data["path"], f"vendor {data['vendor']}", f"MPP {mpp}", f"objective {obj}"],
                         out.width):
         _line(out, line)
     if data["remote"]:
@@ -143,7 +164,7 @@ def info(
                  f"{c['excitation_nm']:g} nm" if c["excitation_nm"] else "-",
                  f"{c['emission_nm']:g} nm" if c["emission_nm"] else "-"]
                 for k, c in enumerate(data["channels"])])
-    _print_info_tables(slide, levels, assoc, data["backends"], backends)
+    _print_info_tables(data["path"], data["levels"], data["associated_images"], data["backends"], show_backends)
 
 
 def _channel_summary(channel) -> dict:
@@ -216,8 +237,8 @@ def _print_stripped(out: Console, renderable) -> None:
     out.file.flush()
 
 
-def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: list,
-                       show_backends: bool) -> None:
+def _print_info_tables(slide: str, levels: list[dict[str, Any]], assoc: dict[str, list[int] | str],
+                       backend_rows: list[dict[str, Any]], show_backends: bool) -> None:
     """The human-readable part of ``wsitool info``: levels, associated images, backends.
 
     Every line fits the console's width (80 columns in a pipe without $COLUMNS)
@@ -254,12 +275,12 @@ def _print_info_tables(slide: Path, levels: list, assoc: dict, backend_rows: lis
     else:
         parts = []
         for device in ("cpu", "cuda"):
-            rows = [b for b in backend_rows if b.get("device") == device]
-            if not rows:
+            on_device = [b for b in backend_rows if b.get("device") == device]
+            if not on_device:
                 continue
-            n = sum(1 for b in rows if b["available"])
-            part = f"{device.upper()} {n}/{len(rows)}"
-            why = next((b.get("detail", "") for b in rows if not b["available"]), "")
+            n = sum(1 for b in on_device if b["available"])
+            part = f"{device.upper()} {n}/{len(on_device)}"
+            why = next((b.get("detail", "") for b in on_device if not b["available"]), "")
             if n == 0 and why:
                 part += f" ({why.split(':')[0]})"
             parts.append(part)

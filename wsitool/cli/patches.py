@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -11,7 +12,7 @@ import typer
 from .. import errors
 from ..atomic import check_output
 from ..patches.extract import extract_shards
-from ..patches.plan import PlanFileError, plan_patches, read_plans, write_plans
+from ..patches.plan import PatchPlan, PlanFileError, plan_patches, read_plans, write_plans
 from ..patches.preview import save_preview
 from ..patches.tissue import TissueParams
 from ..slide import open_slide
@@ -55,43 +56,103 @@ def _load_mask_arg(mask: Path | None):
     return str(mask)
 
 
+# The options of ``patches plan`` (typer reads these as the defaults).
+_SLIDES = typer.Argument(..., metavar="SLIDE...", help="Slide files, DICOM folders or URLs (http(s), s3, gs, az).")
+_OUTPUT = typer.Option(..., "--output", "-o", metavar="OUT",
+                       help="OUT.parquet (every slide), OUT.h5 (one slide, CLAM's layout), or a folder "
+                            "(one file per slide, --format).")
+_MPP = typer.Option(None, "--mpp", metavar="UM", help="Micrometres per pixel of the patches.")
+_MAGNIFICATION = typer.Option(None, "--magnification", metavar="X",
+                              help="Objective magnification of the patches (instead of --mpp).")
+_SIZE = typer.Option(224, "--size", metavar="PX", min=1, help="Patch side in pixels (default 224).")
+_OVERLAP = typer.Option(0, "--overlap", metavar="PX", min=0, help="Pixels shared by neighbouring patches.")
+_MIN_TISSUE = typer.Option(0.5, "--min-tissue", metavar="0..1", min=0.0, max=1.0,
+                           help="Smallest tissue fraction of a kept patch (default 0.5).")
+_MPP_OVERRIDE = typer.Option(None, "--mpp-override", metavar="UM", help="Level-0 MPP of slides that record none.")
+_MPP_TOLERANCE = typer.Option(0.05, "--mpp-tolerance", metavar="REL", min=0.0,
+                              help="A level within this relative MPP difference is read as is.")
+_ALLOW_UPSCALE = typer.Option(False, "--allow-upscale", help="Allow an MPP finer than level 0.")
+_NO_MASK = typer.Option(False, "--no-mask", help="Plan the whole slide (no tissue detection).")
+_MASK = typer.Option(None, "--mask", metavar="IMAGE", help="A tissue mask image (one slide).")
+_CLAM = typer.Option(False, "--clam", help="CLAM's tissue-detection defaults.")
+_PLAN_FORMAT = typer.Option("parquet", "--format", help="With a folder: parquet or h5.")
+_PREVIEW = typer.Option(None, "--preview", metavar="PNG",
+                        help="Also draw mask and grid: a PNG (one slide) or a folder.")
+_THREADS = typer.Option(None, "--threads", "-t", min=1, help="Decode threads.")
+_QUIET = typer.Option(False, "--quiet", help="No progress bar.")
+_STORAGE_OPTION = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
+
+
+@dataclass(frozen=True)
+class _PlanJob:
+    """What ``patches plan`` does to each slide: :func:`plan_patches` with these arguments, then the
+    per-slide plan file (``folder``, a plan of ``fmt`` there) and preview (``preview``)."""
+
+    mpp: float | None
+    magnification: float | None
+    size: int
+    overlap: int
+    mask: str | None
+    min_tissue: float
+    mpp_tolerance: float
+    mpp_override: float | None
+    allow_upscale: bool
+    tissue: TissueParams
+    threads: int | None
+    folder: Path | None
+    fmt: str
+    preview: Path | None
+    many: bool
+    overwrite: bool
+
+
 @patches_app.command("plan")
 @handle_errors
 def plan_cmd(
-    slides: list[str] = typer.Argument(..., metavar="SLIDE...",
-                                       help="Slide files, DICOM folders or URLs (http(s), s3, gs, az)."),
-    output: Path = typer.Option(..., "--output", "-o", metavar="OUT",
-                                help="OUT.parquet (every slide), OUT.h5 (one slide, CLAM's layout), or a folder "
-                                     "(one file per slide, --format)."),
-    mpp: float | None = typer.Option(None, "--mpp", metavar="UM", help="Micrometres per pixel of the patches."),
-    magnification: float | None = typer.Option(None, "--magnification", metavar="X",
-                                                  help="Objective magnification of the patches (instead of --mpp)."),
-    size: int = typer.Option(224, "--size", metavar="PX", min=1, help="Patch side in pixels (default 224)."),
-    overlap: int = typer.Option(0, "--overlap", metavar="PX", min=0, help="Pixels shared by neighbouring patches."),
-    min_tissue: float = typer.Option(0.5, "--min-tissue", metavar="0..1", min=0.0, max=1.0,
-                                     help="Smallest tissue fraction of a kept patch (default 0.5)."),
-    mpp_override: float | None = typer.Option(None, "--mpp-override", metavar="UM",
-                                                 help="Level-0 MPP of slides that record none."),
-    mpp_tolerance: float = typer.Option(0.05, "--mpp-tolerance", metavar="REL", min=0.0,
-                                        help="A level within this relative MPP difference is read as is."),
-    allow_upscale: bool = typer.Option(False, "--allow-upscale", help="Allow an MPP finer than level 0."),
-    no_mask: bool = typer.Option(False, "--no-mask", help="Plan the whole slide (no tissue detection)."),
-    mask: Path | None = typer.Option(None, "--mask", metavar="IMAGE", help="A tissue mask image (one slide)."),
-    clam: bool = typer.Option(False, "--clam", help="CLAM's tissue-detection defaults."),
-    fmt: Literal["parquet", "h5"] = typer.Option("parquet", "--format", help="With a folder: parquet or h5."),
-    preview: Path | None = typer.Option(None, "--preview", metavar="PNG",
-                                           help="Also draw mask and grid: a PNG (one slide) or a folder."),
-    threads: int | None = typer.Option(None, "--threads", "-t", min=1, help="Decode threads."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    slides: list[str] = _SLIDES, output: Path = _OUTPUT, mpp: float | None = _MPP,
+    magnification: float | None = _MAGNIFICATION, size: int = _SIZE, overlap: int = _OVERLAP,
+    min_tissue: float = _MIN_TISSUE, mpp_override: float | None = _MPP_OVERRIDE,
+    mpp_tolerance: float = _MPP_TOLERANCE, allow_upscale: bool = _ALLOW_UPSCALE, no_mask: bool = _NO_MASK,
+    mask: Path | None = _MASK, clam: bool = _CLAM, fmt: Literal["parquet", "h5"] = _PLAN_FORMAT,
+    preview: Path | None = _PREVIEW, threads: int | None = _THREADS, quiet: bool = _QUIET,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing plan and preview files."),
-    storage_option: list[str] | None = typer.Option(None, "--storage-option", metavar="KEY=VALUE",
-                                                    help=STORAGE_OPTION_HELP),
+    storage_option: list[str] | None = _STORAGE_OPTION,
 ) -> None:
     """Plan the patches of slides at a physical resolution (tissue only, by default).
 
     A slide that fails is reported on one line and the others go on; the exit
     status is then that slide's error code.
     """
+    folder = _check_plan_options(slides, output, mpp=mpp, magnification=magnification, size=size,
+                                 overlap=overlap, mask=mask, no_mask=no_mask)
+    many = len(slides) > 1
+    options = storage_options(storage_option)
+    _prepare_plan_outputs(slides, output, preview, folder=folder, many=many, overwrite=overwrite)
+    job = _PlanJob(mpp, magnification, size, overlap, None if no_mask else _load_mask_arg(mask), min_tissue,
+                   mpp_tolerance, mpp_override, allow_upscale, TissueParams.clam() if clam else TissueParams(),
+                   threads, output if folder else None, fmt, preview, many, overwrite)
+    plans, failures = [], []
+    with batch_progress(quiet) as progress:
+        task = progress.add_task("planning", total=len(slides))
+        for path in slides:
+            try:
+                plans.append(_plan_slide(path, options, job))
+            except (errors.WsiError, OSError) as exc:
+                if not many:
+                    raise
+                failures.append(exc)
+                err_console.print(f"[bold red]wsitool: error:[/] {shown(exc)}", highlight=False,
+                                  soft_wrap=True)   # one line, never wrapped mid-word
+            progress.advance(task)
+    if not folder and plans:
+        write_plans(plans, output, overwrite=overwrite)
+    if failures:
+        raise typer.Exit(exit_code_for(failures[0]))
+
+
+def _check_plan_options(slides: list[str], output: Path, *, mpp: float | None, magnification: float | None,
+                        size: int, overlap: int, mask: Path | None, no_mask: bool) -> bool:
+    """The usage errors of ``patches plan`` (exit 2); whether ``output`` is a folder."""
     if (mpp is None) == (magnification is None):
         raise fail("give exactly one of --mpp and --magnification", 2)
     if overlap >= size:
@@ -103,51 +164,41 @@ def plan_cmd(
         raise fail(f"{output}: the plan file ends in .parquet, .h5 or .hdf5 (or give a folder)", 2)
     if not folder and output.suffix.lower() != ".parquet" and len(slides) > 1:
         raise fail(f"{output}: CLAM's .h5 layout holds one slide; give OUT.parquet or a folder", 2)
-    many = len(slides) > 1
-    options = storage_options(storage_option)
+    return folder
+
+
+def _prepare_plan_outputs(slides: list[str], output: Path, preview: Path | None, *, folder: bool, many: bool,
+                          overwrite: bool) -> None:
+    """The output and preview folders made when missing; an existing plan file (or a slide given as
+    the output) refused before any planning."""
     if preview is not None and (many or str(preview).endswith(os.sep)):
         preview.mkdir(parents=True, exist_ok=True)   # a folder of previews, made when missing
     if folder:
         output.mkdir(parents=True, exist_ok=True)
-    else:  # before any planning: an existing plan file (or a slide given as the output) is refused now
+    else:
         check_output(output, [s for s in slides if "://" not in s], overwrite)
-    params = TissueParams.clam() if clam else TissueParams()
-    mask_arg = None if no_mask else _load_mask_arg(mask)
-    plans, failures = [], []
-    with batch_progress(quiet) as progress:
-        task = progress.add_task("planning", total=len(slides))
-        for path in slides:
-            try:
-                with open_slide(path, storage_options=options) as slide:
-                    if mpp_override is None and slide.mpp is None:
-                        raise errors.InvalidRegionError(
-                            f"{slide.path}: the slide records no resolution (MPP); give --mpp-override UM "
-                            "(its level-0 micrometres per pixel)")
-                    plan = plan_patches(slide, mpp=mpp, magnification=magnification, size=size, overlap=overlap,
-                                        mask=mask_arg, min_tissue=min_tissue, mpp_tolerance=mpp_tolerance,
-                                        mpp_override=mpp_override, allow_upscale=allow_upscale, tissue=params,
-                                        threads=threads)
-                    if folder:
-                        write_plans([plan], output / f"{_stem(path)}.{fmt}", overwrite=overwrite)
-                    if preview is not None:
-                        save_preview(slide, plan, _preview_path(preview, str(path), many), overwrite=overwrite,
-                                     threads=threads)
-                plans.append(plan)
-                console.print(f"{shown(slide.path)}: {len(plan)} patches at level {plan.level}, "
-                              f"read {plan.read_size:g} px -> {plan.size} px, {plan.effective_mpp:.4g} um/px",
-                              highlight=False)
-            except (errors.WsiError, OSError) as exc:
-                if many:
-                    failures.append(exc)
-                    err_console.print(f"[bold red]wsitool: error:[/] {shown(exc)}", highlight=False,
-                                      soft_wrap=True)   # one line, never wrapped mid-word
-                else:
-                    raise
-            progress.advance(task)
-    if not folder and plans:
-        write_plans(plans, output, overwrite=overwrite)
-    if failures:
-        raise typer.Exit(exit_code_for(failures[0]))
+
+
+def _plan_slide(path: str, options: dict | None, job: _PlanJob) -> PatchPlan:
+    """Plan one slide, write its own plan file and preview (if asked), print its summary line."""
+    with open_slide(path, storage_options=options) as slide:
+        if job.mpp_override is None and slide.mpp is None:
+            raise errors.InvalidRegionError(
+                f"{slide.path}: the slide records no resolution (MPP); give --mpp-override UM "
+                "(its level-0 micrometres per pixel)")
+        plan = plan_patches(slide, mpp=job.mpp, magnification=job.magnification, size=job.size,
+                            overlap=job.overlap, mask=job.mask, min_tissue=job.min_tissue,
+                            mpp_tolerance=job.mpp_tolerance, mpp_override=job.mpp_override,
+                            allow_upscale=job.allow_upscale, tissue=job.tissue, threads=job.threads)
+        if job.folder is not None:
+            write_plans([plan], job.folder / f"{_stem(path)}.{job.fmt}", overwrite=job.overwrite)
+        if job.preview is not None:
+            save_preview(slide, plan, _preview_path(job.preview, str(path), job.many), overwrite=job.overwrite,
+                         threads=job.threads)
+    console.print(f"{shown(slide.path)}: {len(plan)} patches at level {plan.level}, "
+                  f"read {plan.read_size:g} px -> {plan.size} px, {plan.effective_mpp:.4g} um/px",
+                  highlight=False)
+    return plan
 
 
 @patches_app.command("extract")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -53,11 +54,11 @@ def serve_cmd(
         from ..serve.runner import serve
     except ImportError as exc:
         raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
-    options = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size,
+    options: dict[str, Any] = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size,
                    follow_links=follow_links)
     if threads is not None:
         options["threads"] = threads
     config = ServeConfig(**options)
-    code = serve(sources, config, host=host, port=port, quiet=quiet, debug=debug, workers=workers)
+    code = serve(sources, config=config, host=host, port=port, quiet=quiet, debug=debug, workers=workers)
     if code:
         raise typer.Exit(code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import typer
 from rich.live import Live
@@ -71,8 +71,27 @@ def stress_cmd(
     """
 
     options = storage_options(storage_option)
-    if not is_url(slide):
-        slide = Path(slide)
+    source: str | Path = slide if is_url(slide) else Path(slide)
+    _check_options(source, iterations=iterations, duration=duration, stall_timeout=stall_timeout,
+                   sample_interval=sample_interval, report=report, plot=plot, overwrite=overwrite)
+    result = _run_live(
+        source, workers=workers, iterations=iterations if iterations is not None else 10000,
+        duration=duration, region_size=region_size, levels=levels, seed=seed,
+        verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup, mode=mode,
+        read_threads=read_threads, stall_timeout=stall_timeout, device=device,
+        sample_interval=sample_interval, storage_options=options,
+    )
+    fitted_console().print(stress.summary_table(result))  # 80 columns in a pipe
+    _write_outputs(result, report, plot)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def _check_options(slide: str | Path, *, iterations: int | None, duration: float | None, stall_timeout: float,
+                   sample_interval: float, report: Path | None, plot: Path | None, overwrite: bool) -> None:
+    """The checks made before the run: exclusive and positive options (exit 2), the plot's
+    extension and matplotlib (exit 2), writable ``--report`` / ``--plot`` targets (exit 9)
+    that are not the slide and exist only with ``--overwrite``."""
     if iterations is not None and duration is not None:
         raise fail("--iterations and --duration are mutually exclusive", 2)
     for name, value in (("--duration", duration), ("--stall-timeout", stall_timeout),
@@ -91,37 +110,35 @@ def stress_cmd(
                 raise fail(f"{target}: {problem} ({name})", 9)
             # the rule of every command that writes (wsitool.atomic.check_output): never
             # the slide itself, and an existing file only with --overwrite
-            atomic.check_output(target, [] if is_url(slide) else [slide], overwrite)
+            atomic.check_output(target, [] if isinstance(slide, str) else [slide], overwrite)
+
+
+def _run_live(slide: str | Path, **options: Any) -> stress.StressReport:
+    """:func:`wsitool.stress.run_stress` with a live progress table on a terminal."""
     live = None
     if console.is_terminal:
         live = Live(console=console, refresh_per_second=4, transient=True)
         live.start()
 
-    def on_progress(p):
+    def on_progress(p: stress.StressProgress) -> None:
         if live is not None:
             live.update(stress.live_table(p))
 
     try:
-        result = stress.run_stress(
-            slide, workers=workers, iterations=iterations if iterations is not None else 10000,
-            duration=duration, region_size=region_size, levels=levels, seed=seed,
-            verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup, mode=mode,
-            read_threads=read_threads, stall_timeout=stall_timeout, device=device,
-            sample_interval=sample_interval,
-            progress=on_progress, storage_options=options,
-        )
+        return stress.run_stress(slide, progress=on_progress, **options)
     finally:
         if live is not None:
             live.stop()
-    fitted_console().print(stress.summary_table(result))  # 80 columns in a pipe
+
+
+def _write_outputs(result: stress.StressReport, report: Path | None, plot: Path | None) -> None:
+    """Write the ``--report`` JSON and the ``--plot`` figure asked for, one line each."""
     if report is not None:
         stress.write_report(result, report)
         console.print(f"wrote report {shown(report)}", highlight=False)
     if plot is not None:
         stress.write_plot(result, plot)
         console.print(f"wrote plot {shown(plot)}", highlight=False)
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
 
 
 def _unwritable_output(path: Path) -> str | None:

@@ -15,18 +15,20 @@ import threading
 import warnings
 
 import numpy as np
+import tifffile
 
 from ..bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
 from ..color import to_rgb8
-from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError, raise_if_os_resource
+from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError
 from ..model import AssociatedImage
+from ..oserrors import raise_if_os_resource
 from ..settings import get_limits
 from ..storage import ByteSource
 from .frames import FrameError, decode_frame
 
 __all__ = ["decode_associated"]
 
-_JPEG, _LZW = 7, 5
+_JPEG, _LZW = tifffile.COMPRESSION.JPEG, tifffile.COMPRESSION.LZW
 
 
 def _segment_bytes(where: str, what: str, off: int, count: int, source: ByteSource) -> bytes:

@@ -6,10 +6,12 @@ CuPy (optional, the ``gpu`` extra) is imported inside the probes.
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import functools
 import glob
 import importlib.util
 import os
+from typing import Any
 
 import numpy as np
 
@@ -110,50 +112,70 @@ def backend_report(probe: bool = True) -> list[dict]:
     ok, reason = cuda_probe()
     nvjpeg_lib = _library_found("nvjpeg", "libnvjpeg.so")
     nvjpeg2k_lib = _library_found("nvjpeg2k", "libnvjpeg2k.so")
-    gpu = gpu_name(0) if ok else None
+    here = _Cuda(ok, reason, gpu_name(0) if ok else None, probe)
+    hw_hint = any(tag in (here.gpu or "") for tag in _HW_JPEG_GPUS)
+    hw = here.entry("CUDA: nvJPEG hardware engine", "HW_GPU_ONLY", "jpeg", nvjpeg_lib,
+                    "nvidia-nvjpeg-cu12", "baseline JPEG (7); device cuda, tried first")
+    if ok:
+        hw["detail"] += "; this GPU model " + ("has" if hw_hint else "is not listed with") + \
+            " a JPEG engine (nvJPEG docs)"
+    nv_ok = nv_available()
+    return [
+        _nvimagecodec_entry(nv_ok),
+        here.entry("CUDA: nvJPEG", "GPU_ONLY", "jpeg", nvjpeg_lib, "nvidia-nvjpeg-cu12",
+                   "JPEG (7) RGB/YCbCr; device cuda"),
+        hw,
+        here.entry("CUDA: nvJPEG2000", "GPU_ONLY", "j2k", nvjpeg2k_lib, "nvidia-nvjpeg2k-cu12",
+                   "JPEG 2000 (33003, 33005, 34712); device cuda"),
+        _native_entry(),
+        _tifffile_entry(nv_ok),
+    ]
 
-    def gpu_entry(name, kind, codec, lib_found, lib_pkg, decodes):
-        if not ok:
+
+@dataclasses.dataclass(frozen=True)
+class _Cuda:
+    """What :func:`backend_report` found of CUDA: usable (``ok``) or why not (``reason``),
+    device 0's name, and whether to probe the GPU backends with a real decode."""
+
+    ok: bool
+    reason: str
+    gpu: str | None
+    probe: bool
+
+    def entry(self, name: str, kind: str, codec: str, lib_found: bool, lib_pkg: str,
+              decodes: str) -> dict[str, Any]:
+        """The row of GPU backend ``kind`` (nvImageCodec's ``BackendKind``) decoding ``codec``."""
+        if not self.ok:
             missing = "" if lib_found else f"; {lib_pkg} not installed"
             return {"name": name, "device": "cuda", "available": False, "decodes": decodes,
-                    "detail": f"{NO_CUDA}: {reason}{missing}"}
+                    "detail": f"{NO_CUDA}: {self.reason}{missing}"}
         # The probe (a real decode) is authoritative; the library search is a
         # hint only (nvImageCodec also finds its libraries by other paths).
-        if probe:
+        if self.probe:
             works, why = _probe_backend(kind, codec, 0)
         else:
             works, why = lib_found, "library found, not probed" if lib_found else "not probed"
         if not works and not lib_found:
             why += f"; library not found (pip install {lib_pkg})"
         return {"name": name, "device": "cuda", "available": bool(works), "decodes": decodes,
-                "detail": f"{gpu}: {why}"}
-
-    hw_hint = any(tag in (gpu or "") for tag in _HW_JPEG_GPUS)
-    hw = gpu_entry("CUDA: nvJPEG hardware engine", "HW_GPU_ONLY", "jpeg", nvjpeg_lib,
-                   "nvidia-nvjpeg-cu12", "baseline JPEG (7); device cuda, tried first")
-    if ok:
-        hw["detail"] += "; this GPU model " + ("has" if hw_hint else "is not listed with") + \
-            " a JPEG engine (nvJPEG docs)"
-    nv_ok = nv_available()
-    return [
-        {"name": "CPU: nvImageCodec (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": nv_ok,
-         "decodes": "JPEG (7) RGB/YCbCr, JPEG 2000 (33003, 33005, 34712); device cpu, "
-                    "and fallback for device cuda",
-         "detail": "loaded" if nv_ok else
-                   f"{unavailable_reason()}; JPEG and JPEG 2000 tiles are decoded by imagecodecs "
-                   "(the same pixels, slower)"},
-        gpu_entry("CUDA: nvJPEG", "GPU_ONLY", "jpeg", nvjpeg_lib, "nvidia-nvjpeg-cu12",
-                  "JPEG (7) RGB/YCbCr; device cuda"),
-        hw,
-        gpu_entry("CUDA: nvJPEG2000", "GPU_ONLY", "j2k", nvjpeg2k_lib, "nvidia-nvjpeg2k-cu12",
-                  "JPEG 2000 (33003, 33005, 34712); device cuda"),
-        _native_entry(),
-        {"name": "CPU: tifffile + imagecodecs", "device": "cpu", "available": True,
-         "decodes": ("all other compressions (none, LZW, deflate, zstd, WebP, gray/CMYK JPEG, "
-                     "16-bit)" if nv_ok else
-                     "every compression, JPEG and JPEG 2000 included (nvImageCodec is not "
-                     "importable)") + "; device cuda: decoded on the CPU, then copied",
-         "detail": "always available"},
-    ]
+                "detail": f"{self.gpu}: {why}"}
 
 
+def _nvimagecodec_entry(nv_ok: bool) -> dict[str, Any]:
+    """The row of nvImageCodec's CPU decoders."""
+    return {"name": "CPU: nvImageCodec (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": nv_ok,
+            "decodes": "JPEG (7) RGB/YCbCr, JPEG 2000 (33003, 33005, 34712); device cpu, "
+                       "and fallback for device cuda",
+            "detail": "loaded" if nv_ok else
+                      f"{unavailable_reason()}; JPEG and JPEG 2000 tiles are decoded by imagecodecs "
+                      "(the same pixels, slower)"}
+
+
+def _tifffile_entry(nv_ok: bool) -> dict[str, Any]:
+    """The row of the tifffile / imagecodecs path (always there)."""
+    return {"name": "CPU: tifffile + imagecodecs", "device": "cpu", "available": True,
+            "decodes": ("all other compressions (none, LZW, deflate, zstd, WebP, gray/CMYK JPEG, "
+                        "16-bit)" if nv_ok else
+                        "every compression, JPEG and JPEG 2000 included (nvImageCodec is not "
+                        "importable)") + "; device cuda: decoded on the CPU, then copied",
+            "detail": "always available"}

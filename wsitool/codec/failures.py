@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import warnings
 
-from ..errors import TileDecodeError, TileWarning, descriptors_exhausted
+from ..errors import TileDecodeError, TileWarning
 from ..model import Level
+from ..oserrors import descriptors_exhausted
 
 __all__ = [
     "past_eof_reason", "short_read_reason", "not_soi_reason", "grid_reason", "outside_reason",
@@ -67,7 +68,7 @@ def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:
 
     A decoder that failed because the process is out of file descriptors or
     memory is not a bad tile: that raises the OSError (EMFILE, ENOMEM, ...)
-    instead, whatever ``on_error`` says (see :func:`wsitool.errors.descriptors_exhausted`).
+    instead, whatever ``on_error`` says (see :func:`wsitool.oserrors.descriptors_exhausted`).
     """
     exhausted = descriptors_exhausted(getattr(exc, "path", None))
     if exhausted is not None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from typing import Any, cast
 
 import numpy as np
 
@@ -52,7 +53,7 @@ from .library import nv
 MAX_CHUNK = 64
 
 _lock = threading.Lock()
-_module = None
+_module: Any = None  # the compiled extension module once loaded (no type information)
 _reason: str | None = None
 _tried = False
 
@@ -72,7 +73,7 @@ def _load():
                        "shows the build log); JPEG reads take the Python path")
             return None
         try:
-            base = os.path.dirname(nv().__file__)
+            base = os.path.dirname(cast(str, nv().__file__))
         except ImportError as exc:  # the loop calls nvImageCodec's C API: nothing to call
             _reason = f"{exc}; JPEG reads take the imagecodecs path"
             return None

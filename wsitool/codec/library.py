@@ -22,8 +22,8 @@ import importlib
 import threading
 from types import ModuleType
 
-from ..errors import raise_if_os_resource
 from ..model import TileEncoding
+from ..oserrors import raise_if_os_resource
 from ..silence import quiet_environment, stderr_silenced
 
 __all__ = ["nv", "decode_params", "available", "unavailable_reason", "fallback_encoding"]
@@ -46,7 +46,7 @@ def nv() -> ModuleType:
             message says why, and so does :func:`unavailable_reason`.  The
             import is tried once: later calls raise the same message.
         OSError: the process is out of descriptors or memory while loading
-            (EMFILE, ENOMEM, ...: worded by :func:`wsitool.errors.os_resource_error`).
+            (EMFILE, ENOMEM, ...: worded by :func:`wsitool.oserrors.os_resource_error`).
     """
     global _module, _failure
     if _module is None:

@@ -104,7 +104,7 @@ def decode_into(
     level: Level,
     col: int,
     row: int,
-    data: bytes,
+    data: bytes | np.ndarray,
     dst: np.ndarray,
     src_rect: tuple[int, int, int, int],
     state: ThreadState,

@@ -50,6 +50,8 @@ import ctypes.util
 import glob
 import os
 import threading
+from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,7 +61,7 @@ from ..model import Level
 from ..settings import get_decode_paths
 from .failures import no_image_reason, outside_reason, unreadable_header_reason
 from .headers import check_cell
-from .pool import ThreadState
+from .pool import DecodeStats, ThreadState
 
 __all__ = ["available", "library_path", "version", "Unsupported", "decode_window",
            "window_shape", "decode_into"]
@@ -309,11 +311,13 @@ class _PlaneView:
 def _plane(comp: _Comp, h: int, w: int) -> np.ndarray:
     """``(h, w)`` int32 view of a decoded component's samples (read-only; valid
     until ``opj_image_destroy``)."""
-    addr = ctypes.cast(comp.data, ctypes.c_void_p).value
+    addr = cast(int, ctypes.cast(comp.data, ctypes.c_void_p).value)  # (not NULL: checked by the caller)
     return np.asarray(_PlaneView(addr, h, w))
 
 
-def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tuple[int, int]:
+def decode_window(ctx: _Context, data: bytes | np.ndarray,
+                  rect: tuple[int, int, int, int] | Callable[[int, int], tuple[int, int, int, int]],
+                  reduce: int, dst: np.ndarray) -> tuple[int, int]:
     """Decode the window ``rect`` of one JPEG 2000 code stream into ``dst``.
 
     Args:
@@ -351,50 +355,13 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
     try:
         if not codec or not stream:
             raise MemoryError("OpenJPEG could not allocate a decoder")
-        lib.opj_set_error_handler(codec, ctx.msg_fn, None)
-        lib.opj_stream_set_read_function(stream, ctx.read_fn)
-        lib.opj_stream_set_skip_function(stream, ctx.skip_fn)
-        lib.opj_stream_set_seek_function(stream, ctx.seek_fn)
-        lib.opj_stream_set_user_data_length(stream, io.size)
-        if not lib.opj_setup_decoder(codec, ctx.params):
-            raise ValueError(io.error or "OpenJPEG refused the decoder set-up")
-        if not lib.opj_read_header(stream, codec, ctypes.byref(image)):
-            raise ValueError(unreadable_header_reason(io.error or "OpenJPEG"))
-        img = image.contents
-        width, height = img.x1 - img.x0, img.y1 - img.y0
-        if callable(rect):
-            rect = rect(width, height)
-        ncomp = img.numcomps
-        if ncomp not in (1, 3):
-            raise Unsupported(f"{ncomp} components")
-        for c in range(ncomp):
-            comp = img.comps[c]
-            if comp.prec != 8 or comp.sgnd or comp.dx != 1 or comp.dy != 1:
-                raise Unsupported("not unsigned 8-bit at full sampling")
-        x0, y0, x1, y1 = rect
-        if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
-            raise ValueError(outside_reason(rect, width, height))
-        shape = window_shape(rect, reduce)
-        if dst.shape != (*shape, 3):
-            raise ValueError(f"destination shape {dst.shape} does not match {shape} for {rect}")
-        if reduce and not lib.opj_set_decoded_resolution_factor(codec, reduce):
-            raise ValueError(io.error or f"cannot drop {reduce} resolution levels")
-        if (x0, y0, x1, y1) != (0, 0, width, height) and not lib.opj_set_decode_area(
-                codec, image, img.x0 + x0, img.y0 + y0, img.x0 + x1, img.y0 + y1):
-            raise ValueError(io.error or "OpenJPEG refused the decode area")
+        width, height = _read_header(ctx, codec, stream, image)
+        window = rect(width, height) if callable(rect) else rect
+        ncomp = _check_components(image.contents)
+        shape = _set_window(ctx, codec, image, window, reduce, dst)
         if not lib.opj_decode(codec, stream, image):
             raise ValueError(no_image_reason(io.error))
-        img = image.contents
-        h, w = shape
-        for c in range(ncomp):
-            comp = img.comps[c]
-            if (comp.h, comp.w) != shape or not comp.data:
-                raise ValueError(no_image_reason(f"OpenJPEG decoded {comp.w}x{comp.h}, wanted {w}x{h}"))
-        if ncomp == 3:
-            for c in range(3):
-                np.copyto(dst[..., c], _plane(img.comps[c], h, w), casting="unsafe")
-        else:
-            np.copyto(dst, _plane(img.comps[0], h, w)[..., None], casting="unsafe")
+        _copy_planes(image.contents, ncomp, shape, dst)
         return width, height
     finally:
         if image:
@@ -406,9 +373,76 @@ def decode_window(ctx: _Context, data, rect, reduce: int, dst: np.ndarray) -> tu
         io.addr = io.size = 0
 
 
-def decode_into(level: Level, col: int, row: int, data, dst: np.ndarray,
+def _read_header(ctx: _Context, codec: int, stream: int, image: Any) -> tuple[int, int]:
+    """Bind ``ctx``'s callbacks to ``codec`` and ``stream``, read the main header into
+    ``image``; return the image's ``(width, height)`` (the SIZ marker's)."""
+    lib, io = ctx.lib, ctx.io
+    lib.opj_set_error_handler(codec, ctx.msg_fn, None)
+    lib.opj_stream_set_read_function(stream, ctx.read_fn)
+    lib.opj_stream_set_skip_function(stream, ctx.skip_fn)
+    lib.opj_stream_set_seek_function(stream, ctx.seek_fn)
+    lib.opj_stream_set_user_data_length(stream, io.size)
+    if not lib.opj_setup_decoder(codec, ctx.params):
+        raise ValueError(io.error or "OpenJPEG refused the decoder set-up")
+    if not lib.opj_read_header(stream, codec, ctypes.byref(image)):
+        raise ValueError(unreadable_header_reason(io.error or "OpenJPEG"))
+    img = image.contents
+    return img.x1 - img.x0, img.y1 - img.y0
+
+
+def _check_components(img: _Image) -> int:
+    """The number of components (1 or 3); :class:`Unsupported` for others, or for
+    components that are not unsigned 8-bit at full sampling."""
+    ncomp = img.numcomps
+    if ncomp not in (1, 3):
+        raise Unsupported(f"{ncomp} components")
+    for c in range(ncomp):
+        comp = img.comps[c]
+        if comp.prec != 8 or comp.sgnd or comp.dx != 1 or comp.dy != 1:
+            raise Unsupported("not unsigned 8-bit at full sampling")
+    return ncomp
+
+
+def _set_window(ctx: _Context, codec: int, image: Any, rect: tuple[int, int, int, int],
+                reduce: int, dst: np.ndarray) -> tuple[int, int]:
+    """Ask ``codec`` for the window ``rect`` of ``image`` at ``reduce`` levels below full
+    resolution, checking that it lies in the image and that ``dst`` has its shape; return
+    the ``(height, width)`` it will decode (:func:`window_shape`)."""
+    lib, io = ctx.lib, ctx.io
+    img = image.contents
+    width, height = img.x1 - img.x0, img.y1 - img.y0
+    x0, y0, x1, y1 = rect
+    if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+        raise ValueError(outside_reason(rect, width, height))
+    shape = window_shape(rect, reduce)
+    if dst.shape != (*shape, 3):
+        raise ValueError(f"destination shape {dst.shape} does not match {shape} for {rect}")
+    if reduce and not lib.opj_set_decoded_resolution_factor(codec, reduce):
+        raise ValueError(io.error or f"cannot drop {reduce} resolution levels")
+    if (x0, y0, x1, y1) != (0, 0, width, height) and not lib.opj_set_decode_area(
+            codec, image, img.x0 + x0, img.y0 + y0, img.x0 + x1, img.y0 + y1):
+        raise ValueError(io.error or "OpenJPEG refused the decode area")
+    return shape
+
+
+def _copy_planes(img: _Image, ncomp: int, shape: tuple[int, int], dst: np.ndarray) -> None:
+    """Convert the decoded ``int32`` planes of ``img`` (each ``shape``) into ``dst``
+    (``(h, w, 3)`` uint8; one component is written as grey in all three channels)."""
+    h, w = shape
+    for c in range(ncomp):
+        comp = img.comps[c]
+        if (comp.h, comp.w) != shape or not comp.data:
+            raise ValueError(no_image_reason(f"OpenJPEG decoded {comp.w}x{comp.h}, wanted {w}x{h}"))
+    if ncomp == 3:
+        for c in range(3):
+            np.copyto(dst[..., c], _plane(img.comps[c], h, w), casting="unsafe")
+    else:
+        np.copyto(dst, _plane(img.comps[0], h, w)[..., None], casting="unsafe")
+
+
+def decode_into(level: Level, col: int, row: int, data: Any, dst: np.ndarray,
                 src_rect: tuple[int, int, int, int], state: ThreadState, *,
-                caller_buffer: bool = True, complete: bool = False, image=None,
+                caller_buffer: bool = True, complete: bool = False, image: Any = None,
                 reduce: int = 0) -> bool:
     """Decode the part ``src_rect`` of one J2K tile into ``dst`` through OpenJPEG.
 
@@ -430,16 +464,49 @@ def decode_into(level: Level, col: int, row: int, data, dst: np.ndarray,
     """
     if _load() is None:
         return False
+    raw = _code_stream(level, col, row, data, reduce)
+    if raw is None:
+        return False
+    ctx = state.slot("openjpeg", _context)
+    with state.lock:
+        try:
+            decode_window(ctx, raw, _window_rule(level, col, row, src_rect, reduce), reduce, dst)
+        except Unsupported:
+            return False
+        except TileDecodeError:
+            raise
+        except ValueError as exc:
+            raise TileDecodeError(level.path, level.index, col, row, str(exc)) from None
+    _count(state.stats, reduce, caller_buffer)
+    return True
+
+
+def _code_stream(level: Level, col: int, row: int, data: Any, reduce: int) -> bytes | None:
+    """The J2K code stream of tile ``(col, row)``'s bytes ``data`` (a JP2 file's contiguous
+    code stream box), or None where this path does not apply (a JP2 header asking for colour
+    work, or ``reduce`` above the stream's decomposition levels).
+
+    Raises:
+        TileDecodeError: the main header's problem (:func:`wsitool.bitstream.j2k_main_header`).
+    """
     raw = data if isinstance(data, bytes) else bytes(data)
     header = j2k_main_header(raw)  # one walk: the checks, the code stream range, N_L
     if header.problem:
         raise TileDecodeError(level.path, level.index, col, row, header.problem)
     if header.start:  # a JP2 file
         if not _plain_jp2(raw, header.start):
-            return False  # palette, channel definitions or a colour space to convert
+            return None  # palette, channel definitions or a colour space to convert
         raw = raw[header.start:header.end]
     if reduce > header.levels:
-        return False
+        return None
+    return raw
+
+
+def _window_rule(level: Level, col: int, row: int, src_rect: tuple[int, int, int, int],
+                 reduce: int) -> Callable[[int, int], tuple[int, int, int, int]]:
+    """The ``rect(width, height)`` of :func:`decode_window` for tile ``(col, row)``: the SIZ
+    size checked against the grid cell (:func:`.headers.check_cell`), then ``src_rect`` (in
+    pixels at ``1 / 2**reduce``) as a full-resolution window."""
     x0, y0, x1, y1 = src_rect
     k = 1 << reduce
 
@@ -450,17 +517,11 @@ def decode_into(level: Level, col: int, row: int, data, dst: np.ndarray,
         return (x0 * k, y0 * k, min(x1 * k, width) if reduce else x1,
                 min(y1 * k, height) if reduce else y1)
 
-    ctx = state.slot("openjpeg", _context)
-    with state.lock:
-        try:
-            decode_window(ctx, raw, window, reduce, dst)
-        except Unsupported:
-            return False
-        except TileDecodeError:
-            raise
-        except ValueError as exc:
-            raise TileDecodeError(level.path, level.index, col, row, str(exc)) from None
-    stats = state.stats
+    return window
+
+
+def _count(stats: DecodeStats, reduce: int, caller_buffer: bool) -> None:
+    """Count one tile decoded by OpenJPEG in the thread's ``stats``."""
     stats.tiles_decoded += 1
     stats.tiles_openjpeg += 1
     stats.window_copies += 1
@@ -468,4 +529,3 @@ def decode_into(level: Level, col: int, row: int, data, dst: np.ndarray,
         stats.tiles_reduced += 1
     if not caller_buffer:
         stats.tiles_scratch += 1
-    return True

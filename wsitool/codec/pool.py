@@ -156,7 +156,7 @@ class ThreadState:
             return kept
         size = max(nbytes, 2 * len(kept[0]) if kept is not None else 65536)
         buf = np.empty(size, np.uint8)
-        pair = (buf, memoryview(buf))
+        pair = (buf, memoryview(buf))  # type: ignore[arg-type]  # numpy's stubs: no __buffer__ before 3.12
         if size <= _READ_BUFFER_KEEP:
             self._read_bufs[slot] = pair
             self.stats.scratch_allocations += 1

@@ -14,6 +14,8 @@ segment's final RSTn marker becomes EOI.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
 from ..bitstream import EOI, SOI, ends_with_restart
@@ -21,6 +23,9 @@ from ..errors import TileDecodeError
 from ..model import Level
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
 from .pool import DecodeStats, ThreadState
+
+if TYPE_CHECKING:
+    from ..storage.dicomweb import FrameSource
 
 __all__ = ["read_tile_bytes", "read_tile_stream", "jpeg_stream"]
 
@@ -37,7 +42,7 @@ def read_tile_bytes(level: Level, index: int, col: int, row: int, stats: DecodeS
         return None
     offset, count = where
     if level.source.framed:  # a frame fetched by number (DICOMweb): its length is what came
-        data = level.source.read_frame(offset)
+        data = cast("FrameSource", level.source).read_frame(offset)
         stats.bytes_read += len(data)
         return data
     data = level.source.read(offset, count)
@@ -90,7 +95,7 @@ def read_tile_stream(level: Level, index: int, col: int, row: int,
     # a bare restart interval: the whole header goes in front; else the tile's SOI lands under the prefix's end
     start = len(prefix) if jpeg and enc.jpeg_scan_segments else (len(prefix) - 2 if prefix else 0)
     if level.source.framed:  # a frame fetched by number (DICOMweb): copied in whole
-        frame = level.source.read_frame(offset)
+        frame = cast("FrameSource", level.source).read_frame(offset)
         count = len(frame)
         buf, view = state.read_buffer(start + count, slot)
         view[start:start + count] = frame

@@ -12,13 +12,14 @@ import shutil
 import tempfile
 
 from .. import atomic
-from ..errors import DaskUnavailableError, WsiError
+from ..errors import DaskUnavailableError, InvalidOptionError, WsiError
 from ..read.lazy import INSTALL_HINT
 
 
-class BatchOptionError(WsiError, ValueError):
+class BatchOptionError(InvalidOptionError):
     """A bad option of a batch call: unknown scheduler or format, or two
-    sources that would be written to the same output (a usage error)."""
+    sources that would be written to the same output (a usage error; an
+    :class:`~wsitool.errors.InvalidOptionError`, so a ``WsiError`` and a ``ValueError``)."""
 
 
 def import_distributed():

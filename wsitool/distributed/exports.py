@@ -1,4 +1,15 @@
-"""Batch exports: many slides exported with :func:`wsitool.export.export_pyramid`, one task per slide (floor 7)."""
+"""Batch exports: many slides exported with :func:`wsitool.export.export_pyramid`, one task per slide (floor 7).
+
+Resume: without ``overwrite``, re-running a batch resumes it.  An output that
+the manifest (:data:`MANIFEST_NAME` in the output folder, see :class:`Manifest`)
+records as complete for the same source path, size and mtime, the same options
+and the same output size is ``"skipped"``; a recorded output that is stale
+(source or options changed, output altered) is exported again and replaced; an
+existing output no batch recorded is ``"failed"`` with
+:class:`~wsitool.errors.OutputExistsError`.  Partials that this host's dead
+processes left in the output folder are removed first
+(:func:`wsitool.atomic.clean_stale_partials`).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +25,7 @@ from typing import Any
 
 from .. import atomic
 from ..errors import OutputExistsError
-from ..export import export_pyramid
+from ..export import ExportResult, export_pyramid
 from ..storage import is_url, redact
 from .cluster import (
     BatchOptionError,
@@ -48,7 +59,7 @@ class SlideOutcome:
     seconds: float = 0.0
     error: str | None = None
     error_types: tuple[str, ...] = ()
-    result: Any = None
+    result: ExportResult | None = None
     worker: str | None = None
 
 
@@ -162,56 +173,38 @@ def _export_task(source: str, output: str, options: dict, index: int = 0,
                             error_types=types, worker=worker)
 
 
-def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathLike, *,
-                scheduler=None, format: str = "tiff", threads: int | None = None,
-                overwrite: bool = False,
+def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathLike, *, scheduler=None,
+                format: str = "tiff", threads: int | None = None, overwrite: bool = False,
                 progress: Callable[[SlideOutcome], None] | None = None,
-                tile_progress: Callable[[int, int, int], None] | None = None,
-                **export_options) -> list[SlideOutcome]:
-    """Export several slides into ``output_dir``, one task per slide.
-
-    Each slide is exported by :func:`wsitool.export.export_pyramid` to
-    :func:`export_output_path` (``<stem>.tiff`` etc.).
+                tile_progress: Callable[[int, int, int], None] | None = None, **export_options) -> list[SlideOutcome]:
+    """Export several slides into ``output_dir``, one task per slide: each by
+    :func:`wsitool.export.export_pyramid` to :func:`export_output_path` (``<stem>.tiff`` etc.).
 
     Args:
         sources: slide paths (see :func:`expand_sources` for globs/lists).
         output_dir: output folder (created if absent).
-        scheduler: ``"local"`` (a ``LocalCluster`` of ``min(len(sources), CPU
-            count)`` single-threaded worker processes; the default for more
-            than one slide when Dask is installed), ``"sequential"`` (this
-            process, one slide after another; the default for one slide or
-            without Dask), ``"tcp://HOST:PORT"`` or a ``distributed.Client``.
+        scheduler: ``"local"`` (a ``LocalCluster`` of ``min(len(sources), CPU count)``
+            single-threaded worker processes; the default for more than one slide when Dask
+            is installed), ``"sequential"`` (this process, one slide after another; the
+            default for one slide or without Dask), ``"tcp://HOST:PORT"`` or a ``distributed.Client``.
         format: ``"tiff"``, ``"ome-tiff"`` or ``"dzi"``.
-        threads: encode/decode threads per export (default: in this process
-            the CPU count; on a cluster twice the CPU count of this machine
-            divided by the number of concurrent exports, between 1 and the CPU
-            count, so that the last long export can use cores left idle).
+        threads: encode/decode threads per export (default: in this process the CPU count; on
+            a cluster twice the CPU count of this machine divided by the number of concurrent
+            exports, between 1 and the CPU count, so that the last long export can use cores left idle).
         overwrite: re-export slides whose output exists (never over a
-            source).  Without it, re-running a batch resumes it: an output
-            that the manifest (:data:`MANIFEST_NAME` in ``output_dir``, see
-            :class:`Manifest`) records as complete for the same source path,
-            size and mtime, the same options and the same output size is
-            ``"skipped"``; a recorded output that is stale (source or options
-            changed, output altered) is exported again and replaced; an
-            existing output no batch recorded is ``"failed"`` with
-            :class:`~wsitool.errors.OutputExistsError`.  Partials that this
-            host's dead processes left in ``output_dir`` are removed first
-            (:func:`wsitool.atomic.clean_stale_partials`).
+            source).  Without it, a batch run again resumes (module notes).
         progress: called with each :class:`SlideOutcome` as it finishes (in
             completion order).
-        tile_progress: called as ``tile_progress(index, tiles_done,
-            tiles_total)`` while slide ``sources[index]`` is written (forwarded
-            from Dask workers as events of a per-batch topic, about 4 times a
-            second per slide; called from the client's event-loop thread).
-        **export_options: passed to ``export_pyramid`` (``tile_size``,
-            ``compression``, ``quality``, ``region``, ``level``, ``overlap``,
-            ``background``, ``max_pixels``).  ``progress`` of a single export
-            is not forwarded.
+        tile_progress: called as ``tile_progress(index, tiles_done, tiles_total)`` while slide
+            ``sources[index]`` is written (forwarded from Dask workers as events of a per-batch
+            topic, about 4 times a second per slide; called from the client's event-loop thread).
+        **export_options: passed to ``export_pyramid`` (``tile_size``, ``compression``, ``quality``,
+            ``region``, ``level``, ``overlap``, ``background``, ``max_pixels``, ...: the fields of
+            :class:`~wsitool.export.ExportOptions`).  ``progress`` of a single export is not forwarded.
 
     Returns:
-        One :class:`SlideOutcome` per source, in input order.  A slide whose
-        export raises (corrupt file, unsupported format, crash of a worker) is
-        ``"failed"`` with its message; the others still run.
+        One :class:`SlideOutcome` per source, in input order.  A slide whose export raises (corrupt
+        file, unsupported format, crash of a worker) is ``"failed"`` with its message; the others run.
 
     Raises:
         BatchOptionError: bad format or scheduler, or two sources mapping to
@@ -221,6 +214,31 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
     """
     srcs = [os.fspath(s) for s in sources]
     out_dir = Path(output_dir)
+    outputs = _batch_outputs(srcs, out_dir, format)
+    if scheduler is None:
+        scheduler = "local" if len(srcs) > 1 and dask_available() else "sequential"
+    check_scheduler(scheduler, ("sequential",))
+    out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
+    # Resume (item: the manifest): skip only what an earlier batch recorded as
+    # complete for the same source file and options; litter of dead runs goes.
+    atomic.clean_stale_partials(out_dir)
+    batch = _Batch(srcs, outputs, format, dict(export_options, format=format, overwrite=overwrite),
+                   Manifest(out_dir), progress)
+    batch.plan(overwrite)
+    if scheduler == "sequential" or not batch.todo:
+        _run_here(batch, threads, tile_progress)
+    else:
+        with ClientHandle(scheduler, len(batch.todo), partials_in=out_dir) as handle:
+            _run_on_cluster(batch, handle, threads, tile_progress)
+    return batch.outcomes()
+
+
+def _batch_outputs(srcs: list[str], out_dir: Path, format: str) -> list[Path]:
+    """The output path of each source (:func:`export_output_path`).
+
+    Raises:
+        BatchOptionError: a bad format, or two sources mapping to the same output.
+    """
     outputs = [export_output_path(s, out_dir, format) for s in srcs]
     by_output: dict[Path, str] = {}
     for s, o in zip(srcs, outputs, strict=True):
@@ -230,102 +248,124 @@ def export_many(sources: Sequence[str | os.PathLike], output_dir: str | os.PathL
                 "to different folders"
             )
         by_output[o] = s
-    if scheduler is None:
-        scheduler = "local" if len(srcs) > 1 and dask_available() else "sequential"
-    check_scheduler(scheduler, ("sequential",))
-    out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
-    options = dict(export_options, format=format, overwrite=overwrite)
-    results: dict[int, SlideOutcome] = {}
-    cpus = os.cpu_count() or 1
-    # Resume (item: the manifest): skip only what an earlier batch recorded as
-    # complete for the same source file and options; litter of dead runs goes.
+    return outputs
 
-    atomic.clean_stale_partials(out_dir)
-    manifest = Manifest(out_dir)
-    stamps = [source_stamp(s) for s in srcs]
-    todo: list[int] = []
-    plans: dict[int, str] = {}
-    for i, (s, o) in enumerate(zip(srcs, outputs, strict=True)):
-        plans[i] = manifest.plan(s, o, format, options, overwrite)
-        if plans[i] == "skip":
-            results[i] = SlideOutcome(s, str(o), "skipped")
-        elif plans[i] == "exists":
-            exc = OutputExistsError(o, "exists and no earlier batch recorded it as complete "
-                                       f"(in {MANIFEST_NAME}); use --overwrite / overwrite=True")
-            msg, types = error_record(exc)
-            results[i] = SlideOutcome(s, str(o), "failed", error=msg, error_types=types)
-        else:
-            todo.append(i)
-        if i in results and progress is not None:
-            progress(results[i])
 
-    def task_options(i: int) -> dict:
-        return dict(options, overwrite=plans[i] == "replace")
+@dataclasses.dataclass
+class _Batch:
+    """The state of one :func:`export_many`: the slides, their outputs, the options (one dict,
+    given to every task and recorded in the manifest), the plan of each slide (``"skip"``,
+    ``"exists"``, ``"replace"`` or a fresh export: :meth:`Manifest.plan`), the slides left
+    to export and the outcomes so far."""
 
-    def finished_one(i: int, outcome: SlideOutcome) -> None:
-        results[i] = outcome
-        if outcome.status == "ok":
-            manifest.record(srcs[i], outputs[i], format, options, stamps[i])
-        if progress is not None:
-            progress(outcome)
+    srcs: list[str]
+    outputs: list[Path]
+    format: str
+    options: dict
+    manifest: Manifest
+    progress: Callable[[SlideOutcome], None] | None
+    stamps: list = dataclasses.field(default_factory=list)
+    plans: dict[int, str] = dataclasses.field(default_factory=dict)
+    results: dict[int, SlideOutcome] = dataclasses.field(default_factory=dict)
+    todo: list[int] = dataclasses.field(default_factory=list)
 
-    if scheduler == "sequential" or not todo:
-        options["threads"] = threads
-        for i in todo:
-            finished_one(i, _export_task(srcs[i], str(outputs[i]), task_options(i), i,
-                                         local_progress=tile_progress))
-        return [results[i] for i in range(len(srcs))]
-    with ClientHandle(scheduler, len(todo), partials_in=out_dir) as handle:
-        # Two threads per core in all: when one long export is the last one
-        # running, it can still use the cores the idle workers left.
-        running = min(len(todo), handle.n_workers())
-        options["threads"] = threads or min(cpus, max(1, 2 * cpus // max(1, running)))
-        topic = None
-        if tile_progress is not None:
-            topic = f"wsitool-export-progress-{os.getpid()}-{time.time_ns()}"
-
-            finished: set[int] = set()
-
-            def on_event(event) -> None:
-                _ts, (index, done, total) = event
-                if done == total:
-                    finished.add(index)
-                tile_progress(index, done, total)
-
-            handle.client.subscribe_topic(topic, on_event)
-        futures = {}
-        for i in todo:
-            s, o = srcs[i], outputs[i]
-            # Largest files first (higher priority runs earlier), so one big
-            # slide does not start last and keep a single worker busy alone.
-            try:
-                priority = os.path.getsize(s)
-            except OSError:
-                priority = 0
-            # (storage options for URL sources travel in the task's options, to every worker)
-            fut = handle.client.submit(_export_task, s if is_url(s) else os.path.abspath(s),
-                                       str(o.resolve()), task_options(i),
-                                       i, topic, pure=False, priority=priority,
-                                       key=f"wsitool-export-{i}-{os.path.basename(s)}-{time.time_ns()}")
-            futures[fut] = i
-        distributed = import_distributed()
-        for fut in distributed.as_completed(list(futures)):
-            i = futures[fut]
-            try:
-                outcome = fut.result()
-                outcome.source, outcome.output = srcs[i], str(outputs[i])
-            except Exception as exc:  # worker died (KilledWorker), cancelled, ...
+    def plan(self, overwrite: bool) -> None:
+        """The outcome of the slides skipped (complete) or failed (an output no batch
+        recorded) now, reported through ``progress``; the others go to ``todo``."""
+        self.stamps = [source_stamp(s) for s in self.srcs]
+        for i, (s, o) in enumerate(zip(self.srcs, self.outputs, strict=True)):
+            self.plans[i] = self.manifest.plan(s, o, self.format, self.options, overwrite)
+            if self.plans[i] == "skip":
+                self.results[i] = SlideOutcome(s, str(o), "skipped")
+            elif self.plans[i] == "exists":
+                exc = OutputExistsError(o, "exists and no earlier batch recorded it as complete "
+                                           f"(in {MANIFEST_NAME}); use --overwrite / overwrite=True")
                 msg, types = error_record(exc)
-                outcome = SlideOutcome(srcs[i], str(outputs[i]), "failed",
-                                       error=f"{srcs[i]}: {msg}", error_types=types)
-            finished_one(i, outcome)
-        if topic is not None:
-            # the last events may arrive just after the results: wait briefly for them
-            ok = {i for i, o in results.items() if o.status == "ok"}
-            deadline = time.monotonic() + 2.0
-            while not ok <= finished and time.monotonic() < deadline:
-                time.sleep(0.02)
-            handle.client.unsubscribe_topic(topic)
-    return [results[i] for i in range(len(srcs))]
+                self.results[i] = SlideOutcome(s, str(o), "failed", error=msg, error_types=types)
+            else:
+                self.todo.append(i)
+            if i in self.results and self.progress is not None:
+                self.progress(self.results[i])
+
+    def task_options(self, i: int) -> dict:
+        """The export options of slide ``i`` (an output recorded stale is replaced)."""
+        return dict(self.options, overwrite=self.plans[i] == "replace")
+
+    def finished(self, i: int, outcome: SlideOutcome) -> None:
+        """Slide ``i`` is done: its outcome kept, recorded complete if ok, reported."""
+        self.results[i] = outcome
+        if outcome.status == "ok":
+            self.manifest.record(self.srcs[i], self.outputs[i], self.format, self.options, self.stamps[i])
+        if self.progress is not None:
+            self.progress(outcome)
+
+    def outcomes(self) -> list[SlideOutcome]:
+        """One outcome per source, in input order."""
+        return [self.results[i] for i in range(len(self.srcs))]
 
 
+def _run_here(batch: _Batch, threads: int | None,
+              tile_progress: Callable[[int, int, int], None] | None) -> None:
+    """Run the slides of ``batch.todo`` in this process, one after another."""
+    batch.options["threads"] = threads
+    for i in batch.todo:
+        batch.finished(i, _export_task(batch.srcs[i], str(batch.outputs[i]), batch.task_options(i), i,
+                                       local_progress=tile_progress))
+
+
+def _run_on_cluster(batch: _Batch, handle: ClientHandle, threads: int | None,
+                    tile_progress: Callable[[int, int, int], None] | None) -> None:
+    """Run the slides of ``batch.todo`` as Dask tasks on ``handle``'s client, largest first;
+    tile progress forwarded through a per-batch event topic."""
+    cpus = os.cpu_count() or 1
+    # Two threads per core in all: when one long export is the last one
+    # running, it can still use the cores the idle workers left.
+    running = min(len(batch.todo), handle.n_workers())
+    batch.options["threads"] = threads or min(cpus, max(1, 2 * cpus // max(1, running)))
+    topic = None
+    finished: set[int] = set()
+    if tile_progress is not None:
+        topic = f"wsitool-export-progress-{os.getpid()}-{time.time_ns()}"
+
+        def on_event(event) -> None:
+            _ts, (index, done, total) = event
+            if done == total:
+                finished.add(index)
+            tile_progress(index, done, total)
+
+        handle.client.subscribe_topic(topic, on_event)
+    futures = {_submit(batch, handle, i, topic): i for i in batch.todo}
+    distributed = import_distributed()
+    for fut in distributed.as_completed(list(futures)):
+        i = futures[fut]
+        src, out = batch.srcs[i], str(batch.outputs[i])
+        try:
+            outcome = fut.result()
+            outcome.source, outcome.output = src, out
+        except Exception as exc:  # worker died (KilledWorker), cancelled, ...
+            msg, types = error_record(exc)
+            outcome = SlideOutcome(src, out, "failed", error=f"{src}: {msg}", error_types=types)
+        batch.finished(i, outcome)
+    if topic is not None:
+        # the last events may arrive just after the results: wait briefly for them
+        ok = {i for i, o in batch.results.items() if o.status == "ok"}
+        deadline = time.monotonic() + 2.0
+        while not ok <= finished and time.monotonic() < deadline:
+            time.sleep(0.02)
+        handle.client.unsubscribe_topic(topic)
+
+
+def _submit(batch: _Batch, handle: ClientHandle, i: int, topic: str | None) -> Any:
+    """Submit the export of slide ``i`` (a Dask future)."""
+    s, o = batch.srcs[i], batch.outputs[i]
+    # Largest files first (higher priority runs earlier), so one big
+    # slide does not start last and keep a single worker busy alone.
+    try:
+        priority = os.path.getsize(s)
+    except OSError:
+        priority = 0
+    # (storage options for URL sources travel in the task's options, to every worker)
+    return handle.client.submit(_export_task, s if is_url(s) else os.path.abspath(s),
+                                str(o.resolve()), batch.task_options(i),
+                                i, topic, pure=False, priority=priority,
+                                key=f"wsitool-export-{i}-{os.path.basename(s)}-{time.time_ns()}")

@@ -59,7 +59,8 @@ class PackWriter:
     def commit(self) -> None:
         if self.fmt == "npz":
             self._zip.close()
-            self._fh.close()
+            if self._fh is not None:
+                self._fh.close()
         self.partial.commit(self.overwrite)
 
     def abort(self) -> None:

@@ -21,6 +21,7 @@ Needs the optional extra ``wsitool[dask]``.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def patches_to_dask(plans, *, batch_size: int = 64, threads: int = 1):
 
     plans, size, tasks = _batches(plans, batch_size, threads)
     name = "wsitool-patches-" + tokenize([t[3][1:] for t in tasks])
-    dsk = {(name, i, 0, 0, 0): task for i, (_, _, _, task) in enumerate(tasks)}
+    dsk: dict[Any, Any] = {(name, i, 0, 0, 0): task for i, (_, _, _, task) in enumerate(tasks)}
     if not tasks:
         return da.zeros((0, size, size, 3), np.uint8, chunks=(1, size, size, 3))
     chunks = (tuple(b - a for _, a, b, _ in tasks), (size,), (size,), (3,))
@@ -142,7 +143,7 @@ def patches_to_bag(plans, *, batch_size: int = 64, threads: int = 1):
     plans, _, tasks = _batches(plans, batch_size, threads)
     starts = np.cumsum([0] + [len(p) for p in plans])
     name = "wsitool-patch-bag-" + tokenize([t[3][1:] for t in tasks])
-    dsk = {(name, i): (_batch_record, *task[1:], int(starts[k]) + a, k)
+    dsk: dict[Any, Any] = {(name, i): (_batch_record, *task[1:], int(starts[k]) + a, k)
            for i, (k, a, _, task) in enumerate(tasks)}
     if not tasks:
         return db.from_sequence([], npartitions=1)

@@ -1,25 +1,50 @@
-"""Batch region reads: many regions of one slide on a thread pool or a Dask cluster (floor 7)."""
+"""Batch region reads: many regions of one slide on a thread pool or a Dask cluster (floor 7).
+
+:func:`read_regions` checks every request (names, levels, sizes, limits) and every
+output before it reads anything, then runs :class:`_RegionTask` on batches of
+requests: one region per task on the local thread pool (each in a copy of the
+caller's context), or batches on Dask.  Only the slide's path, or its URL with
+the remote object's size and ETag (a worker never reads another version), goes
+into a task.
+
+Outputs:
+
+* one file per region, ``<output_dir>/<name>.<format>``: ``png`` (default;
+  raw samples only as 1 to 4 x uint8), ``tif``/``tiff`` or ``npy``, each
+  written atomically by :func:`wsitool.export.write_image` (on Dask, by the
+  workers);
+* with ``pack``, one store ``<output_dir>/<slide stem>-regions.<npz|zarr>``:
+  ``npz`` (default; one uncompressed ``.npy`` member per region, key = name)
+  or ``zarr`` (a Zarr group, one array per region), written by this process
+  (the arrays travel back from the workers) under a temporary name and
+  renamed when complete; only the regions that were read are in it.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
-import functools
 import os
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .. import atomic
 from ..errors import InvalidRegionError, WsiError
 from ..export import write_image
+from ..literals import Mode, OnError
 from ..read.request import validate_request
-from ..slide import Slide, cached_slide, file_stamp, open_slide
+from ..slide import Slide, cached_slide, file_stamp, open_slide, pyramid_levels
 from ..storage import is_url, redact
 from .cluster import BatchOptionError, ClientHandle, check_scheduler, error_record, import_distributed, quiet_tifffile
 from .pack import PackWriter
 from .regions_csv import RegionRequest, check_name, load_regions_csv
+
+if TYPE_CHECKING:
+    from ..storage.remote import RemoteSource
 
 
 @dataclasses.dataclass
@@ -46,34 +71,53 @@ FILE_FORMATS = ("png", "tif", "tiff", "npy")
 PACK_FORMATS = ("npz", "zarr")
 
 
-def _region_task(path: str, stamp, requests: Sequence[RegionRequest], output_dir: str | None,
-                 fmt: str | None, mode: str, on_error: str, threads: int,
-                 return_arrays: bool, overwrite: bool = False,
-                 storage_options: dict | None = None) -> list[tuple[RegionOutcome, np.ndarray | None]]:
-    """Read a batch of regions of one slide; write files (never over the slide ``path``;
-    an existing file only with ``overwrite``) or return the arrays."""
-    quiet_tifffile()
-    results = []
-    try:
-        slide = cached_slide(path, stamp, storage_options)
-    except Exception as exc:
-        msg, types = error_record(exc)
-        return [(RegionOutcome(r, "failed", error=msg, error_types=types), None) for r in requests]
+@dataclasses.dataclass(frozen=True)
+class _RegionTask:
+    """One task of :func:`read_regions`, called with a batch of requests (picklable: the
+    slide's path or URL, its stamp, numbers and the storage options, never an open slide).
 
-    for req in requests:
+    ``path`` and ``stamp`` as :func:`~wsitool.slide.cached_slide`; ``output_dir`` and
+    ``fmt``: the files written (``return_arrays``: none, the arrays come back for a pack);
+    ``mode``, ``on_error``, ``threads``: as :meth:`Slide.read_region`; ``overwrite``:
+    replace an existing file (never the slide ``path``).
+    """
+
+    path: str
+    stamp: Any
+    output_dir: str
+    fmt: str | None
+    mode: Mode
+    on_error: OnError
+    threads: int = 1
+    return_arrays: bool = False
+    overwrite: bool = False
+    storage_options: dict | None = None
+
+    def __call__(self, requests: Sequence[RegionRequest]) -> list[tuple[RegionOutcome, np.ndarray | None]]:
+        """One ``(outcome, array or None)`` per request, in order; a failure is recorded, not raised."""
+        quiet_tifffile()
         try:
-            arr = slide.read_region((req.x, req.y), req.level, (req.width, req.height),
-                                    mode=mode, threads=threads, on_error=on_error)
-            if return_arrays:
-                results.append((RegionOutcome(req, "ok", shape=arr.shape), arr))
-            else:
-                dest = Path(output_dir) / f"{req.name}.{fmt}"
-                write_image(dest, arr, overwrite=overwrite, sources=() if is_url(path) else (path,))
-                results.append((RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None))
+            slide = cached_slide(self.path, self.stamp, self.storage_options)
         except Exception as exc:
             msg, types = error_record(exc)
-            results.append((RegionOutcome(req, "failed", error=msg, error_types=types), None))
-    return results
+            return [(RegionOutcome(r, "failed", error=msg, error_types=types), None) for r in requests]
+        results: list[tuple[RegionOutcome, np.ndarray | None]] = []
+        for req in requests:
+            try:
+                results.append(self._one(slide, req))
+            except Exception as exc:
+                msg, types = error_record(exc)
+                results.append((RegionOutcome(req, "failed", error=msg, error_types=types), None))
+        return results
+
+    def _one(self, slide: Slide, req: RegionRequest) -> tuple[RegionOutcome, np.ndarray | None]:
+        arr = slide.read_region((req.x, req.y), req.level, (req.width, req.height),
+                                mode=self.mode, threads=self.threads, on_error=self.on_error)
+        if self.return_arrays:
+            return RegionOutcome(req, "ok", shape=arr.shape), arr
+        dest = Path(self.output_dir) / f"{req.name}.{self.fmt}"
+        write_image(dest, arr, overwrite=self.overwrite, sources=() if is_url(self.path) else (self.path,))
+        return RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None
 
 
 def slide_stem(path: str) -> str:
@@ -89,71 +133,81 @@ def slide_stem(path: str) -> str:
     return stem or name
 
 
-def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
-                 output_dir: str | os.PathLike, *, format: str | None = None,
-                 pack: bool = False, mode: str = "rgba", on_error: str = "raise",
-                 scheduler=None, workers: int | None = None, batch_size: int | None = None,
-                 progress: Callable[[RegionOutcome], None] | None = None,
+def read_regions(slide: Slide | str | os.PathLike, regions: Iterable[RegionRequest] | str | os.PathLike,
+                 output_dir: str | os.PathLike, *, format: str | None = None, pack: bool = False,
+                 mode: Mode = "rgba", on_error: OnError = "raise", scheduler: Any = None, workers: int | None = None,
+                 batch_size: int | None = None, progress: Callable[[RegionOutcome], None] | None = None,
                  overwrite: bool = False, storage_options: dict | None = None) -> list[RegionOutcome]:
-    """Read many regions of one slide and write them to ``output_dir``.
+    """Read many regions of one slide and write them to ``output_dir`` (see the module docstring).
 
-    Each region is read exactly as a single :meth:`Slide.read_region` call with
-    the same ``mode`` and ``on_error`` (so its pixels equal a single read).
+    Each region is read exactly as one :meth:`Slide.read_region` call with the same
+    ``mode`` and ``on_error`` (its pixels equal a single read).  Every request and
+    every output is checked before any region is read.
 
     Args:
-        slide: an open :class:`~wsitool.slide.Slide`, a path or a slide URL
-            (only the path or URL is sent to workers; a URL with its size and
-            ETag, so a worker never reads another version).
-        regions: :class:`RegionRequest` objects, or the path of a CSV file
-            (:func:`load_regions_csv`).
-        output_dir: folder for the outputs (created if absent).
-        format: without ``pack``, the file type of each region ``<name>.<fmt>``:
-            ``"png"`` (default), ``"tif"``/``"tiff"`` or ``"npy"``
-            (written with :func:`wsitool.export.write_image`, atomically).  With
-            ``pack``: ``"npz"`` (default; one ``.npy`` member per region, key =
-            name, uncompressed) or ``"zarr"`` (a Zarr group, one array per
-            region; needs the ``zarr`` package).
-        pack: write one store ``<output_dir>/<slide stem>-regions.<npz|zarr>``
-            instead of one file per region; written under a temporary name and
-            renamed when complete, only regions that were read are in it.
-        mode: ``"rgba"`` (default), ``"rgb"`` or ``"raw"``; arrays as
-            :meth:`Slide.read_region`.  PNG cannot hold raw non-8-bit samples.
+        slide: an open :class:`~wsitool.slide.Slide`, a path or a slide URL.
+        regions: :class:`RegionRequest` objects, or a CSV file (:func:`load_regions_csv`).
+        output_dir: folder for the outputs (created if absent; its parent must exist).
+        format: ``"png"`` (default), ``"tif"``/``"tiff"`` or ``"npy"``; with ``pack``:
+            ``"npz"`` (default) or ``"zarr"`` (needs the ``zarr`` package).
+        pack: one store ``<output_dir>/<slide stem>-regions.<npz|zarr>`` instead of one file per region.
+        mode: ``"rgba"`` (default), ``"rgb"`` or ``"raw"``, as :meth:`Slide.read_region`.
         on_error: ``"raise"`` (a corrupt tile fails its region) or ``"fill"``.
-        scheduler: ``None`` or ``"threads"`` (default): a local thread pool of
-            ``workers`` threads (default: CPU count); ``"local"``: a new Dask
-            ``LocalCluster``; ``"tcp://HOST:PORT"``; or a ``distributed.Client``.
-            On Dask, files are written by the workers; packed arrays travel
-            back to this process, which writes the store.
+        scheduler: ``None`` or ``"threads"`` (default: a local pool of ``workers`` threads,
+            default CPU count), ``"local"``, ``"tcp://HOST:PORT"`` or a ``distributed.Client``.
         workers: threads of the local pool (ignored on Dask).
-        batch_size: regions per Dask task (default: enough for ~4 tasks per
-            worker thread, at most 64).
+        batch_size: regions per Dask task (default: ~4 tasks per worker thread, at most 64).
         progress: called with each :class:`RegionOutcome` as it completes.
-        overwrite: replace outputs that exist (never the slide itself).
-            Without it an existing output refuses the whole batch before
-            anything is read or written.
-        storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`;
-            carried in every task, so Dask workers open the URL with them (an
-            open remote Slide's own options are used).
+        overwrite: replace outputs that exist (never the slide); without it an existing
+            output refuses the whole batch before anything is read or written.
+        storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`; carried in
+            every task (an open remote Slide's own options are used).
 
     Returns:
-        One :class:`RegionOutcome` per request, in request order.  A region
-        that fails (bad tile, limit) is reported there with its error and does
-        not stop the others.
+        One :class:`RegionOutcome` per request, in request order; a region that fails
+        (a bad tile) is reported there with its error and does not stop the others.
 
     Raises:
         BatchOptionError: unknown ``format`` or ``scheduler``.
-        InvalidRegionError: a bad request (level out of range, bad mode or
-            name) — checked for every region before any is read, the
-            message names the region.
+        InvalidRegionError: a bad request (level, mode, name), the region named.
         ResourceLimitError: a region over the configured size limits.
         DaskUnavailableError: a Dask scheduler without Dask installed.
-        FileNotFoundError, UnsupportedFormatError, CorruptFileError: the slide
-            cannot be opened.
-        OutputIsSourceError: an output would be the slide (usage error), checked
-            for every output before any region is read, the first one named.
-        OutputExistsError: an output exists and ``overwrite`` is False (the
-            first one named), checked likewise.
+        FileNotFoundError, UnsupportedFormatError, CorruptFileError: the slide cannot be opened.
+        OutputIsSourceError, OutputExistsError: an output would be the slide, or exists
+            without ``overwrite`` (the first one named).
     """
+    fmt = _output_format(format, pack, on_error)
+    check_scheduler(scheduler, ("threads",))
+    requests = load_regions_csv(regions) if isinstance(regions, (str, os.PathLike)) else list(regions)
+    src = _checked_source(slide, requests, fmt, mode, storage_options)
+    out_dir = Path(output_dir)
+    dests = _prepare_outputs(src, requests, out_dir, fmt, pack=pack, overwrite=overwrite)
+    task = _RegionTask(src.path, src.stamp, str(out_dir.resolve()), None if pack else fmt, mode, on_error,
+                      return_arrays=pack, overwrite=overwrite, storage_options=src.storage_options)
+    with _Collector(PackWriter(dests[0], fmt, src.sources, overwrite) if pack else None, progress) as collect:
+        if scheduler in (None, "threads"):
+            _run_on_threads(task, requests, workers, collect)
+        else:
+            _run_on_dask(task, requests, scheduler, batch_size, out_dir, collect)
+    return [collect.outcomes[r.name] for r in requests]
+
+
+# ------------------------------------------------------------------ steps of read_regions
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """The slide as the tasks open it: its absolute path, or its URL (unredacted) with the
+    remote object's identity and options; ``sources``: the local files no output may be."""
+
+    path: str
+    stamp: Any
+    storage_options: dict | None
+    sources: tuple[str, ...]
+
+
+def _output_format(format: str | None, pack: bool, on_error: str) -> str:
+    """The checked, lower-case output format (``pack``: npz by default, else png)."""
     if on_error not in ("raise", "fill"):
         raise InvalidRegionError(f"on_error must be 'raise' or 'fill', got {on_error!r}")
     if pack:
@@ -164,109 +218,142 @@ def read_regions(slide, regions: Iterable[RegionRequest] | str | os.PathLike,
         fmt = (format or "png").lower()
         if fmt not in FILE_FORMATS:
             raise BatchOptionError(f"format must be one of {FILE_FORMATS}, got {format!r}")
-    check_scheduler(scheduler, ("threads",))
-    requests = load_regions_csv(regions) if isinstance(regions, (str, os.PathLike)) else list(regions)
-    names: set[str] = set()
+    return fmt
+
+
+def _checked_source(slide: Slide | str | os.PathLike, requests: list[RegionRequest], fmt: str, mode: str,
+                    storage_options: dict | None) -> _Source:
+    """Open ``slide`` (unless open), check every request against it, and say how the tasks open it."""
     own = not isinstance(slide, Slide)
-    s = open_slide(slide, storage_options=storage_options) if own else slide
+    s = slide if isinstance(slide, Slide) else open_slide(slide, storage_options=storage_options)
     remote = s.remote is not None
+    stamp: Any = None
     if remote:  # tasks open the URL itself (s.path is redacted) with its options: to every worker
-        path, stamp = s._location, s._source.identity()
+        path, stamp = s._location, cast("RemoteSource", s._source).identity()
         storage_options = s._storage_options
     try:
         if not remote:
             path = os.path.abspath(s.path)
-        for i, r in enumerate(requests):
-            where = f"region {r.name!r}"
-            check_name(r.name, where)
-            if r.name in names:
-                raise InvalidRegionError(f"{redact(path)}: duplicate region name {r.name!r}")
-            names.add(r.name)
-            try:
-                lv, *_ = validate_request(s.levels, s.path, (r.x, r.y), r.level, (r.width, r.height), mode)
-            except WsiError as exc:
-                raise type(exc)(f"{exc} ({where}, #{i + 1})") from None
-            if fmt == "png" and mode == "raw" and (lv.dtype != np.uint8 or lv.samples > 4):
-                raise InvalidRegionError(
-                    f"{redact(path)}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "
-                    f"hold them in raw mode (use --format npy or tif) ({where})"
-                )
+        _check_requests(s, requests, fmt, mode, path)
     finally:
         if own:
             s.close()
     if not remote:
         stamp = file_stamp(path)
-    out_dir = Path(output_dir)
+    return _Source(path, stamp, storage_options, () if remote else (path, os.fspath(s.path)))
 
-    # Every output checked before anything is read or written (wsitool.atomic):
-    # none may be the slide; existing ones only with overwrite.
-    sources = () if remote else (path, os.fspath(s.path))
-    dests = [out_dir / f"{slide_stem(path)}-regions.{fmt}"] if pack else [out_dir / f"{r.name}.{fmt}" for r in requests]
+
+def _check_requests(s: Slide, requests: list[RegionRequest], fmt: str, mode: str, path: str) -> None:
+    """Every request valid for ``s`` (the message names the region), names unique, raw PNG possible."""
+    names: set[str] = set()
+    for i, r in enumerate(requests):
+        where = f"region {r.name!r}"
+        check_name(r.name, where)
+        if r.name in names:
+            raise InvalidRegionError(f"{redact(path)}: duplicate region name {r.name!r}")
+        names.add(r.name)
+        try:
+            lv, *_ = validate_request(pyramid_levels(s), s.path, (r.x, r.y), r.level, (r.width, r.height), mode)
+        except WsiError as exc:
+            raise type(exc)(f"{exc} ({where}, #{i + 1})") from None
+        if fmt == "png" and mode == "raw" and (lv.dtype != np.uint8 or lv.samples > 4):
+            raise InvalidRegionError(
+                f"{redact(path)}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "
+                f"hold them in raw mode (use --format npy or tif) ({where})"
+            )
+
+
+def _prepare_outputs(src: _Source, requests: list[RegionRequest], out_dir: Path, fmt: str, *, pack: bool,
+                     overwrite: bool) -> list[Path]:
+    """The output paths, every one checked before anything is read or written (:mod:`wsitool.atomic`):
+    none may be the slide, existing ones only with ``overwrite``; the folder made, stale partials removed."""
+    dests = ([out_dir / f"{slide_stem(src.path)}-regions.{fmt}"] if pack
+             else [out_dir / f"{r.name}.{fmt}" for r in requests])
     if out_dir.is_dir():
         for dest in dests:
-            atomic.check_output(dest, sources, overwrite, kind="dir" if fmt == "zarr" else "file")
+            atomic.check_output(dest, src.sources, overwrite, kind="dir" if fmt == "zarr" else "file")
     out_dir.mkdir(exist_ok=True)  # the output folder, in a folder that must exist
     atomic.clean_stale_partials(out_dir)
-    writer = PackWriter(dests[0], fmt, sources, overwrite) if pack else None
-    region_task = functools.partial(_region_task, overwrite=overwrite, storage_options=storage_options)
-    outcomes: dict[str, RegionOutcome] = {}
+    return dests
 
-    def collect(batch_results):
+
+class _Collector:
+    """Takes the results of the tasks as they complete: the outcomes by name, the arrays into the
+    pack store (if any), ``progress`` per outcome.  As a context manager: the store is committed
+    when the block ends normally, removed when it ends by an exception."""
+
+    def __init__(self, writer: PackWriter | None, progress: Callable[[RegionOutcome], None] | None):
+        self.writer = writer
+        self.progress = progress
+        self.outcomes: dict[str, RegionOutcome] = {}
+
+    def __call__(self, batch_results: list[tuple[RegionOutcome, np.ndarray | None]]) -> None:
         for outcome, arr in batch_results:
-            if writer is not None and outcome.status == "ok":
-                writer.add(outcome.request.name, arr)
-                outcome.path = str(writer.dest)
-            outcomes[outcome.request.name] = outcome
-            if progress is not None:
-                progress(outcome)
+            if self.writer is not None and outcome.status == "ok":
+                assert arr is not None  # a pack task returns the arrays
+                self.writer.add(outcome.request.name, arr)
+                outcome.path = str(self.writer.dest)
+            self.outcomes[outcome.request.name] = outcome
+            if self.progress is not None:
+                self.progress(outcome)
 
-    task_args = (str(out_dir.resolve()), None if pack else fmt, mode, on_error)
-    try:
-        if scheduler in (None, "threads"):
-            n = max(1, workers or os.cpu_count() or 1)
-            window = 4 * n
-            it = iter(requests)
-            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="wsitool-regions") as pool:
-                pending = set()
-                while True:
-                    while len(pending) < window:
-                        req = next(it, None)
-                        if req is None:
-                            break
-                        pending.add(pool.submit(region_task, path, stamp, [req], *task_args, 1, pack))
-                    if not pending:
-                        break
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        collect(fut.result())
-        else:
-            with ClientHandle(scheduler, max(1, len(requests)), partials_in=out_dir) as handle:
-                distributed = import_distributed()
-                nthreads = handle.n_workers()
-                bs = batch_size or max(1, min(64, len(requests) // (4 * nthreads) or 1))
-                batches = [requests[i:i + bs] for i in range(0, len(requests), bs)]
-                window = 2 * nthreads
-                it = iter(batches)
-                ac = distributed.as_completed()
-                for _ in range(window):
-                    b = next(it, None)
-                    if b is None:
-                        break
-                    ac.add(handle.client.submit(region_task, path, stamp, b, *task_args, 1, pack,
-                                                pure=False))
-                for fut in ac:
-                    collect(fut.result())
-                    fut.release()
-                    b = next(it, None)
-                    if b is not None:
-                        ac.add(handle.client.submit(region_task, path, stamp, b, *task_args, 1,
-                                                    pack, pure=False))
-        if writer is not None:
-            writer.commit()
-            writer = None
-    finally:
-        if writer is not None:
+    def __enter__(self) -> _Collector:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        if exc_type is not None:
             writer.abort()
-    return [outcomes[r.name] for r in requests]
+            return
+        try:
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
 
 
+def _run_on_threads(task: _RegionTask, requests: list[RegionRequest], workers: int | None,
+                    collect: _Collector) -> None:
+    """One region per thread-pool task, at most 4 per thread queued; each runs in a copy of the caller's
+    context (its limits)."""
+    n = max(1, workers or os.cpu_count() or 1)
+    window = 4 * n
+    it = iter(requests)
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="wsitool-regions") as pool:
+        pending: set[Future] = set()
+        while True:
+            while len(pending) < window:
+                req = next(it, None)
+                if req is None:
+                    break
+                pending.add(pool.submit(contextvars.copy_context().run, task, [req]))
+            if not pending:
+                break
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                collect(fut.result())
+
+
+def _run_on_dask(task: _RegionTask, requests: list[RegionRequest], scheduler: Any, batch_size: int | None,
+                 out_dir: Path, collect: _Collector) -> None:
+    """Batches of regions as Dask tasks, at most 2 per worker thread in flight."""
+    with ClientHandle(scheduler, max(1, len(requests)), partials_in=out_dir) as handle:
+        distributed = import_distributed()
+        nthreads = handle.n_workers()
+        bs = batch_size or max(1, min(64, len(requests) // (4 * nthreads) or 1))
+        batches = [requests[i:i + bs] for i in range(0, len(requests), bs)]
+        it = iter(batches)
+        ac = distributed.as_completed()
+        for _ in range(2 * nthreads):
+            b = next(it, None)
+            if b is None:
+                break
+            ac.add(handle.client.submit(task, b, pure=False))
+        for fut in ac:
+            collect(fut.result())
+            fut.release()
+            b = next(it, None)
+            if b is not None:
+                ac.add(handle.client.submit(task, b, pure=False))

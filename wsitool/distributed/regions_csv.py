@@ -100,45 +100,57 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
             if not row or all(not c.strip() for c in row):
                 continue
             if header is None:
-                header = [c.strip().lower() for c in row]
-                missing = [c for c in _REQUIRED if c not in header]
-                if missing:
-                    raise InvalidRegionError(
-                        f"{path}: line {reader.line_num}: missing column(s) {', '.join(missing)} "
-                        f"(the header must name x, y, level, width, height and optionally name)"
-                    )
+                header = _header(row, f"{path}: line {reader.line_num}")
                 continue
             where = f"{path}: line {reader.line_num}"
-            if len(row) < len(header):
-                row = row + [""] * (len(header) - len(row))
-            rec = dict(zip(header, (c.strip() for c in row), strict=False))
-            vals = {}
-            for col in _REQUIRED:
-                try:
-                    vals[col] = int(rec[col])
-                except ValueError:
-                    raise InvalidRegionError(
-                        f"{where}: column {col} must be an integer, got {rec[col]!r}"
-                    ) from None
-            if vals["width"] <= 0 or vals["height"] <= 0:
-                raise InvalidRegionError(
-                    f"{where}: width and height must be positive, got {vals['width']}x{vals['height']}"
-                )
-            if vals["level"] < 0:
-                raise InvalidRegionError(f"{where}: level must be >= 0, got {vals['level']}")
-            n = len(out) + 1
-            name = rec.get("name") or (
-                f"{n:06d}_x{vals['x']}_y{vals['y']}_L{vals['level']}_{vals['width']}x{vals['height']}"
-            )
-            check_name(name, where)
-            if name in seen:
-                raise InvalidRegionError(f"{where}: duplicate region name {name!r} (also on line {seen[name]})")
-            seen[name] = reader.line_num
-            out.append(RegionRequest(name=name, **vals))
+            req = _request(row, header, where, len(out) + 1)
+            if req.name in seen:
+                raise InvalidRegionError(f"{where}: duplicate region name {req.name!r} (also on line "
+                                         f"{seen[req.name]})")
+            seen[req.name] = reader.line_num
+            out.append(req)
     except csv.Error as exc:  # a NUL byte, an unterminated quote at the end, a huge field
         raise InvalidRegionError(f"{path}: line {reader.line_num}: not a valid CSV row ({exc})") from None
     if header is None:
         raise InvalidRegionError(f"{path}: empty regions file (expected a header x,y,level,width,height[,name])")
     return out
+
+
+def _header(row: list[str], where: str) -> list[str]:
+    """The column names of the header ``row`` (stripped, lower case); InvalidRegionError when a required
+    one is missing."""
+    header = [c.strip().lower() for c in row]
+    missing = [c for c in _REQUIRED if c not in header]
+    if missing:
+        raise InvalidRegionError(
+            f"{where}: missing column(s) {', '.join(missing)} "
+            f"(the header must name x, y, level, width, height and optionally name)"
+        )
+    return header
+
+
+def _request(row: list[str], header: list[str], where: str, n: int) -> RegionRequest:
+    """The request of data row number ``n`` (1-based; its default name); InvalidRegionError naming
+    ``where`` for a value that is not an integer, a size or level out of range, a bad name."""
+    if len(row) < len(header):
+        row = row + [""] * (len(header) - len(row))
+    rec = dict(zip(header, (c.strip() for c in row), strict=False))
+    vals = {}
+    for col in _REQUIRED:
+        try:
+            vals[col] = int(rec[col])
+        except ValueError:
+            raise InvalidRegionError(f"{where}: column {col} must be an integer, got {rec[col]!r}") from None
+    if vals["width"] <= 0 or vals["height"] <= 0:
+        raise InvalidRegionError(
+            f"{where}: width and height must be positive, got {vals['width']}x{vals['height']}"
+        )
+    if vals["level"] < 0:
+        raise InvalidRegionError(f"{where}: level must be >= 0, got {vals['level']}")
+    name = rec.get("name") or (
+        f"{n:06d}_x{vals['x']}_y{vals['y']}_L{vals['level']}_{vals['width']}x{vals['height']}"
+    )
+    check_name(name, where)
+    return RegionRequest(name=name, **vals)
 
 

@@ -54,8 +54,8 @@ class LevelImage:
         self.image[y0:y1, x0:x1] = tile[:y1 - y0, :x1 - x0]
 
 
-def associated_for_export(slide, label: bool, associated: bool,
-                           on_error: str) -> list[tuple[str, np.ndarray]]:
+def associated_for_export(slide, label: bool, associated: bool, on_error: str, *,
+                          stacklevel: int = 3) -> list[tuple[str, np.ndarray]]:
     """The source's ``label`` and ``macro`` images to carry over, in that order.
 
     ``associated=False`` drops both, ``label=False`` the label (it often
@@ -65,7 +65,8 @@ def associated_for_export(slide, label: bool, associated: bool,
     Raises:
         WsiError: (or a subclass) an associated image cannot be read, with
             ``on_error="raise"``; with ``"fill"`` it is left out with a
-            :class:`~wsitool.errors.TileWarning`.
+            :class:`~wsitool.errors.TileWarning` (``stacklevel`` as :func:`warnings.warn`'s,
+            from this function: the frame it is attributed to).
     """
     if not associated:
         return []
@@ -82,7 +83,7 @@ def associated_for_export(slide, label: bool, associated: bool,
                 raise
 
             warnings.warn(f"{slide.path}: associated image {name!r} left out: {exc}", TileWarning,
-                          stacklevel=3)
+                          stacklevel=stacklevel)
             continue
         out.append((name, np.ascontiguousarray(arr[..., :3], dtype=np.uint8)))
     return out

@@ -24,6 +24,7 @@ type JPEG cannot hold), ``none``, or ``jpeg`` for 8-bit channels (lossy).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from ..settings import get_limits
 from ..version import __version__
 from . import omexml
 from .associated import associated_for_export
+from .options import ExportOptions
 from .plan import ExportResult, output_metadata
 
 __all__ = ["export_channels", "CHANNEL_COMPRESSIONS"]
@@ -67,12 +69,14 @@ def _dims(w: int, h: int, tile: int) -> list[tuple[int, int]]:
     return dims
 
 
-def export_channels(slide, final: Path, L: int, rect: tuple[int, int, int, int], tile: int,
-                    compression: str, quality: int, sources, *, label: bool, associated: bool,
-                    on_error: str, threads: int | None, overwrite: bool = False,
-                    progress=None) -> ExportResult:
+def export_channels(slide, final: Path, L: int, rect: tuple[int, int, int, int], options: ExportOptions,
+                    sources: Sequence[str], *, progress: Callable[[int, int], None] | None = None) -> ExportResult:
     """Write level ``L``'s rectangle ``rect`` (``rx, ry, w, h`` in pixels of the level) of the
     multi-channel ``slide`` as a multi-channel OME-TIFF at ``final`` (atomically).
+
+    Of ``options``: ``tile_size``, ``compression`` (:data:`CHANNEL_COMPRESSIONS`),
+    ``quality`` (JPEG), ``label`` and ``associated``, ``on_error``, ``threads`` (reads)
+    and ``overwrite``; ``progress(tiles_done, tiles_total)`` after each channel.
 
     Raises:
         InvalidRegionError: a compression other than :data:`CHANNEL_COMPRESSIONS`.
@@ -82,23 +86,89 @@ def export_channels(slide, final: Path, L: int, rect: tuple[int, int, int, int],
     """
     t0 = time.perf_counter()
     lv = slide.levels[L]
-    if compression not in CHANNEL_COMPRESSIONS:
-        raise InvalidRegionError(f"{slide.path}: a multi-channel OME-TIFF export takes compression "
-                                 f"{', '.join(CHANNEL_COMPRESSIONS)}, not {compression!r}")
-    codec = CHANNEL_COMPRESSIONS[compression]
-    if codec == "jpeg" and lv.dtype != np.uint8:
-        codec, compression = "zlib", "deflate"  # JPEG holds 8-bit samples only
+    codec, compression = _channel_codec(slide, lv, options.compression)
     rx, ry, w, h = rect
     need = w * h * lv.dtype.itemsize
     if need > get_limits().max_region_bytes:
         raise ResourceLimitError(f"{slide.path}: one channel of the {w}x{h} region needs {need} bytes, "
                                  f"over the max_region_bytes limit {get_limits().max_region_bytes}")
-    ds = lv.downsample
-    loc = (int(round(rx * ds)), int(round(ry * ds)))
+    tile = options.tile_size
     dims = _dims(w, h, tile)
     meta = output_metadata(slide, L)
-    extra = associated_for_export(slide, label, associated, on_error)
+    extra = associated_for_export(slide, options.label, options.associated, options.on_error,
+                                  stacklevel=5)  # export_pyramid's caller
     channels = slide.channels
+    xml = _channels_xml(final, lv, channels, (w, h), meta, extra)
+    args: dict = dict(tile=(tile, tile), compression=codec, photometric="minisblack", software=SOFTWARE,
+                      metadata=None)
+    if codec == "jpeg":
+        args["compressionargs"] = {"level": options.quality}
+    total = sum(-(-a // tile) * -(-b // tile) for a, b in dims) * len(channels)
+    ds = lv.downsample
+    loc = (int(round(rx * ds)), int(round(ry * ds)))
+
+    def channel_levels(c: int) -> list[np.ndarray]:
+        plane = slide.read_region(loc, L, (w, h), mode="raw", channels=[c], threads=options.thread_count,
+                                  on_error=options.on_error)[..., 0]
+        levels = [plane]
+        for _ in dims[1:]:
+            levels.append(_reduce2(levels[-1]))
+        return levels
+
+    def write(tw: tifffile.TiffWriter) -> None:
+        _write_channels(tw, channel_levels, len(channels), xml, meta, dims, args, total, progress)
+        _write_extra(tw, extra)
+
+    nbytes = _write_atomically(final, sources, need * len(channels) * 2 > (1 << 31), write, options.overwrite)
+    return ExportResult(
+        output=final, format="ome-tiff", level_dimensions=list(dims),
+        tiles_written=total, tiles_missing=0, tiles_failed=0,
+        seconds=time.perf_counter() - t0, tile_size=tile, compression=compression,
+        bytes_written=nbytes, memory_bound=need * 2, source_levels=[L] * len(dims))
+
+
+def _write_atomically(final: Path, sources: Sequence[str], bigtiff: bool,
+                      write: Callable[[tifffile.TiffWriter], None], overwrite: bool) -> int:
+    """Run ``write`` on a TiffWriter of the exclusive partial of ``final`` and commit it;
+    returns the bytes written.  On any error the partial is removed (an OS error
+    re-raised naming ``final``)."""
+    partial, fh = atomic.open_file(final, sources, read=True)
+    try:
+        with fh:
+            with tifffile.TiffWriter(fh, bigtiff=bigtiff, ome=False) as tw:
+                write(tw)
+            fh.flush()
+            nbytes = fh.tell()
+        partial.commit(overwrite)
+    except BaseException as exc:
+        partial.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
+            raise atomic.user_error(exc, final) from None
+        raise
+    return nbytes
+
+
+def _channel_codec(slide, lv, compression: str) -> tuple[str | None, str]:
+    """``(tifffile codec, compression name)`` of a channel export: JPEG holds 8-bit samples
+    only, so ``jpeg`` of a wider sample type becomes ``deflate``.
+
+    Raises:
+        InvalidRegionError: a compression other than :data:`CHANNEL_COMPRESSIONS`.
+    """
+    if compression not in CHANNEL_COMPRESSIONS:
+        raise InvalidRegionError(f"{slide.path}: a multi-channel OME-TIFF export takes compression "
+                                 f"{', '.join(CHANNEL_COMPRESSIONS)}, not {compression!r}")
+    codec = CHANNEL_COMPRESSIONS[compression]
+    if codec == "jpeg" and lv.dtype != np.uint8:
+        return "zlib", "deflate"  # JPEG holds 8-bit samples only
+    return codec, compression
+
+
+def _channels_xml(final: Path, lv, channels, size: tuple[int, int], meta: dict,
+                  extra: list[tuple[str, np.ndarray]]) -> bytes:
+    """The ImageDescription: the OME-XML of the channel pyramid (every channel named and
+    coloured) and of the label and macro Images after it."""
+    w, h = size
     images = [omexml.OmeImage(
         final.name.split(".")[0], w, h, 0, dtype=lv.dtype.name,
         channels=[omexml.OmeChannel(samples=1, name=c.name, color=tuple(c.color), emission_nm=c.emission_nm,
@@ -108,47 +178,30 @@ def export_channels(slide, final: Path, L: int, rect: tuple[int, int, int, int],
     for k, (name, image) in enumerate(extra):
         images.append(omexml.OmeImage(name, image.shape[1], image.shape[0], len(channels) + k,
                                       acquired=meta.get("acquired")))
-    xml = omexml.as_description(omexml.ome_xml(images, instrument=meta.get("instrument"), creator=SOFTWARE))
-    args = dict(tile=(tile, tile), compression=codec, photometric="minisblack", software=SOFTWARE,
-                metadata=None)
-    if codec == "jpeg":
-        args["compressionargs"] = {"level": quality}
-    total = sum(-(-a // tile) * -(-b // tile) for a, b in dims) * len(channels)
+    return omexml.as_description(omexml.ome_xml(images, instrument=meta.get("instrument"), creator=SOFTWARE))
+
+
+def _write_channels(tw: tifffile.TiffWriter, channel_levels: Callable[[int], list[np.ndarray]], n: int,
+                    xml: bytes, meta: dict, dims: list[tuple[int, int]], args: dict, total: int,
+                    progress: Callable[[int, int], None] | None) -> None:
+    """One top-level page per channel (the OME-XML on the first), its reductions as SubIFDs."""
     done = 0
-    partial, fh = atomic.open_file(final, sources, read=True)
-    try:
-        with fh:
-            big = need * len(channels) * 2 > (1 << 31)
-            with tifffile.TiffWriter(fh, bigtiff=big, ome=False) as tw:
-                for c in range(len(channels)):
-                    plane = slide.read_region(loc, L, (w, h), mode="raw", channels=[c], threads=threads,
-                                              on_error=on_error)[..., 0]
-                    levels = [plane]
-                    for _ in dims[1:]:
-                        levels.append(_reduce2(levels[-1]))
-                    tw.write(levels[0], subifds=len(dims) - 1, description=xml if c == 0 else None,
-                             **_resolution(meta, dims, 0), **args)
-                    for k in range(1, len(dims)):
-                        tw.write(levels[k], subfiletype=1, **_resolution(meta, dims, k), **args)
-                    done += total // len(channels)
-                    if progress is not None:
-                        progress(done, total)
-                for _name, image in extra:
-                    tw.write(image, photometric="rgb" if image.ndim == 3 else "minisblack",
-                             compression="zlib", rowsperstrip=16, metadata=None, software=SOFTWARE)
-            fh.flush()
-            nbytes = fh.tell()
-        partial.commit(overwrite)
-    except BaseException as exc:
-        partial.abort()
-        if isinstance(exc, OSError) and not isinstance(exc, WsiError):
-            raise atomic.user_error(exc, final) from None
-        raise
-    return ExportResult(
-        output=final, format="ome-tiff", level_dimensions=[tuple(d) for d in dims],
-        tiles_written=total, tiles_missing=0, tiles_failed=0,
-        seconds=time.perf_counter() - t0, tile_size=tile, compression=compression,
-        bytes_written=nbytes, memory_bound=need * 2, source_levels=[L] * len(dims))
+    for c in range(n):
+        levels = channel_levels(c)
+        tw.write(levels[0], subifds=len(dims) - 1, description=xml if c == 0 else None,
+                 **_resolution(meta, dims, 0), **args)
+        for k in range(1, len(dims)):
+            tw.write(levels[k], subfiletype=1, **_resolution(meta, dims, k), **args)
+        done += total // n
+        if progress is not None:
+            progress(done, total)
+
+
+def _write_extra(tw: tifffile.TiffWriter, extra: list[tuple[str, np.ndarray]]) -> None:
+    """The label and macro, stripped and deflated, after the channels."""
+    for _name, image in extra:
+        tw.write(image, photometric="rgb" if image.ndim == 3 else "minisblack",
+                 compression="zlib", rowsperstrip=16, metadata=None, software=SOFTWARE)
 
 
 def _resolution(meta: dict, dims, k: int) -> dict:

@@ -16,13 +16,15 @@ here are its reference (``tests/export/test_boxfilter.py``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 
 from ..deepzoom import tile_span
 from .plan import sum_dtype, window_rows
 
-try:  # the compiled 2:1 sums (setup.py); the numpy code below is the reference
+_boxfilter: ModuleType | None  # the compiled 2:1 sums (setup.py); the numpy code below is the reference
+try:
     from .. import _boxfilter
 except ImportError:  # pragma: no cover - built without a C compiler
     _boxfilter = None
@@ -163,9 +165,10 @@ class PyramidBuilder:
                        for k, (w, h) in enumerate(dims)]
         self.paired0 = 0  # next level-0 row not yet halved into level 1
         # Sums of each lower level's newest rows: row 0 holds the carried unpaired row, rows
-        # 1.. the rows that arrived from the level above (at most (strip >> k) + 2 a strip).
-        self.sums = [None] + [np.empty(((strip >> k) + 3, w, 3), sum_dtype(k))
-                              for k, (w, _h) in enumerate(dims) if k > 0]
+        # 1.. the rows that arrived from the level above (at most (strip >> k) + 2 a strip);
+        # level 0 has none (an empty placeholder keeps the list indexed by level).
+        self.sums: list[np.ndarray] = [np.empty((0, 0, 3), np.uint8)] + [
+            np.empty(((strip >> k) + 3, w, 3), sum_dtype(k)) for k, (w, _h) in enumerate(dims) if k > 0]
         self.carry = [False] * len(dims)
         self.made = [0] * len(dims)  # rows of each level made so far
 

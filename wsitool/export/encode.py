@@ -17,8 +17,10 @@ with imagecodecs.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+import contextvars
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import imagecodecs
 import numpy as np
@@ -33,6 +35,13 @@ from .source import StripSource
 #: JPEG 2000 slide (Aperio "J2K/KDU Q=70", 3.90 MB) re-exports to 4.18 MB (6 levels);
 #: 40 dB is about what JPEG at quality 90 gives on H&E tissue.
 DEFAULT_PSNR = 40.0
+
+
+#: An output tile: ``(level, col, row, encoded bytes)``.
+Tile = tuple[int, int, int, bytes]
+
+#: The tiles of an export as the writers take them: a generator (closed on an error).
+TileStream = Generator[Tile, None, None]
 
 
 class TileCodec:
@@ -60,26 +69,28 @@ class TileCodec:
         """
         if self.compression == "jpeg":
             try:
-                return imagecodecs.jpeg8_encode(tile, level=self.quality, subsampling=self._subsampling)
+                # (imagecodecs' stubs say bytes | bytearray: bytearray only when given one as out=)
+                return cast(bytes, imagecodecs.jpeg8_encode(tile, level=self.quality, subsampling=self._subsampling))
             except Exception as exc:  # imagecodecs.JpegError and friends
                 raise WsiError(f"libjpeg-turbo could not encode a {tile.shape[1]}x{tile.shape[0]} "
                                f"JPEG tile: {exc}") from None
         if self.compression == "jpeg2000":
             try:
                 if self.psnr > 0:
-                    return imagecodecs.jpeg2k_encode(tile, level=self.psnr, codecformat="j2k",
-                                                     reversible=False, numthreads=1)
-                return imagecodecs.jpeg2k_encode(tile, level=0, codecformat="j2k", reversible=True,
-                                                 numthreads=1)
+                    return cast(bytes, imagecodecs.jpeg2k_encode(  # level: the PSNR in dB, a float
+                        tile, level=self.psnr,  # type: ignore[arg-type]  # imagecodecs' stub: int only
+                        codecformat="j2k", reversible=False, numthreads=1))
+                return cast(bytes, imagecodecs.jpeg2k_encode(tile, level=0, codecformat="j2k", reversible=True,
+                                                             numthreads=1))
             except Exception as exc:  # imagecodecs.Jpeg2kError
                 raise WsiError(f"OpenJPEG could not encode a {tile.shape[1]}x{tile.shape[0]} "
                                f"JPEG 2000 tile: {exc}") from None
         if self.fmt == "dzi":  # PNG tiles (deflate, or stored blocks for "none")
-            return imagecodecs.png_encode(tile, level=6 if self.compression == "deflate" else 0)
+            return cast(bytes, imagecodecs.png_encode(tile, level=6 if self.compression == "deflate" else 0))
         if self.compression == "deflate":
             diff = tile.copy()
             diff[:, 1:] -= tile[:, :-1]  # TIFF predictor 2, modulo 256
-            return imagecodecs.deflate_encode(diff, level=6)
+            return cast(bytes, imagecodecs.deflate_encode(diff, level=6))  # type: ignore[arg-type]  # any buffer
         return tile.tobytes()
 
 
@@ -125,7 +136,7 @@ class TileCounter:
 
 
 def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, threads: int,
-                   keep: LevelImage | None = None, skip: int = 0) -> Iterator[tuple[int, int, int, bytes]]:
+                   keep: LevelImage | None = None, skip: int = 0) -> TileStream:
     """Every output tile as ``(level, col, row, bytes)``; each level in row-major order.
 
     ``keep``: the tiles of its level are also copied into it (the pixels of
@@ -153,21 +164,22 @@ def encoded_tiles(src: StripSource, pyramid: PyramidBuilder, codec: TileCodec, t
     try:
         lv0 = pyramid.levels[0]
         if strips:
-            ahead = reader.submit(src.read, strips[0][0], staging[:strips[0][1]])
+            ahead = reader.submit(contextvars.copy_context().run, src.read, strips[0][0], staging[:strips[0][1]])
         for i, (_sy, rows) in enumerate(strips):
+            assert ahead is not None  # submitted before the loop and at the end of each step
             ahead.result()
             ahead = None
             lv0.tail(rows)[...] = staging[:rows]
             lv0.n += rows
             if i + 1 < len(strips):
                 ny, nrows = strips[i + 1]
-                ahead = reader.submit(src.read, ny, staging[:nrows])
+                ahead = reader.submit(contextvars.copy_context().run, src.read, ny, staging[:nrows])
             for k, c, r, tile in pyramid.advance():
                 if keep is not None and k == keep.level:
                     keep.add(c, r, tile)
                 if k < skip:
                     continue
-                pending.append((k, c, r, executor.submit(codec.encode, tile)))
+                pending.append((k, c, r, executor.submit(contextvars.copy_context().run, codec.encode, tile)))
                 del tile
                 while len(pending) >= q:
                     k2, c2, r2, fut = pending.popleft()

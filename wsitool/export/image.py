@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import imagecodecs
 import numpy as np
 import tifffile
 
 from .. import atomic
+from ..errors import InvalidOptionError
 
 #: File types :func:`write_image` writes, by extension.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".npy")
@@ -31,12 +33,12 @@ def check_image_extension(path: Path) -> None:
     before reading anything).
 
     Raises:
-        ValueError: the extension is not one of :data:`IMAGE_EXTENSIONS`.
+        InvalidOptionError: the extension is not one of :data:`IMAGE_EXTENSIONS` (a ``ValueError``).
     """
     ext = path.suffix.lower()
     if ext not in IMAGE_EXTENSIONS:
-        raise ValueError(f"{path}: unknown output extension {ext!r} (use .png, .jpg, .jpeg, .webp, "
-                         ".tif, .tiff or .npy)")
+        raise InvalidOptionError(f"{path}: unknown output extension {ext!r} (use .png, .jpg, .jpeg, .webp, "
+                                 ".tif, .tiff or .npy)")
 
 
 def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
@@ -57,9 +59,9 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
             lossless); ignored by the other types.
 
     Raises:
-        ValueError: unknown extension; a JPEG or WebP of samples that are not
-            uint8, or of other than 1 (JPEG: also 2), 3 or 4 channels; a quality
-            outside 1..100.
+        InvalidOptionError: (a ``ValueError``) unknown extension; a JPEG or WebP of
+            samples that are not uint8, or of other than 1 (JPEG: also 2), 3 or 4
+            channels; a quality outside 1..100.
         OutputIsSourceError: ``path`` is one of ``sources`` (also a ValueError).
         OutputExistsError: ``path`` exists and ``overwrite`` is False (a FileExistsError).
         IsADirectoryError: ``path`` is an existing folder.
@@ -97,14 +99,14 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
 
 
 def _encode_8bit(path: Path, arr: np.ndarray, ext: str, quality: int) -> bytes:
-    """``arr`` as JPEG or WebP bytes (see the module notes); ValueError naming ``path``
+    """``arr`` as JPEG or WebP bytes (see the module notes); InvalidOptionError naming ``path``
     for what the format cannot hold."""
     kind = "WebP" if ext == ".webp" else "JPEG"
     if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) or not 1 <= quality <= 100:
-        raise ValueError(f"{path}: quality must be 1..100, got {quality!r}")
+        raise InvalidOptionError(f"{path}: quality must be 1..100, got {quality!r}")
     if arr.dtype != np.uint8:
-        raise ValueError(f"{path}: {kind} holds 8-bit samples, this region is {arr.dtype} "
-                         "(write .tif or .npy)")
+        raise InvalidOptionError(f"{path}: {kind} holds 8-bit samples, this region is {arr.dtype} "
+                                 "(write .tif or .npy)")
     if arr.ndim == 2:
         arr = arr[..., None]
     channels = arr.shape[2]
@@ -115,15 +117,16 @@ def _encode_8bit(path: Path, arr: np.ndarray, ext: str, quality: int) -> bytes:
             arr = ((rgb * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
             channels -= 1
         if channels not in (1, 3):
-            raise ValueError(f"{path}: JPEG holds 1 or 3 channels, this region has {channels}")
+            raise InvalidOptionError(f"{path}: JPEG holds 1 or 3 channels, this region has {channels}")
         sub = "444" if quality >= 90 else "420"
-        return imagecodecs.jpeg8_encode(np.ascontiguousarray(arr if channels == 3 else arr[..., 0]),
-                                        level=int(quality), subsampling=sub)
+        # (cast: imagecodecs' stubs say bytes | bytearray, bytearray only when given one as out=)
+        pixels = np.ascontiguousarray(arr if channels == 3 else arr[..., 0])
+        return cast(bytes, imagecodecs.jpeg8_encode(pixels, level=int(quality), subsampling=sub))
     if channels not in (3, 4):
         if channels == 1:
             arr = np.repeat(arr, 3, axis=2)
         else:
-            raise ValueError(f"{path}: WebP holds 3 or 4 channels, this region has {channels}")
+            raise InvalidOptionError(f"{path}: WebP holds 3 or 4 channels, this region has {channels}")
     if quality >= 100:
-        return imagecodecs.webp_encode(np.ascontiguousarray(arr), lossless=True)
-    return imagecodecs.webp_encode(np.ascontiguousarray(arr), level=int(quality))
+        return cast(bytes, imagecodecs.webp_encode(np.ascontiguousarray(arr), lossless=True))
+    return cast(bytes, imagecodecs.webp_encode(np.ascontiguousarray(arr), level=int(quality)))

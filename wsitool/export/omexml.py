@@ -34,6 +34,8 @@ import xml.sax.saxutils as sax
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from ..errors import InvalidOptionError
+
 __all__ = ["OmeChannel", "OmeImage", "Instrument", "ome_xml", "as_description", "acquisition_date",
            "instrument_from"]
 
@@ -118,58 +120,19 @@ def ome_xml(images: Sequence[OmeImage], *, instrument: Instrument | None = None,
         creator: the ``OME@Creator`` attribute.
 
     Raises:
-        ValueError: no image, or an image without channels or with a size < 1.
+        InvalidOptionError: (a ``ValueError``) no image, or an image without channels
+            or with a size < 1.
     """
     if not images:
-        raise ValueError("an OME-XML document needs at least one image")
+        raise InvalidOptionError("an OME-XML document needs at least one image")
     out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f"<OME{_attrs(xmlns=NAMESPACE)} xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\""
            f"{_attrs(Creator=creator)} xsi:schemaLocation=\"{SCHEMA_LOCATION}\">"]
-    has_instrument = instrument is not None and not instrument.empty()
-    has_objective = has_instrument and instrument.magnification is not None
-    if has_instrument:
-        out.append('<Instrument ID="Instrument:0">')
-        if any(v is not None for v in (instrument.manufacturer, instrument.model, instrument.serial)):
-            scope = _attrs(Manufacturer=instrument.manufacturer, Model=instrument.model, SerialNumber=instrument.serial)
-            out.append(f"<Microscope{scope}/>")
-        if has_objective:
-            out.append(f'<Objective ID="Objective:0:0"{_attrs(NominalMagnification=float(instrument.magnification))}/>')
-        out.append("</Instrument>")
+    used = instrument if instrument is not None and not instrument.empty() else None
+    if used is not None:
+        out.extend(_instrument_xml(used))
     for i, im in enumerate(images):
-        if im.width < 1 or im.height < 1 or not im.channels:
-            raise ValueError(f"image {i} ({im.name!r}): {im.width}x{im.height}, "
-                             f"{len(im.channels)} channel(s)")
-        out.append(f'<Image ID="Image:{i}"{_attrs(Name=im.name)}>')
-        if im.acquired is not None:
-            out.append(f"<AcquisitionDate>{im.acquired.replace(microsecond=0).isoformat()}</AcquisitionDate>")
-        if has_instrument:
-            out.append('<InstrumentRef ID="Instrument:0"/>')
-            if has_objective and im.objective:
-                out.append('<ObjectiveSettings ID="Objective:0:0"/>')
-        size_c = sum(c.samples for c in im.channels)
-        phys = {}
-        if im.physical_size_um is not None:
-            phys = dict(PhysicalSizeX=float(im.physical_size_um[0]), PhysicalSizeXUnit="µm",
-                        PhysicalSizeY=float(im.physical_size_um[1]), PhysicalSizeYUnit="µm")
-        interleaved = any(c.samples > 1 for c in im.channels)
-        out.append(f'<Pixels ID="Pixels:{i}" DimensionOrder="XYCZT"'
-                   f"{_attrs(Type=im.dtype, Interleaved=interleaved if interleaved else None)}"
-                   f"{_attrs(SizeX=im.width, SizeY=im.height, SizeZ=1, SizeC=size_c, SizeT=1, **phys)}>")
-        for c, ch in enumerate(im.channels):
-            color = _color(ch.color) if ch.color else None
-            emission_unit = "nm" if ch.emission_nm else None
-            excitation_unit = "nm" if ch.excitation_nm else None
-            out.append(f'<Channel ID="Channel:{i}:{c}"'
-                       f"{_attrs(SamplesPerPixel=ch.samples, Name=ch.name, Color=color)}"
-                       f"{_attrs(EmissionWavelength=ch.emission_nm, EmissionWavelengthUnit=emission_unit)}"
-                       f"{_attrs(ExcitationWavelength=ch.excitation_nm, ExcitationWavelengthUnit=excitation_unit)}>"
-                       "<LightPath/></Channel>")
-        planes = len(im.channels) if not interleaved else 1
-        out.append(f'<TiffData IFD="{im.ifd}" PlaneCount="{planes}"/>')
-        out.append("</Pixels>")
-        if annotation is not None and i == 0:
-            out.append('<AnnotationRef ID="Annotation:0"/>')
-        out.append("</Image>")
+        out.extend(_image_xml(i, im, used, annotation is not None and i == 0))
     if annotation is not None:
         namespace, values = annotation
         items = "".join(f"<M{_attrs(K=k)}>{sax.escape(_text(v))}</M>" for k, v in values.items())
@@ -179,6 +142,66 @@ def ome_xml(images: Sequence[OmeImage], *, instrument: Instrument | None = None,
     # 7-bit ASCII, as TIFF strings are (TIFF 6.0 section 2): "µm" and any other
     # character outside ASCII become XML character references (&#181;)
     return "".join(out).encode("ascii", "xmlcharrefreplace").decode("ascii")
+
+
+def _instrument_xml(instrument: Instrument) -> list[str]:
+    """The ``Instrument`` element: its ``Microscope`` and ``Objective`` where known."""
+    out = ['<Instrument ID="Instrument:0">']
+    if any(v is not None for v in (instrument.manufacturer, instrument.model, instrument.serial)):
+        scope = _attrs(Manufacturer=instrument.manufacturer, Model=instrument.model, SerialNumber=instrument.serial)
+        out.append(f"<Microscope{scope}/>")
+    if instrument.magnification is not None:
+        out.append(f'<Objective ID="Objective:0:0"{_attrs(NominalMagnification=float(instrument.magnification))}/>')
+    out.append("</Instrument>")
+    return out
+
+
+def _image_xml(i: int, im: OmeImage, instrument: Instrument | None, annotated: bool) -> list[str]:
+    """The ``Image`` element of image ``i``: date, instrument references, ``Pixels`` with its
+    channels and ``TiffData``, and the annotation reference where ``annotated``.
+
+    Raises:
+        InvalidOptionError: the image has no channel or a size < 1.
+    """
+    if im.width < 1 or im.height < 1 or not im.channels:
+        raise InvalidOptionError(f"image {i} ({im.name!r}): {im.width}x{im.height}, "
+                                 f"{len(im.channels)} channel(s)")
+    out = [f'<Image ID="Image:{i}"{_attrs(Name=im.name)}>']
+    if im.acquired is not None:
+        out.append(f"<AcquisitionDate>{im.acquired.replace(microsecond=0).isoformat()}</AcquisitionDate>")
+    if instrument is not None:
+        out.append('<InstrumentRef ID="Instrument:0"/>')
+        if instrument.magnification is not None and im.objective:
+            out.append('<ObjectiveSettings ID="Objective:0:0"/>')
+    size_c = sum(c.samples for c in im.channels)
+    phys = {}
+    if im.physical_size_um is not None:
+        phys = dict(PhysicalSizeX=float(im.physical_size_um[0]), PhysicalSizeXUnit="µm",
+                    PhysicalSizeY=float(im.physical_size_um[1]), PhysicalSizeYUnit="µm")
+    interleaved = any(c.samples > 1 for c in im.channels)
+    out.append(f'<Pixels ID="Pixels:{i}" DimensionOrder="XYCZT"'
+               f"{_attrs(Type=im.dtype, Interleaved=interleaved if interleaved else None)}"
+               f"{_attrs(SizeX=im.width, SizeY=im.height, SizeZ=1, SizeC=size_c, SizeT=1, **phys)}>")
+    out.extend(_channel_xml(i, c, ch) for c, ch in enumerate(im.channels))
+    planes = len(im.channels) if not interleaved else 1
+    out.append(f'<TiffData IFD="{im.ifd}" PlaneCount="{planes}"/>')
+    out.append("</Pixels>")
+    if annotated:
+        out.append('<AnnotationRef ID="Annotation:0"/>')
+    out.append("</Image>")
+    return out
+
+
+def _channel_xml(i: int, c: int, ch: OmeChannel) -> str:
+    """The ``Channel`` element ``c`` of image ``i``: samples, name, colour, wavelengths."""
+    color = _color(ch.color) if ch.color else None
+    emission_unit = "nm" if ch.emission_nm else None
+    excitation_unit = "nm" if ch.excitation_nm else None
+    return (f'<Channel ID="Channel:{i}:{c}"'
+            f"{_attrs(SamplesPerPixel=ch.samples, Name=ch.name, Color=color)}"
+            f"{_attrs(EmissionWavelength=ch.emission_nm, EmissionWavelengthUnit=emission_unit)}"
+            f"{_attrs(ExcitationWavelength=ch.excitation_nm, ExcitationWavelengthUnit=excitation_unit)}>"
+            "<LightPath/></Channel>")
 
 
 def as_description(xml: str) -> bytes:

@@ -59,9 +59,10 @@ from ..bitstream import SOI, jpeg_sof
 from ..codec.headers import check_header, codestream
 from ..codec.pool import DecodeStats
 from ..codec.tilebytes import jpeg_stream, read_tile_bytes
-from ..errors import InvalidRegionError, TileDecodeError, UnsupportedFormatError
+from ..errors import InvalidOptionError, InvalidRegionError, TileDecodeError, UnsupportedFormatError
 from ..geometry import level0_coordinate
 from ..model import Level
+from ..slide import pyramid_levels
 
 JPEG = 7
 J2K_CODES = frozenset({33003, 33005, 34712})
@@ -242,58 +243,74 @@ def plan_copy(slide, L: int, rx: int, ry: int, w: int, h: int, fmt: str) -> Copy
     Raises:
         InvalidRegionError: the region is not tile-aligned (one line saying how).
         UnsupportedFormatError: a level's tiles cannot be copied (module docstring).
-        ValueError: ``fmt`` is ``dzi``.
+        InvalidOptionError: ``fmt`` is ``dzi`` (a ``ValueError``).
     """
     if fmt == "dzi":
-        raise ValueError("compression copy writes TIFF formats (tiff, ome-tiff); Deep Zoom tiles "
+        raise InvalidOptionError("compression copy writes TIFF formats (tiff, ome-tiff); Deep Zoom tiles "
                          "are re-encoded")
-    levels = slide.levels
+    levels = pyramid_levels(slide)
     lv = levels[L]
     _copyable(lv)
     whole = (rx, ry, w, h) == (0, 0, lv.width, lv.height)
     if not whole:
-        tw, th = lv.tile_width, lv.tile_height
-        if rx < 0 or ry < 0 or rx + w > lv.width or ry + h > lv.height:
-            raise InvalidRegionError(
-                f"{slide.path}: compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
-                f"inside the {lv.width}x{lv.height} level")
-        if not (_aligned(rx, tw, rx + w, lv.width) and _aligned(ry, th, ry + h, lv.height)):
-            raise InvalidRegionError(
-                f"{slide.path}: compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
-                f"on the {tw}x{th} tile grid (x, y, and the right/bottom edge unless at the level's "
-                "edge, must be multiples of the tile size)")
+        _check_copy_region(slide.path, lv, L, (rx, ry, w, h))
     copied: list[CopiedLevel] = []
     base_rect = (rx, ry, w, h)
     for k in range(L, len(levels)):
         src = levels[k]
-        if k == L:
-            cx, cy, cw, ch = rx, ry, w, h
-        else:
-            try:
-                _copyable(src)
-            except UnsupportedFormatError:
-                break  # computed from the last copied level instead
-            if whole:
-                cx, cy, cw, ch = 0, 0, src.width, src.height
-            else:
-                f = round(lv.width / src.width)
-                if (f < 2 or src.width != -(-lv.width // f) or src.height != -(-lv.height // f)
-                        or not _aligned(rx, f * src.tile_width, rx + w, lv.width)
-                        or not _aligned(ry, f * src.tile_height, ry + h, lv.height)):
-                    break
-                cx, cy, cw, ch = rx // f, ry // f, -(-w // f), -(-h // f)
-                if rx + w == lv.width:
-                    cw = src.width - cx
-                if ry + h == lv.height:
-                    ch = src.height - cy
+        rect = base_rect if k == L else _copied_rect(lv, src, whole, (rx, ry, w, h))
+        if rect is None:
+            break  # computed from the last copied level instead
+        cx, cy, cw, ch = rect
         col0, row0 = cx // src.tile_width, cy // src.tile_height
         cols, rows = -(-cw // src.tile_width), -(-ch // src.tile_height)
         page, kind = page_for(src, fmt, _first_tile(src, col0, row0, cols, rows))
         copied.append(CopiedLevel(src, cw, ch, col0, row0, cols, rows, page, kind))
-        base_rect = (cx, cy, cw, ch)
+        base_rect = rect
     base = copied[-1].level
     tile = base.tile_width if base.tile_width == base.tile_height else 256
     return CopyPlan(copied, base.index, base_rect, tile, reencode_for(base))
+
+
+def _check_copy_region(path: str, lv: Level, L: int, rect: tuple[int, int, int, int]) -> None:
+    """Raise :class:`InvalidRegionError` for a region (pixels of ``lv``, level ``L``) that is not inside
+    the level or not on its tile grid."""
+    rx, ry, w, h = rect
+    tw, th = lv.tile_width, lv.tile_height
+    if rx < 0 or ry < 0 or rx + w > lv.width or ry + h > lv.height:
+        raise InvalidRegionError(
+            f"{path}: compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
+            f"inside the {lv.width}x{lv.height} level")
+    if not (_aligned(rx, tw, rx + w, lv.width) and _aligned(ry, th, ry + h, lv.height)):
+        raise InvalidRegionError(
+            f"{path}: compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
+            f"on the {tw}x{th} tile grid (x, y, and the right/bottom edge unless at the level's "
+            "edge, must be multiples of the tile size)")
+
+
+def _copied_rect(lv: Level, src: Level, whole: bool,
+                 rect: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
+    """The part of the smaller level ``src`` copied for ``rect`` of ``lv`` (pixels of ``src``),
+    or None when ``src`` cannot be copied (its tiles, or a size or grid the region does not
+    divide: :func:`plan_copy`)."""
+    try:
+        _copyable(src)
+    except UnsupportedFormatError:
+        return None
+    if whole:
+        return 0, 0, src.width, src.height
+    rx, ry, w, h = rect
+    f = round(lv.width / src.width)
+    if (f < 2 or src.width != -(-lv.width // f) or src.height != -(-lv.height // f)
+            or not _aligned(rx, f * src.tile_width, rx + w, lv.width)
+            or not _aligned(ry, f * src.tile_height, ry + h, lv.height)):
+        return None
+    cx, cy, cw, ch = rx // f, ry // f, -(-w // f), -(-h // f)
+    if rx + w == lv.width:
+        cw = src.width - cx
+    if ry + h == lv.height:
+        ch = src.height - cy
+    return cx, cy, cw, ch
 
 
 class TileChecker:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..deepzoom import deepzoom_level_dimensions
+from ..errors import InvalidOptionError
 from . import omexml
 
 #: Output formats.
@@ -121,10 +122,10 @@ def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "t
     goes on down to 1 x 1 (as ``DeepZoomGenerator`` does).
 
     Raises:
-        ValueError: ``tile_size`` is not a positive integer.
+        InvalidOptionError: ``tile_size`` is not a positive integer (a ``ValueError``).
     """
     if not isinstance(tile_size, int) or tile_size < 1:
-        raise ValueError(f"tile_size must be a positive integer, got {tile_size!r}")
+        raise InvalidOptionError(f"tile_size must be a positive integer, got {tile_size!r}")
     if format == "dzi":  # the Deep Zoom levels, one geometry for the project (wsitool.deepzoom)
         return list(reversed(deepzoom_level_dimensions(width, height)))
     dims = [(int(width), int(height))]
@@ -323,14 +324,14 @@ def background_color(value) -> np.ndarray:
     """``(3,)`` uint8 ``(r, g, b)`` from any three integers 0..255 (strings of them too).
 
     Raises:
-        ValueError: not three integers, or one outside 0..255.
+        InvalidOptionError: not three integers, or one outside 0..255 (a ``ValueError``).
     """
     try:
         vals = [int(v) for v in value]
     except (TypeError, ValueError):
-        raise ValueError(f"background must be three integers 0..255, got {value!r}") from None
+        raise InvalidOptionError(f"background must be three integers 0..255, got {value!r}") from None
     if len(vals) != 3 or not all(0 <= v <= 255 for v in vals):
-        raise ValueError(f"background must be three integers 0..255, got {value!r}")
+        raise InvalidOptionError(f"background must be three integers 0..255, got {value!r}")
     return np.array(vals, np.uint8)
 
 
@@ -354,7 +355,7 @@ def output_metadata(slide, L: int) -> dict:
 
 
 
-def copy_memory_bound(copied_rows: list[tuple[int, int, int]], verify: bool, threads: int) -> int:
+def copy_memory_bound(copied_rows: list[tuple[int, int, int, int]], verify: bool, threads: int) -> int:
     """Buffers of the copy itself (``compression="copy"``), on top of :func:`memory_bound`
     of the computed levels, in bytes.
 

@@ -48,11 +48,29 @@ How the pyramid is built (streaming, never a whole level in memory):
    and renamed into place only when complete; on any error or
    ``KeyboardInterrupt`` the temporary output is deleted, so nothing is left
    under the final name.
+
+The steps, one function each: the options checked (:class:`~.options.ExportOptions`), the
+output names checked (``_checked_output``), the slide opened, the region checked
+(``_checked_region``), then one of the multi-channel export (:mod:`.channels`), the copy
+(``_export_copy``, :mod:`.passthrough`) or the re-encoding export (``_export_reencoded``).
+
+Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio notes,
+openslide.org/formats/aperio, quoting Aperio's "Digital Slides and Third-party
+Data Interchange" p. 14): IFD 0 the full resolution (tiled); IFD 1 a stripped
+JPEG thumbnail, the size of the smallest level
+(:func:`~wsitool.export.associated.thumbnail_level`); then the other levels
+(tiled, NewSubfileType 0); then ``label`` (LZW, NewSubfileType 1) and
+``macro`` (JPEG, NewSubfileType 9), stripped, each with ImageDescription
+``Aperio Image Library ...`` and a second line ``label WxH`` / ``macro WxH``.
+``ome-tiff``: the pyramid is the first OME Image (levels in SubIFDs);
+``label`` and ``macro`` follow as further Images with those ``Name`` s, as
+bioformats2raw / raw2ometiff write them.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 import os
 import time
@@ -74,15 +92,12 @@ from .associated import LevelImage, associated_for_export, thumbnail_level
 from .channels import export_channels
 from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
-from .encode import TileCodec, TileCounter, encoded_tiles
-from .passthrough import plan_copy
+from .encode import TileCodec, TileCounter, TileStream, encoded_tiles
+from .options import ExportOptions
+from .passthrough import CopiedLevel, CopyPlan, plan_copy
 from .plan import (
-    COMPRESSIONS,
-    FORMATS,
-    ON_ERROR,
     ExportResult,
     Segment,
-    background_color,
     copy_memory_bound,
     memory_bound,
     output_metadata,
@@ -94,374 +109,275 @@ from .tiff import write_tiff, write_tiff_copy
 
 
 def export_pyramid(
-    source,
-    output,
-    *,
-    format: str = "tiff",
-    tile_size: int = 256,
-    compression: str = "jpeg",
-    quality: int = 90,
-    psnr: float | None = None,
-    region: Sequence[int] | None = None,
-    level: int = 0,
-    overlap: int = 0,
-    threads: int | None = None,
-    overwrite: bool = False,
-    background: Sequence[int] = (255, 255, 255),
-    progress: Callable[[int, int], None] | None = None,
-    max_pixels: int | None = None,
-    on_error: str = "raise",
-    label: bool = True,
-    associated: bool = True,
-    verify: bool = False,
-    from_source_levels: bool = False,
-    storage_options: dict | None = None,
+    source, output, *, format: str = "tiff", tile_size: int = 256, compression: str = "jpeg",
+    quality: int = 90, psnr: float | None = None, region: Sequence[int] | None = None, level: int = 0,
+    overlap: int = 0, threads: int | None = None, overwrite: bool = False,
+    background: Sequence[int] = (255, 255, 255), progress: Callable[[int, int], None] | None = None,
+    max_pixels: int | None = None, on_error: str = "raise", label: bool = True, associated: bool = True,
+    verify: bool = False, from_source_levels: bool = False, storage_options: dict | None = None,
 ) -> ExportResult:
-    """Write a slide, or a region of it, as a new tiled pyramid.
+    """Write a slide, or a region of it, as a new tiled pyramid (the steps: the module notes).
 
     Args:
-        source: path of a slide, a slide URL (``http(s)://``, ``s3://``,
-            ``gs://``, ``az://``; the output stays local), or an open
-            :class:`~wsitool.slide.Slide` (left open).
-        output: output path.  ``tiff`` / ``ome-tiff``: the file (e.g.
-            ``out.svs``, ``out.ome.tif``).  ``dzi``: ``NAME.dzi`` (or
-            ``NAME``, to which ``.dzi`` is added); tiles go to ``NAME_files/``.
-        format: ``"tiff"`` (Aperio-style SVS that OpenSlide reads with vendor
-            ``aperio``), ``"ome-tiff"`` (levels in SubIFDs) or ``"dzi"``.
-        tile_size: output tile size in pixels; a multiple of 16 for TIFF
-            formats, any size >= 1 for Deep Zoom (254 with overlap 1 is the
-            usual choice there).
-        compression: ``"jpeg"``, ``"jpeg2000"`` (TIFF formats only),
-            ``"deflate"`` or ``"none"``; Deep Zoom stores ``deflate`` and
-            ``none`` tiles as PNG.  ``"copy"`` (TIFF formats only): the
-            output levels are the source's levels from ``level`` down, their
-            compressed tiles copied byte for byte with the source's tile
-            size, codec tags and downsample steps, never decoded; levels
-            below the smallest source level are computed from it (box
-            filter) and encoded with the source's kind of codec (JPEG at
-            ``quality``, JPEG 2000, deflate or none); ``tile_size`` is then
-            ignored.  A ``region`` must be on the level's tile grid.  See
-            :mod:`wsitool.export.passthrough` for the tags, the checks each
-            copied tile passes and what cannot be copied.
-        quality: 1..100.  JPEG quality.  Ignored by ``jpeg2000``, ``deflate``
-            and ``none``.
-        psnr: JPEG 2000 only: the target PSNR in dB of every tile (OpenJPEG's
-            fixed-quality mode), default :data:`~wsitool.export.encode.DEFAULT_PSNR`
-            (40 dB); higher is closer to the source and larger (about +5 %
-            size per dB on H&E); ``0`` is lossless.  Ignored by the other codecs.
-        region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels,
-            ``w, h`` the size in pixels of ``level``; default the whole level.
-            Parts outside the slide become background; it must overlap the slide.
-        level: source level read; the output's full resolution is this
-            level's.  Lower output levels are computed from it (box filter,
-            as libvips does) unless ``from_source_levels``.
-        overlap: Deep Zoom tile overlap in pixels, at most ``tile_size // 2``
-            (0 for TIFF formats).
-        threads: encoder threads and decoder threads per strip read
-            (default: the CPU count); one more thread reads the next strip
-            while the current one is reduced and encoded.
-        overwrite: replace an existing output; without it an existing output
-            raises ``FileExistsError`` before any work.
-        background: ``(r, g, b)`` 0..255 painted where the source is
-            transparent (outside the slide, missing or undecodable tiles).
-        progress: called as ``progress(tiles_done, tiles_total)`` from the
-            calling thread as tiles are written.
-        max_pixels: refuse exports of more than this many level-0 pixels
-            (``w * h``); default: ``max_export_pixels`` of :mod:`wsitool.settings`
-            (``2**33``).
-        on_error: ``"raise"`` (default): the first undecodable source tile
-            stops the export with its :class:`TileDecodeError` and nothing is
-            left under the output name.  ``"fill"``: undecodable tiles are
-            painted with ``background``, a :class:`~wsitool.errors.TileWarning`
-            gives their count, ``tiles_failed`` counts them, and the count is
-            recorded in the output (:data:`PAINTED_KEY`; read it back with
-            :func:`painted_tiles`; ``wsitool info`` shows it).
-        label: carry the source's ``label`` image over (``tiff`` and
-            ``ome-tiff``; labels often show patient identifiers: pass False
-            to drop it).
-        associated: carry the source's associated images (``label`` and
-            ``macro``) over; False drops both.  The ``tiff`` output always
-            gets a thumbnail made from its own pyramid (the Aperio layout has
-            one); the source's thumbnail is not copied.  Deep Zoom has no
-            associated images.
-        verify: with ``compression="copy"``, also decode every copied tile
-            (through :meth:`Slide.read_region`, one tile row at a time) so
-            that a tile whose header passes but whose data does not decode
-            fails the export (or, with ``on_error="fill"``, is written as a
-            missing tile and counted); without it copied tiles get the read
-            path's byte-range and header checks only.  Ignored otherwise.
-        from_source_levels: (``tiff`` / ``ome-tiff``, re-encoding) output
-            level ``k`` is read from the source level whose downsample
-            against ``level`` is ``2**k`` (within 2 %), and the output levels
-            below it are halved from that level instead of from ``level``
-            (see :func:`~wsitool.export.plan.source_level_segments`: a
-            region must start on that level's grid; such an output level has
-            the size halving gives, or a pixel less at the slide's edge).
-            The scanner's own lower levels are then kept (re-encoded once)
-            rather than recomputed; each source level read costs its decode.
-            ``compression="copy"`` always uses the source's levels.
-        storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`
-            (credentials, endpoint, timeouts); ignored for an open Slide.
+        source: path of a slide, a slide URL (``http(s)://``, ``s3://``, ``gs://``,
+            ``az://``; the output stays local), or an open :class:`~wsitool.slide.Slide` (left open).
+        output: ``tiff`` / ``ome-tiff``: the file (``out.svs``, ``out.ome.tif``); ``dzi``:
+            ``NAME.dzi`` (or ``NAME``, to which ``.dzi`` is added), tiles in ``NAME_files/``.
+        region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels, ``w, h`` the size in
+            pixels of ``level``; default the whole level.  Parts outside the slide become
+            background; it must overlap the slide.
+        level: source level read; the output's full resolution is this level's.
+        progress: called as ``progress(tiles_done, tiles_total)`` from the calling thread.
+        storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`.
 
-    Output layout of ``tiff`` (as Aperio writes SVS; OpenSlide's Aperio
-    notes, openslide.org/formats/aperio, quoting Aperio's "Digital Slides
-    and Third-party Data Interchange" p. 14): IFD 0 the full resolution
-    (tiled); IFD 1 a stripped JPEG thumbnail, the size of the smallest level
-    (:func:`~wsitool.export.associated.thumbnail_level`);
-    then the other levels (tiled, NewSubfileType 0); then ``label`` (LZW,
-    NewSubfileType 1) and ``macro`` (JPEG, NewSubfileType 9), stripped, each
-    with ImageDescription ``Aperio Image Library ...`` and a second line
-    ``label WxH`` / ``macro WxH``.  ``ome-tiff``: the pyramid is the first
-    OME Image (levels in SubIFDs); ``label`` and ``macro`` follow as
-    further Images with those ``Name`` s, as bioformats2raw / raw2ometiff
-    write them.
+    The other keywords (``format``, ``tile_size``, ``compression``, ``quality``, ``psnr``,
+    ``overlap``, ``threads``, ``overwrite``, ``background``, ``max_pixels``, ``on_error``,
+    ``label``, ``associated``, ``verify``, ``from_source_levels``) are the fields of
+    :class:`~wsitool.export.options.ExportOptions` (each documented there), checked before the
+    source is opened.
 
-    Returns:
-        :class:`ExportResult`.
+    Returns :class:`ExportResult`; the output layouts: the module notes, :mod:`~wsitool.export.dzi`.
 
     Raises:
-        ValueError: an invalid option (format, compression, tile size,
-            quality, psnr, overlap, threads, background).
-        OutputIsSourceError: the output is the source slide (same file, also
-            through a link), whatever ``overwrite``; also a ``ValueError``.
+        InvalidOptionError: an invalid option (a ``ValueError``; see :class:`ExportOptions`).
+        OutputIsSourceError: the output is the source slide (also through a link), whatever
+            ``overwrite``; also a ``ValueError``.
         InvalidRegionError: bad level or region (also a ``ValueError``).
-        ResourceLimitError: the exported area exceeds ``max_pixels`` (or the
-            default export limit), checked before anything is read or written.
-        OutputExistsError: the output (or a Deep Zoom ``_files`` folder)
-            exists and ``overwrite`` is False; a ``FileExistsError``.
-        IsADirectoryError: the output path (the ``.dzi`` file for Deep Zoom) is
-            a directory and ``overwrite`` is True.
-        FileNotFoundError: the source or the output folder does not exist (the
-            source is checked first, before the output).
+        ResourceLimitError: the area exceeds ``max_pixels`` (or the default export limit), or
+            ``tile_size**2`` the tile limit; checked before anything is read or written.
+        OutputExistsError: the output (or a Deep Zoom ``_files`` folder) exists and ``overwrite``
+            is False; a ``FileExistsError``.  IsADirectoryError: the output is a directory.
+        FileNotFoundError: the source or the output folder does not exist (source first).
         UnsupportedFormatError, CorruptFileError: the source is not readable.
-        TileDecodeError: a source tile cannot be decoded (``on_error="raise"``);
-            with ``compression="copy"`` also a copied tile that fails its
-            checks (or, with ``verify``, its decode).
-        WsiError: an encoder failure; an associated image that cannot be
-            read (``on_error="raise"``).
+        TileDecodeError: an undecodable source tile (``on_error="raise"``); with ``compression=
+            "copy"`` also a copied tile that fails its checks (with ``verify``, its decode).
+        WsiError: an encoder failure; an unreadable associated image (``on_error="raise"``).
 
-    Any error leaves nothing under the output name (nor a Deep Zoom
-    ``_files`` folder); an existing output replaced with ``overwrite``
-    is only replaced once the new one is complete.
+    Any error leaves nothing under the output name (nor a Deep Zoom ``_files`` folder); an
+    existing output replaced with ``overwrite`` is only replaced once the new one is complete.
     """
     t_start = time.perf_counter()
-    fmt = str(format).lower()
-    if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    compression = str(compression).lower()
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    if fmt == "dzi" and compression == "jpeg2000":
-        raise ValueError("Deep Zoom tiles are JPEG or PNG: use compression jpeg, deflate or none")
-    if from_source_levels and fmt == "dzi":
-        raise ValueError("from_source_levels applies to tiff and ome-tiff: Deep Zoom level sizes "
-                         "are fixed by halving the full size")
-    if fmt == "dzi" and compression == "copy":
-        raise ValueError("compression copy writes TIFF formats (tiff, ome-tiff); Deep Zoom tiles are "
-                         "re-encoded: use compression jpeg, deflate or none")
-    T = as_int(tile_size, "tile_size", error=ValueError)
-    if fmt == "dzi":
-        if T < 1:
-            raise ValueError(f"tile_size must be >= 1, got {T}")
-    elif T < 16 or T % 16:
-        raise ValueError(f"tile_size must be a positive multiple of 16 for TIFF (TIFF 6.0 section 15), got {T}")
-    if T * T > get_limits().max_tile_pixels:
-        raise ResourceLimitError(f"tile_size {T} exceeds the max_tile_pixels limit {get_limits().max_tile_pixels}")
-    q = as_int(quality, "quality", error=ValueError)
-    if not 1 <= q <= 100:
-        raise ValueError(f"quality must be 1..100, got {q}")
-    if psnr is not None:
-        try:
-            psnr = float(psnr)
-        except (TypeError, ValueError):
-            raise ValueError(f"psnr must be a number of dB (0: lossless), got {psnr!r}") from None
-        if not 0 <= psnr <= 200:
-            raise ValueError(f"psnr must be 0 (lossless) .. 200 dB, got {psnr:g}")
-    OV = as_int(overlap, "overlap", error=ValueError)
-    if OV < 0:
-        raise ValueError(f"overlap must be >= 0, got {OV}")
-    if OV and fmt != "dzi":
-        raise ValueError("overlap applies to Deep Zoom (format dzi) only")
-    if 2 * OV > T:
-        raise ValueError(f"overlap must be at most half the tile size ({T // 2}), got {OV}")
-    nthreads = (os.cpu_count() or 1) if threads is None else as_int(threads, "threads", error=ValueError)
-    if nthreads < 1:
-        raise ValueError(f"threads must be >= 1, got {nthreads}")
-    bg = background_color(background)
-    if max_pixels is not None and as_int(max_pixels, "max_pixels", error=ValueError) <= 0:
-        raise ValueError(f"max_pixels must be positive, got {max_pixels}")
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    options = ExportOptions(
+        format=format, tile_size=tile_size, compression=compression, quality=quality, psnr=psnr,
+        overlap=overlap, threads=threads, overwrite=overwrite, background=background,
+        max_pixels=max_pixels, on_error=on_error, label=label, associated=associated, verify=verify,
+        from_source_levels=from_source_levels)
+    out = _checked_output(source, output, options)
+    own = not isinstance(source, Slide)
+    slide = open_slide(source, storage_options=storage_options) if own else source
+    try:
+        return _export_slide(slide, out, options, level, region, progress, t_start)
+    finally:
+        if own:
+            slide.close()
 
 
+@dataclasses.dataclass
+class _Output:
+    """Where an export goes: ``final`` (the file, or the ``.dzi``), the Deep Zoom tiles folder
+    (or None), and the ``sources`` it must never replace (paths, for :mod:`wsitool.atomic`)."""
+
+    final: Path
+    files_dir: Path | None
+    sources: list[str]
+
+
+def _checked_output(source, output, options: ExportOptions) -> _Output:
+    """The output names, checked before the slide is read: one rule for every output
+    (:mod:`wsitool.atomic`): never the source, an existing output only with ``overwrite``."""
     output = Path(os.fspath(output))
-    if fmt == "dzi":
+    if options.format == "dzi":
         final, files_dir = dzi_paths(output)
     else:
         final, files_dir = output, None
-    # One rule for every output (wsitool.atomic): never the source, an existing
-    # output only with overwrite; checked before the slide is read.
     remote = not isinstance(source, Slide) and is_url(source)
     sources = [] if remote else [source.path if isinstance(source, Slide) else os.fspath(source)]
     if not isinstance(source, Slide) and not remote and not os.path.exists(sources[0]):
         # the source first: with the arguments swapped, the error names the missing slide,
         # not the existing one given as the output
         raise FileNotFoundError(errno.ENOENT, "source slide not found", sources[0])
-    atomic.check_output(final, sources, overwrite)
+    atomic.check_output(final, sources, options.overwrite)
     if files_dir is not None:
-        atomic.check_output(files_dir, sources, overwrite, kind="dir")
+        atomic.check_output(files_dir, sources, options.overwrite, kind="dir")
     atomic.clean_stale_partials(final.parent)
+    return _Output(final, files_dir, sources)
 
-    own = not isinstance(source, Slide)
-    slide = open_slide(source, storage_options=storage_options) if own else source
-    try:
-        if slide.remote is None:
-            sources.append(slide.path)
-        atomic.check_output(final, sources, overwrite)
-        L = level_index(level, slide.level_count, slide.path)
-        lv = slide.levels[L]
-        if region is None:
-            x0, y0, w, h = 0, 0, lv.width, lv.height
-        else:
-            try:
-                x0, y0, w, h = (as_int(v, "region", error=ValueError) for v in region)
-            except (TypeError, ValueError) as exc:
-                raise InvalidRegionError(f"{slide.path}: region must be 4 integers X Y W H ({exc})") from None
-        if w <= 0 or h <= 0:
-            raise InvalidRegionError(f"{slide.path}: region size must be positive, got {w}x{h}")
-        rx, ry = level_rect(lv, x0, y0)
-        if rx >= lv.width or ry >= lv.height or rx + w <= 0 or ry + h <= 0:
-            raise InvalidRegionError(
-                f"{slide.path}: region {x0},{y0} {w}x{h} (level {L}) lies outside the "
-                f"{lv.width}x{lv.height} level"
-            )
-        limit = max_pixels if max_pixels is not None else get_limits().max_export_pixels
-        if w * h > limit:
-            raise ResourceLimitError(
-                f"{slide.path}: export of {w}x{h} ({w * h} pixels) exceeds the limit of {limit} "
-                "pixels (raise it with --max-pixels / max_pixels=)"
-            )
-        if fmt == "ome-tiff" and slide.channels:  # every channel kept, named and coloured
-            return export_channels(slide, final, L, (rx, ry, w, h), T, compression, q, sources,
-                                   label=label, associated=associated, on_error=on_error,
-                                   threads=nthreads, overwrite=overwrite, progress=progress)
-        if compression == "copy":
-            return _export_copy(slide, final, fmt, L, (rx, ry, w, h), q, psnr, nthreads, bg, overwrite,
-                                progress, on_error, label, associated, bool(verify), sources, t_start)
-        if from_source_levels:
-            segments = source_level_segments(slide.levels, L, (rx, ry, w, h), T, fmt)
-        else:
-            segments = [Segment(L, (rx, ry, w, h), 0, pyramid_dimensions(w, h, T, fmt))]
-        dims = [d for seg in segments for d in seg.dims]
-        srcs = [StripSource(slide, seg.level, *seg.rect, T, nthreads, bg, on_error) for seg in segments]
-        missing = sum(s.missing_tiles() for s in srcs)
-        total = sum(-(-lw // T) * -(-lh // T) for lw, lh in dims)
-        counter = TileCounter(total, progress)
-        extra = associated_for_export(slide, label, associated, on_error) if fmt != "dzi" else []
-        thumb = None
-        if fmt == "tiff":
-            kt = thumbnail_level(dims)
-            thumb = LevelImage(kt, dims[kt][0], dims[kt][1], T)
-        # segments run one after the other: the bound is that of the largest one's buffers
-        bound = max(
-            memory_bound(seg.rect[2], T, overlap=OV, levels=len(seg.dims), threads=nthreads,
-                         source_tile=(slv.tile_width, slv.tile_height),
-                         source_pixel_bytes=slv.samples * slv.dtype.itemsize,
-                         source_itemsize=slv.dtype.itemsize,
-                         thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
-                         associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
-            for seg in segments for slv in (slide.levels[seg.level],))
-        codec = TileCodec(fmt, compression, q, psnr)
-        tiles = _segment_tiles(segments, srcs, codec, T, OV, fmt, nthreads, thumb)
-        meta = output_metadata(slide, L)
-        meta["associated"] = extra
-        meta["thumbnail"] = thumb
-        def failed_count():
-            return sum(len(s.failed) for s in srcs)
 
-        # with "fill", the count of painted tiles is recorded in the output once known
-        meta["painted"] = failed_count if on_error == "fill" else None
-        if fmt == "dzi":
-            nbytes = write_dzi(tiles, final, files_dir, dims, T, OV, compression, overwrite, counter,
-                                sources=sources, painted=meta["painted"])
-        else:
-            nbytes = write_tiff(tiles, final, fmt, dims, T, compression, q, meta, overwrite, counter,
-                                 sources=sources, psnr=psnr)
-        counter.finish()
-        if failed_count():
-            first = next(s.first_error for s in srcs if s.first_error)
-            warnings.warn(f"{slide.path}: {failed_count()} undecodable source tile(s) painted with "
-                          f"the background (first: {first})", TileWarning, stacklevel=2)
-        return ExportResult(
-            output=final, format=fmt, level_dimensions=[tuple(d) for d in dims],
-            tiles_written=counter.done, tiles_missing=missing, tiles_failed=failed_count(),
-            seconds=time.perf_counter() - t_start, tile_size=T, compression=compression,
-            bytes_written=nbytes, memory_bound=bound,
-            source_levels=[seg.level for seg in segments for _ in seg.dims],
+def _export_slide(slide: Slide, out: _Output, options: ExportOptions, level, region,
+                  progress: Callable[[int, int], None] | None, t_start: float) -> ExportResult:
+    """The export of the open ``slide``: the output checked again against its path, the
+    region checked, then the multi-channel, copy or re-encoding export."""
+    if slide.remote is None:
+        out.sources.append(slide.path)
+    atomic.check_output(out.final, out.sources, options.overwrite)
+    L, rect = _checked_region(slide, level, region, options.max_pixels)
+    if options.format == "ome-tiff" and slide.channels:  # every channel kept, named and coloured
+        return export_channels(slide, out.final, L, rect, options, out.sources, progress=progress)
+    if options.compression == "copy":
+        return _export_copy(slide, out, L, rect, options, progress, t_start)
+    return _export_reencoded(slide, out, L, rect, options, progress, t_start)
+
+
+def _checked_region(slide: Slide, level, region: Sequence[int] | None,
+                    max_pixels: int | None) -> tuple[int, tuple[int, int, int, int]]:
+    """``(L, (rx, ry, w, h))``: the level index and the region in pixels of that level.
+
+    Raises:
+        InvalidRegionError: a bad level, a region that is not 4 integers, of no area, or
+            entirely outside the level.
+        ResourceLimitError: ``w * h`` over ``max_pixels`` (default: the export limit).
+    """
+    L = level_index(level, slide.level_count, slide.path)
+    lv = slide.levels[L]
+    if region is None:
+        x0, y0, w, h = 0, 0, lv.width, lv.height
+    else:
+        try:
+            x0, y0, w, h = (as_int(v, "region", error=ValueError) for v in region)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRegionError(f"{slide.path}: region must be 4 integers X Y W H ({exc})") from None
+    if w <= 0 or h <= 0:
+        raise InvalidRegionError(f"{slide.path}: region size must be positive, got {w}x{h}")
+    rx, ry = level_rect(lv, x0, y0)
+    if rx >= lv.width or ry >= lv.height or rx + w <= 0 or ry + h <= 0:
+        raise InvalidRegionError(
+            f"{slide.path}: region {x0},{y0} {w}x{h} (level {L}) lies outside the "
+            f"{lv.width}x{lv.height} level"
         )
-    finally:
-        if own:
-            slide.close()
+    limit = max_pixels if max_pixels is not None else get_limits().max_export_pixels
+    if w * h > limit:
+        raise ResourceLimitError(
+            f"{slide.path}: export of {w}x{h} ({w * h} pixels) exceeds the limit of {limit} "
+            "pixels (raise it with --max-pixels / max_pixels=)"
+        )
+    return L, (rx, ry, w, h)
 
 
+def _export_reencoded(slide: Slide, out: _Output, L: int, rect: tuple[int, int, int, int],
+                      options: ExportOptions, progress: Callable[[int, int], None] | None,
+                      t_start: float) -> ExportResult:
+    """Decode, reduce and re-encode (module notes): segment by segment, then written."""
+    T, fmt = options.tile_size, options.format
+    if options.from_source_levels:
+        segments = source_level_segments(slide.levels, L, rect, T, fmt)
+    else:
+        segments = [Segment(L, rect, 0, pyramid_dimensions(rect[2], rect[3], T, fmt))]
+    dims = [d for seg in segments for d in seg.dims]
+    srcs = [StripSource(slide, seg.level, *seg.rect, T, options.thread_count, options.background_rgb,
+                        options.on_error) for seg in segments]
+    missing = sum(s.missing_tiles() for s in srcs)
+    counter = TileCounter(sum(_tile_count(lw, lh, T) for lw, lh in dims), progress)
+    extra = _associated(slide, options) if fmt != "dzi" else []
+    thumb = _thumbnail(dims, T) if fmt == "tiff" else None
+    # segments run one after the other: the bound is that of the largest one's buffers
+    bound = max(_strip_bound(slide.levels[seg.level], seg.rect[2], len(seg.dims), options, thumb, extra,
+                             tile=T, overlap=options.overlap) for seg in segments)
+    codec = TileCodec(fmt, options.compression, options.quality, options.psnr)
+    tiles = _segment_tiles(segments, srcs, codec, options, thumb)
+
+    def failed_count() -> int:
+        return sum(len(s.failed) for s in srcs)
+
+    # with "fill", the count of painted tiles is recorded in the output once known
+    meta = _metadata(slide, L, extra, thumb, failed_count if options.fill else None)
+    if out.files_dir is not None:
+        nbytes = write_dzi(tiles, out.final, out.files_dir, dims, counter, options,
+                           sources=out.sources, painted=meta["painted"])
+    else:
+        nbytes = write_tiff(tiles, out.final, dims, meta, counter, options, sources=out.sources)
+    counter.finish()
+    if failed_count():
+        first = next(s.first_error for s in srcs if s.first_error)
+        warnings.warn(f"{slide.path}: {failed_count()} undecodable source tile(s) painted with "
+                      f"the background (first: {first})", TileWarning, stacklevel=_CALLER)
+    return ExportResult(
+        output=out.final, format=fmt, level_dimensions=[(w, h) for w, h in dims],
+        tiles_written=counter.done, tiles_missing=missing, tiles_failed=failed_count(),
+        seconds=time.perf_counter() - t_start, tile_size=T, compression=options.compression,
+        bytes_written=nbytes, memory_bound=bound,
+        source_levels=[seg.level for seg in segments for _ in seg.dims],
+    )
 
 
-def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, psnr, nthreads: int, bg,
-                 overwrite: bool, progress, on_error: str, label: bool, associated: bool,
-                 verify: bool, sources: list, t_start: float) -> ExportResult:
-    """``compression="copy"``: copied levels (:mod:`.passthrough`), then computed ones."""
-    plan = plan_copy(slide, L, *rect, fmt)
-    base = slide.levels[plan.base]
-    bx, by, bw, bh = plan.base_rect
-    T = plan.tile
-    cdims = pyramid_dimensions(bw, bh, T, fmt)
-    src = StripSource(slide, plan.base, bx, by, bw, bh, T, nthreads, bg, on_error)
-    copied_total = sum(cl.tiles for cl in plan.copied)
-    total = copied_total + sum(-(-lw // T) * -(-lh // T) for lw, lh in cdims[1:])
-    counter = TileCounter(total, progress)
-    extra = associated_for_export(slide, label, associated, on_error)
-    thumb = None
-    if fmt == "tiff":
-        kt = thumbnail_level(cdims)
-        thumb = LevelImage(kt, cdims[kt][0], cdims[kt][1], T)
-    bound = memory_bound(bw, T, levels=len(cdims), threads=nthreads,
-                         source_tile=(base.tile_width, base.tile_height),
-                         source_pixel_bytes=base.samples * base.dtype.itemsize,
-                         source_itemsize=base.dtype.itemsize,
-                         thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
-                         associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
-    bound += copy_memory_bound(
-        [(cl.cols, cl.width, cl.level.tile_height,
-          int(np.asarray(cl.level.tiles.bytecounts).max(initial=0))) for cl in plan.copied],
-        verify, nthreads)
-    codec = TileCodec(fmt, plan.reencode, quality, psnr)
-    pyramid = PyramidBuilder(cdims, T, 0, pad_tiles=True, strip=src.strip)
-    if len(cdims) > 1 or thumb is not None:
-        computed = encoded_tiles(src, pyramid, codec, nthreads, keep=thumb, skip=1)
-    else:  # nothing to compute, no thumbnail: the base level is not decoded at all
-        computed = _no_tiles()
+#: ``stacklevel`` of the warnings of the export steps (``_export_reencoded``, ``_export_copy``,
+#: called by ``_export_slide``, called by ``export_pyramid``): the frame that called export_pyramid
+_CALLER = 4
+
+
+def _tile_count(w: int, h: int, T: int) -> int:
+    """Tiles of ``T`` x ``T`` pixels covering a ``w`` x ``h`` level."""
+    return -(-w // T) * -(-h // T)
+
+
+def _associated(slide: Slide, options: ExportOptions) -> list[tuple[str, np.ndarray]]:
+    """The label and macro carried over (:func:`~wsitool.export.associated.associated_for_export`),
+    its warnings attributed to the caller of :func:`export_pyramid`."""
+    return associated_for_export(slide, options.label, options.associated, options.on_error,
+                                 stacklevel=_CALLER + 2)
+
+
+def _thumbnail(dims: Sequence[tuple[int, int]], T: int) -> LevelImage:
+    """The level kept for the Aperio thumbnail (:func:`~wsitool.export.associated.thumbnail_level`)."""
+    kt = thumbnail_level(dims)
+    return LevelImage(kt, dims[kt][0], dims[kt][1], T)
+
+
+def _strip_bound(slv, width: int, levels: int, options: ExportOptions, thumb: LevelImage | None,
+                 extra: list[tuple[str, np.ndarray]], *, tile: int, overlap: int = 0) -> int:
+    """:func:`~wsitool.export.plan.memory_bound` of a pyramid of ``levels`` levels ``width``
+    pixels wide, read from source level ``slv``."""
+    return memory_bound(width, tile, overlap=overlap, levels=levels, threads=options.thread_count,
+                        source_tile=(slv.tile_width, slv.tile_height),
+                        source_pixel_bytes=slv.samples * slv.dtype.itemsize,
+                        source_itemsize=slv.dtype.itemsize,
+                        thumbnail_pixels=thumb.image.shape[0] * thumb.image.shape[1] if thumb else 0,
+                        associated_pixels=sum(a.shape[0] * a.shape[1] for _, a in extra))
+
+
+def _metadata(slide: Slide, L: int, extra: list[tuple[str, np.ndarray]], thumb: LevelImage | None,
+              painted: Callable[[], int] | None) -> dict:
+    """The writers' ``meta`` (:func:`~wsitool.export.plan.output_metadata`, the associated
+    images, the thumbnail level and the painted-tile count, a callable or None)."""
     meta = output_metadata(slide, L)
     meta["associated"] = extra
     meta["thumbnail"] = thumb
+    meta["painted"] = painted
+    return meta
+
+
+def _export_copy(slide: Slide, out: _Output, L: int, rect: tuple[int, int, int, int],
+                 options: ExportOptions, progress: Callable[[int, int], None] | None,
+                 t_start: float) -> ExportResult:
+    """``compression="copy"``: copied levels (:mod:`.passthrough`), then computed ones."""
+    plan = plan_copy(slide, L, *rect, options.format)
+    T = plan.tile
+    cdims = pyramid_dimensions(plan.base_rect[2], plan.base_rect[3], T, options.format)
+    src = StripSource(slide, plan.base, *plan.base_rect, T, options.thread_count, options.background_rgb,
+                      options.on_error)
+    copied_total = sum(cl.tiles for cl in plan.copied)
+    counter = TileCounter(copied_total + sum(_tile_count(lw, lh, T) for lw, lh in cdims[1:]), progress)
+    extra = _associated(slide, options)
+    thumb = _thumbnail(cdims, T) if options.format == "tiff" else None
+    bound = _copy_bound(slide, plan, cdims, options, thumb, extra)
+    computed = _computed_tiles(src, plan, cdims, options, thumb)
     failed: set = set()
 
     def failures() -> set:
         return failed | {(plan.base, c, r) for c, r in src.failed}
 
-    meta["painted"] = (lambda: len(failures())) if on_error == "fill" else None
-    nbytes = write_tiff_copy(slide, plan, computed, final, fmt, cdims, quality, meta, overwrite,
-                             counter, on_error=on_error, verify=verify, threads=nthreads,
-                             failed=failed, sources=sources, psnr=psnr)
+    meta = _metadata(slide, L, extra, thumb, (lambda: len(failures())) if options.fill else None)
+    nbytes = write_tiff_copy(slide, plan, computed, out.final, cdims, meta, counter, options,
+                             failed=failed, sources=out.sources)
     counter.finish()
     bad = failures()
     if bad:
         first = src.first_error or "header, byte range or decode check failed"
         warnings.warn(f"{slide.path}: {len(bad)} source tile(s) that failed their checks were "
                       f"written as missing or painted with the background (first: {first})",
-                      TileWarning, stacklevel=3)
-    dims = [(cl.width, cl.height) for cl in plan.copied] + [tuple(d) for d in cdims[1:]]
+                      TileWarning, stacklevel=_CALLER)
+    dims = [(cl.width, cl.height) for cl in plan.copied] + [(w, h) for w, h in cdims[1:]]
     return ExportResult(
-        output=final, format=fmt, level_dimensions=dims, tiles_written=counter.done,
+        output=out.final, format=options.format, level_dimensions=dims, tiles_written=counter.done,
         tiles_missing=src.missing_tiles() + sum(_missing(cl) for cl in plan.copied[:-1]),
         tiles_failed=len(bad), seconds=time.perf_counter() - t_start,
         tile_size=plan.copied[0].level.tile_width, compression="copy", bytes_written=nbytes,
@@ -470,24 +386,46 @@ def _export_copy(slide, final: Path, fmt: str, L: int, rect, quality: int, psnr,
     )
 
 
-def _segment_tiles(segments, srcs, codec, T: int, OV: int, fmt: str, threads: int,
-                   thumb: LevelImage | None):
+def _copy_bound(slide: Slide, plan: CopyPlan, cdims, options: ExportOptions, thumb: LevelImage | None,
+                extra: list[tuple[str, np.ndarray]]) -> int:
+    """The memory bound of a copy: the computed levels' buffers plus the copy's own."""
+    base = slide.levels[plan.base]
+    bound = _strip_bound(base, plan.base_rect[2], len(cdims), options, thumb, extra, tile=plan.tile)
+    return bound + copy_memory_bound(
+        [(cl.cols, cl.width, cl.level.tile_height,
+          int(np.asarray(cl.level.tiles.bytecounts).max(initial=0))) for cl in plan.copied],
+        options.verify, options.thread_count)
+
+
+def _computed_tiles(src: StripSource, plan: CopyPlan, cdims, options: ExportOptions,
+                    thumb: LevelImage | None) -> TileStream:
+    """The tiles of the levels computed below the copied ones (the base level skipped)."""
+    if len(cdims) == 1 and thumb is None:
+        return _no_tiles()  # nothing to compute, no thumbnail: the base level is not decoded at all
+    codec = TileCodec(options.format, plan.reencode, options.quality, options.psnr)
+    pyramid = PyramidBuilder(cdims, plan.tile, 0, pad_tiles=True, strip=src.strip)
+    return encoded_tiles(src, pyramid, codec, options.thread_count, keep=thumb, skip=1)
+
+
+def _segment_tiles(segments: list[Segment], srcs: list[StripSource], codec: TileCodec,
+                   options: ExportOptions, thumb: LevelImage | None) -> TileStream:
     """``(level, col, row, bytes)`` of every output level, segment after segment (each one
     a pyramid of its own, from its source level), levels numbered across the segments."""
+    T, OV, fmt = options.tile_size, options.overlap, options.format
     for seg, src in zip(segments, srcs, strict=True):
         pyramid = PyramidBuilder(seg.dims, T, OV, pad_tiles=fmt != "dzi", strip=src.strip)
         keep = None
         if thumb is not None and seg.first <= thumb.level < seg.first + len(seg.dims):
             keep = copy.copy(thumb)  # the same pixels, numbered in the segment
             keep.level = thumb.level - seg.first
-        for k, c, r, data in encoded_tiles(src, pyramid, codec, threads, keep=keep):
+        for k, c, r, data in encoded_tiles(src, pyramid, codec, options.thread_count, keep=keep):
             yield seg.first + k, c, r, data
 
 
-def _no_tiles():
+def _no_tiles() -> TileStream:
     yield from ()
 
 
-def _missing(cl) -> int:
+def _missing(cl: CopiedLevel) -> int:
     """Missing tiles (offset or byte count 0) in the copied sub-grid of a level."""
     return int(((cl.subgrid(cl.level.tiles.offsets) == 0) | (cl.subgrid(cl.level.tiles.bytecounts) == 0)).sum())

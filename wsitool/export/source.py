@@ -6,6 +6,7 @@ import numpy as np
 
 from ..errors import TileDecodeError
 from ..geometry import level0_coordinate
+from ..slide import pyramid_levels
 from .plan import strip_rows
 
 
@@ -26,7 +27,7 @@ class StripSource:
 
     def __init__(self, slide, level: int, rx: int, ry: int, w: int, h: int, tile: int,
                  threads: int, background: np.ndarray, on_error: str = "raise"):
-        lv = slide.levels[level]
+        lv = pyramid_levels(slide)[level]
         #: rows per strip, and the rows of the first strip (up to the source tile grid)
         self.strip = strip_rows(tile, lv.tile_height)
         aligned = self.strip % lv.tile_height == 0
@@ -82,7 +83,7 @@ class StripSource:
         ly = self.ry + sy
         loc = self._loc(self.rx, ly)
         try:
-            if self.alpha:
+            if self._rgba is not None:  # self.alpha
                 rgba = self._rgba[:rows]
                 self.slide.read_region(loc, self.level, (self.w, rows), out=rgba, mode="rgba",
                                        threads=self.threads, on_error="raise")

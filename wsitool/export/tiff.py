@@ -33,8 +33,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tifffile
@@ -45,7 +46,8 @@ from ..formats.tiff import aperio
 from ..version import __version__
 from . import omexml
 from .associated import PAINTED_KEY, PAINTED_NAMESPACE
-from .encode import TileCounter, jpeg_subsampling, tiff_compression
+from .encode import TileCounter, TileStream, jpeg_subsampling, tiff_compression
+from .options import ExportOptions
 from .passthrough import CopyPlan, copied_tiles
 
 #: The writer named in the Software tag and Aperio descriptions.
@@ -92,24 +94,26 @@ def _finish(tw, out_fh, fmt: str, meta: dict) -> None:
         record_painted(out_fh, count)
 
 
-def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, quality: int,
-                meta: dict, overwrite: bool, counter: TileCounter, sources=(), psnr=None) -> int:
+def write_tiff(tiles: TileStream, final: Path, dims: Sequence[tuple[int, int]],
+               meta: dict, counter: TileCounter, options: ExportOptions, *, sources: Sequence[str] = ()) -> int:
     """Write a re-encoded ``tiff`` / ``ome-tiff`` export; returns the output's size in bytes.
 
     ``tiles`` yields ``(level, col, row, bytes)`` for levels ``dims`` (``(width, height)``
     in pixels, full resolution first), level 0 in page order; the lower levels' tiles go
-    to a spill file until level 0's page is written.
+    to a spill file until level 0's page is written.  ``options``: the format, tile size,
+    compression, quality, psnr and overwrite; ``sources``: paths the output must not be.
     """
-    page_args, kind = tiff_compression(fmt, compression, quality, psnr)
+    fmt, T = options.format, options.tile_size
+    page_args, kind = tiff_compression(fmt, options.compression, options.quality, options.psnr)
     raw = sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in dims)
     bigtiff = _needs_bigtiff(raw)
     index: list[list[tuple[int, int]]] = [[] for _ in dims]
-    generators = [tiles]
+    generators: list[Generator[Any, None, None]] = [tiles]
     with _tiff_output(final, sources, generators) as (partial, out_fh, spill):
         fd = spill.fileno()
         spill_pos = 0
 
-        def level0() -> Iterator[bytes]:
+        def level0() -> Generator[bytes, None, None]:
             nonlocal spill_pos
             for k, _c, _r, data in tiles:
                 if k == 0:
@@ -138,7 +142,7 @@ def write_tiff(tiles, final: Path, fmt: str, dims, T: int, compression: str, qua
                 _level_page(tw, fmt, meta, dims, k, _spilled(fd, index[k]), T, kind, args)
             _finish(tw, out_fh, fmt, meta)
         nbytes = partial.path.stat().st_size
-        partial.commit(overwrite)
+        partial.commit(options.overwrite)
         return nbytes
 
 
@@ -248,7 +252,7 @@ def record_painted(fh, count: int) -> None:
     fh.flush()
     fh.seek(0)  # tifffile reads a file object from its current position
     with tifffile.TiffFile(fh) as tf:
-        tag = tf.pages[0].tags["ImageDescription"]
+        tag = tf.pages.first.tags["ImageDescription"]
         text = tag.value
         new = re.sub(r"(\|" + PAINTED_KEY + r" = )0\b", lambda m: m.group(1) + str(count), text, count=1)
         if new == text:
@@ -284,34 +288,37 @@ def _ome_xml(final: Path, meta: dict, size0, painted) -> str:
     return omexml.ome_xml(images, instrument=instrument, annotation=annotation, creator=SOFTWARE)
 
 
-def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdims, quality: int,
-                    meta: dict, overwrite: bool, counter: TileCounter, *, on_error: str,
-                    verify: bool, threads: int, failed: set, sources=(), psnr=None) -> int:
+def write_tiff_copy(slide, plan: CopyPlan, computed: TileStream, final: Path,
+                    cdims: Sequence[tuple[int, int]], meta: dict, counter: TileCounter, options: ExportOptions, *,
+                    failed: set, sources: Sequence[str] = ()) -> int:
     """Write a ``compression="copy"`` export (:mod:`.passthrough`); returns the output's size in bytes.
 
     Layout as :func:`write_tiff`: output levels ``0 .. len(plan.copied) - 1``
     are the copied source levels (each page with its source's tile size and
     codec tags), then the computed levels ``cdims[1:]`` (``cdims[0]`` is the
-    last copied level), re-encoded as ``plan.reencode`` at ``quality`` (JPEG 2000: ``psnr``) in
+    last copied level), re-encoded as ``plan.reencode`` at ``options.quality`` (JPEG 2000:
+    ``options.psnr``) in
     ``plan.tile`` tiles.  ``computed`` yields their ``(k, col, row, bytes)``,
     ``k >= 1`` numbered from the last copied level; they are made first (into
     the anonymous spill file), so that a source tile the downsampler cannot
     decode fails the export before the copy starts.  ``failed`` collects
-    copied tiles that failed their checks (``on_error="fill"``).
+    copied tiles that failed their checks (``options.on_error="fill"``; ``options.verify``
+    also decodes them, on ``options.threads`` threads).
     """
     copied = plan.copied
     m = len(copied)
-    dims = [(cl.width, cl.height) for cl in copied] + [tuple(d) for d in cdims[1:]]
+    fmt = options.format
+    dims = [(cl.width, cl.height) for cl in copied] + [(int(w), int(h)) for w, h in cdims[1:]]
     T = plan.tile
-    c_args, c_kind = tiff_compression(fmt, plan.reencode, quality, psnr)
+    c_args, c_kind = tiff_compression(fmt, plan.reencode, options.quality, options.psnr)
     raw = sum(int(cl.subgrid(cl.level.tiles.bytecounts).astype(np.uint64).sum()) for cl in copied)
     raw += sum(-(-w // T) * -(-h // T) * T * T * 3 for w, h in cdims[1:])
     bigtiff = _needs_bigtiff(raw)
     index: list[list[tuple[int, int]]] = [[] for _ in cdims]
 
     def tiles_of(cl) -> Iterator[bytes]:
-        return copied_tiles(slide, cl, on_error=on_error, verify=verify, threads=threads,
-                            failed=failed, counter=counter)
+        return copied_tiles(slide, cl, on_error=options.on_error, verify=options.verify,
+                            threads=options.thread_count, failed=failed, counter=counter)
 
     with _tiff_output(final, sources, [computed]) as (partial, out_fh, spill):
         fd = spill.fileno()
@@ -338,5 +345,5 @@ def write_tiff_copy(slide, plan: CopyPlan, computed, final: Path, fmt: str, cdim
                                 dict(c_args, tile=(T, T)))
             _finish(tw, out_fh, fmt, meta)
         nbytes = partial.path.stat().st_size
-        partial.commit(overwrite)
+        partial.commit(options.overwrite)
         return nbytes

@@ -1,13 +1,14 @@
 """Container formats: each turns a file into a :class:`~wsitool.model.Pyramid` (floor 3).
 
-A format is a sub-package with ``sniff(head: bytes) -> bool`` (its magic in the
-first 132 bytes of the file) and ``open_pyramid(path, source) -> Pyramid``; it
-describes levels, tiles and how each tile is encoded, and decodes nothing.  A
-format whose slides can be folders (a DICOM series) also has
-``open_folder(path) -> Pyramid | None`` (None: nothing of that format there);
-its pyramid's levels then carry byte sources of their own, which its
-``release`` closes.  A new container is a new sub-package listed in
-:data:`FORMATS`; nothing above this layer changes.
+A format is a sub-package satisfying :class:`.contract.Format`: ``sniff(head:
+bytes) -> bool`` (its magic in the first 132 bytes of the file) and
+``open_pyramid(path, source) -> Pyramid``; it describes levels, tiles and how
+each tile is encoded, and decodes nothing.  A format whose slides can be
+folders (a DICOM series) also has ``open_folder(path) -> Pyramid | None``
+(:class:`.contract.FolderFormat`; None: nothing of that format there); its
+pyramid's levels then carry byte sources of their own, which its ``release``
+closes.  A new container is a new sub-package listed in :data:`FORMATS`;
+nothing above this layer changes.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 from ..errors import UnsupportedFormatError
 from ..model import Pyramid
 from ..storage import ByteSource
+from ..storage.dicomweb import SeriesUrl
 from . import dicom, tiff
+from .contract import FolderFormat, Format
 
-__all__ = ["FORMATS", "open_pyramid", "open_folder", "open_dicomweb"]
+__all__ = ["FORMATS", "Format", "FolderFormat", "open_pyramid", "open_folder", "open_dicomweb"]
 
-#: The formats tried, in order.
-FORMATS = (tiff, dicom)
+#: The formats tried, in order (each module checked against :class:`Format` by mypy).
+FORMATS: tuple[Format, ...] = (tiff, dicom)
 
 #: Bytes read to recognise a format (a DICOM file's "DICM" sits at 128..132, PS3.10 7.1).
 HEAD_BYTES = 132
@@ -30,7 +33,9 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     """The pyramid of the file ``source`` reads, by the first format that recognises it.
 
     Raises:
-        UnsupportedFormatError: no format recognises the file.
+        UnsupportedFormatError: no format recognises the file ("``path``: not a slide
+            wsitool reads (neither TIFF nor DICOM; header ...)"), or a DICOM file given
+            by URL.
         CorruptFileError: the recognised format finds the file broken.
     """
     head = source.read(0, HEAD_BYTES)
@@ -40,10 +45,11 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
                 raise UnsupportedFormatError(f"{path}: DICOM files are read from local paths only, "
                                              "not from URLs")
             return fmt.open_pyramid(path, source)
-    raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
+    raise UnsupportedFormatError(f"{path}: not a slide wsitool reads (neither TIFF nor DICOM; "
+                                 f"header {head[:4]!r})")
 
 
-def open_dicomweb(url, storage_options: dict | None = None) -> Pyramid:
+def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyramid:
     """The pyramid of a DICOMweb series (``url``: a :class:`~wsitool.storage.dicomweb.SeriesUrl`);
     see :func:`wsitool.formats.dicom.open_dicomweb` for what it raises."""
     return dicom.open_dicomweb(url, storage_options)
@@ -57,9 +63,8 @@ def open_folder(path: str) -> Pyramid:
         CorruptFileError: the recognised format finds the slide broken.
     """
     for fmt in FORMATS:
-        opener = getattr(fmt, "open_folder", None)
-        if opener is not None:
-            pyramid = opener(path)
+        if isinstance(fmt, FolderFormat):  # (a module that has open_folder)
+            pyramid = fmt.open_folder(path)
             if pyramid is not None:
                 return pyramid
     raise UnsupportedFormatError(

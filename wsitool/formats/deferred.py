@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 __all__ = ["DeferredProperties"]
 
 
-class DeferredProperties(Mapping):
+class DeferredProperties(Mapping[str, str]):
     """A read-only ``str -> str`` mapping: the ``ready`` values, then the ``deferred`` ones.
 
     Args:
@@ -62,12 +62,12 @@ class DeferredProperties(Mapping):
         """A plain ``dict`` of every property (computes the deferred ones)."""
         return {k: self[k] for k in self._keys}
 
-    def __or__(self, other):
+    def __or__(self, other: object) -> dict[str, str]:
         if not isinstance(other, Mapping):
             return NotImplemented
         return {**self.copy(), **other}
 
-    def __ror__(self, other):
+    def __ror__(self, other: object) -> dict[str, str]:
         if not isinstance(other, Mapping):
             return NotImplemented
         return {**other, **self.copy()}

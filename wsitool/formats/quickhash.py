@@ -25,13 +25,19 @@ missing value is the empty string (so a single NUL byte).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 __all__ = ["KEY", "feed_string"]
 
 #: The property's name (``OPENSLIDE_PROPERTY_NAME_QUICKHASH1``, openslide.h).
 KEY = "openslide.quickhash-1"
 
 
-def feed_string(hasher, value: bytes | None) -> None:
+class _Hasher(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+def feed_string(hasher: _Hasher, value: bytes | None) -> None:
     """Add the text ``value`` to ``hasher`` as OpenSlide does: its bytes up to the first
     NUL, and a NUL; None (a missing value) adds a single NUL."""
     text = (value or b"").split(b"\0", 1)[0]

@@ -216,6 +216,32 @@ class AbstractSlide:
         """``(width, height)`` of level 0."""
         return self.level_dimensions[0]
 
+    @property
+    def level_dimensions(self) -> tuple[tuple[int, int], ...]:  # pragma: no cover - overridden
+        """``(width, height)`` of each level."""
+        raise NotImplementedError
+
+    @property
+    def level_downsamples(self) -> tuple[float, ...]:  # pragma: no cover - overridden
+        """Downsample of each level relative to level 0."""
+        raise NotImplementedError
+
+    @property
+    def properties(self) -> Mapping[str, str]:  # pragma: no cover - overridden
+        """The slide's metadata, as OpenSlide names it."""
+        raise NotImplementedError
+
+    def get_best_level_for_downsample(self, downsample: float) -> int:  # pragma: no cover - overridden
+        """Index of the level to read for ``downsample``."""
+        raise NotImplementedError
+
+    def read_region(self, location, level: int, size) -> Image.Image:  # pragma: no cover - overridden
+        """An RGBA PIL image of a region (OpenSlide semantics)."""
+        raise NotImplementedError
+
+    def _profile_bytes(self) -> bytes | None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
     def get_thumbnail(self, size) -> Image.Image:
         """An RGB PIL thumbnail fitting in ``size = (width, height)`` (aspect kept).
 
@@ -345,6 +371,16 @@ class OpenSlide(AbstractSlide):
         self._check()
         return self._profile
 
+    def get_thumbnail(self, size) -> Image.Image:
+        """An RGB PIL thumbnail fitting in ``size = (width, height)`` (aspect kept): the
+        pixels of :meth:`wsitool.Slide.get_thumbnail` (OpenSlide's recipe, see
+        :meth:`AbstractSlide.get_thumbnail`), the ICC profile in ``info["icc_profile"]``."""
+        thumb = Image.fromarray(self._check().get_thumbnail(size), "RGB")
+        profile = self._profile_bytes()
+        if profile is not None:
+            thumb.info["icc_profile"] = profile
+        return thumb
+
     def _profile_bytes(self) -> bytes | None:
         return self._check().color_profile
 
@@ -441,6 +477,7 @@ class ImageSlide(AbstractSlide):
 
     def __init__(self, file):
         self._file_arg = file
+        self._image: Image.Image | None
         if isinstance(file, Image.Image):
             self._close = False
             self._image = file

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -89,45 +90,69 @@ def extract_shards(slide, plan: PatchPlan, out_dir: str | os.PathLike, *, fmt: s
         TileDecodeError, OSError: reading the slide or writing a shard failed
             (the shard being written is removed; earlier shards stay complete).
     """
-    if fmt not in FORMATS:
-        raise InvalidRegionError(f"{slide.path}: patch format must be one of {sorted(FORMATS)}, got {fmt!r}")
-    if not 1 <= int(quality) <= 100 or int(shard_size) < 1:
-        raise InvalidRegionError(f"{slide.path}: need 1 <= quality <= 100 and shard_size >= 1")
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        raise FileNotFoundError(2, "output folder does not exist", str(out_dir))
+    out_dir = _checked_folder(slide, out_dir, fmt, quality, shard_size)
     stem = prefix or re.sub(r"[^A-Za-z0-9_-]", "_", os.path.basename(os.path.normpath(plan.slide.path)).split(".")[0])
     n = len(plan)
     names = [out_dir / f"{stem}-{i:06d}.tar" for i in range(-(-n // shard_size))]
     for name in names:
         check_output(name, [slide.path], overwrite)
-    ext = FORMATS[fmt]
-    table = plan.table()
     batches = plan.read_patches(slide, batch_size=min(batch_size, shard_size), threads=threads)
-    written: list[Path] = []
+    members = _members(plan, batches, fmt, quality)
     done = 0
-    pending: list[np.ndarray] = []
+
+    def patch_done() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None and (done % batch_size == 0 or done == n):
+            progress(done)
+
     for s, name in enumerate(names):
-        lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
-        partial, fh = open_file(name, [slide.path])
-        with partial:
-            with fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                i = lo
-                while i < hi:
-                    if not pending:
-                        pending = list(next(batches))
-                    patch = pending.pop(0)
-                    x, y = int(table["x"][i]), int(table["y"][i])
-                    key = patch_key(plan.slide.path, x, y)
-                    _add(tar, f"{key}.{ext}", _encode(patch, fmt, quality))
-                    meta = {"slide": plan.slide.path, "x": x, "y": y, "level": plan.level,
-                            "read_size": plan.read_size, "size": plan.size,
-                            "effective_mpp": plan.effective_mpp, "tissue": float(table["tissue"][i])}
-                    _add(tar, f"{key}.json", json.dumps(meta, allow_nan=True).encode())
-                    i += 1
-                    done += 1
-                    if progress is not None and (done % batch_size == 0 or done == n):
-                        progress(done)
-            partial.commit(overwrite)
-        written.append(name)
-    return written
+        _write_shard(name, [slide.path], members, min(n, (s + 1) * shard_size) - s * shard_size, patch_done,
+                     overwrite=overwrite)
+    return names
+
+
+def _checked_folder(slide, out_dir: str | os.PathLike, fmt: str, quality: int, shard_size: int) -> Path:
+    """``out_dir`` as a Path, after the checks of the options (InvalidRegionError) and of the folder
+    (FileNotFoundError when it does not exist)."""
+    if fmt not in FORMATS:
+        raise InvalidRegionError(f"{slide.path}: patch format must be one of {sorted(FORMATS)}, got {fmt!r}")
+    if not 1 <= int(quality) <= 100 or int(shard_size) < 1:
+        raise InvalidRegionError(f"{slide.path}: need 1 <= quality <= 100 and shard_size >= 1")
+    folder = Path(out_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(2, "output folder does not exist", str(folder))
+    return folder
+
+
+def _members(plan: PatchPlan, batches: Iterator[np.ndarray], fmt: str,
+             quality: int) -> Iterator[tuple[tuple[str, bytes], tuple[str, bytes]]]:
+    """The two tar members of each patch of ``plan``, in order: ``(key.jpg|png, encoded patch)`` and
+    ``(key.json, where it came from)``; ``batches``: the plan's patches, read as they are needed."""
+    table = plan.table()
+    ext = FORMATS[fmt]
+    i = 0
+    for batch in batches:
+        for patch in batch:
+            x, y = int(table["x"][i]), int(table["y"][i])
+            key = patch_key(plan.slide.path, x, y)
+            image = (f"{key}.{ext}", _encode(patch, fmt, quality))
+            meta = {"slide": plan.slide.path, "x": x, "y": y, "level": plan.level,
+                    "read_size": plan.read_size, "size": plan.size,
+                    "effective_mpp": plan.effective_mpp, "tissue": float(table["tissue"][i])}
+            yield image, (f"{key}.json", json.dumps(meta, allow_nan=True).encode())
+            i += 1
+
+
+def _write_shard(name: Path, sources: list[str], members: Iterator[tuple[tuple[str, bytes], tuple[str, bytes]]],
+                 count: int, patch_done: Callable[[], None], *, overwrite: bool) -> None:
+    """The next ``count`` patches of ``members`` into the tar ``name``: written to a partial, renamed
+    when complete (removed on an error)."""
+    partial, fh = open_file(name, sources)
+    with partial:
+        with fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for _ in range(count):
+                for member, data in next(members):
+                    _add(tar, member, data)
+                patch_done()
+        partial.commit(overwrite)

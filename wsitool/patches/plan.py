@@ -235,21 +235,8 @@ def plan_patches(slide, *, mpp: float | None = None, magnification: float | None
     """
     size = int(size)
     overlap = int(overlap)
-    if size < 1 or not 0 <= overlap < size:
-        raise InvalidRegionError(f"{slide.path}: need size >= 1 and 0 <= overlap < size, got {size}, {overlap}")
-    if not 0 <= min_tissue <= 1:
-        raise InvalidRegionError(f"{slide.path}: min_tissue must be in 0..1, got {min_tissue!r}")
-    if not mpp_tolerance >= 0:
-        raise InvalidRegionError(f"{slide.path}: mpp_tolerance must be >= 0, got {mpp_tolerance!r}")
-    if mpp_override is not None:
-        if not (mpp_override > 0 and math.isfinite(mpp_override)):
-            raise InvalidRegionError(f"{slide.path}: mpp_override must be positive, got {mpp_override!r}")
-        mpp0 = float(mpp_override)
-    elif slide.mpp is not None:
-        mpp0 = float(math.sqrt(slide.mpp[0] * slide.mpp[1]))
-    else:
-        raise InvalidRegionError(f"{slide.path}: the slide records no resolution (MPP); give mpp_override "
-                                 "(--mpp-override) with its level-0 micrometres per pixel")
+    _check_options(slide, size, overlap, min_tissue, mpp_tolerance)
+    mpp0 = _level0_mpp(slide, mpp_override)
     target = _target_mpp(slide, mpp0, mpp, magnification)
     level, level_mpp = choose_level(slide, mpp0, target, float(mpp_tolerance), allow_upscale)
     exact = abs(level_mpp / target - 1) <= mpp_tolerance
@@ -257,14 +244,7 @@ def plan_patches(slide, *, mpp: float | None = None, magnification: float | None
     effective = level_mpp * read_size / size
     ds = slide.level_downsamples[level]
     extent = read_size * ds                       # level-0 pixels a patch covers
-    stride = (size - overlap) * read_size / size * ds
-    W0, H0 = slide.dimensions
-    nx = int(math.floor((W0 - extent) / stride)) + 1 if W0 >= extent else 0
-    ny = int(math.floor((H0 - extent) / stride)) + 1 if H0 >= extent else 0
-    xs = np.round(np.arange(nx) * stride).astype(np.int64)
-    ys = np.round(np.arange(ny) * stride).astype(np.int64)
-    gx, gy = np.meshgrid(xs, ys)
-    x, y = gx.ravel(), gy.ravel()
+    x, y = _grid(slide.dimensions, extent, stride=(size - overlap) * read_size / size * ds)
     tmask = None
     if mask is None:
         frac = np.full(len(x), np.nan, np.float32)
@@ -281,6 +261,40 @@ def plan_patches(slide, *, mpp: float | None = None, magnification: float | None
                   level0_mpp=mpp0, target_mpp=target,
                   level_dimensions=list(slide.level_dimensions[level]), level_downsample=float(ds))
     return PatchPlan(SlideIdentity.of(slide), params, level, size, read_size, effective, x, y, frac, tmask)
+
+
+def _check_options(slide, size: int, overlap: int, min_tissue: float, mpp_tolerance: float) -> None:
+    """InvalidRegionError (naming the slide) for a size, overlap, tissue fraction or tolerance out of range."""
+    if size < 1 or not 0 <= overlap < size:
+        raise InvalidRegionError(f"{slide.path}: need size >= 1 and 0 <= overlap < size, got {size}, {overlap}")
+    if not 0 <= min_tissue <= 1:
+        raise InvalidRegionError(f"{slide.path}: min_tissue must be in 0..1, got {min_tissue!r}")
+    if not mpp_tolerance >= 0:
+        raise InvalidRegionError(f"{slide.path}: mpp_tolerance must be >= 0, got {mpp_tolerance!r}")
+
+
+def _level0_mpp(slide, mpp_override: float | None) -> float:
+    """Level-0 micrometres per pixel: ``mpp_override``, else the geometric mean of the slide's x and y MPP."""
+    if mpp_override is not None:
+        if not (mpp_override > 0 and math.isfinite(mpp_override)):
+            raise InvalidRegionError(f"{slide.path}: mpp_override must be positive, got {mpp_override!r}")
+        return float(mpp_override)
+    if slide.mpp is not None:
+        return float(math.sqrt(slide.mpp[0] * slide.mpp[1]))
+    raise InvalidRegionError(f"{slide.path}: the slide records no resolution (MPP); give mpp_override "
+                             "(--mpp-override) with its level-0 micrometres per pixel")
+
+
+def _grid(dimensions: tuple[int, int], extent: float, stride: float) -> tuple[np.ndarray, np.ndarray]:
+    """Level-0 corners ``(x, y)``, ``(n,)`` int64 each, row-major, of the patches of ``extent`` level-0
+    pixels wholly inside a slide of ``dimensions``, every ``stride`` level-0 pixels (rounded)."""
+    W0, H0 = dimensions
+    nx = int(math.floor((W0 - extent) / stride)) + 1 if W0 >= extent else 0
+    ny = int(math.floor((H0 - extent) / stride)) + 1 if H0 >= extent else 0
+    xs = np.round(np.arange(nx) * stride).astype(np.int64)
+    ys = np.round(np.arange(ny) * stride).astype(np.int64)
+    gx, gy = np.meshgrid(xs, ys)
+    return gx.ravel(), gy.ravel()
 
 
 # ------------------------------------------------------------------ files

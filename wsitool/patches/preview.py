@@ -41,12 +41,12 @@ def render_preview(slide, plan: PatchPlan, *, threads: int | None = None) -> np.
         thumb, (dx, dy) = read_thumbnail(slide, max(1.0, params.mpp / mpp0), threads=threads)
     h, w = thumb.shape[:2]
     scale = max(1, min(4, MAX_SIDE // max(h, w, 1)))
-    img = Image.fromarray(thumb).resize((w * scale, h * scale), Image.NEAREST)
+    img = Image.fromarray(thumb).resize((w * scale, h * scale), Image.Resampling.NEAREST)
     if mask is not None and mask.mask.shape == thumb.shape[:2]:
         tint = np.zeros((h, w, 4), np.uint8)
         tint[mask.mask] = (0, 200, 0, 60)
         img = Image.alpha_composite(img.convert("RGBA"),
-                                    Image.fromarray(tint).resize(img.size, Image.NEAREST)).convert("RGB")
+                                    Image.fromarray(tint).resize(img.size, Image.Resampling.NEAREST)).convert("RGB")
     draw = ImageDraw.Draw(img)
     side = plan.read_size * plan.params.get("level_downsample", 1.0)
     for x, y in zip(plan.x.tolist(), plan.y.tolist(), strict=True):

@@ -257,7 +257,7 @@ def _clean(mask: np.ndarray, params: TissueParams, px_area: float) -> np.ndarray
     """Closing with a disk, then small pieces of tissue removed and small holes filled (OpenCV)."""
     import cv2  # optional: the patches extra
 
-    m = mask.astype(np.uint8)
+    m: np.ndarray = mask.astype(np.uint8)
     if params.close > 0:
         r = params.close
         m = cv2.morphologyEx(m, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1)))

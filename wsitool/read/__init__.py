@@ -1,6 +1,7 @@
 """Region reading (floor 4): validate a request, plan its tiles, fill the caller's buffer.
 
-One read goes ``read.region.read_region`` -> ``read.request`` (validation) ->
+One read goes ``read.region.read_pyramid_region`` -> ``read.request`` (validation,
+the :class:`~wsitool.read.request.ReadRequest` carried down) ->
 ``geometry.plan_tiles`` -> ``read.fill`` (threads, compiled loop or the Python
 path of ``read.worker``; ``read.cuda`` on a GPU) -> ``codec`` (decoders) ->
 the level's byte source.  ``read.lazy`` builds Dask arrays of levels.

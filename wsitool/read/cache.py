@@ -52,8 +52,8 @@ buffer: with a cache a read takes the Python tile path
 (:func:`wsitool.read.worker.decode_tile`), tile by tile.  Without a cache
 nothing changes.
 
-Standard library and numpy only; it knows nothing of decoding (the caller passes
-the function that decodes a tile).
+Standard library, numpy and :mod:`wsitool.errors` only; it knows nothing of decoding (the
+caller passes the function that decodes a tile).
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import numpy as np
+
+from ..errors import InvalidOptionError
 
 __all__ = ["TileCache", "CacheStats", "CacheScope", "entry_cost", "ENTRY_OVERHEAD"]
 
@@ -112,7 +115,7 @@ def _own_copy(value: np.ndarray, buf: mmap.mmap | None = None) -> np.ndarray:
     return out
 
 
-def _close(buf) -> None:
+def _close(buf: mmap.mmap | None) -> None:
     """Unmap ``buf`` now if no array uses it any more (else it goes with its last array)."""
     if buf is not None:
         with contextlib.suppress(BufferError):
@@ -121,7 +124,7 @@ def _close(buf) -> None:
 
 def _mapping_of(value: np.ndarray) -> mmap.mmap | None:
     """The memory map under an array made by :func:`_own_copy`, or None."""
-    base = value
+    base: object = value
     while isinstance(base, np.ndarray):
         base = base.base
     if isinstance(base, memoryview):
@@ -129,7 +132,7 @@ def _mapping_of(value: np.ndarray) -> mmap.mmap | None:
     return base if isinstance(base, mmap.mmap) else None
 
 
-def _refcount(value) -> int:
+def _refcount(value: object) -> int:
     return sys.getrefcount(value)
 
 
@@ -172,7 +175,7 @@ class CacheStats:
     retired_bytes: int = 0
     not_kept: int = 0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, int]:
         """The fields as a JSON-ready dict."""
         return dataclasses.asdict(self)
 
@@ -182,12 +185,12 @@ class _Pending:
 
     __slots__ = ("done", "value", "error", "reserved", "buf")
 
-    def __init__(self, reserved: int = 0):
+    def __init__(self, reserved: int = 0) -> None:
         self.done = threading.Event()
         self.value: np.ndarray | None = None
         self.error: BaseException | None = None
         self.reserved = reserved
-        self.buf = None  # the map of an evicted tile, for this one (counted in ``reserved``)
+        self.buf: mmap.mmap | None = None  # the map of an evicted tile, for this one (counted in ``reserved``)
 
 
 class TileCache:
@@ -200,21 +203,22 @@ class TileCache:
             evicted tiles readers still hold (see the module docstring).
 
     Raises:
-        ValueError: ``max_bytes`` is negative or not an integer.
+        InvalidOptionError: ``max_bytes`` is negative or not an integer (also a ``ValueError``).
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
+            raise InvalidOptionError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._entries: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        # (keys: any hashable; those of a CacheScope are tuples whose first item is the scope)
+        self._entries: OrderedDict[Any, np.ndarray] = OrderedDict()
         self._loading: dict[Hashable, _Pending] = {}
         self._bytes = 0          # entries' costs
         self._pending = 0        # reservations of loads in flight
         self._retired = 0        # evicted tiles still referenced elsewhere
         self._released: list[int] = []  # retired costs freed (appended by weakref callbacks, lock-free)
-        self._typical: dict[Hashable, int] = {}  # (scope, level, mode) -> bytes of the largest tile kept
+        self._typical: dict[Any, int] = {}  # (scope, level, mode) -> bytes of the largest tile kept
         self._hits = self._misses = self._waits = self._evictions = self._failures = 0
         self._not_kept = 0
         self._scopes = itertools.count(1)
@@ -305,16 +309,8 @@ class TileCache:
                 return value
             pending = self._loading.get(key)
             owner = pending is None
-            if owner:
-                size = self._typical.get(self._kind(key), 0)
-                reserve = entry_cost(size) if size else 0
-                if reserve > self.max_bytes:
-                    size = reserve = 0  # it will not be kept anyway
-                pending = self._loading[key] = _Pending(reserve)
-                self._pending += reserve
-                # room for it while it decodes, and the map of a tile it replaces
-                pending.buf = self._evict_to(self.max_bytes, size if size >= MAP_MIN_BYTES else 0)
-                self._misses += 1
+            if pending is None:
+                pending = self._begin_load(key)
             else:
                 self._hits += 1
                 self._waits += 1
@@ -322,19 +318,44 @@ class TileCache:
             pending.done.wait()
             if pending.error is not None:
                 raise pending.error
+            assert pending.value is not None  # (set before ``done``)
             return pending.value
         try:
             value = load()
         except BaseException as exc:
-            _close(pending.buf)
-            pending.buf = None
-            with self._lock:
-                self._failures += 1
-                self._pending -= pending.reserved
-                del self._loading[key]
-            pending.error = exc
-            pending.done.set()
+            self._load_failed(key, pending, exc)
             raise
+        return self._finish_load(key, pending, value)
+
+    def _begin_load(self, key: Hashable) -> _Pending:
+        """Under the lock: register the miss of ``key`` as loading, reserving the cost of the
+        last tile of its kind and evicting to make room (and find a map to reuse)."""
+        size = self._typical.get(self._kind(key), 0)
+        reserve = entry_cost(size) if size else 0
+        if reserve > self.max_bytes:
+            size = reserve = 0  # it will not be kept anyway
+        pending = self._loading[key] = _Pending(reserve)
+        self._pending += reserve
+        # room for it while it decodes, and the map of a tile it replaces
+        pending.buf = self._evict_to(self.max_bytes, size if size >= MAP_MIN_BYTES else 0)
+        self._misses += 1
+        return pending
+
+    def _load_failed(self, key: Hashable, pending: _Pending, exc: BaseException) -> None:
+        """The load of ``key`` raised ``exc``: release its reservation, count the failure and
+        hand ``exc`` to the threads waiting for it (nothing is stored)."""
+        _close(pending.buf)
+        pending.buf = None
+        with self._lock:
+            self._failures += 1
+            self._pending -= pending.reserved
+            del self._loading[key]
+        pending.error = exc
+        pending.done.set()
+
+    def _finish_load(self, key: Hashable, pending: _Pending, value: np.ndarray) -> np.ndarray:
+        """Keep the loaded ``value`` of ``key`` where it fits (a read-only copy in the cache's
+        own memory), wake the threads waiting for it and return what they all get."""
         cost = entry_cost(value.nbytes)
         keep = cost <= self.max_bytes and not (isinstance(key, tuple) and key and key[0] in self._closed)
         buf, pending.buf = pending.buf, None  # (counted in the reservation meanwhile)
@@ -418,13 +439,14 @@ class CacheScope:
 
     __slots__ = ("cache", "token")
 
-    def __init__(self, cache: TileCache, token: int):
+    def __init__(self, cache: TileCache, token: int) -> None:
         self.cache = cache
         self.token = token
 
-    def tile(self, level: int, col: int, row: int, mode: str,
+    def tile(self, level: Hashable, col: int, row: int, mode: str,
              load: Callable[[], np.ndarray]) -> np.ndarray:
-        """Tile ``(col, row)`` of ``level`` as read in ``mode``; ``load()`` decodes it on a miss."""
+        """Tile ``(col, row)`` of ``level`` (its index, or ``(index, plane)`` for a channel's plane,
+        :attr:`wsitool.model.Level.cache_key`) as read in ``mode``; ``load()`` decodes it on a miss."""
         return self.cache.get_or_load((self.token, level, col, row, mode), load)
 
     def close(self) -> None:

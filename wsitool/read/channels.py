@@ -3,7 +3,7 @@
 A multi-channel :class:`~wsitool.model.Level` holds one single-sample plane
 per channel (:attr:`~wsitool.model.Level.planes`), each an ordinary level with
 its own tiles.  A read fills each selected plane through the usual tile path
-(:func:`wsitool.read.fill.fill_level_rect` in ``raw`` mode: the compiled JPEG
+(:func:`wsitool.read.fill.fill_region` in ``raw`` mode: the compiled JPEG
 loop never applies to one-sample planes, the decoded-tile cache keys each plane
 apart) and then:
 
@@ -18,7 +18,8 @@ apart) and then:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,13 +29,13 @@ from ..model import Level
 __all__ = ["select_channels", "fill_channels", "composite", "to_8bit"]
 
 
-def select_channels(lv: Level, channels, path: str) -> Level:
+def select_channels(lv: Level, channels: Any, path: str) -> Level:
     """``lv`` restricted to ``channels`` (None: all), by index or name, in the order given.
 
     Args:
         lv: a level of the slide.
         channels: None, or an int / str or a sequence of ints (``0 .. C-1``,
-            negative counts from the end) and names (:attr:`Channel.name`, exact,
+            negative counts from the end) and names (``Channel.name``, exact,
             then case-insensitive).
 
     Returns:
@@ -54,7 +55,7 @@ def select_channels(lv: Level, channels, path: str) -> Level:
         raise InvalidRegionError(f"{path}: channels= selects no channel")
     names = [c.name for c in lv.channels]
     count = len(names)
-    picked = []
+    picked: list[int] = []
     for item in items:
         if isinstance(item, (bool, np.bool_)):
             raise InvalidRegionError(f"{path}: channel {item!r} is neither an index nor a name")
@@ -65,10 +66,10 @@ def select_channels(lv: Level, channels, path: str) -> Level:
                                          f"channel(s): 0..{count - 1})")
             picked.append(k % count)
         elif isinstance(item, str):
-            k = _by_name(names, item)
-            if k is None:
+            found = _by_name(names, item)
+            if found is None:
                 raise InvalidRegionError(f"{path}: no channel named {item!r} (channels: {', '.join(names)})")
-            picked.append(k)
+            picked.append(found)
         else:
             raise InvalidRegionError(f"{path}: channel {item!r} is neither an index nor a name")
     return lv.select(picked)
@@ -104,19 +105,22 @@ def composite(raw: np.ndarray, lv: Level, out: np.ndarray) -> None:
     out[..., :3] = acc
 
 
-def fill_channels(fill, lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, mode: str,
-                  threads, on_error: str, pool, cache) -> None:
-    """Fill ``out`` with the rectangle at ``(rx, ry)`` (pixels of ``lv``) of the multi-channel
-    level ``lv`` in ``mode`` (see the module's notes); ``fill`` is
-    :func:`wsitool.read.fill.fill_level_rect`, called once per plane in ``raw`` mode."""
+def fill_channels(fill_plane: Callable[[Level, np.ndarray], None], lv: Level, mode: str, rx: int, ry: int,
+                  out: np.ndarray) -> None:
+    """Fill ``out`` (``(h, w, c)``) with the rectangle at ``(rx, ry)`` (pixels of ``lv``) of the
+    multi-channel level ``lv`` in ``mode`` (see the module's notes); ``fill_plane(plane, buffer)``
+    fills an ``(h, w, 1)`` buffer with that rectangle of one plane in ``raw`` mode (the region
+    read of :func:`wsitool.read.fill.fill_region`)."""
+    h, w = out.shape[:2]
     planes = lv.planes
+    assert planes is not None  # (the caller's test)
     if mode == "raw" and len(planes) == 1:
-        fill(planes[0], rx, ry, w, h, out, "raw", threads, on_error, pool, cache)
+        fill_plane(planes[0], out)
         return
     raw = out if mode == "raw" else np.empty((h, w, len(planes)), lv.dtype)
     scratch = np.empty((h, w, 1), lv.dtype)
     for k, plane in enumerate(planes):
-        fill(plane, rx, ry, w, h, scratch, "raw", threads, on_error, pool, cache)
+        fill_plane(plane, scratch)
         raw[..., k] = scratch[..., 0]
     if mode == "raw":
         return

@@ -2,7 +2,7 @@
 
 ``Slide.read_region(..., device="cuda")`` (or ``"cuda:N"``) returns a
 ``cupy.ndarray`` with the shape, dtype and pixel semantics of the CPU path
-(:func:`wsitool.read.region.read_region`): ``(height, width, 4)`` uint8 for
+(:func:`wsitool.read.region.read_pyramid_region`): ``(height, width, 4)`` uint8 for
 ``mode="rgba"``, ``(height, width, 3)`` uint8 for ``"rgb"``,
 ``(height, width, samples)`` in the level's dtype for ``"raw"``; pixels
 outside the slide and missing tiles are 0 with alpha 0.
@@ -83,16 +83,16 @@ from ..codec.failures import tile_failed
 from ..codec.headers import codestream
 from ..codec.library import decode_params
 from ..codec.nvdecode import check_decoded, count_decoded, decode_into, plan_decode
-from ..codec.pool import get_pool
+from ..codec.pool import DecoderPool, DecodeStats, ThreadState, get_pool
 from ..codec.tilebytes import read_tile_bytes
 from ..color import ycbcr_to_rgb
 from ..device import cuda_device_id
 from ..errors import DeviceUnavailableError, InvalidRegionError, ResourceLimitError, TileDecodeError
-from ..geometry import TileJob, level_rect, plan_tiles
+from ..geometry import TileJob, plan_tiles
 from ..model import Level
 from .cuda_arrays import HostArrays, bump, gpu_memory_sample, gpu_stats, release_scratch, reset_gpu_stats, thread_arrays
 from .fill import fill_outside, fill_region
-from .request import check_out, output_shape
+from .request import ReadRequest, check_out
 
 __all__ = [
     "read_region_cuda",
@@ -111,31 +111,29 @@ class _Tile:
 
     __slots__ = ("job", "data", "cs", "how", "size", "target", "slot")
 
-    def __init__(self, job, data, cs, how, size, target):
+    def __init__(self, job: TileJob, data: Any, cs: Any, how: str, size: tuple[int, int], target: Any):
         self.job = job
         self.data = data
         self.cs = cs
         self.how = how
         self.size = size  # code stream (width, height)
         self.target = target  # view of the output or of the RGB scratch
-        self.slot = None  # whole-tile scratch for how == "scratch"
+        self.slot: Any = None  # whole-tile scratch for how == "scratch"
 
     @property
-    def dst(self):
+    def dst(self) -> Any:
+        """Where the decoder writes: the whole-tile slot (``"scratch"``) or the target."""
         return self.slot if self.how == "scratch" else self.target
 
 
-def fill_region_batched(lv: Level, x: int, y: int, w: int, h: int, out, mode: str,
-                        threads: int | None, on_error: str, pool, arrays) -> None:
-    """Fill ``out`` with a validated region, decoding all its tiles in one batch.
+def fill_region_batched(req: ReadRequest, out: Any, pool: DecoderPool, arrays: HostArrays) -> None:
+    """Fill ``out`` with the validated region ``req``, decoding all its tiles in one batch.
 
     Args:
-        lv: the level; ``x, y`` level-0 location; ``w, h`` size in level pixels.
-        out: ``(h, w, channels)`` output of ``arrays.xp`` (numpy or CuPy),
+        req: the read (its location in pixels of ``req.level``; ``req.threads``: CPU
+            threads for tifffile levels, decoded on the CPU).
+        out: ``(height, width, channels)`` output of ``arrays.xp`` (numpy or CuPy),
             C-contiguous, already checked.
-        mode: ``"rgba"``, ``"rgb"`` or ``"raw"``.
-        threads: CPU threads for tifffile levels (decoded on the CPU).
-        on_error: ``"raise"`` or ``"fill"``.
         pool: the :class:`~wsitool.codec.pool.DecoderPool` whose per-thread decoder
             runs the batch (``get_pool("cuda:N")`` on the GPU).
         arrays: the array back-end (:class:`CudaArrays` / :class:`HostArrays`).
@@ -143,19 +141,35 @@ def fill_region_batched(lv: Level, x: int, y: int, w: int, h: int, out, mode: st
     Raises:
         TileDecodeError: a corrupt tile with ``on_error="raise"``.
     """
+    lv = req.level
     if lv.encoding.codec != "nv" or _colour_ok.get(_level_key(lv, arrays)) is False:
-        _fill_on_cpu(lv, x, y, w, h, out, mode, threads, on_error, arrays)
+        _fill_on_cpu(req, out, arrays)
         return
-    rx, ry = level_rect(lv, x, y)
-    inside, jobs = plan_tiles(lv, rx, ry, w, h)
-    fill_outside(out, rx, ry, inside)
+    inside, jobs = plan_tiles(lv, req.x, req.y, req.width, req.height)
+    fill_outside(out, req.x, req.y, inside)
     if not jobs:
         return
+    assert inside is not None  # (jobs lie inside the level)
     state = pool.state()
-    stats = state.stats
-    direct = mode in ("rgb", "raw") and not lv.encoding.ycbcr_after_decode
-    bad: list[tuple] = []  # jobs whose pixels become background
+    direct = req.mode in ("rgb", "raw") and not lv.encoding.ycbcr_after_decode
+    tiles, bad = _read_batch(lv, jobs, req.on_error, state.stats)
+    if (tiles and arrays.check_colour and _level_key(lv, arrays) not in _colour_ok
+            and not _check_colour(lv, tiles[0], state, arrays)):
+        _fill_on_cpu(req, out, arrays)
+        return
+    rgb = _place_targets(req, tiles, out if direct else None, state.stats, arrays)
+    bad += _decode_and_crop(req, tiles, state, arrays, direct)
+    if not direct:
+        _copy_rgb(req, rgb, out, inside)
+    for job in bad:  # missing and failed tiles: background, alpha 0
+        job.view(out)[...] = 0
 
+
+def _read_batch(lv: Level, jobs: list[TileJob], on_error: str,
+                stats: DecodeStats) -> tuple[list[_Tile], list[TileJob]]:
+    """Read and plan the tiles of ``jobs``: ``(tiles to decode, jobs that become background)``
+    (missing tiles, counted; tiles whose header is refused, raised or counted as failed)."""
+    bad: list[TileJob] = []
     tiles: list[_Tile] = []
     for job in jobs:
         col, row, src, _dst = job
@@ -171,60 +185,69 @@ def fill_region_batched(lv: Level, x: int, y: int, w: int, h: int, out, mode: st
             bad.append(job)
             continue
         tiles.append(_Tile(job, data, cs, how, size, None))
-    if (tiles and arrays.check_colour and _level_key(lv, arrays) not in _colour_ok
-            and not _check_colour(lv, tiles[0], state, arrays)):
-        _fill_on_cpu(lv, x, y, w, h, out, mode, threads, on_error, arrays)
-        return
+    return tiles, bad
 
-    # One flat scratch holds the RGB region (unless decoding straight into
-    # ``out``) followed by one whole-tile slot per "scratch" tile.
-    region_bytes = 0 if direct else h * w * 3
+
+def _place_targets(req: ReadRequest, tiles: list[_Tile], direct_out: Any, stats: DecodeStats,
+                   arrays: HostArrays) -> Any:
+    """Point each tile at its target; return the RGB image the tiles decode into.
+
+    One flat scratch holds the RGB region (unless decoding straight into the output,
+    ``direct_out``) followed by one whole-tile slot per ``"scratch"`` tile."""
+    h, w = req.height, req.width
+    region_bytes = 0 if direct_out is not None else h * w * 3
     slot_bytes = [t.size[0] * t.size[1] * 3 if t.how == "scratch" else 0 for t in tiles]
     total = region_bytes + sum(slot_bytes)
-    flat = arrays.scratch(total, stats) if total else None
-    rgb = out if direct else flat[:region_bytes].reshape(h, w, 3)
+    flat: Any = arrays.scratch(total, stats) if total else None
+    rgb = direct_out if direct_out is not None else flat[:region_bytes].reshape(h, w, 3)
     offset = region_bytes
     for t, nbytes in zip(tiles, slot_bytes, strict=True):
         t.target = t.job.view(rgb)
         if nbytes:
             t.slot = flat[offset:offset + nbytes].reshape(t.size[1], t.size[0], 3)
             offset += nbytes
+    return rgb
 
-    failed = _decode_batch(lv, tiles, state, arrays)
+
+def _decode_and_crop(req: ReadRequest, tiles: list[_Tile], state: ThreadState, arrays: HostArrays,
+                     direct: bool) -> list[TileJob]:
+    """Decode ``tiles`` in one batch, crop the whole-tile slots into their targets and count
+    the decodes; return the jobs of the tiles that failed (raised with ``on_error="raise"``)."""
+    failed = _decode_batch(req.level, tiles, state, arrays)
+    bad: list[TileJob] = []
     for t in tiles:
-        col, row, src, _dst = t.job
         exc = failed.get(id(t))
         if exc is not None:
-            tile_failed(exc, on_error, stats)
+            tile_failed(exc, req.on_error, state.stats)
             bad.append(t.job)
             continue
         if t.how == "scratch":
-            sx0, sy0, sx1, sy1 = src
+            sx0, sy0, sx1, sy1 = t.job.src
             t.target[...] = t.slot[sy0:sy1, sx0:sx1]
-        count_decoded(stats, t.how, caller_buffer=direct)
-
-    if not direct:
-        cx0, cy0, cx1, cy1 = inside
-        top, bottom, left, right = cy0 - ry, cy1 - ry, cx0 - rx, cx1 - rx
-        part = rgb[top:bottom, left:right]
-        if lv.encoding.ycbcr_after_decode:
-            part = ycbcr_to_rgb(part)
-        if mode == "raw":
-            out[top:bottom, left:right] = part
-        else:
-            out[top:bottom, left:right, :3] = part
-            if mode == "rgba":
-                out[top:bottom, left:right, 3] = 255
-    for job in bad:  # missing and failed tiles: background, alpha 0
-        job.view(out)[...] = 0
+        count_decoded(state.stats, t.how, caller_buffer=direct)
+    return bad
 
 
-def _fill_on_cpu(lv: Level, x: int, y: int, w: int, h: int, out, mode: str,
-                 threads: int | None, on_error: str, arrays) -> None:
+def _copy_rgb(req: ReadRequest, rgb: Any, out: Any, inside: tuple[int, int, int, int]) -> None:
+    """Copy the part of the decoded RGB region inside the level into ``out`` in ``req.mode``
+    (colour-converted where the level needs it after decoding; RGBA opaque)."""
+    cx0, cy0, cx1, cy1 = inside
+    top, bottom, left, right = cy0 - req.y, cy1 - req.y, cx0 - req.x, cx1 - req.x
+    part = rgb[top:bottom, left:right]
+    if req.level.encoding.ycbcr_after_decode:
+        part = ycbcr_to_rgb(part)
+    if req.mode == "raw":
+        out[top:bottom, left:right] = part
+    else:
+        out[top:bottom, left:right, :3] = part
+        if req.mode == "rgba":
+            out[top:bottom, left:right, 3] = 255
+
+
+def _fill_on_cpu(req: ReadRequest, out: Any, arrays: HostArrays) -> None:
     """Decode the region on the CPU exactly as ``device="cpu"`` and copy it into ``out``."""
-    shape, dtype = output_shape(lv, (w, h), mode)
-    host = np.empty(shape, dtype)
-    fill_region(lv, x, y, w, h, host, mode, threads, on_error, get_pool("cpu"))
+    host = np.empty(req.shape, req.dtype)
+    fill_region(req, host, get_pool("cpu"))
     arrays.upload(out, host)
     bump(regions_generic=1)
 
@@ -236,14 +259,14 @@ def _fill_on_cpu(lv: Level, x: int, y: int, w: int, h: int, out, mode: str,
 COLOUR_CHECK_MEAN = 8.0
 
 
-_colour_ok: dict[tuple, bool] = {}
+_colour_ok: dict[tuple[str, int, str], bool] = {}
 
 
-def _level_key(lv: Level, arrays) -> tuple:
+def _level_key(lv: Level, arrays: HostArrays) -> tuple[str, int, str]:
     return (lv.path, lv.index, arrays.device_key)
 
 
-def _check_colour(lv: Level, tile: _Tile, state, arrays) -> bool:
+def _check_colour(lv: Level, tile: _Tile, state: ThreadState, arrays: HostArrays) -> bool:
     """Decode one whole tile of ``lv`` with the batch decoder and the CPU decoder, compare.
 
     Run once per level and device (result cached).  A level whose GPU decode
@@ -282,7 +305,7 @@ def _check_colour(lv: Level, tile: _Tile, state, arrays) -> bool:
     return ok
 
 
-def _decode_batch(lv: Level, tiles: list[_Tile], state, arrays, *, fallback: bool = True,
+def _decode_batch(lv: Level, tiles: list[_Tile], state: ThreadState, arrays: HostArrays, *, fallback: bool = True,
                   count: bool = True) -> dict[int, TileDecodeError]:
     """Decode ``tiles`` with one batched call; return the failures by ``id(tile)``.
 
@@ -329,7 +352,7 @@ def _decode_batch(lv: Level, tiles: list[_Tile], state, arrays, *, fallback: boo
     return failed
 
 
-def _cpu_fallback(lv: Level, t: _Tile, arrays) -> bool:
+def _cpu_fallback(lv: Level, t: _Tile, arrays: HostArrays) -> bool:
     """Decode one tile on this thread's CPU decoder and copy it to ``t.dst``."""
     state = get_pool("cpu").state()
     col, row = t.job.col, t.job.row
@@ -361,27 +384,24 @@ def device_index(path: str, device: str) -> int:
         raise DeviceUnavailableError(f"{path}: {exc}") from None
 
 
-def read_region_cuda(path: str, level: Level, x: int, y: int, w: int, h: int, *,
-                     out=None, mode: str = "rgba", threads: int | None = None,
-                     on_error: str = "raise", device: str = "cuda"):
+def read_region_cuda(req: ReadRequest, *, out: Any = None) -> Any:
     """Read a validated region into a CuPy array on a CUDA device.
 
-    Called by :func:`wsitool.read.region.read_region` for ``device="cuda"`` /
+    Called by :func:`wsitool.read.region.read_pyramid_region` for ``device="cuda"`` /
     ``"cuda:N"`` after it validated the request; see the module docstring
     for the decode path and the stream semantics.
 
     Args:
-        path: the slide's path (named in messages).
-        level: the :class:`~wsitool.model.Level` (already validated).
-        x, y: top-left pixel in level-0 pixels; ``w, h``: size in level pixels.
+        req: the read (:class:`~wsitool.read.request.ReadRequest`, validated): its
+            level, location in pixels of that level and size; ``mode``
+            (``"rgba"`` -> ``(h, w, 4)`` uint8; ``"rgb"`` -> ``(h, w, 3)`` uint8;
+            ``"raw"`` -> ``(h, w, samples)`` in the level's dtype); ``threads``
+            (CPU threads for levels decoded on the CPU, tifffile levels;
+            nvImageCodec levels are decoded by one batched GPU call);
+            ``on_error`` (as on the CPU); ``device`` (``"cuda"``: CuPy's current
+            device, or ``"cuda:N"``); ``path`` (named in messages).
         out: optional ``cupy.ndarray`` on that device, C-contiguous, of the
             exact shape and dtype of the result; filled in place and returned.
-        mode: ``"rgba"`` -> ``(h, w, 4)`` uint8; ``"rgb"`` -> ``(h, w, 3)``
-            uint8; ``"raw"`` -> ``(h, w, samples)`` in the level's dtype.
-        threads: CPU threads for levels decoded on the CPU (tifffile levels);
-            nvImageCodec levels are decoded by one batched GPU call.
-        on_error: ``"raise"`` or ``"fill"`` (as on the CPU).
-        device: ``"cuda"`` (CuPy's current device) or ``"cuda:N"``.
 
     Returns:
         ``cupy.ndarray`` (``out`` itself when given), complete on return.
@@ -393,10 +413,11 @@ def read_region_cuda(path: str, level: Level, x: int, y: int, w: int, h: int, *,
         ResourceLimitError: the GPU ran out of memory for the output or scratch.
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
     """
-    dev = device_index(path, device)
+    path = req.path
+    dev = device_index(path, req.device)
     import cupy
 
-    shape, dtype = output_shape(level, (w, h), mode)
+    shape, dtype = req.shape, req.dtype
     with cupy.cuda.Device(dev):
         try:
             if out is None:
@@ -411,13 +432,12 @@ def read_region_cuda(path: str, level: Level, x: int, y: int, w: int, h: int, *,
             arrays.stream.wait_event(cupy.cuda.get_current_stream().record())
             try:
                 with arrays.stream:
-                    fill_region_batched(level, x, y, w, h, out, mode, threads, on_error,
-                                        get_pool(f"cuda:{dev}"), arrays)
+                    fill_region_batched(req, out, get_pool(f"cuda:{dev}"), arrays)
             finally:
                 arrays.stream.synchronize()
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise ResourceLimitError(
-                f"{path}: out of GPU memory on cuda:{dev} reading a {w}x{h} region ({exc})"
+                f"{path}: out of GPU memory on cuda:{dev} reading a {req.width}x{req.height} region ({exc})"
             ) from None
     return out
 

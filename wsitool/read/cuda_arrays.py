@@ -9,10 +9,12 @@ its logic runs (and is tested) without a GPU.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
 from ..codec.library import nv
+from ..codec.pool import DecodeStats
 from ..device import cuda_device_id
 
 __all__ = ["HostArrays", "CudaArrays", "thread_arrays", "release_scratch", "bump", "gpu_stats",
@@ -78,10 +80,10 @@ class HostArrays:
     device_key = "cpu"
     min_scratch = 0
 
-    def __init__(self):
-        self._flat = None
+    def __init__(self) -> None:
+        self._flat: Any = None
 
-    def scratch(self, nbytes: int, stats):
+    def scratch(self, nbytes: int, stats: DecodeStats) -> Any:
         """A flat uint8 buffer of at least ``nbytes``, reused; grows only when too small."""
         if self._flat is None or self._flat.nbytes < nbytes:
             self._flat = None  # give the old block back before taking a bigger one
@@ -91,13 +93,16 @@ class HostArrays:
             bump(scratch_bytes=size)
         return self._flat
 
-    def image(self, view):
+    def image(self, view: Any) -> Any:
+        """The nvImageCodec image over ``view`` (the decoder's target)."""
         return nv().as_image(view)
 
-    def upload(self, dst, host: np.ndarray) -> None:
+    def upload(self, dst: Any, host: np.ndarray) -> None:
+        """Copy the host array ``host`` into ``dst``."""
         dst[...] = host
 
-    def to_host(self, arr) -> np.ndarray:
+    def to_host(self, arr: Any) -> np.ndarray:
+        """``arr`` as a numpy array."""
         return np.asarray(arr)
 
     def release(self) -> None:
@@ -111,7 +116,7 @@ class CudaArrays(HostArrays):
     check_colour = True
     min_scratch = 1 << 20
 
-    def __init__(self, device_id: int):
+    def __init__(self, device_id: int) -> None:
         import cupy
 
         super().__init__()
@@ -122,14 +127,14 @@ class CudaArrays(HostArrays):
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream_ptr = self.stream.ptr
 
-    def image(self, view):
+    def image(self, view: Any) -> Any:
         return nv().as_image(view, self.stream_ptr)
 
-    def upload(self, dst, host: np.ndarray) -> None:
+    def upload(self, dst: Any, host: np.ndarray) -> None:
         # ``dst`` may be a strided view: copy to a contiguous device array first.
         dst[...] = self.xp.asarray(np.ascontiguousarray(host))
 
-    def to_host(self, arr) -> np.ndarray:
+    def to_host(self, arr: Any) -> np.ndarray:
         return arr.get()  # on the current (wsitool's) stream, synchronised
 
 

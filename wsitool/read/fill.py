@@ -1,7 +1,8 @@
 """Filling the caller's buffer with a validated region: outside parts, read-ahead, threads, and the choice of
 tile path (floor 4).
 
-The level-0 location is mapped to the level's frame by the nearest level pixel
+The request (:class:`~wsitool.read.request.ReadRequest`) carries the location
+already mapped to the level's frame by the nearest level pixel
 (:func:`wsitool.geometry.level_rect`); the part of the region inside the level
 is planned tile by tile (:func:`wsitool.geometry.plan_tiles`) and the parts
 outside are filled with transparent black (RGBA ``0, 0, 0, 0``; 0 in ``rgb``
@@ -17,23 +18,31 @@ path is the one above, unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from ..codec import jpegloop
+from ..codec.pool import DecoderPool
 from ..errors import TileDecodeError, TileWarning
-from ..geometry import level_rect, plan_tiles
+from ..geometry import TileJob, plan_tiles
 from ..model import Level
+from .cache import CacheScope
 from .channels import fill_channels
+from .request import ReadRequest
 from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
-__all__ = ["fill_outside", "fill_region", "fill_level_rect", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
+__all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
 
 
-def fill_outside(out: np.ndarray, rx: int, ry: int, inside) -> None:
+def fill_outside(out: Any, rx: int, ry: int, inside: tuple[int, int, int, int] | None) -> None:
+    """Zero the parts of ``out`` (the region at level pixel ``(rx, ry)``) outside the level's
+    rectangle ``inside`` (``(x0, y0, x1, y1)`` in level pixels; None: all of it)."""
     if inside is None:
         out[...] = 0
         return
@@ -84,9 +93,9 @@ def _prefetch(lv: Level, c0: int, c1: int, r0: int, r1: int) -> None:
     lv.source.advise(ranges)
 
 
-def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode: str,
-                 threads: int | None, on_error: str, pool, cache=None) -> None:
-    """Decode every tile of the region into ``out`` (already validated).
+def fill_region(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: CacheScope | None = None) -> None:
+    """Decode every tile of the full-scale region ``req`` (its location in pixels of
+    ``req.level``) into ``out`` (already validated); ``pool``: the CPU decoder pool.
 
     Work distribution: the jobs sit in one shared iterator; each of the ``k``
     threads (the caller plus ``k - 1`` pool workers) takes the next job when it
@@ -95,40 +104,36 @@ def fill_region(lv: Level, x: int, y: int, w: int, h: int, out: np.ndarray, mode
     applies (:func:`wsitool.codec.jpegloop.applies`) the same plan runs through it
     (:func:`_fill_native`); else on :class:`~wsitool.read.worker.TileWorker`, the reference.
     ``cache``: a :class:`~wsitool.read.cache.CacheScope`, or None (no cache).
+    A multi-channel level fills plane by plane (:func:`wsitool.read.channels.fill_channels`).
     """
-    rx, ry = level_rect(lv, x, y)
-    fill_level_rect(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
-
-
-def fill_level_rect(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, mode: str,
-                    threads: int | None, on_error: str, pool, cache=None) -> None:
-    """:func:`fill_region` of the rectangle whose top-left corner is ``(rx, ry)`` in
-    pixels of ``lv`` itself (no level-0 mapping): the entry of the batch reader
-    (:mod:`.patches`), which plans in level pixels.  A multi-channel level fills
-    plane by plane (:func:`wsitool.read.channels.fill_channels`)."""
+    lv, mode = req.level, req.mode
     if lv.planes is not None:
-        fill_channels(fill_level_rect, lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
+        def fill_plane(plane: Level, buf: np.ndarray) -> None:
+            fill_region(dataclasses.replace(req, level=plane, mode="raw"), buf, pool, cache)
+
+        fill_channels(fill_plane, lv, mode, req.x, req.y, out)
         return
     if cache is not None:
-        _fill_cached(lv, rx, ry, w, h, out, mode, threads, on_error, pool, cache)
+        _fill_cached(req, out, pool, cache)
         return
-    if jpegloop.applies(lv, mode, out) and not _ends_one_column_into_a_tile(lv, rx, w):
-        _fill_native(lv, rx, ry, w, h, out, mode, threads, on_error, pool)
+    if jpegloop.applies(lv, mode, out) and not _ends_one_column_into_a_tile(lv, req.x, req.width):
+        _fill_native(req, out, pool)
         return
-    inside, jobs = plan_tiles(lv, rx, ry, w, h)
+    rx, ry = req.x, req.y
+    inside, jobs = plan_tiles(lv, rx, ry, req.width, req.height)
     fill_outside(out, rx, ry, inside)
     if not jobs:
         return
     if len(jobs) >= _PREFETCH_MIN_TILES or lv.source.remote:  # (remote: requests merged, in flight at once)
         _prefetch(lv, jobs[0].col, jobs[-1].col, jobs[0].row, jobs[-1].row)
-    k = thread_count(threads, len(jobs))
+    k = thread_count(req.threads, len(jobs))
     # JPEG 2000 tiles are not batched: each takes milliseconds to decode, so
     # one call per tile costs nothing measurable, and handing out single tiles
     # keeps the threads evenly loaded (2 threads, 1024 x 1024 regions of
     # 256 x 256 tiles: 25.4 MP/s with batches of 6, 29.0 MP/s tile by tile
     # even for RGBA).
     batch = 1 if lv.encoding.stream == "j2k" else batch_size(BATCH_TILES, k, len(jobs))
-    run_jobs(jobs, k, TileWorker(lv, out, mode, on_error, pool, batch).run)
+    run_jobs(jobs, k, TileWorker(lv, out, mode, req.on_error, pool, batch).run)
 
 
 #: Tiles per call of the compiled loop (and per nvImageCodec decode call):
@@ -154,11 +159,11 @@ def _ends_one_column_into_a_tile(lv: Level, rx: int, w: int) -> bool:
     return last >= max(rx, 0) and last % lv.tile_width == 0
 
 
-def _fill_native(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray,
-                        mode: str, threads: int | None, on_error: str, pool) -> None:
+def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
     """:func:`fill_region` through the compiled JPEG tile loop (see :mod:`wsitool.codec.jpegloop`):
     the same tiles, threads, batches, checks and counters, one C call per batch."""
-    inside, _ = plan_tiles(lv, rx, ry, w, h, jobs=False)
+    lv, mode, rx, ry = req.level, req.mode, req.x, req.y
+    inside, _ = plan_tiles(lv, rx, ry, req.width, req.height, jobs=False)
     fill_outside(out, rx, ry, inside)
     if inside is None:
         return
@@ -167,10 +172,10 @@ def _fill_native(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray,
         # one RGB scratch per tile of a batch: big tiles go one at a time, so
         # the scratch stays one tile (peak memory near the output's size)
         most = NATIVE_BATCH_RGBA if lv.tile_width * lv.tile_height * 3 <= _NATIVE_RGBA_BATCH_BYTES else 1
-    region = jpegloop.RegionJobs(lv, out, rx, ry, inside, on_error)
+    region = jpegloop.RegionJobs(lv, out, rx, ry, inside, req.on_error)
     if region.count >= _PREFETCH_MIN_TILES:
         _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
-    k = thread_count(threads, region.count)
+    k = thread_count(req.threads, region.count)
     # A call of the compiled loop costs a few microseconds: smaller chunks than
     # the Python path's balance the threads better (2 threads, 1024 x 1024
     # regions of 240 x 240 tiles: 249 MP/s with about 4 chunks per thread, 241
@@ -179,8 +184,7 @@ def _fill_native(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray,
     run_threads(k, lambda: region.run(pool), region.stop)
 
 
-def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, mode: str,
-                 threads: int | None, on_error: str, pool, cache) -> None:
+def _fill_cached(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: CacheScope) -> None:
     """:func:`fill_region` from the decoded-tile cache ``cache`` (a :class:`~wsitool.read.cache.CacheScope`).
 
     The same plan, threads and job sharing; each job copies its part of the
@@ -189,7 +193,8 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
     background with a :class:`~wsitool.errors.TileWarning` (failed tiles are
     never cached; the decode that failed counted it in ``tiles_failed``).
     """
-    inside, jobs = plan_tiles(lv, rx, ry, w, h)
+    lv, mode, on_error, rx, ry = req.level, req.mode, req.on_error, req.x, req.y
+    inside, jobs = plan_tiles(lv, rx, ry, req.width, req.height)
     fill_outside(out, rx, ry, inside)
     if not jobs:
         return
@@ -197,7 +202,7 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
     if lv.source.framed:  # (DICOMweb: the region's frames in one request, not one per miss)
         _prefetch(lv, jobs[0].col, jobs[-1].col, jobs[0].row, jobs[-1].row)
 
-    def work(todo) -> None:
+    def work(todo: Iterable[TileJob]) -> None:
         for job in todo:
             col, row = job.col, job.row
             try:
@@ -211,4 +216,4 @@ def _fill_cached(lv: Level, rx: int, ry: int, w: int, h: int, out: np.ndarray, m
             sx0, sy0, sx1, sy1 = job.src
             job.view(out)[...] = tile[sy0:sy1, sx0:sx1]
 
-    run_jobs(jobs, thread_count(threads, len(jobs)), work)
+    run_jobs(jobs, thread_count(req.threads, len(jobs)), work)

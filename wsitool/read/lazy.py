@@ -1,30 +1,42 @@
-"""A pyramid level as a lazy Dask array, each chunk one region read (floor 4).
+"""A pyramid level as a lazy Dask array, each chunk one region read, and the slides the tasks read (floor 4).
 
 Dask (the optional ``dask`` extra) is imported inside the functions that build
 arrays.  The graph holds the slide's path and a read function (a module-level,
-picklable callable such as :func:`wsitool.slide.read_chunk_by_path`), never an
-open file, so it runs on remote Dask workers; :mod:`wsitool.distributed` builds
-its batch arrays with the same function.
+picklable callable, :func:`read_chunk` bound to the facade's opener), never an
+open file, so it runs on remote Dask workers; :meth:`wsitool.Slide.to_dask` and
+:mod:`wsitool.distributed` build their arrays with :func:`level_array`.
+
+The tasks open slides by path once per process (:func:`cached_slide`).  This
+module sits below the facade, so it is handed the facade's opener (an
+:data:`Opener`: ``opener(location, storage_options) -> (slide, identity)``)
+rather than importing it; the opener is a module-level function, so a task
+holding it pickles by reference.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..arguments import int_pair
-from ..errors import DaskUnavailableError, InvalidRegionError
+from ..errors import DaskUnavailableError, InvalidRegionError, WsiError
 from ..geometry import level0_coordinate
 from ..model import Level
+from ..storage import is_url
 from .request import level_index
 
-__all__ = ["INSTALL_HINT", "import_dask_array", "level_array"]
+__all__ = ["INSTALL_HINT", "import_dask_array", "level_array", "Opener", "cached_slide", "file_stamp",
+           "read_chunk", "chunk_read_count"]
 
 INSTALL_HINT = 'install the optional Dask extra: pip install "wsitool[dask]"'
 
 
-def import_dask_array():
+def import_dask_array() -> Any:
     """``dask.array``, or :class:`DaskUnavailableError` naming the extra to install."""
     try:
         import dask.array as da
@@ -38,7 +50,7 @@ def _axis_chunks(total: int, step: int) -> tuple[int, ...]:
     return (step,) * full + ((rest,) if rest else ())
 
 
-def _chunk_shape(level, chunks) -> tuple[int, int]:
+def _chunk_shape(level: Level, chunks: Any) -> tuple[int, int]:
     if isinstance(chunks, str):
         if chunks != "tile":
             raise InvalidRegionError(f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}")
@@ -55,10 +67,8 @@ def _chunk_shape(level, chunks) -> tuple[int, int]:
     return rows, cols
 
 
-
-
-def level_array(levels: Sequence[Level], path: str, level, read_chunk: Callable, *,
-                stamp: tuple[int, int], chunks="tile", threads: int = 1):
+def level_array(levels: Sequence[Level], path: str, level: int, read_chunk: Callable[..., np.ndarray], *,
+                stamp: tuple, chunks: Any = "tile", threads: int = 1) -> Any:
     """Level ``level`` of a pyramid as a lazy ``dask.array.Array``.
 
     Args:
@@ -97,7 +107,7 @@ def level_array(levels: Sequence[Level], path: str, level, read_chunk: Callable,
     ychunks = _axis_chunks(lv.height, rows)
     xchunks = _axis_chunks(lv.width, cols)
     name = "wsitool-level-" + tokenize(path, stamp, level, rows, cols, threads)
-    dsk: dict = {}
+    dsk: dict[Any, Any] = {}
     y = 0
     for i, h in enumerate(ychunks):
         x = 0
@@ -110,3 +120,115 @@ def level_array(levels: Sequence[Level], path: str, level, read_chunk: Callable,
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
     return da.Array(graph, name, (ychunks, xchunks, (3,)), dtype=np.uint8,
                     meta=np.empty((0, 0, 0), np.uint8))
+
+
+# ---------------------------------------------------------------------- slides by path, for the tasks
+
+
+#: ``opener(location, storage_options) -> (slide, identity)``: the facade's way to open a
+#: slide for tasks (a module-level function: tasks pickle it by reference); ``identity``
+#: is ``(url, size, etag)`` for a URL (:meth:`wsitool.storage.remote.RemoteSource.identity`).
+Opener = Callable[[str, "dict | None"], "tuple[Any, tuple]"]
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    """``(mtime_ns, size in bytes)`` of ``path``; identifies one version of a file."""
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _open_cached(opener: Opener, path: str, stamp: tuple[int, int]) -> Any:
+    return opener(path, None)[0]
+
+
+#: storage options of the URLs opened in this process, for the slides cached_slide opens by URL
+_url_options: dict[str, dict | None] = {}
+#: url -> (slide, identity)
+_remote_slides: dict[str, tuple[Any, tuple]] = {}
+_remote_lock = threading.Lock()
+
+
+def remember_options(url: str, options: dict | None) -> None:
+    """Keep the storage options ``url`` was opened with, for the tasks that open it again here."""
+    with _remote_lock:
+        _url_options[url] = options
+
+
+def _cached_remote(opener: Opener, url: str, stamp: Sequence | None,
+                   storage_options: dict | None = None) -> tuple[Any, tuple]:
+    """:func:`cached_slide` of a URL, with its identity: keyed by ``(url, size, etag)``."""
+    with _remote_lock:
+        held = _remote_slides.get(url)
+        if storage_options is not None:
+            _url_options[url] = dict(storage_options)
+        options = _url_options.get(url)
+    if held is not None and (stamp is None or held[1] == tuple(stamp)):
+        return held
+    fresh, now = opener(url, options)
+    if stamp is not None and tuple(stamp) != now:
+        fresh.close()
+        raise WsiError(f"{fresh.path}: the object changed since the task was built (size/ETag "
+                       f"{tuple(stamp)[1:]} -> {now[1:]}); rebuild the Dask array")
+    with _remote_lock:
+        old = _remote_slides.pop(url, None)
+        _remote_slides[url] = (fresh, now)
+        while len(_remote_slides) > 16:
+            _remote_slides.pop(next(iter(_remote_slides)))[0].close()
+    if old is not None:
+        old[0].close()
+    return fresh, now
+
+
+def cached_slide(opener: Opener, path: str | os.PathLike, stamp: Sequence | None = None,
+                 storage_options: dict | None = None) -> Any:
+    """This process's shared open slide for ``path``, opened with ``opener``
+    (:func:`wsitool.slide.cached_slide` binds the facade's; its contract is there).
+
+    Raises:
+        WsiError: ``stamp`` is given and the file (object) changed since it was taken.
+        FileNotFoundError, UnsupportedFormatError, CorruptFileError: as the opener.
+    """
+    if is_url(path):
+        return _cached_remote(opener, str(path), stamp, storage_options)[0]
+    path = os.path.abspath(os.fspath(path))
+    now = _stamp(path)
+    if stamp is not None and tuple(stamp) != now:
+        raise WsiError(
+            f"{path}: the file changed since the task was built (mtime/size "
+            f"{tuple(stamp)} -> {now}); rebuild the Dask array"
+        )
+    return _open_cached(opener, path, now)
+
+
+def file_stamp(opener: Opener, path: str | os.PathLike) -> tuple:
+    """``(mtime_ns, size in bytes)`` of ``path``, as :func:`cached_slide` compares it
+    (a URL: ``(url, size, etag)`` of the object, opened through :func:`cached_slide`)."""
+    if is_url(path):
+        return _cached_remote(opener, str(path), None)[1]
+    return _stamp(os.path.abspath(os.fspath(path)))
+
+
+_chunk_reads = 0
+_chunk_reads_lock = threading.Lock()
+
+
+def chunk_read_count() -> int:
+    """Number of chunk reads done by Dask arrays of levels (:func:`read_chunk`) in this process."""
+    return _chunk_reads
+
+
+def read_chunk(path: str, stamp: tuple, level: int, x0: int, y0: int, w: int, h: int, threads: int, *,
+               opener: Opener) -> np.ndarray:
+    """Dask task: one chunk ``(h, w, 3)`` uint8 of a level, read by path.
+
+    ``(x0, y0)`` is the chunk's top-left in level-0 pixels, ``(w, h)`` its size in
+    pixels of ``level``; ``stamp`` as in :func:`cached_slide`.  Bind ``opener``
+    (``functools.partial(read_chunk, opener=...)``) to get the ``read_chunk``
+    :func:`level_array` takes.
+    """
+    global _chunk_reads
+    slide = cached_slide(opener, path, stamp)
+    with _chunk_reads_lock:
+        _chunk_reads += 1
+    return slide.read_region((x0, y0), level, (w, h), mode="rgb", threads=threads)

@@ -10,7 +10,7 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
 2. the tiles the windows touch are collected and cut into *runs*: tiles next to
    each other in one tile row (at most :data:`RUN_TILES` of them);
 3. each run is decoded once into a per-thread buffer one tile high
-   (:func:`wsitool.read.fill.fill_level_rect`: the compiled JPEG loop with the
+   (:func:`wsitool.read.fill.fill_region`: the compiled JPEG loop with the
    GIL released where it applies, else the Python tile path; the decoded-tile
    cache, ``on_error`` and the per-thread decoders exactly as for a region), and
    its pixels are copied into every patch that needs them;
@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import math
 import queue
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -47,10 +48,12 @@ from ..areafilter import AreaFilter
 from ..arguments import as_int
 from ..codec.pool import get_pool
 from ..errors import InvalidRegionError, ResourceLimitError
+from ..geometry import level_rect
 from ..model import Level
 from ..settings import get_limits
-from .fill import fill_level_rect
-from .request import check_out, output_shape, validate_request
+from .cache import CacheScope
+from .fill import fill_region
+from .request import ReadRequest, check_out, check_threads, output_shape, validate_request
 from .threads import run_jobs, thread_count
 
 __all__ = ["RUN_TILES", "PatchRequest", "PatchReader", "check_patch_request", "read_patch_batches",
@@ -98,7 +101,7 @@ class PatchRequest:
     device: str
 
 
-def _locations(locations, path: str) -> np.ndarray:
+def _locations(locations: Any, path: str) -> np.ndarray:
     """``locations`` as an ``(n, 2)`` int64 array (integral floats allowed)."""
     try:
         arr = np.asarray(locations)
@@ -122,11 +125,12 @@ def _locations(locations, path: str) -> np.ndarray:
     raise InvalidRegionError(f"{path}: locations must be integers, got dtype {arr.dtype}")
 
 
-def _positive_pair(value, what: str, path: str, whole: bool) -> tuple:
+def _positive_pair(value: Any, what: str, path: str, whole: bool) -> tuple[Any, Any]:
     try:
         a, b = value
     except (TypeError, ValueError):
         raise InvalidRegionError(f"{path}: {what} must be a (width, height) pair, got {value!r}") from None
+    pair: tuple[float, float]
     if whole:
         pair = (as_int(a, what, path), as_int(b, what, path))
     else:
@@ -141,9 +145,9 @@ def _positive_pair(value, what: str, path: str, whole: bool) -> tuple:
     return pair
 
 
-def check_patch_request(levels: Sequence[Level], path: str, locations, size, *, level=0, read_size=None,
-                        batch_size=64, mode: str = "rgb", threads=None, on_error: str = "raise",
-                        device: str = "cpu", channels=None) -> PatchRequest:
+def check_patch_request(levels: Sequence[Level], path: str, locations: Any, size: Any, *, level: Any = 0,
+                        read_size: Any = None, batch_size: Any = 64, mode: str = "rgb", threads: Any = None,
+                        on_error: str = "raise", device: str = "cpu", channels: Any = None) -> PatchRequest:
     """Validate a batch request; see :meth:`wsitool.Slide.read_patches` for the arguments.
 
     ``channels`` selects channels of a multi-channel level (as ``read_region``'s);
@@ -182,10 +186,7 @@ def check_patch_request(levels: Sequence[Level], path: str, locations, size, *, 
     b = as_int(batch_size, "batch_size", path)
     if b < 1:
         raise InvalidRegionError(f"{path}: batch_size must be >= 1, got {b}")
-    if threads is not None:
-        threads = as_int(threads, "threads", path)
-        if threads < 1:
-            raise InvalidRegionError(f"{path}: threads must be >= 1, got {threads}")
+    threads = check_threads(threads, path)
     locs = _locations(locations, path)
     b_eff = max(1, min(b, len(locs)))
     per_patch = shape[0] * shape[1] * shape[2] * dtype.itemsize
@@ -285,7 +286,7 @@ def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footpr
             runs.append(run)
             by_row.setdefault(run.row, []).append(run)
     for r in sorted(fp.rows):
-        done = set()
+        done: set[int] = set()
         for run in by_row.get(r, ()):
             done.update(range(run.c0, run.c1 + 1))
         cols = sorted(fp.rows[r] - done)
@@ -314,8 +315,8 @@ def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footpr
                 run.pieces.append((i, (iy0 - py, iy1 - py, ix0 - px, ix1 - px),
                                    (iy0 - ry0, iy1 - ry0, ix0 - rx0, ix1 - rx0)))
     for run in runs:
-        cols = following.rows.get(run.row) if following is not None else None
-        run.keep = bool(cols) and not cols.isdisjoint(range(run.c0, run.c1 + 1))
+        touched = following.rows.get(run.row) if following is not None else None
+        run.keep = touched is not None and bool(touched) and not touched.isdisjoint(range(run.c0, run.c1 + 1))
     return runs
 
 
@@ -353,7 +354,7 @@ class PatchReader:
         cache: the slide's :class:`~wsitool.read.cache.CacheScope`, or None.
     """
 
-    def __init__(self, req: PatchRequest, cache=None):
+    def __init__(self, req: PatchRequest, cache: CacheScope | None = None):
         self.req = req
         self.cache = cache
         lv = req.level
@@ -373,7 +374,7 @@ class PatchReader:
         req = self.req
         return footprint(req.level, _windows(req.level, req.locations[j0:j1]), req.window)
 
-    def fill(self, j0: int, j1: int, out):
+    def fill(self, j0: int, j1: int, out: Any) -> Any:
         """Fill ``out`` (``(j1 - j0,) + req.shape``) with patches ``j0 .. j1 - 1``; return it.
 
         Raises:
@@ -385,53 +386,13 @@ class PatchReader:
             return out
         if req.device != "cpu":
             return _fill_cuda(req, req.locations[j0:j1], out)
-        if j0 != self._next:
-            self._release(self._carried)
-            self._carried = []
-        lv = req.level
-        fp = self._following
-        if fp is None or j0 != self._next or len(fp.corners) != j1 - j0:
-            fp = self._footprint(j0, j1)
-        n_next = min(j1 + req.batch_size, len(req.locations))
-        following = self._footprint(j1, n_next) if n_next > j1 else None
-        self._following = None
-        runs = plan_runs(lv, fp, self._carried, following)
-        self._release([r for r in self._carried if r not in runs])
-        ww, wh = req.window
-        c = req.shape[2]
-        if req.read is None:
-            dest = out
-        else:  # the windows, kept for the next batch (no fresh pages per batch)
-            if self._windows is None or len(self._windows) < j1 - j0:
-                self._windows = np.empty((j1 - j0, wh, ww, c), req.dtype)
-            dest = self._windows[:j1 - j0]
-        if fp.partial.any():
-            dest[fp.partial] = 0
-        pool = get_pool("cpu")
-        buffers, itemsize, dtype = self._buffers, req.dtype.itemsize, req.dtype
-        mode, on_error, cache = req.mode, req.on_error, self.cache
-
-        def work(todo) -> None:
-            for run in todo:
-                x0, y0, x1, y1 = run.rect
-                fresh = run.buf is None
-                if fresh:
-                    run.buf = buffers.take()
-                buf = run.buf[:(y1 - y0) * (x1 - x0) * c * itemsize].view(dtype).reshape(y1 - y0, x1 - x0, c)
-                if fresh:
-                    fill_level_rect(lv, x0, y0, x1 - x0, y1 - y0, buf, mode, 1, on_error, pool, cache)
-                for i, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1) in run.pieces:
-                    dest[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
-                if not run.keep:
-                    buffers.give(run.buf)
-                    run.buf = None
-
+        runs, following, dest = self._plan(j0, j1, out)
         try:
-            with lv.source.reading():
+            with req.level.source.reading():
                 # longest decodes first, copy-only (carried) runs last: the threads finish the
                 # batch together instead of one waiting on a long run taken at the end
                 order = sorted(runs, key=lambda r: 0 if r.buf is not None else -(r.c1 - r.c0 + 1))
-                run_jobs(order, thread_count(req.threads, len(runs)), work)
+                run_jobs(order, thread_count(req.threads, len(runs)), self._worker(dest))
         except BaseException:
             self._release(runs)
             self._carried, self._next = [], -1
@@ -442,7 +403,62 @@ class PatchReader:
             _reduce(req, dest, out)
         return out
 
-    def _release(self, runs) -> None:
+    def _plan(self, j0: int, j1: int, out: Any) -> tuple[list[_Run], _Footprint | None, np.ndarray]:
+        """The runs of batch ``[j0, j1)``, the next batch's footprint and the array the
+        windows are copied into (``out``, or the reused windows with ``read_size``), its
+        windows not wholly inside the level zeroed; carried runs no longer needed are released."""
+        req = self.req
+        if j0 != self._next:
+            self._release(self._carried)
+            self._carried = []
+        fp = self._following
+        if fp is None or j0 != self._next or len(fp.corners) != j1 - j0:
+            fp = self._footprint(j0, j1)
+        n_next = min(j1 + req.batch_size, len(req.locations))
+        following = self._footprint(j1, n_next) if n_next > j1 else None
+        self._following = None
+        runs = plan_runs(req.level, fp, self._carried, following)
+        self._release([r for r in self._carried if r not in runs])
+        if req.read is None:
+            dest = out
+        else:  # the windows, kept for the next batch (no fresh pages per batch)
+            ww, wh = req.window
+            if self._windows is None or len(self._windows) < j1 - j0:
+                self._windows = np.empty((j1 - j0, wh, ww, req.shape[2]), req.dtype)
+            dest = self._windows[:j1 - j0]
+        if fp.partial.any():
+            dest[fp.partial] = 0
+        return runs, following, dest
+
+    def _worker(self, dest: np.ndarray) -> Callable[[Iterable[_Run]], None]:
+        """The work of one thread: decode each run it takes (once: carried runs are decoded
+        already) into a run buffer and copy its pieces into the windows of ``dest``."""
+        req, cache, buffers = self.req, self.cache, self._buffers
+        lv, c, dtype = req.level, req.shape[2], req.dtype
+        itemsize = dtype.itemsize
+        pool = get_pool("cpu")
+
+        def work(todo: Iterable[_Run]) -> None:
+            for run in todo:
+                x0, y0, x1, y1 = run.rect
+                flat = run.buf
+                fresh = flat is None
+                if flat is None:
+                    flat = run.buf = buffers.take()
+                buf = flat[:(y1 - y0) * (x1 - x0) * c * itemsize].view(dtype).reshape(y1 - y0, x1 - x0, c)
+                if fresh:
+                    part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
+                                       mode=req.mode, on_error=req.on_error, threads=1)
+                    fill_region(part, buf, pool, cache)
+                for i, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1) in run.pieces:
+                    dest[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
+                if not run.keep:
+                    buffers.give(flat)
+                    run.buf = None
+
+        return work
+
+    def _release(self, runs: Iterable[_Run]) -> None:
         for run in runs:
             if run.buf is not None:
                 self._buffers.give(run.buf)
@@ -451,11 +467,12 @@ class PatchReader:
 
 def _reduce(req: PatchRequest, windows: np.ndarray, out: np.ndarray) -> None:
     """Reduce each ``(wh, ww, c)`` window onto its ``(h, w, c)`` patch by the area filter."""
+    assert req.read is not None  # (the caller's test)
     rw, rh = req.read
     ww, wh = req.window
     filt = AreaFilter(ww, wh, (0.0, 0.0, rw, rh), req.size[0], req.size[1], req.shape[2])
 
-    def work(todo) -> None:
+    def work(todo: Iterable[int]) -> None:
         for i in todo:
             filt.apply(windows[i], out[i])
 
@@ -463,7 +480,7 @@ def _reduce(req: PatchRequest, windows: np.ndarray, out: np.ndarray) -> None:
     run_jobs(idx, thread_count(req.threads, len(idx)), work)
 
 
-def _fill_cuda(req: PatchRequest, locs: np.ndarray, out):
+def _fill_cuda(req: PatchRequest, locs: np.ndarray, out: Any) -> Any:
     """``device="cuda"``: each patch by a GPU region read into its slot of ``out``.
 
     Not yet grouped by tile (a shared tile is decoded once per patch); the GPU
@@ -473,12 +490,14 @@ def _fill_cuda(req: PatchRequest, locs: np.ndarray, out):
 
     w, h = req.size
     for i, (x, y) in enumerate(locs.tolist()):
-        read_region_cuda(req.path, req.level, x, y, w, h, out=out[i], mode=req.mode, threads=req.threads,
-                         on_error=req.on_error, device=req.device)
+        rx, ry = level_rect(req.level, x, y)
+        one = ReadRequest(path=req.path, level=req.level, x=rx, y=ry, width=w, height=h, mode=req.mode,
+                          on_error=req.on_error, threads=req.threads, device=req.device)
+        read_region_cuda(one, out=out[i])
     return out
 
 
-def _new_batch(req: PatchRequest, n: int):
+def _new_batch(req: PatchRequest, n: int) -> Any:
     if req.device == "cpu":
         return np.empty((n, *req.shape), req.dtype)
     import cupy  # optional dependency: device="cuda" only
@@ -489,14 +508,14 @@ def _new_batch(req: PatchRequest, n: int):
         return cupy.empty((n, *req.shape), req.dtype)
 
 
-def read_patch_batches(req: PatchRequest, cache=None) -> Iterator:
+def read_patch_batches(req: PatchRequest, cache: CacheScope | None = None) -> Iterator[Any]:
     """Yield the batches of ``req``: ``(b, h, w, c)`` arrays in input order, ``b <= batch_size``."""
     reader = PatchReader(req, cache)
     for j0, j1 in reader.spans():
         yield reader.fill(j0, j1, _new_batch(req, j1 - j0))
 
 
-def fill_all(req: PatchRequest, out, cache=None):
+def fill_all(req: PatchRequest, out: Any, cache: CacheScope | None = None) -> Any:
     """Fill a caller's ``(n, h, w, c)`` array with every patch of ``req``, batch by batch.
 
     Raises:

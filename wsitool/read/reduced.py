@@ -31,18 +31,22 @@ What a virtual pixel holds depends on the backend:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import numpy as np
 
 from ..codec import openjpeg
 from ..codec.failures import tile_failed
-from ..codec.pool import ThreadState
+from ..codec.pool import DecoderPool, ThreadState
 from ..codec.tilebytes import read_tile_stream
 from ..color import ycbcr_to_rgb
 from ..errors import TileDecodeError
-from ..geometry import ScaledGrid, level0_coordinate, level_rect, plan_tiles, scaled_grid
+from ..geometry import ScaledGrid, TileGrid, TileJob, plan_tiles, scaled_grid
 from ..model import Level
 from ..settings import get_decode_paths
 from .fill import fill_outside, fill_region
+from .request import ReadRequest
 from .threads import run_jobs, thread_count
 
 __all__ = ["BAND_BYTES", "area_reduce", "fill_reduced", "uses_wavelet"]
@@ -89,25 +93,24 @@ def area_reduce(src: np.ndarray, k: int, rx: int, ry: int, width: int, height: i
     out[...] = total
 
 
-def _area_fill(lv: Level, u0: int, v0: int, w: int, h: int, k: int, out: np.ndarray, mode: str,
-               threads, on_error: str, pool) -> None:
-    """Fill ``out`` with virtual pixels ``[u0, u0 + w) x [v0, v0 + h)`` by the area filter,
-    decoding the full-resolution level in bands of at most :data:`BAND_BYTES`."""
+def _area_fill(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
+    """Fill ``out`` with the virtual pixels ``[x, x + width) x [y, y + height)`` of ``req``
+    (pixels of its level at ``1 / req.downsample``) by the area filter, decoding the
+    full-resolution level in bands of at most :data:`BAND_BYTES`."""
+    lv, k, u0, v0, w, h = req.level, req.downsample, req.x, req.y, req.width, req.height
     c = out.shape[2]
     rows = max(1, BAND_BYTES // max(1, k * k * w * c * out.itemsize))
-    x0 = level0_coordinate(k * u0, lv.downsample)
     for j in range(0, h, rows):
         hh = min(rows, h - j)
         band = np.empty((hh * k, w * k, c), out.dtype)
-        y0 = level0_coordinate(k * (v0 + j), lv.downsample)
-        fill_region(lv, x0, y0, w * k, hh * k, band, mode, threads, on_error, pool)
+        fill_region(req.part(k * u0, k * (v0 + j), w * k, hh * k, downsample=1), band, pool)
         area_reduce(band, k, k * u0, k * (v0 + j), lv.width, lv.height, out[j:j + hh])
 
 
-def fill_reduced(lv: Level, x: int, y: int, w: int, h: int, k: int, out: np.ndarray, mode: str,
-                 threads: int | None, on_error: str, pool) -> None:
-    """Fill ``out`` (``(h, w, c)``, validated) with the region at level-0 ``(x, y)``
-    of ``lv`` read at ``1/k`` scale (see the module docstring for the grid).
+def fill_reduced(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
+    """Fill ``out`` (``(h, w, c)``, validated) with the region ``req`` of ``req.level`` read at
+    ``1 / req.downsample`` scale, its location in pixels of that scale (see the module
+    docstring for the grid).
 
     J2K levels (:func:`uses_wavelet`): tile by tile at the matching wavelet
     resolution, on ``threads`` threads sharing the jobs; other levels: the
@@ -116,30 +119,32 @@ def fill_reduced(lv: Level, x: int, y: int, w: int, h: int, k: int, out: np.ndar
     Raises:
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
     """
-    grid = scaled_grid(lv, k)
-    u0, v0 = level_rect(grid, x, y)
+    lv, k = req.level, req.downsample
     if not uses_wavelet(lv, k):
-        _area_fill(lv, u0, v0, w, h, k, out, mode, threads, on_error, pool)
+        _area_fill(req, out, pool)
         return
-    inside, jobs = plan_tiles(grid, u0, v0, w, h)
-    fill_outside(out, u0, v0, inside)
+    grid = scaled_grid(lv, k)
+    # (a ScaledGrid is a TileGrid: geometry's Protocol declares settable members, a NamedTuple's are read-only)
+    inside, jobs = plan_tiles(cast(TileGrid, grid), req.x, req.y, req.width, req.height)
+    fill_outside(out, req.x, req.y, inside)
     if not jobs:
         return
-    worker = _ReducedWorker(lv, grid, u0, v0, out, mode, on_error, pool, threads)
-    run_jobs(jobs, thread_count(threads, len(jobs)), worker.run)
+    worker = _ReducedWorker(req, grid, out, pool)
+    run_jobs(jobs, thread_count(req.threads, len(jobs)), worker.run)
 
 
 class _ReducedWorker:
     """Decodes tile jobs of a virtual level at reduced resolution (any thread)."""
 
-    def __init__(self, lv: Level, grid: ScaledGrid, u0: int, v0: int, out: np.ndarray,
-                 mode: str, on_error: str, pool, threads):
-        self.lv, self.grid, self.u0, self.v0 = lv, grid, u0, v0
-        self.out, self.mode, self.on_error, self.pool = out, mode, on_error, pool
+    def __init__(self, req: ReadRequest, grid: ScaledGrid, out: np.ndarray, pool: DecoderPool):
+        lv = req.level
+        self.req, self.lv, self.grid, self.u0, self.v0 = req, lv, grid, req.x, req.y
+        self.out, self.mode, self.on_error, self.pool = out, req.mode, req.on_error, pool
         self.reduce = grid.factor.bit_length() - 1
-        self.in_place = mode in ("rgb", "raw") and not lv.encoding.ycbcr_after_decode
+        self.in_place = req.mode in ("rgb", "raw") and not lv.encoding.ycbcr_after_decode
 
-    def run(self, jobs) -> None:
+    def run(self, jobs: Iterable[TileJob]) -> None:
+        """Decode ``jobs`` on this thread (a failed tile: raised, or background with ``fill``)."""
         state = self.pool.state()
         for job in jobs:
             try:
@@ -148,8 +153,8 @@ class _ReducedWorker:
                 tile_failed(exc, self.on_error, state.stats)
                 job.view(self.out)[...] = 0
 
-    def _one(self, job, state: ThreadState) -> None:
-        lv, k = self.lv, self.grid.factor
+    def _one(self, job: TileJob, state: ThreadState) -> None:
+        lv = self.lv
         col, row, src, (dx0, dy0, dx1, dy1) = job
         dst = self.out[dy0:dy1, dx0:dx1]
         data = read_tile_stream(lv, row * lv.tiles_across + col, col, row, state)
@@ -163,8 +168,7 @@ class _ReducedWorker:
         if not openjpeg.decode_into(lv, col, row, data, target, src, state,
                                     caller_buffer=self.in_place, reduce=self.reduce):
             # this tile cannot drop the levels: the area filter, for its part only
-            _area_fill(lv, self.u0 + dx0, self.v0 + dy0, ww, hh, k, dst, self.mode, 1,
-                       self.on_error, self.pool)
+            _area_fill(self.req.part(self.u0 + dx0, self.v0 + dy0, ww, hh, threads=1), dst, self.pool)
             return
         if self.in_place:
             return

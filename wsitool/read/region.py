@@ -1,4 +1,4 @@
-"""``read_region``: the entry of the region layer (floor 4).
+"""``read_pyramid_region``: the entry of the region layer (floor 4).
 
 The path of one region read: validate everything before any I/O
 (:mod:`.request`); map the level-0 location to the level and plan the tiles
@@ -11,24 +11,25 @@ through, never a ``Slide``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from ..arguments import as_int
 from ..codec.pool import get_pool
-from ..errors import InvalidRegionError
 from ..model import Level
+from .cache import CacheScope
 from .cuda import read_region_cuda
 from .fill import fill_region
 from .reduced import fill_reduced
-from .request import check_downsample, check_out, output_shape, validate_request
+from .request import ReadRequest, check_out, region_request
 
-__all__ = ["read_region"]
+__all__ = ["read_pyramid_region", "fill_request"]
 
 
-def read_region(levels: Sequence[Level], path: str, location, level, size, *, out=None,
-                mode: str = "rgba", threads: int | None = None, on_error: str = "raise",
-                device: str = "cpu", cache=None, downsample: int = 1, channels=None):
+def read_pyramid_region(levels: Sequence[Level], path: str, location: Any, level: Any, size: Any, *,
+                        out: Any = None, mode: str = "rgba", threads: int | None = None,
+                        on_error: str = "raise", device: str = "cpu", cache: CacheScope | None = None,
+                        downsample: int = 1, channels: Any = None) -> Any:
     """Read a region of a pyramid into a new or caller-provided array.
 
     Args:
@@ -75,30 +76,31 @@ def read_region(levels: Sequence[Level], path: str, location, level, size, *, ou
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
         DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
     """
-    if on_error not in ("raise", "fill"):
-        raise InvalidRegionError(f"{path}: on_error must be 'raise' or 'fill', got {on_error!r}")
-    k = check_downsample(downsample, path, device)
-    lv, x, y, w, h = validate_request(levels, path, location, level, size, mode, channels)
-    if threads is not None:
-        threads = as_int(threads, "threads", path)
-        if threads < 1:
-            raise InvalidRegionError(f"{path}: threads must be >= 1, got {threads}")
+    req = region_request(levels, path, location, level, size, mode=mode, threads=threads,
+                         on_error=on_error, device=device, downsample=downsample, channels=channels)
     if device != "cpu":
-        if lv.planes is not None:
-            raise InvalidRegionError(f"{path}: multi-channel levels read on the CPU only (device='cpu')")
-        with lv.source.reading():
-            return read_region_cuda(path, lv, x, y, w, h, out=out, mode=mode, threads=threads,
-                                    on_error=on_error, device=device)
-    shape, dtype = output_shape(lv, (w, h), mode)
+        with req.level.source.reading():
+            return read_region_cuda(req, out=out)
+    return fill_request(req, out, cache)
+
+
+def fill_request(req: ReadRequest, out: np.ndarray | None = None, cache: CacheScope | None = None) -> np.ndarray:
+    """Fill ``out`` (None: a new array; else checked by :func:`~wsitool.read.request.check_out`)
+    with the CPU read ``req`` and return it (``cache``: the slide's
+    :class:`~wsitool.read.cache.CacheScope`, full-scale reads only).
+
+    Raises:
+        InvalidRegionError: ``out`` of the wrong type, shape, dtype or layout.
+        TileDecodeError: a corrupt tile, with ``on_error="raise"``.
+    """
+    shape, dtype = req.shape, req.dtype
     if out is None:
         out = np.empty(shape, dtype)
     else:
-        check_out(out, shape, dtype, path)
-    with lv.source.reading():
-        if k > 1:
-            fill_reduced(lv, x, y, w, h, k, out, mode, threads, on_error, get_pool("cpu"))
+        check_out(out, shape, dtype, req.path)
+    with req.level.source.reading():
+        if req.downsample > 1:
+            fill_reduced(req, out, get_pool("cpu"))
         else:
-            fill_region(lv, x, y, w, h, out, mode, threads, on_error, get_pool("cpu"), cache)
+            fill_region(req, out, get_pool("cpu"), cache)
     return out
-
-

@@ -9,18 +9,21 @@ before any allocation).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from ..arguments import as_int, int_pair
 from ..errors import InvalidRegionError, ResourceLimitError, UnsupportedFormatError, WsiError
+from ..geometry import TileGrid, level_rect, scaled_grid
 from ..model import Level
 from ..settings import get_limits
 from .channels import select_channels
 
-__all__ = ["MODES", "DOWNSAMPLES", "output_shape", "level_index", "validate_request", "check_out",
-           "check_tile_limit", "check_downsample"]
+__all__ = ["MODES", "DOWNSAMPLES", "ReadRequest", "region_request", "output_shape", "level_index",
+           "validate_request", "check_out", "check_tile_limit", "check_downsample", "check_threads"]
 
 
 MODES = ("rgba", "rgb", "raw")
@@ -30,7 +33,93 @@ MODES = ("rgba", "rgb", "raw")
 DOWNSAMPLES = (1, 2, 4, 8)
 
 
-def check_downsample(downsample, path: str, device: str = "cpu") -> int:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReadRequest:
+    """A validated region read, built once (:func:`region_request`) and carried to the fill paths.
+
+    Attributes:
+        path: the slide's path, named in messages.
+        level: the :class:`~wsitool.model.Level` read (for ``channels=``, the selection).
+        x, y: top-left pixel of the region in pixels of ``level`` as read: the
+            level's own pixels, or with ``downsample = k > 1`` those of the
+            level at ``1/k`` scale (:func:`wsitool.geometry.scaled_grid`); may be
+            negative or beyond the level.
+        width, height: the region's size in those pixels (> 0).
+        mode: ``"rgba"``, ``"rgb"`` or ``"raw"``.
+        on_error: ``"raise"`` or ``"fill"``.
+        threads: decode threads (>= 1), or None (the CPU count).
+        downsample: 1, 2, 4 or 8 (:data:`DOWNSAMPLES`).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    """
+
+    path: str
+    level: Level
+    x: int
+    y: int
+    width: int
+    height: int
+    mode: str
+    on_error: str = "raise"
+    threads: int | None = None
+    downsample: int = 1
+    device: str = "cpu"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of the output (:func:`output_shape`)."""
+        return output_shape(self.level, (self.width, self.height), self.mode)[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The output's dtype: uint8, or the level's for ``raw``."""
+        return output_shape(self.level, (self.width, self.height), self.mode)[1]
+
+    def part(self, x: int, y: int, width: int, height: int, **changes: Any) -> ReadRequest:
+        """The same read of the rectangle ``(x, y, width, height)`` (pixels of the level as
+        read), with the other ``changes`` of fields (``level=``, ``mode=``, ``threads=``)."""
+        return dataclasses.replace(self, x=x, y=y, width=width, height=height, **changes)
+
+
+def region_request(levels: Sequence[Level], path: str, location: Any, level: Any, size: Any, *,
+                   mode: str = "rgba", threads: Any = None, on_error: str = "raise", device: str = "cpu",
+                   downsample: Any = 1, channels: Any = None) -> ReadRequest:
+    """Check a region read of the pyramid ``levels`` (see :func:`wsitool.read.region.read_pyramid_region`
+    for the arguments) and return it as a :class:`ReadRequest`, the level-0 ``location``
+    mapped to pixels of the level as read (:func:`wsitool.geometry.level_rect`).
+
+    Raises:
+        InvalidRegionError: a bad ``on_error``, ``downsample``, level, location, size,
+            mode, channels or ``threads``, or a multi-channel level with a ``device``
+            other than ``"cpu"``.
+        UnsupportedFormatError, ResourceLimitError, WsiError: as :func:`validate_request`.
+    """
+    if on_error not in ("raise", "fill"):
+        raise InvalidRegionError(f"{path}: on_error must be 'raise' or 'fill', got {on_error!r}")
+    k = check_downsample(downsample, path, device)
+    lv, x, y, w, h = validate_request(levels, path, location, level, size, mode, channels)
+    threads = check_threads(threads, path)
+    if device != "cpu" and lv.planes is not None:
+        raise InvalidRegionError(f"{path}: multi-channel levels read on the CPU only (device='cpu')")
+    rx, ry = level_rect(lv if k == 1 else cast(TileGrid, scaled_grid(lv, k)), x, y)  # (Protocol: see reduced)
+    return ReadRequest(path=path, level=lv, x=rx, y=ry, width=w, height=h, mode=mode, on_error=on_error,
+                       threads=threads, downsample=k, device=device)
+
+
+def check_threads(threads: Any, path: str) -> int | None:
+    """``threads`` as an int >= 1, or None.
+
+    Raises:
+        InvalidRegionError: not an integer, or below 1.
+    """
+    if threads is None:
+        return None
+    count = as_int(threads, "threads", path)
+    if count < 1:
+        raise InvalidRegionError(f"{path}: threads must be >= 1, got {count}")
+    return count
+
+
+def check_downsample(downsample: Any, path: str, device: str = "cpu") -> int:
     """``downsample`` as an int of :data:`DOWNSAMPLES`.
 
     Raises:
@@ -53,7 +142,7 @@ def output_shape(level: Level, size: tuple[int, int], mode: str) -> tuple[tuple[
     return (h, w, 4 if mode == "rgba" else 3), np.dtype(np.uint8)
 
 
-def level_index(level, count: int, path: str) -> int:
+def level_index(level: Any, count: int, path: str) -> int:
     """``level`` as an int index of a slide with ``count`` levels (``path`` for the message).
 
     Raises:
@@ -67,8 +156,8 @@ def level_index(level, count: int, path: str) -> int:
     return lvl
 
 
-def validate_request(levels: Sequence[Level], path: str, location, level, size, mode: str,
-                     channels=None):
+def validate_request(levels: Sequence[Level], path: str, location: Any, level: Any, size: Any, mode: str,
+                     channels: Any = None) -> tuple[Level, int, int, int, int]:
     """Check a region request of a slide whose levels are ``levels``; return ``(Level, x, y, w, h)``.
 
     ``channels`` (None: all) selects channels of a multi-channel level
@@ -117,8 +206,8 @@ def validate_request(levels: Sequence[Level], path: str, location, level, size, 
     return lv, x, y, w, h
 
 
-def check_out(out, shape, dtype, path: str, array_type: type = np.ndarray,
-               type_name: str = "numpy.ndarray"):
+def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, path: str, array_type: type[Any] = np.ndarray,
+              type_name: str = "numpy.ndarray") -> Any:
     """Check a caller's ``out`` buffer (numpy, or CuPy for ``device="cuda"``)."""
     if not isinstance(out, array_type):
         raise InvalidRegionError(f"{path}: out must be a {type_name}, got {type(out).__name__}")

@@ -9,13 +9,18 @@ makes its own, :mod:`wsitool.forksafe`).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
 
 from ..forksafe import PerProcess
 
-__all__ = ["thread_count", "batch_size", "run_threads", "SharedJobs"]
+__all__ = ["thread_count", "batch_size", "run_threads", "run_jobs", "SharedJobs"]
+
+_Job = TypeVar("_Job")
 
 
 def _new_executor() -> ThreadPoolExecutor:
@@ -38,14 +43,15 @@ def batch_size(most: int, k: int, njobs: int, per_thread: int = 2) -> int:
     return most if k == 1 else max(1, min(most, njobs // (per_thread * k)))
 
 
-def run_threads(k: int, work, stop) -> None:
+def run_threads(k: int, work: Callable[[], Any], stop: Callable[[], Any]) -> None:
     """Run ``work()`` on the calling thread and ``k - 1`` pool threads; wait for
-    all, call ``stop()`` after the first error and re-raise that error."""
+    all, call ``stop()`` after the first error and re-raise that error.  Each pool
+    thread runs in a copy of the caller's context (its limits, :mod:`wsitool.settings`)."""
     if k == 1:
         work()
         return
     executor = _executor.get()
-    futures = [executor.submit(work) for _ in range(k - 1)]
+    futures = [executor.submit(contextvars.copy_context().run, work) for _ in range(k - 1)]
     first_error: BaseException | None = None
     try:
         work()
@@ -53,15 +59,15 @@ def run_threads(k: int, work, stop) -> None:
         first_error = exc
         stop()
     for fut in futures:
-        exc = fut.exception()
-        if exc is not None and first_error is None:
-            first_error = exc
+        failure = fut.exception()
+        if failure is not None and first_error is None:
+            first_error = failure
             stop()
     if first_error is not None:
         raise first_error
 
 
-def run_jobs(jobs, k: int, work) -> None:
+def run_jobs(jobs: Sequence[_Job], k: int, work: Callable[[Any], Any]) -> None:
     """``work(iterable)`` over ``jobs`` on ``k`` threads (the calling one among them): with
     one thread ``work(jobs)``, else each thread takes jobs from one :class:`SharedJobs`
     until none is left (:func:`run_threads`: the first error stops the rest, re-raised)."""
@@ -72,10 +78,10 @@ def run_jobs(jobs, k: int, work) -> None:
     run_threads(k, lambda: work(shared), shared.stop)
 
 
-class SharedJobs:
+class SharedJobs(Generic[_Job]):
     """Iterator over a job list shared by several threads (each job handed out once)."""
 
-    def __init__(self, jobs):
+    def __init__(self, jobs: Sequence[_Job]):
         self._jobs = jobs
         self._next = 0
         self._lock = threading.Lock()
@@ -85,10 +91,10 @@ class SharedJobs:
         with self._lock:
             self._next = len(self._jobs)
 
-    def __iter__(self):
+    def __iter__(self) -> SharedJobs[_Job]:
         return self
 
-    def __next__(self):
+    def __next__(self) -> _Job:
         with self._lock:
             i = self._next
             if i >= len(self._jobs):

@@ -23,6 +23,9 @@ level, col, row).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 
 from ..codec import jpegloop, openjpeg
@@ -30,7 +33,7 @@ from ..codec.failures import tile_failed
 from ..codec.generic import decode_array
 from ..codec.library import decode_params, nv
 from ..codec.nvdecode import check_decoded, count_decoded, decode_checked, decode_into, plan_decode
-from ..codec.pool import ThreadState
+from ..codec.pool import DecoderPool, ThreadState
 from ..codec.tilebytes import read_tile_stream
 from ..color import to_rgb8, ycbcr_to_rgb
 from ..errors import TileDecodeError
@@ -55,7 +58,7 @@ _OPAQUE = np.uint32(0xFF000000)
 class TileWorker:
     """Decodes a list of tile jobs of one region (runs on any thread)."""
 
-    def __init__(self, lv: Level, out: np.ndarray, mode: str, on_error: str, pool,
+    def __init__(self, lv: Level, out: np.ndarray, mode: str, on_error: str, pool: DecoderPool,
                  batch: int = 1):
         self.lv = lv
         self.out = out
@@ -82,7 +85,8 @@ class TileWorker:
             and not paths.force_scratch and paths.roi_decode
         ) else 0
 
-    def run(self, jobs) -> None:
+    def run(self, jobs: Iterable[TileJob]) -> None:
+        """Decode ``jobs`` on this thread (a failed tile: raised, or background with ``fill``)."""
         state = self.pool.state()
         if self.batch:
             self._run_batched(jobs, state)
@@ -97,7 +101,7 @@ class TileWorker:
         tile_failed(exc, self.on_error, state.stats)
         job.view(self.out)[...] = 0
 
-    def _run_batched(self, jobs, state: ThreadState) -> None:
+    def _run_batched(self, jobs: Iterable[TileJob], state: ThreadState) -> None:
         """Same work and checks as :meth:`_one` per job, but the decodes of up to
         ``self.batch`` tiles go to nvImageCodec in one call (a list of code
         streams and a list of destination images).
@@ -233,7 +237,7 @@ class TileWorker:
             dst[..., 3] = 255 if alpha is None else alpha
 
 
-def decode_tile(lv: Level, col: int, row: int, mode: str, pool) -> np.ndarray:
+def decode_tile(lv: Level, col: int, row: int, mode: str, pool: DecoderPool) -> np.ndarray:
     """Decode tile ``(col, row)`` of ``lv`` whole, in ``mode``, into a new array (the cache's loader).
 
     Returns:
@@ -276,15 +280,15 @@ class _Block:
 
     __slots__ = ("__array_interface__", "owner")
 
-    def __init__(self, owner: np.ndarray, address: int, shape: tuple, strides: tuple,
+    def __init__(self, owner: np.ndarray, address: int, shape: tuple[int, ...], strides: tuple[int, ...],
                  typestr: str):
         self.owner = owner
         self.__array_interface__ = {"version": 3, "shape": shape, "typestr": typestr,
                                     "data": (address, False), "strides": strides}
 
 
-def _decode_j2k(lv: Level, col: int, row: int, data, dst: np.ndarray, src, state: ThreadState,
-                **kw) -> None:
+def _decode_j2k(lv: Level, col: int, row: int, data: Any, dst: np.ndarray, src: tuple[int, int, int, int],
+                state: ThreadState, **kw: Any) -> None:
     """:func:`wsitool.codec.openjpeg.decode_into` (only the window ``src`` of the
     tile is decoded), else :func:`decode_into` where that path does not apply."""
     if not openjpeg.decode_into(lv, col, row, data, dst, src, state, **kw):

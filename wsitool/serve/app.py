@@ -24,27 +24,51 @@ Errors never stop the server: bad requests get 400 / 404 / 501 with a short
 plain-text body; an exception while rendering (a corrupt tile, say) is a 500
 and one log line, and the slide stays served.
 
-Starlette is imported inside :func:`create_app` (the optional extra ``serve``).
+The routes are module-level handlers (``iiif_route``, ``dz_route``, ``index_route``,
+``view_route``, ``viewer_js_route``, ``viewer_image_route``, ``status_route``): each
+reads the :class:`ServerState` from ``request.app.state.wsitool`` (:func:`app_state`), so
+each can be called on its own with a Starlette ``Request``; :func:`create_app` only
+assembles them and the request-counting middleware.
+
+Starlette is imported inside the functions (the optional extra ``serve``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
+from ..deepzoom import DeepZoomGeometry
 from ..errors import InvalidRegionError, ResourceLimitError
 from .config import ServeConfig
 from .dz import DZ_MEDIA_TYPES, geometry_for, parse_dz_path, render_dz_tile
 from .iiif import CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request, service_limits
+from .registry import SlideEntry, SlideRegistry
 from .render import encode, finish, plan_read, read_scaled
 from .status import ServerCounters
 from .viewer import index_page, view_page
 
-__all__ = ["create_app", "ServerState"]
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from ..read.cache import TileCache
+
+__all__ = ["create_app", "ServerState", "app_state", "iiif_route", "dz_route", "index_route", "view_route",
+           "viewer_js_route", "viewer_image_route", "status_route"]
+
+#: An ASGI message, scope, receive and send (the middleware's types).
+_Message = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[_Message]]
+_Send = Callable[[_Message], Awaitable[None]]
 
 log = logging.getLogger("wsitool.serve")
 
@@ -60,7 +84,7 @@ class ServerState:
         cache: the shared :class:`~wsitool.read.cache.TileCache`, or None.
     """
 
-    def __init__(self, registry, config: ServeConfig, cache=None):
+    def __init__(self, registry: SlideRegistry, config: ServeConfig, cache: TileCache | None = None):
         self.registry = registry
         self.config = config
         self.cache = cache
@@ -69,8 +93,8 @@ class ServerState:
         self.executor = ThreadPoolExecutor(max_workers=config.threads,
                                            thread_name_prefix="wsitool-serve")
         self._slots: asyncio.Semaphore | None = None
-        self._dz: dict[str, object] = {}
-        self.viewer_file = None
+        self._dz: dict[str, DeepZoomGeometry] = {}
+        self.viewer_file: str | None = None
         self.viewer_images: dict[str, str] = {}
         if config.viewer_js_is_file:
             path = os.path.abspath(config.viewer_js)
@@ -84,11 +108,13 @@ class ServerState:
 
     @property
     def slots(self) -> asyncio.Semaphore:
+        """The semaphore of the ``threads`` render slots (made on first use, on the server's loop)."""
         if self._slots is None:  # made on the server's event loop
             self._slots = asyncio.Semaphore(self.config.threads)
         return self._slots
 
-    def dz_geometry(self, entry):
+    def dz_geometry(self, entry: SlideEntry) -> DeepZoomGeometry:
+        """The Deep Zoom geometry of ``entry``'s slide (computed once per slide)."""
         geom = self._dz.get(entry.id)
         if geom is None:
             geom = self._dz[entry.id] = geometry_for(entry.slide, self.config.dz_tile_size,
@@ -99,7 +125,8 @@ class ServerState:
         """Region-read threads for one render now: the worker threads shared by those rendering."""
         return max(1, self.config.threads // max(1, self.counters.rendering))
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
+        """The JSON of ``/status``: the counters, slides served, process id, threads, cache stats."""
         data = self.counters.snapshot()
         data["slides"] = len(self.registry)
         data["pid"] = os.getpid()  # (which worker answered, with --workers)
@@ -108,192 +135,268 @@ class ServerState:
         return data
 
     def close(self) -> None:
+        """Join the worker threads (queued renders cancelled) and close the slides."""
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.registry.close()
 
 
-def _public(message: str, entry) -> str:
+def _public(message: str, entry: SlideEntry) -> str:
     """``message`` with the slide's server-side path replaced by its served identifier."""
     path = str(entry.slide.path)
     return message.replace(path, entry.id) if path else message
 
 
-def create_app(state: ServerState):
-    """The Starlette app serving ``state``'s slides (see the module docstring for the routes)."""
+# --- the steps the routes share ----------------------------------------------------------------
+
+
+def app_state(request: Request) -> ServerState:
+    """The :class:`ServerState` of the app answering ``request`` (``app.state.wsitool``)."""
+    return cast(ServerState, request.app.state.wsitool)
+
+
+def error_response(exc: IIIFError) -> Response:
+    """A short plain-text answer for ``exc``: its status and message, CORS allowed."""
+    from starlette.responses import PlainTextResponse
+
+    return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=_CORS)
+
+
+def lookup(state: ServerState, sid: str) -> SlideEntry:
+    """The served slide ``sid``.
+
+    Raises:
+        IIIFError: 404 when no slide is served under ``sid``.
+    """
+    entry = state.registry.get(sid)
+    if entry is None:
+        raise IIIFError(404, "unknown identifier")
+    return entry
+
+
+def base_id(request: Request, sid: str) -> str:
+    """The IIIF base URI of slide ``sid`` as the client reached this server."""
+    return str(request.base_url).rstrip("/") + "/iiif/3/" + quote(sid, safe="")
+
+
+async def render(request: Request, job: Callable[[], bytes], what: str, entry: SlideEntry) -> bytes | None:
+    """Run ``job()`` (decode + encode, returns bytes) on a worker; None if the client left.
+
+    A 400's text names the slide by its identifier, never by its path on the server.
+
+    Raises:
+        IIIFError: 503 when more than ``max_queue`` requests wait; 400 for an invalid
+            region or a resource limit; 500 (and one log line) for any other failure.
+    """
+    state = app_state(request)
+    counters = state.counters
+    if counters.waiting >= state.config.max_queue:
+        raise IIIFError(503, "server busy, retry later")
+    counters.add("waiting")
+    try:
+        await state.slots.acquire()
+    finally:
+        counters.add("waiting", -1)
+    try:
+        if await request.is_disconnected():
+            counters.add("cancelled")
+            return None
+        counters.add("rendering")
+        try:
+            loop = asyncio.get_running_loop()
+            # in a copy of the request's context (its wsitool.limits), as every thread wsitool starts
+            return await loop.run_in_executor(state.executor, contextvars.copy_context().run, job)
+        finally:
+            counters.add("rendering", -1)
+            counters.add("tiles_rendered")
+    except IIIFError:
+        raise
+    except (InvalidRegionError, ResourceLimitError) as exc:
+        raise IIIFError(400, _public(str(exc), entry)) from None
+    except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
+        log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
+                  str(exc).splitlines()[0] if str(exc) else "")
+        raise IIIFError(500, f"{what} failed: {type(exc).__name__}") from None
+    finally:
+        state.slots.release()
+
+
+# --- the routes --------------------------------------------------------------------------------
+
+
+async def iiif_route(request: Request) -> Response:
+    """``/iiif/3/{id}``: 303 to ``info.json``; ``/iiif/3/{id}/info.json``; an image request."""
+    from starlette.responses import RedirectResponse
+
+    state = app_state(request)
+    parts = request.path_params["rest"].split("/")
+    try:
+        entry = lookup(state, parts[0])
+        if len(parts) == 1 or (len(parts) == 2 and parts[1] == ""):
+            return RedirectResponse(base_id(request, entry.id) + "/info.json", status_code=303,
+                                    headers=_CORS)
+        if len(parts) == 2 and parts[1] == "info.json":
+            return info_response(request, entry)
+        if len(parts) != 5:
+            raise IIIFError(400, "expected {region}/{size}/{rotation}/{quality}.{format}")
+        return await image_response(request, entry, parts[1:])
+    except IIIFError as exc:
+        return error_response(exc)
+
+
+async def image_response(request: Request, entry: SlideEntry, params: Sequence[str]) -> Response:
+    """The image of an IIIF request: ``params`` are its region, size, rotation and ``quality.format``.
+
+    Raises:
+        IIIFError: a bad request (400), a busy server (503), a failed render (500).
+    """
+    from starlette.responses import Response
+
+    state = app_state(request)
+    cfg = state.config
+    slide = entry.slide
+    w, h = slide.dimensions
+    region, size, rotation, quality_format = params
+    req = parse_image_request(region, size, rotation, quality_format, w, h, state.limits)
+    plan = plan_read(slide.level_dimensions, slide.level_downsamples, req.region, req.size,
+                     cfg.level_tolerance)
+
+    def job() -> bytes:
+        rgb = read_scaled(slide, plan, state.read_threads())
+        img = finish(rgb, req.mirror, req.rotation, req.quality)
+        del rgb
+        return encode(img, req.format, cfg.quality)
+
+    body = await render(request, job, "image", entry)
+    if body is None:
+        return Response(status_code=499)
+    links = (f'<{base_id(request, entry.id)}/{req.canonical}>;rel="canonical", '
+             f'<{PROFILE_URI}>;rel="profile"')
+    return Response(body, media_type=req.media_type,
+                    headers={**_CORS, "Link": links, "Cache-Control": "public, max-age=3600"})
+
+
+def info_response(request: Request, entry: SlideEntry) -> Response:
+    """``info.json`` of ``entry`` (JSON-LD media type when the client accepts it)."""
+    from starlette.responses import JSONResponse
+
+    state = app_state(request)
+    w, h = entry.slide.dimensions
+    doc = info_document(base_id(request, entry.id), w, h, state.config.tile_size, state.limits)
+    ld = "application/ld+json" in request.headers.get("accept", "")
+    media = f'application/ld+json;profile="{CONTEXT}"' if ld else "application/json"
+    return JSONResponse(doc, media_type=media,
+                        headers={**_CORS, "Link": f'<{PROFILE_URI}>;rel="profile"'})
+
+
+async def dz_route(request: Request) -> Response:
+    """``/dz/{id}.dzi`` (the XML) and ``/dz/{id}_files/{level}/{col}_{row}.{jpeg|png}`` (a tile)."""
+    from starlette.responses import Response
+
+    state = app_state(request)
+    cfg = state.config
+    try:
+        parsed = parse_dz_path(request.path_params["rest"])
+        entry = lookup(state, parsed[1])
+        geom = state.dz_geometry(entry)
+        if parsed[0] == "dzi":
+            return Response(geom.dzi_xml("jpeg"), media_type="application/xml", headers=_CORS)
+        _, _, level, col, row, fmt = parsed
+        slide = entry.slide
+
+        def job() -> bytes:
+            rgb = render_dz_tile(slide, geom, level, col, row, state.read_threads(), cfg.dz_filter)
+            return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
+
+        body = await render(request, job, "tile", entry)
+        if body is None:
+            return Response(status_code=499)
+        return Response(body, media_type=DZ_MEDIA_TYPES[fmt],
+                        headers={**_CORS, "Cache-Control": "public, max-age=3600"})
+    except IIIFError as exc:
+        return error_response(exc)
+
+
+async def index_route(request: Request) -> Response:
+    """``/``: the list of the served slides (HTML)."""
+    from starlette.responses import HTMLResponse
+
+    return HTMLResponse(index_page(app_state(request).registry))
+
+
+async def view_route(request: Request) -> Response:
+    """``/view/{id}``: the viewer page of one slide (HTML), 404 for an unknown id."""
+    from starlette.responses import HTMLResponse, PlainTextResponse
+
+    state = app_state(request)
+    entry = state.registry.get(request.path_params["sid"])
+    if entry is None:
+        return PlainTextResponse("unknown identifier\n", status_code=404)
+    images: str | None
+    if state.viewer_file:
+        script, images = "/viewer.js", ("/viewer-images/" if state.viewer_images else None)
+    else:
+        script = state.config.viewer_js
+        images = script.rsplit("/", 1)[0] + "/images/"
+    return HTMLResponse(view_page(entry, script, images))
+
+
+async def viewer_js_route(request: Request) -> Response:
+    """``/viewer.js``: the local OpenSeadragon script (``--viewer-js FILE``), else 404."""
+    from starlette.responses import FileResponse, PlainTextResponse
+
+    state = app_state(request)
+    if not state.viewer_file:
+        return PlainTextResponse("not found\n", status_code=404)
+    return FileResponse(state.viewer_file, media_type="text/javascript")
+
+
+async def viewer_image_route(request: Request) -> Response:
+    """``/viewer-images/{name}``: one of OpenSeadragon's button images beside the local script."""
+    from starlette.responses import FileResponse, PlainTextResponse
+
+    path = app_state(request).viewer_images.get(request.path_params["name"])
+    if path is None:
+        return PlainTextResponse("not found\n", status_code=404)
+    return FileResponse(path, media_type="image/png")
+
+
+async def status_route(request: Request) -> Response:
+    """``/status``: the JSON counters (:meth:`ServerState.status`)."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(app_state(request).status(), headers=_CORS)
+
+
+def create_app(state: ServerState) -> _RequestLog:
+    """The Starlette app serving ``state``'s slides (see the module docstring for the routes),
+    wrapped in the request-counting middleware; the routes find ``state`` at ``app.state.wsitool``."""
     from starlette.applications import Starlette
-    from starlette.responses import (
-        FileResponse,
-        HTMLResponse,
-        JSONResponse,
-        PlainTextResponse,
-        RedirectResponse,
-        Response,
-    )
     from starlette.routing import Route
 
-    counters = state.counters
-    cfg = state.config
-
-    def error(exc: IIIFError):
-        return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=_CORS)
-
-    async def render(request, job, what: str, entry):
-        """Run ``job()`` (decode + encode, returns bytes) on a worker; None if the client left.
-        A 400's text names the slide by its identifier, never by its path on the server."""
-        if counters.waiting >= cfg.max_queue:
-            raise IIIFError(503, "server busy, retry later")
-        counters.add("waiting")
-        try:
-            await state.slots.acquire()
-        finally:
-            counters.add("waiting", -1)
-        try:
-            if await request.is_disconnected():
-                counters.add("cancelled")
-                return None
-            counters.add("rendering")
-            try:
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(state.executor, job)
-            finally:
-                counters.add("rendering", -1)
-                counters.add("tiles_rendered")
-        except IIIFError:
-            raise
-        except (InvalidRegionError, ResourceLimitError) as exc:
-            raise IIIFError(400, _public(str(exc), entry)) from None
-        except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
-            log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
-                      str(exc).splitlines()[0] if str(exc) else "")
-            raise IIIFError(500, f"{what} failed: {type(exc).__name__}") from None
-        finally:
-            state.slots.release()
-
-    def lookup(sid: str):
-        entry = state.registry.get(sid)
-        if entry is None:
-            raise IIIFError(404, "unknown identifier")
-        return entry
-
-    def base_id(request, sid: str) -> str:
-        return str(request.base_url).rstrip("/") + "/iiif/3/" + quote(sid, safe="")
-
-    async def iiif(request):
-        rest = request.path_params["rest"]
-        parts = rest.split("/")
-        try:
-            entry = lookup(parts[0])
-            if len(parts) == 1 or (len(parts) == 2 and parts[1] == ""):
-                return RedirectResponse(base_id(request, entry.id) + "/info.json", status_code=303,
-                                        headers=_CORS)
-            if len(parts) == 2 and parts[1] == "info.json":
-                return info(request, entry)
-            if len(parts) != 5:
-                raise IIIFError(400, "expected {region}/{size}/{rotation}/{quality}.{format}")
-            slide = entry.slide
-            w, h = slide.dimensions
-            req = parse_image_request(*parts[1:], w, h, state.limits)
-            plan = plan_read(slide.level_dimensions, slide.level_downsamples, req.region, req.size,
-                             cfg.level_tolerance)
-
-            def job() -> bytes:
-                rgb = read_scaled(slide, plan, state.read_threads())
-                img = finish(rgb, req.mirror, req.rotation, req.quality)
-                del rgb
-                return encode(img, req.format, cfg.quality)
-
-            body = await render(request, job, "image", entry)
-            if body is None:
-                return Response(status_code=499)
-            links = (f'<{base_id(request, entry.id)}/{req.canonical}>;rel="canonical", '
-                     f'<{PROFILE_URI}>;rel="profile"')
-            return Response(body, media_type=req.media_type,
-                            headers={**_CORS, "Link": links, "Cache-Control": "public, max-age=3600"})
-        except IIIFError as exc:
-            return error(exc)
-
-    def info(request, entry):
-        w, h = entry.slide.dimensions
-        doc = info_document(base_id(request, entry.id), w, h, cfg.tile_size, state.limits)
-        ld = "application/ld+json" in request.headers.get("accept", "")
-        media = f'application/ld+json;profile="{CONTEXT}"' if ld else "application/json"
-        return JSONResponse(doc, media_type=media,
-                            headers={**_CORS, "Link": f'<{PROFILE_URI}>;rel="profile"'})
-
-    async def dz(request):
-        try:
-            parsed = parse_dz_path(request.path_params["rest"])
-            entry = lookup(parsed[1])
-            geom = state.dz_geometry(entry)
-            if parsed[0] == "dzi":
-                return Response(geom.dzi_xml("jpeg"), media_type="application/xml", headers=_CORS)
-            _, _, level, col, row, fmt = parsed
-            slide = entry.slide
-
-            def job() -> bytes:
-                rgb = render_dz_tile(slide, geom, level, col, row, state.read_threads(),
-                                     cfg.dz_filter)
-                return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
-
-            body = await render(request, job, "tile", entry)
-            if body is None:
-                return Response(status_code=499)
-            return Response(body, media_type=DZ_MEDIA_TYPES[fmt],
-                            headers={**_CORS, "Cache-Control": "public, max-age=3600"})
-        except IIIFError as exc:
-            return error(exc)
-
-    async def index(request):
-        return HTMLResponse(index_page(state.registry))
-
-    async def view(request):
-        entry = state.registry.get(request.path_params["sid"])
-        if entry is None:
-            return PlainTextResponse("unknown identifier\n", status_code=404)
-        if state.viewer_file:
-            script, images = "/viewer.js", ("/viewer-images/" if state.viewer_images else None)
-        else:
-            script = cfg.viewer_js
-            images = script.rsplit("/", 1)[0] + "/images/"
-        return HTMLResponse(view_page(entry, script, images))
-
-    async def viewer_js(request):
-        if not state.viewer_file:
-            return PlainTextResponse("not found\n", status_code=404)
-        return FileResponse(state.viewer_file, media_type="text/javascript")
-
-    async def viewer_image(request):
-        path = state.viewer_images.get(request.path_params["name"])
-        if path is None:
-            return PlainTextResponse("not found\n", status_code=404)
-        return FileResponse(path, media_type="image/png")
-
-    async def status(request):
-        return JSONResponse(state.status(), headers=_CORS)
-
+    pages = ["GET", "HEAD"]
     routes = [
-        Route("/", index, methods=["GET", "HEAD"]),
-        Route("/view/{sid:path}", view, methods=["GET", "HEAD"]),
-        Route("/viewer.js", viewer_js, methods=["GET", "HEAD"]),
-        Route("/viewer-images/{name}", viewer_image, methods=["GET", "HEAD"]),
-        Route("/status", status, methods=["GET"]),
-        Route("/iiif/3/{rest:path}", iiif, methods=["GET", "HEAD"]),
-        Route("/dz/{rest:path}", dz, methods=["GET", "HEAD"]),
+        Route("/", index_route, methods=pages),
+        Route("/view/{sid:path}", view_route, methods=pages),
+        Route("/viewer.js", viewer_js_route, methods=pages),
+        Route("/viewer-images/{name}", viewer_image_route, methods=pages),
+        Route("/status", status_route, methods=["GET"]),
+        Route("/iiif/3/{rest:path}", iiif_route, methods=pages),
+        Route("/dz/{rest:path}", dz_route, methods=pages),
     ]
     app = Starlette(routes=routes)
     app.state.wsitool = state
-    return _RequestLog(app, counters)
+    return _RequestLog(app, state.counters)
 
 
 class _RequestLog:
     """ASGI middleware: counts requests in flight and logs one debug line per request."""
 
-    def __init__(self, app, counters: ServerCounters):
+    def __init__(self, app: Starlette, counters: ServerCounters):
         self.app = app
         self.counters = counters
         self.state = app.state
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: _Message, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         counters = self.counters
@@ -302,7 +405,7 @@ class _RequestLog:
         status = [500]
         sent = [0]
 
-        async def send_wrapper(message):
+        async def send_wrapper(message: _Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             elif message["type"] == "http.response.body":

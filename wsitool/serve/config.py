@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from ..errors import InvalidOptionError
+
 __all__ = ["ServeConfig", "DEFAULT_VIEWER_JS", "OPENSEADRAGON_VERSION"]
 
 #: The OpenSeadragon release the viewer page loads by default (jsDelivr, pinned).
@@ -56,22 +58,28 @@ class ServeConfig:
     level_tolerance: float = 0.01
     follow_links: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
+        """Check the options.
+
+        Raises:
+            InvalidOptionError: an option out of its range (also a ValueError); the
+                message names it.
+        """
         if self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+            raise InvalidOptionError(f"threads must be >= 1, got {self.threads}")
         if self.cache_mb < 0:
-            raise ValueError(f"cache_mb must be >= 0, got {self.cache_mb}")
+            raise InvalidOptionError(f"cache_mb must be >= 0, got {self.cache_mb}")
         if self.tile_size < 16:
-            raise ValueError(f"tile_size must be >= 16, got {self.tile_size}")
+            raise InvalidOptionError(f"tile_size must be >= 16, got {self.tile_size}")
         if not 1 <= self.dz_tile_size <= 8192:
-            raise ValueError(f"dz_tile_size must be in 1..8192, got {self.dz_tile_size}")
+            raise InvalidOptionError(f"dz_tile_size must be in 1..8192, got {self.dz_tile_size}")
         if self.dz_overlap < 0 or 2 * self.dz_overlap > self.dz_tile_size:
-            raise ValueError(f"dz_overlap must be 0..dz_tile_size // 2 ({self.dz_tile_size // 2}), "
+            raise InvalidOptionError(f"dz_overlap must be 0..dz_tile_size // 2 ({self.dz_tile_size // 2}), "
                              f"got {self.dz_overlap}")
         if self.dz_filter not in ("lanczos", "area"):
-            raise ValueError(f"dz_filter must be 'lanczos' or 'area', got {self.dz_filter!r}")
+            raise InvalidOptionError(f"dz_filter must be 'lanczos' or 'area', got {self.dz_filter!r}")
         if not 1 <= self.quality <= 100:
-            raise ValueError(f"quality must be in 1..100, got {self.quality}")
+            raise InvalidOptionError(f"quality must be in 1..100, got {self.quality}")
 
     @property
     def viewer_js_is_file(self) -> bool:

@@ -221,7 +221,8 @@ def parse_size(text: str, rw: int, rh: int, lim: ServiceLimits) -> tuple[tuple[i
             w, h = gw, gh
         elif gw is not None:
             w, h = gw, max(1, round(rh * gw / rw))
-        else:
+        else:  # (the pattern above leaves one of the two given)
+            assert gh is not None
             w, h = max(1, round(rw * gh / rh)), gh
     upscaled = w > rw or h > rh
     if upscaled and not up:

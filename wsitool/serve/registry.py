@@ -27,6 +27,10 @@ import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..slide import Slide
 
 __all__ = ["SlideEntry", "SlideRegistry", "SLIDE_EXTENSIONS", "slide_id"]
 
@@ -42,7 +46,7 @@ class SlideEntry:
 
     id: str
     path: str
-    slide: object
+    slide: Slide
 
 
 def slide_id(relative: str) -> str:

@@ -28,12 +28,19 @@ import errno
 import logging
 import os
 import signal
+import socket
 import sys
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import UnsupportedFormatError
+from ..errors import InvalidOptionError, UnsupportedFormatError
 from .app import ServerState, create_app
 from .config import ServeConfig
 from .registry import SlideRegistry
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["serve", "build_state", "tune_malloc", "bind"]
 
@@ -82,7 +89,11 @@ def tune_malloc() -> bool:
     return True
 
 
-def bind(host: str, port: int) -> list:
+#: What ``ready`` / ``on_ready`` are called with: the bound ``(host, port)``.
+Ready = Callable[[tuple[Any, ...]], None]
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
     """Listening sockets on every address of ``host`` at ``port`` (0: one free port for all).
 
     Bound here, before uvicorn starts, so that a port in use is an ``OSError``
@@ -94,8 +105,6 @@ def bind(host: str, port: int) -> list:
         OSError: the address cannot be resolved or bound; ``filename`` is
             ``host:port`` and ``strerror`` says why (``errno`` kept).
     """
-    import socket
-
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
@@ -103,7 +112,8 @@ def bind(host: str, port: int) -> list:
     except socket.gaierror as exc:
         raise OSError(exc.errno, f"cannot resolve the address to listen on ({exc.strerror})",
                       where) from None
-    sockets, seen = [], set()
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
     try:
         for family, kind, proto, _, addr in infos:
             if (family, addr[0]) in seen:
@@ -140,7 +150,7 @@ def links_note(links: list[str], shown: int = 3) -> str:
             f"the folders given ({names}): give --follow-links to serve what they lead to")
 
 
-def build_state(sources, config: ServeConfig) -> ServerState:
+def build_state(sources: Iterable[str | os.PathLike], config: ServeConfig) -> ServerState:
     """Open the slides of ``sources`` (files and folders) with one shared cache.
 
     Raises:
@@ -155,24 +165,26 @@ def build_state(sources, config: ServeConfig) -> ServerState:
     return ServerState(registry, config, cache)
 
 
-def serve(sources, config: ServeConfig, host: str = "127.0.0.1", port: int = 8000,
-          quiet: bool = False, debug: bool = False, state: ServerState | None = None,
-          ready=None, workers: int = 1) -> int:
+def serve(sources: Iterable[str | os.PathLike], *, config: ServeConfig, host: str = "127.0.0.1",
+          port: int = 8000, quiet: bool = False, debug: bool = False, state: ServerState | None = None,
+          ready: Ready | None = None, workers: int = 1) -> int:
     """Serve ``sources`` until a signal; return the exit code (see the module docstring).
 
     ``ready``: called with the bound ``(host, port)`` once the server listens
     (tests pass port 0 and learn the port here).  ``workers``: processes (see
-    the module docstring; ``state`` is for one process only).
+    the module docstring; ``state`` is for one process only).  Every parameter after
+    ``sources`` is keyword-only.
 
     Raises:
         OSError: the address cannot be bound (a port in use), a source is missing.
         UnsupportedFormatError: no slide to serve.
-        ValueError: ``workers < 1``, or ``workers > 1`` where ``os.fork`` is missing.
+        InvalidOptionError: ``workers < 1``, or ``workers > 1`` where ``os.fork`` is missing
+            (also a ValueError).
     """
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise InvalidOptionError(f"workers must be >= 1, got {workers}")
     if workers > 1 and (state is not None or not hasattr(os, "fork")):
-        raise ValueError("several workers need os.fork (POSIX) and no prepared state")
+        raise InvalidOptionError("several workers need os.fork (POSIX) and no prepared state")
     level = logging.WARNING if quiet else (logging.DEBUG if debug else logging.INFO)
     _log_to_stderr(level)
     tune_malloc()
@@ -187,21 +199,27 @@ def serve(sources, config: ServeConfig, host: str = "127.0.0.1", port: int = 800
         except BaseException:
             state.close()
             raise
-
-        def on_ready(bound):
-            log.info("serving %d slide(s) at http://%s:%d/ (%d threads, cache %s)", len(state.registry),
-                     bound[0], bound[1], config.threads,
-                     f"{config.cache_mb} MiB" if state.cache is not None else "off")
-            if ready is not None:
-                ready(bound)
-
-        return _run(state, sockets, level, on_ready)
+        return _run(state, sockets, level, _announce(state, ready))
     finally:
         for sock in sockets:
             sock.close()
 
 
-def _check(registry) -> None:
+def _announce(state: ServerState, ready: Ready | None) -> Ready:
+    """The ``on_ready`` of one process: log where it serves, then call ``ready``."""
+    config = state.config
+
+    def on_ready(bound: tuple[Any, ...]) -> None:
+        log.info("serving %d slide(s) at http://%s:%d/ (%d threads, cache %s)", len(state.registry),
+                 bound[0], bound[1], config.threads,
+                 f"{config.cache_mb} MiB" if state.cache is not None else "off")
+        if ready is not None:
+            ready(bound)
+
+    return on_ready
+
+
+def _check(registry: SlideRegistry) -> None:
     """Log what was left out; raise when nothing is left to serve."""
     links = links_note(registry.links_skipped)
     reasons = [why if str(why).startswith(str(path)) else f"{path}: {why}"  # (most name the file)
@@ -215,14 +233,14 @@ def _check(registry) -> None:
         log.warning("not served: %s", why)
 
 
-def _run(state: ServerState, sockets, level: int, on_ready) -> int:
+def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready: Ready | None) -> int:
     """uvicorn on ``sockets`` until it stops; closes ``state``; the exit code."""
     import uvicorn
 
     app = create_app(state)
     uconfig = uvicorn.Config(app, log_level=level, access_log=False, lifespan="off", log_config=None,
                              timeout_graceful_shutdown=10)
-    server = _Server(uconfig)
+    server = _server(uconfig)
     server.on_ready = on_ready
     try:
         server.run(sockets=sockets)
@@ -233,7 +251,8 @@ def _run(state: ServerState, sockets, level: int, on_ready) -> int:
     return 0 if server.started else 1
 
 
-def _supervise(sources, config: ServeConfig, sockets, workers: int, level: int, ready) -> int:
+def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, sockets: list[socket.socket],
+               workers: int, level: int, ready: Ready | None) -> int:
     """Fork ``workers`` processes serving on ``sockets`` with a share of the budget each; wait."""
     import dataclasses
 
@@ -262,9 +281,9 @@ def _supervise(sources, config: ServeConfig, sockets, workers: int, level: int, 
             finally:
                 os._exit(code)
         children.append(pid)
-    signalled = []
+    signalled: list[int] = []
 
-    def forward(sig, frame):
+    def forward(sig: int, frame: FrameType | None) -> None:
         if not signalled:
             signalled.append(sig)
         for pid in children:
@@ -302,50 +321,64 @@ def _exit_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-class _Server:
-    """A uvicorn server that records the first signal instead of re-raising it after shutdown."""
+class _SignalledServer(Protocol):
+    """What :func:`_run` uses of the uvicorn server :func:`_server` makes."""
 
-    def __new__(cls, config):
-        import uvicorn
+    signalled: int | None
+    on_ready: Ready | None
+    started: bool
 
-        class Server(uvicorn.Server):
-            signalled = None
-            on_ready = None
+    def run(self, sockets: list[socket.socket] | None = None) -> None: ...
 
-            @contextlib.contextmanager
-            def capture_signals(self):
-                import threading
 
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-                previous = {s: signal.signal(s, self._on_signal) for s in _SIGNALS}
-                try:
-                    yield
-                finally:
-                    for s, handler in previous.items():
-                        signal.signal(s, handler)
+def _server(config: uvicorn.Config) -> _SignalledServer:
+    """A uvicorn server that records the first signal instead of re-raising it after shutdown,
+    and calls its ``on_ready`` with the bound ``(host, port)`` once it listens."""
+    import uvicorn
 
-            def _on_signal(self, sig, frame):
-                if self.signalled is None:
-                    self.signalled = sig
-                self.handle_exit(sig, frame)
+    class Server(uvicorn.Server):
+        signalled: int | None = None
+        on_ready: Ready | None = None
 
-            async def startup(self, sockets=None):
-                await super().startup(sockets)
-                if self.started and self.servers and self.on_ready is not None:
-                    self.on_ready(tuple(self.servers[0].sockets[0].getsockname()[:2]))
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            import threading
 
-        return Server(config)
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {s: signal.signal(s, self._on_signal) for s in _SIGNALS}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+        def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+            if self.signalled is None:
+                self.signalled = sig
+            self.handle_exit(sig, frame)
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.servers and self.on_ready is not None:
+                self.on_ready(tuple(self.servers[0].sockets[0].getsockname()[:2]))
+
+    return Server(config)
+
+
+class _ServeLogHandler(logging.StreamHandler):
+    """The handler :func:`_log_to_stderr` adds (marked, so that it is added once)."""
+
+    _wsitool_serve = True
 
 
 def _log_to_stderr(level: int) -> None:
     """One handler on the ``wsitool.serve`` logger (idempotent)."""
     log.setLevel(level)
     if not any(getattr(h, "_wsitool_serve", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _ServeLogHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("wsitool serve: %(levelname)s: %(message)s"))
-        handler._wsitool_serve = True
         log.addHandler(handler)
         log.propagate = False
     for h in log.handlers:

@@ -34,9 +34,11 @@ import random
 import re
 import threading
 import time
+import types
 import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from ..errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, WsiError
 from .http import _cause  # (the same short causes as HTTP range reads)
@@ -85,7 +87,7 @@ class SeriesUrl:
         return redact(self.given.removeprefix("dicomweb+"))
 
 
-def parse_series_url(location) -> SeriesUrl | None:
+def parse_series_url(location: object) -> SeriesUrl | None:
     """The :class:`SeriesUrl` of ``location`` when it is a DICOMweb series URL, else None.
 
     A series URL is ``http(s)://host/.../studies/{StudyInstanceUID}/series/{SeriesInstanceUID}``
@@ -125,7 +127,7 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-def _urllib3():
+def _urllib3() -> types.ModuleType:
     try:
         import urllib3
     except ImportError:  # pragma: no cover - depends on the installation
@@ -140,17 +142,17 @@ class _FrameCache:
     def __init__(self, budget: int):
         self.budget = budget
         self.used = 0
-        self.items: collections.OrderedDict = collections.OrderedDict()
+        self.items: collections.OrderedDict[tuple[str, int], bytes] = collections.OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, key):
+    def get(self, key: tuple[str, int]) -> bytes | None:
         with self.lock:
             data = self.items.get(key)
             if data is not None:
                 self.items.move_to_end(key)
             return data
 
-    def put(self, key, data: bytes) -> None:
+    def put(self, key: tuple[str, int], data: bytes) -> None:
         with self.lock:
             if key in self.items or len(data) > self.budget:
                 return
@@ -260,7 +262,8 @@ class DicomWebClient:
                     min(8.0, opts.backoff * (2 ** (attempt - 1))) * (0.5 + random.random() / 2)
                 time.sleep(max(0.0, min(wait, deadline - now)))
 
-    def _once(self, method, url, accept, body, content_type, not_acceptable) -> tuple[bytes, dict]:
+    def _once(self, method: str, url: str, accept: str, body: bytes | None, content_type: str | None,
+              not_acceptable: bool) -> tuple[bytes, dict]:
         urllib3 = _urllib3()
         headers = dict(self._headers)
         headers["Accept"] = accept
@@ -515,7 +518,7 @@ class FrameSource(ByteSource):
         data = self.read_frame(offset)
         return data if count >= len(data) else data[:count]
 
-    def readinto(self, offset: int, buffer) -> int:
+    def readinto(self, offset: int, buffer: Any) -> int:
         data = self.read_frame(offset)
         view = memoryview(buffer).cast("B")
         n = min(len(view), len(data))
@@ -556,7 +559,7 @@ class FrameSource(ByteSource):
             fut.set_exception(exc.with_traceback(None))
 
     @contextlib.contextmanager
-    def reading(self):
+    def reading(self) -> Iterator[FrameSource]:
         with self._lock:
             if self._closed:
                 raise WsiError(f"{self.path}: slide is closed")
@@ -598,7 +601,7 @@ def parse_multipart(data: bytes, content_type: str, shown: str) -> list[tuple[di
     pos = data.find(delim)
     if pos < 0:
         raise _Transient("the multipart body was cut short (no boundary)")
-    parts = []
+    parts: list[tuple[dict, bytes]] = []
     pos += len(delim)
     while True:
         if data[pos:pos + 2] == b"--":

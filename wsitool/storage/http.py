@@ -17,6 +17,8 @@ skip TLS verification, or a CA bundle path), plus the generic keys of
 from __future__ import annotations
 
 import re
+import types
+from typing import Any
 
 from ..errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, WsiError
 from .remote import Response, Transient, Transport
@@ -29,7 +31,7 @@ _RETRY_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
 _WHOLE_BODY_LIMIT = 64 * 1024 * 1024
 
 
-def _urllib3():
+def _urllib3() -> types.ModuleType:
     try:
         import urllib3
     except ImportError:  # pragma: no cover - depends on the installation
@@ -61,7 +63,7 @@ class HttpTransport(Transport):
         if options:
             raise WsiError(f"{shown}: unknown storage option(s) for HTTP(S): {', '.join(sorted(options))}")
         self.maxsize = maxsize
-        self._pool = None
+        self._pool: Any = None  # urllib3.PoolManager
         self._make_pool()
 
     def _make_pool(self) -> None:
@@ -103,9 +105,33 @@ class HttpTransport(Transport):
         r.release_conn()
         return response
 
-    def _answer(self, r, start: int, end: int, pin: Response | None) -> Response:
+    def _answer(self, r: Any, start: int, end: int, pin: Response | None) -> Response:
+        """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``).
+
+        Raises:
+            RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix.
+            Transient: what it may (a retry status, a cut body, a range other than asked).
+        """
         urllib3 = _urllib3()
         status = r.status
+        refused = self._refusal(r, status, start, end, pin)
+        if refused is not None:
+            return refused
+        want, total = self._extent(r, status, start, end)
+        try:
+            data = r.read(want if status == 206 else total, decode_content=False)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"the body was cut short ({_cause(exc)})") from None
+        if len(data) < want:
+            raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
+        if status == 200:
+            data = data[:want]
+        return Response(data, total, r.headers.get("ETag"), r.headers.get("Last-Modified"))
+
+    def _refusal(self, r: Any, status: int, start: int, end: int, pin: Response | None) -> Response | None:
+        """Raise the error of a status that carries no bytes (not found, denied, changed, a
+        range refused, a retry status); the empty object's :class:`Response` for a 416 at
+        open of a 0-byte object; None for every other status."""
         if status in (404, 410):
             r.drain_conn()
             raise RemoteNotFoundError(self.shown, f"not found (HTTP {status})")
@@ -136,6 +162,11 @@ class HttpTransport(Transport):
             except ValueError:
                 wait = None
             raise Transient(f"HTTP {status}", wait)
+        return None
+
+    def _extent(self, r: Any, status: int, start: int, end: int) -> tuple[int, int]:
+        """``(bytes wanted, the object's size)`` of a 206 or 200 answer; raises for one
+        whose range or length does not serve the request, and for every other status."""
         if status == 206:
             m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
             if m is None or m.group(1) is None or m.group(3) == "*":
@@ -149,24 +180,17 @@ class HttpTransport(Transport):
             want = min(end, total) - start
         elif status == 200:
             length = r.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
-            if start != 0 or total is None or total > _WHOLE_BODY_LIMIT:
+            size = int(length) if length and length.isdigit() else None
+            if start != 0 or size is None or size > _WHOLE_BODY_LIMIT:
                 r.drain_conn()
                 raise RemoteAccessError(f"{self.shown}: the server does not serve byte ranges "
                                         "(HTTP 200 for a Range request)")
+            total = size
             want = min(end, total)
         else:
             r.drain_conn()
             raise RemoteAccessError(f"{self.shown}: unexpected answer HTTP {status}")
-        try:
-            data = r.read(want if status == 206 else total, decode_content=False)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Transient(f"the body was cut short ({_cause(exc)})") from None
-        if len(data) < want:
-            raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
-        if status == 200:
-            data = data[:want]
-        return Response(data, total, r.headers.get("ETag"), r.headers.get("Last-Modified"))
+        return want, total
 
     def after_fork(self) -> None:
         self._pool = None  # the parent's sockets stay the parent's

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from ..errors import WsiError
-from .source import ByteSource
+from .source import ByteSource, CountedReads
 
 __all__ = ["LocalFile"]
 
 
-class LocalFile(ByteSource):
+class LocalFile(CountedReads, ByteSource):
     """A local file opened read-only.
 
     Args:
@@ -23,7 +22,7 @@ class LocalFile(ByteSource):
         FileNotFoundError, PermissionError, OSError: as ``os.open``.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
         self._fd = os.open(self.path, os.O_RDONLY)
         try:
@@ -31,15 +30,13 @@ class LocalFile(ByteSource):
         except BaseException:
             os.close(self._fd)
             raise
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._readers = 0  # operations inside reading()
+        self._reset_reads()
         self._closing = False
 
     def read(self, offset: int, count: int) -> bytes:
         return os.pread(self._fd, count, offset)
 
-    def readinto(self, offset: int, buffer) -> int:
+    def readinto(self, offset: int, buffer: Any) -> int:
         return os.preadv(self._fd, [buffer], offset)
 
     def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
@@ -55,27 +52,19 @@ class LocalFile(ByteSource):
     def fileno(self) -> int | None:
         return self._fd if self._fd >= 0 else None
 
+    def _released(self) -> bool:
+        return self._fd < 0
+
     @contextlib.contextmanager
-    def reading(self):
-        with self._lock:
-            if self._fd < 0 or self._closing:
-                raise WsiError(f"{self.path}: slide is closed")
-            self._readers += 1
-        try:
+    def reading(self) -> Iterator[LocalFile]:
+        with self._counted(self.path):
             yield self
-        finally:
-            with self._lock:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._idle.notify_all()
 
     def close(self) -> None:
         """Release the descriptor once the reads in flight finished (do not call
         it from inside :meth:`reading` of the same source: it would wait for itself)."""
         with self._idle:
-            self._closing = True
-            while self._readers:
-                self._idle.wait()
+            self._wait_for_readers()
             fd, self._fd = self._fd, -1  # closed before the number is released
         if fd >= 0:
             os.close(fd)

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import types
 import urllib.parse
+from typing import Any
 
 from ..errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, WsiError
 from .remote import Response, Transient, Transport
@@ -42,11 +44,13 @@ __all__ = ["ObjectStoreTransport", "store_config"]
 _SCHEMES = {"s3": ("s3", "s3"), "gs": ("gs", "gs"), "gcs": ("gs", "gs"),
             "az": ("az", "az"), "azure": ("az", "az"), "abfs": ("abfs", "az"), "abfss": ("abfss", "az")}
 
-_AWS = {"key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
-        "endpoint_url": "aws_endpoint", "region_name": "aws_region"}
-_AZURE = {"account_name": "azure_storage_account_name", "account_key": "azure_storage_account_key",
-          "sas_token": "azure_storage_sas_key", "connection_string": None}
-_GCS = {"token": "google_service_account"}
+_AWS: dict[str, str | None] = {
+    "key": "aws_access_key_id", "secret": "aws_secret_access_key", "token": "aws_session_token",
+    "endpoint_url": "aws_endpoint", "region_name": "aws_region"}
+_AZURE: dict[str, str | None] = {
+    "account_name": "azure_storage_account_name", "account_key": "azure_storage_account_key",
+    "sas_token": "azure_storage_sas_key", "connection_string": None}
+_GCS: dict[str, str | None] = {"token": "google_service_account"}
 #: obstore's own keys each protocol takes: a prefix, and the short names
 _NATIVE_PREFIX = {"s3": ("aws_",), "gs": ("google_",), "az": ("azure_",)}
 _NATIVE_KEYS = {
@@ -58,7 +62,7 @@ _NATIVE_KEYS = {
 }
 
 
-def _obstore():
+def _obstore() -> types.ModuleType:
     try:
         import obstore
         import obstore.store
@@ -83,7 +87,7 @@ def store_config(protocol: str, options: dict) -> tuple[dict, dict]:
     config: dict = {}
     if options.pop("anon", False) in (True, "true", "True", "1", 1):
         config["skip_signature"] = True
-    names = {"s3": _AWS, "gs": _GCS, "az": _AZURE}[protocol]
+    names: dict[str, str | None] = {"s3": _AWS, "gs": _GCS, "az": _AZURE}[protocol]
     for key, value in options.items():
         if key in names:
             if names[key] is None:
@@ -136,7 +140,7 @@ class ObjectStoreTransport(Transport):
             raise WsiError(f"{shown}: {_first_line(exc)}") from None
         self._obstore = obstore
 
-    def _make_store(self):
+    def _make_store(self) -> Any:
         obstore = _obstore()
         root, config, client = self._args
         return obstore.store.from_url(root, config=config or None, client_options=client,

@@ -36,12 +36,13 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
     if scheme.startswith("dicomweb+"):
         raise WsiError(f"{redact(str(location))}: a DICOMweb series is opened with open_slide, "
                        "not as one file")
-    from .remote import RemoteOptions, RemoteSource
+    from .remote import RemoteOptions, RemoteSource, Transport
 
     url = str(location)
     shown = redact(url)
     options = dict(storage_options or {})
     generic = RemoteOptions.take(options)
+    transport: Transport
     if scheme in ("http", "https"):
         from .http import HttpTransport
 

@@ -47,11 +47,12 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import RemoteChangedError, RemoteUnavailableError, WsiError
-from .source import ByteSource
+from .source import ByteSource, CountedReads
 from .urls import redact
 
 __all__ = [
@@ -176,18 +177,18 @@ class _Cache:
     def __init__(self, budget: int):
         self.budget = budget
         self.lock = threading.Lock()
-        self._items: OrderedDict = OrderedDict()
+        self._items: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
         self.bytes = 0
         #: key -> Future of bytes being fetched (one fetch per key however many threads wait)
-        self.inflight: dict = {}
+        self.inflight: dict[tuple[Any, ...], cf.Future[bytes]] = {}
 
-    def get(self, key):  # caller holds self.lock
+    def get(self, key: tuple[Any, ...]) -> bytes | None:  # caller holds self.lock
         data = self._items.get(key)
         if data is not None:
             self._items.move_to_end(key)
         return data
 
-    def put(self, key, data: bytes) -> None:  # caller holds self.lock
+    def put(self, key: tuple[Any, ...], data: bytes) -> None:  # caller holds self.lock
         old = self._items.pop(key, None)
         if old is not None:
             self.bytes -= len(old)
@@ -199,7 +200,7 @@ class _Cache:
             _, gone = self._items.popitem(last=False)
             self.bytes -= len(gone)
 
-    def drop(self, token) -> None:
+    def drop(self, token: int) -> None:
         """Forget every entry of one source (at its close)."""
         with self.lock:
             for key in [k for k in self._items if k[0] == token]:
@@ -255,7 +256,7 @@ _tokens_lock = threading.Lock()
 # ---------------------------------------------------------------------- the source
 
 
-class RemoteSource(ByteSource):
+class RemoteSource(CountedReads, ByteSource):
     """The bytes of one remote object, read with ranged GETs through ``transport``.
 
     Args:
@@ -283,9 +284,7 @@ class RemoteSource(ByteSource):
         self.options = options or RemoteOptions()
         with _tokens_lock:
             self._token = next(_tokens)
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._readers = 0
+        self._reset_reads()
         self._closing = False
         self._closed = False
         self._pid = os.getpid()
@@ -368,9 +367,7 @@ class RemoteSource(ByteSource):
         if self._pid != os.getpid():  # a forked child: the parent's connections and threads are not ours
             self._pid = os.getpid()
             self._pool = None
-            self._lock = threading.Lock()
-            self._idle = threading.Condition(self._lock)
-            self._readers = 0
+            self._reset_reads()
             self._extents = []
             self.transport.after_fork()
 
@@ -399,13 +396,13 @@ class RemoteSource(ByteSource):
             return data
         return self._from_blocks(offset, count, deadline)
 
-    def readinto(self, offset: int, buffer) -> int:
+    def readinto(self, offset: int, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         data = self.read(offset, len(view))
         view[:len(data)] = data
         return len(data)
 
-    def _wait(self, future: cf.Future, deadline: float):
+    def _wait(self, future: cf.Future[bytes], deadline: float) -> bytes:
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except cf.TimeoutError:
@@ -529,6 +526,7 @@ class RemoteSource(ByteSource):
         self._trim_extents()
         deadline = self._deadline()
         for a, b, fut in jobs:
+            assert pool is not None  # made above whenever there are jobs
             pool.submit(self._fill_extent, a, b, fut, deadline)
 
     def _covered(self, s: int, e: int) -> bool:  # caller holds self._lock
@@ -572,20 +570,14 @@ class RemoteSource(ByteSource):
     def fileno(self) -> int | None:
         return None
 
+    def _released(self) -> bool:
+        return self._closed
+
     @contextlib.contextmanager
-    def reading(self):
+    def reading(self) -> Iterator[RemoteSource]:
         self._check_process()
-        with self._lock:
-            if self._closed or self._closing:
-                raise WsiError(f"{self.shown}: slide is closed")
-            self._readers += 1
-        try:
+        with self._counted(self.shown):
             yield self
-        finally:
-            with self._lock:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._idle.notify_all()
 
     def close(self) -> None:
         """Wait for the reads in flight, stop the fetch threads, close the connections and drop
@@ -593,9 +585,7 @@ class RemoteSource(ByteSource):
         with self._idle:
             if self._closed:
                 return
-            self._closing = True
-            while self._readers:
-                self._idle.wait()
+            self._wait_for_readers()
             self._closed = True
             pool, self._pool = self._pool, None
             self._extents = []

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-__all__ = ["ByteSource"]
+from ..errors import WsiError
+
+__all__ = ["ByteSource", "CountedReads"]
 
 
 class ByteSource(abc.ABC):
@@ -49,7 +53,7 @@ class ByteSource(abc.ABC):
         """
 
     @abc.abstractmethod
-    def readinto(self, offset: int, buffer) -> int:
+    def readinto(self, offset: int, buffer: Any) -> int:
         """Fill the writable buffer ``buffer`` with the bytes at ``offset``; return the count read.
 
         Raises:
@@ -72,7 +76,7 @@ class ByteSource(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def reading(self) -> contextlib.AbstractContextManager:
+    def reading(self) -> contextlib.AbstractContextManager[Any]:
         """Context manager around one read operation; :meth:`close` waits for it.
 
         Raises:
@@ -91,5 +95,58 @@ class ByteSource(abc.ABC):
     def __enter__(self) -> ByteSource:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CountedReads:
+    """The bookkeeping behind :meth:`ByteSource.reading` and :meth:`ByteSource.close` of a
+    source that owns something a read uses (a descriptor, connections): the read
+    operations in flight are counted under ``_lock``, and closing waits on ``_idle``
+    until none is left.
+
+    A subclass calls :meth:`_reset_reads` in its constructor (and after ``fork()``, for
+    a fresh lock), says in :meth:`_released` whether what reads need is gone, brackets
+    its reads with :meth:`_counted`, and calls :meth:`_wait_for_readers` from its
+    ``close`` while it holds ``_idle``.
+    """
+
+    _lock: threading.Lock
+    _idle: threading.Condition
+    _readers: int  # operations inside reading()
+    _closing: bool = False
+
+    def _reset_reads(self) -> None:
+        """A new lock and condition, and no read in flight (``_closing`` is kept)."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._readers = 0
+
+    def _released(self) -> bool:
+        """True once the source released what reads use (the caller holds ``_lock``)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _counted(self, shown: str) -> Iterator[None]:
+        """One read operation, counted while it runs.
+
+        Raises:
+            WsiError: the source is closed or closing ("``shown``: slide is closed").
+        """
+        with self._lock:
+            if self._released() or self._closing:
+                raise WsiError(f"{shown}: slide is closed")
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._idle.notify_all()
+
+    def _wait_for_readers(self) -> None:
+        """Refuse new reads and wait until the ones in flight finished (the caller holds ``_idle``)."""
+        self._closing = True
+        while self._readers:
+            self._idle.wait()

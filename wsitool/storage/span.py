@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from .source import ByteSource
 
@@ -73,7 +74,7 @@ class Span(ByteSource):
         part, local = self._locate(offset, count)
         return part.read(local, count)
 
-    def readinto(self, offset: int, buffer) -> int:
+    def readinto(self, offset: int, buffer: Any) -> int:
         part, local = self._locate(offset, len(memoryview(buffer)))
         return part.readinto(local, buffer)
 
@@ -87,7 +88,7 @@ class Span(ByteSource):
             self.parts[k].advise(local)
 
     @contextlib.contextmanager
-    def reading(self):
+    def reading(self) -> Iterator[Span]:
         with contextlib.ExitStack() as stack:
             for part in self.parts:
                 stack.enter_context(part.reading())

@@ -19,7 +19,7 @@ SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure",
            "dicomweb+http", "dicomweb+https")  # (a DICOMweb series, wsitool.storage.dicomweb)
 
 
-def scheme_of(location) -> str | None:
+def scheme_of(location: object) -> str | None:
     """The lower-case scheme of ``location`` when it is a slide URL (one of :data:`SCHEMES`), else None."""
     if isinstance(location, os.PathLike) or not isinstance(location, str):
         return None
@@ -30,7 +30,7 @@ def scheme_of(location) -> str | None:
     return head if head in SCHEMES else None
 
 
-def is_url(location) -> bool:
+def is_url(location: object) -> bool:
     """True when ``location`` is a string URL of a scheme in :data:`SCHEMES`."""
     return scheme_of(location) is not None
 

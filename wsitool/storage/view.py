@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+from typing import Any
 
 from .source import ByteSource
 
@@ -55,7 +56,7 @@ class SourceFile(io.RawIOBase):
         self._pos = pos
         return pos
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
         count = min(len(view), max(0, self._source.size - self._pos))
         if count == 0:

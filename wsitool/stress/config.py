@@ -19,7 +19,7 @@ import numpy as np
 from ..device import cuda_device_id
 from ..errors import InvalidRegionError
 from ..read.request import output_shape
-from ..slide import open_slide
+from ..slide import open_slide, pyramid_levels
 from ..storage import redact
 from .memory import WARMUP_READS_PER_WORKER, WarmUp
 from .regions import size_bounds
@@ -92,6 +92,51 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, d
     if device != "cpu":
         cuda_device_id(device)  # DeviceUnavailableError: "no CUDA device available ..."
     kind = "cpu" if device == "cpu" else "cuda"
+    iterations = check_arguments(
+        shown, workers=workers, iterations=iterations, duration=duration, region_size=region_size, seed=seed,
+        verify_every=verify_every, warmup=warmup, mode=mode, read_threads=read_threads,
+        sample_interval=sample_interval, stall_timeout=stall_timeout, max_growth_mb=max_growth_mb)
+    probe = probe_slide(path, shown, levels, mode, storage_options)
+    all_samplers = list(SAMPLERS.get(kind, [])) + list(samplers)
+    lo, hi = size_bounds(region_size)
+    per_worker_warmup = WARMUP_READS_PER_WORKER * workers
+    warmup_iterations = (max(math.ceil(warmup * iterations), per_worker_warmup)
+                         if iterations is not None else None)
+    warmup_seconds = warmup * duration if duration is not None else None
+    config = {
+        "workers": workers, "iterations": iterations, "duration_s": duration,
+        "region_size": region_size, "size_range": [lo, hi], "levels": probe.level_ids, "seed": seed,
+        "verify_every": verify_every, "max_growth_mb": max_growth_mb, "warmup": warmup,
+        "sample_interval_s": sample_interval, "stall_timeout_s": stall_timeout, "mode": mode,
+        "read_threads": read_threads, "device": device, "samplers": all_samplers,
+    }
+    child = {
+        "path": path, "levels": probe.levels, "mode": mode,
+        "device": device, "read_threads": read_threads, "seed": seed, "verify_every": verify_every,
+        "iterations": iterations, "duration": duration, "workers": workers,
+        "region_size": region_size, "size_bounds": [lo, hi], "channels": probe.channels,
+        "dtype": probe.dtype.str, "itemsize": probe.dtype.itemsize,
+        "sample_interval": sample_interval, "samplers": all_samplers,
+        "warmup_iterations": warmup_iterations,
+        "storage_options": storage_options,  # (sent on the child's stdin, never its command line)
+    }
+    return RunPlan(path=path, iterations=iterations,
+                   warm=WarmUp(per_worker_warmup, warmup_iterations, warmup_seconds),
+                   slide_info=probe.slide_info, config=config, child=child)
+
+
+def check_arguments(shown: str, *, workers: int, iterations: int | None, duration: float | None,
+                    region_size: int, seed: int, verify_every: int, warmup: float, mode: str,
+                    read_threads: int, sample_interval: float, stall_timeout: float,
+                    max_growth_mb: float) -> int | None:
+    """Check the numeric and mode arguments of a run; return ``iterations`` (None in duration mode).
+
+    ``shown``: the slide as messages name it (a URL without its query).
+
+    Raises:
+        InvalidRegionError: an argument out of range (also a ValueError); the message
+            starts with ``shown``.
+    """
 
     def bad(msg: str) -> InvalidRegionError:
         return InvalidRegionError(f"{shown}: {msg}")
@@ -118,7 +163,31 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, d
         raise bad(f"read_threads must be >= 1, got {read_threads}")
     if not sample_interval > 0 or not stall_timeout > 0 or not max_growth_mb >= 0:
         raise bad("sample_interval and stall_timeout must be > 0, max_growth_mb >= 0")
+    return iterations
 
+
+@dataclasses.dataclass(frozen=True)
+class SlideProbe:
+    """What a run needs to know of the slide: the levels read (``level_ids``; ``levels``: their
+    index, width, height, downsample for the child), the report's ``slide`` section
+    (``slide_info``), and the samples per pixel and dtype of a read in the run's mode."""
+
+    level_ids: list[int]
+    levels: list[dict]
+    slide_info: dict
+    channels: int
+    dtype: np.dtype
+
+
+def probe_slide(path: str, shown: str, levels: str | Sequence[int] | None, mode: str,
+                storage_options: dict | None) -> SlideProbe:
+    """Open the slide once (in the parent) and describe what the run will read.
+
+    Raises:
+        InvalidRegionError: bad ``levels`` (:func:`parse_levels`), or levels that differ
+            in samples or dtype for ``mode``.
+        FileNotFoundError, UnsupportedFormatError, CorruptFileError: as :func:`wsitool.open_slide`.
+    """
     with open_slide(path, storage_options=storage_options) as probe:
         level_ids = parse_levels(levels, probe.level_count, shown)
         lv_info = [{"index": lv.index, "width": lv.width, "height": lv.height,
@@ -131,34 +200,8 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, d
                         "tile_height": lv.tile_height, "compression": lv.compression,
                         "decoder": lv.decoder} for lv in probe.levels],
         }
-        (_, _, channels), dtype = output_shape(probe.levels[level_ids[0]], (1, 1), mode)
-        shapes = {output_shape(probe.levels[i], (1, 1), mode) for i in level_ids}
+        (_, _, channels), dtype = output_shape(pyramid_levels(probe)[level_ids[0]], (1, 1), mode)
+        shapes = {output_shape(pyramid_levels(probe)[i], (1, 1), mode) for i in level_ids}
         if len(shapes) != 1:  # levels always share samples and dtype; keep the guard
-            raise bad(f"levels {level_ids} differ in samples or dtype for mode {mode!r}")
-
-    all_samplers = list(SAMPLERS.get(kind, [])) + list(samplers)
-    lo, hi = size_bounds(region_size)
-    per_worker_warmup = WARMUP_READS_PER_WORKER * workers
-    warmup_iterations = (max(math.ceil(warmup * iterations), per_worker_warmup)
-                         if iterations is not None else None)
-    warmup_seconds = warmup * duration if duration is not None else None
-    config = {
-        "workers": workers, "iterations": iterations, "duration_s": duration,
-        "region_size": region_size, "size_range": [lo, hi], "levels": level_ids, "seed": seed,
-        "verify_every": verify_every, "max_growth_mb": max_growth_mb, "warmup": warmup,
-        "sample_interval_s": sample_interval, "stall_timeout_s": stall_timeout, "mode": mode,
-        "read_threads": read_threads, "device": device, "samplers": all_samplers,
-    }
-    child = {
-        "path": path, "levels": lv_info, "mode": mode,
-        "device": device, "read_threads": read_threads, "seed": seed, "verify_every": verify_every,
-        "iterations": iterations, "duration": duration, "workers": workers,
-        "region_size": region_size, "size_bounds": [lo, hi], "channels": channels,
-        "dtype": np.dtype(dtype).str, "itemsize": np.dtype(dtype).itemsize,
-        "sample_interval": sample_interval, "samplers": all_samplers,
-        "warmup_iterations": warmup_iterations,
-        "storage_options": storage_options,  # (sent on the child's stdin, never its command line)
-    }
-    return RunPlan(path=path, iterations=iterations,
-                   warm=WarmUp(per_worker_warmup, warmup_iterations, warmup_seconds),
-                   slide_info=slide_info, config=config, child=child)
+            raise InvalidRegionError(f"{shown}: levels {level_ids} differ in samples or dtype for mode {mode!r}")
+    return SlideProbe(level_ids, lv_info, slide_info, channels, np.dtype(dtype))

@@ -276,9 +276,15 @@ def settled_start(meas: Sequence[dict], limit_iterations: float) -> int:
     return start
 
 
-def memory_section(samples: list[dict], warm: WarmUp, warmup: float, max_growth_mb: float,
-                   workers: int) -> dict:
-    """The report's ``memory`` section from the child's ``sample`` messages, with its verdict and note."""
+def measured_samples(samples: list[dict], warm: WarmUp) -> tuple[list[dict], list[dict], int | None]:
+    """The report's RSS samples (MiB) from the child's ``sample`` messages, and which are measured.
+
+    Returns:
+        ``(rss_samples, measured, fixed_end)``: every sample, each marked ``measured``;
+        the measured ones (past the fixed warm-up and the plateau test,
+        :func:`settled_start`); and the iteration count at the end of the fixed
+        warm-up (None when no sample is past it).
+    """
     rss_samples = [{
         "t": round(s["t"], 4),
         "iterations": s["iterations"],
@@ -295,6 +301,13 @@ def memory_section(samples: list[dict], warm: WarmUp, warmup: float, max_growth_
         for s in meas[:settled]:
             s["measured"] = False
         meas = meas[settled:]
+    return rss_samples, meas, fixed_end
+
+
+def memory_section(samples: list[dict], warm: WarmUp, warmup: float, max_growth_mb: float,
+                   workers: int) -> dict:
+    """The report's ``memory`` section from the child's ``sample`` messages, with its verdict and note."""
+    rss_samples, meas, fixed_end = measured_samples(samples, warm)
     first = meas[0] if meas else None
     warm_it = first["iterations"] if first else (rss_samples[-1]["iterations"] if rss_samples else 0)
     ci = None

@@ -9,6 +9,7 @@ The report (:meth:`~wsitool.stress.results.StressReport.to_dict`, built by
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Mapping
@@ -37,8 +38,8 @@ def validate_report(data: Mapping) -> None:
 
     Raises ``jsonschema.ValidationError`` when it does not conform.
     """
-    import jsonschema  # optional: the test extra
-
+    # optional (the test extra), and without type stubs: imported by name
+    jsonschema = importlib.import_module("jsonschema")
     jsonschema.Draft202012Validator(report_schema()).validate(data)
 
 

@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ..literals import Mode
 from ..slide import open_slide
 from .regions import checksum
 from .report import MAX_LISTED
@@ -23,7 +24,7 @@ from .report import MAX_LISTED
 class Verifier(threading.Thread):
     """Reads each region to verify with its own Slide, serially, and compares."""
 
-    def __init__(self, path: str, mode: str, device: str, storage_options: dict | None = None):
+    def __init__(self, path: str, mode: Mode, device: str, storage_options: dict | None = None):
         super().__init__(name="stress-verifier", daemon=True)
         self.slide = open_slide(path, storage_options=storage_options)  # opened before the run: a fresh reader
         self.mode = mode

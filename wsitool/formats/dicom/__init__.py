@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
-from ...model import AssociatedImage, Level, Pyramid, TileIndex, multichannel_level
+from ...model import AssociatedImage, Channel, Level, Pyramid, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
 from ...storage.dicomweb import DicomWebClient, SeriesUrl
 from ...storage.span import Span
@@ -45,7 +47,7 @@ from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
 from .quickhash import KEY as QUICKHASH
 from .quickhash import series_quickhash
 from .series import dicom_files, series_of_file, series_of_folder
-from .tiling import Image, merge_parts, tile_grid
+from .tiling import GridNotes, Image, merge_parts, tile_grid
 from .web import frames_table, series_instances
 
 __all__ = ["sniff", "open_pyramid", "open_folder", "open_dicomweb", "PHI_KEYWORDS", "is_phi"]
@@ -112,6 +114,25 @@ def open_folder(path: str) -> Pyramid | None:
     return _assemble(path, instances, problems, None)
 
 
+class _SourcesLike(Protocol):
+    """What :func:`_assemble` reads a series' instances through: :class:`_Sources` (local
+    files) or the DICOMweb reader's frame sources (:mod:`.web`)."""
+
+    @property
+    def given(self) -> tuple[str, ByteSource] | None:
+        """``(path, source)`` of the file the caller opened (its source stays the caller's), or None."""
+
+    def of(self, paths: list[str]) -> ByteSource:
+        """The byte source of the instance at ``paths`` (the parts of a concatenation)."""
+
+    def close(self) -> None:
+        """Close every source opened here."""
+
+
+#: instance -> ``(frame offsets, frame byte counts, offset table name)`` (:func:`frame_table`)
+_Tables = Callable[[Instance], tuple[np.ndarray, np.ndarray, str]]
+
+
 class _Sources:
     """The byte sources of one pyramid: the caller's for its own file, new ones for the others."""
 
@@ -121,6 +142,7 @@ class _Sources:
         self._files: dict[str, ByteSource] = {}  # one source per file (channels share an instance)
 
     def of(self, paths: list[str]) -> ByteSource:
+        """One source of the files ``paths`` (a :class:`~wsitool.storage.span.Span` of several)."""
         parts = [self._one(p) for p in paths]
         if len(parts) == 1:
             return parts[0]
@@ -142,6 +164,7 @@ class _Sources:
         return src
 
     def close(self) -> None:
+        """Close every source opened here (not the caller's)."""
         for src in self.opened:
             if isinstance(src, Span):  # its parts are closed one by one below
                 continue
@@ -150,17 +173,19 @@ class _Sources:
         self._files = {}
 
 
-def _file_table(inst: Instance):
+def _file_table(inst: Instance) -> tuple[np.ndarray, np.ndarray, str]:
     """The frames of a local instance: :func:`frame_table` of its file."""
     return frame_table(inst, is_encapsulated(inst.transfer_syntax, inst.path))
 
 
 def _assemble(path: str, instances: list[Instance], problems: list[str],
-              given: tuple[str, ByteSource] | None, sources=None, tables=_file_table) -> Pyramid:
+              given: tuple[str, ByteSource] | None, sources: _SourcesLike | None = None,
+              tables: _Tables = _file_table) -> Pyramid:
     """The pyramid of ``instances``.  ``sources`` (``.of(paths)``, ``.close()``, ``.given``)
     and ``tables`` (instance -> ``(offsets, counts, table name)``) default to local files;
     the DICOMweb reader (:mod:`.web`) gives its own (frames fetched by number)."""
-    sources = _Sources(given) if sources is None else sources
+    if sources is None:
+        sources = _Sources(given)
     try:
         with warnings.catch_warnings():  # pydicom's value-length warnings on lazy conversion
             warnings.simplefilter("ignore")
@@ -179,7 +204,7 @@ def _assemble(path: str, instances: list[Instance], problems: list[str],
         raise
 
 
-def _images(instances: list[Instance], tables=_file_table) -> list[Image]:
+def _images(instances: list[Instance], tables: _Tables = _file_table) -> list[Image]:
     """Each instance as an :class:`Image`, the parts of a concatenation as one."""
     groups: dict[str, list[Instance]] = {}
     order: list[str] = []
@@ -197,10 +222,14 @@ def _images(instances: list[Instance], tables=_file_table) -> list[Image]:
 
 
 def _path_ids(inst: Instance) -> list[str]:
+    """The Optical Path Identifiers of ``inst``, in its Optical Path Sequence's order."""
     return [str(item.get("OpticalPathIdentifier", "")) for item in (inst.ds.get("OpticalPathSequence") or [])]
 
 
-def _pick_volumes(path: str, instances: list[Instance], given) -> list[Instance]:
+def _pick_volumes(path: str, instances: list[Instance],
+                  given: tuple[str, ByteSource] | None) -> list[Instance]:
+    """The VOLUME instances of the pyramid read: the opened file's (else the largest's)
+    Study and Pyramid UIDs, and its first optical path unless read as channels."""
     volumes = [i for i in instances if i.flavor == "VOLUME"]
     if not volumes:
         kinds = sorted({i.flavor for i in instances})
@@ -226,7 +255,7 @@ def _multichannel(volumes: list[Instance]) -> bool:
     return len(ids) > 1 and all(i.samples == 1 for i in volumes)
 
 
-def _path_items(images: list[Image]) -> list:
+def _path_items(images: list[Image]) -> list[Any]:
     """The distinct Optical Path Sequence items of ``images``, by identifier, in first-seen order."""
     seen: dict[str, object] = {}
     for image in images:
@@ -244,15 +273,48 @@ def _first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) ->
     return source.read(int(offsets[k]), min(int(counts[k]), 65536))
 
 
-def _describe(path: str, instances: list[Instance], problems: list[str], sources: _Sources,
-              tables=_file_table) -> Pyramid:
+def _describe(path: str, instances: list[Instance], problems: list[str], sources: _SourcesLike,
+              tables: _Tables = _file_table) -> Pyramid:
+    """The pyramid of the series' ``instances``: its levels (:func:`_pick_volumes`, one
+    image per size, or per size and optical path for a series read as channels), the
+    associated images and the properties."""
     volumes = _pick_volumes(path, instances, sources.given)
     images = sorted(_images(volumes, tables), key=lambda im: -(im.head.width * im.head.height))
     items = _path_items(images) if _multichannel(volumes) else []
     ids = [str(item.get("OpticalPathIdentifier", "")) for item in items]
-    # per size, largest first: the images of that size; each optical path from the first
-    # image holding it (one image when the series is not read as channels)
-    kept: list[list[tuple[Image, int]]] = []
+    kept = _level_groups(path, images, ids, problems)
+    head0 = kept[0][0][0].head
+    channels = path_channels(items, head0.bits_stored) if ids else []
+    levels, notes = _build_levels(kept, ids, channels, sources)
+    associated = _associated(instances, sources, problems, tables)
+    sizes = {name: (im.width, im.height) for name, im in associated.items()}
+    properties = build_properties(tuple(levels), head0.ds, notes, sizes)
+    profile = icc_profile_of(head0.ds)
+    if profile is not None:  # OpenSlide's key for it (openslide-python's ICC support)
+        properties["openslide.icc-size"] = str(len(profile))
+    quickhash = series_quickhash(head0.series)  # the series' identity, as OpenSlide's
+    if quickhash is not None:
+        properties[QUICKHASH] = quickhash
+    return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,
+                   properties=properties, problems=problems, release=sources.close,
+                   color_profile=profile,
+                   identifying=frozenset(k for k in properties if is_phi(k)))
+
+
+#: the images of one level: ``(image, index of the optical path in its sequence)`` each
+_Group = list[tuple[Image, int]]
+
+
+def _level_groups(path: str, images: list[Image], ids: list[str], problems: list[str]) -> list[_Group]:
+    """Per size, largest first (``images`` are sorted so): the images of that size; each
+    optical path of ``ids`` from the first image holding it (with no ``ids``: the first
+    image).  Passed-over images, and levels without every optical path, are reported in
+    ``problems``.
+
+    Raises:
+        UnsupportedFormatError: with ``ids``, no level holds all the optical paths.
+    """
+    kept: list[_Group] = []
     level_sizes: list[tuple[int, int]] = []
     for image in images:
         size = (image.head.width, image.head.height)
@@ -272,23 +334,29 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
             continue
         problems.append(f"passed over {image.head.path}: a second VOLUME instance of "
                         f"{image.head.width}x{image.head.height}")
-    if ids:
-        complete = []
-        for group, size in zip(kept, level_sizes, strict=True):
-            if len(group) == len(ids):
-                group.sort(key=lambda pair: ids.index(_path_ids(pair[0].head)[pair[1]]))
-                complete.append(group)
-            else:
-                problems.append(f"passed over the {size[0]}x{size[1]} level: {len(group)} of the "
-                                f"{len(ids)} optical paths")
-        kept = complete
-        if not kept:
-            raise UnsupportedFormatError(f"{path}: no level of the DICOM series holds all "
-                                         f"{len(ids)} optical paths")
+    if not ids:
+        return kept
+    complete = []
+    for group, size in zip(kept, level_sizes, strict=True):
+        if len(group) == len(ids):
+            group.sort(key=lambda pair: ids.index(_path_ids(pair[0].head)[pair[1]]))
+            complete.append(group)
+        else:
+            problems.append(f"passed over the {size[0]}x{size[1]} level: {len(group)} of the "
+                            f"{len(ids)} optical paths")
+    if not complete:
+        raise UnsupportedFormatError(f"{path}: no level of the DICOM series holds all "
+                                     f"{len(ids)} optical paths")
+    return complete
+
+
+def _build_levels(kept: list[_Group], ids: list[str], channels: list[Channel],
+                  sources: _SourcesLike) -> tuple[list[Level], dict[str, str]]:
+    """``(levels, wsitool.dicom.* notes)`` of the level groups: one :class:`Level` per
+    image (a plane of a multi-channel level where the series is read as channels)."""
     w0, h0 = kept[0][0][0].head.width, kept[0][0][0].head.height
-    channels = path_channels(items, kept[0][0][0].head.bits_stored) if ids else []
-    levels = []
-    notes = {}
+    levels: list[Level] = []
+    notes: dict[str, str] = {}
     for index, group in enumerate(kept):
         planes, grids = [], []
         for image, path_index in group:
@@ -303,39 +371,34 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
                 samples=head.samples, dtype=dtype, encoding=encoding,
                 tiles=TileIndex(offsets, counts), source=source, path=head.path))
             grids.append(grid)
-        image, head, grid = group[0][0], group[0][0].head, grids[0]
         levels.append(multichannel_level(planes, channels) if ids else planes[0])
         if index == 0:
-            picked = (f"all {len(ids)}, as channels" if ids
-                      else f"{grid.optical_path} (first of {grid.optical_paths})")
-            notes = {
-                "wsitool.dicom.organization": grid.organization,
-                "wsitool.dicom.optical-path": picked,
-                "wsitool.dicom.focal-plane": f"{grid.focal_plane} (first of {grid.focal_planes})",
-                "wsitool.dicom.offset-table": image.table,
-                "wsitool.dicom.image-type": "VOLUME" if head.has_image_type else "(none; taken as VOLUME)",
-            }
-        if grid.missing:
-            notes[f"wsitool.dicom.level[{index}].missing-tiles"] = str(grid.missing)
-        if len(image.parts) > 1:
-            notes[f"wsitool.dicom.level[{index}].concatenation-parts"] = str(len(image.parts))
-    associated = _associated(instances, sources, problems, tables)
-    sizes = {name: (im.width, im.height) for name, im in associated.items()}
-    properties = build_properties(tuple(levels), kept[0][0][0].head.ds, notes, sizes)
-    profile = icc_profile_of(kept[0][0][0].head.ds)
-    if profile is not None:  # OpenSlide's key for it (openslide-python's ICC support)
-        properties["openslide.icc-size"] = str(len(profile))
-    quickhash = series_quickhash(kept[0][0][0].head.series)  # the series' identity, as OpenSlide's
-    if quickhash is not None:
-        properties[QUICKHASH] = quickhash
-    return Pyramid(vendor="dicom", levels=tuple(levels), associated=associated,
-                   properties=properties, problems=problems, release=sources.close,
-                   color_profile=profile,
-                   identifying=frozenset(k for k in properties if is_phi(k)))
+            notes = _series_notes(group[0][0], grids[0], len(ids))
+        if grids[0].missing:
+            notes[f"wsitool.dicom.level[{index}].missing-tiles"] = str(grids[0].missing)
+        if len(group[0][0].parts) > 1:
+            notes[f"wsitool.dicom.level[{index}].concatenation-parts"] = str(len(group[0][0].parts))
+    return levels, notes
 
 
-def _associated(instances: list[Instance], sources: _Sources, problems: list[str],
-                tables=_file_table) -> dict[str, AssociatedImage]:
+def _series_notes(image: Image, grid: GridNotes, channels: int) -> dict[str, str]:
+    """The ``wsitool.dicom.*`` notes of how level 0's image (``image``, tiled as ``grid``)
+    was read; ``channels``: the optical paths read as channels (0: one path read)."""
+    picked = (f"all {channels}, as channels" if channels
+              else f"{grid.optical_path} (first of {grid.optical_paths})")
+    return {
+        "wsitool.dicom.organization": grid.organization,
+        "wsitool.dicom.optical-path": picked,
+        "wsitool.dicom.focal-plane": f"{grid.focal_plane} (first of {grid.focal_planes})",
+        "wsitool.dicom.offset-table": image.table,
+        "wsitool.dicom.image-type": "VOLUME" if image.head.has_image_type else "(none; taken as VOLUME)",
+    }
+
+
+def _associated(instances: list[Instance], sources: _SourcesLike, problems: list[str],
+                tables: _Tables = _file_table) -> dict[str, AssociatedImage]:
+    """The LABEL, OVERVIEW and THUMBNAIL instances as ``label``, ``macro``, ``thumbnail``
+    (the first of each); one that cannot be read is passed over (in ``problems``)."""
     out: dict[str, AssociatedImage] = {}
     for inst in instances:
         name = ASSOCIATED.get(inst.flavor)

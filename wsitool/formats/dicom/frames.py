@@ -24,6 +24,7 @@ supported (its bytes are not contiguous in the file).
 from __future__ import annotations
 
 import struct
+from typing import BinaryIO
 
 import numpy as np
 
@@ -37,7 +38,7 @@ _UNDEFINED = 0xFFFFFFFF
 _LONG_VRS = (b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"SQ", b"UT", b"UC", b"UR")
 
 
-def _element_header(inst: Instance, fp) -> tuple[int, int]:
+def _element_header(inst: Instance, fp: BinaryIO) -> tuple[int, int]:
     """``(value offset, value length)`` of the Pixel Data element at ``inst.pixel_pos``."""
     fp.seek(inst.pixel_pos)
     head = fp.read(12)
@@ -97,23 +98,57 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
         except (ValueError, struct.error, EOFError, OSError) as exc:  # pydicom: OSError on bad items
             raise CorruptFileError(f"{inst.path}: unreadable encapsulated Pixel Data "
                                    f"(truncated file?): {exc}") from None
-        if count == 0:
-            raise CorruptFileError(f"{inst.path}: encapsulated Pixel Data holds no fragment")
-        fp.seek(positions[-1] + 4)
-        last = fp.read(4)
-        if len(last) < 4:
-            raise CorruptFileError(f"{inst.path}: truncated Pixel Data (last fragment header)")
+        last = _last_length(inst, fp, count, positions)
+    pos, lengths = _fragment_lengths(inst, positions, last)
+    table = _table_kind(inst, basic, first, positions)
+    return pos + np.uint64(8), lengths, table
+
+
+def _last_length(inst: Instance, fp: BinaryIO, count: int, positions: list[int]) -> int:
+    """The value length of the last fragment item (its header at ``positions[-1]``).
+
+    Raises:
+        CorruptFileError: no fragment, or a file that ends inside the last item's header.
+    """
+    if count == 0:
+        raise CorruptFileError(f"{inst.path}: encapsulated Pixel Data holds no fragment")
+    fp.seek(positions[-1] + 4)
+    last = fp.read(4)
+    if len(last) < 4:
+        raise CorruptFileError(f"{inst.path}: truncated Pixel Data (last fragment header)")
+    return int(struct.unpack("<I", last)[0])
+
+
+def _fragment_lengths(inst: Instance, positions: list[int], last: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(item header positions, value lengths)`` of the fragments, two uint64 arrays; each
+    length but the last is the distance to the next item less its 8-byte header.
+
+    Raises:
+        CorruptFileError: the last fragment ends past the end of the file.
+    """
     pos = np.asarray(positions, np.uint64)
-    lengths = np.empty(count, np.uint64)
+    lengths = np.empty(len(positions), np.uint64)
     lengths[:-1] = np.diff(pos) - np.uint64(8)
-    lengths[-1] = struct.unpack("<I", last)[0]
+    lengths[-1] = last
     end = int(pos[-1]) + 8 + int(lengths[-1])
     if end > inst.file_size:
         raise CorruptFileError(
             f"{inst.path}: truncated Pixel Data: the last fragment ends at byte {end}, "
             f"past the end of the file ({inst.file_size} bytes)"
         )
-    n = inst.frames
+    return pos, lengths
+
+
+def _table_kind(inst: Instance, basic: list[int], first: int, positions: list[int]) -> str:
+    """``"basic"`` (the Basic Offset Table names one fragment per frame, in order) or
+    ``"none"`` (no table: one fragment per frame).
+
+    Raises:
+        CorruptFileError: a table entry naming no fragment, a table or fragment count
+            other than the frame count (fewer fragments: truncated).
+        UnsupportedFormatError: frames split over several fragments.
+    """
+    n, count = inst.frames, len(positions)
     if basic:
         if len(basic) != n:
             raise CorruptFileError(f"{inst.path}: the Basic Offset Table has {len(basic)} entries "
@@ -129,18 +164,16 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
                 f"{inst.path}: {count} fragments for {n} frames: frames split over several "
                 "fragments are not supported"
             )
-        table = "basic"
-    else:
-        if count < n:
-            raise CorruptFileError(f"{inst.path}: {count} fragments for {n} frames "
-                                   "(truncated Pixel Data?)")
-        if count > n:
-            raise UnsupportedFormatError(
-                f"{inst.path}: {count} fragments for {n} frames and no offset table: frames "
-                "split over several fragments are not supported"
-            )
-        table = "none"
-    return pos + np.uint64(8), lengths, table
+        return "basic"
+    if count < n:
+        raise CorruptFileError(f"{inst.path}: {count} fragments for {n} frames "
+                               "(truncated Pixel Data?)")
+    if count > n:
+        raise UnsupportedFormatError(
+            f"{inst.path}: {count} fragments for {n} frames and no offset table: frames "
+            "split over several fragments are not supported"
+        )
+    return "none"
 
 
 def _extended_table(inst: Instance) -> tuple[np.ndarray, np.ndarray] | None:
@@ -154,7 +187,8 @@ def _extended_table(inst: Instance) -> tuple[np.ndarray, np.ndarray] | None:
     return np.frombuffer(bytes(offsets), "<u8"), np.frombuffer(bytes(lengths), "<u8")
 
 
-def _extended(inst: Instance, first: int, offsets: np.ndarray, lengths: np.ndarray):
+def _extended(inst: Instance, first: int, offsets: np.ndarray,
+              lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
     n = inst.frames
     if len(offsets) != n:
         raise CorruptFileError(f"{inst.path}: the Extended Offset Table has {len(offsets)} entries "
@@ -170,7 +204,7 @@ def _extended(inst: Instance, first: int, offsets: np.ndarray, lengths: np.ndarr
     return np.ascontiguousarray(starts), np.ascontiguousarray(lengths, np.uint64), "extended"
 
 
-def _native(inst: Instance, start: int, length: int):
+def _native(inst: Instance, start: int, length: int) -> tuple[np.ndarray, np.ndarray, str]:
     if inst.bits_allocated % 8:
         raise UnsupportedFormatError(f"{inst.path}: {inst.bits_allocated}-bit packed samples are "
                                      "not supported")

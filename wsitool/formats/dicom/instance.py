@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is opened
     from pydicom.dataset import Dataset
@@ -208,7 +208,7 @@ def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instanc
     )
 
 
-def first_item(seq, keyword: str):
+def first_item(seq: Any, keyword: str) -> Any:
     """The first item of sequence ``keyword`` of ``seq`` (a data set or item), or None."""
     items = seq.get(keyword) if seq is not None else None
     return items[0] if items else None

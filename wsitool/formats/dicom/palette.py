@@ -27,6 +27,8 @@ yields the declared number of entries wins.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +40,7 @@ __all__ = ["expand_segments", "palette_lut", "path_channels"]
 _MAX_INDIRECTION = 4
 
 
-def expand_segments(words, limit: int = 65536, word_bytes: int = 2) -> list[int]:
+def expand_segments(words: Iterable[Any], limit: int = 65536, word_bytes: int = 2) -> list[int]:
     """The entries of segmented palette data ``words`` (a sequence of ints, one word each).
 
     Args:
@@ -122,7 +124,7 @@ def _plain(raw: bytes, entries: int, bits: int) -> np.ndarray | None:
     return None
 
 
-def palette_lut(item, image_bits: int = 8) -> np.ndarray | None:
+def palette_lut(item: Any, image_bits: int = 8) -> np.ndarray | None:
     """The ``(256, 3)`` uint8 composite table of a Palette Color Lookup Table item, or None.
 
     Entry ``v`` is the palette's colour for the image value that scales to ``v``
@@ -158,7 +160,7 @@ def palette_lut(item, image_bits: int = 8) -> np.ndarray | None:
     return np.stack(colours, axis=1).astype(np.uint8)
 
 
-def _wavelength(item, keyword: str) -> float | None:
+def _wavelength(item: Any, keyword: str) -> float | None:
     value = item.get(keyword)
     try:
         nm = float(value) if value is not None and value != "" else None
@@ -176,14 +178,14 @@ def _short_name(description: str | None, ident: str, index: int) -> str:
     return f"Path {ident}" if ident else f"C{index}"
 
 
-def path_channels(items, image_bits: int = 8) -> list[Channel]:
+def path_channels(items: Sequence[Any], image_bits: int = 8) -> list[Channel]:
     """One :class:`~wsitool.model.Channel` per Optical Path Sequence item, in order.
 
     Name: from Optical Path Description (0048,0107) (:func:`_short_name`), the
     description kept whole; excitation: Illumination Wave Length (0022,0055);
     emission: Image Path Filter Pass-Through Wavelength (0022,0002); both in nm,
     0 or absent meaning unknown.  Colour: the palette's top entry (its table is
-    the channel's :attr:`~wsitool.model.Channel.lut`), else
+    the channel's ``lut``), else
     :func:`~wsitool.model.channel_color`.
     """
     out = []
@@ -200,7 +202,7 @@ def path_channels(items, image_bits: int = 8) -> list[Channel]:
             except (TypeError, ValueError, KeyError, AttributeError):
                 lut = None
         if lut is not None:
-            color, source = tuple(int(v) for v in lut[255]), "palette"
+            color, source = (int(lut[255][0]), int(lut[255][1]), int(lut[255][2])), "palette"
         else:
             color, source = channel_color(k, len(items), emission, excitation)
         out.append(Channel(name=_short_name(desc, ident, k), description=desc, excitation_nm=excitation,

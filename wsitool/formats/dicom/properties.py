@@ -86,7 +86,7 @@ def objective_of(ds: Dataset) -> float | None:
         return None
 
 
-def _text(value) -> str | None:
+def _text(value: object) -> str | None:
     if isinstance(value, (bytes, bytearray)):
         return None
     if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue":

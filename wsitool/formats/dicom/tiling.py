@@ -27,6 +27,7 @@ part's base).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,7 @@ class Image:
 
     @property
     def head(self) -> Instance:
+        """The first part (the instance itself where there is one)."""
         return self.parts[0]
 
 
@@ -107,7 +109,7 @@ def merge_parts(parts: list[Instance], tables: list[tuple[np.ndarray, np.ndarray
                  frames=expected, table=table)
 
 
-def _path_id(item, shared, default: str) -> str:
+def _path_id(item: Any, shared: Any, default: str) -> str:
     for group in (item, shared):
         ident = _first(group, "OpticalPathIdentificationSequence")
         if ident is not None and ident.get("OpticalPathIdentifier") is not None:
@@ -115,15 +117,15 @@ def _path_id(item, shared, default: str) -> str:
     return default
 
 
-def _per_frame(image: Image) -> list:
-    items: list = []
+def _per_frame(image: Image) -> list[Any]:
+    items: list[Any] = []
     for inst in image.parts:
         seq = inst.ds.get("PerFrameFunctionalGroupsSequence")
         items.extend(seq if seq is not None else [])
     return items
 
 
-def _is_sparse(image: Image, per_frame: list) -> bool:
+def _is_sparse(image: Image, per_frame: list[Any]) -> bool:
     org = image.head.organization
     if org == "TILED_SPARSE":
         return True
@@ -143,41 +145,70 @@ def tile_grid(image: Image, path_index: int = 0) -> tuple[np.ndarray, np.ndarray
             or outside the matrix.
         UnsupportedFormatError: sparse frames not on the tile grid.
     """
-    head = image.head
-    ds = head.ds
-    across = -(-head.width // head.frame_width)
-    down = -(-head.height // head.frame_height)
-    n = across * down
+    ds = image.head.ds
     path_seq = ds.get("OpticalPathSequence") or []
     chosen = str(path_seq[path_index].get("OpticalPathIdentifier", "")) if path_seq else ""
     paths = int(ds.get("NumberOfOpticalPaths") or len(path_seq) or 1)
     planes = int(ds.get("TotalPixelMatrixFocalPlanes") or 1)
     per_frame = _per_frame(image)
     if not _is_sparse(image, per_frame):
-        # frames by column, row, focal plane, then optical path: path k starts after
-        # k paths' worth of every focal plane
-        first = path_index * n * planes
-        if image.frames < first + n:
-            raise CorruptFileError(
-                f"{head.path}: inconsistent Total Pixel Matrix: {head.width}x{head.height} in "
-                f"frames of {head.frame_width}x{head.frame_height} is a grid of {across}x{down} = "
-                f"{n} tiles" + (f" for optical path {path_index + 1} of {paths}" if path_index else "")
-                + f", but the image has {image.frames} frame(s)"
-            )
-        offsets = image.offsets[first:first + n].copy()
-        counts = image.counts[first:first + n].copy()
+        offsets, counts = _full_tiles(image, path_index, paths, planes)
         missing = int(np.count_nonzero(counts == 0))
         offsets[counts == 0] = 0
-        notes = GridNotes("TILED_FULL", chosen or "(none)", paths, "1", planes, missing)
-        return offsets, counts, notes
+        return offsets, counts, GridNotes("TILED_FULL", chosen or "(none)", paths, "1", planes, missing)
+    offsets, counts, z_chosen = _sparse_tiles(image, per_frame, chosen)
+    missing = int(np.count_nonzero(counts == 0))
+    notes = GridNotes("TILED_SPARSE", chosen or "(none)", paths,
+                      "1" if z_chosen is None else f"z={z_chosen:g}", planes, missing)
+    return offsets, counts, notes
+
+
+def _grid_size(head: Instance) -> tuple[int, int]:
+    """``(across, down)``: the tile grid of the Total Pixel Matrix in frames."""
+    return -(-head.width // head.frame_width), -(-head.height // head.frame_height)
+
+
+def _full_tiles(image: Image, path_index: int, paths: int, planes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the offsets and counts of optical path ``path_index``'s first focal plane
+    in a TILED_FULL image: frames run by column, row, focal plane, then optical path, so
+    path k starts after k paths' worth of every focal plane.
+
+    Raises:
+        CorruptFileError: fewer frames than that grid needs.
+    """
+    head = image.head
+    across, down = _grid_size(head)
+    n = across * down
+    first = path_index * n * planes
+    if image.frames < first + n:
+        raise CorruptFileError(
+            f"{head.path}: inconsistent Total Pixel Matrix: {head.width}x{head.height} in "
+            f"frames of {head.frame_width}x{head.frame_height} is a grid of {across}x{down} = "
+            f"{n} tiles" + (f" for optical path {path_index + 1} of {paths}" if path_index else "")
+            + f", but the image has {image.frames} frame(s)"
+        )
+    return image.offsets[first:first + n].copy(), image.counts[first:first + n].copy()
+
+
+def _sparse_tiles(image: Image, per_frame: list[Any],
+                  chosen: str) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """``(offsets, counts, the focal plane's z)`` of a TILED_SPARSE image: each frame of
+    optical path ``chosen`` in the first focal plane met placed by its Plane Position
+    (Slide); the first frame placed in a cell wins.
+
+    Raises:
+        CorruptFileError: fewer per-frame items than frames, a frame without a position.
+        UnsupportedFormatError: a frame off the tile grid (see :func:`_sparse_cell`).
+    """
+    head = image.head
     if len(per_frame) < image.frames:
         raise CorruptFileError(f"{head.path}: TILED_SPARSE image with {len(per_frame)} per-frame "
                                f"functional group items for {image.frames} frames")
-    shared = _first(ds, "SharedFunctionalGroupsSequence")
-    offsets = np.zeros(n, np.uint64)
-    counts = np.zeros(n, np.uint64)
+    shared = _first(head.ds, "SharedFunctionalGroupsSequence")
+    across, down = _grid_size(head)
+    offsets = np.zeros(across * down, np.uint64)
+    counts = np.zeros(across * down, np.uint64)
     z_chosen = None
-    tw, th = head.frame_width, head.frame_height
     for k in range(image.frames):
         item = per_frame[k]
         if chosen and _path_id(item, shared, chosen) != chosen:
@@ -190,27 +221,34 @@ def tile_grid(image: Image, path_index: int = 0) -> tuple[np.ndarray, np.ndarray
         if c is None or r is None:
             raise CorruptFileError(f"{head.path}: sparse frame {k} has no position in the total "
                                    "pixel matrix")
-        z = pos.get("ZOffsetInSlideCoordinateSystem")
-        z = None if z is None else float(z)
+        z_value = pos.get("ZOffsetInSlideCoordinateSystem")
+        z = None if z_value is None else float(z_value)
         if z_chosen is None:
             z_chosen = z if z is not None else 0.0
         if z is not None and z != z_chosen:
             continue
-        x, y = int(c) - 1, int(r) - 1
-        if x % tw or y % th:
-            raise UnsupportedFormatError(
-                f"{head.path}: sparse frame {k} at column {x + 1}, row {y + 1} is not on the "
-                f"{tw}x{th} tile grid"
-            )
-        col, row = x // tw, y // th
-        if not (0 <= col < across and 0 <= row < down):
-            raise CorruptFileError(f"{head.path}: sparse frame {k} at column {x + 1}, row {y + 1} "
-                                   f"lies outside the {head.width}x{head.height} total pixel matrix")
-        index = row * across + col
+        index = _sparse_cell(head, k, int(c) - 1, int(r) - 1)
         if counts[index] == 0 and image.counts[k] > 0:
             offsets[index] = image.offsets[k]
             counts[index] = image.counts[k]
-    missing = int(np.count_nonzero(counts == 0))
-    notes = GridNotes("TILED_SPARSE", chosen or "(none)", paths,
-                      "1" if z_chosen is None else f"z={z_chosen:g}", planes, missing)
-    return offsets, counts, notes
+    return offsets, counts, z_chosen
+
+
+def _sparse_cell(head: Instance, k: int, x: int, y: int) -> int:
+    """The row-major grid index of sparse frame ``k`` at pixel ``(x, y)`` of the matrix.
+
+    Raises:
+        UnsupportedFormatError: not on the tile grid.  CorruptFileError: outside the matrix.
+    """
+    tw, th = head.frame_width, head.frame_height
+    across, down = _grid_size(head)
+    if x % tw or y % th:
+        raise UnsupportedFormatError(
+            f"{head.path}: sparse frame {k} at column {x + 1}, row {y + 1} is not on the "
+            f"{tw}x{th} tile grid"
+        )
+    col, row = x // tw, y // th
+    if not (0 <= col < across and 0 <= row < down):
+        raise CorruptFileError(f"{head.path}: sparse frame {k} at column {x + 1}, row {y + 1} "
+                               f"lies outside the {head.width}x{head.height} total pixel matrix")
+    return row * across + col

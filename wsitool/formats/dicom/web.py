@@ -23,11 +23,18 @@ that syntax explicitly.  None accepted -> :class:`~wsitool.errors.UnsupportedFor
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ...errors import RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
 from ...storage.dicomweb import FRAME_STRIDE, MEDIA_TYPES, DicomWebClient, FrameSource, NotAcceptable
 from .instance import WSI_SOP_CLASS, Instance, instance_from_dataset
+
+if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM slide is opened
+    from pydicom.dataset import Dataset
 
 __all__ = ["NOMINAL", "series_instances", "frames_table", "upload"]
 
@@ -75,7 +82,7 @@ def _uid(item: dict, tag: str) -> str:
     return str(values[0])
 
 
-def _candidates(ds, stored: str | None, available: list[str]) -> list[str]:
+def _candidates(ds: Dataset, stored: str | None, available: list[str]) -> list[str]:
     """Transfer syntaxes to ask the first frame in, best first, without repeats."""
     order = [ts for ts in ([stored] if stored else []) + available if ts in MEDIA_TYPES]
     if str(ds.get("LossyImageCompression", "") or "") == "01":
@@ -90,7 +97,7 @@ def _candidates(ds, stored: str | None, available: list[str]) -> list[str]:
     return list(dict.fromkeys(order))
 
 
-def _negotiate(client: DicomWebClient, sop: str, ds, available: list[str], path: str) -> str:
+def _negotiate(client: DicomWebClient, sop: str, ds: Dataset, available: list[str], path: str) -> str:
     """The transfer syntax the server sends ``sop``'s frames in (its first frame fetched and cached).
 
     Raises:
@@ -124,6 +131,7 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
     """
     import pydicom  # (the DICOM library is imported with the first DICOM slide)
     from pydicom.dataset import FileMetaDataset
+    from pydicom.uid import UID
 
     found = client.instances()
     available = {}
@@ -134,10 +142,12 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
     if not metadata:
         raise RemoteNotFoundError(client.shown, "not found (no instance metadata)")
 
-    def bulk(*args):  # pydicom passes (tag, vr, uri) or (uri,)
+    def bulk(*args: str) -> bytes:  # pydicom passes (tag, vr, uri) or (uri,)
         return client.bulk(args[-1])
 
-    instances, problems, by_path = [], [], {}
+    instances: list[Instance] = []
+    problems: list[str] = []
+    by_path: dict[str, FrameSource] = {}
     for item in metadata:
         if _uid(item, "00080016") != WSI_SOP_CLASS:
             continue
@@ -155,7 +165,7 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
         _decimal_strings(ds)
         syntax = _negotiate(client, sop, ds, available.get(sop, []), path)
         ds.file_meta = FileMetaDataset()
-        ds.file_meta.TransferSyntaxUID = syntax
+        ds.file_meta.TransferSyntaxUID = UID(syntax)
         frames = int(ds.get("NumberOfFrames") or 1)
         size = (frames + 1) * FRAME_STRIDE
         inst = instance_from_dataset(path, ds, size)
@@ -167,12 +177,12 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
     return instances, problems, _Sources(client, by_path)
 
 
-def _ds_text(value) -> str:
+def _ds_text(value: Any) -> str:
     text = repr(float(value))
     return text[:-2] if text.endswith(".0") else text
 
 
-def _decimal_strings(ds) -> None:
+def _decimal_strings(ds: Dataset) -> None:
     """Decimal String values (numbers in DICOM JSON, PS3.18 F.2.3) as the shortest text of
     their number, ``-1`` rather than ``-1.0``: the text a file most often holds, so that
     properties read as from the file (a file's ``0.2500`` still shows as ``0.25``)."""
@@ -188,7 +198,7 @@ def _decimal_strings(ds) -> None:
             continue
 
 
-def upload(base_url: str, files, storage_options: dict | None = None) -> int:
+def upload(base_url: str, files: Iterable[str | os.PathLike[str]], storage_options: dict | None = None) -> int:
     """STOW-RS: store the DICOM files ``files`` (paths) on the DICOMweb service at ``base_url``
     (its root, e.g. ``http://host/dicom-web``) in one request; returns how many were sent.
 

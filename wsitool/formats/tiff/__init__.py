@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import IO, Any, cast
 
 import tifffile
+from tifffile import FILETYPE
 
-from ...errors import CorruptFileError, UnsupportedFormatError, WsiError, raise_if_os_resource
-from ...model import Pyramid, multichannel_level
+from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...model import AssociatedImage, Level, Pyramid, multichannel_level
+from ...oserrors import raise_if_os_resource
 from ...storage import ByteSource, SourceFile
 from . import aperio, ndpi, ndpi_scaled, ome, qptiff
 from .bounded import BoundedFile
@@ -65,7 +68,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tiff = tifffile.TiffFile(fh)
+                tiff = tifffile.TiffFile(cast(IO[bytes], fh))  # (a raw file: tifffile reads, seeks, tells)
                 pages = list(tiff.pages)
         except tifffile.TiffFileError as exc:
             fh.close()
@@ -103,7 +106,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     return pyramid
 
 
-def _candidates(path: str, pages: list) -> list[tuple[tifffile.TiffPage, int]]:
+def _candidates(path: str, pages: list[Any]) -> list[tuple[tifffile.TiffPage, int]]:
     """Every IFD and SubIFD as ``(page, index of its top-level IFD)``."""
     candidates: list[tuple[tifffile.TiffPage, int]] = []
     for i, page in enumerate(pages):
@@ -122,21 +125,54 @@ def _candidates(path: str, pages: list) -> list[tuple[tifffile.TiffPage, int]]:
     return candidates
 
 
-def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list) -> Pyramid:
+def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any]) -> Pyramid:
+    """The pyramid of the parsed TIFF ``tiff`` (its top-level ``pages``): the vendor, then
+    the levels and associated images its rules pick, then the properties."""
     if not pages:
         # TIFF 6.0 section 2 requires at least one IFD; none readable means a
         # truncated file or a first-IFD offset pointing nowhere.
         raise CorruptFileError(f"{path}: no readable image file directory (truncated or corrupt TIFF)")
     first_desc = description(pages[0])
-    vendor = "generic-tiff"
+    vendor = _vendor(tiff, first_desc)
+    associated_pages, pool = _sort_pages(path, source, tiff, pages, vendor)
+    problems: list[str] = []
+    base, levels = _levels(path, source, pool, vendor, problems)
+    vendor_props: dict[str, str] = {}
+    mpp_x, mpp_y, objective = _vendor_metadata(vendor, first_desc, tiff, pages, source, vendor_props)
+    properties = build_properties(vendor, base, levels, vendor_props, (mpp_x, mpp_y), objective)
+    associated = {name: associated_from_page(name, page) for name, page in associated_pages.items()}
+    profile = icc_profile(base)
+    _thumbnail_profile(vendor, associated, profile)
+    _openslide_structure_properties(properties, profile, associated)
+    return Pyramid(vendor=vendor, levels=levels, associated=associated,
+                   properties=with_quickhash(path, tiff, pages, source, properties),  # read on first use
+                   color_profile=profile, problems=problems)
+
+
+def _vendor(tiff: tifffile.TiffFile, first_desc: str) -> str:
+    """The layout whose rules apply: ``"aperio"``, ``"hamamatsu"``, ``"qptiff"``,
+    ``"ome-tiff"`` or ``"generic-tiff"`` (first match, in that order)."""
     if aperio.is_aperio(first_desc):
-        vendor = "aperio"
-    elif ndpi.is_ndpi(tiff):
-        vendor = "hamamatsu"
-    elif qptiff.is_qptiff(first_desc):
-        vendor = "qptiff"
-    elif tiff.is_ome:
-        vendor = "ome-tiff"
+        return "aperio"
+    if ndpi.is_ndpi(tiff):
+        return "hamamatsu"
+    if qptiff.is_qptiff(first_desc):
+        return "qptiff"
+    if tiff.is_ome:
+        return "ome-tiff"
+    return "generic-tiff"
+
+
+def _sort_pages(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
+                vendor: str) -> tuple[dict[str, tifffile.TiffPage], list[tifffile.TiffPage]]:
+    """``(associated images by name, the pages left for the level rule)`` of every IFD and
+    SubIFD, after the checks of each (:func:`.tags.check_page`, NDPI's McuStarts); empty
+    pages, transparency masks and the NDPI focus map are neither.
+
+    Raises:
+        CorruptFileError: a broken IFD, or no level and an image of zero width or height.
+        UnsupportedFormatError: no image usable as a slide level.
+    """
     candidates = _candidates(path, pages)
     associated_pages: dict[str, tifffile.TiffPage] = {}
     pool: list[tifffile.TiffPage] = []
@@ -149,7 +185,7 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         check_page(path, page, top_index)
         if page.imagewidth <= 0 or page.imagelength <= 0:
             continue
-        if int(page.subfiletype) & 4:  # transparency mask
+        if int(page.subfiletype) & FILETYPE.MASK:  # transparency mask
             continue
         if top_index in ome_other:  # a further OME Image (label, macro): never a level
             if page is pages[top_index]:
@@ -166,48 +202,57 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
         if any(p.imagewidth <= 0 or p.imagelength <= 0 for p, _ in candidates):
             raise CorruptFileError(f"{path}: image has zero width or height")
         raise UnsupportedFormatError(f"{path}: no image usable as a slide level")
-    problems: list[str] = []
+    return associated_pages, pool
+
+
+def _levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage], vendor: str,
+            problems: list[str]) -> tuple[tifffile.TiffPage, tuple[Level, ...]]:
+    """``(level 0's page, the levels)`` the level rule (:mod:`.levels`; QPTIFF's channel
+    pages, :func:`_qptiff_levels`) picks from ``pool``, with NDPI's scaled levels."""
     if vendor == "qptiff":
-        base, levels = _qptiff_levels(path, source, pool, problems)
-    else:
-        chosen = choose_levels(pool)
-        base = chosen[0]
-        base_size = (int(base.imagewidth), int(base.imagelength))
-        levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
+        return _qptiff_levels(path, source, pool, problems)
+    chosen = choose_levels(pool)
+    base = chosen[0]
+    base_size = (int(base.imagewidth), int(base.imagelength))
+    levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
     if vendor == "hamamatsu":  # OpenSlide's levels made by scaled JPEG decoding (see .ndpi_scaled)
         levels = ndpi_scaled.with_scaled_levels(levels, base_size)
-    vendor_props: dict[str, str] = {}
-    mpp: tuple = (None, None)
-    objective = None
+    return base, levels
+
+
+def _vendor_metadata(vendor: str, first_desc: str, tiff: tifffile.TiffFile, pages: list[Any],
+                     source: ByteSource, vendor_props: dict[str, str]) -> tuple[float | None, float | None,
+                                                                                float | None]:
+    """``(mpp_x, mpp_y, objective power)`` from the vendor's own metadata (None where it gives
+    none); its own keys go into ``vendor_props``."""
     if vendor == "aperio":
-        *mpp, objective = aperio.description_metadata(first_desc, vendor_props)
-    elif vendor == "hamamatsu":
-        *mpp, objective = ndpi.description_metadata(pages[0], source.read, vendor_props)
-    elif vendor == "ome-tiff":
-        *mpp, objective = ome.ome_metadata(tiff.ome_metadata or "", vendor_props)
-    elif vendor == "qptiff":
-        objective = qptiff.objective_power(first_desc)
-    properties = build_properties(vendor, base, levels, vendor_props, tuple(mpp), objective)
-    associated = {name: associated_from_page(name, page) for name, page in associated_pages.items()}
-    profile = icc_profile(base)
+        return aperio.description_metadata(first_desc, vendor_props)
+    if vendor == "hamamatsu":
+        return ndpi.description_metadata(pages[0], source.read, vendor_props)
+    if vendor == "ome-tiff":
+        return ome.ome_metadata(tiff.ome_metadata or "", vendor_props)
+    if vendor == "qptiff":
+        return None, None, qptiff.objective_power(first_desc)
+    return None, None, None
+
+
+def _thumbnail_profile(vendor: str, associated: dict[str, AssociatedImage], profile: bytes | None) -> None:
+    """Give an Aperio thumbnail without a profile of its own level 0's ``profile``."""
     thumb = associated.get("thumbnail")
     if vendor == "aperio" and thumb is not None and thumb.color_profile is None and profile is not None:
         # An Aperio thumbnail is a reduced copy of the scan and carries no tag of
         # its own; OpenSlide 4 reports level 0's profile for it (checked on a
         # TCGA SVS: the same 3144 bytes), and so does wsitool.
         associated["thumbnail"] = dataclasses.replace(thumb, color_profile=profile)
-    _openslide_structure_properties(properties, profile, associated)
-    properties = with_quickhash(path, tiff, pages, source, properties)  # read on first use
-    return Pyramid(vendor=vendor, levels=levels, associated=associated, properties=properties,
-                   color_profile=profile, problems=problems)
 
 
-def _qptiff_levels(path: str, source: ByteSource, pool: list, problems: list[str]):
+def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage],
+                   problems: list[str]) -> tuple[tifffile.TiffPage, tuple[Level, ...]]:
     """``(level 0's page, levels)`` of a QPTIFF's channel pages (:mod:`.qptiff`): the pages of
     one size, in file order, are the channels of one level, largest size first; a size with
     another page count than level 0 is passed over (reported in ``problems``).  One page of
     a size makes plain single-sample levels, as any TIFF."""
-    groups: dict[tuple[int, int], list] = {}
+    groups: dict[tuple[int, int], list[tifffile.TiffPage]] = {}
     for page in pool:
         groups.setdefault((int(page.imagewidth), int(page.imagelength)), []).append(page)
     sizes = sorted(groups, key=lambda wh: -(wh[0] * wh[1]))
@@ -216,7 +261,7 @@ def _qptiff_levels(path: str, source: ByteSource, pool: list, problems: list[str
     base_size = sizes[0]
     descs = [description(p) for p in groups[sizes[0]]]
     channels = [qptiff.page_channel(d, k, count) for k, d in enumerate(descs)]
-    levels = []
+    levels: list[Level] = []
     for size in sizes:
         pages = groups[size]
         if len(pages) != count:
@@ -237,7 +282,8 @@ def _qptiff_levels(path: str, source: ByteSource, pool: list, problems: list[str
     return base, tuple(levels)
 
 
-def _openslide_structure_properties(props: dict[str, str], profile: bytes | None, associated: dict) -> None:
+def _openslide_structure_properties(props: dict[str, str], profile: bytes | None,
+                                    associated: dict[str, AssociatedImage]) -> None:
     """OpenSlide's structural keys (OpenSlide 4, ``openslide.h``): ``openslide.comment``
     (the ImageDescription), ``openslide.icc-size`` (bytes of level 0's ICC profile),
     ``openslide.associated.<name>.width|height|icc-size``."""

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 
+import tifffile
+from tifffile import FILETYPE
+
 from .properties import positive_float
 from .tags import description
 
@@ -24,7 +27,7 @@ def is_aperio(first_description: str) -> bool:
     return first_description.startswith("Aperio")
 
 
-def associated_name(page, top_index: int) -> str | None:
+def associated_name(page: tifffile.TiffPage, top_index: int) -> str | None:
     """Name of an associated image (``"label"``, ``"macro"``, ``"thumbnail"``,
     ``"associated-N"``) for a stripped IFD of an Aperio slide, or None for a tiled
     one (a pyramid level).  ``top_index`` is the IFD's index in the main chain."""
@@ -36,9 +39,9 @@ def associated_name(page, top_index: int) -> str | None:
     if re.search(r"\bmacro\b", desc):
         return "macro"
     subfile = int(page.subfiletype)
-    if subfile == 9:
+    if subfile == FILETYPE.REDUCEDIMAGE | FILETYPE.MACRO:  # NewSubfileType 9
         return "macro"
-    if subfile == 1 and top_index != 1:
+    if subfile == FILETYPE.REDUCEDIMAGE and top_index != 1:
         return "label"
     if top_index == 1:
         return "thumbnail"
@@ -57,7 +60,8 @@ def description_metadata(desc: str, props: dict[str, str]) -> tuple[float | None
     return mpp, mpp, positive_float(props.get("aperio.AppMag"))
 
 
-def description_text(width: int, height: int, tile: int, kind: str, mpp, mag, software: str,
+def description_text(width: int, height: int, tile: int, kind: str, mpp: float | None,
+                     mag: float | None, software: str,
                      extra: dict[str, object] | None = None) -> str:
     """Level 0's ImageDescription in the Aperio layout: the header line (``Aperio
     Image Library <software>``, CR LF), the size line, then ``|key = value`` fields.

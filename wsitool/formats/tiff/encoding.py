@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import tifffile
+from tifffile import COMPRESSION, PHOTOMETRIC, PLANARCONFIG
 
 from ...bitstream import ADOBE_RGB_MARKER, SOI
 from ...color import icc_bytes
@@ -35,19 +36,19 @@ from .tags import enum_name
 
 __all__ = ["level_from_page", "associated_from_page", "rgb_problem", "JPEG", "LZW", "J2K_COMPRESSIONS"]
 
-JPEG = 7
-LZW = 5
-J2K_COMPRESSIONS = frozenset({33003, 33005, 34712})
-WEBP_COMPRESSIONS = frozenset({34927, 50001})  # tifffile COMPRESSION.WEBP (50001) and the older code
-_PHOTOMETRIC_RGB = 2
-_PHOTOMETRIC_YCBCR = 6
+JPEG = COMPRESSION.JPEG  # 7
+LZW = COMPRESSION.LZW  # 5
+#: Aperio 33003 (YCbCr) and 33005 (RGB), and 34712 (JPEG 2000)
+J2K_COMPRESSIONS = frozenset({COMPRESSION.APERIO_JP2000_YCBC, COMPRESSION.APERIO_JP2000_RGB, COMPRESSION.JPEG2000})
+#: 50001, and 34927, the older code of WebP
+WEBP_COMPRESSIONS = frozenset({COMPRESSION.WEBP_DEPRECATED, COMPRESSION.WEBP})
 
 
-def _extrasamples(page) -> tuple:
+def _extrasamples(page: tifffile.TiffPage) -> tuple[int, ...]:
     return tuple(np.atleast_1d(page.extrasamples).tolist()) if page.extrasamples is not None else ()
 
 
-def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> TileEncoding:
+def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype: np.dtype | None) -> TileEncoding:
     """The :class:`~wsitool.model.TileEncoding` of an IFD's segments (codec policy of the module docstring)."""
     comp = int(page.compression)
     photometric = int(page.photometric)
@@ -57,7 +58,7 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
               else "webp" if comp in WEBP_COMPRESSIONS
               else "lzw" if comp == LZW
               else None)
-    if eight_bit_rgb and ((comp == JPEG and photometric in (_PHOTOMETRIC_RGB, _PHOTOMETRIC_YCBCR))
+    if eight_bit_rgb and ((comp == JPEG and photometric in (PHOTOMETRIC.RGB, PHOTOMETRIC.YCBCR))
                           or comp in J2K_COMPRESSIONS):
         codec = "nv"
     else:
@@ -67,11 +68,11 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
     if scan_segments:
         # NDPI: tifffile cut the level's one JPEG scan into restart intervals and
         # built their header (SOI .. SOS, the SOF sized to one interval)
-        jpeg_prefix = bytes(page.jpegheader)
+        jpeg_prefix = bytes(page.jpegheader or b"")
     elif comp == JPEG:
         tables = page.jpegtables
         prefix = SOI
-        if photometric == _PHOTOMETRIC_RGB and codec == "nv":
+        if photometric == PHOTOMETRIC.RGB and codec == "nv":
             prefix += ADOBE_RGB_MARKER
         if tables and len(tables) > 4:
             prefix += bytes(tables[2:-2])
@@ -82,7 +83,7 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype) -> 
         bits=int(page.bitspersample), stream=stream, codec=codec, jpeg_prefix=jpeg_prefix,
         jpeg_scan_segments=scan_segments,
         # Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform
-        ycbcr_after_decode=comp == 33003,
+        ycbcr_after_decode=comp == COMPRESSION.APERIO_JP2000_YCBC,
         colormap=page.colormap, extrasamples=_extrasamples(page),
         rgb_problem=rgb_problem(page),
         compression_problem=(None if codec == "nv" or comp in tifffile.TIFF.DECOMPRESSORS
@@ -123,7 +124,7 @@ def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.Ti
         )
     if page.imagedepth > 1:
         raise UnsupportedFormatError(f"{path}: level {index}: volumetric TIFF (ImageDepth > 1)")
-    planes = samples if (int(page.planarconfig) == 2 and samples > 1) else 1
+    planes = samples if (int(page.planarconfig) == PLANARCONFIG.SEPARATE and samples > 1) else 1
     offsets = np.ascontiguousarray(page.dataoffsets, dtype=np.uint64)
     bytecounts = np.ascontiguousarray(page.databytecounts, dtype=np.uint64)
     expected = planes * -(-width // tile_width) * -(-height // tile_height)
@@ -142,7 +143,7 @@ def associated_from_page(name: str, page: tifffile.TiffPage) -> AssociatedImage:
     """The :class:`~wsitool.model.AssociatedImage` of a stripped or tiled IFD (label, macro, thumbnail)."""
     samples = int(page.samplesperpixel)
     itemsize = np.dtype(page.dtype).itemsize if page.dtype is not None else 8
-    planar = int(page.planarconfig) == 2 and samples > 1
+    planar = int(page.planarconfig) == PLANARCONFIG.SEPARATE and samples > 1
     dtype = np.dtype(page.dtype) if page.dtype is not None else None
     return AssociatedImage(
         name=name, width=int(page.imagewidth), height=int(page.imagelength), samples=samples,
@@ -169,10 +170,11 @@ def icc_profile(page: tifffile.TiffPage) -> bytes | None:
     return None if tag is None else icc_bytes(tag.value)
 
 
+_INKSET_TAG = 332
 _CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
 
 
-def rgb_problem(page) -> str | None:
+def rgb_problem(page: tifffile.TiffPage) -> str | None:
     """Why the samples of ``page`` cannot be shown as RGB, or None if they can.
 
     wsitool converts to 8-bit RGB (see :func:`wsitool.color.to_rgb8`):
@@ -186,17 +188,17 @@ def rgb_problem(page) -> str | None:
     samples = int(page.samplesperpixel)
     extras = len(np.atleast_1d(page.extrasamples)) if page.extrasamples is not None else 0
     colour = samples - extras
-    if photometric in (0, 1, 3):
+    if photometric in (PHOTOMETRIC.MINISWHITE, PHOTOMETRIC.MINISBLACK, PHOTOMETRIC.PALETTE):
         return None if colour >= 1 else "no colour sample"
-    if photometric == 2:
+    if photometric == PHOTOMETRIC.RGB:
         return None if colour >= 3 else f"photometric RGB with {colour} colour sample(s)"
-    if photometric == 5:
-        inkset = page.tags.valueof(332, _CMYK_INKSET)
+    if photometric == PHOTOMETRIC.SEPARATED:
+        inkset = page.tags.valueof(_INKSET_TAG, _CMYK_INKSET)
         if inkset == _CMYK_INKSET and samples >= 4:
             return None
         return (f"photometric Separated with InkSet {inkset} and {samples} samples is not CMYK; "
                 "no RGB conversion is defined")
-    if photometric == 6 and int(page.compression) in (JPEG, *J2K_COMPRESSIONS) and samples >= 3:
+    if photometric == PHOTOMETRIC.YCBCR and int(page.compression) in (JPEG, *J2K_COMPRESSIONS) and samples >= 3:
         return None
     return f"no RGB conversion for photometric {enum_name(page.photometric)}"
 

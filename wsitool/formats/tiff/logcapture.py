@@ -6,6 +6,7 @@ import contextlib
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["tifffile_messages"]
@@ -14,12 +15,12 @@ __all__ = ["tifffile_messages"]
 class _TifffileCapture(logging.Handler):
     """Routes each tifffile log record to the message list of the thread that emitted it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)  # problems, not tifffile's debug chatter
         self.lists: dict[int, list[str]] = {}  # thread id -> messages (under _capture_lock)
 
     def emit(self, record: logging.LogRecord) -> None:
-        messages = self.lists.get(record.thread)
+        messages = self.lists.get(record.thread) if record.thread is not None else None
         if messages is not None:
             # tifffile prefixes the object that complains: "<tifffile.TiffPages @8> ..."
             messages.append(re.sub(r"^<[^>]*>\s*", "", record.getMessage()))
@@ -35,7 +36,7 @@ _capture_state: dict[str, Any] = {"users": 0, "level": logging.NOTSET, "propagat
 
 
 @contextlib.contextmanager
-def tifffile_messages():
+def tifffile_messages() -> Iterator[list[str]]:
     """Collect, as a list of strings, what tifffile logs from this thread meanwhile.
 
     Whatever logging the application configured, while any thread is inside

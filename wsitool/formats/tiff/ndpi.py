@@ -23,7 +23,11 @@ and tifffile's NDPI support (``TiffFile.is_ndpi``, ``TiffPage.ndpi_tags``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import tifffile
+from tifffile import DATATYPE
 
 from ...errors import CorruptFileError
 from .properties import num_str, positive_float
@@ -36,16 +40,20 @@ Y_OFFSET = 65423
 MCU_STARTS = 65426
 MCU_STARTS_HIGH = 65432
 PROPERTY_MAP = 65449
+STRIP_OFFSETS = 273
+STRIP_BYTE_COUNTS = 279
+#: the tag types a property map of bytes may have (BYTE, ASCII, UNDEFINED)
+_BYTE_TYPES = (DATATYPE.BYTE, DATATYPE.ASCII, DATATYPE.UNDEFINED)
 _MACRO_LENS = -1.0
 _MAP_LENS = -2.0
 
 
-def is_ndpi(tiff) -> bool:
+def is_ndpi(tiff: tifffile.TiffFile) -> bool:
     """True when tifffile recognised the file as an NDPI (tag 65420 in the first IFD)."""
     return bool(tiff.is_ndpi)
 
 
-def source_lens(page) -> float | None:
+def source_lens(page: tifffile.TiffPage) -> float | None:
     """The SourceLens (tag 65421) of an IFD as a float, or None where absent or not a number."""
     try:
         value = float(page.tags.valueof(SOURCE_LENS))
@@ -54,17 +62,18 @@ def source_lens(page) -> float | None:
     return value if np.isfinite(value) else None
 
 
-def associated_name(page) -> str | None:
+def associated_name(page: tifffile.TiffPage) -> str | None:
     """``"macro"`` for the IFD whose SourceLens is -1, else None (a level, or the map)."""
     return "macro" if source_lens(page) == _MACRO_LENS else None
 
 
-def is_map(page) -> bool:
+def is_map(page: tifffile.TiffPage) -> bool:
     """True for the focus map IFD (SourceLens -2): neither a level nor an associated image, as in OpenSlide."""
     return source_lens(page) == _MAP_LENS
 
 
-def description_metadata(first, read, props: dict[str, str]) -> tuple[None, None, float | None]:
+def description_metadata(first: tifffile.TiffPage, read: Callable[[int, int], bytes],
+                         props: dict[str, str]) -> tuple[None, None, float | None]:
     """Add the NDPI properties of the first IFD ``first`` to ``props``; return
     ``(mpp_x, mpp_y, objective power)``.
 
@@ -85,7 +94,7 @@ def description_metadata(first, read, props: dict[str, str]) -> tuple[None, None
         if isinstance(value, (int, np.integer)):
             props[f"hamamatsu.{key}"] = str(int(value))
     tag = first.tags.get(PROPERTY_MAP)
-    if tag is not None and tag.value is not None and int(tag.dtype) in (1, 2, 7):
+    if tag is not None and tag.value is not None and int(tag.dtype) in _BYTE_TYPES:
         count = int(tag.count)
         raw = tag.value.encode("latin-1", "replace") if count <= 4 else read(int(tag.valueoffset), count)
         for line in raw.split(b"\0", 1)[0].decode("latin-1").split("\r\n"):
@@ -95,7 +104,7 @@ def description_metadata(first, read, props: dict[str, str]) -> tuple[None, None
     return None, None, (lens if positive_float(lens) else None)
 
 
-def check_page(path: str, page, file_size: int) -> None:
+def check_page(path: str, page: tifffile.TiffPage, file_size: int) -> None:
     """Refuse an IFD whose McuStarts cannot describe restart intervals of its JPEG stream.
 
     Checked for every IFD that has McuStarts (tag 65426), against the
@@ -113,8 +122,8 @@ def check_page(path: str, page, file_size: int) -> None:
     if starts is None:
         return
     where = f"{path}: NDPI IFD {page.index}"
-    offsets = page.tags.valueof(273)
-    counts = page.tags.valueof(279)
+    offsets = page.tags.valueof(STRIP_OFFSETS)
+    counts = page.tags.valueof(STRIP_BYTE_COUNTS)
     if offsets is None or counts is None or len(np.atleast_1d(offsets)) != 1 or len(np.atleast_1d(counts)) != 1:
         raise CorruptFileError(f"{where}: McuStarts (tag 65426) without exactly one JPEG strip")
     strip_offset = int(np.atleast_1d(offsets)[0])

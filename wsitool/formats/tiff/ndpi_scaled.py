@@ -43,6 +43,7 @@ import dataclasses
 from itertools import pairwise
 
 import numpy as np
+from tifffile import COMPRESSION
 
 from ...model import SCALED_JPEG, Level
 
@@ -87,7 +88,7 @@ def _denoms(lv: Level) -> tuple[int, ...]:
     dividing the tile whose scaled grid keeps ``lv``'s tile columns (same segment
     indices, ``row * tiles_across + col``)."""
     enc = lv.encoding
-    if not (enc.stream == "jpeg" and enc.compression_code == 7 and enc.compression_problem is None
+    if not (enc.stream == "jpeg" and enc.compression_code == COMPRESSION.JPEG and enc.compression_problem is None
             and lv.samples == 3 and lv.dtype == np.uint8 and lv.tiles.planes == 1
             and not enc.extrasamples):
         return ()

@@ -8,6 +8,7 @@ Source: the OME Data Model (openmicroscopy.org/Schemas/OME/2016-06):
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import tifffile
 
@@ -26,7 +27,7 @@ def ome_metadata(xml: str, props: dict[str, str]) -> tuple[float | None, float |
         root = ET.fromstring(xml)
     except ET.ParseError:
         return None, None, None
-    mpp = [None, None]
+    mpp: list[float | None] = [None, None]
     objective = None
     for el in root.iter():
         tag = el.tag.rsplit("}", 1)[-1]
@@ -36,7 +37,7 @@ def ome_metadata(xml: str, props: dict[str, str]) -> tuple[float | None, float |
                 unit = el.get(f"PhysicalSize{axis}Unit", "µm")
                 if v is not None and unit in OME_UNITS_UM:
                     mpp[i] = v * OME_UNITS_UM[unit]
-                    props[f"ome.PhysicalSize{axis}"] = el.get(f"PhysicalSize{axis}")
+                    props[f"ome.PhysicalSize{axis}"] = el.get(f"PhysicalSize{axis}", "")
                     props[f"ome.PhysicalSize{axis}Unit"] = unit
         elif tag == "Objective" and objective is None:
             objective = positive_float(el.get("NominalMagnification"))
@@ -59,7 +60,7 @@ def other_images(tiff: tifffile.TiffFile) -> dict[int, str]:
     if len(series) < 2 or any(s.kind != "ome" for s in series):
         return {}
 
-    def top(page) -> int | None:
+    def top(page: Any) -> int | None:
         idx = getattr(page, "index", None)
         if isinstance(idx, tuple):
             idx = idx[0] if idx else None

@@ -8,9 +8,13 @@ ResolutionUnit centimetre (1e4 / res) or inch (25400 / res) (TIFF 6.0 section 8)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from ...model import level_properties
+import tifffile
+from tifffile import RESUNIT
+
+from ...model import Level, level_properties
 
 __all__ = ["build_properties", "positive_float", "num_str", "resolution_mpp"]
 
@@ -18,7 +22,7 @@ _TAG_PROPERTIES = ("ImageDescription", "Make", "Model", "Software", "DateTime", 
                    "Copyright", "HostComputer", "DocumentName")
 
 
-def build_properties(vendor: str, base, levels, vendor_props: dict[str, str],
+def build_properties(vendor: str, base: tifffile.TiffPage, levels: Sequence[Level], vendor_props: dict[str, str],
                      vendor_mpp: tuple[float | None, float | None],
                      objective: float | None) -> dict[str, str]:
     """The properties mapping of a slide.
@@ -56,7 +60,8 @@ def build_properties(vendor: str, base, levels, vendor_props: dict[str, str],
     return props
 
 
-def positive_float(value) -> float | None:
+def positive_float(value: Any) -> float | None:
+    """``value`` as a finite float above 0, else None."""
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -65,10 +70,13 @@ def positive_float(value) -> float | None:
 
 
 def num_str(v: float) -> str:
+    """``v`` as text: without a fraction where it is whole (``"20"``), else its repr."""
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
-def rational(value) -> float | None:
+def rational(value: Any) -> float | None:
+    """A TIFF RATIONAL ``(numerator, denominator)`` (or one number) as a float; None for
+    a zero denominator or a value that is no positive number."""
     if isinstance(value, tuple) and len(value) == 2:
         num, den = value
         if den == 0:
@@ -77,7 +85,12 @@ def rational(value) -> float | None:
     return positive_float(value)
 
 
-def resolution_mpp(page) -> tuple[Any, Any, str, float, float] | None:
+#: micrometres per ResolutionUnit, and the unit's name (TIFF 6.0 section 8)
+_UM_PER_UNIT: dict[int, float] = {RESUNIT.INCH: 25400.0, RESUNIT.CENTIMETER: 10000.0}
+_UNIT_NAMES: dict[int, str] = {RESUNIT.INCH: "inch", RESUNIT.CENTIMETER: "centimeter"}
+
+
+def resolution_mpp(page: tifffile.TiffPage) -> tuple[Any, Any, str, float, float] | None:
     """(XResolution, YResolution, unit name, mpp_x, mpp_y) from TIFF tags, or None.
 
     TIFF 6.0 section 8: X/YResolution are RATIONALs (pixels per ResolutionUnit);
@@ -87,12 +100,12 @@ def resolution_mpp(page) -> tuple[Any, Any, str, float, float] | None:
     xt, yt, ut = tags.get("XResolution"), tags.get("YResolution"), tags.get("ResolutionUnit")
     if xt is None or yt is None:
         return None
-    unit = int(ut.value) if ut is not None else 2
+    unit = int(ut.value) if ut is not None else RESUNIT.INCH
     x, y = rational(xt.value), rational(yt.value)
     if not x or not y or x <= 0 or y <= 0:
         return None
-    per_unit_um = {2: 25400.0, 3: 10000.0}.get(unit)
+    per_unit_um = _UM_PER_UNIT.get(unit)
     if per_unit_um is None:
         return None
-    name = {2: "inch", 3: "centimeter"}[unit]
+    name = _UNIT_NAMES[unit]
     return xt.value, yt.value, name, per_unit_um / x, per_unit_um / y

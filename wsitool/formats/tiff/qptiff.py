@@ -32,7 +32,7 @@ def is_qptiff(description: str) -> bool:
     return _ROOT in description[:512]
 
 
-def _root(description: str):
+def _root(description: str) -> ET.Element | None:
     """The parsed XML of a page's description, or None when it does not parse."""
     text = re.sub(r"^\s*<\?xml[^>]*\?>", "", description)  # (the declaration says utf-16; the str is decoded)
     try:
@@ -62,7 +62,9 @@ def _rgb(text: str | None) -> tuple[int, int, int] | None:
         rgb = tuple(int(p) for p in parts)
     except ValueError:
         return None
-    return rgb if len(rgb) == 3 and all(0 <= v <= 255 for v in rgb) else None  # type: ignore[return-value]
+    if len(rgb) != 3 or not all(0 <= v <= 255 for v in rgb):
+        return None
+    return rgb[0], rgb[1], rgb[2]
 
 
 def page_channel(description: str, index: int, count: int) -> Channel:

@@ -63,10 +63,14 @@ import hashlib
 import operator
 import struct
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+import tifffile
+from tifffile import DATATYPE
 
-from ...errors import CorruptFileError, raise_if_os_resource
+from ...errors import CorruptFileError
+from ...oserrors import raise_if_os_resource
 from ...storage import ByteSource
 from ..deferred import DeferredProperties
 from ..quickhash import KEY, feed_string
@@ -83,8 +87,8 @@ TEXT_TAGS = (("tiff.ImageDescription", 270), ("tiff.Make", 271), ("tiff.Model", 
              ("tiff.Software", 305), ("tiff.DateTime", 306), ("tiff.Artist", 315),
              ("tiff.HostComputer", 316), ("tiff.Copyright", 33432), ("tiff.DocumentName", 269))
 
-_TEXT_TYPES = (1, 2, 7)  # BYTE, ASCII, UNDEFINED: the types OpenSlide reads as a string
-_ASCII = 2
+_TEXT_TYPES = (DATATYPE.BYTE, DATATYPE.ASCII, DATATYPE.UNDEFINED)  # the types OpenSlide reads as a string
+_ASCII = DATATYPE.ASCII
 _NEW_SUBFILE_TYPE, _XMP, _ARGOS_XML = 254, 700, 65000
 _NDPI_FOCAL_PLANE = 65424
 _TILE_TAGS = (324, 325)   # TileOffsets, TileByteCounts
@@ -150,7 +154,7 @@ class QuickHash:
         return data
 
 
-def with_quickhash(path: str, tiff, pages: list, source: ByteSource,
+def with_quickhash(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
                    properties: dict[str, str]) -> Mapping[str, str]:
     """``properties`` with ``openslide.quickhash-1`` added as a deferred value where
     OpenSlide's rule gives the slide one (see the module docstring); else ``properties``."""
@@ -160,7 +164,7 @@ def with_quickhash(path: str, tiff, pages: list, source: ByteSource,
     return DeferredProperties(properties, {KEY: functools.partial(hashing.digest, source)})
 
 
-def plan(path: str, tiff, pages: list, source: ByteSource) -> QuickHash | None:
+def plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource) -> QuickHash | None:
     """What OpenSlide hashes for the TIFF ``tiff`` (tifffile's, with its top-level ``pages``),
     or None where it hashes nothing (or reads the file as a format wsitool does not follow)."""
     try:
@@ -169,7 +173,7 @@ def plan(path: str, tiff, pages: list, source: ByteSource) -> QuickHash | None:
         return None
 
 
-def _plan(path: str, tiff, pages: list, source: ByteSource) -> QuickHash | None:
+def _plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource) -> QuickHash | None:
     if not pages or not all(hasattr(p, "tags") for p in pages):
         return None
     is_ndpi = bool(tiff.is_ndpi)
@@ -186,7 +190,7 @@ def _plan(path: str, tiff, pages: list, source: ByteSource) -> QuickHash | None:
                      texts=tuple((name, texts.where(first, code)) for name, code in TEXT_TAGS))
 
 
-def _openslide_format(is_ndpi: bool, pages: list, texts: _Texts) -> str | None:
+def _openslide_format(is_ndpi: bool, pages: list[Any], texts: _Texts) -> str | None:
     """The format OpenSlide reads the file as, when it is one whose hash wsitool follows;
     None for the others and for files no format of OpenSlide reads (module docstring, 1)."""
     if is_ndpi:
@@ -212,7 +216,7 @@ def _openslide_format(is_ndpi: bool, pages: list, texts: _Texts) -> str | None:
     return "generic-tiff" if tiled else None
 
 
-def _hashed_page(fmt: str | None, pages: list):
+def _hashed_page(fmt: str | None, pages: list[Any]) -> Any:
     """The IFD whose segments OpenSlide hashes for format ``fmt`` (module docstring, 2), or None."""
     if fmt in ("aperio", "huron", "trestle"):  # their levels are the tiled IFDs, in file order
         tiled = [p for p in pages if _is_tiled(p)]
@@ -237,27 +241,27 @@ def _hashed_page(fmt: str | None, pages: list):
     return None
 
 
-def _tag(page, code: int):
+def _tag(page: Any, code: int) -> Any:
     """The IFD's entry for tag ``code``, the last one where the IFD repeats it (OpenSlide's
     TIFF reader keeps the last; tifffile's ``get`` gives the first), or None."""
     found = page.tags.getall(code)
     return found[-1] if found else None
 
 
-def _is_tiled(page) -> bool:
+def _is_tiled(page: Any) -> bool:
     """TileWidth and TileLength both present with values (OpenSlide's test of a tiled IFD)."""
     tags = page.tags
     width, length = tags.get(322), tags.get(323)
     return width is not None and length is not None and width.count > 0 and length.count > 0
 
 
-def _is_reduced(page) -> bool:
+def _is_reduced(page: Any) -> bool:
     """NewSubfileType present with its reduced-resolution bit (bit 0)."""
     value = page.tags.valueof(_NEW_SUBFILE_TYPE)
     return value is not None and bool(int(value) & 1)
 
 
-def _segments(page, file_size: int) -> tuple[tuple[int, int], ...] | None:
+def _segments(page: Any, file_size: int) -> tuple[tuple[int, int], ...] | None:
     """The IFD's ``(offset, count)`` segments (module docstring, 3), or None where OpenSlide
     hashes none: no or mismatched lists, over :data:`LIMIT`, or a segment outside the file."""
     for tags in (_TILE_TAGS, _STRIP_TAGS):  # (offsets code, counts code)
@@ -284,7 +288,7 @@ def _segments(page, file_size: int) -> tuple[tuple[int, int], ...] | None:
     return segments
 
 
-def _sequence(value) -> tuple | list:
+def _sequence(value: Any) -> tuple[Any, ...] | list[Any]:
     """A tag's value as a sequence (tifffile gives one value of a count-1 tag bare)."""
     if isinstance(value, np.ndarray):
         return value.tolist()
@@ -297,28 +301,29 @@ class _Texts:
     def __init__(self, source: ByteSource, is_ndpi: bool):
         self._source, self._ndpi = source, is_ndpi
 
-    def where(self, page, code: int) -> tuple[int, int] | None:
+    def where(self, page: Any, code: int) -> tuple[int, int] | None:
         """``(offset, count)`` of the tag's value in the file, or None: absent, empty, not a
         text type, or outside the file (OpenSlide then has no string for it)."""
         tag = _tag(page, code)
         if tag is None or int(tag.count) <= 0 or int(tag.dtype) not in _TEXT_TYPES:
             return None
-        offset, count = int(tag.valueoffset), int(tag.count)
+        offset: int | None = int(tag.valueoffset)
+        count = int(tag.count)
         if self._ndpi and int(tag.dtype) == _ASCII and count <= 4:
             offset = self._ndpi_pointer(page, tag)  # tifffile kept it inline; OpenSlide follows it
         if offset is None or offset < 0 or offset + count > self._source.size:
             return None
         return offset, count
 
-    def starts(self, page, code: int, prefix: bytes) -> bool:
+    def starts(self, page: Any, code: int, prefix: bytes) -> bool:
         """True when the tag's text starts with ``prefix`` (OpenSlide's test of a vendor mark)."""
         return self._raw(page, code, prefix, len(prefix)).startswith(prefix)
 
-    def contains(self, page, code: int, needle: bytes, limit: int = 1 << 20) -> bool:
+    def contains(self, page: Any, code: int, needle: bytes, limit: int = 1 << 20) -> bool:
         """True when ``needle`` is in the tag's text (its first ``limit`` bytes)."""
         return needle in self._raw(page, code, needle, limit)
 
-    def _raw(self, page, code: int, mark: bytes, limit: int) -> bytes:
+    def _raw(self, page: Any, code: int, mark: bytes, limit: int) -> bytes:
         """The tag's raw text (up to ``limit`` bytes, cut at a NUL), or ``b""``; read only when
         tifffile's decoded value holds ``mark`` at all (no read for the usual file without it)."""
         tag = _tag(page, code)
@@ -332,7 +337,7 @@ class _Texts:
             return b""
         return self._source.read(where[0], min(where[1], limit)).split(b"\0", 1)[0]
 
-    def _ndpi_pointer(self, page, tag) -> int | None:
+    def _ndpi_pointer(self, page: Any, tag: Any) -> int | None:
         """The offset an NDPI entry's 4-byte value field and its 4-byte high extension (after the
         IFD's next-IFD offset) make together, read from the file."""
         read = self._source.read

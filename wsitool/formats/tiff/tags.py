@@ -9,15 +9,18 @@ the IFD and the tag.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
+import tifffile
 
 from ...errors import CorruptFileError
 
 __all__ = ["MALFORMED", "check_page", "description", "enum_name"]
 
 
-def enum_name(value) -> str:
+def enum_name(value: object) -> str:
+    """The name of a tifffile enum member (``"JPEG"``), or the text of a value it has no member for."""
     return getattr(value, "name", str(value))
 
 
@@ -41,12 +44,13 @@ SCALAR_INT_TAGS = (
 )
 
 
-def is_uint(value, limit: int = 2**63) -> bool:
+def is_uint(value: object, limit: int = 2**63) -> bool:
+    """True for one integer (not a bool) in ``0 .. limit - 1``."""
     return (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
             and 0 <= int(value) < limit)
 
 
-def check_page(path: str, page, ifd: int) -> None:
+def check_page(path: str, page: tifffile.TiffPage, ifd: int) -> None:
     """Refuse an IFD whose structural tags have the wrong type, count or range.
 
     Checked (TIFF 6.0 section 8, TIFF Technical Note 2): the scalar tags of
@@ -83,13 +87,14 @@ def check_page(path: str, page, ifd: int) -> None:
     extras = page.extrasamples
     if extras is not None and not all(is_uint(v) for v in np.atleast_1d(extras).tolist()):
         raise CorruptFileError(f"{where}: tag ExtraSamples does not hold integers")
-    if int(page.photometric) == 3:
+    if int(page.photometric) == tifffile.PHOTOMETRIC.PALETTE:
         cmap = page.colormap
         if not (isinstance(cmap, np.ndarray) and cmap.ndim == 2 and cmap.shape[0] == 3
                 and cmap.shape[1] >= 2 and np.issubdtype(cmap.dtype, np.integer)):
             raise CorruptFileError(f"{where}: palette image without a valid (3, N) ColorMap")
 
 
-def description(page) -> str:
+def description(page: Any) -> str:
+    """The ImageDescription of a tifffile page (``""`` where it has none)."""
     desc = page.description if hasattr(page, "description") else ""
     return desc or ""

@@ -1,0 +1,208 @@
+"""Helpers and constants the test modules import by name (``from helpers import ...``).
+
+pytest puts ``tests/`` on ``sys.path`` (the folder of the top ``conftest.py``), so this module
+is importable from every test folder.  ``conftest.py`` keeps only fixtures and hooks; anything
+a test module imports lives here.
+
+Real slides written by others live in ``../shared/samples`` and the field-fault files in
+``../shared/bug-inputs`` (beside the repository; ``WSITOOL_SHARED`` names another folder).
+They are read from there, never copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared"))
+SHARED_SAMPLES = SHARED / "samples"
+BUG_INPUTS = SHARED / "bug-inputs"
+REPO_SAMPLES = REPO / "samples"
+
+NO_SHARED = f"real slides folder {SHARED_SAMPLES} is absent"
+NO_BUGS = f"bug-inputs folder {BUG_INPUTS} is absent"
+
+
+def script_module(name: str):
+    """``scripts/NAME.py`` imported as a module, loaded once (tests share it)."""
+    import importlib.util
+    import sys
+
+    key = f"wsitool_script_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO / "scripts" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
+#: The shared samples the tests use, with their SHA-256 (scripts/shared_manifest.py writes it).
+SAMPLES_MANIFEST = REPO / "tests" / "shared_samples.json"
+TIFF_SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff")
+_problems: dict[str, str | None] = {}
+
+
+@functools.cache
+def shared_manifest() -> dict[str, dict]:
+    """``name -> {"sha256", "size"}`` of every listed sample in ../shared/samples (a dict, sorted)."""
+    import json
+
+    return json.loads(SAMPLES_MANIFEST.read_text())["samples"]
+
+
+def shared_names(prefix: str = "", suffixes: tuple[str, ...] = ()) -> list[str]:
+    """Names of the listed shared samples starting with ``prefix`` and ending in one of
+    ``suffixes`` (any when empty), sorted.  From the manifest: the same list whether or not
+    ../shared is there, so the tests over them show as skipped, not absent, without it."""
+    return [n for n in shared_manifest()
+            if n.startswith(prefix) and (not suffixes or n.lower().endswith(suffixes))]
+
+
+def sample_problem(name: str) -> str | None:
+    """Why the shared sample ``name`` cannot be used (a skip reason naming it), or None.
+
+    None when ``SHARED_SAMPLES/name`` exists with the size and SHA-256 listed in
+    tests/shared_samples.json (hashed once per process).  Raises ``KeyError`` for a name the
+    manifest does not list (run scripts/shared_manifest.py after adding a sample).
+    """
+    entry = shared_manifest()[name]
+    if name not in _problems:
+        path = SHARED_SAMPLES / name
+        if not SHARED_SAMPLES.is_dir():
+            why = f"real slides folder {SHARED_SAMPLES} is absent (needs {name})"
+        elif not path.exists():
+            why = f"shared sample {name} is missing from {SHARED_SAMPLES}"
+        else:
+            manifest_script = script_module("shared_manifest")
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() \
+                else path.stat().st_size
+            found = manifest_script.digest(path) if size == entry["size"] else {"size": size}
+            why = None if found == entry else (
+                f"shared sample {name} differs from tests/shared_samples.json "
+                f"(size {size} / {entry['size']}, sha256 {found.get('sha256', '?')[:12]} / {entry['sha256'][:12]})")
+        _problems[name] = why
+    return _problems[name]
+
+
+def shared_sample(name: str) -> Path:
+    """Path of a real slide in ../shared/samples; skips the test, naming the sample, if it is
+    absent or differs from tests/shared_samples.json; fails it if the manifest does not list it.
+    ``name`` may name a file inside a folder sample (``"dicom-openslide-boxes/boxes_0.dcm"``):
+    the folder is the sample the manifest lists."""
+    sample = name.split("/", 1)[0]
+    if sample not in shared_manifest():
+        pytest.fail(f"shared sample {sample} is not listed in {SAMPLES_MANIFEST.name} "
+                    "(run scripts/shared_manifest.py)")
+    why = sample_problem(sample)
+    if why:
+        pytest.skip(why)
+    return SHARED_SAMPLES / name
+
+
+def shared_params(names: list[str] | None = None) -> list:
+    """``pytest.param(path, id=name)`` per listed shared sample (all when ``names`` is None):
+    for ``parametrize``; tests/conftest.py skips each case whose sample is absent or differs."""
+    return [pytest.param(SHARED_SAMPLES / n, id=n) for n in (shared_manifest() if names is None else names)]
+
+
+def tiff_samples() -> list[Path]:
+    """The TIFF-based shared samples (not DICOM), from the manifest: present or not (tests over
+    them are skipped by tests/conftest.py where a sample is absent; see :func:`present`)."""
+    return [SHARED_SAMPLES / n for n in shared_names(suffixes=TIFF_SUFFIXES)]
+
+
+def present(paths: list[Path]) -> list[Path]:
+    """The paths of ``paths`` that can be used: repo samples, and shared samples that are present
+    and match the manifest (for tests that loop over samples inside one case)."""
+    return [p for p in paths if p.parent != SHARED_SAMPLES or sample_problem(p.name) is None]
+
+
+#: OpenSlide's pixels of fixed regions of the shared samples (scripts/make_region_hashes.py).
+REGION_HASHES = REPO / "tests" / "region_hashes.json"
+
+
+@functools.cache
+def region_hashes() -> dict:
+    """tests/region_hashes.json: ``samples`` (name -> format, level_dimensions, regions with the
+    SHA-256 of OpenSlide's RGBA bytes), ``rejected`` (names OpenSlide does not open) and
+    ``unread`` (names it opens but cannot read), as recorded with OpenSlide ``openslide``."""
+    import json
+
+    return json.loads(REGION_HASHES.read_text())
+
+
+def openslide_samples(kind: str = "samples", suffixes: tuple[str, ...] = TIFF_SUFFIXES) -> list[Path]:
+    """Paths of the shared samples OpenSlide reads (``kind="samples"``), does not open
+    (``"rejected"``) or opens without reading (``"unread"``), as tests/region_hashes.json records
+    it, ending in one of ``suffixes`` (TIFF by default): the oracle sets of the parity tests,
+    known without opening anything at import."""
+    return [SHARED_SAMPLES / n for n in region_hashes()[kind] if n.lower().endswith(suffixes)]
+
+
+def repo_samples() -> list[Path]:
+    """The slides the project generates itself (scripts/make_samples.py)."""
+    return sorted(REPO_SAMPLES.glob("sample-*"))
+
+
+def random_regions(rng: np.random.Generator, level_w: int, level_h: int, n: int, max_size: int = 600):
+    """``n`` regions ``(xl, yl, w, h)`` in level pixels: inside, straddling the
+    right/bottom edges, and partly outside (negative and beyond)."""
+    out = []
+    for i in range(n):
+        w = int(rng.integers(1, min(max_size, level_w + 64) + 1))
+        h = int(rng.integers(1, min(max_size, level_h + 64) + 1))
+        kind = i % 4
+        if kind == 0:  # inside
+            x = int(rng.integers(0, max(1, level_w - w + 1)))
+            y = int(rng.integers(0, max(1, level_h - h + 1)))
+        elif kind == 1:  # straddles right/bottom edge
+            x = int(rng.integers(max(0, level_w - w), level_w))
+            y = int(rng.integers(max(0, level_h - h), level_h))
+        elif kind == 2:  # partly outside top-left
+            x = int(rng.integers(-w + 1, 1))
+            y = int(rng.integers(-h + 1, 1))
+        else:  # anywhere, possibly wholly outside
+            x = int(rng.integers(-w, level_w + 32))
+            y = int(rng.integers(-h, level_h + 32))
+        out.append((x, y, w, h))
+    return out
+
+
+def with_tile_bytes(src: Path, tmp_path: Path, index: int, mutate, name: str = "mut") -> Path:
+    """A copy of ``src`` (under ``tmp_path``) with tile ``index`` of level 0 rewritten
+    by ``mutate(bytes) -> bytes`` (same length)."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        page = tf.pages[0]
+        off, count = page.dataoffsets[index], page.databytecounts[index]
+    new = mutate(bytes(data[off:off + count]))
+    assert len(new) == count
+    data[off:off + count] = new
+    out = tmp_path / f"{name}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def with_byte_count(src: Path, tmp_path: Path, index: int, count: int, name: str = "count") -> Path:
+    """A copy of ``src`` (under ``tmp_path``) whose TileByteCounts entry ``index`` of
+    level 0 says ``count`` (0: a missing tile; less than the tile: a cut tile;
+    past the end of the file: a truncated one)."""
+    import tifffile
+
+    data = bytearray(src.read_bytes())
+    with tifffile.TiffFile(src) as tf:
+        tag = tf.pages[0].tags["TileByteCounts"]
+        item = {3: 2, 4: 4, 16: 8}[int(tag.dtype)]
+        pos = tag.valueoffset + index * item
+    data[pos:pos + item] = count.to_bytes(item, "little")
+    out = tmp_path / f"{name}-{index}-{src.name}"
+    out.write_bytes(bytes(data))
+    return out
