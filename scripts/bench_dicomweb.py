@@ -103,6 +103,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,8")
     args = ap.parse_args()
     import wsitool
+    from wsitool.slide import pyramid_levels
     from wsitool.storage.dicomweb import DicomWebClient, parse_series_url
 
     servers = _module("dicomweb_servers", REPO / "scripts" / "dicomweb_servers.py")
@@ -137,8 +138,8 @@ def main() -> int:
                 run = {"delay_ms": delay, "threads": threads}
                 # wsitool: a fresh slide per run (cold frame cache), one thread per region read
                 slide = wsitool.open_slide(purl)  # (a fresh frame cache, as wsidicom starts with)
-                syntax = slide.levels[0].source.syntax
-                sop = slide.levels[0].source.sop
+                syntax = pyramid_levels(slide)[0].source.syntax
+                sop = pyramid_levels(slide)[0].source.sop
                 before = proxy.requests
                 run["wsitool_rps"] = round(timed(
                     lambda x, y, slide=slide: slide.read_region((x, y), 0, (args.region, args.region), threads=1),

@@ -156,9 +156,10 @@ def floor_pass(spec: dict):
     import wsitool
     from wsitool.codec import openjpeg
     from wsitool.codec.library import nv
+    from wsitool.slide import pyramid_levels
 
     slide = wsitool.open_slide(spec["slide"])
-    lv = slide.levels[0]
+    lv = pyramid_levels(slide)[0]
     tw, th = lv.tile_width, lv.tile_height
     win = spec["read_size"] or spec["patch"]
     tiles = set()
@@ -275,10 +276,11 @@ def available(tool: str) -> str | None:
 
 def bench_slide(path: str, args, tools: list[str], threads: list[int], resample: bool) -> list[dict]:
     import wsitool
+    from wsitool.slide import pyramid_levels
 
     with wsitool.open_slide(path) as slide:
         width, height = slide.dimensions
-        codec = slide.levels[0].encoding.stream
+        codec = pyramid_levels(slide)[0].encoding.stream
     grids = [("grid", None, args.patch)]
     if resample:
         grids.append(("resampled", 2 * args.patch, 2 * args.patch))
@@ -393,9 +395,10 @@ def main(argv=None) -> int:
     for path in args.slides:
         print(f"{path}:")
         import wsitool
+        from wsitool.slide import pyramid_levels
 
         with wsitool.open_slide(path) as s:
-            codec = s.levels[0].encoding.stream
+            codec = pyramid_levels(s)[0].encoding.stream
         results += bench_slide(path, args, tools, threads, args.resample and codec == "jpeg")
         if args.plan:
             res = run_worker(dict(tool="plan", slide=path), args.timeout)

@@ -130,10 +130,11 @@ def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -
     chunky RGB).  Returns the number of bytes read."""
     import wsitool
     from wsitool.geometry import level_rect, plan_tiles
+    from wsitool.slide import pyramid_levels
 
     total = 0
     with wsitool.open_slide(slide_path) as slide:
-        lv = slide.levels[level]
+        lv = pyramid_levels(slide)[level]
         seen = set()
         for key, locs in regions.items():
             size = size_of[key]
@@ -301,12 +302,13 @@ def floor_worker(spec: dict) -> list[dict]:
     """Whole-tile decode floor: one nvImageCodec CPU decoder, one thread, no placement."""
     import wsitool
     from wsitool.codec.library import nv
+    from wsitool.slide import pyramid_levels
 
     nvimgcodec = nv()
     from wsitool.geometry import level_rect
 
     slide = wsitool.open_slide(spec["slide"])
-    lv = slide.levels[spec["level"]]
+    lv = pyramid_levels(slide)[spec["level"]]
     if lv.decoder != "nvimagecodec":
         return []
     tw, th = lv.tile_width, lv.tile_height
@@ -497,9 +499,10 @@ def interval_count(slide_path: str, level: int, loc, size: int) -> dict:
     import wsitool
     from wsitool.codec.pool import get_pool
     from wsitool.geometry import level_rect, plan_tiles
+    from wsitool.slide import pyramid_levels
 
     with wsitool.open_slide(slide_path) as slide:
-        lv = slide.levels[level]
+        lv = pyramid_levels(slide)[level]
         rx, ry = level_rect(lv, *loc)
         touched = len(plan_tiles(lv, rx, ry, size, size)[1])
         slide.read_region(loc, level, (8, 8), mode="rgb", threads=1)  # decoders made
@@ -652,9 +655,10 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(REPO))
     import wsitool
+    from wsitool.slide import pyramid_levels
 
     with wsitool.open_slide(args.slide) as slide:
-        lv = slide.levels[args.level]
+        lv = pyramid_levels(slide)[args.level]
         lw, lh, ds = lv.width, lv.height, lv.downsample
         j2k = lv.encoding.stream == "j2k"
         ndpi = bool(getattr(lv.encoding, "jpeg_scan_segments", False))

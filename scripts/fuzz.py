@@ -92,6 +92,7 @@ def exercise(path: str, seed: int) -> dict:
     import numpy as np
 
     import wsitool
+    from wsitool.slide import pyramid_levels
 
     rng = random.Random(seed)
     documented: list[str] = []
@@ -123,7 +124,7 @@ def exercise(path: str, seed: int) -> dict:
                     img = guarded(lambda name=name: slide.associated_images[name])
                     if img is not None:
                         assert img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8, img.shape
-                for lv in slide.levels[:8]:
+                for lv in pyramid_levels(slide)[:8]:
                     where = f"level {lv.index}"
                     ds = lv.downsample
                     for _ in range(3):

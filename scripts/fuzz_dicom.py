@@ -41,11 +41,12 @@ CHILD = r"""
 import sys, warnings
 warnings.simplefilter("ignore")
 import wsitool
+from wsitool.slide import pyramid_levels
 from wsitool.errors import WsiError
 path = sys.argv[1]
 try:
     with wsitool.open_slide(path) as s:
-        for lv in s.levels:
+        for lv in pyramid_levels(s):
             for (x, y, w, h) in ((0, 0, 300, 300), (lv.width - 50, lv.height - 50, 100, 100)):
                 try:
                     s.read_region((int(x * lv.downsample), int(y * lv.downsample)), lv.index,

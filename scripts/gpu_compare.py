@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's w
 
 import wsitool
 from wsitool.errors import WsiError
+from wsitool.slide import pyramid_levels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +112,7 @@ def compare_slide(path: Path, device: str, n: int, seed: int) -> dict:
            "alpha_equal": True}
     total_pixels, total_sum = 0, 0.0
     with wsitool.open_slide(path) as s:
-        for lv in s.levels:
+        for lv in pyramid_levels(s):
             cls = codec_class(lv.compression, lv.decoder)
             lrec = {"level": lv.index, "compression": lv.compression, "class": cls, "max": 0, "mean": 0.0}
             lpix, lsum = 0, 0.0
@@ -146,7 +147,7 @@ def bench(path: Path, device: str, sizes: list[int], count: int, seed: int) -> l
     """Megapixels/s of RGB reads of ``count`` random level-0 regions per size, CPU vs ``device``."""
     rows = []
     with wsitool.open_slide(path) as s:
-        lv = s.levels[0]
+        lv = pyramid_levels(s)[0]
         for size in sizes:
             rng = np.random.default_rng(seed + size)
             n = max(2, min(count, int(64e6 // (size * size))))

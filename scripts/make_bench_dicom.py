@@ -27,6 +27,7 @@ from pydicom.sequence import Sequence
 from pydicom.uid import JPEGBaseline8Bit, generate_uid
 
 import wsitool
+from wsitool.slide import pyramid_levels
 
 WSI = "1.2.840.10008.5.1.4.1.1.77.1.6"
 
@@ -80,7 +81,7 @@ def main() -> int:
     t = time.perf_counter()
     with wsitool.open_slide(src) as slide, open(src, "rb") as fp:
         mpp = slide.mpp_x
-        for lv in slide.levels:
+        for lv in pyramid_levels(slide):
             prefix = lv.encoding.jpeg_prefix
             n = lv.tiles_across * lv.tiles_down
             frames = []

@@ -42,6 +42,7 @@ from wsitool.export import export_pyramid, pyramid_dimensions
 from wsitool.export.downsample import PyramidBuilder
 from wsitool.export.encode import TileCodec, encoded_tiles
 from wsitool.export.source import StripSource
+from wsitool.slide import pyramid_levels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     slide = wsitool.open_slide(args.slide)
-    lv = slide.levels[0]
+    lv = pyramid_levels(slide)[0]
     x, y, w, h = args.region or (0, 0, lv.width, lv.height)
     T, n = args.tile_size, args.threads
     bg = np.array([255, 255, 255], np.uint8)

@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     from wsitool.codec import jpegloop as native
     from wsitool.codec.library import nv
     from wsitool.settings import decode_paths
+    from wsitool.slide import pyramid_levels
 
     nvimgcodec = nv()
     from wsitool.geometry import plan_tiles
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     if not Path(args.slide).is_file():
         ap.error(f"{args.slide}: no such file")
     slide = wsitool.open_slide(args.slide)
-    lv = slide.levels[0]
+    lv = pyramid_levels(slide)[0]
     if lv.decoder != "nvimagecodec":
         print(f"{args.slide}: level 0 is not decoded by nvImageCodec ({lv.compression})")
         return 2

@@ -223,6 +223,7 @@ def drive_jpegloop(calls: int) -> str:
     import wsitool
     from wsitool.codec import jpegloop
     from wsitool.settings import decode_paths
+    from wsitool.slide import pyramid_levels
 
     taken = {"runs": 0}
     run = jpegloop.RegionJobs.run
@@ -240,10 +241,10 @@ def drive_jpegloop(calls: int) -> str:
             if not status.startswith("in use"):
                 _fail(f"jpegloop: the compiled loop is {status}")
             plans = _plans(calls)
-            per_level = [_regions(lv, calls, 11 + n, True) for n, lv in enumerate(slide.levels)]
+            per_level = [_regions(lv, calls, 11 + n, True) for n, lv in enumerate(pyramid_levels(slide))]
             for i in range(calls):
-                n = i % len(slide.levels)
-                lv = slide.levels[n]
+                n = i % len(pyramid_levels(slide))
+                lv = pyramid_levels(slide)[n]
                 rx, ry, w, h = per_level[n][i]
                 x, y = round(rx * lv.downsample), round(ry * lv.downsample)
                 buf = np.empty((h, w, 3), np.uint8)
@@ -273,6 +274,7 @@ def drive_openjpeg(calls: int) -> str:
     from wsitool.codec.pool import get_pool
     from wsitool.read.reduced import uses_wavelet
     from wsitool.settings import decode_paths
+    from wsitool.slide import pyramid_levels
 
     if not openjpeg.available():
         _fail("openjpeg: libopenjp2 was not found")
@@ -283,12 +285,12 @@ def drive_openjpeg(calls: int) -> str:
     try:
         with decode_paths(openjpeg=True, roi_decode=True):
             plans = _plans(calls)
-            regions = [_regions(lv, calls, 23 + n, False) for n, lv in enumerate(slide.levels)]
+            regions = [_regions(lv, calls, 23 + n, False) for n, lv in enumerate(pyramid_levels(slide))]
             for i in range(calls):
                 # every fourth read is at half scale: the tiles decoded at a reduced resolution
                 k = 2 if i % 4 == 3 else 1
-                n = (i // 2) % len(slide.levels)
-                lv = slide.levels[n]
+                n = (i // 2) % len(pyramid_levels(slide))
+                lv = pyramid_levels(slide)[n]
                 if k > 1 and not uses_wavelet(lv, k):
                     _fail(f"openjpeg: level {n} is not read at 1/{k} "
                                      "through the wavelet")
