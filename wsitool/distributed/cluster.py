@@ -72,7 +72,11 @@ class ClientHandle:
                 with dask.config.set({"temporary-directory": self._scratch}):
                     self.cluster = distributed.LocalCluster(
                         n_workers=n, threads_per_worker=1, processes=True,
-                        dashboard_address=":0", silence_logs=logging.ERROR,
+                        # CRITICAL: a worker's ERROR lines are noise here (a task's failure comes
+                        # back through its future and gets wsitool's one line); on a busy machine a
+                        # worker stopped with the cluster (Ctrl-C, SIGTERM) logged a heartbeat
+                        # traceback to the terminal
+                        dashboard_address=":0", silence_logs=logging.CRITICAL,
                         local_directory=self._scratch,
                     )
                 self.client = distributed.Client(self.cluster)
