@@ -7,7 +7,19 @@
 #   default-jre-headless   Bio-Formats reads the exports (tests/export/test_export_bioformats.py)
 #   chromium, chromium-driver   the viewer page in a headless browser (tests/serve/test_viewer_browser.py)
 #   orthanc, orthanc-dicomweb   a DICOMweb archive (tests/remote/test_dicomweb*.py)
+# and, from npm where node and npm are there, Azurite (Microsoft's Azure Blob Storage emulator) for the
+# az:// tests (tests/remote/test_remote_gcs_azure.py) into ~/.cache/wsitool-test/azurite, outside the
+# repository (WSITOOL_AZURITE_DIR overrides the folder).
 set -u
+AZURITE_DIR="${WSITOOL_AZURITE_DIR:-$HOME/.cache/wsitool-test/azurite}"
+if [ ! -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ]; then
+    if command -v npm >/dev/null 2>&1; then
+        { mkdir -p "$AZURITE_DIR" && (cd "$AZURITE_DIR" && timeout 300 npm install --no-audit --no-fund --silent azurite@3); } \
+            >/dev/null 2>&1 || echo "install_test_servers: npm could not install azurite; the az:// emulator tests will skip" >&2
+    else
+        echo "install_test_servers: no npm; the az:// emulator tests will skip" >&2
+    fi
+fi
 PACKAGES="nginx-light default-jre-headless chromium chromium-driver orthanc orthanc-dicomweb"
 missing=""
 for p in $PACKAGES; do

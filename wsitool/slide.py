@@ -36,7 +36,7 @@ from .codec import library as nvlib
 from .codec.associated import decode_associated
 from .deepzoom import best_level_for_downsample
 from .errors import InvalidOptionError, InvalidRegionError, SlideWarning, WsiError
-from .formats import open_dicomweb, open_folder, open_pyramid
+from .formats import open_dicomweb, open_folder, open_prefix, open_pyramid
 from .literals import Chunks, Color, CupyArray, Device, Mode, OnError
 from .model import AssociatedImage
 from .read import lazy
@@ -47,6 +47,7 @@ from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.region import read_pyramid_region
 from .storage import ByteSource, is_url, open_source, redact
 from .storage.dicomweb import parse_series_url
+from .storage.prefix import is_prefix_url
 
 if TYPE_CHECKING:
     import dask.array
@@ -242,6 +243,10 @@ class Slide:
             # a DICOMweb series: the format fetches metadata and frames (frame sources of its own)
             self._source = None
             return open_dicomweb(series, storage_options)
+        if remote and is_prefix_url(self._location):
+            # a bucket prefix holding a DICOM series: the format opens a source per object
+            self._source = None
+            return open_prefix(self._location, storage_options)
         if not remote and os.path.isdir(self.path):
             if storage_options:
                 raise WsiError(f"{self.path}: storage options apply to URLs only")
@@ -724,7 +729,26 @@ def _open_for_tasks(location: str, storage_options: dict[str, Any] | None) -> tu
     source: Any = slide._source
     if source is not None and getattr(source, "remote", False):
         return slide, source.identity()
+    if is_url(location):  # a slide of several remote objects (a bucket prefix): theirs together
+        return slide, _objects_identity(slide)
     return slide, lazy.file_stamp(_open_for_tasks, location)
+
+
+def _objects_identity(slide: Slide) -> tuple:
+    """``(url, total size, digest of the objects' identities)`` of a slide read from several
+    remote objects (a DICOM series under a bucket prefix): one version of all of them."""
+    import hashlib
+
+    found: dict[int, tuple] = {}
+    levels = [p for lv in slide._levels for p in (lv.planes or (lv,))]
+    sources = [lv.source for lv in levels] + [im.source for im in slide._pyramid_open().associated.values()]
+    for src in sources:
+        for part in getattr(src, "parts", (src,)):
+            if hasattr(part, "identity"):
+                found[id(part)] = part.identity()
+    ids = sorted(found.values())
+    digest = hashlib.sha256(repr(ids).encode()).hexdigest()[:32]
+    return (slide.path, sum(int(i[1]) for i in ids), digest)
 
 
 def cached_slide(path: str | os.PathLike[str], stamp: Sequence[Any] | None = None,

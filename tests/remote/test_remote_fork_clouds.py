@@ -92,17 +92,51 @@ def test_gcs_options_translate():
     assert config == {"google_service_account_key": "{}"} and client == {"allow_http": True}
 
 
+def test_gcs_emulator_endpoints(monkeypatch):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    config, client = store_config("gs", {"endpoint_url": "http://127.0.0.1:9", "token": "anon"})  # gcsfs names
+    assert config == {"google_base_url": "http://127.0.0.1:9", "skip_signature": True}
+    assert client["allow_http"] is True
+    config, client = store_config("gs", {"base_url": "https://gcs.example"})
+    assert config == {"base_url": "https://gcs.example"} and "allow_http" not in client
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:4443")  # Google's clients' variable
+    config, client = store_config("gs", {})
+    assert config == {"google_base_url": "http://localhost:4443", "skip_signature": True}
+    assert client["allow_http"] is True
+    config, _ = store_config("gs", {"endpoint_url": "https://other:1"})  # an option wins over the variable
+    assert config == {"google_base_url": "https://other:1"}
+
+
+def test_azure_endpoint_and_connection_string_variable(monkeypatch):
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    config, client = store_config("az", {"azure_endpoint": "http://127.0.0.1:9/devstoreaccount1"})
+    assert client["allow_http"] is True  # a plain-HTTP endpoint (Azurite) needs it
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountName=a;AccountKey=k;BlobEndpoint=http://h:1/a")
+    config, client = store_config("az", {})
+    assert config == {"azure_storage_account_name": "a", "azure_storage_account_key": "k",
+                      "azure_endpoint": "http://h:1/a"} and client["allow_http"] is True
+    config, _ = store_config("az", {"account_name": "b", "account_key": "k2"})  # options win
+    assert config == {"azure_storage_account_name": "b", "azure_storage_account_key": "k2"}
+
+
 def test_azure_options_translate():
     config, _ = store_config("az", {"account_name": "acct", "account_key": "k", "sas_token": "sv=1&sig=2"})
     assert config == {"azure_storage_account_name": "acct", "azure_storage_account_key": "k",
                       "azure_storage_sas_key": "sv=1&sig=2"}
     config, client = store_config("az", {"use_emulator": True})  # Azurite
     assert config == {"use_emulator": True} and client["allow_http"] is True
-    with pytest.raises(WsiError, match="connection_string"):
-        store_config("az", {"connection_string": "DefaultEndpointsProtocol=https;..."})
+    config, _ = store_config("az", {"connection_string": "DefaultEndpointsProtocol=https;AccountName=acct;"
+                                                         "AccountKey=k;EndpointSuffix=core.chinacloudapi.cn"})
+    assert config == {"azure_storage_account_name": "acct", "azure_storage_account_key": "k",
+                      "azure_endpoint": "https://acct.blob.core.chinacloudapi.cn"}
+    config, client = store_config("az", {"connection_string": "UseDevelopmentStorage=true"})
+    assert config == {"use_emulator": True} and client["allow_http"] is True
+    for bad in ("DefaultEndpointsProtocol=https;...", "Protocol=https"):
+        with pytest.raises(WsiError, match="connection_string"):
+            store_config("az", {"connection_string": bad})
 
 
-@pytest.mark.parametrize("protocol,key", [("gs", "endpoint_url"), ("az", "key"), ("gs", "account_key"),
+@pytest.mark.parametrize("protocol,key", [("gs", "sas_token"), ("az", "key"), ("gs", "account_key"),
                                           ("az", "nonsense")])
 def test_an_option_of_another_store_is_refused(protocol, key):
     with pytest.raises(WsiError, match=f"storage option {key}: not an option for {protocol}://"):

@@ -7,19 +7,20 @@ package is imported when the command runs.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from .console import fail, handle_errors
+from .console import STORAGE_OPTION_HELP, fail, handle_errors, storage_options
 from .group import app
 
 
 @app.command("serve")
 @handle_errors
 def serve_cmd(
-    sources: list[Path] = typer.Argument(..., help="Slide files and folders of slides."),
+    sources: list[str] = typer.Argument(..., help="Slide files, folders of slides, slide URLs "
+                                                   "(https://, s3://, gs://, az://) and object-store "
+                                                   "prefixes ending in / (s3://bucket/cases/)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: loopback only)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     threads: int | None = typer.Option(None, "--threads", min=1,
@@ -36,6 +37,8 @@ def serve_cmd(
     follow_links: bool = typer.Option(False, "--follow-links",
                                       help="Serve slides that symbolic links in the folders lead to, even "
                                            "outside them (default: skipped, and counted at start)."),
+    storage_option: list[str] | None = typer.Option(None, "--storage-option", metavar="KEY=VALUE",
+                                                    help=STORAGE_OPTION_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
     debug: bool = typer.Option(False, "--debug", help="Log every request (debug level)."),
 ) -> None:
@@ -44,6 +47,8 @@ def serve_cmd(
     Routes: /iiif/3/{id}/info.json, /iiif/3/{id}/{region}/{size}/{rotation}/{quality}.{format},
     /dz/{id}.dzi, /dz/{id}_files/{level}/{col}_{row}.jpeg, /view/{id}, /status.  Stops
     cleanly on SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129); a port in use is exit 9.
+    A slide URL serves that slide; an s3://, gs:// or az:// URL ending in / serves the slides
+    under that prefix.  A URL not found is exit 9, access denied 16, a server failing 17.
     Needs the 'serve' extra.
     """
     try:  # the optional web stack
@@ -58,6 +63,9 @@ def serve_cmd(
                    follow_links=follow_links)
     if threads is not None:
         options["threads"] = threads
+    remote_options = storage_options(storage_option)
+    if remote_options:
+        options["storage_options"] = remote_options
     config = ServeConfig(**options)
     code = serve(sources, config=config, host=host, port=port, quiet=quiet, debug=debug, workers=workers)
     if code:

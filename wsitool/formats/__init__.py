@@ -17,10 +17,11 @@ from ..errors import UnsupportedFormatError
 from ..model import Pyramid
 from ..storage import ByteSource
 from ..storage.dicomweb import SeriesUrl
+from ..storage.prefix import Prefix
 from . import dicom, tiff
 from .contract import FolderFormat, Format
 
-__all__ = ["FORMATS", "Format", "FolderFormat", "open_pyramid", "open_folder", "open_dicomweb"]
+__all__ = ["FORMATS", "Format", "FolderFormat", "open_pyramid", "open_folder", "open_dicomweb", "open_prefix"]
 
 #: The formats tried, in order (each module checked against :class:`Format` by mypy).
 FORMATS: tuple[Format, ...] = (tiff, dicom)
@@ -53,6 +54,33 @@ def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyrami
     """The pyramid of a DICOMweb series (``url``: a :class:`~wsitool.storage.dicomweb.SeriesUrl`);
     see :func:`wsitool.formats.dicom.open_dicomweb` for what it raises."""
     return dicom.open_dicomweb(url, storage_options)
+
+
+def open_prefix(url: str, storage_options: dict | None = None) -> Pyramid:
+    """The pyramid of the DICOM series stored directly under the bucket prefix ``url``
+    (``s3://bucket/series/``, ``gs://``, ``az://``; ending in ``/``), read like a series
+    folder (:func:`wsitool.formats.dicom.open_prefix`).
+
+    Raises:
+        UnsupportedFormatError: no DICOM object directly under the prefix (the message
+            names the prefix and what was listed), several series, more keys than
+            :data:`~wsitool.storage.prefix.MAX_OBJECTS`.
+        CorruptFileError: the series is broken.
+        RemoteNotFoundError: no such bucket.  RemoteAccessError: access denied.
+        RemoteUnavailableError: the store kept failing.
+        WsiError: a bad storage option, or obstore not installed.
+    """
+    prefix = Prefix(url, storage_options)
+    try:
+        pyramid = dicom.open_prefix(prefix)
+        if pyramid is None:
+            raise UnsupportedFormatError(
+                f"{prefix.shown}: no DICOM object directly under the prefix ({prefix.listed} "
+                f"object(s) there, {prefix.deeper} under deeper prefixes): a prefix must hold the "
+                "files of one DICOM whole-slide image series")
+        return pyramid
+    finally:
+        prefix.close()
 
 
 def open_folder(path: str) -> Pyramid:

@@ -41,6 +41,8 @@ class ServeConfig:
             (pyramids store downsamples such as 4.002 for a nominal 4).
         follow_links: serve slides that symbolic links in the folders lead to,
             even outside them (``--follow-links``; see :mod:`.registry`).
+        storage_options: for slide URLs and object-store prefixes only: what
+            :func:`wsitool.open_slide` takes (``--storage-option KEY=VALUE``); None: none.
     """
 
     threads: int = dataclasses.field(default_factory=lambda: max(1, os.cpu_count() or 1))
@@ -57,6 +59,7 @@ class ServeConfig:
     max_height: int | None = None
     level_tolerance: float = 0.01
     follow_links: bool = False
+    storage_options: dict | None = dataclasses.field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         """Check the options.

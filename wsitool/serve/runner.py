@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InvalidOptionError, UnsupportedFormatError
+from ..errors import InvalidOptionError, UnsupportedFormatError, WsiError
+from ..storage import is_url
 from .app import ServerState, create_app
 from .config import ServeConfig
 from .registry import SlideRegistry
@@ -42,7 +43,10 @@ from .registry import SlideRegistry
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["serve", "build_state", "tune_malloc", "bind"]
+    from ..read.cache import TileCache
+    from ..slide import Slide
+
+__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind"]
 
 log = logging.getLogger("wsitool.serve")
 
@@ -150,19 +154,39 @@ def links_note(links: list[str], shown: int = 3) -> str:
             f"the folders given ({names}): give --follow-links to serve what they lead to")
 
 
+def open_registry(sources: Iterable[str | os.PathLike], config: ServeConfig,
+                  cache: TileCache | None = None) -> SlideRegistry:
+    """The :class:`SlideRegistry` of ``sources`` (files, folders, slide URLs, object-store prefixes).
+
+    Slides open with ``cache``; URLs with ``config.storage_options``.
+
+    Raises:
+        FileNotFoundError: a source does not exist (a URL: RemoteNotFoundError).
+        RemoteAccessError, RemoteUnavailableError, InvalidOptionError, WsiError: see
+            :class:`SlideRegistry`.
+    """
+    from ..slide import open_slide
+
+    options = config.storage_options
+
+    def opener(location: str) -> Slide:
+        return open_slide(location, cache=cache, storage_options=options if is_url(location) else None)
+
+    return SlideRegistry(sources, opener, follow_links=config.follow_links, storage_options=options)
+
+
 def build_state(sources: Iterable[str | os.PathLike], config: ServeConfig) -> ServerState:
-    """Open the slides of ``sources`` (files and folders) with one shared cache.
+    """Open the slides of ``sources`` (files, folders, slide URLs, object-store prefixes) with one shared cache.
 
     Raises:
         FileNotFoundError: a source (or ``--viewer-js`` file) does not exist.
+        RemoteAccessError, RemoteUnavailableError, InvalidOptionError, WsiError: a URL (see
+            :class:`SlideRegistry`).
     """
     from ..read.cache import TileCache
-    from ..slide import open_slide
 
     cache = TileCache(config.cache_mb << 20) if config.cache_mb > 0 else None
-    registry = SlideRegistry(sources, lambda path: open_slide(path, cache=cache),
-                             follow_links=config.follow_links)
-    return ServerState(registry, config, cache)
+    return ServerState(open_registry(sources, config, cache), config, cache)
 
 
 def serve(sources: Iterable[str | os.PathLike], *, config: ServeConfig, host: str = "127.0.0.1",
@@ -256,14 +280,7 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
     """Fork ``workers`` processes serving on ``sockets`` with a share of the budget each; wait."""
     import dataclasses
 
-    from ..slide import open_slide
-
-    registry = SlideRegistry(sources, open_slide, follow_links=config.follow_links)
-    try:
-        _check(registry)  # once, in the parent: the workers open the same slides quietly
-        count = len(registry)
-    finally:
-        registry.close()
+    count = _checked_count(sources, config)  # once, before the workers: they open the same slides quietly
     share = dataclasses.replace(config, cache_mb=config.cache_mb // workers,
                                 threads=max(1, config.threads // workers))
     children = []
@@ -308,6 +325,62 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
     if signalled:
         return 128 + int(signalled[0])
     return max((c for c in codes if c > 0), default=0)
+
+
+#: URL schemes read through obstore, whose runtime does not survive a fork once started
+_OBJECT_STORES = ("s3", "gs", "gcs", "az", "azure", "abfs", "abfss")
+
+
+def _checked_count(sources: Iterable[str | os.PathLike], config: ServeConfig) -> int:
+    """Open the slides once, log what is left out (:func:`_check`) and return how many are served.
+
+    Where an object-store URL is among ``sources`` this runs in a child process:
+    obstore's runtime, once started, does not work in processes forked after it
+    (they hang), so the parent of the workers must never start it.  The child's
+    result, or the exception it raised, comes back through a pipe.
+
+    Raises:
+        whatever :func:`open_registry` or :func:`_check` raise.
+    """
+    def count() -> int:
+        registry = open_registry(sources, config)
+        try:
+            _check(registry)
+            return len(registry)
+        finally:
+            registry.close()
+
+    if not any(is_url(s) and str(s).split("://", 1)[0].lower() in _OBJECT_STORES for s in sources):
+        return count()
+    import pickle
+
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: its result or its error through the pipe, then out
+        os.close(read_end)
+        try:
+            result: tuple[bool, Any] = (True, count())
+        except BaseException as exc:
+            result = (False, exc)
+        try:
+            payload = pickle.dumps(result)
+        except Exception:  # an exception that does not pickle: its class name and text
+            payload = pickle.dumps((False, WsiError(f"{type(result[1]).__name__}: {result[1]}")))
+        with os.fdopen(write_end, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as into:
+        payload = into.read()
+    os.waitpid(pid, 0)
+    if not payload:
+        raise WsiError("the start-up check of the slides ended without a result")
+    ok, value = pickle.loads(payload)  # from our own child
+    if not ok:
+        raise value
+    return int(value)
 
 
 def _exit_with_parent() -> None:

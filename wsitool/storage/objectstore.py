@@ -23,22 +23,37 @@ fsspec / tiffslide name     meaning
 ``account_name``,           Azure storage account and key, SAS token
 ``account_key``,
 ``sas_token``
-``token`` (gs://)           a service-account JSON file path
+``connection_string``       an Azure connection string (``AccountName``,
+                            ``AccountKey``, ``BlobEndpoint``,
+                            ``SharedAccessSignature``, or
+                            ``UseDevelopmentStorage=true``)
+``token`` (gs://)           a service-account JSON file path, or ``"anon"``
+``endpoint_url`` (gs://)    the GCS endpoint (an emulator's URL)
 ==========================  =====================================================
+
+Emulators and other endpoints: for S3 ``AWS_ENDPOINT_URL`` (or ``endpoint_url``); for
+GCS ``STORAGE_EMULATOR_HOST`` (the variable Google's clients read) or ``endpoint_url`` /
+``google_base_url``; for Azure ``azure_endpoint`` (``http://host:port/account`` for
+Azurite) with the account's name and key, a connection string (the option or
+``AZURE_STORAGE_CONNECTION_STRING``), or ``use_emulator`` (Azurite at
+``AZURITE_BLOB_STORAGE_URL``, default ``http://127.0.0.1:10000``). An ``http://``
+endpoint turns on plain HTTP.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
 import types
 import urllib.parse
 from typing import Any
 
-from ..errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, WsiError
-from .remote import Response, Transient, Transport
+from ..errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, RemoteUnavailableError, WsiError
+from .remote import RemoteOptions, Response, Transient, Transport
+from .urls import redact
 
-__all__ = ["ObjectStoreTransport", "store_config"]
+__all__ = ["ObjectStoreTransport", "store_config", "list_objects"]
 
 #: scheme as given -> (obstore's scheme, protocol name)
 _SCHEMES = {"s3": ("s3", "s3"), "gs": ("gs", "gs"), "gcs": ("gs", "gs"),
@@ -50,16 +65,22 @@ _AWS: dict[str, str | None] = {
 _AZURE: dict[str, str | None] = {
     "account_name": "azure_storage_account_name", "account_key": "azure_storage_account_key",
     "sas_token": "azure_storage_sas_key", "connection_string": None}
-_GCS: dict[str, str | None] = {"token": "google_service_account"}
+_GCS: dict[str, str | None] = {"token": "google_service_account", "endpoint_url": "google_base_url"}
 #: obstore's own keys each protocol takes: a prefix, and the short names
 _NATIVE_PREFIX = {"s3": ("aws_",), "gs": ("google_",), "az": ("azure_",)}
 _NATIVE_KEYS = {
     "s3": ("endpoint", "region", "access_key_id", "secret_access_key", "session_token",
            "virtual_hosted_style_request", "bucket", "bucket_name"),
-    "gs": ("service_account", "service_account_key", "bucket", "bucket_name"),
-    "az": ("account_name", "account_key", "sas_key", "use_emulator", "use_fabric_endpoint",
+    "gs": ("service_account", "service_account_key", "base_url", "bearer_token", "application_credentials",
+           "bucket", "bucket_name"),
+    "az": ("account_name", "account_key", "sas_key", "use_emulator", "use_fabric_endpoint", "endpoint",
            "container_name"),
 }
+#: connection-string field -> obstore key (Azure)
+_AZURE_CONN = {"accountname": "azure_storage_account_name", "accountkey": "azure_storage_account_key",
+               "blobendpoint": "azure_endpoint", "sharedaccesssignature": "azure_storage_sas_key"}
+#: the configuration keys that name an endpoint (plain http:// ones need allow_http)
+_ENDPOINT_KEYS = ("aws_endpoint", "endpoint", "google_base_url", "base_url", "azure_endpoint")
 
 
 def _obstore() -> types.ModuleType:
@@ -87,23 +108,70 @@ def store_config(protocol: str, options: dict) -> tuple[dict, dict]:
     config: dict = {}
     if options.pop("anon", False) in (True, "true", "True", "1", 1):
         config["skip_signature"] = True
+    if protocol == "gs" and options.get("token") == "anon":  # gcsfs's name for unsigned requests
+        del options["token"]
+        config["skip_signature"] = True
     names: dict[str, str | None] = {"s3": _AWS, "gs": _GCS, "az": _AZURE}[protocol]
     for key, value in options.items():
-        if key in names:
-            if names[key] is None:
-                raise WsiError(f"storage option {key}: not supported; give account_name and "
-                               "account_key or sas_token")
-            config[names[key]] = value
+        if key == "connection_string" and protocol == "az":
+            config.update(_azure_connection_string(value))
+        elif key in names and names[key] is not None:
+            config[str(names[key])] = value
         elif key.startswith(_NATIVE_PREFIX[protocol]) or key in _NATIVE_KEYS[protocol] or key == "skip_signature":
             config[key] = value
         else:
             raise WsiError(f"storage option {key}: not an option for {protocol}:// URLs")
-    endpoint = config.get("aws_endpoint") or config.get("endpoint") or ""
+    _endpoint_from_environment(protocol, config)
+    endpoint = next((str(config[k]) for k in _ENDPOINT_KEYS if config.get(k)), "")
     if not endpoint and protocol == "s3":  # the standard variables name a local server in tests
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    if str(endpoint).startswith("http://") or config.get("use_emulator") in (True, "true"):
+    emulator = config.get("use_emulator", config.get("azure_storage_use_emulator"))
+    if endpoint.startswith("http://") or emulator in (True, "true", "True"):
         client.setdefault("allow_http", True)
     return config, client
+
+
+def _endpoint_from_environment(protocol: str, config: dict) -> None:
+    """The emulator variables Google's and Azure's own clients read, where no option names an endpoint."""
+    if any(config.get(k) for k in _ENDPOINT_KEYS):
+        return
+    if protocol == "gs" and os.environ.get("STORAGE_EMULATOR_HOST"):
+        host = os.environ["STORAGE_EMULATOR_HOST"].rstrip("/")
+        config["google_base_url"] = host if "://" in host else "http://" + host
+        config.setdefault("skip_signature", True)  # an emulator takes unsigned requests
+    elif (protocol == "az" and os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+          and not any(k in config for k in ("azure_storage_account_name", "account_name", "use_emulator",
+                                            "azure_storage_use_emulator"))):
+        config.update(_azure_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"]))
+
+
+def _azure_connection_string(text: str) -> dict:
+    """obstore's Azure keys from a connection string (``Key=Value;...``).
+
+    Raises:
+        WsiError: a field that is not ``Key=Value``, or no account and no development storage.
+    """
+    config: dict = {}
+    fields = {}
+    for part in str(text).split(";"):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise WsiError("storage option connection_string: each field is Key=Value, separated by ';'")
+        fields[key.strip().lower()] = value.strip()
+    if fields.get("usedevelopmentstorage", "").lower() == "true":
+        config["use_emulator"] = True  # Azurite at AZURITE_BLOB_STORAGE_URL or 127.0.0.1:10000
+    for field_name, key in _AZURE_CONN.items():
+        if fields.get(field_name):
+            config[key] = fields[field_name]
+    if "azure_endpoint" not in config and fields.get("endpointsuffix") and fields.get("accountname"):
+        protocol = fields.get("defaultendpointsprotocol") or "https"
+        config["azure_endpoint"] = f"{protocol}://{fields['accountname']}.blob.{fields['endpointsuffix']}"
+    if not config:
+        raise WsiError("storage option connection_string: names no AccountName, BlobEndpoint or "
+                       "UseDevelopmentStorage=true")
+    return config
 
 
 class ObjectStoreTransport(Transport):
@@ -114,12 +182,15 @@ class ObjectStoreTransport(Transport):
         shown: the URL as messages show it.
         options: the transport's ``storage_options`` (see the module).
         timeout: seconds a request may take.
+        store: an obstore store of the same bucket, options and timeout to share (the
+            objects of one prefix, :mod:`wsitool.storage.prefix`: one connection pool);
+            None: one of its own.
 
     Raises:
         WsiError: obstore is not installed, a bad option or URL.
     """
 
-    def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0):
+    def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None):
         obstore = _obstore()
         scheme = url.split("://", 1)[0].lower()
         store_scheme, self.protocol = _SCHEMES[scheme]
@@ -135,7 +206,7 @@ class ObjectStoreTransport(Transport):
         client.setdefault("connect_timeout", f"{max(1, int(round(timeout)))}s")
         self._args = (f"{store_scheme}://{bucket}", config, client)
         try:
-            self._store = self._make_store()
+            self._store = store if store is not None else self._make_store()
         except Exception as exc:  # obstore's configuration errors
             raise WsiError(f"{shown}: {_first_line(exc)}") from None
         self._obstore = obstore
@@ -176,6 +247,10 @@ class ObjectStoreTransport(Transport):
                     return Response(b"", 0)
             if "403" in text or "401" in text:
                 raise RemoteAccessError(f"{self.shown}: access denied ({text})") from None
+            if "Header missing from response" in text:  # the server will not add it on a retry
+                raise RemoteUnavailableError(
+                    f"{self.shown}: the server's answer lacks a header the {self.protocol}:// client needs "
+                    f"({text}); an emulator that omits it cannot serve slides") from None
             raise Transient(text) from None
         want = max(0, min(end, meta["size"]) - start)
         if len(data) != want:
@@ -189,6 +264,68 @@ class ObjectStoreTransport(Transport):
 
     def close(self) -> None:
         self._store = None
+
+
+def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
+    """The URLs of every object under the prefix ``url`` (``s3://bucket/prefix/``), sorted.
+
+    ``url`` is ``s3://``, ``gs://`` or ``az://`` (and their aliases) with a bucket
+    (container) and an optional prefix ending in ``/`` (``s3://bucket/`` lists the
+    whole bucket).  The listing is recursive (keys in sub-prefixes come too); each
+    URL returned is ``scheme://bucket/key`` with the key as stored (the query of
+    ``url``, if any, is not carried over).  ``storage_options`` as for
+    :func:`~wsitool.storage.open_source`; ``timeout``, ``operation_timeout`` and
+    ``retries`` bound the listing's requests (obstore retries them).
+
+    Raises:
+        RemoteNotFoundError: the bucket does not exist, or nothing is stored under the prefix.
+        RemoteAccessError: access denied, missing or expired credentials.
+        RemoteUnavailableError: the store kept failing (timeouts, 5xx, resets).
+        WsiError: not an object-store URL, a bad storage option, obstore not installed.
+    """
+    obstore = _obstore()
+    shown = redact(url)
+    scheme = url.split("://", 1)[0].lower()
+    if scheme not in _SCHEMES:
+        raise WsiError(f"{shown}: only s3://, gs:// and az:// prefixes can be listed")
+    store_scheme, protocol = _SCHEMES[scheme]
+    parts = urllib.parse.urlsplit(url)
+    bucket, prefix = parts.netloc, urllib.parse.unquote(parts.path.lstrip("/"))
+    if not bucket:
+        raise WsiError(f"{shown}: a {scheme}:// prefix names a bucket ({scheme}://bucket/prefix/)")
+    options = dict(storage_options or {})
+    generic = RemoteOptions.take(options)
+    config, client = store_config(protocol, options)
+    seconds = f"{max(1, int(round(generic.timeout)))}s"
+    client.setdefault("timeout", seconds)
+    client.setdefault("connect_timeout", seconds)
+    retry = {"max_retries": generic.retries, "retry_timeout": datetime.timedelta(seconds=generic.operation_timeout),
+             "backoff": {"init_backoff": datetime.timedelta(seconds=max(generic.backoff, 0.01))}}
+    exc_mod = obstore.exceptions
+    try:
+        store = obstore.store.from_url(f"{store_scheme}://{bucket}", config=config or None,
+                                       client_options=client, retry_config=retry)
+        keys = [meta["path"] for chunk in obstore.list(store, prefix=prefix or None, chunk_size=1000)
+                for meta in chunk]
+    except (FileNotFoundError, exc_mod.NotFoundError):
+        raise RemoteNotFoundError(shown, "no such bucket") from None
+    except (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError) as exc:
+        raise RemoteAccessError(f"{shown}: access denied ({_first_line(exc, 120)})") from None
+    except (exc_mod.UnknownConfigurationKeyError, exc_mod.InvalidPathError) as exc:
+        raise WsiError(f"{shown}: {_first_line(exc)}") from None
+    except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
+        status = re.search(r"status(?: code)?: (\d{3})", str(exc))
+        code = int(status.group(1)) if status else 0
+        if code in (401, 403):
+            raise RemoteAccessError(f"{shown}: access denied (HTTP {code})") from None
+        if code == 404 or "NoSuchBucket" in str(exc):
+            raise RemoteNotFoundError(shown, "no such bucket") from None
+        why = f"HTTP {code}" if code else _first_line(exc, 160)
+        raise RemoteUnavailableError(f"{shown}: listing failed after {generic.retries} retries ({why})") from None
+    if not keys:
+        raise RemoteNotFoundError(shown, "no object under this prefix")
+    root = f"{scheme}://{bucket}/"
+    return [root + urllib.parse.quote(key, safe="/~!$&'()*+,;=:@") for key in sorted(keys)]
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:

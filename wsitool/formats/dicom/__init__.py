@@ -27,7 +27,9 @@ closes every source this package opened.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -38,19 +40,21 @@ from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 from ...model import AssociatedImage, Channel, Level, Pyramid, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
 from ...storage.dicomweb import DicomWebClient, SeriesUrl
+from ...storage.prefix import MIN_OBJECT_BYTES, Prefix, PrefixObject
+from ...storage.remote import HEAD_BYTES
 from ...storage.span import Span
 from .encoding import frame_encoding, is_encapsulated
 from .frames import frame_table
-from .instance import Instance, is_dicom
+from .instance import MAGIC_AT, Instance, is_dicom, read_instance
 from .palette import path_channels
 from .properties import PHI_KEYWORDS, build_properties, icc_profile_of, is_phi
 from .quickhash import KEY as QUICKHASH
 from .quickhash import series_quickhash
-from .series import dicom_files, series_of_file, series_of_folder
+from .series import Holder, dicom_files, one_series, series_of_file, series_of_folder
 from .tiling import GridNotes, Image, merge_parts, tile_grid
 from .web import frames_table, series_instances
 
-__all__ = ["sniff", "open_pyramid", "open_folder", "open_dicomweb", "PHI_KEYWORDS", "is_phi"]
+__all__ = ["sniff", "open_pyramid", "open_folder", "open_dicomweb", "open_prefix", "PHI_KEYWORDS", "is_phi"]
 
 #: Image Type value 3 -> associated image name (OpenSlide's).
 ASSOCIATED = {"LABEL": "label", "OVERVIEW": "macro", "THUMBNAIL": "thumbnail"}
@@ -114,6 +118,100 @@ def open_folder(path: str) -> Pyramid | None:
     return _assemble(path, instances, problems, None)
 
 
+def open_prefix(prefix: Prefix) -> Pyramid | None:
+    """Describe the one DICOM WSI series stored directly under a bucket prefix, as
+    :func:`open_folder` describes a folder's; None when no object there is a DICOM file.
+
+    Every object (of at least 132 bytes) is opened as a remote source, at most the
+    prefix's ``concurrency`` at once: its first request (64 KiB) tells whether it is
+    DICOM ("DICM" at byte 128, whatever the preamble holds: a file that is also a TIFF
+    is read as DICOM here) and holds the header; the frame tables are read then too
+    (:func:`~.frames.frame_table`: over a URL a Basic Offset Table is trusted).  The
+    sources of objects that are not of the series are closed; the pyramid's
+    ``release`` closes the others.
+
+    Raises:
+        UnsupportedFormatError: several series under the prefix (named), no whole-slide
+            image among its DICOM objects, or more keys than
+            :data:`~wsitool.storage.prefix.MAX_OBJECTS` under it.
+        CorruptFileError: as :func:`open_folder`.
+        RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: listing or reading failed.
+    """
+    objects = prefix.objects()
+    sources = _ObjectSources()
+    try:
+        reads, tables = _read_objects(prefix, [o for o in objects if o.size >= MIN_OBJECT_BYTES], sources)
+        if not reads:
+            sources.close()
+            return None
+        holder = Holder("prefix", lambda: len(objects) - len(reads), "give the prefix of one series")
+        instances, problems = one_series(prefix.shown, reads, holder)
+        sources.keep({inst.path for inst in instances})
+    except BaseException:
+        sources.close()
+        raise
+
+    def table(inst: Instance) -> tuple[np.ndarray, np.ndarray, str]:
+        found = tables.get(inst.path)
+        if isinstance(found, BaseException):
+            raise found
+        return found if found is not None else _file_table(inst)
+
+    return _assemble(prefix.shown, instances, problems, None, sources=sources, tables=table)
+
+
+#: an object's frame table, or the error computing it raised (raised when the table is used)
+_TableOrError = tuple[np.ndarray, np.ndarray, str] | WsiError
+
+
+def _read_objects(prefix: Prefix, objects: list[PrefixObject], sources: _ObjectSources
+                  ) -> tuple[list[tuple[str, Instance | WsiError]], dict[str, _TableOrError]]:
+    """``(reads, tables)`` of the DICOM objects among ``objects``, opened in parallel: each
+    one's header (or the error reading it) and its frame table (or the error), by the
+    object's shown URL.  Objects that are not DICOM files are closed at once."""
+    reads: dict[str, Instance | WsiError] = {}
+    tables: dict[str, _TableOrError] = {}
+
+    def one(obj: PrefixObject) -> None:
+        source = prefix.open(obj)
+        if not is_dicom(source.read(0, MAGIC_AT + 4)):
+            source.close()
+            return
+        sources.add(obj.shown, source)
+        try:
+            inst = read_instance(obj.shown, source)
+        except (UnsupportedFormatError, CorruptFileError) as exc:
+            reads[obj.shown] = exc
+            return
+        reads[obj.shown] = inst
+        try:
+            offsets, counts, name = _file_table(inst)
+        except WsiError as exc:
+            tables[obj.shown] = exc
+            return
+        tables[obj.shown] = (offsets, counts, name)
+        _advise_first_frame(source, offsets, counts)
+
+    if objects:
+        workers = max(1, min(prefix.options.concurrency, len(objects)))
+        with cf.ThreadPoolExecutor(workers, thread_name_prefix="wsitool-prefix") as pool:
+            for future in [pool.submit(one, obj) for obj in objects]:
+                future.result()  # (the first failure: not found, denied, unavailable)
+    ordered = [(o.shown, reads[o.shown]) for o in objects if o.shown in reads]
+    return ordered, tables
+
+
+def _advise_first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) -> None:
+    """Start fetching the bytes :func:`_first_frame` will read (unless the open's first
+    request already holds them), so that each object's is fetched in parallel."""
+    present = np.flatnonzero(counts)
+    if len(present):
+        k = int(present[0])
+        start, count = int(offsets[k]), min(int(counts[k]), 65536)
+        if start + count > HEAD_BYTES:
+            source.advise([(start, count)])
+
+
 class _SourcesLike(Protocol):
     """What :func:`_assemble` reads a series' instances through: :class:`_Sources` (local
     files) or the DICOMweb reader's frame sources (:mod:`.web`)."""
@@ -171,6 +269,31 @@ class _Sources:
             src.close()
         self.opened = []
         self._files = {}
+
+
+class _ObjectSources(_Sources):
+    """The remote sources of a prefix's objects by shown URL (:func:`open_prefix`): the
+    ones of the series are kept, the others closed (:meth:`keep`)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self._lock = threading.Lock()
+
+    def add(self, path: str, source: ByteSource) -> None:
+        """Hold ``source``, the object ``path``'s (closed by :meth:`close`)."""
+        with self._lock:
+            self._files[path] = source
+            self.opened.append(source)
+
+    def keep(self, paths: set[str]) -> None:
+        """Close the sources of the objects not in ``paths``."""
+        for path in [p for p in self._files if p not in paths]:
+            source = self._files.pop(path)
+            self.opened.remove(source)
+            source.close()
+
+    def _one(self, path: str) -> ByteSource:
+        return self._files[path]
 
 
 def _file_table(inst: Instance) -> tuple[np.ndarray, np.ndarray, str]:

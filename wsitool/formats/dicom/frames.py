@@ -19,6 +19,12 @@ pydicom's encapsulation helpers (``pydicom.encaps.parse_basic_offsets``,
 position; only the element's own 8- or 12-byte header (tag, VR, length;
 PS3.5 7.1.2) is read here.  A frame split over several fragments is not
 supported (its bytes are not contiguous in the file).
+
+Over a URL (an instance read through a remote source: a bucket prefix) walking
+every item would fetch the whole object block by block, so a Basic Offset Table
+is trusted (:func:`_trusted_basic`); without any table the rest of the object is
+fetched first in a few large requests (up to :data:`REMOTE_WALK_BYTES`) and then
+walked.
 """
 
 from __future__ import annotations
@@ -29,9 +35,15 @@ from typing import BinaryIO
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError
-from .instance import Instance
+from ...storage.remote import HEAD_BYTES
+from .instance import Instance, open_bytes
 
 __all__ = ["frame_table"]
+
+#: A remote instance without offset tables is walked item by item, which reads its whole
+#: Pixel Data: up to this many bytes are fetched first in a few large parallel requests
+#: (:data:`~wsitool.storage.remote.MAX_REQUEST` each) rather than 64 KiB block by block.
+REMOTE_WALK_BYTES = 32 * 1024 * 1024
 
 _PIXEL_DATA = (0x7FE0, 0x0010)
 _UNDEFINED = 0xFFFFFFFF
@@ -76,7 +88,7 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
             tables that disagree with the items, fewer fragments than frames.
         UnsupportedFormatError: frames split over several fragments; float pixel data.
     """
-    with open(inst.path, "rb") as fp:
+    with open_bytes(inst.path, inst.source) as fp:
         start, length = _element_header(inst, fp)
         if not encapsulated:
             return _native(inst, start, length)
@@ -94,6 +106,11 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
             eot = _extended_table(inst)
             if eot is not None:
                 return _extended(inst, first, *eot)
+            if basic and inst.source is not None and inst.source.remote:
+                return _trusted_basic(inst, fp, first, basic)
+            if (inst.source is not None and inst.source.remote and inst.file_size > HEAD_BYTES
+                    and inst.file_size - first <= REMOTE_WALK_BYTES):  # (a smaller one came whole at open)
+                inst.source.advise([(first, inst.file_size - first)])  # the walk reads it all anyway
             count, positions = parse_fragments(fp)
         except (ValueError, struct.error, EOFError, OSError) as exc:  # pydicom: OSError on bad items
             raise CorruptFileError(f"{inst.path}: unreadable encapsulated Pixel Data "
@@ -102,6 +119,36 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
     pos, lengths = _fragment_lengths(inst, positions, last)
     table = _table_kind(inst, basic, first, positions)
     return pos + np.uint64(8), lengths, table
+
+
+def _trusted_basic(inst: Instance, fp: BinaryIO, first: int,
+                   basic: list[int]) -> tuple[np.ndarray, np.ndarray, str]:
+    """The frames of a remote instance from its Basic Offset Table alone (``first``: the
+    position of the first fragment item): frame ``k`` is the item at ``first + basic[k]``,
+    its length the distance to the next entry less the item header; the last item's
+    header is read (one request) for its length.  Walking every item, as a local file is
+    checked, would fetch the whole object; so one fragment per frame is taken on trust
+    here, with the entries checked to increase and the last item to be a fragment item.
+
+    Raises:
+        CorruptFileError: a table of another length than the frame count, entries that
+            do not increase, a last entry that names no item, a last fragment past the end.
+    """
+    n = inst.frames
+    if len(basic) != n:
+        raise CorruptFileError(f"{inst.path}: the Basic Offset Table has {len(basic)} entries "
+                               f"for {n} frames")
+    pos = np.asarray(basic, np.uint64) + np.uint64(first)
+    if n > 1 and not bool(np.all(np.diff(pos.astype(np.int64)) > 8)):
+        raise CorruptFileError(f"{inst.path}: Basic Offset Table entries that do not increase")
+    fp.seek(int(pos[-1]))
+    head = fp.read(8)
+    if len(head) < 8 or struct.unpack("<HH", head[:4]) != (0xFFFE, 0xE000):
+        raise CorruptFileError(f"{inst.path}: the last Basic Offset Table entry ({basic[-1]}) "
+                               "points to no fragment item")
+    last = int(struct.unpack("<I", head[4:8])[0])
+    pos, lengths = _fragment_lengths(inst, [int(p) for p in pos], last)
+    return pos + np.uint64(8), lengths, "basic"
 
 
 def _last_length(inst: Instance, fp: BinaryIO, count: int, positions: list[int]) -> int:

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is opened
     from pydicom.dataset import Dataset
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...storage import ByteSource, SourceFile
 
-__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "instance_from_dataset", "is_dicom"]
+__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "instance_from_dataset", "is_dicom", "open_bytes"]
 
 #: VL Whole Slide Microscopy Image Storage (PS3.4 B.5).
 WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
@@ -69,6 +70,9 @@ class Instance:
         concatenation: Concatenation UID or "", concat_offset its Concatenation
             Frame Offset Number, concat_number its In-concatenation Number.
         organization: Dimension Organization Type (``"TILED_FULL"``, ``"TILED_SPARSE"``) or "".
+        source: the byte source the header was read through (an object of a bucket
+            prefix; :mod:`.frames` reads the offset tables through it), or None: the
+            file at ``path``.
     """
 
     path: str
@@ -97,6 +101,19 @@ class Instance:
     concat_offset: int
     concat_number: int
     organization: str
+    source: ByteSource | None = None
+
+
+def open_bytes(path: str, source: ByteSource | None = None) -> BinaryIO:
+    """A binary file of the instance's bytes: a read-only view of ``source`` where given
+    (closing it leaves the source open), else the file ``path`` opened for reading.
+
+    Raises:
+        FileNotFoundError, PermissionError, OSError: opening ``path``.
+    """
+    if source is not None:
+        return cast(BinaryIO, SourceFile(source))
+    return open(path, "rb")
 
 
 def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:
@@ -108,8 +125,9 @@ def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:
     return int(value)
 
 
-def read_instance(path: str) -> Instance:
-    """Read the header of the DICOM file ``path`` (pixel data not read).
+def read_instance(path: str, source: ByteSource | None = None) -> Instance:
+    """Read the header of the DICOM file ``path`` (pixel data not read); through ``source``
+    where given (a remote object: ``path`` then only names it), else from the file.
 
     Raises:
         UnsupportedFormatError: not a DICOM file, or not a VL Whole Slide
@@ -120,7 +138,7 @@ def read_instance(path: str) -> Instance:
     """
     import pydicom  # loaded with the first DICOM file (DESIGN: the DICOM library is imported lazily)
 
-    with open(path, "rb") as fp:  # FileNotFoundError, PermissionError pass through
+    with open_bytes(path, source) as fp:  # FileNotFoundError, PermissionError pass through
         fp.seek(0, 2)
         file_size = fp.tell()
         fp.seek(0)
@@ -129,7 +147,9 @@ def read_instance(path: str) -> Instance:
                 warnings.simplefilter("ignore")
                 ds = pydicom.dcmread(fp, stop_before_pixels=True)
                 pixel_pos = fp.tell()
-                return _describe(path, ds, pixel_pos, file_size)
+                inst = _describe(path, ds, pixel_pos, file_size)
+                inst.source = source
+                return inst
         except WsiError as exc:
             message = str(exc)
             if not message.startswith(path):

@@ -12,12 +12,14 @@ unreadable is passed over and reported (``problems``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 from .instance import MAGIC_AT, Instance, is_dicom, read_instance
 
-__all__ = ["dicom_files", "series_of_file", "series_of_folder"]
+__all__ = ["dicom_files", "series_of_file", "series_of_folder", "one_series", "Holder"]
 
 
 def dicom_files(folder: str) -> list[str]:
@@ -81,27 +83,58 @@ def series_of_folder(folder: str, files: list[str]) -> tuple[list[Instance], lis
             series (the message names each with one of its files).
         CorruptFileError: the only WSI candidates are unreadable (the first one's error).
     """
+    reads: list[tuple[str, Instance | WsiError]] = []
+    for path in files:
+        try:
+            reads.append((path, read_instance(path)))
+        except (UnsupportedFormatError, CorruptFileError) as exc:
+            reads.append((path, exc))
+    return one_series(folder, reads, Holder("folder", lambda: _other_files(folder, files),
+                                            "give one slide file, e.g. a file of one series"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """What holds the DICOM files, for the messages of :func:`one_series`: its kind
+    (``"folder"``, ``"prefix"``), how many other (non-DICOM) entries it holds (called only
+    for the several-series message) and what to give instead of it."""
+
+    kind: str
+    others: Callable[[], int]
+    instead: str
+
+
+def one_series(where: str, reads: list[tuple[str, Instance | WsiError]],
+               holder: Holder) -> tuple[list[Instance], list[str]]:
+    """The instances of the one WSI series among ``reads`` (each DICOM file of ``where``, a
+    folder or a bucket prefix, with its header or the error reading it), and problems: the
+    rule a folder and a prefix share.  Files that are not whole-slide images are passed
+    over; unreadable ones are passed over and reported.
+
+    Raises:
+        UnsupportedFormatError: no whole-slide image among them, or several
+            series (the message names each with one of its files).
+        CorruptFileError: the only WSI candidates are unreadable (the first one's error).
+    """
     by_series: dict[str, list[Instance]] = {}
     problems: list[str] = []
     first_error: WsiError | None = None
-    for path in files:
-        try:
-            inst = read_instance(path)
-        except UnsupportedFormatError as exc:
-            first_error = first_error or exc
+    for path, read in reads:
+        if isinstance(read, CorruptFileError):
+            problems.append(f"passed over {path}: {read}")
+            first_error = read if not isinstance(first_error, CorruptFileError) else first_error
             continue
-        except CorruptFileError as exc:
-            problems.append(f"passed over {path}: {exc}")
-            first_error = exc if not isinstance(first_error, CorruptFileError) else first_error
+        if isinstance(read, WsiError):
+            first_error = first_error or read
             continue
-        by_series.setdefault(inst.series, []).append(inst)
+        by_series.setdefault(read.series, []).append(read)
     if not by_series:
         if first_error is not None:
-            raise type(first_error)(f"{folder}: no readable DICOM whole-slide image in the folder "
+            raise type(first_error)(f"{where}: no readable DICOM whole-slide image in the {holder.kind} "
                                     f"({first_error})")
-        raise UnsupportedFormatError(f"{folder}: no DICOM whole-slide image in the folder")
+        raise UnsupportedFormatError(f"{where}: no DICOM whole-slide image in the {holder.kind}")
     if len(by_series) > 1:
-        raise UnsupportedFormatError(_several_series(folder, files, by_series))
+        raise UnsupportedFormatError(_several_series(where, by_series, holder))
     return next(iter(by_series.values())), problems
 
 
@@ -109,17 +142,21 @@ def series_of_folder(folder: str, files: list[str]) -> tuple[list[Instance], lis
 NAMED_SERIES = 2
 
 
-def _several_series(folder: str, files: list[str], by_series: dict) -> str:
-    """One short line for a folder that is not one slide: what it holds (DICOM series,
-    other files) and what to give instead (a file of one series, named for the first
-    :data:`NAMED_SERIES`)."""
+def _other_files(folder: str, files: list[str]) -> int:
+    """Regular files of ``folder`` that are not among its DICOM ``files``."""
     try:
-        others = sum(1 for e in os.scandir(folder) if e.is_file()) - len(files)
+        return sum(1 for e in os.scandir(folder) if e.is_file()) - len(files)
     except OSError:
-        others = 0
+        return 0
+
+
+def _several_series(where: str, by_series: dict, holder: Holder) -> str:
+    """One short line for a folder (prefix) that is not one slide: what it holds (DICOM
+    series, other files) and what to give instead (named for the first :data:`NAMED_SERIES`
+    series by one of their files)."""
+    others = holder.others()
     names = [os.path.basename(found[0].path) for found in by_series.values()]
     shown = ", ".join(names[:NAMED_SERIES]) + (f", ... {len(names) - NAMED_SERIES} more"
                                                if len(names) > NAMED_SERIES else "")
     held = f"{len(by_series)} DICOM series" + (f" and {others} other file(s)" if others > 0 else "")
-    return (f"{folder}: a folder of {held}, not one slide: give one slide file, e.g. a file "
-            f"of one series ({shown})")
+    return f"{where}: a {holder.kind} of {held}, not one slide: {holder.instead} ({shown})"

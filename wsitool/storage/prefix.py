@@ -1,0 +1,204 @@
+"""The objects directly under a bucket prefix, listed once and opened as remote byte sources (floor 1).
+
+A URL of an object store that ends in ``/`` (``s3://bucket/series/``,
+``gs://bucket/series/``, ``az://container/series/``) names a prefix: the
+objects directly under it are read like the files of a local folder (a DICOM
+series stored one file per instance).  :class:`Prefix` lists it and opens each
+object it is asked for as a :class:`~wsitool.storage.remote.RemoteSource`
+through one shared obstore client (one connection pool for the whole series).
+
+Costs and bounds:
+
+* **Listing**: ``obstore.list`` pages through the keys under the prefix (S3 and
+  GCS answer up to 1,000 keys a request, Azure 5,000), so a prefix of up to
+  :data:`MAX_OBJECTS` keys is listed in one request.  The listing stops as soon
+  as more than :data:`MAX_OBJECTS` keys were seen, and the prefix is refused:
+  every object directly under it may cost a request at open, and a prefix that
+  large is a study, a collection or a whole bucket, not one slide.  Keys under
+  deeper prefixes (``series/sub/x``) count towards the bound but are not read
+  (a local folder's sub-folders are not either).
+* **Each object**: opening its source is one ranged GET of its first 64 KiB
+  (:data:`~wsitool.storage.remote.HEAD_BYTES`), which both tells what it is
+  (a DICOM file has "DICM" at byte 128) and holds, for most instances, the whole
+  header.  Objects shorter than 132 bytes are passed over without a request.
+
+Retries, timeouts and error classes are those of
+:class:`~wsitool.storage.remote.RemoteSource` for the objects; the listing is
+retried ``retries`` times on a transient failure.  Messages name the prefix
+through :func:`~wsitool.storage.urls.redact` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+import urllib.parse
+from typing import Any
+
+from ..errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, UnsupportedFormatError, WsiError
+from .objectstore import _SCHEMES, ObjectStoreTransport, _first_line, _obstore, store_config
+from .remote import RemoteOptions, RemoteSource
+from .urls import redact, scheme_of
+
+__all__ = ["MAX_OBJECTS", "MIN_OBJECT_BYTES", "Prefix", "PrefixObject", "is_prefix_url"]
+
+#: Keys listed under one prefix at most (one page of an S3 or GCS listing); more is refused.
+MAX_OBJECTS = 1000
+#: Objects shorter than this are passed over unread (a DICOM file's magic ends at byte 132).
+MIN_OBJECT_BYTES = 132
+
+
+def is_prefix_url(location: object) -> bool:
+    """True when ``location`` is an ``s3://``, ``gs://`` or ``az://`` URL (or an alias)
+    whose path ends in ``/``: a prefix, read as a folder."""
+    scheme = scheme_of(location)
+    if scheme is None or scheme not in _SCHEMES:
+        return False
+    return urllib.parse.urlsplit(str(location)).path.endswith("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixObject:
+    """One object directly under a prefix: its key, URL (``scheme://bucket/key``), the URL as
+    messages show it, and its size in bytes."""
+
+    key: str
+    url: str
+    shown: str
+    size: int
+
+
+class Prefix:
+    """The objects directly under the prefix ``url`` of an object store.
+
+    Args:
+        url: ``s3://bucket/prefix/`` (``gs://``, ``az://`` and their aliases), ending in ``/``.
+        storage_options: as for :func:`~wsitool.storage.open_source` (the generic keys
+            ``timeout``, ``operation_timeout``, ``retries``, ``concurrency`` and the store's own).
+
+    Attributes:
+        shown: the prefix URL as messages show it.
+        protocol: ``"s3"``, ``"gs"`` or ``"az"``.
+        options: the generic :class:`~wsitool.storage.remote.RemoteOptions` every object is read with.
+        listed: objects directly under the prefix, after :meth:`objects`.
+        deeper: keys seen under deeper prefixes (not read), after :meth:`objects`.
+        list_requests: listing requests made (pages of up to 1,000 keys; S3 and GCS), after :meth:`objects`.
+
+    Raises:
+        WsiError: not a prefix URL, a bad storage option, or obstore not installed.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+        self.shown = redact(url)
+        scheme = url.split("://", 1)[0].lower()
+        if not is_prefix_url(url):
+            raise WsiError(f"{self.shown}: not an s3://, gs:// or az:// prefix ending in '/'")
+        store_scheme, self.protocol = _SCHEMES[scheme]
+        parts = urllib.parse.urlsplit(url)
+        self._scheme, self._bucket = scheme, parts.netloc
+        if not self._bucket:
+            raise WsiError(f"{self.shown}: a {scheme}:// prefix names a bucket ({scheme}://bucket/prefix/)")
+        self.key_prefix = urllib.parse.unquote(parts.path.lstrip("/"))
+        options = dict(storage_options or {})
+        self.options = RemoteOptions.take(options)
+        self._transport_options = options
+        config, client = store_config(self.protocol, options)
+        seconds = f"{max(1, int(round(self.options.timeout)))}s"
+        client.setdefault("timeout", seconds)
+        client.setdefault("connect_timeout", seconds)
+        import datetime
+
+        obstore = _obstore()
+        try:
+            self._store: Any = obstore.store.from_url(
+                f"{store_scheme}://{self._bucket}", config=config or None, client_options=client,
+                retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
+        except Exception as exc:  # obstore's configuration errors
+            raise WsiError(f"{self.shown}: {_first_line(exc)}") from None
+        self.deeper = 0
+        self.listed = 0
+        self.list_requests = 0
+
+    def objects(self) -> list[PrefixObject]:
+        """The objects directly under the prefix, by key (at most :data:`MAX_OBJECTS` keys listed).
+
+        Raises:
+            UnsupportedFormatError: more than :data:`MAX_OBJECTS` keys under the prefix.
+            RemoteNotFoundError: no such bucket.  RemoteAccessError: access denied.
+            RemoteUnavailableError: the listing kept failing after the retries.
+        """
+        attempt = 0
+        while True:
+            try:
+                metas = self._list()
+                break
+            except _Retry as exc:
+                attempt += 1
+                if attempt > self.options.retries:
+                    raise RemoteUnavailableError(f"{self.shown}: listing failed ({exc}; gave up after "
+                                                 f"{attempt} attempts)") from None
+                time.sleep(min(8.0, self.options.backoff * 2 ** (attempt - 1)) * (0.5 + random.random()))
+        out = []
+        self.deeper = 0
+        for key, size in sorted(metas):
+            rest = key[len(self.key_prefix):]
+            if not rest or rest.endswith("/"):
+                continue  # the prefix's own marker object, a "folder" marker
+            if "/" in rest:
+                self.deeper += 1
+                continue
+            url = f"{self._scheme}://{self._bucket}/{urllib.parse.quote(key, safe='/')}"
+            out.append(PrefixObject(key, url, redact(url), size))
+        self.listed = len(out)
+        return out
+
+    def _list(self) -> list[tuple[str, int]]:
+        """``(key, size)`` of the keys under the prefix, up to :data:`MAX_OBJECTS` (one page
+        more is refused).  Raises :class:`_Retry` for a failure worth retrying."""
+        obstore = _obstore()
+        exc_mod = obstore.exceptions
+        found: list[tuple[str, int]] = []
+        self.list_requests = 1
+        try:
+            for chunk in obstore.list(self._store, prefix=self.key_prefix or None, chunk_size=MAX_OBJECTS):
+                found.extend((str(meta["path"]), int(meta["size"])) for meta in chunk)
+                if len(found) > MAX_OBJECTS:
+                    raise UnsupportedFormatError(
+                        f"{self.shown}: more than {MAX_OBJECTS} objects under the prefix: not one "
+                        "slide; give the prefix of one DICOM series")
+        except FileNotFoundError:
+            raise RemoteNotFoundError(self.shown, "no such bucket") from None
+        except (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError) as exc:
+            raise RemoteAccessError(f"{self.shown}: access denied ({_first_line(exc, 120)})") from None
+        except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
+            text = _first_line(exc, 160)
+            if "403" in text or "401" in text:
+                raise RemoteAccessError(f"{self.shown}: access denied ({text})") from None
+            if "404" in text or "NoSuchBucket" in text:
+                raise RemoteNotFoundError(self.shown, "no such bucket") from None
+            raise _Retry(text) from None
+        return found
+
+    def open(self, obj: PrefixObject) -> RemoteSource:
+        """The byte source of ``obj`` (one ranged GET of its first 64 KiB), through the prefix's
+        client; the caller closes it.
+
+        Raises:
+            RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: its first request failed.
+        """
+        transport = ObjectStoreTransport(obj.url, obj.shown, dict(self._transport_options),
+                                         timeout=self.options.timeout, store=self._store)
+        try:
+            return RemoteSource(obj.url, transport, dataclasses.replace(self.options))
+        except BaseException:
+            transport.close()
+            raise
+
+    def close(self) -> None:
+        """Drop the listing's client (the sources opened keep theirs until they are closed)."""
+        self._store = None
+
+
+class _Retry(Exception):
+    """A listing failure worth retrying (timeout, reset, 5xx)."""
