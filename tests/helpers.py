@@ -11,8 +11,10 @@ They are read from there, never copied.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -206,3 +208,19 @@ def with_byte_count(src: Path, tmp_path: Path, index: int, count: int, name: str
     out = tmp_path / f"{name}-{index}-{src.name}"
     out.write_bytes(bytes(data))
     return out
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the block (module-scoped fixtures, where pytest's
+    ``monkeypatch`` is not available), then put back what was there, unset ones unset."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -23,7 +23,7 @@ import numpy as np
 
 from .storage import ByteSource
 
-__all__ = ["TileEncoding", "TileIndex", "Channel", "Level", "AssociatedImage", "Pyramid",
+__all__ = ["TileEncoding", "TileIndex", "Channel", "Level", "LevelSizes", "AssociatedImage", "Pyramid",
            "level_properties", "multichannel_level", "SCALED_JPEG", "DEFAULT_CHANNEL_COLORS",
            "wavelength_color", "channel_color"]
 
@@ -183,7 +183,28 @@ class Channel:
         return ((ramp[:, None] * np.asarray(self.color, np.uint32)[None, :] + 127) // 255).astype(np.uint8)
 
 
-class Level:
+class LevelSizes:
+    """``dimensions`` and ``tile_size`` of a level, from its ``width``, ``height``,
+    ``tile_width`` and ``tile_height`` (shared by the internal :class:`Level` and the
+    public read-only view, :class:`wsitool.Level`)."""
+
+    width: int
+    height: int
+    tile_width: int
+    tile_height: int
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels of this level."""
+        return (self.width, self.height)
+
+    @property
+    def tile_size(self) -> tuple[int, int]:
+        """``(tile_width, tile_height)`` in pixels."""
+        return (self.tile_width, self.tile_height)
+
+
+class Level(LevelSizes):
     """One pyramid level: geometry, tile grid, encoding and byte source.
 
     Attributes:
@@ -249,16 +270,6 @@ class Level:
     photometric = property(lambda self: self.encoding.photometric)
     decoder = property(lambda self: self.encoding.decoder)
     compression_problem = property(lambda self: self.encoding.compression_problem)
-
-    @property
-    def dimensions(self) -> tuple[int, int]:
-        """``(width, height)`` in pixels of this level."""
-        return (self.width, self.height)
-
-    @property
-    def tile_size(self) -> tuple[int, int]:
-        """``(tile_width, tile_height)`` in pixels."""
-        return (self.tile_width, self.tile_height)
 
     @property
     def cache_key(self) -> int | tuple[int, int]:

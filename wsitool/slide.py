@@ -62,7 +62,7 @@ ChannelSelection = int | str | Sequence[int | str]
 
 
 @dataclasses.dataclass(frozen=True)
-class Level:
+class Level(model.LevelSizes):
     """A read-only description of one pyramid level (what :attr:`Slide.levels` holds).
 
     Attributes:
@@ -101,16 +101,6 @@ class Level:
     compression_problem: str | None
     channels: tuple[model.Channel, ...]
     mpp: tuple[float, float] | None
-
-    @property
-    def dimensions(self) -> tuple[int, int]:
-        """``(width, height)`` in pixels of this level."""
-        return (self.width, self.height)
-
-    @property
-    def tile_size(self) -> tuple[int, int]:
-        """``(tile_width, tile_height)`` in pixels."""
-        return (self.tile_width, self.tile_height)
 
     @classmethod
     def of(cls, lv: model.Level, level0: model.Level, mpp: tuple[float, float] | None) -> Level:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import struct
 import urllib.request
 import warnings
@@ -23,7 +22,7 @@ import wsitool
 from wsitool.cli import app, exit_code_for
 from wsitool.errors import UnsupportedFormatError
 
-from helpers import shared_sample
+from helpers import environ, shared_sample
 from remote_helpers import servers
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
@@ -37,24 +36,14 @@ BUCKET = "series"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    saved = {k: os.environ.get(k) for k in ("MOTO_ENABLE_RECORDING", "MOTO_RECORDER_FILEPATH")}
-    os.environ["MOTO_ENABLE_RECORDING"] = "True"  # (read by the server process at start)
-    os.environ["MOTO_RECORDER_FILEPATH"] = str(tmp_path_factory.mktemp("moto") / "recording")
-    try:
-        with servers.moto_s3() as srv:
-            saved.update({k: os.environ.get(k) for k in srv.extra["env"]})
-            os.environ.update(srv.extra["env"])
-            client = boto3.client("s3")
-            client.create_bucket(Bucket=BUCKET)
-            client.put_object(Bucket=BUCKET, Key="nodicom/readme.txt", Body=b"not a slide " * 40)
-            client.put_object(Bucket=BUCKET, Key="nodicom/deeper/x.bin", Body=b"x" * 400)
-            yield client, srv.url
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    recording = {"MOTO_ENABLE_RECORDING": "True",  # (read by the server process at start)
+                 "MOTO_RECORDER_FILEPATH": str(tmp_path_factory.mktemp("moto") / "recording")}
+    with environ(recording), servers.moto_s3() as srv, environ(srv.extra["env"]):
+        client = boto3.client("s3")
+        client.create_bucket(Bucket=BUCKET)
+        client.put_object(Bucket=BUCKET, Key="nodicom/readme.txt", Body=b"not a slide " * 40)
+        client.put_object(Bucket=BUCKET, Key="nodicom/deeper/x.bin", Body=b"x" * 400)
+        yield client, srv.url
 
 
 def _upload(client, folder: Path, prefix: str) -> int:

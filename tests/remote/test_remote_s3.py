@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np
@@ -12,7 +11,7 @@ import wsitool
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteChangedError, RemoteNotFoundError
 
-from helpers import NO_SHARED, SHARED_SAMPLES, present, tiff_samples
+from helpers import NO_SHARED, SHARED_SAMPLES, environ, present, tiff_samples
 from remote_helpers import servers
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
@@ -25,21 +24,12 @@ if not servers.moto_available():
 def s3():
     if not SHARED_SAMPLES.is_dir():
         pytest.skip(NO_SHARED)
-    with servers.moto_s3() as srv:
-        saved = {k: os.environ.get(k) for k in srv.extra["env"]}
-        os.environ.update(srv.extra["env"])
-        try:
-            client = boto3.client("s3")
-            client.create_bucket(Bucket="slides")
-            for p in present(tiff_samples()):
-                client.upload_file(str(p), "slides", p.name)
-            yield client
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with servers.moto_s3() as srv, environ(srv.extra["env"]):
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="slides")
+        for p in present(tiff_samples()):
+            client.upload_file(str(p), "slides", p.name)
+        yield client
 
 
 @pytest.mark.parametrize("sample", tiff_samples(), ids=lambda p: p.name)

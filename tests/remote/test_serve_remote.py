@@ -17,7 +17,7 @@ pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not install
 
 from wsitool.serve.registry import url_slide_id  # noqa: E402
 
-from helpers import NO_SHARED, REPO, SHARED_SAMPLES  # noqa: E402
+from helpers import NO_SHARED, REPO, SHARED_SAMPLES, environ  # noqa: E402
 from remote_helpers import servers  # noqa: E402
 from serve_helpers import running_server  # noqa: E402
 
@@ -38,26 +38,16 @@ def s3():
     boto3 = pytest.importorskip("boto3", reason="boto3 (with moto[server]) is not installed")
     if not servers.moto_available():
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    with servers.moto_s3() as srv:
-        env = srv.extra["env"]
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            client = boto3.client("s3")
-            client.create_bucket(Bucket="serve")
-            client.upload_file(str(SLIDE), "serve", f"cases/{SLIDE.name}")
-            client.upload_file(str(SLIDE2), "serve", f"cases/sub/{SLIDE2.name}")
-            client.put_object(Bucket="serve", Key="cases/notes.txt", Body=b"not a slide")
-            client.upload_file(str(SLIDE), "serve", "other/c.svs")
-            for part in sorted(SERIES.iterdir()) if SERIES.is_dir() else ():
-                client.upload_file(str(part), "serve", f"dicom/cmu1/{part.name}")
-            yield env
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with servers.moto_s3() as srv, environ(srv.extra["env"]):
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="serve")
+        client.upload_file(str(SLIDE), "serve", f"cases/{SLIDE.name}")
+        client.upload_file(str(SLIDE2), "serve", f"cases/sub/{SLIDE2.name}")
+        client.put_object(Bucket="serve", Key="cases/notes.txt", Body=b"not a slide")
+        client.upload_file(str(SLIDE), "serve", "other/c.svs")
+        for part in sorted(SERIES.iterdir()) if SERIES.is_dir() else ():
+            client.upload_file(str(part), "serve", f"dicom/cmu1/{part.name}")
+        yield srv.extra["env"]
 
 
 @contextlib.contextmanager
