@@ -1,4 +1,5 @@
-"""Regenerate tests/shared_samples.json: the real slides in ../shared/samples the tests use.
+"""Regenerate tests/shared_samples.json: the real slides in ../shared/samples the tests use,
+and the fault files of ../shared/bug-inputs with the ids of their checks.
 
 Every file and folder in the samples folder (``SOURCES.md`` aside) is listed by name with its
 SHA-256 and size in bytes.  A folder (a DICOM series) is listed with the SHA-256 of its sorted
@@ -65,6 +66,19 @@ def build(samples: Path) -> dict[str, dict[str, int | str]]:
     return {p.name: digest(p) for p in sorted(samples.iterdir()) if p.name not in SKIPPED_NAMES}
 
 
+def bug_inputs(folder: Path) -> dict:
+    """The bug inputs the tests use (``../shared/bug-inputs``): every file with its digest, and the
+    checks of its ``manifest.json`` as ``[file name, index, kind]`` (the test ids; the checks
+    themselves are read from the folder when the tests run).  Empty where the folder is absent."""
+    if not folder.is_dir():
+        return {}
+    files = {p.name: digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = json.loads((folder / "manifest.json").read_text()) if "manifest.json" in files else {}
+    checks = [[name, i, check["kind"]] for name, entry in manifest.items()
+              for i, check in enumerate(entry["checks"])]
+    return {"files": files, "checks": checks}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=Path, default=default_samples())
@@ -86,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "about": "Real slides the tests read from ../shared/samples: name -> SHA-256 and size in bytes "
                  "(a folder: SHA-256 of its sorted 'relpath<TAB>sha256' lines, total size). "
-                 "Regenerate with: python scripts/shared_manifest.py",
+                 "Regenerate with: python scripts/shared_manifest.py. bug_inputs: the files of "
+                 "../shared/bug-inputs and the checks of its manifest.json as [file, index, kind].",
         "samples": manifest,
+        "bug_inputs": bug_inputs(args.samples.parent / "bug-inputs"),
     }
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{args.out}: {len(manifest)} samples")

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_SAMPLES, SHARED_SAMPLES, sample_problem, shared_manifest, shared_sample
+from helpers import (
+    BUG_INPUTS,
+    REPO_SAMPLES,
+    SHARED_SAMPLES,
+    bug_input_problem,
+    sample_problem,
+    shared_manifest,
+    shared_sample,
+)
 
 # The fixtures of the server tests (serve_slides; nginx_factory, scripted), registered here for
 # tests/serve and tests/remote.  Not a conftest.py in those folders: without packages, pytest
@@ -42,10 +50,16 @@ def pytest_runtest_setup(item):
         return
     listed = shared_manifest()
     for value in callspec.params.values():
-        if isinstance(value, (str, Path)) and Path(value).parent == SHARED_SAMPLES and Path(value).name in listed:
-            why = sample_problem(Path(value).name)
-            if why:
-                pytest.skip(why)
+        if not isinstance(value, (str, Path)):
+            continue
+        path = Path(value)
+        why = None
+        if path.parent == SHARED_SAMPLES and path.name in listed:
+            why = sample_problem(path.name)
+        elif path.parent == BUG_INPUTS:
+            why = bug_input_problem(path.name)
+        if why:
+            pytest.skip(why)
 
 
 @pytest.fixture(autouse=True)

@@ -66,6 +66,31 @@ def shared_names(prefix: str = "", suffixes: tuple[str, ...] = ()) -> list[str]:
             if n.startswith(prefix) and (not suffixes or n.lower().endswith(suffixes))]
 
 
+def bug_input_checks() -> list[tuple[str, int, str]]:
+    """``(file name, check index, kind)`` of every check of ../shared/bug-inputs/manifest.json,
+    from tests/shared_samples.json: the same list whether or not the folder is there."""
+    import json
+
+    listed = json.loads(SAMPLES_MANIFEST.read_text()).get("bug_inputs", {})
+    return [(name, int(i), kind) for name, i, kind in listed.get("checks", [])]
+
+
+def bug_input_problem(name: str) -> str | None:
+    """Why the bug input ``name`` (or the folder's ``manifest.json``) cannot be used, or None."""
+    import json
+
+    if not BUG_INPUTS.is_dir():
+        return NO_BUGS
+    listed = json.loads(SAMPLES_MANIFEST.read_text()).get("bug_inputs", {}).get("files", {})
+    for file in ("manifest.json", name):
+        path = BUG_INPUTS / file
+        if not path.is_file():
+            return f"bug input {file} is missing from {BUG_INPUTS}"
+        if file in listed and path.stat().st_size != listed[file]["size"]:
+            return f"bug input {file} differs from tests/shared_samples.json (size)"
+    return None
+
+
 def sample_problem(name: str) -> str | None:
     """Why the shared sample ``name`` cannot be used (a skip reason naming it), or None.
 

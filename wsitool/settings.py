@@ -43,6 +43,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+from .errors import InvalidOptionError
+
 __all__ = ["Limits", "get_limits", "set_limits", "limits", "DecodePaths", "get_decode_paths",
            "decode_paths"]
 
@@ -74,14 +76,15 @@ def get_limits() -> Limits:
 
 
 def _checked(changes: dict[str, int | None]) -> dict[str, int]:
-    """The changes that are not None, each checked to be a positive integer (else ``ValueError``)."""
+    """The changes that are not None, each checked to be a positive integer
+    (else :class:`~wsitool.errors.InvalidOptionError`, a ``ValueError``)."""
     unknown = set(changes) - set(_LIMIT_NAMES)
     if unknown:
         raise TypeError(f"unknown limit(s): {sorted(unknown)}")
     kept = {k: v for k, v in changes.items() if v is not None}
     for name, value in kept.items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise InvalidOptionError(f"{name} must be a positive integer, got {value!r}")
     return kept
 
 
@@ -99,7 +102,7 @@ def set_limits(
     until it ends).  Returns the previous default :class:`Limits`.
 
     Raises:
-        ValueError: a value that is not a positive integer.
+        InvalidOptionError: a value that is not a positive integer (also a ValueError).
     """
     global _default
     changes = _checked(dict(max_region_pixels=max_region_pixels, max_region_bytes=max_region_bytes,
@@ -120,7 +123,7 @@ def limits(**changes: int) -> Iterator[Limits]:
     Blocks nest.  Yields the :class:`Limits` in force inside the block.
 
     Raises:
-        ValueError: a value that is not a positive integer.
+        InvalidOptionError: a value that is not a positive integer (also a ValueError).
         TypeError: an unknown limit name.
     """
     inner = dataclasses.replace(get_limits(), **_checked(dict(changes)))

@@ -26,7 +26,7 @@ from wsitool.formats.quickhash import KEY, feed_string
 from wsitool.formats.tiff import quickhash as tiff_quickhash
 from wsitool.storage import LocalFile
 
-from helpers import BUG_INPUTS, NO_SHARED, SHARED_SAMPLES, repo_samples, shared_params
+from helpers import BUG_INPUTS, NO_SHARED, SHARED_SAMPLES, bug_input_checks, repo_samples, shared_params
 
 real = pytest.importorskip("openslide")
 ws = pytest.importorskip("wsitool.openslide")
@@ -34,8 +34,9 @@ ws = pytest.importorskip("wsitool.openslide")
 
 def _samples() -> list:
     """Every listed shared sample (skipped by tests/conftest.py where absent), the bug inputs, the repo's."""
-    found = sorted(BUG_INPUTS.glob("*.tif")) if BUG_INPUTS.is_dir() else []
-    return shared_params() + [pytest.param(p, id=p.name) for p in found + repo_samples()]
+    bugs = sorted({name for name, _, _ in bug_input_checks() if name.endswith(".tif")})
+    return (shared_params() + [pytest.param(BUG_INPUTS / n, id=n) for n in bugs]
+            + [pytest.param(p, id=p.name) for p in repo_samples()])
 
 
 def _target(path: Path) -> Path:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from wsitool import open_slide
 from wsitool.cli import app
-from wsitool.errors import InvalidRegionError
+from wsitool.errors import InvalidOptionError
 from wsitool.slide import pyramid_levels
 from wsitool.stress import EXIT_CODES, report_schema, run_stress, validate_report
 from wsitool.stress.faults import FAULT_ENV
@@ -228,7 +228,7 @@ def test_bad_arguments(monkeypatch, tmp_path):
     assert not (tmp_path / "rss.png").exists()
     res = invoke(["stress", JPEG, "--levels", "0,7", "--iterations", "10"])
     assert res.exit_code == 5 and "level 7 out of range" in res.output
-    with pytest.raises(InvalidRegionError):
+    with pytest.raises(InvalidOptionError, match="workers must be >= 1"):
         run_stress(JPEG, workers=0)
     res = invoke(["stress", REPO_SAMPLES / "no-such.svs", "--iterations", "10"])
     assert res.exit_code == 9

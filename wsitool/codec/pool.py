@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..device import cuda_device_id
-from ..errors import DeviceUnavailableError
+from ..errors import DeviceUnavailableError, InvalidOptionError
 from ..forksafe import PerProcess
 from .library import nv
 
@@ -201,7 +201,7 @@ class DecoderPool:
         elif device.startswith("cuda"):
             self._device_id = cuda_device_id(device)
         else:
-            raise ValueError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
+            raise InvalidOptionError(f"unknown device {device!r}: use 'cpu' or 'cuda[:N]'")
 
     def _create(self, cls, what: str):
         """One nvImageCodec ``Decoder`` or ``Encoder`` for this pool's device.
@@ -309,7 +309,7 @@ def get_pool(device: str = "cpu") -> DecoderPool:
     """This process's :class:`DecoderPool` of ``device`` (created once; anew in a forked child).
 
     Raises:
-        ValueError: unknown device string.
+        InvalidOptionError: unknown device string (also a ValueError).
         DeviceUnavailableError: a CUDA device without a usable GPU.
     """
     pools = _pools.get()

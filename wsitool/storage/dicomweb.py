@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, WsiError
+from ..errors import InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, WsiError
 from .http import _cause  # (the same short causes as HTTP range reads)
 from .remote import RemoteOptions
 from .source import ByteSource
@@ -189,7 +189,7 @@ class DicomWebClient:
         self.options = RemoteOptions.take(options)
         unknown = sorted(set(options) - set(_CLIENT_KEYS))
         if unknown:
-            raise WsiError(f"{self.shown}: unknown storage option(s) for DICOMweb: {', '.join(unknown)}")
+            raise InvalidOptionError(f"{self.shown}: unknown storage option(s) for DICOMweb: {', '.join(unknown)}")
         headers = {str(k): str(v) for k, v in dict(options.get("headers") or {}).items()}
         parts = urllib.parse.urlsplit(url.base)
         user, password = options.get("username"), options.get("password")
@@ -207,7 +207,7 @@ class DicomWebClient:
         try:
             cache_mb = float(options.get("frame_cache_mb", 64))
         except (TypeError, ValueError):
-            raise WsiError(f"storage option frame_cache_mb: expected a number, got "
+            raise InvalidOptionError(f"storage option frame_cache_mb: expected a number, got "
                            f"{options.get('frame_cache_mb')!r}") from None
         self.cache = _FrameCache(int(cache_mb * (1 << 20)))
         urllib3 = _urllib3()

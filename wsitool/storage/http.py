@@ -20,7 +20,7 @@ import re
 import types
 from typing import Any
 
-from ..errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, WsiError
+from ..errors import InvalidOptionError, RemoteAccessError, RemoteChangedError, RemoteNotFoundError, WsiError
 from .remote import Response, Transient, Transport
 
 __all__ = ["HttpTransport"]
@@ -61,7 +61,7 @@ class HttpTransport(Transport):
         self.headers = dict(options.pop("headers", None) or {})
         self.verify = options.pop("verify", True)
         if options:
-            raise WsiError(f"{shown}: unknown storage option(s) for HTTP(S): {', '.join(sorted(options))}")
+            raise InvalidOptionError(f"{shown}: unknown storage option(s) for HTTP(S): {', '.join(sorted(options))}")
         self.maxsize = maxsize
         self._pool: Any = None  # urllib3.PoolManager
         self._make_pool()

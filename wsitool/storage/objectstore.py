@@ -49,7 +49,14 @@ import types
 import urllib.parse
 from typing import Any
 
-from ..errors import RemoteAccessError, RemoteChangedError, RemoteNotFoundError, RemoteUnavailableError, WsiError
+from ..errors import (
+    InvalidOptionError,
+    RemoteAccessError,
+    RemoteChangedError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+    WsiError,
+)
 from .remote import RemoteOptions, Response, Transient, Transport
 from .urls import redact
 
@@ -120,7 +127,7 @@ def store_config(protocol: str, options: dict) -> tuple[dict, dict]:
         elif key.startswith(_NATIVE_PREFIX[protocol]) or key in _NATIVE_KEYS[protocol] or key == "skip_signature":
             config[key] = value
         else:
-            raise WsiError(f"storage option {key}: not an option for {protocol}:// URLs")
+            raise InvalidOptionError(f"storage option {key}: not an option for {protocol}:// URLs")
     _endpoint_from_environment(protocol, config)
     endpoint = next((str(config[k]) for k in _ENDPOINT_KEYS if config.get(k)), "")
     if not endpoint and protocol == "s3":  # the standard variables name a local server in tests
@@ -158,7 +165,7 @@ def _azure_connection_string(text: str) -> dict:
             continue
         key, sep, value = part.partition("=")
         if not sep:
-            raise WsiError("storage option connection_string: each field is Key=Value, separated by ';'")
+            raise InvalidOptionError("storage option connection_string: each field is Key=Value, separated by ';'")
         fields[key.strip().lower()] = value.strip()
     if fields.get("usedevelopmentstorage", "").lower() == "true":
         config["use_emulator"] = True  # Azurite at AZURITE_BLOB_STORAGE_URL or 127.0.0.1:10000
@@ -169,7 +176,7 @@ def _azure_connection_string(text: str) -> dict:
         protocol = fields.get("defaultendpointsprotocol") or "https"
         config["azure_endpoint"] = f"{protocol}://{fields['accountname']}.blob.{fields['endpointsuffix']}"
     if not config:
-        raise WsiError("storage option connection_string: names no AccountName, BlobEndpoint or "
+        raise InvalidOptionError("storage option connection_string: names no AccountName, BlobEndpoint or "
                        "UseDevelopmentStorage=true")
     return config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import WsiError
+from ..errors import InvalidOptionError, WsiError
 from .local import LocalFile
 from .source import ByteSource
 from .urls import redact, scheme_of
@@ -31,7 +31,7 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
     scheme = scheme_of(location)
     if scheme is None:
         if storage_options:
-            raise WsiError(f"{os.fspath(location)}: storage options apply to URLs only")
+            raise InvalidOptionError(f"{os.fspath(location)}: storage options apply to URLs only")
         return LocalFile(location)
     if scheme.startswith("dicomweb+"):
         raise WsiError(f"{redact(str(location))}: a DICOMweb series is opened with open_slide, "

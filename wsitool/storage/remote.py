@@ -51,7 +51,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RemoteChangedError, RemoteUnavailableError, WsiError
+from ..errors import InvalidOptionError, RemoteChangedError, RemoteUnavailableError, WsiError
 from .source import ByteSource, CountedReads
 from .urls import redact
 
@@ -111,9 +111,9 @@ class RemoteOptions:
             try:
                 value = int(raw) if key in ("retries", "concurrency") else float(raw)
             except (TypeError, ValueError):
-                raise WsiError(f"storage option {key}: expected a number, got {raw!r}") from None
+                raise InvalidOptionError(f"storage option {key}: expected a number, got {raw!r}") from None
             if value < 0 or (value == 0 and key not in ("retries", "backoff")):
-                raise WsiError(f"storage option {key}: must be positive, got {raw!r}")
+                raise InvalidOptionError(f"storage option {key}: must be positive, got {raw!r}")
             setattr(out, key, value)
         return out
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ..device import cuda_device_id
-from ..errors import InvalidRegionError
+from ..errors import InvalidOptionError, InvalidRegionError
 from ..read.request import output_shape
 from ..slide import open_slide, pyramid_levels
 from ..storage import redact
@@ -134,12 +134,12 @@ def check_arguments(shown: str, *, workers: int, iterations: int | None, duratio
     ``shown``: the slide as messages name it (a URL without its query).
 
     Raises:
-        InvalidRegionError: an argument out of range (also a ValueError); the message
+        InvalidOptionError: an argument out of range (also a ValueError); the message
             starts with ``shown``.
     """
 
-    def bad(msg: str) -> InvalidRegionError:
-        return InvalidRegionError(f"{shown}: {msg}")
+    def bad(msg: str) -> InvalidOptionError:
+        return InvalidOptionError(f"{shown}: {msg}")
 
     if workers < 1:
         raise bad(f"workers must be >= 1, got {workers}")

@@ -98,7 +98,9 @@ def run_stress(
     Raises:
         FileNotFoundError, UnsupportedFormatError, CorruptFileError: the slide
             cannot be opened (checked in the parent before the child starts).
-        InvalidRegionError: bad ``levels``, ``mode`` or other argument (also a ValueError).
+        InvalidOptionError: ``workers``, ``iterations``, ``mode`` or another argument out of range (also a
+            ValueError).
+        InvalidRegionError: bad ``levels`` (not an index, out of range, or levels of different kinds).
         DeviceUnavailableError: ``device`` is CUDA and no CUDA device is usable.
         WsiError: the child could not start or failed before its first read.
     """
