@@ -247,6 +247,7 @@ def test_no_module_builds_its_own_temporary_names():
         "self._zip.open(",  # a member of the npz partial, not a file
         "open(trace_path",  # stress: the child's stderr in its private mkdtemp folder
         'os.fdopen(cfg["fd"]',  # stress worker: a pipe
+        "os.fdopen(write_end",  # serve: the start-up check's child writes its result into a pipe
         "atomic.write_bytes(",  # through the helper
         "tarfile.open(fileobj=fh",  # patches: a tar stream into the file object atomic.open_file made
     )
