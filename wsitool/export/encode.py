@@ -20,7 +20,7 @@ import collections
 import contextvars
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import cast
+from typing import Any, cast
 
 import imagecodecs
 import numpy as np
@@ -90,7 +90,8 @@ class TileCodec:
         if self.compression == "deflate":
             diff = tile.copy()
             diff[:, 1:] -= tile[:, :-1]  # TIFF predictor 2, modulo 256
-            return cast(bytes, imagecodecs.deflate_encode(diff, level=6))  # type: ignore[arg-type]  # any buffer
+            # (imagecodecs takes any buffer; its stub names bytes only on some Python versions)
+            return cast(bytes, imagecodecs.deflate_encode(cast(Any, diff), level=6))
         return tile.tobytes()
 
 
