@@ -42,9 +42,12 @@ endpoint turns on plain HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
+import random
 import re
+import time
 import types
 import urllib.parse
 from typing import Any
@@ -60,7 +63,7 @@ from ..errors import (
 from .remote import RemoteOptions, Response, Transient, Transport
 from .urls import redact
 
-__all__ = ["ObjectStoreTransport", "store_config", "list_objects"]
+__all__ = ["BucketURL", "ObjectStoreTransport", "list_keys", "list_objects", "make_store", "store_config"]
 
 #: scheme as given -> (obstore's scheme, protocol name)
 _SCHEMES = {"s3": ("s3", "s3"), "gs": ("gs", "gs"), "gcs": ("gs", "gs"),
@@ -199,31 +202,17 @@ class ObjectStoreTransport(Transport):
 
     def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None):
         obstore = _obstore()
-        scheme = url.split("://", 1)[0].lower()
-        store_scheme, self.protocol = _SCHEMES[scheme]
-        parts = urllib.parse.urlsplit(url)
-        bucket, key = parts.netloc, parts.path.lstrip("/")
-        if not bucket or not key:
-            raise WsiError(f"{shown}: a {scheme}:// slide URL names a bucket and an object "
-                           f"({scheme}://bucket/path/slide.svs)")
-        self.shown = shown
-        self.key = urllib.parse.unquote(key)
-        config, client = store_config(self.protocol, options)
-        client.setdefault("timeout", f"{max(1, int(round(timeout)))}s")
-        client.setdefault("connect_timeout", f"{max(1, int(round(timeout)))}s")
-        self._args = (f"{store_scheme}://{bucket}", config, client)
-        try:
-            self._store = store if store is not None else self._make_store()
-        except Exception as exc:  # obstore's configuration errors
-            raise WsiError(f"{shown}: {_first_line(exc)}") from None
+        where = BucketURL.parse(url)
+        if not where.key:
+            raise WsiError(f"{shown}: a {where.scheme}:// slide URL names a bucket and an object "
+                           f"({where.scheme}://bucket/path/slide.svs)")
+        self.shown, self.protocol, self.key = shown, where.protocol, where.key
+        self._where, self._options, self._timeout = where, dict(options), timeout
+        self._store = store if store is not None else self._make_store()
         self._obstore = obstore
 
     def _make_store(self) -> Any:
-        obstore = _obstore()
-        root, config, client = self._args
-        return obstore.store.from_url(root, config=config or None, client_options=client,
-                                      retry_config={"max_retries": 0,
-                                                    "retry_timeout": datetime.timedelta(seconds=1)})
+        return make_store(self._where, self._options, self._timeout)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
         obstore = self._obstore
@@ -273,6 +262,136 @@ class ObjectStoreTransport(Transport):
         self._store = None
 
 
+@dataclasses.dataclass(frozen=True)
+class BucketURL:
+    """An ``s3://``, ``gs://`` or ``az://`` URL (or an alias) taken apart.
+
+    Attributes:
+        scheme: the scheme as given (``s3``, ``gcs``, ``abfs``, ...), lower case.
+        store_scheme: obstore's scheme for it.
+        protocol: ``"s3"``, ``"gs"`` or ``"az"``.
+        bucket: the bucket (Azure: the container).
+        key: the object key or key prefix, unquoted (``""`` for a whole bucket).
+        shown: the URL as messages show it (:func:`~wsitool.storage.urls.redact`).
+    """
+
+    scheme: str
+    store_scheme: str
+    protocol: str
+    bucket: str
+    key: str
+    shown: str
+
+    @classmethod
+    def parse(cls, url: str, example: str = "bucket/path/slide.svs") -> BucketURL:
+        """Take ``url`` apart; ``example`` (after ``scheme://``) is shown when it names no bucket.
+
+        Raises:
+            WsiError: not an object-store URL, or no bucket.
+        """
+        shown = redact(url)
+        scheme = url.split("://", 1)[0].lower()
+        if scheme not in _SCHEMES:
+            raise WsiError(f"{shown}: not an s3://, gs:// or az:// URL")
+        parts = urllib.parse.urlsplit(url)
+        if not parts.netloc:
+            raise WsiError(f"{shown}: a {scheme}:// URL names a bucket ({scheme}://{example})")
+        store_scheme, protocol = _SCHEMES[scheme]
+        return cls(scheme, store_scheme, protocol, parts.netloc, urllib.parse.unquote(parts.path.lstrip("/")), shown)
+
+    def url_of(self, key: str) -> str:
+        """The URL of the object ``key`` of this bucket (the key quoted as a URL path)."""
+        return f"{self.scheme}://{self.bucket}/{urllib.parse.quote(key, safe=_KEY_SAFE)}"
+
+
+#: characters a key keeps unquoted in the URLs listings return
+_KEY_SAFE = "/~!$&'()*+,;=:@"
+
+
+def make_store(where: BucketURL, options: dict, timeout: float) -> Any:
+    """An obstore store of ``where``'s bucket, with request timeouts of ``timeout`` seconds and
+    obstore's own retries off (wsitool retries: :class:`~wsitool.storage.remote.RemoteSource`
+    for reads, :func:`list_keys` for listings).  ``options``: the store's ``storage_options``
+    (the generic :class:`~wsitool.storage.remote.RemoteOptions` keys taken out).
+
+    Raises:
+        InvalidOptionError: an option the protocol does not take.
+        WsiError: obstore is not installed, or refuses the configuration.
+    """
+    obstore = _obstore()
+    config, client = store_config(where.protocol, options)
+    seconds = f"{max(1, int(round(timeout)))}s"
+    client.setdefault("timeout", seconds)
+    client.setdefault("connect_timeout", seconds)
+    try:
+        return obstore.store.from_url(f"{where.store_scheme}://{where.bucket}", config=config or None,
+                                      client_options=client,
+                                      retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
+    except Exception as exc:  # obstore's configuration errors
+        raise WsiError(f"{where.shown}: {_first_line(exc)}") from None
+
+
+def list_keys(store: Any, where: BucketURL, options: RemoteOptions, limit: int | None = None) -> list[tuple[str, int]]:
+    """``(key, size in bytes)`` of every object under ``where.key`` (recursively), sorted by key.
+
+    One listing request per page (S3 and GCS answer up to 1,000 keys a page, Azure 5,000).
+    With ``limit``, the listing stops once more than ``limit`` keys were seen (the caller
+    tells the result's length from ``limit + 1`` keys and up).  A failure worth retrying
+    (timeout, reset, 5xx) is retried ``options.retries`` times with back-off, within
+    ``options.operation_timeout`` seconds.
+
+    Raises:
+        RemoteNotFoundError: no such bucket.
+        RemoteAccessError: access denied, missing or expired credentials.
+        RemoteUnavailableError: the listing kept failing.
+        WsiError: obstore refused the key prefix.
+    """
+    deadline = time.monotonic() + options.operation_timeout
+    attempt = 0
+    while True:
+        try:
+            return sorted(_list_once(store, where, limit))
+        except _Transient as exc:
+            attempt += 1
+            pause = min(8.0, options.backoff * 2 ** (attempt - 1)) * (0.5 + random.random())
+            if attempt > options.retries or time.monotonic() + pause > deadline:
+                raise RemoteUnavailableError(
+                    f"{where.shown}: listing failed ({exc}; gave up after {attempt} attempts)") from None
+            time.sleep(pause)
+
+
+def _list_once(store: Any, where: BucketURL, limit: int | None) -> list[tuple[str, int]]:
+    """One listing of the keys under ``where.key`` (up to ``limit + 1``); errors mapped to
+    wsitool's, :class:`_Transient` for those worth retrying."""
+    exc_mod = _obstore().exceptions
+    found: list[tuple[str, int]] = []
+    try:
+        for chunk in _obstore().list(store, prefix=where.key or None, chunk_size=1000):
+            found.extend((str(meta["path"]), int(meta["size"])) for meta in chunk)
+            if limit is not None and len(found) > limit:
+                break
+    except (FileNotFoundError, exc_mod.NotFoundError):
+        raise RemoteNotFoundError(where.shown, "no such bucket") from None
+    except (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError) as exc:
+        raise RemoteAccessError(f"{where.shown}: access denied ({_first_line(exc, 120)})") from None
+    except (exc_mod.UnknownConfigurationKeyError, exc_mod.InvalidPathError) as exc:
+        raise WsiError(f"{where.shown}: {_first_line(exc)}") from None
+    except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
+        text = _first_line(exc, 160)
+        status = re.search(r"status(?: code)?: (\d{3})", str(exc))
+        code = int(status.group(1)) if status else 0
+        if code in (401, 403) or (not code and ("403" in text or "401" in text)):
+            raise RemoteAccessError(f"{where.shown}: access denied ({text})") from None
+        if code == 404 or "NoSuchBucket" in text or (not code and "404" in text):
+            raise RemoteNotFoundError(where.shown, "no such bucket") from None
+        raise _Transient(f"HTTP {code}" if code else text) from None
+    return found
+
+
+class _Transient(Exception):
+    """A listing failure worth retrying (timeout, reset, 5xx)."""
+
+
 def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
     """The URLs of every object under the prefix ``url`` (``s3://bucket/prefix/``), sorted.
 
@@ -281,58 +400,23 @@ def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
     whole bucket).  The listing is recursive (keys in sub-prefixes come too); each
     URL returned is ``scheme://bucket/key`` with the key as stored (the query of
     ``url``, if any, is not carried over).  ``storage_options`` as for
-    :func:`~wsitool.storage.open_source`; ``timeout``, ``operation_timeout`` and
-    ``retries`` bound the listing's requests (obstore retries them).
+    :func:`~wsitool.storage.open_source`; ``timeout``, ``operation_timeout``,
+    ``retries`` and ``backoff`` bound the listing's requests (:func:`list_keys`).
 
     Raises:
         RemoteNotFoundError: the bucket does not exist, or nothing is stored under the prefix.
         RemoteAccessError: access denied, missing or expired credentials.
         RemoteUnavailableError: the store kept failing (timeouts, 5xx, resets).
-        WsiError: not an object-store URL, a bad storage option, obstore not installed.
+        InvalidOptionError: a bad storage option.
+        WsiError: not an object-store URL, obstore not installed.
     """
-    obstore = _obstore()
-    shown = redact(url)
-    scheme = url.split("://", 1)[0].lower()
-    if scheme not in _SCHEMES:
-        raise WsiError(f"{shown}: only s3://, gs:// and az:// prefixes can be listed")
-    store_scheme, protocol = _SCHEMES[scheme]
-    parts = urllib.parse.urlsplit(url)
-    bucket, prefix = parts.netloc, urllib.parse.unquote(parts.path.lstrip("/"))
-    if not bucket:
-        raise WsiError(f"{shown}: a {scheme}:// prefix names a bucket ({scheme}://bucket/prefix/)")
+    where = BucketURL.parse(url, "bucket/prefix/")
     options = dict(storage_options or {})
     generic = RemoteOptions.take(options)
-    config, client = store_config(protocol, options)
-    seconds = f"{max(1, int(round(generic.timeout)))}s"
-    client.setdefault("timeout", seconds)
-    client.setdefault("connect_timeout", seconds)
-    retry = {"max_retries": generic.retries, "retry_timeout": datetime.timedelta(seconds=generic.operation_timeout),
-             "backoff": {"init_backoff": datetime.timedelta(seconds=max(generic.backoff, 0.01))}}
-    exc_mod = obstore.exceptions
-    try:
-        store = obstore.store.from_url(f"{store_scheme}://{bucket}", config=config or None,
-                                       client_options=client, retry_config=retry)
-        keys = [meta["path"] for chunk in obstore.list(store, prefix=prefix or None, chunk_size=1000)
-                for meta in chunk]
-    except (FileNotFoundError, exc_mod.NotFoundError):
-        raise RemoteNotFoundError(shown, "no such bucket") from None
-    except (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError) as exc:
-        raise RemoteAccessError(f"{shown}: access denied ({_first_line(exc, 120)})") from None
-    except (exc_mod.UnknownConfigurationKeyError, exc_mod.InvalidPathError) as exc:
-        raise WsiError(f"{shown}: {_first_line(exc)}") from None
-    except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
-        status = re.search(r"status(?: code)?: (\d{3})", str(exc))
-        code = int(status.group(1)) if status else 0
-        if code in (401, 403):
-            raise RemoteAccessError(f"{shown}: access denied (HTTP {code})") from None
-        if code == 404 or "NoSuchBucket" in str(exc):
-            raise RemoteNotFoundError(shown, "no such bucket") from None
-        why = f"HTTP {code}" if code else _first_line(exc, 160)
-        raise RemoteUnavailableError(f"{shown}: listing failed after {generic.retries} retries ({why})") from None
+    keys = list_keys(make_store(where, options, generic.timeout), where, generic)
     if not keys:
-        raise RemoteNotFoundError(shown, "no object under this prefix")
-    root = f"{scheme}://{bucket}/"
-    return [root + urllib.parse.quote(key, safe="/~!$&'()*+,;=:@") for key in sorted(keys)]
+        raise RemoteNotFoundError(where.shown, "no object under this prefix")
+    return [where.url_of(key) for key, _ in keys]
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:

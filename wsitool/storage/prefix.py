@@ -31,13 +31,11 @@ through :func:`~wsitool.storage.urls.redact` only.
 from __future__ import annotations
 
 import dataclasses
-import random
-import time
 import urllib.parse
 from typing import Any
 
-from ..errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, UnsupportedFormatError, WsiError
-from .objectstore import _SCHEMES, ObjectStoreTransport, _first_line, _obstore, store_config
+from ..errors import UnsupportedFormatError, WsiError
+from .objectstore import _SCHEMES, BucketURL, ObjectStoreTransport, list_keys, make_store
 from .remote import RemoteOptions, RemoteSource
 from .urls import redact, scheme_of
 
@@ -91,31 +89,15 @@ class Prefix:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         self.shown = redact(url)
-        scheme = url.split("://", 1)[0].lower()
         if not is_prefix_url(url):
             raise WsiError(f"{self.shown}: not an s3://, gs:// or az:// prefix ending in '/'")
-        store_scheme, self.protocol = _SCHEMES[scheme]
-        parts = urllib.parse.urlsplit(url)
-        self._scheme, self._bucket = scheme, parts.netloc
-        if not self._bucket:
-            raise WsiError(f"{self.shown}: a {scheme}:// prefix names a bucket ({scheme}://bucket/prefix/)")
-        self.key_prefix = urllib.parse.unquote(parts.path.lstrip("/"))
+        self._where = BucketURL.parse(url, "bucket/prefix/")
+        self.protocol = self._where.protocol
+        self.key_prefix = self._where.key
         options = dict(storage_options or {})
         self.options = RemoteOptions.take(options)
         self._transport_options = options
-        config, client = store_config(self.protocol, options)
-        seconds = f"{max(1, int(round(self.options.timeout)))}s"
-        client.setdefault("timeout", seconds)
-        client.setdefault("connect_timeout", seconds)
-        import datetime
-
-        obstore = _obstore()
-        try:
-            self._store: Any = obstore.store.from_url(
-                f"{store_scheme}://{self._bucket}", config=config or None, client_options=client,
-                retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
-        except Exception as exc:  # obstore's configuration errors
-            raise WsiError(f"{self.shown}: {_first_line(exc)}") from None
+        self._store: Any = make_store(self._where, options, self.options.timeout)
         self.deeper = 0
         self.listed = 0
         self.list_requests = 0
@@ -128,57 +110,24 @@ class Prefix:
             RemoteNotFoundError: no such bucket.  RemoteAccessError: access denied.
             RemoteUnavailableError: the listing kept failing after the retries.
         """
-        attempt = 0
-        while True:
-            try:
-                metas = self._list()
-                break
-            except _Retry as exc:
-                attempt += 1
-                if attempt > self.options.retries:
-                    raise RemoteUnavailableError(f"{self.shown}: listing failed ({exc}; gave up after "
-                                                 f"{attempt} attempts)") from None
-                time.sleep(min(8.0, self.options.backoff * 2 ** (attempt - 1)) * (0.5 + random.random()))
+        metas = list_keys(self._store, self._where, self.options, limit=MAX_OBJECTS)
+        self.list_requests = 1
+        if len(metas) > MAX_OBJECTS:
+            raise UnsupportedFormatError(f"{self.shown}: more than {MAX_OBJECTS} objects under the prefix: not "
+                                         "one slide; give the prefix of one DICOM series")
         out = []
         self.deeper = 0
-        for key, size in sorted(metas):
+        for key, size in metas:
             rest = key[len(self.key_prefix):]
             if not rest or rest.endswith("/"):
                 continue  # the prefix's own marker object, a "folder" marker
             if "/" in rest:
                 self.deeper += 1
                 continue
-            url = f"{self._scheme}://{self._bucket}/{urllib.parse.quote(key, safe='/')}"
+            url = self._where.url_of(key)
             out.append(PrefixObject(key, url, redact(url), size))
         self.listed = len(out)
         return out
-
-    def _list(self) -> list[tuple[str, int]]:
-        """``(key, size)`` of the keys under the prefix, up to :data:`MAX_OBJECTS` (one page
-        more is refused).  Raises :class:`_Retry` for a failure worth retrying."""
-        obstore = _obstore()
-        exc_mod = obstore.exceptions
-        found: list[tuple[str, int]] = []
-        self.list_requests = 1
-        try:
-            for chunk in obstore.list(self._store, prefix=self.key_prefix or None, chunk_size=MAX_OBJECTS):
-                found.extend((str(meta["path"]), int(meta["size"])) for meta in chunk)
-                if len(found) > MAX_OBJECTS:
-                    raise UnsupportedFormatError(
-                        f"{self.shown}: more than {MAX_OBJECTS} objects under the prefix: not one "
-                        "slide; give the prefix of one DICOM series")
-        except FileNotFoundError:
-            raise RemoteNotFoundError(self.shown, "no such bucket") from None
-        except (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError) as exc:
-            raise RemoteAccessError(f"{self.shown}: access denied ({_first_line(exc, 120)})") from None
-        except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
-            text = _first_line(exc, 160)
-            if "403" in text or "401" in text:
-                raise RemoteAccessError(f"{self.shown}: access denied ({text})") from None
-            if "404" in text or "NoSuchBucket" in text:
-                raise RemoteNotFoundError(self.shown, "no such bucket") from None
-            raise _Retry(text) from None
-        return found
 
     def open(self, obj: PrefixObject) -> RemoteSource:
         """The byte source of ``obj`` (one ranged GET of its first 64 KiB), through the prefix's
@@ -199,6 +148,3 @@ class Prefix:
         """Drop the listing's client (the sources opened keep theirs until they are closed)."""
         self._store = None
 
-
-class _Retry(Exception):
-    """A listing failure worth retrying (timeout, reset, 5xx)."""

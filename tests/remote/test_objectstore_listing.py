@@ -1,0 +1,98 @@
+"""One object-store listing for ``serve`` prefixes and DICOM series prefixes (``objectstore.list_keys``).
+
+A scripted stand-in for obstore's ``list`` gives the failures a real store gives
+(status texts as obstore words them), so the retry and error mapping are pinned
+without a server; the real listings run against moto in test_serve_remote.py and
+test_remote_dicom_prefix.py.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from wsitool.errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError
+from wsitool.storage import objectstore
+from wsitool.storage.objectstore import BucketURL, list_keys
+from wsitool.storage.remote import RemoteOptions
+
+pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
+
+
+class _Base(Exception):
+    pass
+
+
+def _fake_obstore(failures: list[Exception], keys: list[str]):
+    """An obstore stand-in whose ``list`` raises ``failures`` in turn, then pages ``keys``."""
+    calls = []
+    exc = types.SimpleNamespace(
+        BaseError=_Base, NotFoundError=type("NotFoundError", (_Base,), {}),
+        PermissionDeniedError=type("PermissionDeniedError", (_Base,), {}),
+        UnauthenticatedError=type("UnauthenticatedError", (_Base,), {}),
+        UnknownConfigurationKeyError=type("UnknownConfigurationKeyError", (_Base,), {}),
+        InvalidPathError=type("InvalidPathError", (_Base,), {}))
+
+    def list_(store, prefix=None, chunk_size=1000):
+        calls.append(prefix)
+        if len(calls) <= len(failures):
+            raise failures[len(calls) - 1]
+        for i in range(0, len(keys), chunk_size):
+            yield [{"path": k, "size": 10} for k in keys[i:i + chunk_size]]
+
+    return types.SimpleNamespace(exceptions=exc, list=list_), calls
+
+
+@pytest.fixture
+def where():
+    return BucketURL.parse("s3://bucket/series/?X-Amz-Signature=secret")
+
+
+def _run(monkeypatch, failures, keys, where, **options):
+    fake, calls = _fake_obstore(failures, keys)
+    monkeypatch.setattr(objectstore, "_obstore", lambda: fake)
+    opts = RemoteOptions.take({"backoff": 0, **options})
+    return calls, lambda limit=None: list_keys(object(), where, opts, limit=limit)
+
+
+def test_transient_failures_are_retried_then_listed_sorted(monkeypatch, where):
+    calls, run = _run(monkeypatch, [_Base("Generic S3 error: status: 503 Slow Down"), TimeoutError("timed out")],
+                      ["series/b.dcm", "series/a.dcm"], where, retries=2)
+    assert run() == [("series/a.dcm", 10), ("series/b.dcm", 10)]
+    assert calls == ["series/", "series/", "series/"]
+
+
+def test_a_store_that_keeps_failing_gives_up_after_the_retries(monkeypatch, where):
+    calls, run = _run(monkeypatch, [_Base("status: 500 Internal")] * 5, [], where, retries=2)
+    with pytest.raises(RemoteUnavailableError) as info:
+        run()
+    assert len(calls) == 3 and "gave up after 3 attempts" in str(info.value)
+    assert "secret" not in str(info.value) and "s3://bucket/series/" in str(info.value)
+
+
+@pytest.mark.parametrize("failure, error", [
+    (_Base("Client error with status: 403 Forbidden"), RemoteAccessError),
+    (_Base("Client error with status 401"), RemoteAccessError),
+    (_Base("status: 404 NoSuchBucket"), RemoteNotFoundError),
+    (FileNotFoundError("gone"), RemoteNotFoundError),
+])
+def test_permanent_failures_are_not_retried(monkeypatch, where, failure, error):
+    calls, run = _run(monkeypatch, [failure] * 3, [], where, retries=3)
+    with pytest.raises(error) as info:
+        run()
+    assert len(calls) == 1 and "secret" not in str(info.value)
+
+
+def test_a_bounded_listing_stops_past_its_limit(monkeypatch, where):
+    keys = [f"series/{i:05d}.dcm" for i in range(2500)]
+    _, run = _run(monkeypatch, [], keys, where)
+    assert len(run(limit=1000)) == 2000   # two pages read: the second shows the bound is passed
+    assert len(run()) == 2500
+
+
+def test_the_urls_a_listing_returns_round_trip_to_their_keys(where):
+    key = "series/a b#c?.dcm"
+    url = where.url_of(key)
+    assert url.startswith("s3://bucket/series/") and "#" not in url and "?" not in url
+    assert BucketURL.parse(url).key == key
