@@ -8,9 +8,11 @@
    order, batch 64) in this process, against a ``DataLoader`` of ``--workers``
    workers (one decode thread each, ``persistent_workers=True``) over
    :class:`wsitool.torchdata.PatchIterableDataset` (no shuffle; window shuffle;
-   full shuffle) and :class:`~wsitool.torchdata.PatchDataset` (sequential and
-   random sampler, ``__getitems__``).  Each is timed over whole epochs after a
-   first epoch that starts the workers; the best of ``--repeat`` is kept.
+   full shuffle; the first two also with ``channels_last=True``, the layout
+   ``read_patches`` gives, the default being a transposed copy) and
+   :class:`~wsitool.torchdata.PatchDataset` (sequential and random sampler,
+   ``__getitems__``).  Each is timed over whole epochs after a first epoch that
+   starts the workers; the best of ``--repeat`` is kept.
 2. **rss**: the resident memory of the main process plus its workers
    (``persistent_workers=True``, window shuffle, ``set_epoch`` each epoch) after
    epoch 1 and after epoch ``--epochs``.
@@ -109,7 +111,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--only", choices=("rate", "rss"), default=None)
-    ap.add_argument("--cases", default="all", help="comma-separated subset of: nos,win,full,mapseq,maprand")
+    ap.add_argument("--cases", default="all", help="comma-separated subset of: nos,noscl,win,wincl,full,mapseq,maprand")
     args = ap.parse_args()
     torch.set_num_threads(1)
     plan = make_plan(args.slide, args.size, args.limit)
@@ -122,7 +124,11 @@ def main() -> None:
               f"{base_cpu:.0f} per CPU-second")
         cases = [
             ("nos", "iterable, no shuffle", lambda: PatchIterableDataset(plan, batch_size=64, shuffle=False), None),
+            ("noscl", "iterable, no shuffle, channels_last",
+             lambda: PatchIterableDataset(plan, batch_size=64, shuffle=False, channels_last=True), None),
             ("win", "iterable, window shuffle (4 batches)", lambda: PatchIterableDataset(plan, batch_size=64), None),
+            ("wincl", "iterable, window shuffle, channels_last",
+             lambda: PatchIterableDataset(plan, batch_size=64, channels_last=True), None),
             ("full", "iterable, full shuffle",
              lambda: PatchIterableDataset(plan, batch_size=64, shuffle_window=None), None),
             ("mapseq", "map, sequential sampler", lambda: PatchDataset(plan), False),

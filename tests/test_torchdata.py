@@ -10,6 +10,7 @@ mask.  Skipped with the reason where PyTorch is absent (the ``torch`` extra).
 from __future__ import annotations
 
 import importlib.util
+import os
 import pickle
 import subprocess
 import sys
@@ -428,3 +429,90 @@ def test_iterable_transform_in_workers(plans, reference):
     pats = torch.cat([p for p, _ in got])
     assert pats.dtype == torch.float32 and tuple(pats.shape) == (len(reference), 3, SIZE, SIZE)
     np.testing.assert_allclose(pats.permute(0, 2, 3, 1).numpy(), reference[idx] / np.float32(255), rtol=1e-6)
+
+
+@needs_torch
+def test_pooled_batch_buffer_is_released_only_once_every_tensor_on_it_is_gone():
+    """A worker's pooled batch buffer (wsitool.torchdata._BatchPool) is offered again only when
+    the process that unpickled the batch has dropped every tensor on it; views keep it held."""
+    import multiprocessing
+
+    import torch
+
+    import wsitool.torchdata as td
+
+    def received(storage):     # the same shared memory, mapped anew (as the main process does)
+        fd, size = storage._share_fd_cpu_()
+        return torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
+
+    board = multiprocessing.RawArray("q", td._BOARD_WORKERS * td._SLOTS)
+    saved, td._BOARD = td._BOARD, board
+    try:
+        pool = td._BatchPool(board, 1)
+        storage, entry, token = pool.take(2 * 3 * 4 * 4)
+        assert entry == td._SLOTS and token != 0
+        first = td._rebuild_batch(received(storage), (2, 3, 4, 4), (48, 16, 4, 1), torch.zeros(4, 2, dtype=torch.int64),
+                                  entry, token)
+        patches, coords = first
+        assert tuple(patches.shape) == (2, 3, 4, 4) and sorted(coords) == ["index", "slide", "x", "y"]
+        view = patches[1]
+        del storage, first, patches
+        s2, e2, t2 = pool.take(96)              # the first buffer is held (a view): a second one
+        assert e2 == entry + 1
+        td._rebuild_batch(received(s2), (2, 3, 4, 4), (48, 16, 4, 1), torch.zeros(4, 2, dtype=torch.int64), e2, t2)
+        assert board[entry] != token
+        del view
+        td._rebuild_batch(torch.UntypedStorage(96), (2, 3, 4, 4), (48, 16, 4, 1),
+                          torch.zeros(4, 2, dtype=torch.int64), -1, 0)   # not pooled: posts the others
+        assert board[entry] == token and board[e2] == t2
+        again, e3, t3 = pool.take(96)
+        assert e3 == entry and t3 != token
+        again.copy_(torch.UntypedStorage(96))    # (the buffer's pages are the worker's own again)
+    finally:
+        td._BOARD = saved
+        td._HELD.clear()
+
+
+@needs_torch
+def test_iterable_batches_kept_by_the_consumer_are_never_overwritten(plans, reference):
+    """Batches the main process keeps (the workers' buffers never released) hold their patches,
+    and batches it drops (buffers reused) are right too, both layouts, over two epochs."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from wsitool.torchdata import PatchIterableDataset
+
+    for channels_last in (False, True):
+        ds = PatchIterableDataset(plans, batch_size=16, shuffle=False, channels_last=channels_last)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                            multiprocessing_context="fork")
+        kept = list(loader)
+        for _ in range(2):
+            for patches, coords in loader:     # dropped as it goes: buffers reused
+                np.testing.assert_array_equal(patches.permute(0, 2, 3, 1).numpy(), reference[coords["index"].numpy()])
+        idx = torch.cat([c["index"] for _, c in kept]).numpy()
+        pats = torch.cat([p for p, _ in kept]).permute(0, 2, 3, 1).numpy()
+        assert sorted(idx.tolist()) == list(range(len(reference)))
+        np.testing.assert_array_equal(pats, reference[idx])
+        assert kept[0][0].is_contiguous(memory_format=torch.channels_last if channels_last else
+                                        torch.contiguous_format)
+
+
+@needs_torch
+def test_iterable_without_buffer_reuse_sends_fresh_batches(plans, reference):
+    """reuse_buffers=False: every batch in fresh shared memory (nothing pooled, nothing for the
+    main process to release), the same patches."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    import wsitool.torchdata as td
+    from wsitool.torchdata import PatchIterableDataset
+
+    td._HELD.clear()
+    ds = PatchIterableDataset(plans, batch_size=16, shuffle=False, reuse_buffers=False)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    got = list(loader)
+    assert td._HELD == []                       # no pooled batch was received
+    idx = torch.cat([c["index"] for _, c in got]).numpy()
+    assert sorted(idx.tolist()) == list(range(len(reference)))
+    np.testing.assert_array_equal(torch.cat([p for p, _ in got]).permute(0, 2, 3, 1).numpy(), reference[idx])

@@ -31,6 +31,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from .slide import Slide, open_slide
 
 try:
     import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils.data import Dataset, IterableDataset, get_worker_info
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise ImportError(f"wsitool.torchdata needs PyTorch ({_exc}); install the optional extra: "
@@ -73,6 +75,131 @@ def _empty(shape: tuple[int, ...], dtype, shared: bool):
             return torch.empty(0, dtype=dtype).set_(new_shared(nbytes), 0, shape, strides)
         return torch.empty(shape, dtype=dtype).share_memory_()   # pragma: no cover - older PyTorch
     return torch.empty(shape, dtype=dtype)
+
+
+# --------------------------------------------------------------------- batches reused in shared memory
+#
+# Shared memory fresh for every batch (as above) costs a worker about as much as 15 % of
+# decoding it: the pages are allocated, zeroed and faulted in one by one, and freed again in
+# the main process (~13 ms for 64 patches of 224 pixels, scripts/bench_torch.py).  So a
+# worker keeps up to _SLOTS batch buffers (:class:`_BatchPool`) and fills one again once the
+# main process has let go of every tensor on it: the batch travels as a :class:`_Batch`,
+# whose unpickling in the main process (:func:`_rebuild_batch`) records a weak reference to
+# its storage; when that reference has expired, the main process writes the buffer's token
+# (a random nonce and a use count) on the release board, an array of int64 in shared memory
+# made by the main process (:func:`_release_board`) and handed to the workers with the
+# dataset.  A worker reuses a buffer only when the board shows that exact token, so a lost
+# or overwritten notice (workers of two loaders sharing board entries) only means a fresh
+# buffer.  Buffers not released in time (a consumer keeping batches) mean fresh ones too.
+
+_SLOTS = 4           #: batch buffers a worker keeps
+_BOARD_WORKERS = 64  #: workers with board entries of their own (worker ids modulo this)
+_COORD_KEYS = ("index", "slide", "x", "y")
+
+#: This process tree's release board (made by the main process, inherited or unpickled by workers).
+_BOARD = None
+#: Main process: ``(weak reference, board entry, token)`` of the pooled batches received, not yet released.
+_HELD: list = []
+_HELD_LOCK = threading.Lock()
+
+
+def _release_board():
+    """The release board of this process (made on first use; a worker gets its parent's)."""
+    global _BOARD
+    if _BOARD is None:
+        _BOARD = multiprocessing.RawArray("q", _BOARD_WORKERS * _SLOTS)
+    return _BOARD
+
+
+def _adopt_board(board) -> None:
+    """A worker started by spawn/forkserver: use the board of the main process that started it."""
+    global _BOARD
+    if board is not None:
+        _BOARD = board
+
+
+class _BatchPool:
+    """A ``DataLoader`` worker's batch buffers in shared memory, reused once released (see above)."""
+
+    def __init__(self, board, worker: int):
+        self.pid = os.getpid()
+        self.board = board
+        self.base = (worker % _BOARD_WORKERS) * _SLOTS
+        self.nonce = int.from_bytes(os.urandom(3), "little") << 32
+        self.uses = 0
+        self.slots: list[list] = []    # [storage, token of its last use]
+
+    def _token(self) -> int:
+        self.uses += 1
+        return self.nonce | (self.uses & 0xFFFFFFFF)
+
+    def take(self, nbytes: int):
+        """``(storage of >= nbytes bytes, board entry, token)``; entry -1: a fresh buffer, not pooled."""
+        for k, slot in enumerate(self.slots):
+            if self.board[self.base + k] == slot[1]:          # released by the main process
+                if slot[0].nbytes() < nbytes:
+                    slot[0] = torch.UntypedStorage._new_shared(nbytes)
+                slot[1] = self._token()
+                return slot[0], self.base + k, slot[1]
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        if len(self.slots) >= _SLOTS:
+            return storage, -1, 0
+        self.slots.append([storage, self._token()])
+        return storage, self.base + len(self.slots) - 1, self.slots[-1][1]
+
+
+def _view(storage, shape: tuple[int, ...], dtype):
+    """A contiguous tensor of ``shape`` over the start of ``storage``."""
+    strides = tuple(math.prod(max(d, 1) for d in shape[i + 1:]) for i in range(len(shape)))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
+
+
+class _Batch:
+    """``patches, coords`` made by a worker on a pooled buffer (unpacks as a pair; not a
+    ``Sequence``, so the ``DataLoader``'s ``default_convert`` passes it on as it is): pickles so
+    that the main process reports when it has let go of it (:func:`_rebuild_batch`), where it
+    is the list ``[patches, coords]`` a plain pair becomes."""
+
+    __slots__ = ("patches", "coords4", "entry", "token")
+
+    def __init__(self, patches, coords4, entry: int, token: int):
+        self.patches, self.coords4, self.entry, self.token = patches, coords4, entry, token
+
+    def _pair(self) -> tuple:
+        return self.patches, dict(zip(_COORD_KEYS, self.coords4, strict=True))
+
+    def __iter__(self):
+        return iter(self._pair())
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i):
+        return self._pair()[i]
+
+    def __reduce__(self):
+        patches = self.patches
+        return (_rebuild_batch, (patches.untyped_storage(), tuple(patches.shape), patches.stride(),
+                                 self.coords4, self.entry, self.token))
+
+
+def _rebuild_batch(storage, shape, strides, coords4, entry: int, token: int):
+    """In the main process: the ``(patches, coords)`` of a :class:`_Batch`; notes it as held and
+    posts on the release board the tokens of the held batches whose storage is now free."""
+    patches = torch.empty(0, dtype=torch.uint8).set_(storage, 0, tuple(shape), tuple(strides))
+    board = _BOARD
+    if board is not None:
+        with _HELD_LOCK:
+            live = []
+            for ref, k, t in _HELD:
+                if ref.expired():
+                    board[k] = t
+                else:
+                    live.append((ref, k, t))
+            if entry >= 0:
+                live.append((StorageWeakRef(storage), entry, token))
+            _HELD[:] = live
+    return [patches, dict(zip(_COORD_KEYS, coords4, strict=True))]
 
 
 # --------------------------------------------------------------------- the flattened plans
@@ -187,14 +314,20 @@ class _Reader:
         self.cache_bytes = int(cache_bytes)
         self.threads = int(threads)
         self._pool: _SlidePool | None = None
+        self._batches: _BatchPool | None = None
+        _release_board()     # made here, in the main process, before any worker starts
 
-    # -- pickling: by path, never with open slides
+    # -- pickling: by path, never with open slides; the release board only to processes being started
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_pool"] = None
+        state["_batches"] = None
+        if multiprocessing.context.get_spawning_popen() is not None:
+            state["_board"] = _release_board()
         return state
 
     def __setstate__(self, state: dict) -> None:
+        _adopt_board(state.pop("_board", None))
         self.__dict__.update(state)
 
     @property
@@ -286,23 +419,35 @@ class _Reader:
         if held:
             yield np.concatenate(pending)
 
-    def _coords(self, idx: np.ndarray) -> dict:
+    def _coords4(self, idx: np.ndarray, shared: bool):
+        """``(4, n)`` int64 tensor: rows index, slide, x, y of patches ``idx`` (one storage, so a
+        worker sends one, not four; in shared memory with ``shared``)."""
         t = self._table
-        return {"index": torch.from_numpy(np.asarray(idx, np.int64)),
-                "slide": torch.from_numpy(t.slide[idx].astype(np.int64)),
-                "x": torch.from_numpy(t.x[idx]), "y": torch.from_numpy(t.y[idx])}
+        out = _empty((4, len(idx)), torch.int64, shared)
+        dst = out.numpy()
+        dst[0] = idx
+        dst[1] = t.slide[idx]
+        dst[2] = t.x[idx]
+        dst[3] = t.y[idx]
+        return out
 
-    def _tensor(self, src: np.ndarray, rows: np.ndarray | None = None, *, shared: bool = False):
+    def _coords(self, idx: np.ndarray, shared: bool = False) -> dict:
+        return dict(zip(_COORD_KEYS, self._coords4(idx, shared), strict=True))
+
+    def _tensor(self, src: np.ndarray, rows: np.ndarray | None = None, *, shared: bool = False,
+                storage=None):
         """Patches ``src[rows]`` (``src``: ``(n, h, w, 3)`` uint8; all of it without ``rows``) as an
         ``(n, 3, h, w)`` uint8 tensor: contiguous, or in ``torch.channels_last`` memory format
-        (no copy of ``src`` then, unless ``rows`` or ``shared``).  ``shared``: in a ``DataLoader``
-        worker, made in shared memory (what the worker sends is then not copied again)."""
+        (no copy of ``src`` then, unless ``rows``, ``shared`` or ``storage``).  ``shared``: in a
+        ``DataLoader`` worker, made in shared memory (what the worker sends is then not copied
+        again).  ``storage``: an untyped storage of at least ``n * h * w * 3`` bytes to put it in."""
         share = shared and get_worker_info() is not None
-        if self.channels_last and rows is None and not share:
+        if self.channels_last and rows is None and not share and storage is None:
             return torch.from_numpy(src).permute(0, 3, 1, 2)
         n = len(src) if rows is None else len(rows)
         h, w = src.shape[1:3]
-        out = _empty((n, h, w, 3) if self.channels_last else (n, 3, h, w), torch.uint8, share)
+        shape = (n, h, w, 3) if self.channels_last else (n, 3, h, w)
+        out = _empty(shape, torch.uint8, share) if storage is None else _view(storage, shape, torch.uint8)
         dst = out.numpy()
         if self.channels_last:
             if rows is None:
@@ -558,6 +703,11 @@ class PatchIterableDataset(_Reader, IterableDataset):
         drop_last: every rank yields the same number of full batches
             (``len(plans) // world_size // batch_size``).
         rank, world_size: this process's rank and the number of ranks (both or neither).
+        reuse_buffers: in ``DataLoader`` workers, fill a batch's shared memory again once the
+            main process has dropped every tensor on it (default True; about 20 % less CPU a
+            patch).  A batch the main process keeps is never overwritten; one it hands on to
+            another process (a ``multiprocessing`` queue, say) and then drops may be, so clone
+            such batches or pass False (fresh shared memory for every batch).
 
     Raises:
         InvalidRegionError: as :class:`PatchDataset`, or a bad batch_size, seed,
@@ -567,9 +717,10 @@ class PatchIterableDataset(_Reader, IterableDataset):
     def __init__(self, plans, *, batch_size: int = 64, shuffle: bool = True, seed: int = 0,
                  shuffle_window: int | None = 4, drop_last: bool = False, rank: int | None = None,
                  world_size: int | None = None, transform=None, channels_last: bool = False,
-                 max_open_slides: int = 8, cache_bytes: int = 0, threads: int = 1):
+                 max_open_slides: int = 8, cache_bytes: int = 0, threads: int = 1, reuse_buffers: bool = True):
         _Reader.__init__(self, plans, transform=transform, channels_last=channels_last,
                          max_open_slides=max_open_slides, cache_bytes=cache_bytes, threads=threads)
+        self.reuse_buffers = bool(reuse_buffers)
         if int(batch_size) < 1:
             raise InvalidRegionError(f"batch_size must be >= 1, got {batch_size!r}")
         if int(seed) < 0:
@@ -680,8 +831,15 @@ class PatchIterableDataset(_Reader, IterableDataset):
             del buf
 
     def _emit(self, src: np.ndarray, rows: np.ndarray | None, idx: np.ndarray):
+        info = get_worker_info()
         if self.transform is not None:
             patches = _stack([self.transform(p) for p in self._tensor(src, rows)])
-        else:
-            patches = self._tensor(src, rows, shared=True)
-        return patches, self._coords(idx)
+            return patches, self._coords(idx, info is not None)
+        if info is None or _BOARD is None or not self.reuse_buffers:
+            return self._tensor(src, rows, shared=True), self._coords(idx, info is not None)
+        pool = self._batches
+        if pool is None or pool.pid != os.getpid():
+            pool = self._batches = _BatchPool(_BOARD, info.id)
+        n = len(src) if rows is None else len(rows)
+        storage, entry, token = pool.take(n * src.shape[1] * src.shape[2] * 3)
+        return _Batch(self._tensor(src, rows, storage=storage), self._coords4(idx, True), entry, token)
