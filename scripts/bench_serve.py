@@ -5,6 +5,7 @@ Usage::
 
     python scripts/bench_serve.py SLIDE [--clients 1,8] [--cache-mb 256] [--threads N]
                                   [--workers N] [--every K] [--scales 1,2,4] [--json OUT.json]
+                                  [--no-cache-off | --no-cache-on]
 
 The workload (as IIIF servers' benchmarks run it): every 1024 x 1024 output tile
 of the image at every power-of-two scale factor (the region ``1024 * s`` level-0
@@ -19,8 +20,12 @@ on 127.0.0.1, a free port):
 * cache on: each client count cold (first pass on a fresh server), then warm
   (the same pass again).
 
-Printed per run: tiles, errors, tiles/s, p50 / p99 latency (ms), and the server's
-RSS: idle (after start-up with the slide open, before the first request) and peak
+Printed per run: tiles, errors, tiles/s, p50 / p99 latency (ms), the server's CPU
+time per tile (user + system seconds of the server's process tree over the pass,
+per tile: the figure that holds on a shared, noisy machine; for the external server
+every descendant of its command, lighttpd included), the cores the server kept busy
+on average (its CPU seconds over the pass's wall time), the load generator's own CPU
+seconds, and the server's RSS: idle (after start-up with the slide open, before the first request) and peak
 during the run above idle (sampled every 10 ms with psutil; with ``--workers N``
 summed over the parent and its worker processes).  The targets of issues 17 and
 28: with 8 clients, peak - idle <= 102 MB with the cache off and <= cache
@@ -111,7 +116,10 @@ class Server:
             cmd += ["--threads", str(threads)]
         if workers > 1:
             cmd += ["--workers", str(workers)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its own session, as the external server's: where the kernel groups CPU time by session
+        # (sched_autogroup), neither server shares its group with the load generator
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
         for _ in range(600):
             try:
@@ -127,12 +135,28 @@ class Server:
         self._peak = self.idle
         self._run = False
 
-    def rss(self) -> int:
-        """The server's RSS: its process and its worker processes (``--workers``), summed."""
-        total = self.ps.memory_info().rss
-        for child in self.ps.children(recursive=True):
+    def cpu(self) -> float:
+        """CPU seconds (user + system) used so far by the server's process and all its descendants."""
+        total = 0.0
+        for p in [self.ps, *self.ps.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):
-                total += child.memory_info().rss
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def rss(self) -> int:
+        """The server's RSS: its process and its worker processes (``--workers``), summed.
+
+        The process list is found again every 0.5 s only (listing a process's children
+        scans every process of the machine: every 10 ms it would take the load generator's
+        and the server's CPU)."""
+        if time.monotonic() - getattr(self, "_found", 0.0) > 0.5:
+            self._procs = [self.ps, *self.ps.children(recursive=True)]
+            self._found = time.monotonic()
+        total = 0
+        for p in self._procs:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
         return total
 
     def sample(self):
@@ -259,6 +283,7 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=1, help="keep every K-th tile of each scale")
     ap.add_argument("--scales", default=None, help="only these scale factors, e.g. 1,4,16")
     ap.add_argument("--no-cache-off", action="store_true", help="skip the cache-off runs")
+    ap.add_argument("--no-cache-on", action="store_true", help="skip the cache-on runs")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--iiif2-cmd", default=None,
                     help="foreground command of an external IIIF 2 server ({port}, {cache_mb})")
@@ -288,8 +313,13 @@ def main() -> int:
             paths = workload(info["width"], info["height"], args.every, scales, iiif2=external)
             for label in passes:
                 server.sample()
+                cpu0, client0 = server.cpu(), time.process_time()
                 res = asyncio.run(run_pass(server.url, sid, paths, n, prefix))
+                cpu1, client1 = server.cpu(), time.process_time()
                 peak = server.peak()
+                res.update(server_cpu_s=cpu1 - cpu0, client_cpu_s=client1 - client0,
+                           cpu_ms_per_tile=1000 * (cpu1 - cpu0) / max(1, res["tiles"]),
+                           server_cores=(cpu1 - cpu0) / res["wall_s"])
                 res.update(cache_mb=cache_mb, clients=n, cache=label, idle_rss_mb=server.idle / 2**20,
                            peak_above_idle_mb=(peak - server.idle) / 2**20,
                            server=args.iiif2_label if external else "wsitool",
@@ -300,7 +330,9 @@ def main() -> int:
                       f"cache {('off' if not cache_mb else f'{cache_mb} MiB ' + label):>14}  "
                       f"clients {n}  tiles {res['tiles']:5d}  errors {res['errors']}  "
                       f"{res['tiles_per_s']:7.1f} tiles/s  p50 {res['p50_ms']:7.1f} ms  "
-                      f"p99 {res['p99_ms']:7.1f} ms  idle RSS {res['idle_rss_mb']:6.1f} MB  "
+                      f"p99 {res['p99_ms']:7.1f} ms  CPU {res['cpu_ms_per_tile']:6.1f} ms/tile  "
+                      f"({res['server_cores']:4.2f} cores; client {res['client_cpu_s']:5.1f} s)  "
+                      f"idle RSS {res['idle_rss_mb']:6.1f} MB  "
                       f"peak above idle {res['peak_above_idle_mb']:6.1f} MB", flush=True)
         finally:
             server.stop()
@@ -309,8 +341,9 @@ def main() -> int:
         if not args.no_cache_off:
             for n in clients:
                 one(0, n, ["off"], external)
-        for n in clients:
-            one(args.cache_mb, n, ["cold", "warm"], external)
+        if not args.no_cache_on:
+            for n in clients:
+                one(args.cache_mb, n, ["cold", "warm"], external)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"slide": args.slide, "cpus": os.cpu_count(), "runs": results}, f, indent=1)

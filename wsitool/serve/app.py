@@ -261,7 +261,7 @@ async def image_response(request: Request, entry: SlideEntry, params: Sequence[s
                      cfg.level_tolerance)
 
     def job() -> bytes:
-        rgb = read_scaled(slide, plan, state.read_threads())
+        rgb = read_scaled(slide, plan, state.read_threads(), reuse=True)  # (encoded before the next)
         img = finish(rgb, req.mirror, req.rotation, req.quality)
         del rgb
         return encode(img, req.format, cfg.quality)
