@@ -17,7 +17,8 @@ patches).  Every tool reads the same coordinates, in the same (row-major) order.
 Each tool runs in its own subprocess: an untimed warm-up pass over the grid (which
 also brings the tiles into the page cache), then one timed pass per round; the
 tools take turns inside each round so that a load change on a shared machine hits
-every tool alike; the reported rate is patches / median pass time.
+every tool alike; the reported rate is patches / median pass time, and ``cpu s`` the median CPU
+seconds of a pass (user + system, all threads: ``time.process_time``).
 
 * ``wsitool``: ``Slide.read_patches(locations, (224, 224), threads=k, batch_size=64)``,
   each batch a numpy ``(b, 224, 224, 3)`` uint8 array (``mode="rgb"``).
@@ -299,17 +300,20 @@ def bench_slide(path: str, args, tools: list[str], threads: list[int], resample:
                 configs.append(dict(tool=tool, threads=k, slide=path, locations=locs, patch=args.patch,
                                     read_size=read, batch=args.batch))
         times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+        cpus: dict[int, list[float]] = {i: [] for i in range(len(configs))}
         for _ in range(args.rounds):
             for i, spec in enumerate(configs):
                 res = run_worker(spec, args.timeout)
                 if res is not None:
                     times[i].append(res["time_s"])
+                    cpus[i].append(res["cpu_s"])
         for i, spec in enumerate(configs):
             if not times[i]:
                 continue
             t = statistics.median(times[i])
             results.append(dict(slide=Path(path).name, codec=codec, grid=name, tool=spec["tool"],
                                 threads=spec["threads"], patches=len(locs), median_s=t,
+                                cpu_s=statistics.median(cpus[i]),
                                 patches_per_s=len(locs) / t, passes=len(times[i])))
         if args.rss_passes and "wsitool" in tools:
             res = run_worker(dict(configs[0] if configs[0]["tool"] == "wsitool" else
@@ -330,14 +334,14 @@ def report(results: list[dict]) -> list[tuple[str, bool]]:
                 return r.get("patches_per_s")
         return None
 
-    print(f"\n{'slide':<16} {'grid':<10} {'tool':<10} {'thr':>3} {'patches/s':>10} {'x floor':>8}")
+    print(f"\n{'slide':<16} {'grid':<10} {'tool':<10} {'thr':>3} {'patches/s':>10} {'x floor':>8} {'cpu s':>6}")
     for r in results:
         if r["tool"] == "wsitool-rss":
             continue
         fl = rate(r["slide"], r["grid"], "floor", 1)
         ratio = f"{r['patches_per_s'] / fl:8.2f}" if fl else f"{'':>8}"
         print(f"{r['slide'][:16]:<16} {r['grid']:<10} {r['tool']:<10} {r['threads']:>3} "
-              f"{r['patches_per_s']:>10.0f} {ratio}")
+              f"{r['patches_per_s']:>10.0f} {ratio} {r.get('cpu_s', float('nan')):6.3f}")
     for r in results:
         if r["tool"] == "wsitool-rss":
             print(f"{r['slide'][:16]:<16} {r['grid']:<10} RSS over {r['passes']} passes: "

@@ -502,3 +502,24 @@ def test_a_failed_batch_call_is_retried_tile_by_tile(sample_jpeg, tmp_path):
         assert len(warned) == 1 and "(col 1, row 0)" in warned[0], warned
         assert counts[_COUNTERS.index("tiles_failed")] == 1
         assert counts[_COUNTERS.index("tiles_decoded")] == ref_counts[0] - 1
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_cover_each_tile_once_and_shrink_towards_the_end(sample_jpeg, threads):
+    """RegionJobs hands out every job once, in order; with several threads the chunks
+    shrink towards the end (at most the jobs left over twice the threads)."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = pyramid_levels(slide)[0]
+        w, h = min(lv.width, 6 * lv.tile_width), min(lv.height, 4 * lv.tile_height)
+        region = jpegloop.RegionJobs(lv, np.empty((h, w, 3), np.uint8), 0, 0, (0, 0, w, h), "raise")
+        region.chunk, region.threads = 4, threads
+        spans = []
+        while (span := region._take()) is not None:
+            spans.append(span)
+    assert [a for a, _ in spans] == [0] + [b for _, b in spans[:-1]] and spans[-1][1] == region.count
+    sizes = [b - a for a, b in spans]
+    if threads == 1:
+        assert set(sizes[:-1]) == {4}
+    else:
+        assert all(1 <= b - a <= max(1, min(4, (region.count - a) // (2 * threads))) for a, b in spans)
+        assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 1

@@ -236,3 +236,64 @@ def test_patches_equal_read_region_on_a_bench_slide(tmp_path, codec):
         locs = [(37 + 224 * i, 37 + 224 * j) for j in range(8) for i in range(11)]
         got = np.concatenate(list(slide.read_patches(locs, (224, 224), batch_size=16, threads=2)))
         np.testing.assert_array_equal(got, _reference(slide, locs, 0, (224, 224)))
+
+
+def test_the_compiled_copy_equals_the_numpy_copy(monkeypatch):
+    """The compiled loop decodes each run and copies its pieces into the patches in C
+    (:func:`wsitool.read.patches._native_scatter`); the same batches through fill_region and
+    numpy copies (the reference) are equal bit for bit: carried runs, edge windows, both modes."""
+    from wsitool.codec import jpegloop
+    from wsitool.read import patches
+
+    if jpegloop._load() is None:
+        pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
+    calls = {"decode": 0, "copy": 0}
+    real_run, real_scatter = jpegloop.RegionJobs.run, jpegloop.scatter
+
+    def counted_run(self, pool):
+        calls["decode"] += self.scatter is not None
+        return real_run(self, pool)
+
+    def counted_scatter(*args):
+        calls["copy"] += 1
+        return real_scatter(*args)
+
+    monkeypatch.setattr(jpegloop.RegionJobs, "run", counted_run)
+    monkeypatch.setattr(jpegloop, "scatter", counted_scatter)
+    with _open("sample-aperio-jpeg.svs") as slide:
+        lv = pyramid_levels(slide)[0]
+        size = (lv.tile_width - 16, lv.tile_height - 16)
+        locs = [(-20 + i * size[0], 41 + j * size[1]) for j in range(4) for i in range(6)]
+        locs += [(lv.width - 50, lv.height - 30)]
+        for mode in ("rgb", "rgba"):
+            for batch_size, threads in ((5, 1), (7, 2)):
+                got = np.concatenate(list(slide.read_patches(locs, size, batch_size=batch_size, threads=threads,
+                                                             mode=mode)))
+                with monkeypatch.context() as m:
+                    m.setattr(patches, "_native_scatter", lambda *args: None)
+                    want = np.concatenate(list(slide.read_patches(locs, size, batch_size=batch_size,
+                                                                  threads=threads, mode=mode)))
+                np.testing.assert_array_equal(got, want, err_msg=f"{mode} batch {batch_size}")
+    assert calls["decode"] > 0 and calls["copy"] > 0  # both routes of the compiled copy were taken
+
+
+def test_the_compiled_copy_checks_its_pieces():
+    """``jpegloop.scatter`` copies rectangles like numpy and refuses pieces out of bounds."""
+    from wsitool.codec import jpegloop
+
+    if jpegloop._load() is None:
+        pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
+    src = np.random.default_rng(3).integers(0, 256, (10, 12, 3), dtype=np.uint8)
+    dest = np.zeros((2, 6, 7, 3), np.uint8)
+    stride, patch = dest.strides[1], dest.strides[0]
+    jpegloop.scatter(src, dest, np.array([[patch + 1 * stride + 2 * 3, stride, 3, 8, 4, 9]], np.int64))
+    want = np.zeros_like(dest)
+    want[1, 1:6, 2:7] = src[3:8, 4:9]
+    np.testing.assert_array_equal(dest, want)
+    for bad in ([patch + stride, stride, 3, 9, 4, 9],      # writes past the end of dest
+                [0, stride, 8, 11, 0, 2],                 # reads past the last row of src
+                [0, 3, 0, 2, 0, 5],                       # row stride shorter than a row
+                [-1, stride, 0, 1, 0, 1]):
+        with pytest.raises(ValueError, match="piece 0"):
+            jpegloop.scatter(src, dest, np.array([bad], np.int64))
+    np.testing.assert_array_equal(dest, want)  # nothing copied

@@ -481,8 +481,54 @@ static void fill_image_info(nvimgcodecImageInfo_t* info, unsigned char* buffer, 
     info->buffer_kind = NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_HOST;
 }
 
-static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t)
+/* Pieces of the output copied elsewhere as soon as their tiles are decoded (while
+ * they are still in the cache): each piece is 6 int64, (dest byte offset, dest row
+ * stride in bytes, y0, y1, x0, x1), the rectangle [y0, y1) x [x0, x1) of the output
+ * whose pixel (y0, x0) goes to dest + offset (checked by check_pieces). */
+typedef struct {
+    unsigned char* dest;
+    const int64_t* pieces;
+    Py_ssize_t n;
+} Scatter;
+
+/* Copy the parts of every piece inside the output rectangle [y0, y1) x [x0, x1). */
+static void scatter_rect(const Scatter* sc, const unsigned char* out, int64_t out_w, int64_t channels,
+                         int64_t y0, int64_t y1, int64_t x0, int64_t x1)
 {
+    size_t row_bytes = (size_t)(out_w * channels);
+    for (Py_ssize_t i = 0; i < sc->n; i++) {
+        const int64_t* pc = sc->pieces + 6 * i;
+        int64_t iy0 = pc[2] > y0 ? pc[2] : y0, iy1 = pc[3] < y1 ? pc[3] : y1;
+        int64_t ix0 = pc[4] > x0 ? pc[4] : x0, ix1 = pc[5] < x1 ? pc[5] : x1;
+        if (iy0 >= iy1 || ix0 >= ix1)
+            continue;
+        size_t n = (size_t)((ix1 - ix0) * channels);
+        unsigned char* d = sc->dest + pc[0] + (iy0 - pc[2]) * pc[1] + (ix0 - pc[4]) * channels;
+        const unsigned char* s = out + (size_t)iy0 * row_bytes + (size_t)(ix0 * channels);
+        for (int64_t y = iy0; y < iy1; y++, d += pc[1], s += row_bytes)
+            memcpy(d, s, n);
+    }
+}
+
+/* Scatter the output of jobs [k0, k1) (row by row of the region's tile grid). */
+static void scatter_jobs(const Scatter* sc, const Plan* p, Py_ssize_t k0, Py_ssize_t k1)
+{
+    while (k0 < k1) {
+        int64_t row = k0 / p->ncols, first = k0 % p->ncols;
+        int64_t last = (k1 - 1) / p->ncols == row ? (k1 - 1) % p->ncols : p->ncols - 1;
+        int64_t ty0 = (p->r0 + row) * p->tile_h, tx0 = (p->c0 + first) * p->tile_w;
+        int64_t tx1 = (p->c0 + last + 1) * p->tile_w, ty1 = ty0 + p->tile_h;
+        int64_t y0 = ty0 > p->cy0 ? ty0 : p->cy0, y1 = ty1 < p->cy1 ? ty1 : p->cy1;
+        int64_t x0 = tx0 > p->cx0 ? tx0 : p->cx0, x1 = tx1 < p->cx1 ? tx1 : p->cx1;
+        scatter_rect(sc, p->out, p->out_w, p->channels, y0 - p->ry, y1 - p->ry, x0 - p->rx, x1 - p->rx);
+        k0 += last - first + 1;
+    }
+}
+
+static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t,
+                     const Scatter* sc)
+{
+    Py_ssize_t scattered = j0; /* jobs before this one are decoded and scattered */
     Pending q[MAX_BATCH];
     int n = 0;
     /* the tile's SOI lands under the prefix's end; a scan segment has none */
@@ -648,9 +694,75 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
         if (++n == batch) {
             flush(self, p, q, n, t);
             n = 0;
+            if (sc != NULL) {
+                scatter_jobs(sc, p, scattered, k + 1);
+                scattered = k + 1;
+            }
         }
     }
     flush(self, p, q, n, t);
+    if (sc != NULL)
+        scatter_jobs(sc, p, scattered, j1);
+}
+
+/* Check pieces (a buffer of int64, 6 a piece; see Scatter) against an (out_h, out_w,
+ * channels) source and a dest of dest_len bytes; fill *sc.  0 with ValueError if any
+ * piece reads outside the source or writes outside dest. */
+static int check_pieces(const Py_buffer* pieces, unsigned char* dest, Py_ssize_t dest_len, int64_t out_h,
+                        int64_t out_w, int64_t channels, Scatter* sc)
+{
+    if (pieces->len % 48 != 0) {
+        PyErr_SetString(PyExc_ValueError, "pieces must be an array of 6 int64 per piece");
+        return 0;
+    }
+    sc->dest = dest;
+    sc->pieces = (const int64_t*)pieces->buf;
+    sc->n = pieces->len / 48;
+    for (Py_ssize_t i = 0; i < sc->n; i++) {
+        const int64_t* pc = sc->pieces + 6 * i;
+        int64_t off = pc[0], stride = pc[1], y0 = pc[2], y1 = pc[3], x0 = pc[4], x1 = pc[5], span, end;
+        int ok = 0 <= y0 && y0 < y1 && y1 <= out_h && 0 <= x0 && x0 < x1 && x1 <= out_w && off >= 0
+                 && stride >= (x1 - x0) * channels && stride <= (int64_t)dest_len
+                 && !__builtin_mul_overflow(y1 - y0 - 1, stride, &span)
+                 && !__builtin_add_overflow(span, (x1 - x0) * channels, &span)
+                 && !__builtin_add_overflow(off, span, &end) && end <= (int64_t)dest_len;
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "piece %zd reads outside the source or writes outside dest", i);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject* jl_scatter(PyObject* self, PyObject* args)
+{
+    Py_buffer src, dest, pieces;
+    PyObject* src_obj;
+    if (!PyArg_ParseTuple(args, "Ow*y*", &src_obj, &dest, &pieces))
+        return NULL;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&dest);
+        PyBuffer_Release(&pieces);
+        return NULL;
+    }
+    PyObject* result = NULL;
+    Scatter sc;
+    if (src.ndim != 3 || src.itemsize != 1 || src.format == NULL || strcmp(src.format, "B") != 0) {
+        PyErr_SetString(PyExc_ValueError, "src must be a C-contiguous (h, w, c) uint8 buffer");
+        goto done;
+    }
+    if (!check_pieces(&pieces, (unsigned char*)dest.buf, dest.len, src.shape[0], src.shape[1], src.shape[2], &sc))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    scatter_rect(&sc, (const unsigned char*)src.buf, src.shape[1], src.shape[2], 0, src.shape[0], 0, src.shape[1]);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dest);
+    PyBuffer_Release(&pieces);
+    return result;
 }
 
 static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
@@ -666,7 +778,8 @@ static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
 }
 
 static const char decode_tiles_doc[] =
-    "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch, scan_segments=0)\n"
+    "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch, scan_segments=0,\n"
+    "             dest=None, pieces=None)\n"
     "--\n\n"
     "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/codec/jpegloop.py).\n\n"
     "fd: the slide's file descriptor; prefix: bytes put in front of each tile\n"
@@ -676,7 +789,9 @@ static const char decode_tiles_doc[] =
     "region: (rx, ry, cx0, cy0, cx1, cy1) in level pixels (region origin and\n"
     "its part inside the level); batch: tiles per decode call (1..64);\n"
     "scan_segments: 1 when the tiles are NDPI restart intervals (no SOI: the\n"
-    "prefix is a whole header put in front, a final RSTn becomes EOI).\n\n"
+    "prefix is a whole header put in front, a final RSTn becomes EOI);\n"
+    "dest, pieces: optional; after each decode call the decoded tiles' parts of\n"
+    "each piece are copied into dest (see scatter()), while still in the cache.\n\n"
     "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, failures):\n"
     "tile counts, bytes read, buffers (re)allocated, and failures a list of\n"
     "(job, code, a, b).  Raises MemoryError if the failure list itself cannot be\n"
@@ -686,10 +801,12 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
 {
     int fd, batch, scan_segments = 0;
     Py_buffer prefix, out, offsets, counts;
-    PyObject *out_obj, *level, *region;
+    Py_buffer dest = {0}, pieces = {0};
+    PyObject *out_obj, *level, *region, *dest_obj = Py_None, *pieces_obj = Py_None;
     Py_ssize_t j0, j1;
-    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|i", &fd, &prefix, &out_obj, &offsets, &counts, &PyTuple_Type,
-                          &level, &PyTuple_Type, &region, &j0, &j1, &batch, &scan_segments))
+    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|iOO", &fd, &prefix, &out_obj, &offsets, &counts, &PyTuple_Type,
+                          &level, &PyTuple_Type, &region, &j0, &j1, &batch, &scan_segments, &dest_obj,
+                          &pieces_obj))
         return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&prefix);
@@ -698,6 +815,13 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         return NULL;
     }
     PyObject* result = NULL;
+    Scatter sc, *scp = NULL;
+    if (dest_obj != Py_None || pieces_obj != Py_None) {
+        if (PyObject_GetBuffer(dest_obj, &dest, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (PyObject_GetBuffer(pieces_obj, &pieces, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+    }
     Plan p;
     memset(&p, 0, sizeof p);
     Tally t;
@@ -760,9 +884,14 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         PyErr_SetString(PyExc_ValueError, "job range outside the region's tiles");
         goto done;
     }
+    if (pieces.obj != NULL) {
+        if (!check_pieces(&pieces, (unsigned char*)dest.buf, dest.len, p.out_h, p.out_w, p.channels, &sc))
+            goto done;
+        scp = &sc;
+    }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mutex);
-    run_jobs(self, &p, j0, j1, batch, &t);
+    run_jobs(self, &p, j0, j1, batch, &t, scp);
     if (self->arena_cap > KEEP_BYTES) { /* one-offs (huge tiles): not kept */
         free(self->arena);
         self->arena = NULL;
@@ -801,6 +930,10 @@ done:
     PyBuffer_Release(&out);
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&counts);
+    if (dest.obj != NULL)
+        PyBuffer_Release(&dest);
+    if (pieces.obj != NULL)
+        PyBuffer_Release(&pieces);
     return result;
 }
 
@@ -825,6 +958,10 @@ static PyTypeObject DecoderType = {
 static PyMethodDef module_methods[] = {
     {"load", jl_load, METH_VARARGS,
      "load(lib_path, extensions_path) -> version: open libnvimgcodec and create the instance (once)."},
+    {"scatter", jl_scatter, METH_VARARGS,
+     "scatter(src, dest, pieces): copy pieces of the C-contiguous (h, w, c) uint8 buffer src into the\n"
+     "writable buffer dest, the GIL released; pieces: int64, 6 a piece (dest byte offset, dest row\n"
+     "stride in bytes, y0, y1, x0, x1 of src).  ValueError if a piece reads or writes out of bounds."},
     {"_fail_batch_calls", jl_fail_batch_calls, METH_VARARGS,
      "_fail_batch_calls(n): test hook; the next n decode calls of more than one tile fail as a whole."},
     {NULL, NULL, 0, NULL},
@@ -865,5 +1002,7 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     PyModule_AddIntConstant(m, "F_NO_MEMORY", F_NO_MEMORY);
     /* decode_tiles takes scan_segments (NDPI restart intervals) */
     PyModule_AddIntConstant(m, "SCAN_SEGMENTS", 1);
+    /* decode_tiles takes dest and pieces (copied as soon as decoded); scatter() exists */
+    PyModule_AddIntConstant(m, "SCATTER", 1);
     return m;
 }

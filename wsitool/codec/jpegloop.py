@@ -87,9 +87,9 @@ def _load():
             _reason = f"cannot use {lib} ({exc}); JPEG reads take the Python path"
             return None
         if (_jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY")
-                or not hasattr(_jpegloop, "SCAN_SEGMENTS")):  # pragma: no cover
+                or not hasattr(_jpegloop, "SCAN_SEGMENTS") or not hasattr(_jpegloop, "SCATTER")):  # pragma: no cover
             _reason = (f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK}; "
-                       "or built before F_NO_MEMORY / SCAN_SEGMENTS): rebuild it with `pip install -e .`")
+                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER): rebuild it with `pip install -e .`")
             return None
         _module = _jpegloop
         return _module
@@ -157,10 +157,16 @@ class RegionJobs:
         self.count = self.ncols * self.nrows
         #: Tiles per call (and per nvImageCodec decode call), 1..MAX_CHUNK; set by the caller.
         self.chunk = 1
+        #: Threads sharing the chunks; with more than one, the chunks shrink towards the end
+        #: (at most the tiles left over twice the threads) so that the threads finish together.
+        self.threads = 1
         self.on_error = on_error
         self.level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
         self.prefix = lv.encoding.jpeg_prefix or b""
         self.scan_segments = int(lv.encoding.jpeg_scan_segments)
+        #: ``(dest, pieces)`` or None: after each call, the parts of the pieces that the call
+        #: decoded are copied into ``dest`` (see :func:`scatter`), while they are still in the cache.
+        self.scatter: tuple[np.ndarray, np.ndarray] | None = None
         self._next = 0
         self._lock = threading.Lock()
 
@@ -174,7 +180,10 @@ class RegionJobs:
             j0 = self._next
             if j0 >= self.count:
                 return None
-            self._next = j1 = min(j0 + self.chunk, self.count)
+            size = self.chunk
+            if self.threads > 1:
+                size = max(1, min(size, (self.count - j0) // (2 * self.threads)))
+            self._next = j1 = min(j0 + size, self.count)
         return j0, j1
 
     def run(self, pool) -> None:
@@ -204,7 +213,7 @@ class RegionJobs:
                 _ = state.decoder  # (the property creates it)
                 direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
                     fd, self.prefix, self.out, offsets, counts, self.level, self.region,
-                    span[0], span[1], self.chunk, self.scan_segments)
+                    span[0], span[1], self.chunk, self.scan_segments, *(self.scatter or ()))
             st = state.stats
             st.tiles_direct += direct
             st.tiles_roi += roi
@@ -255,6 +264,23 @@ class RegionJobs:
         else:
             reason = f"no tile segment {a} (the level has {b})"
         tile_failed(TileDecodeError(lv.path, lv.index, col, row, reason), self.on_error, state.stats)
+
+
+def scatter(src: np.ndarray, dest: np.ndarray, pieces: np.ndarray) -> None:
+    """Copy rectangles of ``src`` into ``dest`` in C, the GIL released (the loop must be loaded:
+    :func:`applies` was true).
+
+    Args:
+        src: C-contiguous ``(h, w, c)`` uint8.
+        dest: a C-contiguous writable numpy array (any shape; addressed in bytes).
+        pieces: C-contiguous ``(n, 6)`` int64, one row a piece: ``(offset, stride, y0, y1, x0, x1)``,
+            the rectangle ``[y0, y1) x [x0, x1)`` of ``src`` whose pixel ``(y0, x0)`` goes to byte
+            ``offset`` of ``dest``, its rows ``stride`` bytes apart.
+
+    Raises:
+        ValueError: a piece outside ``src`` or ``dest`` (nothing copied), or a bad buffer.
+    """
+    _module.scatter(src, dest, pieces)
 
 
 def new_decoder():

@@ -34,7 +34,7 @@ from ..model import Level
 from .cache import CacheScope
 from .channels import fill_channels
 from .request import ReadRequest
-from .threads import batch_size, run_jobs, run_threads, thread_count
+from .threads import Once, batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
 __all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
@@ -81,15 +81,20 @@ def _prefetch(lv: Level, c0: int, c1: int, r0: int, r1: int) -> None:
             ranges.extend((off, 1) for off in offsets[row * across + c0:row * across + c1 + 1].tolist() if off)
         lv.source.advise(ranges)
         return
-    for row in range(r0, r1 + 1):
-        i0, i1 = row * across + c0, row * across + c1 + 1
-        offs = offsets[i0:i1]
-        ends = offs + counts[i0:i1]
-        lo, hi = int(offs.min()), int(ends.max())
-        if lo > 0 and hi - lo <= 2 * int(counts[i0:i1].sum()):
-            ranges.append((lo, hi - lo))
+    # the rows at once (an NDPI region has a hundred rows of restart intervals: numpy calls
+    # row by row were a millisecond of each 1024 x 1024 read, under the GIL)
+    n = r1 - r0 + 1
+    offs = offsets[r0 * across:(r1 + 1) * across].reshape(n, across)[:, c0:c1 + 1]
+    cnts = counts[r0 * across:(r1 + 1) * across].reshape(n, across)[:, c0:c1 + 1]
+    ends = offs + cnts
+    lo, hi = offs.min(1), ends.max(1)
+    whole = ((lo > 0) & (hi - lo <= 2 * cnts.sum(1))).tolist()
+    for r, (a, b, one) in enumerate(zip(lo.tolist(), hi.tolist(), whole, strict=True)):
+        if one:
+            ranges.append((a, b - a))
         else:
-            ranges.extend((off, end - off) for off, end in zip(offs.tolist(), ends.tolist(), strict=True) if off)
+            ranges.extend((off, end - off) for off, end in zip(offs[r].tolist(), ends[r].tolist(), strict=True)
+                          if off)
     lv.source.advise(ranges)
 
 
@@ -173,15 +178,27 @@ def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
         # the scratch stays one tile (peak memory near the output's size)
         most = NATIVE_BATCH_RGBA if lv.tile_width * lv.tile_height * 3 <= _NATIVE_RGBA_BATCH_BYTES else 1
     region = jpegloop.RegionJobs(lv, out, rx, ry, inside, req.on_error)
-    if region.count >= _PREFETCH_MIN_TILES:
-        _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
     k = thread_count(req.threads, region.count)
+
+    def advise() -> None:
+        if region.count >= _PREFETCH_MIN_TILES:
+            _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
+
+    # the read-ahead advice (a syscall a tile row: a hundred and more on an NDPI region) is
+    # given by the first thread to start while the others begin decoding
+    advise_once = Once(advise)
     # A call of the compiled loop costs a few microseconds: smaller chunks than
     # the Python path's balance the threads better (2 threads, 1024 x 1024
     # regions of 240 x 240 tiles: 249 MP/s with about 4 chunks per thread, 241
     # with 2).
     region.chunk = min(batch_size(most, k, region.count, per_thread=4), jpegloop.MAX_CHUNK)
-    run_threads(k, lambda: region.run(pool), region.stop)
+    region.threads = k
+
+    def advise_then_decode() -> None:
+        advise_once()
+        region.run(pool)
+
+    run_threads(k, advise_then_decode, region.stop)
 
 
 def _fill_cached(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: CacheScope) -> None:

@@ -8,21 +8,27 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
    level) is placed on the level by the same nearest-pixel rule as
    :meth:`wsitool.Slide.read_region` (:func:`wsitool.geometry.level_rect`);
 2. the tiles the windows touch are collected and cut into *runs*: tiles next to
-   each other in one tile row (at most :data:`RUN_TILES` of them);
-3. each run is decoded once into a per-thread buffer one tile high
-   (:func:`wsitool.read.fill.fill_region`: the compiled JPEG loop with the
-   GIL released where it applies, else the Python tile path; the decoded-tile
-   cache, ``on_error`` and the per-thread decoders exactly as for a region), and
-   its pixels are copied into every patch that needs them;
+   each other in one tile row (at most :data:`RUN_TILES` of them on one thread,
+   half that with more);
+3. each run is decoded once into a run buffer one tile high and its pixels are
+   copied into every patch that needs them.  Where the compiled JPEG loop
+   applies, both happen in C with the GIL released, the copies made every
+   :data:`SCATTER_TILES` tiles while those tiles are still in the CPU cache
+   (:func:`wsitool.codec.jpegloop.scatter`); else
+   :func:`wsitool.read.fill.fill_region` (the Python tile path, or the decoded-tile
+   cache) and numpy copies, the reference the compiled copy is tested against.
+   ``on_error`` and the per-thread decoders work exactly as for a region;
 4. with ``read_size``, each window is then reduced to ``size`` by the exact area
    filter (:mod:`wsitool.areafilter`).
 
 The runs are shared by the threads (each thread takes the next run when it has
-finished its last one).  Runs that the next batch also touches are carried over
-to it, decoded (:class:`PatchReader`): on a row-major grid two consecutive
-batches share the tile rows of the patch row they split, and those tiles are
-decoded once.  A patch equals :meth:`wsitool.Slide.read_region` of its location bit
-for bit (with ``read_size``, the area filter of that read of the window), pixels
+finished its last one, the longest first); the first thread free plans the next
+batch before it takes a run, so that the plan is made while the others decode.
+Runs that the next batch also touches are carried over to it, decoded
+(:class:`PatchReader`): on a row-major grid two consecutive batches share the
+tile rows of the patch row they split, and those tiles are decoded once.  A
+patch equals :meth:`wsitool.Slide.read_region` of its location bit for bit
+(with ``read_size``, the area filter of that read of the window), pixels
 outside the slide and missing tiles included.
 
 Memory: the batch's output; one run buffer (``RUN_TILES`` tiles) per thread
@@ -36,25 +42,26 @@ list of regions on a Dask cluster and writes each to a file.
 
 from __future__ import annotations
 
+import collections
 import math
-import queue
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..areafilter import AreaFilter
 from ..arguments import as_int
+from ..codec import jpegloop
 from ..codec.pool import get_pool
 from ..errors import InvalidRegionError, ResourceLimitError
 from ..geometry import level_rect
 from ..model import Level
 from ..settings import get_limits
 from .cache import CacheScope
-from .fill import fill_region
+from .fill import _PREFETCH_MIN_TILES, _ends_one_column_into_a_tile, _prefetch, fill_region
 from .request import ReadRequest, check_out, check_threads, output_shape, validate_request
-from .threads import run_jobs, thread_count
+from .threads import Once, SharedJobs, run_jobs, run_threads, thread_count
 
 __all__ = ["RUN_TILES", "PatchRequest", "PatchReader", "check_patch_request", "read_patch_batches",
            "fill_all", "footprint", "plan_runs"]
@@ -205,19 +212,26 @@ def check_patch_request(levels: Sequence[Level], path: str, locations: Any, size
 class _Run:
     """Tiles ``c0..c1`` (inclusive) of tile row ``row``, decoded together into one buffer.
 
-    ``rect``: ``(x0, y0, x1, y1)`` in level pixels.  ``pieces``: this batch's copies,
-    ``(patch, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1))`` from the run's buffer
-    into the patch's window.  ``buf``: the flat buffer once decoded (kept while
-    the run is carried to the next batch).  ``keep``: the next batch needs it.
+    ``rect``: ``(x0, y0, x1, y1)`` in level pixels.  ``buf``: the flat buffer once
+    decoded (kept while the run is carried to the next batch).
     """
 
     row: int
     c0: int
     c1: int
     rect: tuple[int, int, int, int]
-    pieces: list = field(default_factory=list)
     buf: np.ndarray | None = None
-    keep: bool = False
+
+
+@dataclass(eq=False)
+class _Task:
+    """One batch's use of a run: its ``pieces``, the copies
+    ``(patch, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1))`` from the run's buffer into
+    the patches' windows; ``keep``: the next batch needs the run (its buffer is kept)."""
+
+    run: _Run
+    pieces: list
+    keep: bool
 
 
 def _windows(lv: Level, locs: np.ndarray) -> np.ndarray:
@@ -232,16 +246,15 @@ def _windows(lv: Level, locs: np.ndarray) -> np.ndarray:
 class _Footprint:
     """Where the windows of one batch fall on the level's tile grid.
 
-    ``idx``: the windows that overlap the level; for them ``box`` (clipped
-    ``x0, x1, y0, y1`` in level pixels) and ``tiles`` (``c0, c1, r0, r1``,
-    inclusive) as lists; ``partial``: ``(n,)`` bool, True for windows not wholly
-    inside the level; ``rows``: tile row -> set of tile columns touched.
+    ``wins``: one list per window that overlaps the level, ``[i, x0, x1, y0, y1, c0,
+    c1, r0, r1, px, py]``: its index in the batch, its clipped box in level pixels,
+    the tiles it touches (inclusive) and its unclipped corner; ``partial``: ``(n,)``
+    bool, True for windows not wholly inside the level; ``rows``: tile row -> set of
+    tile columns touched.
     """
 
     corners: np.ndarray
-    idx: list
-    box: list
-    tiles: list
+    wins: list
     partial: np.ndarray
     rows: dict
 
@@ -250,94 +263,116 @@ def footprint(lv: Level, corners: np.ndarray, window: tuple[int, int]) -> _Footp
     """The :class:`_Footprint` of windows of ``window`` pixels at ``corners`` (level pixels)."""
     ww, wh = window
     W, H, tw, th = lv.width, lv.height, lv.tile_width, lv.tile_height
-    x0 = np.clip(corners[:, 0], 0, W)
-    y0 = np.clip(corners[:, 1], 0, H)
-    x1 = np.clip(corners[:, 0] + ww, 0, W)
-    y1 = np.clip(corners[:, 1] + wh, 0, H)
+    cx, cy = corners[:, 0], corners[:, 1]
+    x0 = np.minimum(np.maximum(cx, 0), W)
+    y0 = np.minimum(np.maximum(cy, 0), H)
+    x1 = np.minimum(np.maximum(cx + ww, 0), W)
+    y1 = np.minimum(np.maximum(cy + wh, 0), H)
     inside = (x1 > x0) & (y1 > y0)
-    partial = ~inside | (x0 != corners[:, 0]) | (y0 != corners[:, 1]) | (x1 - x0 != ww) | (y1 - y0 != wh)
+    partial = ~inside | (x0 != cx) | (y0 != cy) | (x1 - x0 != ww) | (y1 - y0 != wh)
     idx = np.flatnonzero(inside)
-    box = list(zip(x0[idx].tolist(), x1[idx].tolist(), y0[idx].tolist(), y1[idx].tolist(), strict=True))
-    tiles = list(zip((x0[idx] // tw).tolist(), ((x1[idx] - 1) // tw).tolist(),
-                     (y0[idx] // th).tolist(), ((y1[idx] - 1) // th).tolist(), strict=True))
+    if len(idx) < len(corners):
+        x0, x1, y0, y1, cx, cy = x0[idx], x1[idx], y0[idx], y1[idx], cx[idx], cy[idx]
+    wins = np.stack([idx, x0, x1, y0, y1, x0 // tw, (x1 - 1) // tw, y0 // th, (y1 - 1) // th, cx, cy],
+                    1).tolist()
     rows: dict[int, set[int]] = {}
-    for c0, c1, r0, r1 in tiles:
-        cols = range(c0, c1 + 1)
+    for _, _, _, _, _, c0, c1, r0, r1, _, _ in wins:
         for r in range(r0, r1 + 1):
-            rows.setdefault(r, set()).update(cols)
-    return _Footprint(corners, idx.tolist(), box, tiles, partial, rows)
+            cols = rows.get(r)
+            if cols is None:
+                cols = rows[r] = set()
+            if c0 == c1:
+                cols.add(c0)
+            else:
+                cols.update(range(c0, c1 + 1))
+    return _Footprint(corners, wins, partial, rows)
 
 
-def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footprint | None) -> list[_Run]:
-    """The runs of one batch and each window's pieces of them.
+def _touches(rows: dict[int, set[int]] | None, run: _Run) -> bool:
+    """True when the tile columns ``rows`` lists (row -> columns; None: none) meet ``run``."""
+    cols = rows.get(run.row) if rows is not None else None
+    return cols is not None and not cols.isdisjoint(range(run.c0, run.c1 + 1))
+
+
+def _cut_runs(lv: Level, fp: _Footprint, carried: list[_Run],
+              most: int) -> tuple[list[_Run], dict[int, dict[int, _Run]]]:
+    """The batch's runs (the ``carried`` ones it touches, then new ones for its other tiles:
+    neighbours in a tile row, at most ``most``) and, per tile row, column -> run."""
+    tw, th, W, H = lv.tile_width, lv.tile_height, lv.width, lv.height
+    owner: dict[int, dict[int, _Run]] = {}
+    runs: list[_Run] = []
+    for run in carried:
+        if _touches(fp.rows, run):
+            runs.append(run)
+            cols = owner.setdefault(run.row, {})
+            for c in range(run.c0, run.c1 + 1):
+                cols[c] = run
+    for r in sorted(fp.rows):
+        cols = owner.setdefault(r, {})
+        todo = sorted(c for c in fp.rows[r] if c not in cols)
+        i = 0
+        while i < len(todo):
+            start = prev = todo[i]
+            i += 1
+            while i < len(todo) and todo[i] == prev + 1 and todo[i] - start < most:
+                prev = todo[i]
+                i += 1
+            run = _Run(r, start, prev, (start * tw, r * th, min((prev + 1) * tw, W), min((r + 1) * th, H)))
+            runs.append(run)
+            for c in range(start, prev + 1):
+                cols[c] = run
+    return runs, owner
+
+
+def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footprint | None,
+              most: int = RUN_TILES) -> list[_Task]:
+    """The runs of one batch and each window's pieces of them, as one :class:`_Task` a run.
 
     Tiles already decoded in a run ``carried`` over from the previous batch are
     not decoded again; the other tiles the batch touches are cut into new runs
-    (neighbours in a tile row, at most :data:`RUN_TILES`).  Every touched tile
-    is in exactly one returned run.  A run is marked ``keep`` when the
-    ``following`` batch (None: none) touches it.
+    (neighbours in a tile row, at most ``most``).  Every touched tile
+    is in exactly one returned run.  A task is marked ``keep`` when the
+    ``following`` batch (None: none) touches its run.  Nothing in ``carried`` is changed.
     """
-    tw, th, W, H = lv.tile_width, lv.tile_height, lv.width, lv.height
-    by_row: dict[int, list[_Run]] = {}
-    runs: list[_Run] = []
-    for run in carried:
-        if run.row in fp.rows and not fp.rows[run.row].isdisjoint(range(run.c0, run.c1 + 1)):
-            run.pieces = []
-            runs.append(run)
-            by_row.setdefault(run.row, []).append(run)
-    for r in sorted(fp.rows):
-        done: set[int] = set()
-        for run in by_row.get(r, ()):
-            done.update(range(run.c0, run.c1 + 1))
-        cols = sorted(fp.rows[r] - done)
-        if not cols:
-            continue
-        start = prev = cols[0]
-        for c in [*cols[1:], None]:
-            if c is not None and c == prev + 1 and c - start < RUN_TILES:
-                prev = c
-                continue
-            run = _Run(r, start, prev, (start * tw, r * th, min((prev + 1) * tw, W), min((r + 1) * th, H)))
-            runs.append(run)
-            by_row.setdefault(r, []).append(run)
-            if c is not None:
-                start = prev = c
-    corners = fp.corners
-    for i, (a0, a1, b0, b1), (c0, c1, r0, r1) in zip(fp.idx, fp.box, fp.tiles, strict=True):
-        px, py = int(corners[i, 0]), int(corners[i, 1])
+    runs, owner = _cut_runs(lv, fp, carried, most)
+    pieces: dict[_Run, list] = {run: [] for run in runs}
+    for i, a0, a1, b0, b1, c0, c1, r0, r1, px, py in fp.wins:
         for r in range(r0, r1 + 1):
-            for run in by_row[r]:
-                if run.c1 < c0 or run.c0 > c1:
+            cols = owner[r]
+            last = None
+            for c in range(c0, c1 + 1):
+                run = cols[c]
+                if run is last:
                     continue
+                last = run
                 rx0, ry0, rx1, ry1 = run.rect
-                ix0, ix1 = max(a0, rx0), min(a1, rx1)
-                iy0, iy1 = max(b0, ry0), min(b1, ry1)
-                run.pieces.append((i, (iy0 - py, iy1 - py, ix0 - px, ix1 - px),
-                                   (iy0 - ry0, iy1 - ry0, ix0 - rx0, ix1 - rx0)))
-    for run in runs:
-        touched = following.rows.get(run.row) if following is not None else None
-        run.keep = touched is not None and bool(touched) and not touched.isdisjoint(range(run.c0, run.c1 + 1))
-    return runs
+                ix0, ix1 = (a0 if a0 > rx0 else rx0), (a1 if a1 < rx1 else rx1)
+                iy0, iy1 = (b0 if b0 > ry0 else ry0), (b1 if b1 < ry1 else ry1)
+                pieces[run].append((i, (iy0 - py, iy1 - py, ix0 - px, ix1 - px),
+                                    (iy0 - ry0, iy1 - ry0, ix0 - rx0, ix1 - rx0)))
+    rows = following.rows if following is not None else None
+    return [_Task(run, pieces[run], _touches(rows, run)) for run in runs]
 
 
 # ------------------------------------------------------------------ filling
 
 
 class _Buffers:
-    """Flat run buffers, reused across the runs and batches of one call."""
+    """Flat run buffers, reused across the runs and batches of one call: the one given back
+    last is taken first (its pages most likely still in the cache)."""
 
     def __init__(self, nbytes: int):
         self.nbytes = nbytes
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        self._free: collections.deque = collections.deque()  # append / pop: atomic
 
     def take(self) -> np.ndarray:
         try:
-            return self._free.get_nowait()
-        except queue.Empty:
+            return self._free.pop()
+        except IndexError:
             return np.empty(self.nbytes, np.uint8)
 
     def give(self, buf: np.ndarray) -> None:
-        self._free.put(buf)
+        self._free.append(buf)
 
 
 class PatchReader:
@@ -360,9 +395,13 @@ class PatchReader:
         lv = req.level
         self._buffers = _Buffers(lv.tile_height * lv.tile_width * min(RUN_TILES, lv.tiles_across)
                                  * req.shape[2] * req.dtype.itemsize)
+        # runs of at most RUN_TILES tiles on one thread; with more, half that: the threads
+        # share a batch's runs, and smaller ones let them finish the batch closer together
+        self._most = RUN_TILES if thread_count(req.threads, 2) == 1 else RUN_TILES // 2
         self._carried: list[_Run] = []
         self._next = 0  # index of the first patch of the batch expected next
-        self._following: _Footprint | None = None  # its footprint, computed with the last batch
+        # the plan of that batch, made while the last one decoded: (j0, j1, footprint, tasks, following)
+        self._ahead: tuple[int, int, _Footprint, list[_Task], _Footprint | None] | None = None
         self._windows: np.ndarray | None = None    # read_size: the windows of a batch, reused
 
     def spans(self) -> Iterator[tuple[int, int]]:
@@ -377,6 +416,10 @@ class PatchReader:
     def fill(self, j0: int, j1: int, out: Any) -> Any:
         """Fill ``out`` (``(j1 - j0,) + req.shape``) with patches ``j0 .. j1 - 1``; return it.
 
+        The first thread free plans the next batch (``[j1, j1 + batch_size)``) before it
+        starts on this one's runs, so that with several threads the plan is made while the
+        others decode.
+
         Raises:
             TileDecodeError: a corrupt tile, with ``on_error="raise"``.
             OSError: a read of the slide's bytes failed.
@@ -386,39 +429,64 @@ class PatchReader:
             return out
         if req.device != "cpu":
             return _fill_cuda(req, req.locations[j0:j1], out)
-        runs, following, dest = self._plan(j0, j1, out)
+        tasks, following, dest = self._plan(j0, j1, out)
+        ahead = Once(lambda: self._plan_ahead(j1, tasks, following))
         try:
             with req.level.source.reading():
                 # longest decodes first, copy-only (carried) runs last: the threads finish the
                 # batch together instead of one waiting on a long run taken at the end
-                order = sorted(runs, key=lambda r: 0 if r.buf is not None else -(r.c1 - r.c0 + 1))
-                run_jobs(order, thread_count(req.threads, len(runs)), self._worker(dest))
+                order = sorted(tasks, key=lambda t: 0 if t.run.buf is not None else t.run.c0 - t.run.c1 - 1)
+                k = thread_count(req.threads, len(order))
+                work = self._worker(dest)
+                shared = SharedJobs(order) if k > 1 else None
+                jobs: Iterable[_Task] = order if shared is None else shared
+
+                def plan_then_work() -> None:
+                    ahead()
+                    work(jobs)
+
+                run_threads(k, plan_then_work, _nothing if shared is None else shared.stop)
         except BaseException:
-            self._release(runs)
-            self._carried, self._next = [], -1
+            self._release(t.run for t in tasks)
+            self._carried, self._next, self._ahead = [], -1, None
             raise
-        self._carried = [r for r in runs if r.keep]
-        self._next, self._following = j1, following
+        self._carried = [t.run for t in tasks if t.keep]
+        self._next = j1
         if req.read is not None:
             _reduce(req, dest, out)
         return out
 
-    def _plan(self, j0: int, j1: int, out: Any) -> tuple[list[_Run], _Footprint | None, np.ndarray]:
-        """The runs of batch ``[j0, j1)``, the next batch's footprint and the array the
+    def _plan_ahead(self, j1: int, tasks: list[_Task], following: _Footprint | None) -> None:
+        """Plan batch ``[j1, j1 + batch_size)`` (``following``: its footprint; None: there is
+        none), the runs ``tasks`` keeps carried into it; for the next :meth:`fill`."""
+        if following is None:
+            return
+        req = self.req
+        n = len(req.locations)
+        j2 = min(j1 + req.batch_size, n)
+        after = self._footprint(j2, min(j2 + req.batch_size, n)) if j2 < n else None
+        carried = [t.run for t in tasks if t.keep]
+        self._ahead = (j1, j2, following, plan_runs(req.level, following, carried, after, self._most), after)
+
+    def _plan(self, j0: int, j1: int, out: Any) -> tuple[list[_Task], _Footprint | None, np.ndarray]:
+        """The tasks of batch ``[j0, j1)``, the next batch's footprint and the array the
         windows are copied into (``out``, or the reused windows with ``read_size``), its
         windows not wholly inside the level zeroed; carried runs no longer needed are released."""
         req = self.req
+        ahead, self._ahead = self._ahead, None
         if j0 != self._next:
             self._release(self._carried)
             self._carried = []
-        fp = self._following
-        if fp is None or j0 != self._next or len(fp.corners) != j1 - j0:
+        if ahead is not None and j0 == self._next and ahead[:2] == (j0, j1):
+            _, _, fp, tasks, following = ahead
+        else:
             fp = self._footprint(j0, j1)
-        n_next = min(j1 + req.batch_size, len(req.locations))
-        following = self._footprint(j1, n_next) if n_next > j1 else None
-        self._following = None
-        runs = plan_runs(req.level, fp, self._carried, following)
-        self._release([r for r in self._carried if r not in runs])
+            n_next = min(j1 + req.batch_size, len(req.locations))
+            following = self._footprint(j1, n_next) if n_next > j1 else None
+            tasks = plan_runs(req.level, fp, self._carried, following, self._most)
+        used = {t.run for t in tasks}
+        self._release(r for r in self._carried if r not in used)
+        self._carried = []
         if req.read is None:
             dest = out
         else:  # the windows, kept for the next batch (no fresh pages per batch)
@@ -428,31 +496,39 @@ class PatchReader:
             dest = self._windows[:j1 - j0]
         if fp.partial.any():
             dest[fp.partial] = 0
-        return runs, following, dest
+        return tasks, following, dest
 
-    def _worker(self, dest: np.ndarray) -> Callable[[Iterable[_Run]], None]:
-        """The work of one thread: decode each run it takes (once: carried runs are decoded
-        already) into a run buffer and copy its pieces into the windows of ``dest``."""
+    def _worker(self, dest: np.ndarray) -> Callable[[Iterable[_Task]], None]:
+        """The work of one thread: decode the run of each task it takes (once: carried runs
+        are decoded already) into a run buffer and copy its pieces into the windows of ``dest``.
+
+        Where the compiled JPEG loop applies (:func:`_native_scatter`) it decodes the run and
+        copies each piece in C, the GIL released, a few tiles at a time while their pixels are
+        still in the cache; else :func:`~wsitool.read.fill.fill_region` and numpy copies (the
+        reference, pinned to the fast path by tests/read/test_patches.py)."""
         req, cache, buffers = self.req, self.cache, self._buffers
         lv, c, dtype = req.level, req.shape[2], req.dtype
         itemsize = dtype.itemsize
         pool = get_pool("cpu")
+        native = _native_scatter(req, dest, cache)
 
-        def work(todo: Iterable[_Run]) -> None:
-            for run in todo:
+        def work(todo: Iterable[_Task]) -> None:
+            for task in todo:
+                run = task.run
                 x0, y0, x1, y1 = run.rect
                 flat = run.buf
                 fresh = flat is None
                 if flat is None:
                     flat = run.buf = buffers.take()
                 buf = flat[:(y1 - y0) * (x1 - x0) * c * itemsize].view(dtype).reshape(y1 - y0, x1 - x0, c)
-                if fresh:
-                    part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
-                                       mode=req.mode, on_error=req.on_error, threads=1)
-                    fill_region(part, buf, pool, cache)
-                for i, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1) in run.pieces:
-                    dest[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
-                if not run.keep:
+                if native is None or not native(run, task.pieces, buf, fresh, pool):
+                    if fresh:
+                        part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
+                                           mode=req.mode, on_error=req.on_error, threads=1)
+                        fill_region(part, buf, pool, cache)
+                    for i, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1) in task.pieces:
+                        dest[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
+                if not task.keep:
                     buffers.give(flat)
                     run.buf = None
 
@@ -463,6 +539,57 @@ class PatchReader:
             if run.buf is not None:
                 self._buffers.give(run.buf)
                 run.buf = None
+
+
+def _nothing() -> None:
+    pass
+
+
+#: Tiles per call of the compiled loop when it also copies the pieces (:func:`_native_scatter`):
+#: 4 tiles of 240 x 240 RGB (675 KiB) are still in a 1 MiB L2 cache when they are copied.
+SCATTER_TILES = 4
+
+
+def _native_scatter(req: PatchRequest, dest: Any,
+                    cache: CacheScope | None) -> Callable[[_Run, list, np.ndarray, bool, Any], bool] | None:
+    """The compiled path of one batch, or None where it does not apply (a decoded-tile cache,
+    multi-channel or non-JPEG levels, the loop not loaded or switched off, ``dest`` not a
+    C-contiguous uint8 numpy array).
+
+    The function returned, ``(run, pieces, buf, fresh, pool) -> bool``, decodes ``run`` into
+    ``buf`` (``(h, w, c)`` uint8) when ``fresh`` (else ``buf`` holds it already: a carried
+    run) and copies ``pieces`` (as :class:`_Task`'s) into ``dest``; it returns False, having
+    done nothing, for a fresh run the loop does not take (:func:`~wsitool.read.fill.fill_region`'s
+    rule).  Raises as :meth:`wsitool.codec.jpegloop.RegionJobs.run`."""
+    lv = req.level
+    if (cache is not None or lv.planes is not None or type(dest) is not np.ndarray or dest.dtype != np.uint8
+            or not dest.flags.c_contiguous):
+        return None
+    probe = np.empty((1, 1, req.shape[2]), np.uint8)
+    if not jpegloop.applies(lv, req.mode, probe):
+        return None
+    stride = dest.strides[1]
+    px = dest.strides[2]
+    patch = dest.strides[0]
+
+    def decode_and_copy(run: _Run, todo: list, buf: np.ndarray, fresh: bool, pool: Any) -> bool:
+        x0, y0, x1, y1 = run.rect
+        if fresh and _ends_one_column_into_a_tile(lv, x0, x1 - x0):
+            return False
+        pieces = np.array([(i * patch + dy0 * stride + dx0 * px, stride, sy0, sy1, sx0, sx1)
+                           for i, (dy0, _, dx0, _), (sy0, sy1, sx0, sx1) in todo], np.int64).reshape(-1, 6)
+        if not fresh:
+            jpegloop.scatter(buf, dest, pieces)
+            return True
+        region = jpegloop.RegionJobs(lv, buf, x0, y0, (x0, y0, x1, y1), req.on_error)
+        region.chunk = SCATTER_TILES
+        region.scatter = (dest, pieces)
+        if region.count >= _PREFETCH_MIN_TILES:
+            _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0)
+        region.run(pool)
+        return True
+
+    return decode_and_copy
 
 
 def _reduce(req: PatchRequest, windows: np.ndarray, out: np.ndarray) -> None:

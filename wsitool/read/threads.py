@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from ..forksafe import PerProcess
 
-__all__ = ["thread_count", "batch_size", "run_threads", "run_jobs", "SharedJobs"]
+__all__ = ["thread_count", "batch_size", "run_threads", "run_jobs", "SharedJobs", "Once"]
 
 _Job = TypeVar("_Job")
 
@@ -103,3 +103,17 @@ class SharedJobs(Generic[_Job]):
         return self._jobs[i]
 
 
+class Once:
+    """``fn()`` run by the first thread that calls this; the others (and later calls) go on at
+    once.  For set-up work that one of the threads sharing a job list can do while the others
+    start on the jobs (the read-ahead advice of a region, the plan of the next patch batch)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._fn: Callable[[], Any] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
