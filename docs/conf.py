@@ -78,10 +78,6 @@ nitpick_ignore_regex = [
     # missing from the committed Python inventory
     ("py:class", r"types\.FrameType"),
 ]
-# Annotations that name the internal ``Level`` without its module (imports under TYPE_CHECKING)
-# find wsitool.Level, wsitool.slide.Level and wsitool.model.Level; only that ambiguity
-# ("more than one target found") is silenced: a reference that finds nothing still fails.
-suppress_warnings = ["ref.python"]
 
 # Offline inventories (docs/_inventories/README.md says where each came from).
 INV = HERE / "_inventories"

@@ -6,7 +6,7 @@ level; a *tile* is addressed by ``(col, row)`` in the level's tile grid.
 
 The functions take any object with the attributes of a tile grid
 (:class:`TileGrid`: ``width``, ``height``, ``tile_width``, ``tile_height``,
-``downsample``), such as :class:`wsitool.model.Level`.
+``downsample``), such as :class:`wsitool.model.PyramidLevel`.
 """
 
 from __future__ import annotations

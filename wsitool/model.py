@@ -1,7 +1,7 @@
 """The format-neutral pyramid: what a container format describes and the layers above read (floor 2).
 
 A format (:mod:`wsitool.formats`) turns a file into a :class:`Pyramid`: its
-:class:`Level` objects (geometry, tile grid, where each tile's bytes are and how
+:class:`PyramidLevel` objects (geometry, tile grid, where each tile's bytes are and how
 they are encoded) and its associated images.  It decodes nothing; the codec
 layer (:mod:`wsitool.codec`) decodes what a :class:`TileEncoding` describes,
 the region layer (:mod:`wsitool.read`) plans and fills reads, the facade
@@ -23,7 +23,7 @@ import numpy as np
 
 from .storage import ByteSource
 
-__all__ = ["TileEncoding", "TileIndex", "Channel", "Level", "LevelSizes", "AssociatedImage", "Pyramid",
+__all__ = ["TileEncoding", "TileIndex", "Channel", "PyramidLevel", "LevelSizes", "AssociatedImage", "Pyramid",
            "level_properties", "multichannel_level", "SCALED_JPEG", "DEFAULT_CHANNEL_COLORS",
            "wavelength_color", "channel_color"]
 
@@ -185,7 +185,7 @@ class Channel:
 
 class LevelSizes:
     """``dimensions`` and ``tile_size`` of a level, from its ``width``, ``height``,
-    ``tile_width`` and ``tile_height`` (shared by the internal :class:`Level` and the
+    ``tile_width`` and ``tile_height`` (shared by the internal :class:`PyramidLevel` and the
     public read-only view, :class:`wsitool.Level`)."""
 
     width: int
@@ -204,7 +204,7 @@ class LevelSizes:
         return (self.tile_width, self.tile_height)
 
 
-class Level(LevelSizes):
+class PyramidLevel(LevelSizes):
     """One pyramid level: geometry, tile grid, encoding and byte source.
 
     Attributes:
@@ -231,7 +231,7 @@ class Level(LevelSizes):
         channels: the :class:`Channel` s of a multi-channel (fluorescence) level,
             one per sample, in the slide's order; ``()`` for every other level
             (RGB, a plain grey image), which reads exactly as before.
-        planes: for a multi-channel level, one single-sample :class:`Level` per
+        planes: for a multi-channel level, one single-sample :class:`PyramidLevel` per
             channel (same geometry; each its own :class:`TileIndex`, encoding and
             byte source: a DICOM optical path, a QPTIFF page); reads decode
             each plane and stack them (``raw``) or compose them (``rgb`` /
@@ -276,12 +276,12 @@ class Level(LevelSizes):
         """The level's key in the decoded-tile cache: its index, or ``(index, plane)`` for a plane."""
         return self.index if self.plane is None else (self.index, self.plane)
 
-    def select(self, picked: Sequence[int]) -> Level:
+    def select(self, picked: Sequence[int]) -> PyramidLevel:
         """This multi-channel level restricted to channels ``picked`` (indices, in that
-        order; checked by the caller): a new :class:`Level` sharing the planes."""
+        order; checked by the caller): a new :class:`PyramidLevel` sharing the planes."""
         assert self.planes is not None
         planes = tuple(self.planes[k] for k in picked)
-        return Level(index=self.index, width=self.width, height=self.height,
+        return PyramidLevel(index=self.index, width=self.width, height=self.height,
                      downsample=self.downsample, tile_width=self.tile_width,
                      tile_height=self.tile_height, tiled=self.tiled, samples=len(planes),
                      dtype=self.dtype, encoding=self.encoding, tiles=planes[0].tiles,
@@ -290,7 +290,7 @@ class Level(LevelSizes):
 
     def __repr__(self) -> str:
         return (
-            f"Level({self.index}, {self.width}x{self.height}, downsample={self.downsample:.4g}, "
+            f"PyramidLevel({self.index}, {self.width}x{self.height}, downsample={self.downsample:.4g}, "
             f"tile={self.tile_width}x{self.tile_height}, {self.compression}/{self.photometric}, "
             f"{self.samples}x{self.dtype})"
         )
@@ -330,8 +330,8 @@ def channel_color(index: int, count: int, emission_nm: float | None = None,
     return DEFAULT_CHANNEL_COLORS[index], "default"
 
 
-def multichannel_level(planes: Sequence[Level], channels: Sequence[Channel]) -> Level:
-    """One multi-channel :class:`Level` of single-sample ``planes`` (one per channel, same
+def multichannel_level(planes: Sequence[PyramidLevel], channels: Sequence[Channel]) -> PyramidLevel:
+    """One multi-channel :class:`PyramidLevel` of single-sample ``planes`` (one per channel, same
     index, size, tile size and dtype; their ``plane`` is set here), described by ``channels``.
 
     Raises:
@@ -348,7 +348,7 @@ def multichannel_level(planes: Sequence[Level], channels: Sequence[Channel]) -> 
             raise ValueError(f"plane {p!r} differs from {first!r}")
     for k, p in enumerate(planes):
         p.plane = k
-    return Level(index=first.index, width=first.width, height=first.height,
+    return PyramidLevel(index=first.index, width=first.width, height=first.height,
                  downsample=first.downsample, tile_width=first.tile_width,
                  tile_height=first.tile_height, tiled=first.tiled, samples=len(planes),
                  dtype=first.dtype, encoding=dataclasses.replace(first.encoding, rgb_problem=None),
@@ -413,7 +413,7 @@ class Pyramid:
     """
 
     vendor: str
-    levels: tuple[Level, ...]
+    levels: tuple[PyramidLevel, ...]
     associated: dict[str, AssociatedImage]
     properties: Mapping[str, str]
     problems: list[str] = dataclasses.field(default_factory=list)
@@ -422,7 +422,7 @@ class Pyramid:
     identifying: frozenset[str] = frozenset()
 
 
-def level_properties(levels: Sequence[Level]) -> dict[str, str]:
+def level_properties(levels: Sequence[PyramidLevel]) -> dict[str, str]:
     """The format-neutral properties of a pyramid's levels, with OpenSlide's key names:
     ``openslide.level-count`` and ``openslide.level[N].width|height|downsample|tile-width|
     tile-height`` (pixels of level N; the downsample relative to level 0)."""

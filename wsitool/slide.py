@@ -103,7 +103,7 @@ class Level(model.LevelSizes):
     mpp: tuple[float, float] | None
 
     @classmethod
-    def of(cls, lv: model.Level, level0: model.Level, mpp: tuple[float, float] | None) -> Level:
+    def of(cls, lv: model.PyramidLevel, level0: model.PyramidLevel, mpp: tuple[float, float] | None) -> Level:
         """The view of pyramid level ``lv`` (``level0``: the pyramid's first, for the mpp)."""
         scaled = None if mpp is None else (mpp[0] * level0.width / lv.width, mpp[1] * level0.height / lv.height)
         return cls(index=lv.index, width=lv.width, height=lv.height, downsample=lv.downsample,
@@ -214,7 +214,7 @@ class Slide:
             self._tile_cache = cache.scope()
         self.vendor = pyramid.vendor
         #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
-        self._levels: tuple[model.Level, ...] = pyramid.levels
+        self._levels: tuple[model.PyramidLevel, ...] = pyramid.levels
         self._associated = _AssociatedImages(self.path, self._source, self._lock, pyramid.associated)
         self._properties = types.MappingProxyType(pyramid.properties)
         self._views = tuple(Level.of(lv, pyramid.levels[0], self.mpp) for lv in pyramid.levels)
@@ -701,7 +701,7 @@ def thumbnail_background(properties: Mapping[str, str]) -> tuple[int, int, int]:
     return (rgb[0], rgb[1], rgb[2])
 
 
-def pyramid_levels(slide: Slide) -> tuple[model.Level, ...]:
+def pyramid_levels(slide: Slide) -> tuple[model.PyramidLevel, ...]:
     """The pyramid's own levels of ``slide`` (byte source, tile index, encoding), largest first.
 
     For wsitool's own layers (export, the server, batch reads); not part of the

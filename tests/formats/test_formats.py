@@ -9,7 +9,7 @@ import tifffile
 from wsitool import formats
 from wsitool.errors import UnsupportedFormatError
 from wsitool.formats import tiff
-from wsitool.model import Level, Pyramid
+from wsitool.model import Pyramid, PyramidLevel
 from wsitool.storage import LocalFile
 
 
@@ -31,7 +31,7 @@ def test_tiff_pyramid_description(tmp_path, sample_jpeg):
         try:
             assert isinstance(pyramid, Pyramid) and pyramid.vendor == "aperio"
             lv = pyramid.levels[0]
-            assert isinstance(lv, Level) and lv.source is src
+            assert isinstance(lv, PyramidLevel) and lv.source is src
             assert lv.encoding.stream == "jpeg" and lv.encoding.codec == "nv"
             # the JPEG prefix merges SOI, the Adobe RGB marker (photometric RGB) and the tables
             assert lv.encoding.jpeg_prefix.startswith(b"\xff\xd8\xff\xee")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 from ..errors import TileDecodeError, TileWarning
-from ..model import Level
+from ..model import PyramidLevel
 from ..oserrors import descriptors_exhausted
 
 __all__ = [
@@ -35,7 +35,7 @@ def not_soi_reason(first: bytes) -> str:
     return f"not a JPEG stream (starts with {first.hex()} instead of ffd8)"
 
 
-def grid_reason(level: Level, width: int, height: int) -> str:
+def grid_reason(level: PyramidLevel, width: int, height: int) -> str:
     """A code stream declaring ``width x height`` pixels, not the tile grid cell."""
     return (f"code stream declares {width}x{height} pixels but the tile grid cell is "
             f"{level.tile_width}x{level.tile_height}; refusing to decode")

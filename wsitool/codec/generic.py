@@ -3,7 +3,7 @@
 None, LZW, deflate, zstd, WebP, JPEG gray / CMYK / 2-sample, predictors,
 big-endian samples, planar-separate data: decoded by tifffile's
 ``TiffPage.decode`` (the page is the format's handle in
-``Level.encoding.page``), after the header checks of :mod:`.headers`.
+``PyramidLevel.encoding.page``), after the header checks of :mod:`.headers`.
 Segments of containers without a tifffile page (DICOM frames) are decoded by
 the imagecodecs decoder their ``encoding.imagecodec`` names (:mod:`.frames`).
 Levels decoded at a reduced JPEG scale (``encoding.codec == "scaled-jpeg"``)
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TileDecodeError
-from ..model import SCALED_JPEG, Level
+from ..model import SCALED_JPEG, PyramidLevel
 from .frames import FrameError, decode_frame
 from .headers import check_header
 from .pool import ThreadState
@@ -26,7 +26,7 @@ from .tilebytes import jpeg_stream, read_tile_bytes
 __all__ = ["decode_array"]
 
 
-def decode_array(level: Level, col: int, row: int, state: ThreadState) -> np.ndarray | None:
+def decode_array(level: PyramidLevel, col: int, row: int, state: ThreadState) -> np.ndarray | None:
     """Decode one tile (all planes) of a generic level with tifffile/imagecodecs.
 
     Returns a ``(h, w, samples)`` array in the level's native dtype, where
@@ -85,7 +85,7 @@ def decode_array(level: Level, col: int, row: int, state: ThreadState) -> np.nda
     return arr
 
 
-def _decode_frame(level: Level, data: bytes, col: int, row: int) -> np.ndarray:
+def _decode_frame(level: PyramidLevel, data: bytes, col: int, row: int) -> np.ndarray:
     """One segment of an encoding without a tifffile page (``encoding.imagecodec``,
     see :mod:`.frames`): a ``(tile_height, tile_width, samples)`` array."""
     enc = level.encoding

@@ -18,7 +18,7 @@ from ..bitstream import (
     webp_frame_size,
 )
 from ..errors import TileDecodeError
-from ..model import Level
+from ..model import PyramidLevel
 from .failures import grid_reason, unreadable_header_reason
 from .library import nv
 from .tilebytes import jpeg_stream
@@ -26,7 +26,7 @@ from .tilebytes import jpeg_stream
 __all__ = ["check_cell", "check_header", "codestream"]
 
 
-def check_cell(level: Level, col: int, row: int, width: int, height: int) -> None:
+def check_cell(level: PyramidLevel, col: int, row: int, width: int, height: int) -> None:
     """Refuse a code stream whose declared size is not the tile cell (or its cropped part)."""
     cell_w, cell_h = level.tile_width, level.tile_height
     inner_w = min(cell_w, level.width - col * cell_w)
@@ -36,7 +36,7 @@ def check_cell(level: Level, col: int, row: int, width: int, height: int) -> Non
                               grid_reason(level, width, height))
 
 
-def check_header(level: Level, data: bytes, col: int, row: int) -> None:
+def check_header(level: PyramidLevel, data: bytes, col: int, row: int) -> None:
     """Check a JPEG / JPEG-LS / JPEG 2000 / WebP tile header against the grid before a tifffile decode.
 
     Raises :class:`TileDecodeError` when the header is unreadable or declares a
@@ -66,7 +66,7 @@ def check_header(level: Level, data: bytes, col: int, row: int) -> None:
             raise TileDecodeError(level.path, level.index, col, row, problem)
 
 
-def codestream(level: Level, data, col: int, row: int, complete: bool = False):
+def codestream(level: PyramidLevel, data, col: int, row: int, complete: bool = False):
     """Parse the code stream header and check it against the tile grid.
 
     ``data`` is the tile's bytes, or with ``complete=True`` a complete stream

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import TileDecodeError
 from ..geometry import plan_tiles
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_decode_paths
 from ..silence import stderr_silenced
 from . import failures as reasons
@@ -106,7 +106,7 @@ def status() -> str:
            f".{mod.HEADER_VERSION % 100})"
 
 
-def applies(lv: Level, mode: str, out: np.ndarray) -> bool:
+def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
     """True when a region read of ``lv`` into ``out`` can take the compiled loop.
 
     That is: the loop is enabled and loaded; the level is JPEG decoded by
@@ -145,7 +145,7 @@ class RegionJobs:
         on_error: ``"raise"`` or ``"fill"`` (see :meth:`wsitool.Slide.read_region`).
     """
 
-    def __init__(self, lv: Level, out: np.ndarray, rx: int, ry: int, inside, on_error: str):
+    def __init__(self, lv: PyramidLevel, out: np.ndarray, rx: int, ry: int, inside, on_error: str):
         self.lv = lv
         self.out = out
         self.region = (rx, ry, *inside)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TileDecodeError
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_decode_paths
 from .failures import no_image_reason, outside_reason, unusable_stream_reason
 from .headers import codestream
@@ -30,7 +30,7 @@ from .pool import DecodeStats, ThreadState
 __all__ = ["plan_decode", "narrow_jpeg_crop", "count_decoded", "decode_into", "check_decoded", "decode_checked"]
 
 
-def plan_decode(level: Level, col: int, row: int, data,
+def plan_decode(level: PyramidLevel, col: int, row: int, data,
                 src_rect: tuple[int, int, int, int], complete: bool = False):
     """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
 
@@ -79,7 +79,7 @@ def plan_decode(level: Level, col: int, row: int, data,
     return sub, "roi", (width, height)
 
 
-def narrow_jpeg_crop(level: Level, src_rect: tuple[int, int, int, int], width: int) -> bool:
+def narrow_jpeg_crop(level: PyramidLevel, src_rect: tuple[int, int, int, int], width: int) -> bool:
     """True for a JPEG window one column wide at the tile's left edge (of a tile wider
     than that): libjpeg-turbo (nvImageCodec's CPU JPEG backend, 0.9.0) decodes such a
     crop without the fancy upsampling of subsampled chroma, up to 111 grey levels off
@@ -101,7 +101,7 @@ def count_decoded(stats: DecodeStats, how: str, caller_buffer: bool = True) -> N
 
 
 def decode_into(
-    level: Level,
+    level: PyramidLevel,
     col: int,
     row: int,
     data: bytes | np.ndarray,
@@ -116,7 +116,7 @@ def decode_into(
     """Decode part of one nvImageCodec-decodable tile into ``dst``.
 
     Args:
-        level: the :class:`~wsitool.slide.Level` the tile belongs to.
+        level: the :class:`~wsitool.model.PyramidLevel` the tile belongs to.
         col, row: tile column and row in the level's grid.
         data: the tile's encoded bytes (see :func:`read_tile_bytes`), or with
             ``complete=True`` the uint8 array of :func:`read_tile_stream`.
@@ -152,7 +152,7 @@ def decode_into(
     count_decoded(state.stats, how, caller_buffer)
 
 
-def check_decoded(level: Level, col: int, row: int, result, image, shape) -> None:
+def check_decoded(level: PyramidLevel, col: int, row: int, result, image, shape) -> None:
     """Verify a decode result: an image, the very ``image`` that wraps the target, of ``shape``.
 
     ``image`` is the ``nv().as_image`` wrapper of the caller's (or the

@@ -57,7 +57,7 @@ import numpy as np
 
 from ..bitstream import j2k_main_header, jp2_boxes
 from ..errors import TileDecodeError
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_decode_paths
 from .failures import no_image_reason, outside_reason, unreadable_header_reason
 from .headers import check_cell
@@ -173,14 +173,14 @@ def available() -> bool:
     return _load() is not None
 
 
-def decodes(lv: Level) -> bool:
+def decodes(lv: PyramidLevel) -> bool:
     """Whether ``lv``'s tiles are decoded by this OpenJPEG window decoder: JPEG 2000
     code streams, the ``openjpeg`` decode path on (:class:`wsitool.settings.DecodePaths`)
     and libopenjp2 found; otherwise they take ``lv.decoder``'s path."""
     return lv.encoding.stream == "j2k" and get_decode_paths().openjpeg and available()
 
 
-def decoder_name(lv: Level) -> str:
+def decoder_name(lv: PyramidLevel) -> str:
     """Who decodes ``lv``'s tiles on a read: ``"openjpeg"`` where :func:`decodes`, else
     :attr:`wsitool.model.TileEncoding.decoder` (``"nvimagecodec"``, ``"tifffile"``, ...)."""
     return "openjpeg" if decodes(lv) else lv.decoder
@@ -440,7 +440,7 @@ def _copy_planes(img: _Image, ncomp: int, shape: tuple[int, int], dst: np.ndarra
         np.copyto(dst, _plane(img.comps[0], h, w)[..., None], casting="unsafe")
 
 
-def decode_into(level: Level, col: int, row: int, data: Any, dst: np.ndarray,
+def decode_into(level: PyramidLevel, col: int, row: int, data: Any, dst: np.ndarray,
                 src_rect: tuple[int, int, int, int], state: ThreadState, *,
                 caller_buffer: bool = True, complete: bool = False, image: Any = None,
                 reduce: int = 0) -> bool:
@@ -481,7 +481,7 @@ def decode_into(level: Level, col: int, row: int, data: Any, dst: np.ndarray,
     return True
 
 
-def _code_stream(level: Level, col: int, row: int, data: Any, reduce: int) -> bytes | None:
+def _code_stream(level: PyramidLevel, col: int, row: int, data: Any, reduce: int) -> bytes | None:
     """The J2K code stream of tile ``(col, row)``'s bytes ``data`` (a JP2 file's contiguous
     code stream box), or None where this path does not apply (a JP2 header asking for colour
     work, or ``reduce`` above the stream's decomposition levels).
@@ -502,7 +502,7 @@ def _code_stream(level: Level, col: int, row: int, data: Any, reduce: int) -> by
     return raw
 
 
-def _window_rule(level: Level, col: int, row: int, src_rect: tuple[int, int, int, int],
+def _window_rule(level: PyramidLevel, col: int, row: int, src_rect: tuple[int, int, int, int],
                  reduce: int) -> Callable[[int, int], tuple[int, int, int, int]]:
     """The ``rect(width, height)`` of :func:`decode_window` for tile ``(col, row)``: the SIZ
     size checked against the grid cell (:func:`.headers.check_cell`), then ``src_rect`` (in

@@ -36,7 +36,7 @@ from PIL import Image
 
 from ..bitstream import jpeg_frame_size
 from ..errors import TileDecodeError
-from ..model import Level
+from ..model import PyramidLevel
 from .pool import ThreadState
 from .tilebytes import jpeg_stream, read_tile_bytes
 
@@ -46,7 +46,7 @@ __all__ = ["SCALES_LOG2", "decode_scaled", "decode_scaled_stream"]
 SCALES_LOG2 = (1, 2, 3)
 
 
-def decode_scaled(level: Level, col: int, row: int, state: ThreadState) -> np.ndarray | None:
+def decode_scaled(level: PyramidLevel, col: int, row: int, state: ThreadState) -> np.ndarray | None:
     """Decode tile ``(col, row)`` of a scaled JPEG level (``level.encoding.codec == "scaled-jpeg"``).
 
     Reads the tile's segment (:func:`~wsitool.codec.tilebytes.read_tile_bytes`:
@@ -77,7 +77,7 @@ def decode_scaled(level: Level, col: int, row: int, state: ThreadState) -> np.nd
     return arr
 
 
-def decode_scaled_stream(level: Level, col: int, row: int, stream: bytes) -> np.ndarray:
+def decode_scaled_stream(level: PyramidLevel, col: int, row: int, stream: bytes) -> np.ndarray:
     """Decode the complete JPEG ``stream`` of tile ``(col, row)`` of the scaled ``level``.
 
     The frame header must declare ``(level.tile_width << k, level.tile_height

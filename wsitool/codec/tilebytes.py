@@ -20,7 +20,7 @@ import numpy as np
 
 from ..bitstream import EOI, SOI, ends_with_restart
 from ..errors import TileDecodeError
-from ..model import Level
+from ..model import PyramidLevel
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
 from .pool import DecodeStats, ThreadState
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["read_tile_bytes", "read_tile_stream", "jpeg_stream"]
 
 
-def read_tile_bytes(level: Level, index: int, col: int, row: int, stats: DecodeStats) -> bytes | None:
+def read_tile_bytes(level: PyramidLevel, index: int, col: int, row: int, stats: DecodeStats) -> bytes | None:
     """Read the encoded bytes of segment ``index`` (tile or strip) of ``level``.
 
     Returns ``None`` for a missing tile (offset 0 or byte count 0, which TIFF
@@ -51,7 +51,7 @@ def read_tile_bytes(level: Level, index: int, col: int, row: int, stats: DecodeS
     return data
 
 
-def _segment(level: Level, index: int, col: int, row: int) -> tuple[int, int] | None:
+def _segment(level: PyramidLevel, index: int, col: int, row: int) -> tuple[int, int] | None:
     """``(offset, byte count)`` of segment ``index``, None if missing; checked against the file size."""
     offset = int(level.tiles.offsets[index])
     count = int(level.tiles.bytecounts[index])
@@ -63,13 +63,13 @@ def _segment(level: Level, index: int, col: int, row: int) -> tuple[int, int] | 
     return offset, count
 
 
-def _check_read(level: Level, col: int, row: int, got: int, count: int, offset: int) -> None:
+def _check_read(level: PyramidLevel, col: int, row: int, got: int, count: int, offset: int) -> None:
     if got != count:
         raise TileDecodeError(level.path, level.index, col, row,
                               short_read_reason(got, count, offset))
 
 
-def read_tile_stream(level: Level, index: int, col: int, row: int,
+def read_tile_stream(level: PyramidLevel, index: int, col: int, row: int,
                      state: ThreadState, slot: int = 0) -> np.ndarray | None:
     """Read tile ``index`` of an nvImageCodec level as a complete code stream.
 
@@ -118,7 +118,7 @@ def read_tile_stream(level: Level, index: int, col: int, row: int,
     return buf[:start + count]
 
 
-def jpeg_stream(level: Level, data: bytes, col: int, row: int) -> bytes:
+def jpeg_stream(level: PyramidLevel, data: bytes, col: int, row: int) -> bytes:
     """The complete JPEG stream of one tile's bytes ``data`` (as read by :func:`read_tile_bytes`).
 
     Tiles with their own SOI: the level's prefix (SOI, Adobe RGB marker,

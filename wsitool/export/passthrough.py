@@ -61,7 +61,7 @@ from ..codec.pool import DecodeStats
 from ..codec.tilebytes import jpeg_stream, read_tile_bytes
 from ..errors import InvalidOptionError, InvalidRegionError, TileDecodeError, UnsupportedFormatError
 from ..geometry import level0_coordinate
-from ..model import Level
+from ..model import PyramidLevel
 from ..slide import pyramid_levels
 
 JPEG = 7
@@ -84,7 +84,7 @@ class CopiedLevel:
         kind: compression named in the Aperio ImageDescription.
     """
 
-    level: Level
+    level: PyramidLevel
     width: int
     height: int
     col0: int
@@ -130,11 +130,11 @@ class CopyPlan:
     reencode: str
 
 
-def _refuse(lv: Level, why: str) -> UnsupportedFormatError:
+def _refuse(lv: PyramidLevel, why: str) -> UnsupportedFormatError:
     return UnsupportedFormatError(f"{lv.path}: level {lv.index}: compression copy: {why}")
 
 
-def _copyable(lv: Level) -> None:
+def _copyable(lv: PyramidLevel) -> None:
     """Raise :class:`UnsupportedFormatError` (one line) for a level whose tiles cannot be copied."""
     enc = lv.encoding
     if not lv.tiled:
@@ -155,7 +155,7 @@ def _copyable(lv: Level) -> None:
                           "not JPEG streams a TIFF reader can decode")
 
 
-def _first_tile(lv: Level, col0: int, row0: int, cols: int, rows: int) -> bytes | None:
+def _first_tile(lv: PyramidLevel, col0: int, row0: int, cols: int, rows: int) -> bytes | None:
     """Bytes of the first present tile of the sub-grid (for stream facts), or None."""
     offs, cnts = lv.tiles.offsets, lv.tiles.bytecounts
     for r in range(row0, row0 + rows):
@@ -186,7 +186,7 @@ def jpeg_sampling(data: bytes) -> tuple[int, int] | None:
     return h0 // h1, v0 // v1
 
 
-def page_for(lv: Level, fmt: str, first: bytes | None) -> tuple[dict, str]:
+def page_for(lv: PyramidLevel, fmt: str, first: bytes | None) -> tuple[dict, str]:
     """tifffile page keywords for copied tiles of ``lv`` and the Aperio kind text (module docstring)."""
     enc = lv.encoding
     code = enc.compression_code
@@ -214,7 +214,7 @@ def page_for(lv: Level, fmt: str, first: bytes | None) -> tuple[dict, str]:
     return args, f"{name}{colour} copied"
 
 
-def reencode_for(lv: Level) -> str:
+def reencode_for(lv: PyramidLevel) -> str:
     """Compression of the levels computed below the copied ones (see :class:`CopyPlan`)."""
     code = lv.encoding.compression_code
     if code == JPEG:
@@ -272,7 +272,7 @@ def plan_copy(slide, L: int, rx: int, ry: int, w: int, h: int, fmt: str) -> Copy
     return CopyPlan(copied, base.index, base_rect, tile, reencode_for(base))
 
 
-def _check_copy_region(path: str, lv: Level, L: int, rect: tuple[int, int, int, int]) -> None:
+def _check_copy_region(path: str, lv: PyramidLevel, L: int, rect: tuple[int, int, int, int]) -> None:
     """Raise :class:`InvalidRegionError` for a region (pixels of ``lv``, level ``L``) that is not inside
     the level or not on its tile grid."""
     rx, ry, w, h = rect
@@ -288,7 +288,7 @@ def _check_copy_region(path: str, lv: Level, L: int, rect: tuple[int, int, int, 
             "edge, must be multiples of the tile size)")
 
 
-def _copied_rect(lv: Level, src: Level, whole: bool,
+def _copied_rect(lv: PyramidLevel, src: PyramidLevel, whole: bool,
                  rect: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
     """The part of the smaller level ``src`` copied for ``rect`` of ``lv`` (pixels of ``src``),
     or None when ``src`` cannot be copied (its tiles, or a size or grid the region does not
@@ -316,7 +316,7 @@ def _copied_rect(lv: Level, src: Level, whole: bool,
 class TileChecker:
     """The pre-decode checks of the read path for one level's tiles (module docstring)."""
 
-    def __init__(self, lv: Level):
+    def __init__(self, lv: PyramidLevel):
         self.lv = lv
         self.stats = DecodeStats()
         self.nv = lv.encoding.codec == "nv"

@@ -180,7 +180,7 @@ def source_level_segments(levels, L: int, rect, tile: int, fmt: str) -> list[Seg
     halving gives, or a pixel less.
 
     Args:
-        levels: the slide's levels (:class:`wsitool.model.Level`).
+        levels: the slide's levels (:class:`wsitool.model.PyramidLevel`).
         L: level exported (output level 0).
         rect: ``(x, y, w, h)`` on level ``L``, in its pixels.
         tile: output tile size.

@@ -446,7 +446,7 @@ class CacheScope:
     def tile(self, level: Hashable, col: int, row: int, mode: str,
              load: Callable[[], np.ndarray]) -> np.ndarray:
         """Tile ``(col, row)`` of ``level`` (its index, or ``(index, plane)`` for a channel's plane,
-        :attr:`wsitool.model.Level.cache_key`) as read in ``mode``; ``load()`` decodes it on a miss."""
+        :attr:`wsitool.model.PyramidLevel.cache_key`) as read in ``mode``; ``load()`` decodes it on a miss."""
         return self.cache.get_or_load((self.token, level, col, row, mode), load)
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """Reads of multi-channel (fluorescence) levels: channel selection, stacking, the composite (floor 4).
 
-A multi-channel :class:`~wsitool.model.Level` holds one single-sample plane
-per channel (:attr:`~wsitool.model.Level.planes`), each an ordinary level with
+A multi-channel :class:`~wsitool.model.PyramidLevel` holds one single-sample plane
+per channel (:attr:`~wsitool.model.PyramidLevel.planes`), each an ordinary level with
 its own tiles.  A read fills each selected plane through the usual tile path
 (:func:`wsitool.read.fill.fill_region` in ``raw`` mode: the compiled JPEG
 loop never applies to one-sample planes, the decoded-tile cache keys each plane
@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidRegionError
-from ..model import Level
+from ..model import PyramidLevel
 
 __all__ = ["select_channels", "fill_channels", "composite", "to_8bit"]
 
 
-def select_channels(lv: Level, channels: Any, path: str) -> Level:
+def select_channels(lv: PyramidLevel, channels: Any, path: str) -> PyramidLevel:
     """``lv`` restricted to ``channels`` (None: all), by index or name, in the order given.
 
     Args:
@@ -39,7 +39,7 @@ def select_channels(lv: Level, channels: Any, path: str) -> Level:
             then case-insensitive).
 
     Returns:
-        ``lv`` itself for None, else a :class:`Level` with the chosen planes.
+        ``lv`` itself for None, else a :class:`PyramidLevel` with the chosen planes.
 
     Raises:
         InvalidRegionError: ``channels`` on a level that is not multi-channel, an
@@ -95,7 +95,7 @@ def to_8bit(plane: np.ndarray) -> np.ndarray:
     return (np.clip(np.nan_to_num(plane.astype(np.float64)), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def composite(raw: np.ndarray, lv: Level, out: np.ndarray) -> None:
+def composite(raw: np.ndarray, lv: PyramidLevel, out: np.ndarray) -> None:
     """Write the composite of ``raw`` (``(h, w, C)``, the channels of ``lv`` in order) into
     ``out[..., :3]`` (uint8): the sum of each channel's table entry, clipped at 255."""
     acc = np.zeros((*raw.shape[:2], 3), np.uint16)
@@ -105,7 +105,7 @@ def composite(raw: np.ndarray, lv: Level, out: np.ndarray) -> None:
     out[..., :3] = acc
 
 
-def fill_channels(fill_plane: Callable[[Level, np.ndarray], None], lv: Level, mode: str, rx: int, ry: int,
+def fill_channels(fill_plane: Callable[[PyramidLevel, np.ndarray], None], lv: PyramidLevel, mode: str, rx: int, ry: int,
                   out: np.ndarray) -> None:
     """Fill ``out`` (``(h, w, c)``) with the rectangle at ``(rx, ry)`` (pixels of ``lv``) of the
     multi-channel level ``lv`` in ``mode`` (see the module's notes); ``fill_plane(plane, buffer)``

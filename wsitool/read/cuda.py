@@ -89,7 +89,7 @@ from ..color import ycbcr_to_rgb
 from ..device import cuda_device_id
 from ..errors import DeviceUnavailableError, InvalidRegionError, ResourceLimitError, TileDecodeError
 from ..geometry import TileJob, plan_tiles
-from ..model import Level
+from ..model import PyramidLevel
 from .cuda_arrays import HostArrays, bump, gpu_memory_sample, gpu_stats, release_scratch, reset_gpu_stats, thread_arrays
 from .fill import fill_outside, fill_region
 from .request import ReadRequest, check_out
@@ -165,7 +165,7 @@ def fill_region_batched(req: ReadRequest, out: Any, pool: DecoderPool, arrays: H
         job.view(out)[...] = 0
 
 
-def _read_batch(lv: Level, jobs: list[TileJob], on_error: str,
+def _read_batch(lv: PyramidLevel, jobs: list[TileJob], on_error: str,
                 stats: DecodeStats) -> tuple[list[_Tile], list[TileJob]]:
     """Read and plan the tiles of ``jobs``: ``(tiles to decode, jobs that become background)``
     (missing tiles, counted; tiles whose header is refused, raised or counted as failed)."""
@@ -262,11 +262,11 @@ COLOUR_CHECK_MEAN = 8.0
 _colour_ok: dict[tuple[str, int, str], bool] = {}
 
 
-def _level_key(lv: Level, arrays: HostArrays) -> tuple[str, int, str]:
+def _level_key(lv: PyramidLevel, arrays: HostArrays) -> tuple[str, int, str]:
     return (lv.path, lv.index, arrays.device_key)
 
 
-def _check_colour(lv: Level, tile: _Tile, state: ThreadState, arrays: HostArrays) -> bool:
+def _check_colour(lv: PyramidLevel, tile: _Tile, state: ThreadState, arrays: HostArrays) -> bool:
     """Decode one whole tile of ``lv`` with the batch decoder and the CPU decoder, compare.
 
     Run once per level and device (result cached).  A level whose GPU decode
@@ -305,8 +305,8 @@ def _check_colour(lv: Level, tile: _Tile, state: ThreadState, arrays: HostArrays
     return ok
 
 
-def _decode_batch(lv: Level, tiles: list[_Tile], state: ThreadState, arrays: HostArrays, *, fallback: bool = True,
-                  count: bool = True) -> dict[int, TileDecodeError]:
+def _decode_batch(lv: PyramidLevel, tiles: list[_Tile], state: ThreadState, arrays: HostArrays, *,
+                  fallback: bool = True, count: bool = True) -> dict[int, TileDecodeError]:
     """Decode ``tiles`` with one batched call; return the failures by ``id(tile)``.
 
     If the batched call raises as a whole, the tiles are decoded one by one
@@ -352,7 +352,7 @@ def _decode_batch(lv: Level, tiles: list[_Tile], state: ThreadState, arrays: Hos
     return failed
 
 
-def _cpu_fallback(lv: Level, t: _Tile, arrays: HostArrays) -> bool:
+def _cpu_fallback(lv: PyramidLevel, t: _Tile, arrays: HostArrays) -> bool:
     """Decode one tile on this thread's CPU decoder and copy it to ``t.dst``."""
     state = get_pool("cpu").state()
     col, row = t.job.col, t.job.row

@@ -30,7 +30,7 @@ from ..codec import jpegloop
 from ..codec.pool import DecoderPool
 from ..errors import TileDecodeError, TileWarning
 from ..geometry import TileJob, plan_tiles
-from ..model import Level
+from ..model import PyramidLevel
 from .cache import CacheScope
 from .channels import fill_channels
 from .request import ReadRequest
@@ -62,7 +62,7 @@ def fill_outside(out: Any, rx: int, ry: int, inside: tuple[int, int, int, int] |
 _PREFETCH_MIN_TILES = 8
 
 
-def _prefetch(lv: Level, c0: int, c1: int, r0: int, r1: int) -> None:
+def _prefetch(lv: PyramidLevel, c0: int, c1: int, r0: int, r1: int) -> None:
     """Ask the byte source to start reading the tile bytes of columns ``c0..c1`` and
     rows ``r0..r1`` (inclusive) of ``lv``'s grid (``ByteSource.advise``; for a
     local file ``POSIX_FADV_WILLNEED``).
@@ -113,7 +113,7 @@ def fill_region(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: Cac
     """
     lv, mode = req.level, req.mode
     if lv.planes is not None:
-        def fill_plane(plane: Level, buf: np.ndarray) -> None:
+        def fill_plane(plane: PyramidLevel, buf: np.ndarray) -> None:
             fill_region(dataclasses.replace(req, level=plane, mode="raw"), buf, pool, cache)
 
         fill_channels(fill_plane, lv, mode, req.x, req.y, out)
@@ -155,7 +155,7 @@ NATIVE_BATCH_RGBA = 4
 _NATIVE_RGBA_BATCH_BYTES = 1 << 20
 
 
-def _ends_one_column_into_a_tile(lv: Level, rx: int, w: int) -> bool:
+def _ends_one_column_into_a_tile(lv: PyramidLevel, rx: int, w: int) -> bool:
     """True when the region's last column is the first column of a tile: that tile's
     window is one column at its left edge, which the Python path decodes whole and
     crops where the code stream is wider (:func:`wsitool.codec.nvdecode.narrow_jpeg_crop`);

@@ -26,7 +26,7 @@ import numpy as np
 from ..arguments import int_pair
 from ..errors import DaskUnavailableError, InvalidRegionError, WsiError
 from ..geometry import level0_coordinate
-from ..model import Level
+from ..model import PyramidLevel
 from ..storage import is_url
 from .request import level_index
 
@@ -50,7 +50,7 @@ def _axis_chunks(total: int, step: int) -> tuple[int, ...]:
     return (step,) * full + ((rest,) if rest else ())
 
 
-def _chunk_shape(level: Level, chunks: Any) -> tuple[int, int]:
+def _chunk_shape(level: PyramidLevel, chunks: Any) -> tuple[int, int]:
     if isinstance(chunks, str):
         if chunks != "tile":
             raise InvalidRegionError(f"chunks must be 'tile', an int or (rows, cols), got {chunks!r}")
@@ -67,7 +67,7 @@ def _chunk_shape(level: Level, chunks: Any) -> tuple[int, int]:
     return rows, cols
 
 
-def level_array(levels: Sequence[Level], path: str, level: int, read_chunk: Callable[..., np.ndarray], *,
+def level_array(levels: Sequence[PyramidLevel], path: str, level: int, read_chunk: Callable[..., np.ndarray], *,
                 stamp: tuple, chunks: Any = "tile", threads: int = 1) -> Any:
     """Level ``level`` of a pyramid as a lazy ``dask.array.Array``.
 

@@ -56,7 +56,7 @@ from ..codec import jpegloop
 from ..codec.pool import get_pool
 from ..errors import InvalidRegionError, ResourceLimitError
 from ..geometry import level_rect
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_limits
 from .cache import CacheScope
 from .fill import _PREFETCH_MIN_TILES, _ends_one_column_into_a_tile, _prefetch, fill_region
@@ -78,7 +78,7 @@ class PatchRequest:
 
     Attributes:
         path: the slide's path, named in messages.
-        level: the :class:`~wsitool.model.Level` read.
+        level: the :class:`~wsitool.model.PyramidLevel` read.
         locations: ``(n, 2)`` int64, level-0 ``(x, y)`` of each patch's top-left corner.
         size: ``(width, height)`` of each output patch, pixels.
         read: ``(width, height)`` of the window read at ``level`` before the area
@@ -94,7 +94,7 @@ class PatchRequest:
     """
 
     path: str
-    level: Level
+    level: PyramidLevel
     locations: np.ndarray
     size: tuple[int, int]
     read: tuple[float, float] | None
@@ -152,13 +152,13 @@ def _positive_pair(value: Any, what: str, path: str, whole: bool) -> tuple[Any, 
     return pair
 
 
-def check_patch_request(levels: Sequence[Level], path: str, locations: Any, size: Any, *, level: Any = 0,
+def check_patch_request(levels: Sequence[PyramidLevel], path: str, locations: Any, size: Any, *, level: Any = 0,
                         read_size: Any = None, batch_size: Any = 64, mode: str = "rgb", threads: Any = None,
                         on_error: str = "raise", device: str = "cpu", channels: Any = None) -> PatchRequest:
     """Validate a batch request; see :meth:`wsitool.Slide.read_patches` for the arguments.
 
     ``channels`` selects channels of a multi-channel level (as ``read_region``'s);
-    the request's ``level`` is then the selection (:meth:`wsitool.model.Level.select`).
+    the request's ``level`` is then the selection (:meth:`wsitool.model.PyramidLevel.select`).
 
     Raises:
         InvalidRegionError: a malformed argument (also a ``ValueError``).
@@ -234,7 +234,7 @@ class _Task:
     keep: bool
 
 
-def _windows(lv: Level, locs: np.ndarray) -> np.ndarray:
+def _windows(lv: PyramidLevel, locs: np.ndarray) -> np.ndarray:
     """``(n, 2)`` int64: each window's top-left corner in pixels of ``lv``
     (``floor(x / downsample + 0.5)``, as :func:`wsitool.geometry.level_rect`)."""
     if lv.downsample == 1.0:
@@ -259,7 +259,7 @@ class _Footprint:
     rows: dict
 
 
-def footprint(lv: Level, corners: np.ndarray, window: tuple[int, int]) -> _Footprint:
+def footprint(lv: PyramidLevel, corners: np.ndarray, window: tuple[int, int]) -> _Footprint:
     """The :class:`_Footprint` of windows of ``window`` pixels at ``corners`` (level pixels)."""
     ww, wh = window
     W, H, tw, th = lv.width, lv.height, lv.tile_width, lv.tile_height
@@ -294,7 +294,7 @@ def _touches(rows: dict[int, set[int]] | None, run: _Run) -> bool:
     return cols is not None and not cols.isdisjoint(range(run.c0, run.c1 + 1))
 
 
-def _cut_runs(lv: Level, fp: _Footprint, carried: list[_Run],
+def _cut_runs(lv: PyramidLevel, fp: _Footprint, carried: list[_Run],
               most: int) -> tuple[list[_Run], dict[int, dict[int, _Run]]]:
     """The batch's runs (the ``carried`` ones it touches, then new ones for its other tiles:
     neighbours in a tile row, at most ``most``) and, per tile row, column -> run."""
@@ -324,7 +324,7 @@ def _cut_runs(lv: Level, fp: _Footprint, carried: list[_Run],
     return runs, owner
 
 
-def plan_runs(lv: Level, fp: _Footprint, carried: list[_Run], following: _Footprint | None,
+def plan_runs(lv: PyramidLevel, fp: _Footprint, carried: list[_Run], following: _Footprint | None,
               most: int = RUN_TILES) -> list[_Task]:
     """The runs of one batch and each window's pieces of them, as one :class:`_Task` a run.
 

@@ -43,7 +43,7 @@ from ..codec.tilebytes import read_tile_stream
 from ..color import ycbcr_to_rgb
 from ..errors import TileDecodeError
 from ..geometry import ScaledGrid, TileGrid, TileJob, plan_tiles, scaled_grid
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_decode_paths
 from .fill import fill_outside, fill_region
 from .request import ReadRequest
@@ -55,7 +55,7 @@ __all__ = ["BAND_BYTES", "area_reduce", "fill_reduced", "uses_wavelet"]
 BAND_BYTES = 16 << 20
 
 
-def uses_wavelet(lv: Level, k: int) -> bool:
+def uses_wavelet(lv: PyramidLevel, k: int) -> bool:
     """Whether reads of ``lv`` at ``1/k`` decode J2K tiles at a reduced resolution."""
     return (k > 1 and lv.planes is None and lv.encoding.stream == "j2k" and lv.encoding.codec == "nv"
             and get_decode_paths().openjpeg and openjpeg.available()

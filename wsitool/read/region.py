@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..codec.pool import get_pool
-from ..model import Level
+from ..model import PyramidLevel
 from .cache import CacheScope
 from .cuda import read_region_cuda
 from .fill import fill_region
@@ -26,7 +26,7 @@ from .request import ReadRequest, check_out, region_request
 __all__ = ["read_pyramid_region", "fill_request"]
 
 
-def read_pyramid_region(levels: Sequence[Level], path: str, location: Any, level: Any, size: Any, *,
+def read_pyramid_region(levels: Sequence[PyramidLevel], path: str, location: Any, level: Any, size: Any, *,
                         out: Any = None, mode: str = "rgba", threads: int | None = None,
                         on_error: str = "raise", device: str = "cpu", cache: CacheScope | None = None,
                         downsample: int = 1, channels: Any = None) -> Any:

@@ -18,7 +18,7 @@ import numpy as np
 from ..arguments import as_int, int_pair
 from ..errors import InvalidRegionError, ResourceLimitError, UnsupportedFormatError, WsiError
 from ..geometry import TileGrid, level_rect, scaled_grid
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_limits
 from .channels import select_channels
 
@@ -39,7 +39,7 @@ class ReadRequest:
 
     Attributes:
         path: the slide's path, named in messages.
-        level: the :class:`~wsitool.model.Level` read (for ``channels=``, the selection).
+        level: the :class:`~wsitool.model.PyramidLevel` read (for ``channels=``, the selection).
         x, y: top-left pixel of the region in pixels of ``level`` as read: the
             level's own pixels, or with ``downsample = k > 1`` those of the
             level at ``1/k`` scale (:func:`wsitool.geometry.scaled_grid`); may be
@@ -53,7 +53,7 @@ class ReadRequest:
     """
 
     path: str
-    level: Level
+    level: PyramidLevel
     x: int
     y: int
     width: int
@@ -80,7 +80,7 @@ class ReadRequest:
         return dataclasses.replace(self, x=x, y=y, width=width, height=height, **changes)
 
 
-def region_request(levels: Sequence[Level], path: str, location: Any, level: Any, size: Any, *,
+def region_request(levels: Sequence[PyramidLevel], path: str, location: Any, level: Any, size: Any, *,
                    mode: str = "rgba", threads: Any = None, on_error: str = "raise", device: str = "cpu",
                    downsample: Any = 1, channels: Any = None) -> ReadRequest:
     """Check a region read of the pyramid ``levels`` (see :func:`wsitool.read.region.read_pyramid_region`
@@ -134,7 +134,7 @@ def check_downsample(downsample: Any, path: str, device: str = "cpu") -> int:
     return k
 
 
-def output_shape(level: Level, size: tuple[int, int], mode: str) -> tuple[tuple[int, int, int], np.dtype]:
+def output_shape(level: PyramidLevel, size: tuple[int, int], mode: str) -> tuple[tuple[int, int, int], np.dtype]:
     """``((height, width, channels), dtype)`` of a read of ``size`` in ``mode``."""
     w, h = size
     if mode == "raw":
@@ -156,9 +156,9 @@ def level_index(level: Any, count: int, path: str) -> int:
     return lvl
 
 
-def validate_request(levels: Sequence[Level], path: str, location: Any, level: Any, size: Any, mode: str,
-                     channels: Any = None) -> tuple[Level, int, int, int, int]:
-    """Check a region request of a slide whose levels are ``levels``; return ``(Level, x, y, w, h)``.
+def validate_request(levels: Sequence[PyramidLevel], path: str, location: Any, level: Any, size: Any, mode: str,
+                     channels: Any = None) -> tuple[PyramidLevel, int, int, int, int]:
+    """Check a region request of a slide whose levels are ``levels``; return ``(PyramidLevel, x, y, w, h)``.
 
     ``channels`` (None: all) selects channels of a multi-channel level
     (:func:`wsitool.read.channels.select_channels`); the returned level is then
@@ -168,7 +168,7 @@ def validate_request(levels: Sequence[Level], path: str, location: Any, level: A
         InvalidRegionError: bad level, location, size, mode or channels.
         UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
             an RGB conversion (see :func:`wsitool.color.to_rgb8`), or the level's
-            compression has no decoder (``Level.compression_problem``).
+            compression has no decoder (``PyramidLevel.compression_problem``).
         ResourceLimitError: the output would exceed the configured limits.
         WsiError: the slide is closed.
     """
@@ -221,7 +221,7 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, path: str, arra
     return out
 
 
-def check_tile_limit(level: Level) -> None:
+def check_tile_limit(level: PyramidLevel) -> None:
     """Raise :class:`ResourceLimitError` if one tile of ``level`` is too large to decode.
 
     A tile (or strip) is refused when its pixel count exceeds ``max_tile_pixels``

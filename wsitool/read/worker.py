@@ -38,7 +38,7 @@ from ..codec.tilebytes import read_tile_stream
 from ..color import to_rgb8, ycbcr_to_rgb
 from ..errors import TileDecodeError
 from ..geometry import TileJob
-from ..model import Level
+from ..model import PyramidLevel
 from ..settings import get_decode_paths
 
 __all__ = ["BATCH_TILES", "TileWorker", "decode_tile", "widen_rgba"]
@@ -58,7 +58,7 @@ _OPAQUE = np.uint32(0xFF000000)
 class TileWorker:
     """Decodes a list of tile jobs of one region (runs on any thread)."""
 
-    def __init__(self, lv: Level, out: np.ndarray, mode: str, on_error: str, pool: DecoderPool,
+    def __init__(self, lv: PyramidLevel, out: np.ndarray, mode: str, on_error: str, pool: DecoderPool,
                  batch: int = 1):
         self.lv = lv
         self.out = out
@@ -237,7 +237,7 @@ class TileWorker:
             dst[..., 3] = 255 if alpha is None else alpha
 
 
-def decode_tile(lv: Level, col: int, row: int, mode: str, pool: DecoderPool) -> np.ndarray:
+def decode_tile(lv: PyramidLevel, col: int, row: int, mode: str, pool: DecoderPool) -> np.ndarray:
     """Decode tile ``(col, row)`` of ``lv`` whole, in ``mode``, into a new array (the cache's loader).
 
     Returns:
@@ -287,7 +287,7 @@ class _Block:
                                     "data": (address, False), "strides": strides}
 
 
-def _decode_j2k(lv: Level, col: int, row: int, data: Any, dst: np.ndarray, src: tuple[int, int, int, int],
+def _decode_j2k(lv: PyramidLevel, col: int, row: int, data: Any, dst: np.ndarray, src: tuple[int, int, int, int],
                 state: ThreadState, **kw: Any) -> None:
     """:func:`wsitool.codec.openjpeg.decode_into` (only the window ``src`` of the
     tile is decoded), else :func:`decode_into` where that path does not apply."""

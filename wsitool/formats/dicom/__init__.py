@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
-from ...model import AssociatedImage, Channel, Level, Pyramid, TileIndex, multichannel_level
+from ...model import AssociatedImage, Channel, Pyramid, PyramidLevel, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
 from ...storage.dicomweb import DicomWebClient, SeriesUrl
 from ...storage.prefix import MIN_OBJECT_BYTES, Prefix, PrefixObject
@@ -474,11 +474,11 @@ def _level_groups(path: str, images: list[Image], ids: list[str], problems: list
 
 
 def _build_levels(kept: list[_Group], ids: list[str], channels: list[Channel],
-                  sources: _SourcesLike) -> tuple[list[Level], dict[str, str]]:
-    """``(levels, wsitool.dicom.* notes)`` of the level groups: one :class:`Level` per
+                  sources: _SourcesLike) -> tuple[list[PyramidLevel], dict[str, str]]:
+    """``(levels, wsitool.dicom.* notes)`` of the level groups: one :class:`PyramidLevel` per
     image (a plane of a multi-channel level where the series is read as channels)."""
     w0, h0 = kept[0][0][0].head.width, kept[0][0][0].head.height
-    levels: list[Level] = []
+    levels: list[PyramidLevel] = []
     notes: dict[str, str] = {}
     for index, group in enumerate(kept):
         planes, grids = [], []
@@ -487,7 +487,7 @@ def _build_levels(kept: list[_Group], ids: list[str], channels: list[Channel],
             offsets, counts, grid = tile_grid(image, path_index)
             source = sources.of([p.path for p in image.parts])
             encoding, dtype = frame_encoding(head, _first_frame(source, offsets, counts))
-            planes.append(Level(
+            planes.append(PyramidLevel(
                 index=index, width=head.width, height=head.height,
                 downsample=(w0 / head.width + h0 / head.height) / 2.0,
                 tile_width=head.frame_width, tile_height=head.frame_height, tiled=True,

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pydicom.dataset import Dataset
 
 from ...color import icc_bytes
-from ...model import Level, level_properties
+from ...model import PyramidLevel, level_properties
 from .instance import first_item as _first
 
 __all__ = ["PHI_KEYWORDS", "is_phi", "build_properties", "mpp_of", "objective_of"]
@@ -122,7 +122,7 @@ def _flatten(ds: Dataset, prefix: str, out: dict[str, str], depth: int) -> None:
             out[name] = text
 
 
-def build_properties(levels: tuple[Level, ...], ds: Dataset, extra: dict[str, str],
+def build_properties(levels: tuple[PyramidLevel, ...], ds: Dataset, extra: dict[str, str],
                      associated: dict[str, tuple[int, int]]) -> dict[str, str]:
     """The property map of a DICOM slide.
 

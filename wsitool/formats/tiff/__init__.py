@@ -27,7 +27,7 @@ import tifffile
 from tifffile import FILETYPE
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
-from ...model import AssociatedImage, Level, Pyramid, multichannel_level
+from ...model import AssociatedImage, Pyramid, PyramidLevel, multichannel_level
 from ...oserrors import raise_if_os_resource
 from ...storage import ByteSource, SourceFile
 from . import aperio, ndpi, ndpi_scaled, ome, qptiff
@@ -206,7 +206,7 @@ def _sort_pages(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: l
 
 
 def _levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage], vendor: str,
-            problems: list[str]) -> tuple[tifffile.TiffPage, tuple[Level, ...]]:
+            problems: list[str]) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
     """``(level 0's page, the levels)`` the level rule (:mod:`.levels`; QPTIFF's channel
     pages, :func:`_qptiff_levels`) picks from ``pool``, with NDPI's scaled levels."""
     if vendor == "qptiff":
@@ -247,7 +247,7 @@ def _thumbnail_profile(vendor: str, associated: dict[str, AssociatedImage], prof
 
 
 def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage],
-                   problems: list[str]) -> tuple[tifffile.TiffPage, tuple[Level, ...]]:
+                   problems: list[str]) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
     """``(level 0's page, levels)`` of a QPTIFF's channel pages (:mod:`.qptiff`): the pages of
     one size, in file order, are the channels of one level, largest size first; a size with
     another page count than level 0 is passed over (reported in ``problems``).  One page of
@@ -261,7 +261,7 @@ def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage],
     base_size = sizes[0]
     descs = [description(p) for p in groups[sizes[0]]]
     channels = [qptiff.page_channel(d, k, count) for k, d in enumerate(descs)]
-    levels: list[Level] = []
+    levels: list[PyramidLevel] = []
     for size in sizes:
         pages = groups[size]
         if len(pages) != count:

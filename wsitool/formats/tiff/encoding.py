@@ -1,4 +1,4 @@
-"""How the tiles of a TIFF image are encoded, and the Level / AssociatedImage descriptions of its IFDs (floor 3).
+"""How the tiles of a TIFF image are encoded, and the PyramidLevel / AssociatedImage descriptions of its IFDs (floor 3).
 
 Codec policy (what the codec layer is told): JPEG (compression 7) with 3
 samples of 8 bits, photometric RGB or YCbCr, and JPEG 2000 (Aperio 33003,
@@ -30,7 +30,7 @@ from tifffile import COMPRESSION, PHOTOMETRIC, PLANARCONFIG
 from ...bitstream import ADOBE_RGB_MARKER, SOI
 from ...color import icc_bytes
 from ...errors import CorruptFileError, UnsupportedFormatError
-from ...model import AssociatedImage, Level, TileEncoding, TileIndex
+from ...model import AssociatedImage, PyramidLevel, TileEncoding, TileIndex
 from ...storage import ByteSource
 from .tags import enum_name
 
@@ -93,8 +93,8 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype: np.
 
 
 def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.TiffPage,
-                    base_size: tuple[int, int]) -> Level:
-    """The :class:`~wsitool.model.Level` of one IFD.
+                    base_size: tuple[int, int]) -> PyramidLevel:
+    """The :class:`~wsitool.model.PyramidLevel` of one IFD.
 
     Args:
         path: the slide's path (for messages); source: its byte source.
@@ -132,7 +132,7 @@ def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.Ti
         raise CorruptFileError(
             f"{path}: level {index}: {len(offsets)} tile offsets for a grid of {expected} tiles"
         )
-    return Level(index=index, width=width, height=height,
+    return PyramidLevel(index=index, width=width, height=height,
                  downsample=(w0 / width + h0 / height) / 2.0,
                  tile_width=tile_width, tile_height=tile_height, tiled=tiled, samples=samples,
                  dtype=dtype, encoding=page_encoding(page, samples, planes, dtype),

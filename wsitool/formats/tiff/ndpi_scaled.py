@@ -25,7 +25,7 @@ made from the smallest one: 248x304 (tiles 248x4), 124x152 (124x2) and 62x76
 (62x1).  Slides whose stored levels are 4x apart get scaled levels between
 them, made from the larger level.
 
-What wsitool makes of a scaled level: a :class:`~wsitool.model.Level` that
+What wsitool makes of a scaled level: a :class:`~wsitool.model.PyramidLevel` that
 shares the stored level's byte source and segments, with an encoding whose
 codec is :data:`~wsitool.model.SCALED_JPEG` and ``scale_log2 = log2 d``
 (:mod:`wsitool.codec.scaled` decodes it with Pillow).  Stored levels are
@@ -45,7 +45,7 @@ from itertools import pairwise
 import numpy as np
 from tifffile import COMPRESSION
 
-from ...model import SCALED_JPEG, Level
+from ...model import SCALED_JPEG, PyramidLevel
 
 __all__ = ["SCALE_DENOMS", "scaled_plan", "with_scaled_levels"]
 
@@ -82,7 +82,7 @@ def scaled_plan(stored: list[tuple[int, int, int, int, tuple[int, ...]]]) -> lis
     return [by_width[w] for w in sorted(by_width, reverse=True)]
 
 
-def _denoms(lv: Level) -> tuple[int, ...]:
+def _denoms(lv: PyramidLevel) -> tuple[int, ...]:
     """The scales ``1/d`` ``lv`` can be decoded at: none unless it is 8-bit, 3-sample,
     one-plane JPEG that a decoder reads (the JPEG OpenSlide accepts); then each ``d``
     dividing the tile whose scaled grid keeps ``lv``'s tile columns (same segment
@@ -97,7 +97,7 @@ def _denoms(lv: Level) -> tuple[int, ...]:
                  and -(-(lv.width // d) // (lv.tile_width // d)) == lv.tiles_across)
 
 
-def with_scaled_levels(levels: tuple[Level, ...], base_size: tuple[int, int]) -> tuple[Level, ...]:
+def with_scaled_levels(levels: tuple[PyramidLevel, ...], base_size: tuple[int, int]) -> tuple[PyramidLevel, ...]:
     """The stored NDPI ``levels`` (largest first) with OpenSlide's scaled levels added.
 
     Args:
@@ -118,7 +118,7 @@ def with_scaled_levels(levels: tuple[Level, ...], base_size: tuple[int, int]) ->
     return tuple(_level(levels[i], index, d, base_size) for index, (i, d) in enumerate(plan))
 
 
-def _level(src: Level, index: int, d: int, base_size: tuple[int, int]) -> Level:
+def _level(src: PyramidLevel, index: int, d: int, base_size: tuple[int, int]) -> PyramidLevel:
     """``src`` as level ``index``, decoded at ``1/d`` (``d`` 1: the stored level itself)."""
     if d == 1 and index == src.index:
         return src
@@ -127,7 +127,7 @@ def _level(src: Level, index: int, d: int, base_size: tuple[int, int]) -> Level:
     encoding = src.encoding
     if d > 1:
         encoding = dataclasses.replace(encoding, codec=SCALED_JPEG, scale_log2=d.bit_length() - 1)
-    return Level(index=index, width=width, height=height,
+    return PyramidLevel(index=index, width=width, height=height,
                  downsample=src.downsample if d == 1 else (w0 / width + h0 / height) / 2.0,
                  tile_width=src.tile_width // d, tile_height=src.tile_height // d,
                  tiled=src.tiled, samples=src.samples, dtype=src.dtype, encoding=encoding,

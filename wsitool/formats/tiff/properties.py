@@ -14,7 +14,7 @@ from typing import Any
 import tifffile
 from tifffile import RESUNIT
 
-from ...model import Level, level_properties
+from ...model import PyramidLevel, level_properties
 
 __all__ = ["build_properties", "positive_float", "num_str", "resolution_mpp"]
 
@@ -22,7 +22,7 @@ _TAG_PROPERTIES = ("ImageDescription", "Make", "Model", "Software", "DateTime", 
                    "Copyright", "HostComputer", "DocumentName")
 
 
-def build_properties(vendor: str, base: tifffile.TiffPage, levels: Sequence[Level], vendor_props: dict[str, str],
+def build_properties(vendor: str, base: tifffile.TiffPage, levels: Sequence[PyramidLevel], vendor_props: dict[str, str],
                      vendor_mpp: tuple[float | None, float | None],
                      objective: float | None) -> dict[str, str]:
     """The properties mapping of a slide.
@@ -30,7 +30,7 @@ def build_properties(vendor: str, base: tifffile.TiffPage, levels: Sequence[Leve
     Args:
         vendor: ``"aperio"``, ``"ome-tiff"`` or ``"generic-tiff"``.
         base: level 0's tifffile page.
-        levels: the :class:`~wsitool.model.Level` objects.
+        levels: the :class:`~wsitool.model.PyramidLevel` objects.
         vendor_props: the vendor's own keys (``aperio.*``, ``ome.*``).
         vendor_mpp: ``(mpp_x, mpp_y)`` in micrometres from the vendor's metadata
             (None where absent); objective: its objective power, or None.
