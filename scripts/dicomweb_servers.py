@@ -52,8 +52,9 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, port: int):
+    def __init__(self, port: int, pid: int | None = None):
         self.port = port
+        self.pid = pid  # (the server's process id: the benchmarks read its CPU time)
         self.root = f"http://127.0.0.1:{port}/dicom-web"
 
     def load(self, paths) -> list[str]:
@@ -108,7 +109,7 @@ def orthanc(threads: int | None = None):
                                 tail = fp.read()[-2000:].decode("utf-8", "replace")
                             raise RuntimeError(f"Orthanc did not start:\n{tail}") from None
                         time.sleep(0.1)
-                yield Server(port)
+                yield Server(port, proc.pid)
             finally:
                 proc.terminate()
                 try:

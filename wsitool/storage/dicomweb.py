@@ -407,8 +407,8 @@ class DicomWebClient:
                 parts = parse_multipart(data, ctype, self.shown)
                 if len(parts) != len(numbers):
                     raise _Transient(f"{len(parts)} frame(s) in the answer for {len(numbers)} asked")
-                for head, _ in parts:
-                    got = _param(head.get("content-type", ""), "transfer-syntax")
+                for part_type in {head.get("content-type", "") for head, _ in parts}:  # (parts share one)
+                    got = _param(part_type, "transfer-syntax")
                     if got and got != syntax:
                         raise NotAcceptable(f"the server sent transfer syntax {got} for {syntax}")
             except _Transient as exc:
