@@ -171,3 +171,43 @@ def test_workers_share_the_port_and_the_budget_and_stop_on_sigterm():
     assert proc.returncode == 143, err
     assert "Traceback" not in err
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+def test_workers_each_accept_on_a_socket_of_their_own():
+    """--workers 2: a burst of 16 connections opened at once is spread over both workers (each
+    listens on its own SO_REUSEPORT socket); on one shared socket the worker that woke first
+    took whole bursts (bench_serve: one of two processes busy)."""
+    import http.client
+    import json
+    import re
+    import signal
+    import time
+
+    if not hasattr(socket, "SO_REUSEPORT"):
+        pytest.skip("this system has no SO_REUSEPORT")
+    proc = subprocess.Popen([sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(SLIDE),
+                             "--port", "0", "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        end = time.monotonic() + 60
+        while time.monotonic() < end and "serving" not in line:
+            line = proc.stderr.readline()
+            if not line and proc.poll() is not None:
+                break
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert m, line
+        conns = [http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=30) for _ in range(16)]
+        for c in conns:
+            c.connect()
+        pids = []
+        for c in conns:
+            c.request("GET", "/status")
+            pids.append(json.loads(c.getresponse().read())["pid"])
+            c.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(set(pids)) == 2, pids

@@ -10,8 +10,9 @@ joined and the slides closed.  A second SIGINT forces the exit.
 
 ``workers=1`` (default): one process, ``--threads`` decode threads share one
 cache.  ``workers=N`` (``--workers N``, POSIX): the parent binds the socket and
-checks the slides, then forks N worker processes that accept connections on
-that one socket (the kernel hands each connection to one of them); each opens
+checks the slides, then forks N worker processes, each accepting connections
+on a listening socket of its own on that address (``SO_REUSEPORT``: the kernel
+deals the connections out among them; :func:`worker_sockets`); each opens
 the slides itself, with ``threads // N`` decode threads (at least 1) and a
 cache of ``cache_mb // N`` MiB, so the whole server keeps to the one budget.
 Each worker has its own event loop and its own interpreter lock, which is
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from ..read.cache import TileCache
     from ..slide import Slide
 
-__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind"]
+__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind", "worker_sockets"]
 
 log = logging.getLogger("wsitool.serve")
 
@@ -97,8 +98,12 @@ def tune_malloc() -> bool:
 Ready = Callable[[tuple[Any, ...]], None]
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
+def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
     """Listening sockets on every address of ``host`` at ``port`` (0: one free port for all).
+
+    ``reuse_port``: set ``SO_REUSEPORT`` (where the system has it), so that more sockets
+    can listen on the same address (:func:`worker_sockets`) and the kernel deals new
+    connections out among them.
 
     Bound here, before uvicorn starts, so that a port in use is an ``OSError``
     that the CLI prints as one ``wsitool: error:`` line with exit code 9 (I/O),
@@ -126,6 +131,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port and hasattr(socket, "SO_REUSEPORT"):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if port == 0 and len(sockets) > 1:  # the same free port on every address
@@ -143,6 +150,43 @@ def bind(host: str, port: int) -> list[socket.socket]:
             why = "permission denied (ports below 1024 need privileges: choose --port 1024 or above)"
         raise OSError(exc.errno, why, where) from None
     return sockets
+
+
+def worker_sockets(sockets: list[socket.socket], workers: int) -> list[list[socket.socket]]:
+    """One set of listening sockets per worker process: ``sockets`` itself for the first, and
+    for each other one new sockets on the same addresses with ``SO_REUSEPORT`` (``sockets``
+    bound by :func:`bind` with ``reuse_port``), so that the kernel spreads connections over
+    the workers.  Forked workers accepting on one shared socket let whichever woke first
+    take a burst of connections: with 8 keep-alive clients one of two workers often served
+    them all (0.96-0.98 cores busy of 2, ``scripts/bench_serve.py --workers 2``).  Where the
+    system has no ``SO_REUSEPORT`` every worker gets ``sockets`` (the shared socket).
+
+    Raises:
+        OSError: a new socket cannot be bound (then none of them is left open).
+    """
+    if not hasattr(socket, "SO_REUSEPORT") or not sockets or \
+            not sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
+        return [sockets] * workers
+    sets = [sockets]
+    try:
+        for _ in range(workers - 1):
+            own: list[socket.socket] = []
+            sets.append(own)
+            for sock in sockets:
+                new = socket.socket(sock.family, sock.type, sock.proto)
+                own.append(new)
+                new.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                new.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if sock.family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    new.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                new.bind(sock.getsockname())
+                new.listen(_BACKLOG)
+    except OSError:
+        for own in sets[1:]:
+            for new in own:
+                new.close()
+        raise
+    return sets
 
 
 def links_note(links: list[str], shown: int = 3) -> str:
@@ -212,7 +256,7 @@ def serve(sources: Iterable[str | os.PathLike], *, config: ServeConfig, host: st
     level = logging.WARNING if quiet else (logging.DEBUG if debug else logging.INFO)
     _log_to_stderr(level)
     tune_malloc()
-    sockets = bind(host, port)  # a port in use fails here, before the slides are opened
+    sockets = bind(host, port, reuse_port=workers > 1)  # a port in use fails here, before the slides are opened
     try:
         if workers > 1:
             return _supervise(sources, config, sockets, workers, level, ready)
@@ -283,21 +327,33 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
     count = _checked_count(sources, config)  # once, before the workers: they open the same slides quietly
     share = dataclasses.replace(config, cache_mb=config.cache_mb // workers,
                                 threads=max(1, config.threads // workers))
+    sets = worker_sockets(sockets, workers)
+    bound = tuple(sockets[0].getsockname()[:2])
     children = []
-    for _ in range(workers):
-        pid = os.fork()
-        if pid == 0:  # a worker
-            code = 1
-            try:
-                os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which forwards it once
-                _exit_with_parent()
-                log.setLevel(max(level, logging.WARNING))  # (the parent says what was skipped)
-                code = _run(build_state(sources, share), sockets, level, None)
-            except BaseException as exc:
-                log.error("worker %d: %s: %s", os.getpid(), type(exc).__name__, exc)
-            finally:
-                os._exit(code)
-        children.append(pid)
+    try:
+        for own in sets:
+            pid = os.fork()
+            if pid == 0:  # a worker
+                code = 1
+                try:
+                    for other in sets:
+                        if other is not own:   # (accepting only on its own set)
+                            for sock in other:
+                                sock.close()
+                    os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which forwards it once
+                    _exit_with_parent()
+                    log.setLevel(max(level, logging.WARNING))  # (the parent says what was skipped)
+                    code = _run(build_state(sources, share), own, level, None)
+                except BaseException as exc:
+                    log.error("worker %d: %s: %s", os.getpid(), type(exc).__name__, exc)
+                finally:
+                    os._exit(code)
+            children.append(pid)
+    finally:
+        for own in sets[1:]:   # the workers hold them (serve() closes the first set)
+            if own is not sockets:
+                for sock in own:
+                    sock.close()
     signalled: list[int] = []
 
     def forward(sig: int, frame: FrameType | None) -> None:
@@ -309,7 +365,6 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
 
     previous = {s: signal.signal(s, forward) for s in _SIGNALS}
     try:
-        bound = tuple(sockets[0].getsockname()[:2])
         log.info("serving %d slide(s) at http://%s:%d/ (%d workers x %d threads, cache %s)", count,
                  bound[0], bound[1], workers, share.threads,
                  f"{share.cache_mb} MiB each" if share.cache_mb > 0 else "off")
