@@ -130,12 +130,24 @@ def test_serve_warns_of_skipped_links_beside_served_slides(tmp_path, linked):
     assert "WARNING: skipped 3 symbolic links" in text and "--follow-links" in text, text
 
 
+def _serving_line(proc: subprocess.Popen) -> str:
+    """The server's stderr line saying where it serves ("" if it ended or took over 60 s)."""
+    import time
+
+    line = ""
+    end = time.monotonic() + 60
+    while time.monotonic() < end and "serving" not in line:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break
+    return line
+
+
 def test_workers_share_the_port_and_the_budget_and_stop_on_sigterm():
     """--workers 2: one start-up line, the workers answer on one port, each with half the
     cache budget; SIGTERM to the parent stops them all (exit 143, no worker left)."""
     import re
     import signal
-    import time
 
     import httpx
     import psutil
@@ -144,12 +156,7 @@ def test_workers_share_the_port_and_the_budget_and_stop_on_sigterm():
                              "--port", "0", "--workers", "2", "--threads", "2", "--cache-mb", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = ""
-        end = time.monotonic() + 60
-        while time.monotonic() < end and "serving" not in line:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
+        line = _serving_line(proc)
         m = re.search(r"serving 1 slide\(s\) at http://127\.0\.0\.1:(\d+)/ \(2 workers x 1 threads, "
                       r"cache 32 MiB each\)", line)
         assert m, line
@@ -181,7 +188,6 @@ def test_workers_each_accept_on_a_socket_of_their_own():
     import json
     import re
     import signal
-    import time
 
     if not hasattr(socket, "SO_REUSEPORT"):
         pytest.skip("this system has no SO_REUSEPORT")
@@ -189,12 +195,7 @@ def test_workers_each_accept_on_a_socket_of_their_own():
                              "--port", "0", "--workers", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = ""
-        end = time.monotonic() + 60
-        while time.monotonic() < end and "serving" not in line:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
+        line = _serving_line(proc)
         m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert m, line
         conns = [http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=30) for _ in range(16)]
