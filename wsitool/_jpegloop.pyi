@@ -16,6 +16,8 @@ HEADER_VERSION: int
 MAX_BATCH: int
 #: Present (1) when ``decode_tiles`` takes ``scan_segments`` (NDPI restart intervals).
 SCAN_SEGMENTS: int
+#: Present (1) when ``decode_tiles`` takes ``dest, pieces`` and :func:`scatter` exists.
+SCATTER: int
 
 # Failure codes of the ``(job, code, a, b)`` entries ``decode_tiles`` returns
 # (the meaning of ``a`` and ``b`` per code: wsitool.codec.jpegloop.RegionJobs._failed).
@@ -38,6 +40,16 @@ def load(lib_path: str, extensions_path: str, /) -> int:
     Returns the library's version.  Raises ImportError when the library does not
     load, lacks a function of the C API, is not the ``HEADER_VERSION`` release,
     or the instance cannot be created.
+    """
+
+def scatter(src: ReadableBuffer, dest: WriteableBuffer, pieces: ReadableBuffer, /) -> None:
+    """Copy pieces of ``src`` (C-contiguous ``(h, w, c)`` uint8) into ``dest``, GIL released.
+
+    ``pieces``: int64, 6 a piece: ``(dest byte offset, dest row stride in bytes, y0,
+    y1, x0, x1)``, the rectangle ``[y0, y1) x [x0, x1)`` of ``src`` whose pixel
+    ``(y0, x0)`` goes to ``dest + offset``.  Raises ValueError when ``src`` is not
+    such a buffer or a piece reads outside ``src`` or writes outside ``dest`` (checked
+    before any copy).
     """
 
 def _fail_batch_calls(n: int, /) -> None:
@@ -65,6 +77,8 @@ class Decoder:
         j1: int,
         batch: int,
         scan_segments: int = 0,
+        dest: WriteableBuffer | None = None,
+        pieces: ReadableBuffer | None = None,
         /,
     ) -> tuple[int, int, int, int, int, int, int, list[tuple[int, int, int, int]]]:
         """Decode jobs ``[j0, j1)`` of a region's tiles into ``out``, GIL released.
@@ -80,6 +94,9 @@ class Decoder:
             j0, j1: the jobs (row-major over the region's tiles).
             batch: tiles per nvImageCodec decode call, 1 .. ``MAX_BATCH``.
             scan_segments: 1 when the tiles are NDPI restart intervals.
+            dest, pieces: optional, as for :func:`scatter` (pieces of ``out``): after each
+                decode call the decoded tiles' parts of every piece are copied into ``dest``
+                while still in the cache.
 
         Returns:
             ``(direct, roi, scratch, missing, bytes_read, decoded, allocations,
@@ -88,7 +105,7 @@ class Decoder:
             A bad tile never raises.
 
         Raises:
-            ValueError: ``level`` or ``region`` is not a 6-tuple.
+            ValueError: ``level`` or ``region`` is not a 6-tuple; a piece outside ``out`` or ``dest``.
             RuntimeError: the decoder is not initialised.
             MemoryError: the failure list itself cannot be allocated.
         """

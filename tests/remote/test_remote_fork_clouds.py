@@ -74,7 +74,7 @@ from wsitool.storage.objectstore import ObjectStoreTransport, store_config  # no
 def test_cloud_urls_name_bucket_and_key(url, protocol, root, key):
     options = {"account_name": "acct", "account_key": "a2V5"} if protocol == "az" else {"anon": True}
     t = ObjectStoreTransport(url, redact(url), options)
-    assert t.protocol == protocol and t.key == key and t._args[0] == root
+    assert t.protocol == protocol and t.key == key and f"{t._where.store_scheme}://{t._where.bucket}" == root
 
 
 @pytest.mark.parametrize("url", ["gs://bucket", "gs://bucket/", "az://container/", "s3:///key.svs"])

@@ -202,10 +202,12 @@ class ObjectStoreTransport(Transport):
 
     def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None):
         obstore = _obstore()
+        scheme = url.split("://", 1)[0].lower()
+        parts = urllib.parse.urlsplit(url)
+        if not parts.netloc or not parts.path.lstrip("/"):
+            raise WsiError(f"{shown}: a {scheme}:// slide URL names a bucket and an object "
+                           f"({scheme}://bucket/path/slide.svs)")
         where = BucketURL.parse(url)
-        if not where.key:
-            raise WsiError(f"{shown}: a {where.scheme}:// slide URL names a bucket and an object "
-                           f"({where.scheme}://bucket/path/slide.svs)")
         self.shown, self.protocol, self.key = shown, where.protocol, where.key
         self._where, self._options, self._timeout = where, dict(options), timeout
         self._store = store if store is not None else self._make_store()
