@@ -96,3 +96,26 @@ def test_the_urls_a_listing_returns_round_trip_to_their_keys(where):
     url = where.url_of(key)
     assert url.startswith("s3://bucket/series/") and "#" not in url and "?" not in url
     assert BucketURL.parse(url).key == key
+
+
+@pytest.mark.parametrize("text, status", [
+    ("Generic S3 error: Client error with status 403 Forbidden: <Error>...", 403),
+    ("Server returned non-2xx status code: 401 Unauthorized: ", 401),
+    ("status: 404 NoSuchBucket", 404),
+    ("HTTP status server error (503 Service Unavailable) for url (http://h/b)", 503),
+    ("416 Range Not Satisfiable", 416),
+    # a timing is not a status (CI saw this read as 401, 'access denied', for a refused connection)
+    ("Generic GCS error: Error performing GET http://127.0.0.1:9/bucket/slide%2Esvs in 401.173µs - "
+     "HTTP error: error sending request", 0),
+    ("request timed out after 403 ms", 0),
+])
+def test_the_status_is_read_from_its_words_not_from_any_digits(text, status):
+    assert objectstore._status_of(text) == status
+
+
+def test_a_refused_connection_whose_timing_reads_401_is_retried_not_denied(monkeypatch, where):
+    text = "Error performing GET http://127.0.0.1:9/bucket/x in 401.173µs - HTTP error: error sending request"
+    calls, run = _run(monkeypatch, [_Base(text)] * 3, [], where, retries=1)
+    with pytest.raises(RemoteUnavailableError):
+        run()
+    assert len(calls) == 2

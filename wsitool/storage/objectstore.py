@@ -237,13 +237,14 @@ class ObjectStoreTransport(Transport):
             raise Transient("not modified") from None
         except (exc_mod.GenericError, exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
             text = _first_line(exc, 160)
-            if "416" in text or "Range Not Satisfiable" in text:
+            status = _status_of(str(exc))
+            if status == 416 or "Range Not Satisfiable" in text:
                 if pin is not None:
                     raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
                                              "(a range inside it is not there any more); open it again") from None
                 if start == 0:  # an empty object
                     return Response(b"", 0)
-            if "403" in text or "401" in text:
+            if status in (401, 403):
                 raise RemoteAccessError(f"{self.shown}: access denied ({text})") from None
             if "Header missing from response" in text:  # the server will not add it on a retry
                 raise RemoteUnavailableError(
@@ -380,11 +381,10 @@ def _list_once(store: Any, where: BucketURL, limit: int | None) -> list[tuple[st
         raise WsiError(f"{where.shown}: {_first_line(exc)}") from None
     except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
         text = _first_line(exc, 160)
-        status = re.search(r"status(?: code)?: (\d{3})", str(exc))
-        code = int(status.group(1)) if status else 0
-        if code in (401, 403) or (not code and ("403" in text or "401" in text)):
+        code = _status_of(str(exc))
+        if code in (401, 403):
             raise RemoteAccessError(f"{where.shown}: access denied ({text})") from None
-        if code == 404 or "NoSuchBucket" in text or (not code and "404" in text):
+        if code == 404 or "NoSuchBucket" in text:
             raise RemoteNotFoundError(where.shown, "no such bucket") from None
         raise _Transient(f"HTTP {code}" if code else text) from None
     return found
@@ -419,6 +419,19 @@ def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
     if not keys:
         raise RemoteNotFoundError(where.shown, "no object under this prefix")
     return [where.url_of(key) for key, _ in keys]
+
+
+#: An HTTP status in obstore's error texts: "status 403", "status: 403", "status code: 403
+#: Forbidden", reqwest's "(503 Service Unavailable)", or a reason phrase after the code.
+_STATUS = re.compile(r"(?:status(?: code)?:? |\()([1-5]\d\d)\b"
+                     r"|\b([1-5]\d\d) (?:Unauthorized|Forbidden|Not Found|Range Not Satisfiable)\b")
+
+
+def _status_of(text: str) -> int:
+    """The HTTP status an obstore error text names (0: none).  Digits alone are not taken:
+    the texts carry timings too ("... in 401.173µs - HTTP error: error sending request")."""
+    m = _STATUS.search(text)
+    return int(m.group(1) or m.group(2)) if m else 0
 
 
 def _first_line(exc: BaseException, limit: int = 200) -> str:
