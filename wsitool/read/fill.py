@@ -34,7 +34,7 @@ from ..model import PyramidLevel
 from .cache import CacheScope
 from .channels import fill_channels
 from .request import ReadRequest
-from .threads import Once, batch_size, run_jobs, run_threads, thread_count
+from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
 __all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
@@ -178,27 +178,15 @@ def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
         # the scratch stays one tile (peak memory near the output's size)
         most = NATIVE_BATCH_RGBA if lv.tile_width * lv.tile_height * 3 <= _NATIVE_RGBA_BATCH_BYTES else 1
     region = jpegloop.RegionJobs(lv, out, rx, ry, inside, req.on_error)
+    if region.count >= _PREFETCH_MIN_TILES:
+        _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
     k = thread_count(req.threads, region.count)
-
-    def advise() -> None:
-        if region.count >= _PREFETCH_MIN_TILES:
-            _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
-
-    # the read-ahead advice (a syscall a tile row: a hundred and more on an NDPI region) is
-    # given by the first thread to start while the others begin decoding
-    advise_once = Once(advise)
     # A call of the compiled loop costs a few microseconds: smaller chunks than
     # the Python path's balance the threads better (2 threads, 1024 x 1024
     # regions of 240 x 240 tiles: 249 MP/s with about 4 chunks per thread, 241
     # with 2).
     region.chunk = min(batch_size(most, k, region.count, per_thread=4), jpegloop.MAX_CHUNK)
-    region.threads = k
-
-    def advise_then_decode() -> None:
-        advise_once()
-        region.run(pool)
-
-    run_threads(k, advise_then_decode, region.stop)
+    run_threads(k, lambda: region.run(pool), region.stop)
 
 
 def _fill_cached(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: CacheScope) -> None:
