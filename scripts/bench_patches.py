@@ -14,11 +14,19 @@ square of level 0 starting ``offset`` pixels past the slide's centre minus half 
 window, so that patches do not line up with tiles (8192 / 224: 36 x 36 = 1,296
 patches).  Every tool reads the same coordinates, in the same (row-major) order.
 
-Each tool runs in its own subprocess: an untimed warm-up pass over the grid (which
-also brings the tiles into the page cache), then one timed pass per round; the
-tools take turns inside each round so that a load change on a shared machine hits
-every tool alike; the reported rate is patches / median pass time, and ``cpu s`` the median CPU
-seconds of a pass (user + system, all threads: ``time.process_time``).
+Method (robust to a shared, noisy machine without favouring any tool): each tool and
+thread count runs in a process of its own that stays up for the whole grid: an untimed
+warm-up pass (which also brings the tiles into the page cache), then one timed pass each
+time the parent asks.  The parent asks the processes in turn, one pass at a time (a
+*round* is one pass of each; every other round in the reverse order, so that no tool
+always follows the same one), so that a load change on the machine hits neighbouring
+passes of every tool alike.  ``gc.collect()`` runs, untimed, before each timed pass.
+The table's rate is patches / median pass time and ``cpu s`` the median CPU seconds of a
+pass (user + system, all threads: ``time.process_time``).  A target compares two tools
+by the **median of the per-round ratios** (the two passes of a round ran seconds apart,
+under about the same load) of their rates, ``[met]`` when that median reaches the target;
+between one-thread runs the median per-round ratio of CPU seconds is printed too (it is
+blind to the time a process waited for a core).  More rounds (``--rounds 15``) narrow it.
 
 * ``wsitool``: ``Slide.read_patches(locations, (224, 224), threads=k, batch_size=64)``,
   each batch a numpy ``(b, 224, 224, 3)`` uint8 array (``mode="rgb"``).
@@ -57,6 +65,7 @@ import argparse
 import gc
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -230,33 +239,105 @@ def plan_worker(spec: dict) -> dict:
 
 
 def worker(spec: dict) -> dict:
+    """One-shot work of a subprocess: a plan timing or an RSS series."""
     if spec["tool"] == "plan":
         return plan_worker(spec)
     one_pass = reader(spec)
     one_pass()  # warm-up: page cache, decoders, buffers
     gc.collect()
-    if spec.get("rss_passes"):
-        one_pass()
-        first = rss_mib()
-        for _ in range(spec["rss_passes"] - 1):
-            one_pass()
-        gc.collect()
-        last = rss_mib()
-        return dict(first_mib=first, last_mib=last, growth_mib=last - first)
-    t0 = time.perf_counter()
-    c0 = time.process_time()
     one_pass()
-    return dict(time_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0)
+    first = rss_mib()
+    for _ in range(spec["rss_passes"] - 1):
+        one_pass()
+    gc.collect()
+    last = rss_mib()
+    return dict(first_mib=first, last_mib=last, growth_mib=last - first)
+
+
+def serve_passes(spec: dict) -> None:
+    """The timed passes of one tool, one each time a line ``pass`` comes on stdin: an untimed
+    warm-up first (then ``ready``), then per pass a JSON line of wall and CPU seconds."""
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever the tool prints goes to stderr, not into the answers
+    one_pass = reader(spec)
+    one_pass()  # warm-up: page cache, decoders, buffers
+    print("ready", file=answer, flush=True)
+    for line in sys.stdin:
+        if line.strip() != "pass":
+            break
+        gc.collect()
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        one_pass()
+        res = dict(time_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0)
+        print(json.dumps(res), file=answer, flush=True)
 
 
 # ----------------------------------------------------------------------------- parent
 
 
-def run_worker(spec: dict, timeout: float) -> dict | None:
+def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+class PassWorker:
+    """A tool's process (:func:`serve_passes`), asked for one timed pass at a time."""
+
+    def __init__(self, spec: dict, timeout: float):
+        self.spec, self.timeout = spec, timeout
+        self.proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, __file__, "--serve-passes"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=_env())
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+        if self._line() != "ready":
+            self.close()
+
+    def _line(self) -> str | None:
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            return None
+        ready, _, _ = select.select([proc.stdout], [], [], self.timeout)
+        line = proc.stdout.readline().strip() if ready else None
+        if not line:
+            self._failed("timed out" if not ready else f"exit {proc.wait()}")
+            return None
+        return line
+
+    def _failed(self, why: str) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.kill()
+        tail = " | ".join((proc.communicate()[1] or "").strip().splitlines()[-3:])
+        print(f"  [{self.spec['tool']} {self.spec['threads']} thr] failed ({why}): {tail}", file=sys.stderr)
+
+    def one_pass(self) -> dict | None:
+        """``{"time_s", "cpu_s"}`` of one timed pass, or None (the process failed: see stderr)."""
+        if self.proc is None or self.proc.stdin is None:
+            return None
+        self.proc.stdin.write("pass\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        return None if line is None else json.loads(line)
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            proc.communicate("", timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def run_worker(spec: dict, timeout: float) -> dict | None:
     proc = subprocess.run([sys.executable, __file__, "--worker"], input=json.dumps(spec), text=True,
-                          capture_output=True, env=env, timeout=timeout)
+                          capture_output=True, env=_env(), timeout=timeout)
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
         print(f"  [{spec['tool']}] failed (exit {proc.returncode}): {tail}", file=sys.stderr)
@@ -273,6 +354,25 @@ def available(tool: str) -> str | None:
     except Exception as exc:  # absent, or its native library cannot load
         return f"{mod} not importable ({type(exc).__name__})"
     return None
+
+
+def interleaved_passes(configs: list[dict], rounds: int, timeout: float) -> list[list[dict | None]]:
+    """Per round, one timed pass of each config (None where its process failed), asked of
+    the configs' processes in turn: each process warmed up once, one after another; every
+    other round in the reverse order."""
+    workers = []
+    try:
+        for spec in configs:
+            workers.append(PassWorker(spec, timeout))
+        out = []
+        for r in range(rounds):
+            order = range(len(workers)) if r % 2 == 0 else range(len(workers) - 1, -1, -1)
+            got: dict[int, dict | None] = {i: workers[i].one_pass() for i in order}
+            out.append([got[i] for i in range(len(workers))])
+        return out
+    finally:
+        for w in workers:
+            w.close()
 
 
 def bench_slide(path: str, args, tools: list[str], threads: list[int], resample: bool) -> list[dict]:
@@ -299,22 +399,18 @@ def bench_slide(path: str, args, tools: list[str], threads: list[int], resample:
             for k in ([1] if tool == "floor" else threads):
                 configs.append(dict(tool=tool, threads=k, slide=path, locations=locs, patch=args.patch,
                                     read_size=read, batch=args.batch))
-        times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
-        cpus: dict[int, list[float]] = {i: [] for i in range(len(configs))}
-        for _ in range(args.rounds):
-            for i, spec in enumerate(configs):
-                res = run_worker(spec, args.timeout)
-                if res is not None:
-                    times[i].append(res["time_s"])
-                    cpus[i].append(res["cpu_s"])
+        rounds = interleaved_passes(configs, args.rounds, args.timeout)
         for i, spec in enumerate(configs):
-            if not times[i]:
+            times = [r[i]["time_s"] for r in rounds if r[i] is not None]
+            if not times:
                 continue
-            t = statistics.median(times[i])
+            t = statistics.median(times)
             results.append(dict(slide=Path(path).name, codec=codec, grid=name, tool=spec["tool"],
                                 threads=spec["threads"], patches=len(locs), median_s=t,
-                                cpu_s=statistics.median(cpus[i]),
-                                patches_per_s=len(locs) / t, passes=len(times[i])))
+                                cpu_s=statistics.median(r[i]["cpu_s"] for r in rounds if r[i] is not None),
+                                patches_per_s=len(locs) / t, passes=len(times),
+                                round_s=[None if r[i] is None else r[i]["time_s"] for r in rounds],
+                                round_cpu_s=[None if r[i] is None else r[i]["cpu_s"] for r in rounds]))
         if args.rss_passes and "wsitool" in tools:
             res = run_worker(dict(configs[0] if configs[0]["tool"] == "wsitool" else
                                   dict(tool="wsitool", threads=1, slide=path, locations=locs, patch=args.patch,
@@ -326,20 +422,30 @@ def bench_slide(path: str, args, tools: list[str], threads: list[int], resample:
     return results
 
 
+def paired_ratio(a: dict | None, b: dict | None, key: str = "round_s") -> float | None:
+    """The median over the rounds where both ran of ``b``'s pass time (or CPU seconds: key
+    ``round_cpu_s``) over ``a``'s: ``a``'s rate over ``b``'s, pass by pass."""
+    if a is None or b is None:
+        return None
+    ratios = [tb / ta for ta, tb in zip(a.get(key, ()), b.get(key, ()), strict=False) if ta and tb]
+    return statistics.median(ratios) if ratios else None
+
+
 def report(results: list[dict]) -> list[tuple[str, bool]]:
     """Print the table and the target lines; return ``(line, met)`` per target."""
-    def rate(slide, grid_name, tool, k):
+    def row(slide, grid_name, tool, k):
         for r in results:
             if (r["slide"], r["grid"], r["tool"], r["threads"]) == (slide, grid_name, tool, k):
-                return r.get("patches_per_s")
+                return r
         return None
 
-    print(f"\n{'slide':<16} {'grid':<10} {'tool':<10} {'thr':>3} {'patches/s':>10} {'x floor':>8} {'cpu s':>6}")
+    print(f"\n{'slide':<16} {'grid':<10} {'tool':<10} {'thr':>3} {'patches/s':>10} {'x floor':>8} {'cpu s':>6}"
+          "   (x floor: median of the per-round ratios)")
     for r in results:
         if r["tool"] == "wsitool-rss":
             continue
-        fl = rate(r["slide"], r["grid"], "floor", 1)
-        ratio = f"{r['patches_per_s'] / fl:8.2f}" if fl else f"{'':>8}"
+        fl = paired_ratio(r, row(r["slide"], r["grid"], "floor", 1))
+        ratio = f"{fl:8.2f}" if fl else f"{'':>8}"
         print(f"{r['slide'][:16]:<16} {r['grid']:<10} {r['tool']:<10} {r['threads']:>3} "
               f"{r['patches_per_s']:>10.0f} {ratio} {r.get('cpu_s', float('nan')):6.3f}")
     for r in results:
@@ -349,21 +455,25 @@ def report(results: list[dict]) -> list[tuple[str, bool]]:
     lines = []
 
     def target(what, a, b, need):
-        if a is None or b is None:
+        ratio = paired_ratio(a, b)
+        if ratio is None:
             return
-        lines.append((f"{what}: {a / b:.2f}x (target >= {need})", a / b >= need))
+        line = f"{what}: {ratio:.2f}x (target >= {need}; median of {a['passes']} per-round ratios"
+        if a["threads"] == b["threads"] == 1:
+            line += f", CPU time {paired_ratio(a, b, 'round_cpu_s'):.2f}x"
+        lines.append((line + ")", ratio >= need))
 
     for slide in dict.fromkeys(r["slide"] for r in results):
         codec = next(r["codec"] for r in results if r["slide"] == slide)
-        w1, w2 = rate(slide, "grid", "wsitool", 1), rate(slide, "grid", "wsitool", 2)
-        fl = rate(slide, "grid", "floor", 1)
+        w1, w2 = row(slide, "grid", "wsitool", 1), row(slide, "grid", "wsitool", 2)
+        fl = row(slide, "grid", "floor", 1)
         if codec == "jpeg":
             target(f"{slide} 1 thread vs floor", w1, fl, 0.9)
-            target(f"{slide} 1 thread vs cuCIM 1 worker", w1, rate(slide, "grid", "cucim", 1), 3.0)
+            target(f"{slide} 1 thread vs cuCIM 1 worker", w1, row(slide, "grid", "cucim", 1), 3.0)
             target(f"{slide} 2 threads vs own 1 thread", w2, w1, 1.6)
-            target(f"{slide} 2 threads vs cuCIM 2 workers", w2, rate(slide, "grid", "cucim", 2), 3.0)
-            target(f"{slide} resampled vs its floor", rate(slide, "resampled", "wsitool", 1),
-                   rate(slide, "resampled", "floor", 1), 0.8)
+            target(f"{slide} 2 threads vs cuCIM 2 workers", w2, row(slide, "grid", "cucim", 2), 3.0)
+            target(f"{slide} resampled vs its floor", row(slide, "resampled", "wsitool", 1),
+                   row(slide, "resampled", "floor", 1), 0.8)
         else:
             target(f"{slide} 1 thread vs floor", w1, fl, 0.9)
     print()
@@ -376,10 +486,14 @@ def main(argv=None) -> int:
     if argv is None and sys.argv[1:] == ["--worker"]:
         print(json.dumps(worker(json.loads(sys.stdin.read()))))
         return 0
+    if argv is None and sys.argv[1:] == ["--serve-passes"]:
+        serve_passes(json.loads(sys.stdin.readline()))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("slides", nargs="+", help="bench slides (scripts/make_bench_slide.py)")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
-    ap.add_argument("--rounds", type=int, default=3, help="timed passes per tool (default 3)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds: timed passes per tool, interleaved pass by pass (default 3; 15 for the targets)")
     ap.add_argument("--window", type=int, default=8192, help="side of the grid's square, level-0 pixels")
     ap.add_argument("--offset", type=int, default=37, help="offset of the grid from the tile grid, pixels")
     ap.add_argument("--patch", type=int, default=224, help="patch side, pixels (default 224)")
@@ -388,7 +502,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resample", action="store_true", help="also the 0.5-from-0.25 um/px grid (JPEG slides)")
     ap.add_argument("--rss-passes", type=int, default=0, help="RSS over this many read_patches passes")
     ap.add_argument("--plan", action="store_true", help="also time plan_patches (mask + coordinates)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per tool subprocess")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per pass (and per warm-up)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]

@@ -18,6 +18,9 @@ MAX_BATCH: int
 SCAN_SEGMENTS: int
 #: Present (1) when ``decode_tiles`` takes ``dest, pieces`` and :func:`scatter` exists.
 SCATTER: int
+#: Present (1) when ``decode_tiles`` splices an NDPI band's restart intervals into one code
+#: stream and returns the ``spliced`` count.
+SPLICE: int
 
 # Failure codes of the ``(job, code, a, b)`` entries ``decode_tiles`` returns
 # (the meaning of ``a`` and ``b`` per code: wsitool.codec.jpegloop.RegionJobs._failed).
@@ -80,7 +83,7 @@ class Decoder:
         dest: WriteableBuffer | None = None,
         pieces: ReadableBuffer | None = None,
         /,
-    ) -> tuple[int, int, int, int, int, int, int, list[tuple[int, int, int, int]]]:
+    ) -> tuple[int, int, int, int, int, int, int, int, list[tuple[int, int, int, int]]]:
         """Decode jobs ``[j0, j1)`` of a region's tiles into ``out``, GIL released.
 
         Args:
@@ -93,14 +96,18 @@ class Decoder:
                 origin and its part inside the level.
             j0, j1: the jobs (row-major over the region's tiles).
             batch: tiles per nvImageCodec decode call, 1 .. ``MAX_BATCH``.
-            scan_segments: 1 when the tiles are NDPI restart intervals.
+            scan_segments: 1 when the tiles are NDPI restart intervals.  Without chroma
+                subsampling, the intervals of each band of the call (the rest of a row, or
+                whole rows) are then decoded as one code stream spliced from them (a band
+                that cannot be, or fails, is decoded interval by interval).
             dest, pieces: optional, as for :func:`scatter` (pieces of ``out``): after each
                 decode call the decoded tiles' parts of every piece are copied into ``dest``
                 while still in the cache.
 
         Returns:
             ``(direct, roi, scratch, missing, bytes_read, decoded, allocations,
-            failures)``: tile counts, bytes read, buffers (re)allocated, and the
+            spliced, failures)``: tile counts, bytes read, buffers (re)allocated, the
+            intervals decoded in spliced bands (counted in ``decoded`` too), and the
             failed tiles as ``(job, code, a, b)`` with ``code`` one of ``F_*``.
             A bad tile never raises.
 

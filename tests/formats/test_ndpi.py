@@ -9,6 +9,9 @@ own decode of each level.
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 import tifffile
@@ -23,7 +26,7 @@ from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes, read_tile_stre
 from wsitool.errors import TileDecodeError
 from wsitool.slide import pyramid_levels
 
-from helpers import shared_sample, with_tile_bytes
+from helpers import random_regions, script_module, shared_sample, with_tile_bytes
 
 NDPI = "ndpi-hamamatsu-stritt-dapi-fluor-3.5mb.ndpi"
 
@@ -179,3 +182,124 @@ def test_bounded_file_never_reads_past_the_end(tmp_path):
         assert fh.read(5) == b""
         fh.seek(0)
         assert fh.read() == b"0123456789" and fh.name == str(path)
+
+
+# ------------------------------------------------------------------ spliced bands (the compiled loop)
+# Without chroma subsampling the compiled loop decodes the touched intervals of each band
+# (the rest of a row of the region's tile grid, or whole rows) as ONE code stream spliced
+# from them (wsitool/_native/jpegloop.c, splice_band); the Python path stays per interval.
+
+
+def _compiled_loop():
+    if jpegloop._load() is None:
+        pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
+
+
+def _both_paths(slide, location, level, size, mode="rgb", threads=1, on_error="raise"):
+    """``(compiled, python, spliced)``: each path's pixels, or its error as ``(type, message)``
+    (the warnings each gave must be the same); and the intervals the compiled read decoded
+    in spliced bands."""
+    from wsitool.settings import decode_paths
+
+    pool = get_pool("cpu")
+    got = []
+    for native in (True, False):
+        before = pool.stats().tiles_spliced
+        with decode_paths(native=native), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                pixels = np.asarray(slide.read_region(location, level, size, mode=mode, threads=threads,
+                                                      on_error=on_error))
+            except TileDecodeError as exc:
+                pixels = (type(exc), _gist(str(exc)))
+        got.append((pixels, sorted(_gist(str(w.message)) for w in seen), pool.stats().tiles_spliced - before))
+    (compiled, said_c, spliced), (python, said_p, none) = got
+    assert none == 0 and said_c == said_p
+    return compiled, python, spliced
+
+
+def _gist(message):
+    """A failure's message without the decoder's details (the compiled loop adds
+    nvImageCodec's processing status to "decoder returned no image (...)")."""
+    return re.sub(r"; nvImageCodec processing status [^)]*\)", ")", message)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory, ndpi):
+    """Small NDPI written by scripts/make_ndpi.py from the sample's pixels: 4:4:4 with 32
+    intervals of 256 x 8 a row at level 0, and 4:2:0 (512 x 16 intervals)."""
+    make = script_module("make_ndpi").make_ndpi
+    root = tmp_path_factory.mktemp("ndpi_splice")
+    make(root / "s444.ndpi", 8192, 1024, interval=256, levels=2, source=ndpi)
+    make(root / "s420.ndpi", 4096, 512, interval=512, levels=2, subsampling="420", source=ndpi)
+    return {"444": root / "s444.ndpi", "420": root / "s420.ndpi"}
+
+
+def _spliced_parity(path, regions_per_level, seed):
+    """Random regions (inside, over the right and bottom edges, partly outside) of every
+    stored level, rgb and rgba, 1 and 2 threads: the compiled loop equals the Python path
+    bit for bit.  Returns the intervals decoded in spliced bands."""
+    rng = np.random.default_rng(seed)
+    spliced = 0
+    with wsitool.open_slide(path) as slide:
+        for L, lv in enumerate(pyramid_levels(slide)):
+            if not lv.encoding.jpeg_scan_segments or lv.tile_height < 8:  # (the scaled levels)
+                continue
+            ds = round(lv.downsample)
+            regions = random_regions(rng, lv.width, lv.height, regions_per_level, max_size=1100)
+            regions += [(lv.width - 700, lv.height - 30, 700, 30), (3, 5, lv.width - 6, 21)]
+            for i, (x, y, w, h) in enumerate(regions):
+                mode, threads = ("rgb", "rgba")[i % 2], 1 + i // 2 % 2
+                compiled, python, n = _both_paths(slide, (x * ds, y * ds), L, (w, h), mode, threads)
+                assert np.array_equal(compiled, python), (L, x, y, w, h, mode, threads)
+                spliced += n
+    return spliced
+
+
+def test_ndpi_spliced_bands_equal_the_python_path(ndpi):
+    """The shared sample (4:4:4, one interval a row): every stored level."""
+    _compiled_loop()
+    assert _spliced_parity(ndpi, 12, seed=5) > 0
+
+
+def test_generated_ndpi_spliced_bands_equal_the_python_path(generated):
+    """Many intervals a row: bands with partial intervals at both sides, the level's edges."""
+    _compiled_loop()
+    assert _spliced_parity(generated["444"], 16, seed=6) > 0
+
+
+def test_subsampled_ndpi_is_never_spliced(generated):
+    """4:2:0: libjpeg's upsampling would reach across interval edges, so per interval (0 spliced)."""
+    _compiled_loop()
+    with wsitool.open_slide(generated["420"]) as slide:
+        assert pyramid_levels(slide)[0].tile_height == 16
+    assert _spliced_parity(generated["420"], 8, seed=7) == 0
+
+
+_CORRUPT = {
+    # scan data zeroed, the closing RSTn kept: still spliced (no marker inside), decoded as garbage
+    "zeroed-data": lambda b: bytes(len(b) - 2) + b[-2:],
+    # a marker inside the scan data: that band goes interval by interval
+    "marker-inside": lambda b: b[:len(b) // 3] + b"\xff\xd9" + b[len(b) // 3 + 2:],
+    # all zeroed, the marker too: that band goes interval by interval, the interval fails
+    "zeroed": lambda b: bytes(len(b)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CORRUPT))
+@pytest.mark.parametrize("on_error", ["raise", "fill"])
+def test_corrupt_interval_in_a_spliced_band_fails_as_the_python_path(generated, tmp_path, case, on_error):
+    """A corrupt interval (level 0, column 5 of row 2) inside a band: the same pixels, error
+    message or warnings as the per-interval Python path, the bands around it still spliced."""
+    _compiled_loop()
+    bad = with_tile_bytes(generated["444"], tmp_path, 2 * 32 + 5, _CORRUPT[case])
+    with wsitool.open_slide(bad) as slide:
+        for (x, y, w, h), threads in [((3 * 256 + 17, 0, 6 * 256, 56), 1), ((5 * 256 - 9, 9, 30, 20), 1),
+                                      ((0, 0, 1024, 1024), 2)]:
+            compiled, python, spliced = _both_paths(slide, (x, y), 0, (w, h), "rgb", threads, on_error)
+            if isinstance(python, tuple):
+                assert compiled == python and "tile (col 5, row 2)" in python[1]
+            else:
+                assert np.array_equal(compiled, python), (x, y, w, h)
+            # the band holding it is spliced only while its data holds no marker; others are
+            assert spliced > 0 or (case != "zeroed-data" and threads == 1)

@@ -118,6 +118,26 @@ def path_jpeg_loop(rng, stack):
     return step, "wsitool.codec.jpegloop:RegionJobs.run"
 
 
+def path_ndpi_splice(rng, stack):
+    """NDPI restart intervals through the compiled loop, each band's spliced into one code stream
+    (the arena and RGB scratch sized by the band)."""
+    from wsitool.codec import jpegloop
+
+    if not NDPI.exists():
+        raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {NDPI.name})")
+    stack.enter_context(_paths_ctx(native=True))
+    if not jpegloop.status().startswith("in use"):
+        raise Skip(f"the compiled JPEG loop is {jpegloop.status()}")
+    readers = [_region_reader(NDPI, rng, threads=1, level=L, sizes=(24, 400)) for L in (0, 1, 2)]
+    for _step, close in readers:
+        stack.callback(close)
+
+    def step():
+        rng.choice(readers)[0]()
+
+    return step, "wsitool.codec.jpegloop:RegionJobs.run"
+
+
 def path_jpeg_nvimgcodec(rng, stack):
     """Aperio JPEG tiles through nvImageCodec's CPU decoder (whole tiles and ROI decodes)."""
     stack.enter_context(_paths_ctx(native=False))
@@ -345,6 +365,7 @@ def path_patches(rng, stack):
 PATHS = {
     "patches": path_patches,
     "jpeg-loop": path_jpeg_loop,
+    "ndpi-splice": path_ndpi_splice,
     "jpeg-nvimgcodec": path_jpeg_nvimgcodec,
     "j2k-openjpeg": path_j2k_openjpeg,
     "j2k-reduced": path_j2k_reduced,

@@ -297,3 +297,32 @@ def test_the_compiled_copy_checks_its_pieces():
         with pytest.raises(ValueError, match="piece 0"):
             jpegloop.scatter(src, dest, np.array([bad], np.int64))
     np.testing.assert_array_equal(dest, want)  # nothing copied
+
+
+def test_run_buffers_are_kept_between_calls_within_the_bound(monkeypatch, read_path):
+    """A call hands its run buffers on to the next (no fresh pages to fault in each pass), at
+    most ``SPARE_BYTES`` of them; a call abandoned half-way hands them on too; the buffers'
+    old pixels never reach a patch (each call equals ``read_region`` again)."""
+    from wsitool.read import patches
+
+    monkeypatch.setattr(patches, "_spare", [])
+    with _open("sample-aperio-jpeg.svs") as slide:
+        lv = pyramid_levels(slide)[0]
+        size = (lv.tile_width - 16, lv.tile_height - 16)
+        locs = [(37 + i * size[0], 41 + j * size[1]) for j in range(4) for i in range(5)]
+        want = _reference(slide, locs, 0, size)
+        got = np.concatenate(list(slide.read_patches(locs, size, batch_size=6, threads=1)))
+        np.testing.assert_array_equal(got, want)
+        kept = list(patches._spare)
+        assert kept and sum(b.nbytes for b in kept) <= patches.SPARE_BYTES
+        got = np.concatenate(list(slide.read_patches(locs[::-1], size, batch_size=7, threads=1)))
+        np.testing.assert_array_equal(got, want[::-1])
+        assert {id(b) for b in patches._spare} == {id(b) for b in kept}  # the same buffers, none new
+        batches = slide.read_patches(locs, size, batch_size=6, threads=1)
+        next(batches)
+        patches._spare.clear()
+        batches.close()  # abandoned after one batch: its buffers (carried ones too) handed on
+        assert len(patches._spare) >= 2
+        monkeypatch.setattr(patches, "SPARE_BYTES", kept[0].nbytes)
+        list(slide.read_patches(locs, size, batch_size=6, threads=1))
+        assert len(patches._spare) == 1

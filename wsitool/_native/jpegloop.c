@@ -11,6 +11,8 @@
  * code streams (a sub-code-stream with a region for partial tiles) and images
  * that point into the caller's output, decode up to `batch` tiles in one
  * nvimgcodecDecoderDecode call, and check every tile's processing status.
+ * NDPI restart intervals without chroma subsampling are decoded a band at a
+ * time, spliced into one code stream (see splice_band), where they can be.
  *
  * It is the same plan and the same checks as the Python path in
  * wsitool/read/worker.py (TileWorker), wsitool/codec/tilebytes.py
@@ -307,7 +309,7 @@ typedef struct {
 } Failure;
 
 typedef struct {
-    long long direct, roi, scratch, missing, bytes_read, decoded, allocations;
+    long long direct, roi, scratch, missing, bytes_read, decoded, allocations, spliced;
     Failure* failures;
     Py_ssize_t n_failures, cap_failures;
     int oom;
@@ -525,8 +527,9 @@ static void scatter_jobs(const Scatter* sc, const Plan* p, Py_ssize_t k0, Py_ssi
     }
 }
 
-static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t,
-                     const Scatter* sc)
+/* The per-interval (per-tile) path: each job its own code stream. */
+static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t,
+                          const Scatter* sc)
 {
     Py_ssize_t scattered = j0; /* jobs before this one are decoded and scattered */
     Pending q[MAX_BATCH];
@@ -705,6 +708,259 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
         scatter_jobs(sc, p, scattered, j1);
 }
 
+/* ------------------------------------------------------------------------
+ * NDPI: the touched restart intervals of a band decoded as ONE code stream.
+ *
+ * A band is a rectangle of a region's intervals: the rest of one row of the
+ * region's tile grid, or whole rows of it.  Its stream: the level's header with
+ * the SOF's height and width set to the band's, then each interval's bytes as
+ * stored, row after row, each closing RSTn renumbered to the next of this
+ * stream (RST0, RST1, ... mod 8), the last one's made EOI.  A restart resets the
+ * DC predictions (T.81 F.2.2.5), and with the DRI unchanged each MCU row of the
+ * band holds exactly its intervals: one decode gives the pixels the per-interval
+ * decodes give, with one header parse instead of one per interval.  Only where
+ * no component is subsampled (every one 1x1 in the SOF: libjpeg's upsampling
+ * would otherwise reach across an interval's edge, which the per-interval
+ * decode, and OpenSlide, replicate) and the intervals are one MCU row (8 pixels)
+ * high and exactly DRI MCUs wide.  Any other band, and any band whose reading,
+ * checks or decode fail, takes the per-interval path, which gives the errors.
+ */
+
+/* The offset of the SOF's height field in the level's header (its width follows)
+ * when this level's intervals can be spliced (see above); else 0. */
+static size_t splice_sof(const Plan* p)
+{
+    const unsigned char* h = p->prefix;
+    size_t n = p->prefix_len, i = 2, sof = 0;
+    long dri = 0;
+    int sos = 0;
+    if (!p->scan_segments || n < 4 || h[0] != 0xFF || h[1] != 0xD8)
+        return 0;
+    while (!sos && i + 4 <= n) {
+        unsigned m = h[i + 1];
+        if (h[i] != 0xFF)
+            return 0;
+        if (m == 0xFF) { /* fill byte */
+            i++;
+            continue;
+        }
+        size_t len = ((size_t)h[i + 2] << 8) | h[i + 3];
+        if (len < 2 || i + 2 + len > n)
+            return 0;
+        const unsigned char* s = h + i + 4; /* the segment's body: len - 2 bytes */
+        if (m == 0xC0 || m == 0xC1) {       /* sequential DCT, Huffman */
+            unsigned nc = len >= 8 ? s[5] : 0;
+            if (sof != 0 || s[0] != 8 || (nc != 1 && nc != 3) || len != 8 + 3 * (size_t)nc)
+                return 0;
+            for (unsigned c = 0; c < nc; c++)
+                if (s[6 + 3 * c + 1] != 0x11) /* sampling factors 1x1 */
+                    return 0;
+            sof = i + 5;
+        } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+            return 0; /* progressive, lossless, hierarchical or arithmetic */
+        } else if (m == 0xDD) {
+            if (len != 4)
+                return 0;
+            dri = ((long)s[0] << 8) | s[1];
+        } else if (m == 0xDA) {
+            sos = 1;
+        }
+        i += 2 + len;
+    }
+    if (!sos || sof == 0 || dri <= 0 || p->tile_h != 8 || p->tile_w != 8 * (int64_t)dri)
+        return 0;
+    int64_t height = ((int64_t)h[sof] << 8) | h[sof + 1], width = ((int64_t)h[sof + 2] << 8) | h[sof + 3];
+    return height == p->tile_h && width == p->tile_w ? sof : 0;
+}
+
+/* Decode one code stream into one image; 1 when it decoded. */
+static int decode_one(Decoder* self, nvimgcodecCodeStream_t stream, nvimgcodecImage_t image)
+{
+    nvimgcodecDecodeParams_t params;
+    memset(&params, 0, sizeof params);
+    params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS;
+    params.struct_size = sizeof params;
+    params.apply_exif_orientation = 0; /* as flush() */
+    nvimgcodecFuture_t future = NULL;
+    nvimgcodecProcessingStatus_t status = NVIMGCODEC_PROCESSING_STATUS_UNKNOWN;
+    size_t got = 0;
+    nvimgcodecStatus_t call = api.decode(self->decoder, &stream, &image, 1, &params, &future);
+    if (call == NVIMGCODEC_STATUS_SUCCESS && future != NULL) {
+        call = api.future_wait(future);
+        if (call == NVIMGCODEC_STATUS_SUCCESS) {
+            got = 1;
+            call = api.future_status(future, &status, &got);
+        }
+    }
+    if (future != NULL)
+        api.future_destroy(future);
+    return call == NVIMGCODEC_STATUS_SUCCESS && got == 1 && status == NVIMGCODEC_PROCESSING_STATUS_SUCCESS;
+}
+
+/* 1 when the n bytes at d hold a marker: an 0xFF byte not followed by a stuffed 0x00
+ * (a fill byte before the closing marker counts too).  Entropy-coded data has none; a
+ * corrupt interval with one is not spliced, so that whatever the decoder does at a
+ * marker out of place stays inside that interval's own code stream. */
+static int holds_marker(const unsigned char* d, size_t n)
+{
+    const unsigned char* end = d + n;
+    for (const unsigned char* q = d; (q = memchr(q, 0xFF, (size_t)(end - q))) != NULL; q += 2)
+        if (q + 1 >= end || q[1] != 0x00)
+            return 1;
+    return 0;
+}
+
+/* Read jobs [k0, k1) (a band: the rest of one row, or whole rows) into the arena as one
+ * spliced code stream (see above); its length, or 0 when the band cannot be spliced. */
+static size_t splice_read(Decoder* self, const Plan* p, size_t sof, Py_ssize_t k0, Py_ssize_t k1, int64_t bw,
+                          int64_t bh, Tally* t)
+{
+    size_t total = p->prefix_len;
+    for (Py_ssize_t k = k0; k < k1; k++) {
+        int64_t row = p->r0 + k / p->ncols, col = p->c0 + k % p->ncols, index;
+        if (__builtin_mul_overflow(row, p->across, &index) || __builtin_add_overflow(index, col, &index)
+            || index < 0 || index >= p->n_segments)
+            return 0;
+        int64_t offset = p->offsets[index], count = p->counts[index];
+        if (offset <= 0 || count < 2 || count > p->file_size || offset > p->file_size - count
+            || __builtin_add_overflow(total, (size_t)count, &total))
+            return 0;
+    }
+    if (!reserve(&self->arena, &self->arena_cap, total, &t->allocations))
+        return 0;
+    unsigned char* buf = self->arena;
+    memcpy(buf, p->prefix, p->prefix_len);
+    buf[sof] = (unsigned char)(bh >> 8);
+    buf[sof + 1] = (unsigned char)(bh & 0xFF);
+    buf[sof + 2] = (unsigned char)(bw >> 8);
+    buf[sof + 3] = (unsigned char)(bw & 0xFF);
+    size_t at = p->prefix_len;
+    for (Py_ssize_t k = k0; k < k1; k++) {
+        int64_t index = (p->r0 + k / p->ncols) * p->across + p->c0 + k % p->ncols;
+        int64_t offset = p->offsets[index], count = p->counts[index];
+        if (pread(p->fd, buf + at, (size_t)count, (off_t)offset) != (ssize_t)count)
+            return 0;
+        at += (size_t)count;
+        /* its closing marker: an RSTn, or EOI for the level's last interval (the band's last) */
+        unsigned char m = buf[at - 1];
+        if (buf[at - 2] != 0xFF || m < 0xD0 || m > 0xD9 || m == 0xD8 || (m == 0xD9 && k + 1 < k1)
+            || holds_marker(buf + at - count, (size_t)count - 2))
+            return 0;
+        buf[at - 1] = k + 1 == k1 ? 0xD9 : (unsigned char)(0xD0 + (k - k0) % 8);
+    }
+    return at;
+}
+
+/* Decode jobs [k0, k1), a band (see splice_read), as one code stream into the output;
+ * 1 when done (pixels written and counted as the per-interval path counts them, and in
+ * `spliced`), 0 when the per-interval path must decode them (nothing counted). */
+static int splice_band(Decoder* self, const Plan* p, size_t sof, Py_ssize_t k0, Py_ssize_t k1, Tally* t)
+{
+    int64_t first = k0 % p->ncols, n = k1 - k0;
+    int64_t nc = n <= p->ncols - first ? n : p->ncols, nr = n / nc;
+    int64_t bx0 = (p->c0 + first) * p->tile_w, by0 = (p->r0 + k0 / p->ncols) * p->tile_h;
+    int64_t bw = nc * p->tile_w, bh = nr * p->tile_h;
+    if (nr * nc != n || (first != 0 && nc != n) || bw > 65535 || bh > 65535 || bx0 + bw > p->level_w)
+        return 0;
+    size_t len = splice_read(self, p, sof, k0, k1, bw, bh, t);
+    if (len == 0)
+        return 0;
+    int64_t ox0 = bx0 > p->cx0 ? bx0 : p->cx0, ox1 = bx0 + bw < p->cx1 ? bx0 + bw : p->cx1;
+    int64_t oy0 = by0 > p->cy0 ? by0 : p->cy0, oy1 = by0 + bh < p->cy1 ? by0 + bh : p->cy1;
+    int64_t w = ox1 - ox0, h = oy1 - oy0, dy0 = oy0 - p->ry, dx0 = ox0 - p->rx;
+    Pending e;
+    memset(&e, 0, sizeof e);
+    int ok = 0;
+    nvimgcodecImageInfo_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_INFO;
+    info.struct_size = sizeof info;
+    if (w <= 0 || h <= 0 || api.stream_from_mem(api.instance, &e.stream, self->arena, len, NULL)
+        != NVIMGCODEC_STATUS_SUCCESS || e.stream == NULL)
+        goto done;
+    if (api.stream_image_info(e.stream, &info) != NVIMGCODEC_STATUS_SUCCESS || info.plane_info[0].width != bw
+        || info.plane_info[0].height != bh)
+        goto done;
+    if (w != bw || h != bh) {
+        nvimgcodecCodeStreamView_t view;
+        memset(&view, 0, sizeof view);
+        view.struct_type = NVIMGCODEC_STRUCTURE_TYPE_CODE_STREAM_VIEW;
+        view.struct_size = sizeof view;
+        view.region.struct_type = NVIMGCODEC_STRUCTURE_TYPE_REGION;
+        view.region.struct_size = sizeof view.region;
+        view.region.ndim = 2;
+        view.region.start[0] = (int)(oy0 - by0);
+        view.region.start[1] = (int)(ox0 - bx0);
+        view.region.end[0] = (int)(oy1 - by0);
+        view.region.end[1] = (int)(ox1 - bx0);
+        if (api.sub_stream(e.stream, &e.sub, &view) != NVIMGCODEC_STATUS_SUCCESS || e.sub == NULL)
+            goto done;
+    }
+    unsigned char* target;
+    size_t row_stride;
+    if (p->channels == 3) {
+        row_stride = (size_t)(p->out_w * 3);
+        target = p->out + (size_t)dy0 * row_stride + (size_t)dx0 * 3;
+    } else {
+        if (!reserve(&self->rgb_buf[0], &self->rgb_cap[0], (size_t)(w * h * 3), &t->allocations))
+            goto done;
+        row_stride = (size_t)w * 3;
+        target = self->rgb_buf[0];
+    }
+    fill_image_info(&info, target, w, h, row_stride);
+    if (api.image_create(api.instance, &e.image, &info) != NVIMGCODEC_STATUS_SUCCESS || e.image == NULL)
+        goto done;
+    ok = decode_one(self, e.sub != NULL ? e.sub : e.stream, e.image);
+    if (ok && p->channels == 4)
+        widen(p, self->rgb_buf[0], dy0, dy0 + h, dx0, dx0 + w);
+done:
+    release(&e);
+    if (!ok)
+        return 0;
+    for (Py_ssize_t k = k0; k < k1; k++) { /* each interval as the per-interval path counts it */
+        int64_t tx0 = (p->c0 + k % p->ncols) * p->tile_w, ty0 = (p->r0 + k / p->ncols) * p->tile_h;
+        int whole = tx0 >= p->cx0 && tx0 + p->tile_w <= p->cx1 && ty0 >= p->cy0 && ty0 + p->tile_h <= p->cy1;
+        if (p->channels == 4)
+            t->scratch++;
+        else if (whole)
+            t->direct++;
+        else
+            t->roi++;
+    }
+    t->decoded += n;
+    t->spliced += n;
+    t->bytes_read += (long long)(len - p->prefix_len);
+    return 1;
+}
+
+/* Jobs [j0, j1): where the level allows (splice_sof), in bands (the rest of a row begun
+ * part-way, then whole rows, then a row's beginning) each decoded as one code stream,
+ * a band that cannot be through the per-interval path; else all per interval. */
+static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t,
+                     const Scatter* sc)
+{
+    size_t sof = splice_sof(p);
+    if (sof == 0) {
+        run_intervals(self, p, j0, j1, batch, t, sc);
+        return;
+    }
+    Py_ssize_t most_rows = 65535 / p->tile_h; /* the SOF's height field */
+    for (Py_ssize_t k = j0; k < j1;) {
+        Py_ssize_t row_end = (k / p->ncols + 1) * p->ncols, end;
+        if (k % p->ncols != 0 || j1 < row_end) {
+            end = j1 < row_end ? j1 : row_end;
+        } else {
+            Py_ssize_t rows = (j1 - k) / p->ncols;
+            end = k + (rows < most_rows ? rows : most_rows) * p->ncols;
+        }
+        if (!splice_band(self, p, sof, k, end, t))
+            run_intervals(self, p, k, end, batch, t, NULL);
+        if (sc != NULL)
+            scatter_jobs(sc, p, k, end);
+        k = end;
+    }
+}
+
 /* Check pieces (a buffer of int64, 6 a piece; see Scatter) against an (out_h, out_w,
  * channels) source and a dest of dest_len bytes; fill *sc.  0 with ValueError if any
  * piece reads outside the source or writes outside dest. */
@@ -792,8 +1048,9 @@ static const char decode_tiles_doc[] =
     "prefix is a whole header put in front, a final RSTn becomes EOI);\n"
     "dest, pieces: optional; after each decode call the decoded tiles' parts of\n"
     "each piece are copied into dest (see scatter()), while still in the cache.\n\n"
-    "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, failures):\n"
-    "tile counts, bytes read, buffers (re)allocated, and failures a list of\n"
+    "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, spliced,\n"
+    "failures): tile counts, bytes read, buffers (re)allocated, the intervals decoded\n"
+    "in spliced bands (scan_segments: see splice_band), and failures a list of\n"
     "(job, code, a, b).  Raises MemoryError if the failure list itself cannot be\n"
     "allocated; never raises for a bad tile.";
 
@@ -922,8 +1179,8 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         }
         PyList_SET_ITEM(failures, i, item);
     }
-    result = Py_BuildValue("(LLLLLLLN)", t.direct, t.roi, t.scratch, t.missing, t.bytes_read, t.decoded,
-                           t.allocations, failures);
+    result = Py_BuildValue("(LLLLLLLLN)", t.direct, t.roi, t.scratch, t.missing, t.bytes_read, t.decoded,
+                           t.allocations, t.spliced, failures);
 done:
     free(t.failures);
     PyBuffer_Release(&prefix);
@@ -1004,5 +1261,7 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     PyModule_AddIntConstant(m, "SCAN_SEGMENTS", 1);
     /* decode_tiles takes dest and pieces (copied as soon as decoded); scatter() exists */
     PyModule_AddIntConstant(m, "SCATTER", 1);
+    /* decode_tiles splices an NDPI band's intervals into one code stream and returns `spliced` */
+    PyModule_AddIntConstant(m, "SPLICE", 1);
     return m;
 }

@@ -12,6 +12,17 @@ output (sub-code-streams with a region for partial tiles), check each tile's
 processing status.  RGBA output is decoded into a per-decoder RGB scratch and
 widened in C.
 
+Hamamatsu NDPI levels (``jpeg_scan_segments``: each tile a restart interval of
+the level's one JPEG scan) without chroma subsampling: the touched intervals of
+each band of a call (the rest of a row of the region's tile grid, or whole rows)
+are spliced into ONE code stream (the level's header with the SOF sized to the
+band, the intervals' bytes as stored, their RSTn markers renumbered, the last
+made EOI) and decoded once, with a region, straight into the output: one header
+parse per band instead of one per interval.  A band that cannot be spliced, or
+whose decode fails, is decoded interval by interval (so errors are the per-interval
+ones); ``DecodeStats.tiles_spliced`` counts the intervals decoded in bands.  Calls
+over such a level take whole rows of intervals (:meth:`RegionJobs._take`).
+
 It is an accelerator, never a requirement:
 
 * it is built from ``wsitool/_native/jpegloop.c`` at install time when a C
@@ -87,9 +98,11 @@ def _load():
             _reason = f"cannot use {lib} ({exc}); JPEG reads take the Python path"
             return None
         if (_jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY")
-                or not hasattr(_jpegloop, "SCAN_SEGMENTS") or not hasattr(_jpegloop, "SCATTER")):  # pragma: no cover
+                or not hasattr(_jpegloop, "SCAN_SEGMENTS") or not hasattr(_jpegloop, "SCATTER")
+                or not hasattr(_jpegloop, "SPLICE")):  # pragma: no cover
             _reason = (f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK}; "
-                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER): rebuild it with `pip install -e .`")
+                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE): rebuild it with "
+                       "`pip install -e .`")
             return None
         _module = _jpegloop
         return _module
@@ -183,6 +196,8 @@ class RegionJobs:
             size = self.chunk
             if self.threads > 1:
                 size = max(1, min(size, (self.count - j0) // (2 * self.threads)))
+            if self.scan_segments and size > self.ncols and j0 % self.ncols == 0:
+                size -= size % self.ncols  # whole rows of NDPI restart intervals: one spliced band
             self._next = j1 = min(j0 + size, self.count)
         return j0, j1
 
@@ -211,7 +226,7 @@ class RegionJobs:
                 # with this one, on the thread's first read, not at the first such tile
                 # (which came at random all through a stress run, each a step of RSS).
                 _ = state.decoder  # (the property creates it)
-                direct, roi, scratch, missing, nbytes, decoded, allocs, failures = dec.decode_tiles(
+                direct, roi, scratch, missing, nbytes, decoded, allocs, spliced, failures = dec.decode_tiles(
                     fd, self.prefix, self.out, offsets, counts, self.level, self.region,
                     span[0], span[1], self.chunk, self.scan_segments, *(self.scatter or ()))
             st = state.stats
@@ -221,6 +236,7 @@ class RegionJobs:
             st.tiles_missing += missing
             st.bytes_read += nbytes
             st.tiles_decoded += decoded
+            st.tiles_spliced += spliced
             st.scratch_allocations += allocs  # the decoder's tile-bytes and RGB buffers
             # (the C loop reports read-time failures before the decode failures
             # of earlier tiles of the same batch: report in tile order)

@@ -49,7 +49,9 @@ class DecodeStats:
     window into the destination: one per such tile, never of a whole tile
     unless the whole tile was wanted) and ``tiles_reduced`` (of those, decoded
     at a reduced resolution); ``tiles_scaled`` (JPEG tiles of a scaled level
-    decoded at 1/2, 1/4 or 1/8 by Pillow, :mod:`wsitool.codec.scaled`).
+    decoded at 1/2, 1/4 or 1/8 by Pillow, :mod:`wsitool.codec.scaled`);
+    ``tiles_spliced`` (of ``tiles_decoded``, NDPI restart intervals the compiled
+    loop decoded in a band spliced into one JPEG code stream, :mod:`wsitool.codec.jpegloop`).
     """
 
     decoders_created: int = 0
@@ -66,6 +68,7 @@ class DecodeStats:
     window_copies: int = 0
     tiles_reduced: int = 0
     tiles_scaled: int = 0
+    tiles_spliced: int = 0
 
     def add(self, other: DecodeStats) -> None:
         """Add ``other``'s counters to these (in place)."""

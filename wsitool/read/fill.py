@@ -177,6 +177,10 @@ def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
         # one RGB scratch per tile of a batch: big tiles go one at a time, so
         # the scratch stays one tile (peak memory near the output's size)
         most = NATIVE_BATCH_RGBA if lv.tile_width * lv.tile_height * 3 <= _NATIVE_RGBA_BATCH_BYTES else 1
+    if lv.encoding.jpeg_scan_segments:
+        # NDPI restart intervals (one MCU row high) are small, and the loop decodes a call's
+        # whole rows of them as one spliced code stream: fewer, larger calls
+        most = jpegloop.MAX_CHUNK
     region = jpegloop.RegionJobs(lv, out, rx, ry, inside, req.on_error)
     if region.count >= _PREFETCH_MIN_TILES:
         _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
