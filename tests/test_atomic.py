@@ -155,6 +155,23 @@ def test_errors_name_the_users_path_not_the_partial(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_short_write_without_errno_names_the_output(tmp_path, monkeypatch):
+    """numpy's full-disk ``OSError("N requested and M written")`` has no errno: the error still
+    names the output (the CLI printed 'wsitool: error: 16000000 requested and 1048448 written')."""
+    from wsitool.export import write_image
+
+    def short(*a, **k):
+        raise OSError("16000000 requested and 1048448 written")
+
+    monkeypatch.setattr(np, "save", short)
+    out = tmp_path / "x.npy"
+    with pytest.raises(OSError) as info:
+        write_image(out, np.zeros((2, 2, 3), np.uint8))
+    assert info.value.filename == str(out)
+    assert info.value.strerror == "16000000 requested and 1048448 written"
+    assert os.listdir(tmp_path) == []
+
+
 def test_output_that_is_a_folder_names_it(tmp_path):
     from wsitool.export import write_image
 

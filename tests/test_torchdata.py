@@ -369,6 +369,22 @@ def test_bad_options(plans):
 
 
 @needs_torch
+def test_map_index_must_be_an_integer_in_range(plans):
+    """``ds[1.5]`` and ``ds["3"]`` were read as patches 1 and 3 (``int(i)``), and ``ds[-n - 1]``
+    said "patch index -1 out of range" (the index after adding n)."""
+    from wsitool.torchdata import PatchDataset
+
+    ds = PatchDataset(plans[:1])
+    n = len(ds)
+    for bad in (1.5, "3", None):
+        with pytest.raises(TypeError, match="must be an integer"):
+            ds[bad]
+    with pytest.raises(IndexError, match=f"patch index {-n - 1} out of range"):
+        ds[-n - 1]
+    assert ds[np.int64(2)][1]["index"] == 2 and ds[-n][1]["index"] == 0
+
+
+@needs_torch
 def test_plan_files_are_accepted(plans, reference, tmp_path):
     pytest.importorskip("pyarrow", reason="pyarrow (Parquet plans) is not installed")
     from wsitool.patches.plan import write_plans

@@ -235,6 +235,9 @@ def user_error(exc: OSError, final: str | os.PathLike) -> OSError:
         new = type(exc)(code, reason, str(final)) if code else OSError(reason)
     except Exception:  # an OSError subclass with another constructor
         new = OSError(code, reason, str(final))
+    if new.filename is None:  # no errno (numpy's "N requested and M written" on a full disk): still name it
+        new.filename = str(final)
+        new.strerror = reason
     return new
 
 

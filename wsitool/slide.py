@@ -48,6 +48,7 @@ from .read.region import read_pyramid_region
 from .storage import ByteSource, is_url, open_source, redact
 from .storage.dicomweb import parse_series_url
 from .storage.prefix import is_prefix_url
+from .storage.urls import check_url
 
 if TYPE_CHECKING:
     import dask.array
@@ -184,6 +185,8 @@ class Slide:
         self._location = str(path) if remote else os.fspath(path)
         self._storage_options = dict(storage_options) if storage_options else None
         self.path = redact(self._location) if remote else self._location
+        if remote:
+            check_url(self._location)  # a malformed URL: one InvalidOptionError, not urllib's ValueError
         self.problems: list[str] = []
         self._pyramid: model.Pyramid | None = None
         self._closed = False

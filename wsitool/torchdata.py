@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import multiprocessing.context
+import operator
 import os
 import threading
 from collections import OrderedDict
@@ -529,12 +530,13 @@ class PatchDataset(_Reader, Dataset):
 
     def _index(self, i) -> int:
         n = len(self._table)
-        i = int(i)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"patch index {i} out of range for {n} patches")
-        return i
+        try:
+            k = operator.index(i)  # an integer (numpy's too); never a float or a string truncated
+        except TypeError:
+            raise TypeError(f"patch index must be an integer, got {type(i).__name__}") from None
+        if not -n <= k < n:
+            raise IndexError(f"patch index {k} out of range for {n} patches")
+        return k + n if k < 0 else k
 
     def _samples(self, idx: np.ndarray) -> list:
         t = self._table

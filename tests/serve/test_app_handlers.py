@@ -125,3 +125,34 @@ def test_pages_and_status(starlette_app):
     assert call(serve_app.viewer_image_route, request(starlette_app, "/", name="x.png")).status_code == 404
     status = json.loads(call(serve_app.status_route, request(starlette_app, "/status")).body)
     assert status["slides"] == 1 and status["threads"] == 1 and status["cache"] is not None
+
+
+def test_a_request_cancelled_at_shutdown_answers_503_without_a_traceback(caplog):
+    """uvicorn cancels requests still rendering when its graceful shutdown times out (or at a
+    second signal); the cancellation reached it and it logged "Exception in ASGI application"
+    with a traceback per request.  Now: one warning line, a 503, and the task ends normally."""
+    from wsitool.serve.status import ServerCounters
+
+    class Slow:
+        state = None
+
+        async def __call__(self, scope, receive, send):
+            await asyncio.sleep(3600)
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def main():
+        scope = {"type": "http", "method": "GET", "path": "/iiif/3/x/full/max/0/default.jpg"}
+        task = asyncio.ensure_future(serve_app._RequestLog(Slow(), ServerCounters())(scope, None, send))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await task   # raised CancelledError before
+
+    with caplog.at_level("WARNING", logger="wsitool.serve"):
+        asyncio.run(main())
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 503
+    assert "cancelled, the server is stopping" in caplog.text

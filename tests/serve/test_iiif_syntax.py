@@ -73,6 +73,22 @@ def test_rotation_quality_format():
     assert _status(parse_image_request, "full", "max", "0", "grey.jpg", 300, 200, LIM) == 400
 
 
+def test_only_ascii_digits_and_no_trailing_newline():
+    """Python's \\d takes every script's digits: "/dz/x_files/\uff11/0_0.jpeg" (fullwidth 1) was
+    level 1, "\u0661,\u0661,\u0661\u0660,\u0661\u0660" (Arabic-Indic) a region; and "$" let "...\\n" through."""
+    from wsitool.serve.dz import parse_dz_path
+
+    for bad in ("\u0661,\u0661,\u0661\u0660,\u0661\u0660", "pct:\u0661,0,5,5", "0,0,10,10\n"):
+        assert _status(parse_region, bad, 300, 200) == 400, bad
+    for bad in ("\uff11\uff10,", "pct:\u0665\u0660", "!\u0661\u0660,10", "10,\n"):
+        assert _status(parse_size, bad, 300, 200, LIM) == 400, bad
+    for bad in ("\u0660", "90\n"):
+        assert _status(parse_rotation, bad) == 400, bad
+    for bad in ("x.svs_files/\uff11/0_0.jpeg", "x.svs_files/1/\u0660_0.jpeg", "x.svs_files/1/0_0.jpeg\n"):
+        assert _status(parse_dz_path, bad) == 404, bad
+    assert parse_dz_path("x.svs_files/12/3_4.png") == ("tile", "x.svs", 12, 3, 4, "png")
+
+
 def test_info_document():
     info = info_document("http://h/iiif/3/x", 40000, 30000, 512, LIM)
     assert info["tiles"][0]["scaleFactors"] == [1, 2, 4, 8, 16, 32, 64, 128]

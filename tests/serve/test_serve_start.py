@@ -44,6 +44,14 @@ def test_an_unresolvable_host_is_one_line_exit_9():
     assert lines[0].startswith("wsitool: error: no-such-host.invalid:0:"), proc.stderr
 
 
+def test_the_start_up_line_brackets_an_ipv6_host():
+    """``--host ::1`` announced ``http://::1:8000/`` (not a URL a browser or curl takes)."""
+    from wsitool.serve.runner import base_url
+
+    assert base_url(("::1", 8000, 0, 0)) == "http://[::1]:8000/"
+    assert base_url(("127.0.0.1", 8000)) == "http://127.0.0.1:8000/"
+
+
 def test_bind_gives_one_port_for_port_0():
     from wsitool.serve.runner import bind
 

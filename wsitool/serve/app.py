@@ -388,6 +388,19 @@ def create_app(state: ServerState) -> _RequestLog:
     return _RequestLog(app, state.counters)
 
 
+async def _send_stopping(send: _Send) -> None:
+    """A ``503 server stopping`` answer to a request cancelled at shutdown (nothing if the
+    connection is gone)."""
+    body = b"server stopping, retry later"
+    try:
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+    except Exception:  # the transport closed meanwhile
+        pass
+
+
 class _RequestLog:
     """ASGI middleware: counts requests in flight and logs one debug line per request."""
 
@@ -404,16 +417,26 @@ class _RequestLog:
         t0 = time.perf_counter()
         status = [500]
         sent = [0]
+        started = [False]
 
         async def send_wrapper(message: _Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                started[0] = True
             elif message["type"] == "http.response.body":
                 sent[0] += len(message.get("body", b""))
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still running when its graceful shutdown times out
+            # (or at a second signal): one log line and a 503, not its "Exception in ASGI
+            # application" traceback
+            log.warning("%s %s: cancelled, the server is stopping", scope.get("method"), scope.get("path", ""))
+            if not started[0]:
+                status[0] = 503
+                await _send_stopping(send)
         finally:
             path = scope.get("path", "")
             kind = ("info" if path.endswith("/info.json") else "iiif" if path.startswith("/iiif/")

@@ -32,7 +32,7 @@ from .render import thumbnail_size
 __all__ = ["DZ_MEDIA_TYPES", "parse_dz_path", "geometry_for", "render_dz_tile"]
 
 DZ_MEDIA_TYPES = {"jpeg": "image/jpeg", "png": "image/png"}
-_TILE = re.compile(r"^(.+)_files/(\d+)/(\d+)_(\d+)\.(jpeg|png)$")
+_TILE = re.compile(r"^(.+)_files/([0-9]+)/([0-9]+)_([0-9]+)\.(jpeg|png)\Z")  # ASCII digits only
 
 
 def parse_dz_path(rest: str):

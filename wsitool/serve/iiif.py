@@ -53,10 +53,10 @@ _CODEC_MAX_SIDE = 16383
 #: Largest output area by default: 64 megapixels (192 MiB as RGB before encoding).
 _DEFAULT_MAX_AREA = 2**26
 
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
-_INT4 = re.compile(r"^(\d+),(\d+),(\d+),(\d+)$")
-_PCT4 = re.compile(rf"^pct:({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})$")
-_ROTATION = re.compile(rf"^(!?)({_NUMBER})$")
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # ASCII digits only (\d takes any script's)
+_INT4 = re.compile(r"^([0-9]+),([0-9]+),([0-9]+),([0-9]+)\Z")
+_PCT4 = re.compile(rf"^pct:({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})\Z")
+_ROTATION = re.compile(rf"^(!?)({_NUMBER})\Z")
 
 
 class IIIFError(Exception):
@@ -203,14 +203,14 @@ def parse_size(text: str, rw: int, rh: int, lim: ServiceLimits) -> tuple[tuple[i
         n = float(num)
         w, h = max(1, round(rw * n / 100)), max(1, round(rh * n / 100))
     elif body.startswith("!"):
-        m = re.fullmatch(r"(\d+),(\d+)", body[1:])
+        m = re.fullmatch(r"([0-9]+),([0-9]+)", body[1:])
         if not m or int(m.group(1)) == 0 or int(m.group(2)) == 0:
             raise _bad(f"invalid size {text!r}")
         bw, bh = int(m.group(1)), int(m.group(2))
         scale = min(bw / rw, bh / rh)
         w, h = max(1, min(bw, round(rw * scale))), max(1, min(bh, round(rh * scale)))
     else:
-        m = re.fullmatch(r"(\d*),(\d*)", body)
+        m = re.fullmatch(r"([0-9]*),([0-9]*)", body)
         if not m or not (m.group(1) or m.group(2)):
             raise _bad(f"invalid size {text!r}")
         gw = int(m.group(1)) if m.group(1) else None

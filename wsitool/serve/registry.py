@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import CorruptFileError, InvalidOptionError, TileDecodeError, UnsupportedFormatError
 from ..storage import is_url, redact
+from ..storage.urls import check_url
 
 if TYPE_CHECKING:
     from ..slide import Slide
@@ -95,6 +96,7 @@ def _url_candidates(url: str, storage_options: dict | None) -> list[tuple[str, s
         InvalidOptionError: a URL ending in ``/`` that is not an object store's.
         RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: the listing.
     """
+    check_url(url)  # a malformed URL: one InvalidOptionError (exit 2), not urllib's ValueError
     if not urllib.parse.urlsplit(url).path.endswith("/"):
         return [(url_slide_id(url), url)]
     scheme = url.split("://", 1)[0].lower()

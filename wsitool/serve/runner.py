@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..read.cache import TileCache
     from ..slide import Slide
 
-__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind", "worker_sockets"]
+__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind", "worker_sockets", "base_url"]
 
 log = logging.getLogger("wsitool.serve")
 
@@ -273,13 +273,20 @@ def serve(sources: Iterable[str | os.PathLike], *, config: ServeConfig, host: st
             sock.close()
 
 
+def base_url(bound: tuple[Any, ...]) -> str:
+    """``http://host:port/`` of a bound ``(host, port, ...)`` address; an IPv6 host in brackets
+    (``http://[::1]:8000/``; was ``http://::1:8000/``, not a URL)."""
+    host = str(bound[0])
+    return f"http://[{host}]:{bound[1]}/" if ":" in host else f"http://{host}:{bound[1]}/"
+
+
 def _announce(state: ServerState, ready: Ready | None) -> Ready:
     """The ``on_ready`` of one process: log where it serves, then call ``ready``."""
     config = state.config
 
     def on_ready(bound: tuple[Any, ...]) -> None:
-        log.info("serving %d slide(s) at http://%s:%d/ (%d threads, cache %s)", len(state.registry),
-                 bound[0], bound[1], config.threads,
+        log.info("serving %d slide(s) at %s (%d threads, cache %s)", len(state.registry),
+                 base_url(bound), config.threads,
                  f"{config.cache_mb} MiB" if state.cache is not None else "off")
         if ready is not None:
             ready(bound)
@@ -365,8 +372,8 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
 
     previous = {s: signal.signal(s, forward) for s in _SIGNALS}
     try:
-        log.info("serving %d slide(s) at http://%s:%d/ (%d workers x %d threads, cache %s)", count,
-                 bound[0], bound[1], workers, share.threads,
+        log.info("serving %d slide(s) at %s (%d workers x %d threads, cache %s)", count,
+                 base_url(bound), workers, share.threads,
                  f"{share.cache_mb} MiB each" if share.cache_mb > 0 else "off")
         if ready is not None:
             ready(bound)

@@ -40,6 +40,27 @@ def _urllib3() -> types.ModuleType:
     return urllib3
 
 
+def _headers(shown: str, raw: Any) -> dict:
+    """The ``headers`` storage option as a dict of names to text (numbers become text).
+
+    Raises:
+        InvalidOptionError: not a mapping of names to text or numbers (the values,
+            often secrets, are never shown).
+    """
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidOptionError(f"{shown}: storage option headers: expected headers.NAME=VALUE "
+                                 f"(or a JSON object), got type {type(raw).__name__}")
+    out = {}
+    for name, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise InvalidOptionError(f"{shown}: storage option headers.{name}: expected text, "
+                                     f"got type {type(value).__name__}")
+        out[str(name)] = value if isinstance(value, str) else str(value)
+    return out
+
+
 class HttpTransport(Transport):
     """Ranged GETs of one HTTP(S) URL.
 
@@ -58,10 +79,16 @@ class HttpTransport(Transport):
     def __init__(self, url: str, shown: str, options: dict, maxsize: int = 16):
         self.url = url
         self.shown = shown
-        self.headers = dict(options.pop("headers", None) or {})
+        self.headers = _headers(shown, options.pop("headers", None))
         self.verify = options.pop("verify", True)
         if options:
             raise InvalidOptionError(f"{shown}: unknown storage option(s) for HTTP(S): {', '.join(sorted(options))}")
+        try:  # a bad port or host: a usage error now, not a "server failing" after the retries
+            host = _urllib3().util.parse_url(url).host
+        except ValueError:  # urllib3's LocationValueError; its text can quote the query (secrets)
+            host = None
+        if not host:
+            raise InvalidOptionError(f"{shown}: not a valid URL (check the host and the port)")
         self.maxsize = maxsize
         self._pool: Any = None  # urllib3.PoolManager
         self._make_pool()

@@ -197,7 +197,8 @@ class ObjectStoreTransport(Transport):
             None: one of its own.
 
     Raises:
-        WsiError: obstore is not installed, a bad option or URL.
+        WsiError: obstore is not installed, a bad option or URL (InvalidOptionError, exit 2:
+            a URL without a bucket or an object).
     """
 
     def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None):
@@ -205,7 +206,7 @@ class ObjectStoreTransport(Transport):
         scheme = url.split("://", 1)[0].lower()
         parts = urllib.parse.urlsplit(url)
         if not parts.netloc or not parts.path.lstrip("/"):
-            raise WsiError(f"{shown}: a {scheme}:// slide URL names a bucket and an object "
+            raise InvalidOptionError(f"{shown}: a {scheme}:// slide URL names a bucket and an object "
                            f"({scheme}://bucket/path/slide.svs)")
         where = BucketURL.parse(url)
         self.shown, self.protocol, self.key = shown, where.protocol, where.key

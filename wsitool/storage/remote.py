@@ -57,7 +57,7 @@ from .urls import redact
 
 __all__ = [
     "RemoteSource", "Transport", "Response", "Transient", "RemoteOptions",
-    "BLOCK_SIZE", "HEAD_BYTES", "MERGE_GAP", "CONCURRENCY", "DEFAULT_CACHE_BYTES",
+    "BLOCK_SIZE", "HEAD_BYTES", "MERGE_GAP", "CONCURRENCY", "MAX_CONCURRENCY", "DEFAULT_CACHE_BYTES",
     "set_cache_bytes", "cache_stats",
 ]
 
@@ -71,6 +71,8 @@ MERGE_GAP = 16 * 1024
 MAX_REQUEST = 4 * 1024 * 1024
 #: Default number of requests in flight per slide for advised (tile) ranges.
 CONCURRENCY = 16
+#: Most requests in flight per slide that ``concurrency`` may ask for (each one a thread and a pooled connection).
+MAX_CONCURRENCY = 256
 #: Default byte budget of the process-wide cache (256 MiB).
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -101,7 +103,8 @@ class RemoteOptions:
         """The generic settings popped out of ``options`` (the rest stays for the transport).
 
         Raises:
-            WsiError: a value that is not a positive number (retries: a non-negative integer).
+            WsiError: a value that is not a positive number (retries: a non-negative integer;
+                concurrency: at most :data:`MAX_CONCURRENCY`).
         """
         out = cls()
         for key in cls.KEYS:
@@ -114,6 +117,8 @@ class RemoteOptions:
                 raise InvalidOptionError(f"storage option {key}: expected a number, got {raw!r}") from None
             if value < 0 or (value == 0 and key not in ("retries", "backoff")):
                 raise InvalidOptionError(f"storage option {key}: must be positive, got {raw!r}")
+            if key == "concurrency" and value > MAX_CONCURRENCY:
+                raise InvalidOptionError(f"storage option concurrency: at most {MAX_CONCURRENCY}, got {raw!r}")
             setattr(out, key, value)
         return out
 

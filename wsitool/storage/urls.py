@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-__all__ = ["SCHEMES", "is_url", "scheme_of", "redact"]
+from ..errors import InvalidOptionError
+
+__all__ = ["SCHEMES", "is_url", "scheme_of", "redact", "check_url"]
 
 #: URL schemes wsitool reads slides from (``gcs`` is an alias of ``gs``; ``abfs`` / ``abfss`` / ``azure`` of ``az``).
 SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure",
@@ -40,9 +42,29 @@ def redact(url: str) -> str:
     string becomes ``?<redacted>`` (a fragment is dropped).  Not a URL: returned unchanged."""
     if not is_url(url):
         return url
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. "Invalid IPv6 URL" (an unclosed '['): split by hand
+        scheme, _, rest = url.partition("://")
+        netloc, slash, tail = rest.partition("/")
+        path, _, query = (slash + tail).partition("#")[0].partition("?")
+        netloc = "***@" + netloc.rpartition("@")[2] if "@" in netloc else netloc
+        return f"{scheme}://{netloc}{path}" + ("?<redacted>" if query else "")
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rpartition("@")[2]
-    query = "<redacted>" if parts.query else ""
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    query = "?<redacted>" if parts.query else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{query}"  # (urlunsplit drops an empty host's "//")
+
+
+def check_url(url: str) -> None:
+    """Raise when the URL ``url`` cannot even be split into its parts.
+
+    Raises:
+        InvalidOptionError: e.g. an unclosed ``[`` of an IPv6 host ("Invalid IPv6 URL");
+            the message shows the URL through :func:`redact`.
+    """
+    try:
+        urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise InvalidOptionError(f"{redact(url)}: not a valid URL ({exc})") from None
