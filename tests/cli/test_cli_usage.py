@@ -45,6 +45,8 @@ def one_error_line(output: str) -> str:
     (["stress", JPEG, "--workers", "0"], ["--workers"]),
     (["export-pyramid", JPEG, "out.tiff", "--threads", "0"], ["--threads"]),
     (["info"], ["SLIDE"]),  # the metavariable help shows (issue 26)
+    (["export-pyramid", JPEG, ""], ["OUTPUT is empty"]),   # not the current folder (an unset $OUT)
+    (["export-many", JPEG, " "], ["OUTPUT_DIR is empty"]),
     (["no-such-command"], ["no-such-command"]),
 ])
 def test_usage_errors_are_one_line_exit_2(args, words, tmp_path):
@@ -170,3 +172,10 @@ def test_version_option_prints_the_package_version():
 
     res = CliRunner().invoke(app, ["--version"])
     assert res.exit_code == 0 and res.output.strip() == f"wsitool {wsitool.__version__}"
+
+
+def test_an_empty_slide_path_is_named_in_its_error():
+    """``wsitool info ""`` (an unset shell variable): the error line still says which path."""
+    res = run("info", "")
+    assert res.exit_code == 9, res.output
+    assert "'': No such file or directory" in one_error_line(res.output)

@@ -191,6 +191,9 @@ def test_requests_are_checked_when_called_before_any_decode():
             dict(locations=[(0, 0)], size=(8, 8), on_error="ignore"),
             dict(locations=[(0, 0)], size=(8, 8), read_size=(-1, 4)),
             dict(locations=[(0, 0)], size=(8, 8), read_size=(float("nan"), 4)),
+            dict(locations=[(0, 0)], size=(8, 8), read_size=("16", "16")),   # text is not a number
+            dict(locations=[(0, 0)], size=(8, 8), read_size=(b"16", 16)),
+            dict(locations=[(0, 0)], size=(8, 8), read_size=(np.float32(16), True)),
             dict(locations=[(0, 0)], size=(8, 8), out=np.zeros((2, 8, 8, 3), np.uint8)),
             dict(locations=[(0, 0)], size=(8, 8), device="tpu"),
         ]

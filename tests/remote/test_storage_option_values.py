@@ -22,6 +22,15 @@ def test_concurrency_has_an_upper_bound():
         RemoteOptions.take({"concurrency": 10**8})
 
 
+@pytest.mark.parametrize("key,raw", [("retries", 1.5), ("concurrency", "2.5"), ("retries", True),
+                                     ("timeout", float("nan")), ("operation_timeout", "inf")])
+def test_counts_are_whole_and_times_finite(key, raw):
+    """``retries=1.5`` was silently 1 retry; a NaN or infinite timeout would let a read hang."""
+    with pytest.raises(InvalidOptionError, match=key):
+        RemoteOptions.take({key: raw})
+    assert getattr(RemoteOptions.take({key: "3"}), key) == 3
+
+
 @pytest.mark.parametrize("raw", ["SECRETVALUE", ["SECRETVALUE", "x"], 5, {"X": ["SECRETVALUE"]}, {"X": None}])
 def test_headers_that_are_not_name_text_pairs(raw):
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")

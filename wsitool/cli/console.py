@@ -125,7 +125,9 @@ def handle_errors(func: Callable) -> Callable:
                     exc.strerror == errors.OutputExistsError.API_REASON:  # CLI words, not the API's
                 message = f"{exc.filename}: {errors.OutputExistsError.CLI_REASON}"
             elif isinstance(exc, OSError) and not isinstance(exc, errors.WsiError):
-                where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+                name = getattr(exc, "filename", None)
+                # an empty path ("", an unset shell variable) is named too: ''
+                where = f"{name}: " if name else "'': " if name == "" else ""
                 message = f"{where}{exc.strerror or exc}"
             else:
                 message = str(exc)

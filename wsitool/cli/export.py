@@ -107,7 +107,7 @@ DEPRECATED_BATCH = "export-pyramid with several sources is deprecated; use expor
 @handle_errors
 def export_pyramid_cmd(
     sources: list[str] | None = _SOURCES,
-    output: Path = typer.Argument(
+    output: str = typer.Argument(
         ..., metavar="OUTPUT",
         help=("One slide: .svs/.tif (tiff), .ome.tif (ome-tiff) or NAME.dzi (dzi). "
               "Several slides (deprecated: use export-many): an output folder.")),
@@ -128,9 +128,10 @@ def export_pyramid_cmd(
     --scheduler) is deprecated: it runs export-many, after one warning line.
     """
     srcs = list(sources or [])
-    batch = (from_list is not None or len(srcs) != 1 or output.is_dir() or scheduler is not None
-             or str(output).endswith(os.sep))
-    fmt = _resolve_format(fmt, None if batch else output)
+    out = _output_arg(output, "OUTPUT")
+    batch = (from_list is not None or len(srcs) != 1 or out.is_dir() or scheduler is not None
+             or str(out).endswith(os.sep))
+    fmt = _resolve_format(fmt, None if batch else out)
     options = _export_options(
         fmt, tile_size=tile_size, compression=compression, quality=quality, psnr=psnr, region=region, level=level,
         overlap=overlap, threads=threads, overwrite=overwrite, background=background, max_pixels=max_pixels,
@@ -138,9 +139,9 @@ def export_pyramid_cmd(
         verify=verify, storage_option=storage_option)
     if batch:
         err_console.print(f"[yellow]wsitool: warning:[/] {DEPRECATED_BATCH}", highlight=False, soft_wrap=True)
-        _export_batch(srcs, from_list, output, scheduler, quiet, options)
+        _export_batch(srcs, from_list, out, scheduler, quiet, options)
     else:
-        _export_single(srcs[0], output, quiet, options)
+        _export_single(srcs[0], out, quiet, options)
 
 
 @app.command("export-many")
@@ -151,7 +152,7 @@ def export_many_cmd(
         help=("Source slide files (or quoted glob patterns) or slide URLs (http(s)://, s3://, gs://, az://), "
               "followed by OUTPUT_DIR; or none, with --from-list."),
         show_default=False),
-    output_dir: Path = typer.Argument(
+    output_dir: str = typer.Argument(
         ..., metavar="OUTPUT_DIR", help="Output folder (created if absent; its parent must exist)."),
     fmt: str | None = _FORMAT_MANY, tile_size: int = _TILE_SIZE, compression: str = _COMPRESSION,
     quality: int = _QUALITY, psnr: float | None = _PSNR, region: tuple[int, int, int, int] | None = _REGION,
@@ -175,7 +176,15 @@ def export_many_cmd(
         region=region, level=level, overlap=overlap, threads=threads, overwrite=overwrite, background=background,
         max_pixels=max_pixels, on_error=on_error, no_label=no_label, no_associated=no_associated,
         from_source_levels=from_source_levels, verify=verify, storage_option=storage_option)
-    _export_batch(list(sources or []), from_list, output_dir, scheduler, quiet, options)
+    _export_batch(list(sources or []), from_list, _output_arg(output_dir, "OUTPUT_DIR"), scheduler, quiet, options)
+
+
+def _output_arg(raw: str, name: str) -> Path:
+    """The output argument as a path; an empty one (an unset shell variable, say) is a usage
+    error (exit 2), not the current folder, which is what a path made from ``""`` names."""
+    if not raw.strip():
+        raise fail(f"{name} is empty: give an output path", 2)
+    return Path(raw)
 
 
 def _resolve_format(fmt: str | None, output: Path | None) -> str:

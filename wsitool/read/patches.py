@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -146,8 +147,8 @@ def _positive_pair(value: Any, what: str, path: str, whole: bool) -> tuple[Any, 
         pair = (as_int(a, what, path), as_int(b, what, path))
     else:
         try:
-            if isinstance(a, bool) or isinstance(b, bool):
-                raise TypeError
+            if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (a, b)):
+                raise TypeError  # text and bytes too, which float() would take
             pair = (float(a), float(b))
         except (TypeError, ValueError):
             raise InvalidRegionError(f"{path}: {what} must be two numbers, got {value!r}") from None

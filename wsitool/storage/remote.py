@@ -42,6 +42,7 @@ import abc
 import bisect
 import concurrent.futures as cf
 import contextlib
+import math
 import os
 import random
 import threading
@@ -112,9 +113,17 @@ class RemoteOptions:
                 continue
             raw = options.pop(key)
             try:
-                value = int(raw) if key in ("retries", "concurrency") else float(raw)
+                if isinstance(raw, bool):
+                    raise TypeError
+                value = float(raw)
             except (TypeError, ValueError):
                 raise InvalidOptionError(f"storage option {key}: expected a number, got {raw!r}") from None
+            if not math.isfinite(value):
+                raise InvalidOptionError(f"storage option {key}: must be a finite number, got {raw!r}")
+            if key in ("retries", "concurrency"):
+                if not value.is_integer():  # 1.5 retries was silently 1
+                    raise InvalidOptionError(f"storage option {key}: expected a whole number, got {raw!r}")
+                value = int(value)
             if value < 0 or (value == 0 and key not in ("retries", "backoff")):
                 raise InvalidOptionError(f"storage option {key}: must be positive, got {raw!r}")
             if key == "concurrency" and value > MAX_CONCURRENCY:
