@@ -100,6 +100,19 @@ def _region_reader(path, rng, *, sizes=(48, 400), level=0, **kwargs):
     return step, slide.close
 
 
+def _levels_reader(path, rng, stack, levels, sizes):
+    """A step reading a random region of one of ``levels`` of ``path`` (each level its own
+    reader, closed with ``stack``)."""
+    readers = [_region_reader(path, rng, threads=1, level=L, sizes=sizes) for L in levels]
+    for _step, close in readers:
+        stack.callback(close)
+
+    def step():
+        rng.choice(readers)[0]()
+
+    return step
+
+
 def _paths_ctx(**changes):
     from wsitool import settings
 
@@ -128,14 +141,7 @@ def path_ndpi_splice(rng, stack):
     stack.enter_context(_paths_ctx(native=True))
     if not jpegloop.status().startswith("in use"):
         raise Skip(f"the compiled JPEG loop is {jpegloop.status()}")
-    readers = [_region_reader(NDPI, rng, threads=1, level=L, sizes=(24, 400)) for L in (0, 1, 2)]
-    for _step, close in readers:
-        stack.callback(close)
-
-    def step():
-        rng.choice(readers)[0]()
-
-    return step, "wsitool.codec.jpegloop:RegionJobs.run"
+    return _levels_reader(NDPI, rng, stack, (0, 1, 2), (24, 400)), "wsitool.codec.jpegloop:RegionJobs.run"
 
 
 def path_jpeg_nvimgcodec(rng, stack):
@@ -205,14 +211,7 @@ def path_scaled_jpeg(rng, stack):
     """NDPI levels made by scaled JPEG decoding (Pillow ``draft``, 1/2 to 1/8), no cache."""
     if not NDPI.exists():
         raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {NDPI.name})")
-    readers = [_region_reader(NDPI, rng, threads=1, level=L, sizes=(8, 60)) for L in (4, 5, 6)]
-    for _step, close in readers:
-        stack.callback(close)
-
-    def step():
-        rng.choice(readers)[0]()
-
-    return step, "wsitool.codec.generic:decode_scaled"
+    return _levels_reader(NDPI, rng, stack, (4, 5, 6), (8, 60)), "wsitool.codec.generic:decode_scaled"
 
 
 def path_associated(rng, stack):

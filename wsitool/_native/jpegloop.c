@@ -527,6 +527,22 @@ static void scatter_jobs(const Scatter* sc, const Plan* p, Py_ssize_t k0, Py_ssi
     }
 }
 
+/* Where a w x h decode goes: straight into the output at (dy0, dx0) when it is RGB, else
+ * into the RGB scratch of batch slot `slot` (widened to RGBA after the decode); *row_stride
+ * set; NULL when that scratch cannot be had. */
+static unsigned char* decode_target(Decoder* self, const Plan* p, int slot, int64_t dy0, int64_t dx0, int64_t w,
+                                    int64_t h, size_t* row_stride, Tally* t)
+{
+    if (p->channels == 3) {
+        *row_stride = (size_t)(p->out_w * 3);
+        return p->out + (size_t)dy0 * *row_stride + (size_t)dx0 * 3;
+    }
+    if (!reserve(&self->rgb_buf[slot], &self->rgb_cap[slot], (size_t)(w * h * 3), &t->allocations))
+        return NULL;
+    *row_stride = (size_t)w * 3;
+    return self->rgb_buf[slot];
+}
+
 /* The per-interval (per-tile) path: each job its own code stream. */
 static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t,
                           const Scatter* sc)
@@ -670,21 +686,15 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
             }
         }
         int64_t w = sx1 - sx0, h = sy1 - sy0;
-        unsigned char* target;
         size_t row_stride;
-        if (p->channels == 3) {
-            row_stride = (size_t)(p->out_w * 3);
-            target = p->out + (size_t)dy0 * row_stride + (size_t)dx0 * 3;
-        } else {
-            if (!reserve(&self->rgb_buf[n], &self->rgb_cap[n], (size_t)(w * h * 3), &t->allocations)) {
-                release(e);
-                fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
-                continue;
-            }
-            e->rgb = self->rgb_buf[n];
-            row_stride = (size_t)w * 3;
-            target = e->rgb;
+        unsigned char* target = decode_target(self, p, n, dy0, dx0, w, h, &row_stride, t);
+        if (target == NULL) {
+            release(e);
+            fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
+            continue;
         }
+        if (p->channels != 3)
+            e->rgb = target;
         nvimgcodecImageInfo_t img;
         fill_image_info(&img, target, w, h, row_stride);
         st = api.image_create(api.instance, &e->image, &img);
@@ -896,17 +906,10 @@ static int splice_band(Decoder* self, const Plan* p, size_t sof, Py_ssize_t k0, 
         if (api.sub_stream(e.stream, &e.sub, &view) != NVIMGCODEC_STATUS_SUCCESS || e.sub == NULL)
             goto done;
     }
-    unsigned char* target;
     size_t row_stride;
-    if (p->channels == 3) {
-        row_stride = (size_t)(p->out_w * 3);
-        target = p->out + (size_t)dy0 * row_stride + (size_t)dx0 * 3;
-    } else {
-        if (!reserve(&self->rgb_buf[0], &self->rgb_cap[0], (size_t)(w * h * 3), &t->allocations))
-            goto done;
-        row_stride = (size_t)w * 3;
-        target = self->rgb_buf[0];
-    }
+    unsigned char* target = decode_target(self, p, 0, dy0, dx0, w, h, &row_stride, t);
+    if (target == NULL)
+        goto done;
     fill_image_info(&info, target, w, h, row_stride);
     if (api.image_create(api.instance, &e.image, &info) != NVIMGCODEC_STATUS_SUCCESS || e.image == NULL)
         goto done;
