@@ -207,7 +207,7 @@ class ObjectStoreTransport(Transport):
         parts = urllib.parse.urlsplit(url)
         if not parts.netloc or not parts.path.lstrip("/"):
             raise InvalidOptionError(f"{shown}: a {scheme}:// slide URL names a bucket and an object "
-                           f"({scheme}://bucket/path/slide.svs)")
+                                     f"({scheme}://bucket/path/slide.svs)")
         where = BucketURL.parse(url)
         self.shown, self.protocol, self.key = shown, where.protocol, where.key
         self._where, self._options, self._timeout = where, dict(options), timeout
