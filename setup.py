@@ -1,7 +1,10 @@
 """Build of the optional compiled parts; everything else is in pyproject.toml.
 
 * ``wsitool._jpegloop``: the JPEG tile loop of region reads
-  (:mod:`wsitool.codec.jpegloop`).  Compiled against nvImageCodec's C header
+  (:mod:`wsitool.codec.jpegloop`), which decodes through libjpeg-turbo's
+  libjpeg API: linked with ``-ljpeg``, its ``jpeglib.h`` needed at build time
+  (Debian/Ubuntu ``libjpeg-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew
+  ``jpeg-turbo``).  Compiled against nvImageCodec's C header
   (``include/nvimgcodec.h`` of the ``nvidia-nvimgcodec-cu12`` package, a build
   requirement where that package has wheels); it does not link the library:
   :mod:`wsitool.codec.jpegloop` hands it the path of the library the package
@@ -32,7 +35,8 @@ from setuptools.errors import BaseError, CCompilerError
 
 #: What takes the place of each optional extension when it is skipped.
 INSTEAD = {
-    "wsitool._jpegloop": "JPEG tiles are decoded on the Python path (the same pixels)",
+    "wsitool._jpegloop": ("JPEG tiles are decoded on the Python path by nvImageCodec (the same pixels, but "
+                          "corrupt JPEG data is not detected)"),
     "wsitool._boxfilter": "the export pyramid halves levels with numpy (the same pixels)",
 }
 
@@ -40,6 +44,17 @@ INSTEAD = {
 def skipped(name: str, why: str) -> None:
     """Say in one line (on stderr, in the build log) that extension ``name`` is not built, and why."""
     print(f"wsitool build: skipped optional extension {name}: {why}; {INSTEAD[name]}", file=sys.stderr)
+
+
+def jpeglib_found() -> bool:
+    """True when ``jpeglib.h`` is in a folder the C compiler searches by default (or in
+    ``CPATH`` / ``C_INCLUDE_PATH``): libjpeg-turbo's development files are installed."""
+    folders = ["/usr/include", "/usr/local/include", "/opt/homebrew/include"]
+    folders += [os.path.join("/usr/include", d) for d in os.listdir("/usr/include")
+                if d.endswith("-linux-gnu")] if os.path.isdir("/usr/include") else []
+    for var in ("CPATH", "C_INCLUDE_PATH"):
+        folders += [f for f in os.environ.get(var, "").split(os.pathsep) if f]
+    return any(os.path.isfile(os.path.join(f, "jpeglib.h")) for f in folders)
 
 
 def nvimgcodec_include() -> tuple[str | None, str]:
@@ -91,6 +106,9 @@ if os.name != "posix":
     skipped("wsitool._jpegloop", f"it needs dlopen and pread (POSIX), not available on {sys.platform}")
 elif include is None:
     skipped("wsitool._jpegloop", why_not)
+elif not jpeglib_found():
+    skipped("wsitool._jpegloop", "libjpeg-turbo's jpeglib.h is not installed (Debian/Ubuntu: apt install libjpeg-dev; "
+            "Fedora: dnf install libjpeg-turbo-devel)")
 else:
     ext_modules.append(Extension(
         "wsitool._jpegloop",
@@ -99,7 +117,7 @@ else:
         # (named in depends so that the sdist carries it).
         include_dirs=["wsitool/_native", include],
         depends=["wsitool/_native/cuda_runtime_api.h"],
-        libraries=["dl", "pthread"],
+        libraries=["jpeg", "dl", "pthread"],
         extra_compile_args=["-O3", "-std=c11", "-Wall"],
         optional=True,
     ))

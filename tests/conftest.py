@@ -94,11 +94,12 @@ def sample_jpeg() -> Path:
 
 @pytest.fixture
 def python_path(monkeypatch):
-    """Turn the compiled JPEG tile loop off for this test: for tests of the Python
-    read path's own machinery (its batches, scratch images, block destinations)."""
+    """Turn the compiled JPEG tile loop off for this test, and decode JPEG with nvImageCodec:
+    for tests of the Python read path's own machinery (its nvImageCodec batches, scratch
+    images, block destinations)."""
     from wsitool.settings import decode_paths
 
-    with decode_paths(native=False):
+    with decode_paths(native=False, libjpeg=False):
         yield
 
 

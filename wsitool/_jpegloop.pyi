@@ -1,6 +1,7 @@
 """Type stub of ``wsitool._jpegloop``, compiled from ``wsitool/_native/jpegloop.c``.
 
-The per-tile loop of JPEG region reads against nvImageCodec's C API; its Python
+The per-tile loop of JPEG region reads: header checks through nvImageCodec's C API,
+decoding through libjpeg-turbo's libjpeg API (corrupt data an error); its Python
 face and contract are in :mod:`wsitool.codec.jpegloop`.  Optional: the module is
 absent where it was not built (see ``setup.py``).
 """
@@ -12,7 +13,7 @@ from _typeshed import ReadableBuffer, WriteableBuffer
 #: ``NVIMGCODEC_VER`` of the nvimgcodec.h the module was compiled against
 #: (major * 1000 + minor * 100 + patch); ``load`` refuses another library version.
 HEADER_VERSION: int
-#: Most tiles one ``Decoder.decode_tiles`` call decodes per nvImageCodec call.
+#: Most tiles one ``Decoder.decode_tiles`` call reads before it decodes them.
 MAX_BATCH: int
 #: Present (1) when ``decode_tiles`` takes ``scan_segments`` (NDPI restart intervals).
 SCAN_SEGMENTS: int
@@ -21,8 +22,14 @@ SCATTER: int
 #: Present (1) when ``decode_tiles`` splices an NDPI band's restart intervals into one code
 #: stream and returns the ``spliced`` count.
 SPLICE: int
+#: Present (1) when tiles are decoded by libjpeg-turbo's API (failures carry its message) and
+#: :func:`decode_jpeg` exists.
+LIBJPEG: int
+#: ``JPEG_LIB_VERSION`` of the jpeglib.h the module was compiled against (62 for libjpeg-turbo's
+#: default ABI).
+LIBJPEG_VERSION: int
 
-# Failure codes of the ``(job, code, a, b)`` entries ``decode_tiles`` returns
+# Failure codes of the ``(job, code, a, b, message)`` entries ``decode_tiles`` returns
 # (the meaning of ``a`` and ``b`` per code: wsitool.codec.jpegloop.RegionJobs._failed).
 F_PAST_EOF: int
 F_SHORT_READ: int
@@ -55,12 +62,20 @@ def scatter(src: ReadableBuffer, dest: WriteableBuffer, pieces: ReadableBuffer, 
     before any copy).
     """
 
-def _fail_batch_calls(n: int, /) -> None:
-    """Test hook: the next ``n`` decode calls of more than one tile fail as a whole."""
+def decode_jpeg(stream: ReadableBuffer, out: WriteableBuffer, x0: int, y0: int, x1: int, y1: int, /) -> str | None:
+    """Decode the window ``[x0, x1) x [y0, y1)`` of a complete JPEG code stream as RGB into ``out``.
+
+    ``out``: a writable ``(y1 - y0, x1 - x0, 3)`` uint8 buffer, pixels packed, rows at
+    least a row apart (a numpy view of a larger C-contiguous array).  The GIL is released.
+    Returns None when decoded, else libjpeg-turbo's message: an error, or one of its warnings
+    that the entropy-coded data is corrupt (``Corrupt JPEG data: ...``), which stop the
+    decode here; the window's pixels are then undefined.  Raises ValueError for an ``out``
+    of another shape, dtype or layout, or an empty window.
+    """
 
 @final
 class Decoder:
-    """One CPU-only nvImageCodec decoder (one libjpeg-turbo thread) and its reusable buffers.
+    """The reusable buffers of one thread's tile loop (tile bytes, RGB scratch, a crop row).
 
     Raises RuntimeError when created before :func:`load`.  Calls are serialised
     by the decoder's own mutex; wsitool keeps one per thread.
@@ -83,7 +98,7 @@ class Decoder:
         dest: WriteableBuffer | None = None,
         pieces: ReadableBuffer | None = None,
         /,
-    ) -> tuple[int, int, int, int, int, int, int, int, list[tuple[int, int, int, int]]]:
+    ) -> tuple[int, int, int, int, int, int, int, int, list[tuple[int, int, int, int, str]]]:
         """Decode jobs ``[j0, j1)`` of a region's tiles into ``out``, GIL released.
 
         Args:
@@ -95,7 +110,7 @@ class Decoder:
             region: ``(rx, ry, cx0, cy0, cx1, cy1)`` in level pixels: the region's
                 origin and its part inside the level.
             j0, j1: the jobs (row-major over the region's tiles).
-            batch: tiles per nvImageCodec decode call, 1 .. ``MAX_BATCH``.
+            batch: tiles read before they are decoded, 1 .. ``MAX_BATCH``.
             scan_segments: 1 when the tiles are NDPI restart intervals.  Without chroma
                 subsampling, the intervals of each band of the call (the rest of a row, or
                 whole rows) are then decoded as one code stream spliced from them (a band
@@ -108,7 +123,8 @@ class Decoder:
             ``(direct, roi, scratch, missing, bytes_read, decoded, allocations,
             spliced, failures)``: tile counts, bytes read, buffers (re)allocated, the
             intervals decoded in spliced bands (counted in ``decoded`` too), and the
-            failed tiles as ``(job, code, a, b)`` with ``code`` one of ``F_*``.
+            failed tiles as ``(job, code, a, b, message)`` with ``code`` one of ``F_*``
+            (``message``: libjpeg-turbo's, for ``F_DECODE``; else empty).
             A bad tile never raises.
 
         Raises:

@@ -151,12 +151,21 @@ class DecodePaths:
             (:mod:`wsitool.codec.openjpeg`: only the code-blocks a partial tile
             needs) where libopenjp2 is available; when False they take the
             nvImageCodec path.
+        libjpeg: decode JPEG tiles on the CPU through libjpeg-turbo's own API in
+            the compiled extension (``wsitool._jpegloop``: the compiled loop, and
+            ``decode_jpeg`` for the Python path), where it is built: corrupt
+            entropy-coded data is then an error.  When False (or where the
+            extension is absent) nvImageCodec's CPU backend decodes them, the same
+            libjpeg-turbo with the same pixels, but it decodes corrupt data
+            without a word; the compiled loop is then not used either.
+            ``WSITOOL_NATIVE=0`` leaves this on (it turns off only the loop).
     """
 
     native: bool = True
     roi_decode: bool = True
     force_scratch: bool = False
     openjpeg: bool = True
+    libjpeg: bool = True
 
 
 def _paths_from_environment() -> DecodePaths:

@@ -144,9 +144,60 @@ def path_ndpi_splice(rng, stack):
     return _levels_reader(NDPI, rng, stack, (0, 1, 2), (24, 400)), "wsitool.codec.jpegloop:RegionJobs.run"
 
 
+def path_jpeg_corrupt(rng, stack):
+    """The compiled loop on tiles libjpeg-turbo stops on (flipped entropy-coded bytes: its
+    "Corrupt JPEG data" warnings made errors, a longjmp out of the decode each), read with
+    ``on_error="fill"``: every error path frees its decoder state."""
+    import warnings
+
+    from wsitool.codec import jpegloop
+
+    stack.enter_context(_paths_ctx(native=True))
+    if not jpegloop.status().startswith("in use"):
+        raise Skip(f"the compiled JPEG loop is {jpegloop.status()}")
+    bad = _flipped_copy(JPEG, stack)
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    step, close = _region_reader(bad, rng, threads=1, on_error="fill")
+    stack.callback(close)
+    return step, "wsitool.codec.jpegloop:RegionJobs.run"
+
+
+def _flipped_copy(path, stack):
+    """A copy of ``path`` (in a temporary folder removed with ``stack``) whose level-0 tiles,
+    every other one, have 40 bytes inverted a third of the way in."""
+    import wsitool
+    from wsitool.slide import pyramid_levels
+
+    with wsitool.open_slide(path) as slide:
+        lv = pyramid_levels(slide)[0]
+        spans = list(zip(lv.tiles.offsets.tolist(), lv.tiles.bytecounts.tolist(), strict=True))[::2]
+    data = bytearray(Path(path).read_bytes())
+    for offset, count in spans:
+        at = offset + count // 3
+        data[at:at + 40] = bytes(b ^ 0xFF for b in data[at:at + 40])
+    folder = stack.enter_context(tempfile.TemporaryDirectory())
+    out = Path(folder) / Path(path).name
+    out.write_bytes(bytes(data))
+    return out
+
+
+def path_jpeg_libjpeg(rng, stack):
+    """Aperio JPEG tiles through the Python path, decoded by libjpeg-turbo's API in the
+    extension (``wsitool._jpegloop.decode_jpeg``; whole tiles and windows)."""
+    from wsitool.codec import jpegloop
+
+    stack.enter_context(_paths_ctx(native=False, libjpeg=True))
+    if jpegloop._load() is None:
+        raise Skip(f"the compiled extension: {jpegloop.status()}")
+    step, close = _region_reader(JPEG, rng, threads=1)
+    stack.callback(close)
+    return step, "wsitool.codec.nvdecode:_decode_libjpeg"
+
+
 def path_jpeg_nvimgcodec(rng, stack):
     """Aperio JPEG tiles through nvImageCodec's CPU decoder (whole tiles and ROI decodes)."""
-    stack.enter_context(_paths_ctx(native=False))
+    stack.enter_context(_paths_ctx(native=False, libjpeg=False))
     step, close = _region_reader(JPEG, rng, threads=1)
     stack.callback(close)
     return step, NV_PLAN
@@ -372,6 +423,8 @@ PATHS = {
     "patches": path_patches,
     "jpeg-loop": path_jpeg_loop,
     "ndpi-splice": path_ndpi_splice,
+    "jpeg-corrupt": path_jpeg_corrupt,
+    "jpeg-libjpeg": path_jpeg_libjpeg,
     "jpeg-nvimgcodec": path_jpeg_nvimgcodec,
     "j2k-openjpeg": path_j2k_openjpeg,
     "j2k-reduced": path_j2k_reduced,

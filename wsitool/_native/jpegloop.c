@@ -6,33 +6,34 @@
  * restart intervals of a Hamamatsu NDPI level, "scan segments", the whole
  * header SOI..SOS in front of the bare segment, whose final RSTn marker
  * becomes EOI: see TileEncoding.jpeg_scan_segments), check them
- * (segment inside the file, full read, SOI, readable header, header size equal
- * to the tile grid cell, wanted rectangle inside the tile), make nvImageCodec
- * code streams (a sub-code-stream with a region for partial tiles) and images
- * that point into the caller's output, decode up to `batch` tiles in one
- * nvimgcodecDecoderDecode call, and check every tile's processing status.
- * NDPI restart intervals without chroma subsampling are decoded a band at a
- * time, spliced into one code stream (see splice_band), where they can be.
+ * (segment inside the file, full read, SOI, a header nvImageCodec can parse,
+ * header size equal to the tile grid cell, wanted rectangle inside the tile),
+ * then decode the wanted window of each with libjpeg-turbo's libjpeg API
+ * straight into the caller's output (lj_decode: corrupt entropy-coded data,
+ * which libjpeg only warns about and nvImageCodec's CPU backend lets through,
+ * fails the tile).  NDPI restart intervals without chroma subsampling are
+ * decoded a band at a time, spliced into one code stream (see splice_band),
+ * where they can be.  decode_jpeg() is the same decode for the Python path.
  *
  * It is the same plan and the same checks as the Python path in
  * wsitool/read/worker.py (TileWorker), wsitool/codec/tilebytes.py
- * (read_tile_stream) and wsitool/codec/nvdecode.py (plan_decode,
- * check_decoded), which stays the reference: tests pin this
- * loop to it pixel for pixel and error for error.  Only the per-tile Python
- * calls (about 30 us a tile against about 300 us of decoding) are gone, and
- * the GIL is released for the whole call.
+ * (read_tile_stream) and wsitool/codec/nvdecode.py (plan_decode), which stays
+ * the reference: tests pin this loop to it pixel for pixel and error for
+ * error, and the decode to nvImageCodec's (tests/codec/test_libjpeg.py).  Only
+ * the per-tile Python calls (about 30 us a tile against about 300-600 us of
+ * decoding) are gone, and the GIL is released for the whole call.
  *
- * The library is not linked: wsitool.codec.jpegloop passes the path of the
- * libnvimgcodec.so.0 that the nvidia-nvimgcodec package loaded, and the
- * functions are looked up with dlsym.  The version the library reports must
- * equal the version of the header this file was compiled with (the structure
- * layouts are that header's), else load() refuses and wsitool keeps its
- * Python path.
+ * libjpeg-turbo is linked (-ljpeg, its jpeglib.h at build time).  nvImageCodec
+ * is not: wsitool.codec.jpegloop passes the path of the libnvimgcodec.so.0 that
+ * the nvidia-nvimgcodec package loaded, and the functions are looked up with
+ * dlsym.  The version the library reports must equal the version of the header
+ * this file was compiled with (the structure layouts are that header's), else
+ * load() refuses and wsitool keeps its Python path.
  *
  * Errors are not raised from here: each failed tile is zero-filled in the
  * output (transparent background, as the Python path does) and reported as
- * (job index, code, a, b); wsitool.codec.jpegloop turns that into the same
- * TileDecodeError message the Python path gives.
+ * (job index, code, a, b, message); wsitool.codec.jpegloop turns that into the
+ * same TileDecodeError message the Python path gives.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,6 +41,8 @@
 #include <dlfcn.h>
 #include <stddef.h> /* nvimgcodec.h uses ptrdiff_t without including it */
 #include <errno.h>
+#include <setjmp.h>
+#include <stdio.h> /* jpeglib.h uses FILE and size_t */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -47,6 +50,8 @@
 #include <unistd.h>
 
 #include "nvimgcodec.h"
+#include <jpeglib.h>
+#include <jerror.h>
 
 /* Failure codes, exported to Python as F_* module constants (wsitool/codec/jpegloop.py reads them). */
 enum {
@@ -59,7 +64,7 @@ enum {
     F_OUTSIDE = 7,     /* a = declared width, b = declared height */
     F_SUBSTREAM = 8,   /* a = nvImageCodec status */
     F_IMAGE = 9,       /* a = nvImageCodec status */
-    F_DECODE = 10,     /* a = processing status (0: none reported), b = call status */
+    F_DECODE = 10,     /* libjpeg-turbo's message in the failure's msg */
     F_NO_SEGMENT = 11, /* a = segment index, b = number of segments */
     F_NO_MEMORY = 12,
 };
@@ -74,39 +79,18 @@ enum {
 
 typedef nvimgcodecStatus_t (*GetProperties_t)(nvimgcodecProperties_t*);
 typedef nvimgcodecStatus_t (*InstanceCreate_t)(nvimgcodecInstance_t*, const nvimgcodecInstanceCreateInfo_t*);
-typedef nvimgcodecStatus_t (*DecoderCreate_t)(nvimgcodecInstance_t, nvimgcodecDecoder_t*,
-                                              const nvimgcodecExecutionParams_t*, const char*);
-typedef nvimgcodecStatus_t (*DecoderDestroy_t)(nvimgcodecDecoder_t);
 typedef nvimgcodecStatus_t (*StreamFromMem_t)(nvimgcodecInstance_t, nvimgcodecCodeStream_t*,
                                               const unsigned char*, size_t, const nvimgcodecCodeStreamView_t*);
 typedef nvimgcodecStatus_t (*StreamDestroy_t)(nvimgcodecCodeStream_t);
-typedef nvimgcodecStatus_t (*SubStream_t)(nvimgcodecCodeStream_t, nvimgcodecCodeStream_t*,
-                                          const nvimgcodecCodeStreamView_t*);
 typedef nvimgcodecStatus_t (*StreamImageInfo_t)(nvimgcodecCodeStream_t, nvimgcodecImageInfo_t*);
-typedef nvimgcodecStatus_t (*ImageCreate_t)(nvimgcodecInstance_t, nvimgcodecImage_t*, const nvimgcodecImageInfo_t*);
-typedef nvimgcodecStatus_t (*ImageDestroy_t)(nvimgcodecImage_t);
-typedef nvimgcodecStatus_t (*Decode_t)(nvimgcodecDecoder_t, const nvimgcodecCodeStream_t*, const nvimgcodecImage_t*,
-                                       int, const nvimgcodecDecodeParams_t*, nvimgcodecFuture_t*);
-typedef nvimgcodecStatus_t (*FutureWait_t)(nvimgcodecFuture_t);
-typedef nvimgcodecStatus_t (*FutureStatus_t)(nvimgcodecFuture_t, nvimgcodecProcessingStatus_t*, size_t*);
-typedef nvimgcodecStatus_t (*FutureDestroy_t)(nvimgcodecFuture_t);
 
 static struct {
     void* lib;
     GetProperties_t get_properties;
     InstanceCreate_t instance_create;
-    DecoderCreate_t decoder_create;
-    DecoderDestroy_t decoder_destroy;
     StreamFromMem_t stream_from_mem;
     StreamDestroy_t stream_destroy;
-    SubStream_t sub_stream;
     StreamImageInfo_t stream_image_info;
-    ImageCreate_t image_create;
-    ImageDestroy_t image_destroy;
-    Decode_t decode;
-    FutureWait_t future_wait;
-    FutureStatus_t future_status;
-    FutureDestroy_t future_destroy;
     nvimgcodecInstance_t instance;
     unsigned version;
 } api;
@@ -136,18 +120,9 @@ static PyObject* jl_load(PyObject* self, PyObject* args)
     int missing = 0;
     api.get_properties = (GetProperties_t)need("nvimgcodecGetProperties", &missing);
     api.instance_create = (InstanceCreate_t)need("nvimgcodecInstanceCreate", &missing);
-    api.decoder_create = (DecoderCreate_t)need("nvimgcodecDecoderCreate", &missing);
-    api.decoder_destroy = (DecoderDestroy_t)need("nvimgcodecDecoderDestroy", &missing);
     api.stream_from_mem = (StreamFromMem_t)need("nvimgcodecCodeStreamCreateFromHostMem", &missing);
     api.stream_destroy = (StreamDestroy_t)need("nvimgcodecCodeStreamDestroy", &missing);
-    api.sub_stream = (SubStream_t)need("nvimgcodecCodeStreamGetSubCodeStream", &missing);
     api.stream_image_info = (StreamImageInfo_t)need("nvimgcodecCodeStreamGetImageInfo", &missing);
-    api.image_create = (ImageCreate_t)need("nvimgcodecImageCreate", &missing);
-    api.image_destroy = (ImageDestroy_t)need("nvimgcodecImageDestroy", &missing);
-    api.decode = (Decode_t)need("nvimgcodecDecoderDecode", &missing);
-    api.future_wait = (FutureWait_t)need("nvimgcodecFutureWaitForAll", &missing);
-    api.future_status = (FutureStatus_t)need("nvimgcodecFutureGetProcessingStatus", &missing);
-    api.future_destroy = (FutureDestroy_t)need("nvimgcodecFutureDestroy", &missing);
     if (missing) {
         PyErr_Format(PyExc_ImportError, "%s lacks functions of the nvImageCodec C API", lib_path);
         return NULL;
@@ -188,22 +163,11 @@ static PyObject* jl_load(PyObject* self, PyObject* args)
 
 /* Test hook: the next N batch decode calls (of more than one tile) fail as a
  * whole without decoding, so the tests can reach the tile-by-tile retry. */
-static atomic_int fail_batch_calls;
-
-static PyObject* jl_fail_batch_calls(PyObject* self, PyObject* args)
-{
-    int n;
-    if (!PyArg_ParseTuple(args, "i", &n))
-        return NULL;
-    atomic_store(&fail_batch_calls, n < 0 ? 0 : n);
-    Py_RETURN_NONE;
-}
-
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
     PyObject_HEAD
-    nvimgcodecDecoder_t decoder;
+    int ready; /* __init__ ran (after load()) */
     pthread_mutex_t mutex;
     /* the tile bytes of one call, one after another: one buffer per thread, grown
      * by doubling to the largest call's total (one per batch slot, each at least
@@ -212,6 +176,9 @@ typedef struct {
     size_t arena_cap;
     unsigned char* rgb_buf[MAX_BATCH];
     size_t rgb_cap[MAX_BATCH];
+    /* one output row of a crop whose libjpeg window is wider than the wanted part */
+    unsigned char* row;
+    size_t row_cap;
 } Decoder;
 
 static int Decoder_init(Decoder* self, PyObject* args, PyObject* kwds)
@@ -220,31 +187,7 @@ static int Decoder_init(Decoder* self, PyObject* args, PyObject* kwds)
         PyErr_SetString(PyExc_RuntimeError, "wsitool._jpegloop.load() was not called");
         return -1;
     }
-    if (self->decoder != NULL)
-        return 0;
-    nvimgcodecBackend_t backend;
-    memset(&backend, 0, sizeof backend);
-    backend.struct_type = NVIMGCODEC_STRUCTURE_TYPE_BACKEND;
-    backend.struct_size = sizeof backend;
-    backend.kind = NVIMGCODEC_BACKEND_KIND_CPU_ONLY;
-    backend.params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_BACKEND_PARAMS;
-    backend.params.struct_size = sizeof backend.params;
-    backend.params.load_hint = 1.0f;
-    backend.params.load_hint_policy = NVIMGCODEC_LOAD_HINT_POLICY_FIXED;
-    nvimgcodecExecutionParams_t exec;
-    memset(&exec, 0, sizeof exec);
-    exec.struct_type = NVIMGCODEC_STRUCTURE_TYPE_EXECUTION_PARAMS;
-    exec.struct_size = sizeof exec;
-    exec.max_num_cpu_threads = 1;
-    exec.device_id = NVIMGCODEC_DEVICE_CPU_ONLY;
-    exec.num_backends = 1;
-    exec.backends = &backend;
-    nvimgcodecStatus_t st = api.decoder_create(api.instance, &self->decoder, &exec, NULL);
-    if (st != NVIMGCODEC_STATUS_SUCCESS || self->decoder == NULL) {
-        self->decoder = NULL;
-        PyErr_Format(PyExc_RuntimeError, "nvimgcodecDecoderCreate failed (status %d)", (int)st);
-        return -1;
-    }
+    self->ready = 1;
     return 0;
 }
 
@@ -258,9 +201,8 @@ static PyObject* Decoder_new(PyTypeObject* type, PyObject* args, PyObject* kwds)
 
 static void Decoder_dealloc(Decoder* self)
 {
-    if (self->decoder != NULL)
-        api.decoder_destroy(self->decoder);
     free(self->arena);
+    free(self->row);
     for (int i = 0; i < MAX_BATCH; i++)
         free(self->rgb_buf[i]);
     pthread_mutex_destroy(&self->mutex);
@@ -306,6 +248,7 @@ typedef struct {
     Py_ssize_t job;
     int code;
     long long a, b;
+    char msg[JMSG_LENGTH_MAX]; /* F_DECODE: libjpeg-turbo's message */
 } Failure;
 
 typedef struct {
@@ -319,9 +262,13 @@ typedef struct {
     Py_ssize_t job;
     int how; /* 0 direct, 1 roi */
     int64_t dy0, dy1, dx0, dx1;
-    nvimgcodecCodeStream_t stream, sub;
-    nvimgcodecImage_t image;
+    nvimgcodecCodeStream_t stream; /* for the header check only */
     unsigned char* rgb; /* RGBA output: the RGB scratch decoded into */
+    const unsigned char* data; /* the complete code stream (in the arena) */
+    size_t len;
+    int64_t sx0, sy0, sx1, sy1; /* the wanted rectangle of the tile */
+    unsigned char* target;      /* where its pixel (sx0, sy0) goes; rows `stride` bytes apart */
+    size_t stride;
 } Pending;
 
 static void zero_rect(const Plan* p, int64_t dy0, int64_t dy1, int64_t dx0, int64_t dx1)
@@ -351,18 +298,23 @@ static void fail(Tally* t, const Plan* p, Py_ssize_t job, int code, long long a,
     f->code = code;
     f->a = a;
     f->b = b;
+    f->msg[0] = '\0';
+}
+
+/* fail() with F_DECODE and libjpeg-turbo's message. */
+static void fail_decode(Tally* t, const Plan* p, const Pending* e, const char* msg)
+{
+    Py_ssize_t before = t->n_failures;
+    fail(t, p, e->job, F_DECODE, 0, 0, e->dy0, e->dy1, e->dx0, e->dx1);
+    if (t->n_failures > before)
+        snprintf(t->failures[before].msg, JMSG_LENGTH_MAX, "%s", msg);
 }
 
 static void release(Pending* q)
 {
-    if (q->image != NULL)
-        api.image_destroy(q->image);
-    if (q->sub != NULL)
-        api.stream_destroy(q->sub);
     if (q->stream != NULL)
         api.stream_destroy(q->stream);
-    q->image = NULL;
-    q->sub = q->stream = NULL;
+    q->stream = NULL;
 }
 
 /* Write the (h, w, 3) RGB pixels at rgb into the output as opaque RGBA
@@ -385,102 +337,185 @@ static void widen(const Plan* p, const unsigned char* rgb, int64_t dy0, int64_t 
     }
 }
 
-/* Decode the pending tiles in one call and check each; releases them all.
+/* ------------------------------------------------------------------------
+ * The decode itself: libjpeg-turbo's libjpeg API, straight into the caller's rows.
  *
- * Thread safety: each thread has its own Decoder (decoder, buffers, mutex);
- * code streams and images are made per tile.  The shared instance is only
+ * nvImageCodec's CPU JPEG backend is libjpeg-turbo too, but it reports success
+ * when libjpeg only warns, and libjpeg warns (and goes on, filling in what it
+ * cannot read) for corrupt entropy-coded data: a marker where Huffman data should
+ * be ("premature end of data segment"), bytes left over before a marker, a bad
+ * Huffman code, a restart marker out of sequence (jerror.h, the JWRN_ codes).  Such
+ * a tile decodes to wrong pixels without a word.  Here every one of those warnings
+ * ends the decode as an error, with libjpeg's own message (as OpenSlide treats
+ * libjpeg warnings).  Warnings about metadata (an unknown JFIF revision or Adobe
+ * transform code) do not touch pixels and are ignored.
+ *
+ * The window: jpeg_crop_scanline() for the columns (it widens them to whole iMCU
+ * columns), jpeg_skip_scanlines() for the rows above it, as nvImageCodec's backend
+ * does, so the pixels are the ones its ROI decode gives (tests pin them). */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char* msg; /* JMSG_LENGTH_MAX bytes */
+} LjError;
+
+static void lj_error_exit(j_common_ptr c)
+{
+    LjError* e = (LjError*)c->err;
+    (*c->err->format_message)(c, e->msg);
+    longjmp(e->jump, 1);
+}
+
+/* 1 for the warnings that mean the entropy-coded data (the pixels) is corrupt. */
+static int lj_corrupt_data(int code)
+{
+    switch (code) {
+    case JWRN_HIT_MARKER:      /* premature end of data segment */
+    case JWRN_EXTRANEOUS_DATA: /* N extraneous bytes before marker */
+    case JWRN_HUFF_BAD_CODE:   /* bad Huffman code */
+    case JWRN_ARITH_BAD_CODE:
+    case JWRN_JPEG_EOF:        /* premature end of JPEG file */
+    case JWRN_MUST_RESYNC:     /* restart marker out of sequence */
+    case JWRN_NOT_SEQUENTIAL:
+    case JWRN_BOGUS_PROGRESSION:
+    case JWRN_TOO_MUCH_DATA:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void lj_emit_message(j_common_ptr c, int level)
+{
+    if (level < 0) {
+        if (lj_corrupt_data(c->err->msg_code))
+            lj_error_exit(c);
+        c->err->num_warnings++;
+    }
+    /* trace messages (level >= 0): nothing */
+}
+
+/* Decode the rectangle [sx0, sx1) x [sy0, sy1) of the JPEG code stream data[0, n)
+ * as RGB into target (its pixel (sx0, sy0) first, rows stride bytes apart).  *row is a
+ * scratch of *row_cap bytes for one output row of a crop wider than the rectangle,
+ * grown here (before the decode starts; counted in *allocations).  1 when decoded;
+ * 0 with libjpeg's message (or why) in msg, JMSG_LENGTH_MAX bytes, when not: the
+ * rectangle's pixels are then undefined. */
+static int lj_decode(const unsigned char* data, size_t n, int64_t sx0, int64_t sy0, int64_t sx1, int64_t sy1,
+                     unsigned char* target, size_t stride, unsigned char** row, size_t* row_cap,
+                     long long* allocations, char* msg)
+{
+    struct jpeg_decompress_struct c;
+    LjError err;
+    c.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = lj_error_exit;
+    err.pub.emit_message = lj_emit_message;
+    err.msg = msg;
+    msg[0] = '\0';
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&c);
+        return 0;
+    }
+    jpeg_create_decompress(&c);
+    jpeg_mem_src(&c, data, (unsigned long)n);
+    jpeg_read_header(&c, TRUE);
+    if ((int64_t)c.image_width < sx1 || (int64_t)c.image_height < sy1) {
+        snprintf(msg, JMSG_LENGTH_MAX, "the frame (%u x %u) does not hold the window", c.image_width,
+                 c.image_height);
+        jpeg_destroy_decompress(&c);
+        return 0;
+    }
+    c.out_color_space = JCS_RGB;
+    /* the crop scratch: one row of the widest window, reserved before any decoding (no
+     * allocation between setjmp and a longjmp) */
+    size_t need = (size_t)c.image_width * 3;
+    if (!reserve(row, row_cap, need, allocations)) {
+        snprintf(msg, JMSG_LENGTH_MAX, "no memory for a %zu-byte row", need);
+        jpeg_destroy_decompress(&c);
+        return 0;
+    }
+    jpeg_start_decompress(&c);
+    JDIMENSION xoff = 0, width = c.output_width;
+    /* a window one column wide at the left edge: decoded whole-width (the crop would
+     * lose the fancy upsampling; wsitool.codec.nvdecode.narrow_jpeg_crop) */
+    int narrow = sx0 == 0 && sx1 == 1 && c.output_width > 1;
+    if (!narrow && (sx0 > 0 || sx1 < (int64_t)c.output_width)) {
+        /* one column more on each side that has one: jpeg_crop_scanline() aligns the
+         * window to iMCU columns, and a window edge on an iMCU boundary would otherwise
+         * be upsampled without the chroma beyond it (pixels off the whole-tile decode,
+         * by up to 3 levels on 4:2:0 tiles; nvImageCodec's backend widens the same way) */
+        int64_t left = sx0 > 0 ? sx0 - 1 : 0, right = sx1 < (int64_t)c.output_width ? sx1 + 1 : sx1;
+        xoff = (JDIMENSION)left;
+        width = (JDIMENSION)(right - left);
+        jpeg_crop_scanline(&c, &xoff, &width);
+    }
+    int direct = (int64_t)xoff == sx0 && (int64_t)width == sx1 - sx0;
+    if (sy0 > 0 && jpeg_skip_scanlines(&c, (JDIMENSION)sy0) != (JDIMENSION)sy0) {
+        snprintf(msg, JMSG_LENGTH_MAX, "could not skip to row %lld", (long long)sy0);
+        jpeg_destroy_decompress(&c);
+        return 0;
+    }
+    size_t wanted = (size_t)(sx1 - sx0) * 3, skip = (size_t)(sx0 - (int64_t)xoff) * 3;
+    JSAMPROW rows[16];
+    while ((int64_t)c.output_scanline < sy1) {
+        int64_t y = (int64_t)c.output_scanline - sy0;
+        JDIMENSION got;
+        if (direct) {
+            int64_t k = sy1 - (int64_t)c.output_scanline;
+            if (k > 16)
+                k = 16;
+            for (int64_t i = 0; i < k; i++)
+                rows[i] = target + (size_t)(y + i) * stride;
+            got = jpeg_read_scanlines(&c, rows, (JDIMENSION)k);
+        } else {
+            rows[0] = *row;
+            got = jpeg_read_scanlines(&c, rows, 1);
+            if (got == 1)
+                memcpy(target + (size_t)y * stride, *row + skip, wanted);
+        }
+        if (got == 0) {
+            snprintf(msg, JMSG_LENGTH_MAX, "no rows after row %u", c.output_scanline);
+            jpeg_destroy_decompress(&c);
+            return 0;
+        }
+    }
+    /* the whole frame read: finishing reads up to EOI, so bytes left over after the
+     * last MCU are reported too; a window above the bottom stops here */
+    if (c.output_scanline >= c.output_height)
+        jpeg_finish_decompress(&c);
+    jpeg_destroy_decompress(&c);
+    return 1;
+}
+
+/* Decode the pending tiles one after another and check each; releases them all.
+ *
+ * Thread safety: each thread has its own Decoder (buffers, mutex); the libjpeg
+ * state is made per tile.  The nvImageCodec instance (header parsing) is only
  * read: its codec registry does not change after creation, and every code
  * stream gets a parser of its own (nvImageCodec src/codec_registry.cpp,
  * CodecRegistry::getParser; src/code_stream.cpp). */
 static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
 {
-    if (n == 0)
-        return;
-    nvimgcodecCodeStream_t streams[MAX_BATCH];
-    nvimgcodecImage_t images[MAX_BATCH];
-    nvimgcodecProcessingStatus_t status[MAX_BATCH];
-    for (int i = 0; i < n; i++) {
-        streams[i] = q[i].sub != NULL ? q[i].sub : q[i].stream;
-        images[i] = q[i].image;
-        status[i] = NVIMGCODEC_PROCESSING_STATUS_UNKNOWN;
-    }
-    nvimgcodecDecodeParams_t params;
-    memset(&params, 0, sizeof params);
-    params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS;
-    params.struct_size = sizeof params;
-    /* EXIF orientation in a tile is ignored, as wsitool.codec.library.decode_params()
-     * does (with 1 and the identity orientation of our images it was ignored
-     * anyway, while the Python binding applied it). */
-    params.apply_exif_orientation = 0;
-    nvimgcodecFuture_t future = NULL;
-    nvimgcodecStatus_t call;
-    if (n > 1 && atomic_load(&fail_batch_calls) > 0) { /* test hook, see jl_fail_batch_calls */
-        atomic_fetch_sub(&fail_batch_calls, 1);
-        call = NVIMGCODEC_STATUS_EXECUTION_FAILED;
-    } else {
-        call = api.decode(self->decoder, streams, images, n, &params, &future);
-    }
-    size_t got = 0;
-    if (call == NVIMGCODEC_STATUS_SUCCESS && future != NULL) {
-        call = api.future_wait(future);
-        if (call == NVIMGCODEC_STATUS_SUCCESS) {
-            got = (size_t)n;
-            call = api.future_status(future, status, &got);
-        }
-    }
-    if (future != NULL)
-        api.future_destroy(future);
-    if (n > 1 && (call != NVIMGCODEC_STATUS_SUCCESS || got != (size_t)n)) {
-        /* The call as a whole failed: decode the tiles one by one, so only the
-         * bad one fails (as the Python path retries a failed batch call). */
-        for (int i = 0; i < n; i++)
-            flush(self, p, &q[i], 1, t);
-        return;
-    }
+    char msg[JMSG_LENGTH_MAX];
     for (int i = 0; i < n; i++) {
         Pending* e = &q[i];
-        int ok = call == NVIMGCODEC_STATUS_SUCCESS && got == (size_t)n
-                 && status[i] == NVIMGCODEC_PROCESSING_STATUS_SUCCESS;
-        if (!ok) {
-            fail(t, p, e->job, F_DECODE, (long long)status[i], (long long)call, e->dy0, e->dy1, e->dx0, e->dx1);
-        } else {
-            if (e->rgb != NULL) {
-                widen(p, e->rgb, e->dy0, e->dy1, e->dx0, e->dx1);
-                t->scratch++;
-            } else if (e->how == 0) {
-                t->direct++;
-            } else {
-                t->roi++;
-            }
-            t->decoded++;
-        }
         release(e);
+        if (!lj_decode(e->data, e->len, e->sx0, e->sy0, e->sx1, e->sy1, e->target, e->stride, &self->row,
+                       &self->row_cap, &t->allocations, msg)) {
+            fail_decode(t, p, e, msg);
+            continue;
+        }
+        if (e->rgb != NULL) {
+            widen(p, e->rgb, e->dy0, e->dy1, e->dx0, e->dx1);
+            t->scratch++;
+        } else if (e->how == 0) {
+            t->direct++;
+        } else {
+            t->roi++;
+        }
+        t->decoded++;
     }
-}
-
-static void fill_image_info(nvimgcodecImageInfo_t* info, unsigned char* buffer, int64_t w, int64_t h,
-                            size_t row_stride)
-{
-    memset(info, 0, sizeof *info);
-    info->struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_INFO;
-    info->struct_size = sizeof *info;
-    info->color_spec = NVIMGCODEC_COLORSPEC_SRGB;
-    info->chroma_subsampling = NVIMGCODEC_SAMPLING_NONE;
-    info->sample_format = NVIMGCODEC_SAMPLEFORMAT_I_RGB;
-    info->orientation.struct_type = NVIMGCODEC_STRUCTURE_TYPE_ORIENTATION;
-    info->orientation.struct_size = sizeof info->orientation;
-    info->num_planes = 1;
-    nvimgcodecImagePlaneInfo_t* pl = &info->plane_info[0];
-    pl->struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_PLANE_INFO;
-    pl->struct_size = sizeof *pl;
-    pl->width = (uint32_t)w;
-    pl->height = (uint32_t)h;
-    pl->row_stride = row_stride;
-    pl->num_channels = 3;
-    pl->sample_type = NVIMGCODEC_SAMPLE_DATA_TYPE_UINT8;
-    pl->precision = 8;
-    info->buffer = buffer;
-    info->buffer_kind = NVIMGCODEC_IMAGE_BUFFER_KIND_STRIDED_HOST;
 }
 
 /* Pieces of the output copied elsewhere as soon as their tiles are decoded (while
@@ -661,49 +696,25 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
             fail(t, p, k, F_OUTSIDE, width, height, dy0, dy1, dx0, dx1);
             continue;
         }
-        if (sx0 == 0 && sy0 == 0 && sx1 == width && sy1 == height) {
-            e->how = 0;
-        } else {
-            e->how = 1;
-            nvimgcodecCodeStreamView_t view;
-            memset(&view, 0, sizeof view);
-            view.struct_type = NVIMGCODEC_STRUCTURE_TYPE_CODE_STREAM_VIEW;
-            view.struct_size = sizeof view;
-            view.image_idx = 0;
-            view.region.struct_type = NVIMGCODEC_STRUCTURE_TYPE_REGION;
-            view.region.struct_size = sizeof view.region;
-            view.region.ndim = 2;
-            view.region.start[0] = (int)sy0;
-            view.region.start[1] = (int)sx0;
-            view.region.end[0] = (int)sy1;
-            view.region.end[1] = (int)sx1;
-            st = api.sub_stream(e->stream, &e->sub, &view);
-            if (st != NVIMGCODEC_STATUS_SUCCESS || e->sub == NULL) {
-                e->sub = NULL;
-                release(e);
-                fail(t, p, k, F_SUBSTREAM, (long long)st, 0, dy0, dy1, dx0, dx1);
-                continue;
-            }
-        }
+        release(e); /* the header is checked: libjpeg-turbo decodes from the bytes */
+        e->how = sx0 == 0 && sy0 == 0 && sx1 == width && sy1 == height ? 0 : 1;
         int64_t w = sx1 - sx0, h = sy1 - sy0;
         size_t row_stride;
         unsigned char* target = decode_target(self, p, n, dy0, dx0, w, h, &row_stride, t);
         if (target == NULL) {
-            release(e);
             fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
             continue;
         }
         if (p->channels != 3)
             e->rgb = target;
-        nvimgcodecImageInfo_t img;
-        fill_image_info(&img, target, w, h, row_stride);
-        st = api.image_create(api.instance, &e->image, &img);
-        if (st != NVIMGCODEC_STATUS_SUCCESS || e->image == NULL) {
-            e->image = NULL;
-            release(e);
-            fail(t, p, k, F_IMAGE, (long long)st, 0, dy0, dy1, dx0, dx1);
-            continue;
-        }
+        e->data = buf;
+        e->len = start + (size_t)count;
+        e->sx0 = sx0;
+        e->sy0 = sy0;
+        e->sx1 = sx1;
+        e->sy1 = sy1;
+        e->target = target;
+        e->stride = row_stride;
         if (++n == batch) {
             flush(self, p, q, n, t);
             n = 0;
@@ -783,30 +794,6 @@ static size_t splice_sof(const Plan* p)
     return height == p->tile_h && width == p->tile_w ? sof : 0;
 }
 
-/* Decode one code stream into one image; 1 when it decoded. */
-static int decode_one(Decoder* self, nvimgcodecCodeStream_t stream, nvimgcodecImage_t image)
-{
-    nvimgcodecDecodeParams_t params;
-    memset(&params, 0, sizeof params);
-    params.struct_type = NVIMGCODEC_STRUCTURE_TYPE_DECODE_PARAMS;
-    params.struct_size = sizeof params;
-    params.apply_exif_orientation = 0; /* as flush() */
-    nvimgcodecFuture_t future = NULL;
-    nvimgcodecProcessingStatus_t status = NVIMGCODEC_PROCESSING_STATUS_UNKNOWN;
-    size_t got = 0;
-    nvimgcodecStatus_t call = api.decode(self->decoder, &stream, &image, 1, &params, &future);
-    if (call == NVIMGCODEC_STATUS_SUCCESS && future != NULL) {
-        call = api.future_wait(future);
-        if (call == NVIMGCODEC_STATUS_SUCCESS) {
-            got = 1;
-            call = api.future_status(future, &status, &got);
-        }
-    }
-    if (future != NULL)
-        api.future_destroy(future);
-    return call == NVIMGCODEC_STATUS_SUCCESS && got == 1 && status == NVIMGCODEC_PROCESSING_STATUS_SUCCESS;
-}
-
 /* 1 when the n bytes at d hold a marker: an 0xFF byte not followed by a stuffed 0x00
  * (a fill byte before the closing marker counts too).  Entropy-coded data has none; a
  * corrupt interval with one is not spliced, so that whatever the decoder does at a
@@ -878,48 +865,17 @@ static int splice_band(Decoder* self, const Plan* p, size_t sof, Py_ssize_t k0, 
     int64_t ox0 = bx0 > p->cx0 ? bx0 : p->cx0, ox1 = bx0 + bw < p->cx1 ? bx0 + bw : p->cx1;
     int64_t oy0 = by0 > p->cy0 ? by0 : p->cy0, oy1 = by0 + bh < p->cy1 ? by0 + bh : p->cy1;
     int64_t w = ox1 - ox0, h = oy1 - oy0, dy0 = oy0 - p->ry, dx0 = ox0 - p->rx;
-    Pending e;
-    memset(&e, 0, sizeof e);
-    int ok = 0;
-    nvimgcodecImageInfo_t info;
-    memset(&info, 0, sizeof info);
-    info.struct_type = NVIMGCODEC_STRUCTURE_TYPE_IMAGE_INFO;
-    info.struct_size = sizeof info;
-    if (w <= 0 || h <= 0 || api.stream_from_mem(api.instance, &e.stream, self->arena, len, NULL)
-        != NVIMGCODEC_STATUS_SUCCESS || e.stream == NULL)
-        goto done;
-    if (api.stream_image_info(e.stream, &info) != NVIMGCODEC_STATUS_SUCCESS || info.plane_info[0].width != bw
-        || info.plane_info[0].height != bh)
-        goto done;
-    if (w != bw || h != bh) {
-        nvimgcodecCodeStreamView_t view;
-        memset(&view, 0, sizeof view);
-        view.struct_type = NVIMGCODEC_STRUCTURE_TYPE_CODE_STREAM_VIEW;
-        view.struct_size = sizeof view;
-        view.region.struct_type = NVIMGCODEC_STRUCTURE_TYPE_REGION;
-        view.region.struct_size = sizeof view.region;
-        view.region.ndim = 2;
-        view.region.start[0] = (int)(oy0 - by0);
-        view.region.start[1] = (int)(ox0 - bx0);
-        view.region.end[0] = (int)(oy1 - by0);
-        view.region.end[1] = (int)(ox1 - bx0);
-        if (api.sub_stream(e.stream, &e.sub, &view) != NVIMGCODEC_STATUS_SUCCESS || e.sub == NULL)
-            goto done;
-    }
+    if (w <= 0 || h <= 0)
+        return 0;
     size_t row_stride;
     unsigned char* target = decode_target(self, p, 0, dy0, dx0, w, h, &row_stride, t);
-    if (target == NULL)
-        goto done;
-    fill_image_info(&info, target, w, h, row_stride);
-    if (api.image_create(api.instance, &e.image, &info) != NVIMGCODEC_STATUS_SUCCESS || e.image == NULL)
-        goto done;
-    ok = decode_one(self, e.sub != NULL ? e.sub : e.stream, e.image);
-    if (ok && p->channels == 4)
-        widen(p, self->rgb_buf[0], dy0, dy0 + h, dx0, dx0 + w);
-done:
-    release(&e);
-    if (!ok)
+    char msg[JMSG_LENGTH_MAX];
+    if (target == NULL
+        || !lj_decode(self->arena, len, ox0 - bx0, oy0 - by0, ox1 - bx0, oy1 - by0, target, row_stride,
+                      &self->row, &self->row_cap, &t->allocations, msg))
         return 0;
+    if (p->channels == 4)
+        widen(p, self->rgb_buf[0], dy0, dy0 + h, dx0, dx0 + w);
     for (Py_ssize_t k = k0; k < k1; k++) { /* each interval as the per-interval path counts it */
         int64_t tx0 = (p->c0 + k % p->ncols) * p->tile_w, ty0 = (p->r0 + k / p->ncols) * p->tile_h;
         int whole = tx0 >= p->cx0 && tx0 + p->tile_w <= p->cx1 && ty0 >= p->cy0 && ty0 + p->tile_h <= p->cy1;
@@ -1046,7 +1002,7 @@ static const char decode_tiles_doc[] =
     "offsets, counts: the level's segment offsets and byte counts, int64;\n"
     "level: (tile_w, tile_h, level_w, level_h, tiles_across, file_size);\n"
     "region: (rx, ry, cx0, cy0, cx1, cy1) in level pixels (region origin and\n"
-    "its part inside the level); batch: tiles per decode call (1..64);\n"
+    "its part inside the level); batch: tiles read before they are decoded (1..64);\n"
     "scan_segments: 1 when the tiles are NDPI restart intervals (no SOI: the\n"
     "prefix is a whole header put in front, a final RSTn becomes EOI);\n"
     "dest, pieces: optional; after each decode call the decoded tiles' parts of\n"
@@ -1054,7 +1010,7 @@ static const char decode_tiles_doc[] =
     "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, spliced,\n"
     "failures): tile counts, bytes read, buffers (re)allocated, the intervals decoded\n"
     "in spliced bands (scan_segments: see splice_band), and failures a list of\n"
-    "(job, code, a, b).  Raises MemoryError if the failure list itself cannot be\n"
+    "(job, code, a, b, message), message libjpeg-turbo's for F_DECODE.  Raises MemoryError if the failure list itself cannot be\n"
     "allocated; never raises for a bad tile.";
 
 static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
@@ -1076,6 +1032,8 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     }
     PyObject* result = NULL;
     Scatter sc, *scp = NULL;
+    Tally t;
+    memset(&t, 0, sizeof t);
     if (dest_obj != Py_None || pieces_obj != Py_None) {
         if (PyObject_GetBuffer(dest_obj, &dest, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto done;
@@ -1084,9 +1042,7 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     }
     Plan p;
     memset(&p, 0, sizeof p);
-    Tally t;
-    memset(&t, 0, sizeof t);
-    if (self->decoder == NULL) {
+    if (!self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "decoder not initialised");
         goto done;
     }
@@ -1175,7 +1131,7 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         goto done;
     for (Py_ssize_t i = 0; i < t.n_failures; i++) {
         Failure* f = &t.failures[i];
-        PyObject* item = Py_BuildValue("(niLL)", f->job, f->code, f->a, f->b);
+        PyObject* item = Py_BuildValue("(niLLs)", f->job, f->code, f->a, f->b, f->msg);
         if (item == NULL) {
             Py_DECREF(failures);
             goto done;
@@ -1197,6 +1153,58 @@ done:
     return result;
 }
 
+static const char decode_jpeg_doc[] =
+    "decode_jpeg(stream, out, x0, y0, x1, y1) -> None or str\n"
+    "--\n\n"
+    "Decode the window [x0, x1) x [y0, y1) of the complete JPEG code stream ``stream``\n"
+    "as RGB into ``out``, a writable (y1 - y0, x1 - x0, 3) uint8 buffer whose rows may\n"
+    "be padded (a numpy view of a larger C-contiguous array), the GIL released: the\n"
+    "decode of the compiled loop, for the Python path.  Returns None when decoded, else\n"
+    "libjpeg-turbo's message (corrupt data included: see lj_decode); the window's pixels\n"
+    "are then undefined.  Raises ValueError for an ``out`` of another shape or layout.";
+
+static PyObject* jl_decode_jpeg(PyObject* self, PyObject* args)
+{
+    Py_buffer stream, out;
+    PyObject* out_obj;
+    long long x0, y0, x1, y1;
+    if (!PyArg_ParseTuple(args, "y*OLLLL", &stream, &out_obj, &x0, &y0, &x1, &y1))
+        return NULL;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_RECORDS) < 0) {
+        PyBuffer_Release(&stream);
+        return NULL;
+    }
+    PyObject* result = NULL;
+    if (out.ndim != 3 || out.itemsize != 1 || out.format == NULL || strcmp(out.format, "B") != 0
+        || x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0 || x1 > COORD_MAX || y1 > COORD_MAX
+        || out.shape[0] != y1 - y0 || out.shape[1] != x1 - x0 || out.shape[2] != 3 || out.strides[2] != 1
+        || out.strides[1] != 3 || out.strides[0] < 3 * out.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "out must be a writable (y1 - y0, x1 - x0, 3) uint8 buffer, "
+                                          "pixels packed, rows at least a row apart");
+        goto done;
+    }
+    char msg[JMSG_LENGTH_MAX];
+    unsigned char* row = NULL;
+    size_t row_cap = 0;
+    long long allocations = 0;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = lj_decode((const unsigned char*)stream.buf, (size_t)stream.len, x0, y0, x1, y1, (unsigned char*)out.buf,
+                   (size_t)out.strides[0], &row, &row_cap, &allocations, msg);
+    free(row);
+    Py_END_ALLOW_THREADS
+    if (ok) {
+        result = Py_None;
+        Py_INCREF(result);
+    } else {
+        result = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    }
+done:
+    PyBuffer_Release(&stream);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef Decoder_methods[] = {
     {"decode_tiles", (PyCFunction)Decoder_decode_tiles, METH_VARARGS, decode_tiles_doc},
     {NULL, NULL, 0, NULL},
@@ -1205,7 +1213,7 @@ static PyMethodDef Decoder_methods[] = {
 static PyTypeObject DecoderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "wsitool._jpegloop.Decoder",
-    .tp_doc = "One CPU-only nvImageCodec decoder (one thread of libjpeg-turbo) and its reusable buffers.\n\n"
+    .tp_doc = "The reusable buffers of one thread's tile loop (tile bytes, RGB scratch, a crop row).\n\n"
               "Calls are serialised by the decoder's own mutex; wsitool keeps one per thread.",
     .tp_basicsize = sizeof(Decoder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1218,12 +1226,11 @@ static PyTypeObject DecoderType = {
 static PyMethodDef module_methods[] = {
     {"load", jl_load, METH_VARARGS,
      "load(lib_path, extensions_path) -> version: open libnvimgcodec and create the instance (once)."},
+    {"decode_jpeg", jl_decode_jpeg, METH_VARARGS, decode_jpeg_doc},
     {"scatter", jl_scatter, METH_VARARGS,
      "scatter(src, dest, pieces): copy pieces of the C-contiguous (h, w, c) uint8 buffer src into the\n"
      "writable buffer dest, the GIL released; pieces: int64, 6 a piece (dest byte offset, dest row\n"
      "stride in bytes, y0, y1, x0, x1 of src).  ValueError if a piece reads or writes out of bounds."},
-    {"_fail_batch_calls", jl_fail_batch_calls, METH_VARARGS,
-     "_fail_batch_calls(n): test hook; the next n decode calls of more than one tile fail as a whole."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1266,5 +1273,9 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     PyModule_AddIntConstant(m, "SCATTER", 1);
     /* decode_tiles splices an NDPI band's intervals into one code stream and returns `spliced` */
     PyModule_AddIntConstant(m, "SPLICE", 1);
+    /* tiles are decoded by libjpeg-turbo (corrupt data fails); failures carry its message;
+     * decode_jpeg() exists */
+    PyModule_AddIntConstant(m, "LIBJPEG", 1);
+    PyModule_AddIntConstant(m, "LIBJPEG_VERSION", JPEG_LIB_VERSION);
     return m;
 }

@@ -90,8 +90,9 @@ def _native_entry() -> dict:
     status = jpegloop.status()
     return {"name": "CPU: compiled JPEG tile loop (wsitool._jpegloop)", "device": "cpu",
             "available": status.startswith("in use"),
-            "decodes": "JPEG (7) RGB/YCbCr tiles of rgb/rgba/raw reads, through nvImageCodec's C API "
-                       "(the same decodes, less Python per tile); device cpu",
+            "decodes": "JPEG (7) RGB/YCbCr tiles, through libjpeg-turbo's own API: straight into the "
+                       "output, corrupt data an error (nvImageCodec's CPU backend decodes it silently); "
+                       "device cpu",
             "detail": status}
 
 

@@ -15,7 +15,7 @@ from ..oserrors import descriptors_exhausted
 
 __all__ = [
     "past_eof_reason", "short_read_reason", "not_soi_reason", "grid_reason", "outside_reason",
-    "unreadable_header_reason", "unusable_stream_reason", "no_image_reason", "tile_failed",
+    "unreadable_header_reason", "unusable_stream_reason", "no_image_reason", "libjpeg_reason", "tile_failed",
 ]
 
 
@@ -60,6 +60,13 @@ def no_image_reason(detail: str | None = None) -> str:
     """A decode that produced no image (libjpeg-turbo / OpenJPEG gave up on the data)."""
     return ("decoder returned no image (corrupt or truncated tile data"
             + (f"; {detail})" if detail else ")"))
+
+
+def libjpeg_reason(message: str) -> str:
+    """A JPEG decode libjpeg-turbo stopped, with its ``message``: an error, or a warning
+    that the entropy-coded data is corrupt (``Corrupt JPEG data: ...``), which the
+    compiled decode treats as an error (see ``lj_decode`` in wsitool/_native/jpegloop.c)."""
+    return f"corrupt or truncated tile data (libjpeg-turbo: {message})"
 
 
 def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:

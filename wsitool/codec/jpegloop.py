@@ -99,10 +99,10 @@ def _load():
             return None
         if (_jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY")
                 or not hasattr(_jpegloop, "SCAN_SEGMENTS") or not hasattr(_jpegloop, "SCATTER")
-                or not hasattr(_jpegloop, "SPLICE")):  # pragma: no cover
+                or not hasattr(_jpegloop, "SPLICE") or not hasattr(_jpegloop, "LIBJPEG")):  # pragma: no cover
             _reason = (f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK}; "
-                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE): rebuild it with "
-                       "`pip install -e .`")
+                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE / LIBJPEG): rebuild it "
+                       "with `pip install -e .`")
             return None
         _module = _jpegloop
         return _module
@@ -110,13 +110,16 @@ def _load():
 
 def status() -> str:
     """One line saying whether the compiled JPEG tile loop is in use, and if not, why."""
-    if not get_decode_paths().native:
+    paths = get_decode_paths()
+    if not paths.native:
         return "off (WSITOOL_NATIVE=0 or wsitool.settings.decode_paths(native=False))"
+    if not paths.libjpeg:
+        return "off (wsitool.settings.decode_paths(libjpeg=False): nvImageCodec decodes JPEG tiles)"
     mod = _load()
     if mod is None:
         return f"not in use: {_reason}"
-    return f"in use (built against nvImageCodec {mod.HEADER_VERSION // 1000}.{mod.HEADER_VERSION % 1000 // 100}" \
-           f".{mod.HEADER_VERSION % 100})"
+    return (f"in use (libjpeg-turbo, libjpeg API {mod.LIBJPEG_VERSION}; headers checked with nvImageCodec "
+            f"{mod.HEADER_VERSION // 1000}.{mod.HEADER_VERSION % 1000 // 100}.{mod.HEADER_VERSION % 100})")
 
 
 def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
@@ -130,7 +133,7 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
     """
     paths = get_decode_paths()
     enc = lv.encoding
-    if not paths.native or enc.codec != "nv" or enc.stream != "jpeg" or enc.ycbcr_after_decode:
+    if not (paths.native and paths.libjpeg) or enc.codec != "nv" or enc.stream != "jpeg" or enc.ycbcr_after_decode:
         return False
     if lv.tiles.planes != 1 or lv.source.fileno() is None or mode not in ("rgb", "raw", "rgba"):
         return False
@@ -141,6 +144,24 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
     if out.shape[2] != (4 if mode == "rgba" else 3) or not out.flags.c_contiguous:
         return False
     return _module is not None or _load() is not None
+
+
+def libjpeg_decoder(lv: PyramidLevel):
+    """``wsitool._jpegloop.decode_jpeg`` when ``lv``'s tiles are JPEG decoded on the CPU by
+    libjpeg-turbo's own API (:class:`wsitool.settings.DecodePaths` ``libjpeg``, the extension
+    built and loaded); None where nvImageCodec decodes them.
+
+    ``decode_jpeg(stream, out, x0, y0, x1, y1)`` decodes the window ``[x0, x1) x [y0, y1)``
+    of a complete JPEG code stream as RGB into ``out`` (a ``(y1 - y0, x1 - x0, 3)`` uint8
+    view, rows may be padded), the GIL released, and returns None, or libjpeg-turbo's
+    message when the data is corrupt or truncated (its warnings about corrupt data
+    included).
+    """
+    enc = lv.encoding
+    if not get_decode_paths().libjpeg or enc.codec != "nv" or enc.stream != "jpeg":
+        return None
+    mod = _module if _module is not None else _load()
+    return None if mod is None else mod.decode_jpeg
 
 
 class RegionJobs:
@@ -240,11 +261,11 @@ class RegionJobs:
             st.scratch_allocations += allocs  # the decoder's tile-bytes and RGB buffers
             # (the C loop reports read-time failures before the decode failures
             # of earlier tiles of the same batch: report in tile order)
-            for job, code, a, b in sorted(failures):
-                self._failed(job, code, a, b, state)
+            for job, code, a, b, message in sorted(failures):
+                self._failed(job, code, a, b, message, state)
 
-    def _failed(self, job: int, code: int, a: int, b: int, state) -> None:
-        """Raise or (``on_error="fill"``) count and warn for failure ``(job, code, a, b)``
+    def _failed(self, job: int, code: int, a: int, b: int, message: str, state) -> None:
+        """Raise or (``on_error="fill"``) count and warn for failure ``(job, code, a, b, message)``
         of the C loop, with the Python path's error and wording (the reason
         builders of :mod:`wsitool.codec.failures`)."""
         mod = _module
@@ -276,7 +297,7 @@ class RegionJobs:
         elif code == mod.F_IMAGE:
             reason = f"decoder error: cannot describe the destination (nvImageCodec status {a})"
         elif code == mod.F_DECODE:
-            reason = reasons.no_image_reason(f"nvImageCodec processing status {a:#x}, call status {b}")
+            reason = reasons.libjpeg_reason(message)
         else:
             reason = f"no tile segment {a} (the level has {b})"
         tile_failed(TileDecodeError(lv.path, lv.index, col, row, reason), self.on_error, state.stats)

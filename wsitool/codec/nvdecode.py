@@ -22,16 +22,18 @@ import numpy as np
 from ..errors import TileDecodeError
 from ..model import PyramidLevel
 from ..settings import get_decode_paths
-from .failures import no_image_reason, outside_reason, unusable_stream_reason
+from .failures import libjpeg_reason, no_image_reason, outside_reason, unusable_stream_reason
 from .headers import codestream
+from .jpegloop import libjpeg_decoder
 from .library import decode_params, nv
 from .pool import DecodeStats, ThreadState
+from .tilebytes import jpeg_stream
 
 __all__ = ["plan_decode", "narrow_jpeg_crop", "count_decoded", "decode_into", "check_decoded", "decode_checked"]
 
 
 def plan_decode(level: PyramidLevel, col: int, row: int, data,
-                src_rect: tuple[int, int, int, int], complete: bool = False):
+                src_rect: tuple[int, int, int, int], complete: bool = False, substream: bool = True):
     """Prepare one nvImageCodec tile for decoding the part ``src_rect`` of it.
 
     Shared by the per-tile CPU path (:func:`decode_into`) and the batched GPU
@@ -44,6 +46,8 @@ def plan_decode(level: PyramidLevel, col: int, row: int, data,
             ``complete=True`` the complete stream of :func:`read_tile_stream`.
         src_rect: ``(x0, y0, x1, y1)`` in pixels of the tile.
         complete: ``data`` already has the JPEG prefix merged and SOI checked.
+        substream: make the sub-region code stream of a ``"roi"`` decode; when
+            False ``code_stream`` is the whole tile's (for a decoder given the window).
 
     Returns:
         ``(code_stream, how, (width, height))``: ``how`` is ``"direct"`` (the
@@ -70,6 +74,8 @@ def plan_decode(level: PyramidLevel, col: int, row: int, data,
         return cs, "scratch", (width, height)
     if whole:
         return cs, "direct", (width, height)
+    if not substream:
+        return cs, "roi", (width, height)
     try:
         sub = cs.get_sub_code_stream(region=nv().Region(y0, x0, y1, x1))
     except Exception as exc:
@@ -140,16 +146,46 @@ def decode_into(
         ValueError: ``dst`` does not have the shape of ``src_rect`` (a caller bug).
     """
     x0, y0, x1, y1 = src_rect
-    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete)
+    libjpeg = libjpeg_decoder(level)
+    if libjpeg is not None:
+        if not complete:  # (bytes of read_tile_bytes: bytes() of bytes is that object, no copy)
+            data = jpeg_stream(level, bytes(data), col, row)
+        complete = True
+    cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete, substream=libjpeg is None)
     if dst.shape[:2] != (y1 - y0, x1 - x0):
         raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
-    if how == "scratch":
+    if libjpeg is not None:
+        _decode_libjpeg(libjpeg, level, col, row, data, dst, src_rect, how, (width, height), state)
+    elif how == "scratch":
         scratch = state.scratch((height, width, 3))
         decode_checked(level, col, row, cs, scratch, state)
         dst[...] = scratch[y0:y1, x0:x1]
     else:
         decode_checked(level, col, row, cs, dst, state, image)
     count_decoded(state.stats, how, caller_buffer)
+
+
+def _decode_libjpeg(libjpeg, level: PyramidLevel, col: int, row: int, stream, dst: np.ndarray,
+                    src_rect: tuple[int, int, int, int], how: str, size: tuple[int, int],
+                    state: ThreadState) -> None:
+    """Decode window ``src_rect`` of the complete JPEG ``stream`` into ``dst`` with
+    libjpeg-turbo (:func:`wsitool.codec.jpegloop.libjpeg_decoder`); ``how == "scratch"``:
+    the whole ``size`` tile into the thread's scratch, then the window copied.
+
+    Raises:
+        TileDecodeError: libjpeg-turbo stopped (corrupt or truncated data), with its message.
+    """
+    x0, y0, x1, y1 = src_rect
+    width, height = size
+    if how == "scratch":
+        scratch = state.scratch((height, width, 3))
+        message = libjpeg(stream, scratch, 0, 0, width, height)
+        if message is None:
+            dst[...] = scratch[y0:y1, x0:x1]
+    else:
+        message = libjpeg(stream, dst, x0, y0, x1, y1)
+    if message is not None:
+        raise TileDecodeError(level.path, level.index, col, row, libjpeg_reason(message))
 
 
 def check_decoded(level: PyramidLevel, col: int, row: int, result, image, shape) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 from ..codec import jpegloop, openjpeg
 from ..codec.failures import tile_failed
 from ..codec.generic import decode_array
+from ..codec.jpegloop import libjpeg_decoder
 from ..codec.library import decode_params, nv
 from ..codec.nvdecode import check_decoded, count_decoded, decode_checked, decode_into, plan_decode
 from ..codec.pool import DecoderPool, ThreadState
@@ -80,9 +81,10 @@ class TileWorker:
         paths = get_decode_paths()
         # JPEG 2000 through OpenJPEG's window decoder (nvImageCodec as fallback)
         self.decode = _decode_j2k if openjpeg.decodes(lv) else decode_into
+        # (libjpeg-turbo's own API decodes one tile a call: no batches to make)
         self.batch = batch if (
             batch > 1 and lv.encoding.codec == "nv" and self.in_place
-            and not paths.force_scratch and paths.roi_decode
+            and not paths.force_scratch and paths.roi_decode and libjpeg_decoder(lv) is None
         ) else 0
 
     def run(self, jobs: Iterable[TileJob]) -> None:

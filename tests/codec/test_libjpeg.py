@@ -1,0 +1,158 @@
+"""The CPU JPEG decode through libjpeg-turbo's own API (``wsitool._jpegloop``: the compiled
+loop, and ``decode_jpeg`` on the Python path), pinned to nvImageCodec's CPU backend (the same
+library): the same pixels on every JPEG level at hand, windows of every shape included; and
+corrupt entropy-coded data, which nvImageCodec decodes without a word, an error."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import wsitool
+from wsitool.codec import jpegloop
+from wsitool.settings import decode_paths
+from wsitool.slide import pyramid_levels
+
+from helpers import BUG_INPUTS, NO_BUGS, SHARED_SAMPLES, present, random_regions, repo_samples, tiff_samples
+
+#: DICOM samples with JPEG frames (read through the Python path: no compiled loop for frames)
+DICOM_JPEG = ["dicom-cmu1-small-region-12level", "dicom-google-jpeg-ybr-957x715.dcm"]
+
+
+@pytest.fixture(autouse=True)
+def _extension():
+    if jpegloop._load() is None:
+        pytest.skip(f"compiled extension: {jpegloop.status()}")
+
+
+def _read(slide, loc, level, size, **paths):
+    """(pixels or the TileDecodeError, TileWarning messages) of one rgb read with ``on_error="fill"``
+    (``raise`` where ``paths`` holds ``on_error``) under ``decode_paths(**paths)``."""
+    on_error = paths.pop("on_error", "fill")
+    with decode_paths(**paths), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            got = slide.read_region(loc, level, size, mode="rgb", on_error=on_error)
+        except wsitool.TileDecodeError as exc:
+            got = exc
+    return got, [str(w.message) for w in caught if issubclass(w.category, wsitool.TileWarning)]
+
+
+def _tiles(messages: list[str]) -> list[str]:
+    """The failed tiles that warnings name (the wording of the causes differs between the
+    nvImageCodec binding and the compiled loop's header checks: see test_jpegloop._normal)."""
+    return sorted(m for msg in messages for m in re.findall(r"level \d+, tile \(col \d+, row \d+\)", msg))
+
+
+def _jpeg_levels(slide):
+    """The levels whose tiles libjpeg-turbo decodes (:func:`wsitool.codec.jpegloop.libjpeg_decoder`)."""
+    return [lv for lv in pyramid_levels(slide) if jpegloop.libjpeg_decoder(lv) is not None]
+
+
+def _windows(rng, lv):
+    """Regions ``(xl, yl, w, h)`` in level pixels: random ones, and windows of a tile that the
+    crop and row skip of a window decode must get right (one column at a tile's left and right
+    edge, small and unaligned, a whole tile, across a tile corner)."""
+    tw, th = lv.tile_width, lv.tile_height
+    tx = tw * int(rng.integers(0, max(1, lv.width // tw)))
+    ty = th * int(rng.integers(0, max(1, lv.height // th)))
+    out = random_regions(rng, lv.width, lv.height, 3, max_size=600)
+    out += [(tx, ty, 1, min(th, 37)), (tx + tw - 1, ty + 3, 1, 20), (tx + 5, ty + 3, 7, 9),
+            (tx + 17, ty + 9, 31, 1), (tx, ty, tw, th), (tx + tw - 9, ty + th - 11, 23, 29)]
+    return [(x, y, w, h) for x, y, w, h in out if x < lv.width and y < lv.height]
+
+
+def _jpeg_slides():
+    found = []
+    dicom = [SHARED_SAMPLES / n for n in DICOM_JPEG if (SHARED_SAMPLES / n).exists()]
+    for p in present(tiff_samples() + repo_samples()) + dicom:
+        try:
+            with wsitool.open_slide(p) as slide:
+                if _jpeg_levels(slide):
+                    found.append(p)
+        except wsitool.WsiError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["compiled-loop", "python-path"])
+def test_pixels_equal_nvimagecodecs(native):
+    """Every JPEG level of every slide at hand (Aperio, generic TIFF, NDPI with its spliced
+    bands, DICOM frames, the repo's samples): libjpeg-turbo's API through the compiled loop or the Python
+    path gives nvImageCodec's pixels, bit for bit."""
+    slides = _jpeg_slides()
+    if not slides:
+        pytest.skip("no JPEG slide at hand")
+    rng = np.random.default_rng([31, native])
+    compared = 0
+    for path in slides:
+        with wsitool.open_slide(path) as slide:
+            for lv in _jpeg_levels(slide):
+                for xl, yl, w, h in _windows(rng, lv):
+                    loc = (round(xl * lv.downsample), round(yl * lv.downsample))
+                    ref, ref_warned = _read(slide, loc, lv.index, (w, h), native=False, libjpeg=False)
+                    got, warned = _read(slide, loc, lv.index, (w, h), native=native, libjpeg=True)
+                    what = f"{path.name} level {lv.index} {loc} {(w, h)}"
+                    assert _tiles(warned) == _tiles(ref_warned), f"{what}: {warned} vs {ref_warned}"
+                    assert np.array_equal(got, ref), what
+                    compared += 1
+    assert compared >= 20
+
+
+def _tile_bytes(lv, index: int) -> bytes:
+    with open(lv.path, "rb") as fh:
+        fh.seek(int(lv.tiles.offsets[index]))
+        return fh.read(int(lv.tiles.bytecounts[index]))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["compiled-loop", "python-path"])
+def test_extraneous_bytes_in_a_tile_are_an_error(native):
+    """B28 (wsidicomizer #155): tile 5 has 4 junk bytes before its first RST marker.  libjpeg
+    warns ("4 extraneous bytes before marker 0xd0") and nvImageCodec decodes it anyway; here it
+    is the tile's error naming that, or with ``fill`` a warning, that tile background and its
+    neighbours exact."""
+    path = BUG_INPUTS / "B28_jpeg_restart_extraneous_bytes.tif"
+    if not path.exists():
+        pytest.skip(NO_BUGS)
+    with wsitool.open_slide(path) as slide:
+        lv = pyramid_levels(slide)[0]
+        tw, th = lv.tile_width, lv.tile_height
+        col, row = 5 % lv.tiles_across, 5 // lv.tiles_across
+        loc, size = (col * tw - 16, row * th), (tw + 32, th)
+        err, _ = _read(slide, loc, 0, size, native=native, on_error="raise")
+        assert isinstance(err, wsitool.TileDecodeError) and (err.col, err.row) == (col, row), err
+        assert "Corrupt JPEG data: 4 extraneous bytes before marker 0xd0" in str(err)
+        got, warned = _read(slide, loc, 0, size, native=native)
+        assert len(warned) == 1 and "extraneous bytes" in warned[0]
+        assert not got[:, 16:16 + tw].any() and got[:, :16].any() and got[:, 16 + tw:].any()
+        silent, silent_warned = _read(slide, loc, 0, size, native=False, libjpeg=False)
+        assert not silent_warned and silent[:, 16:16 + tw].any()  # what nvImageCodec gives
+
+
+def test_decode_jpeg_checks_its_output_buffer(sample_jpeg):
+    """``decode_jpeg`` refuses an output of another shape or layout before decoding; a stream
+    that is not JPEG is libjpeg's message, not an exception."""
+    mod = jpegloop._load()
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = pyramid_levels(slide)[0]
+        from wsitool.codec.tilebytes import jpeg_stream
+
+        stream = jpeg_stream(lv, _tile_bytes(lv, 0), 0, 0)
+    tw, th = lv.tile_width, lv.tile_height
+    whole = np.zeros((th, tw, 3), np.uint8)
+    assert mod.decode_jpeg(stream, whole, 0, 0, tw, th) is None and whole.any()
+    for bad in (np.zeros((th, tw, 4), np.uint8), np.zeros((th - 1, tw, 3), np.uint8),
+                np.zeros((th, tw, 3), np.uint16), np.zeros((tw, th, 3), np.uint8).transpose(1, 0, 2)):
+        with pytest.raises(ValueError):
+            mod.decode_jpeg(stream, bad, 0, 0, tw, th)
+    with pytest.raises(ValueError):
+        mod.decode_jpeg(stream, whole, 5, 0, 5, th)
+    big = np.zeros((th + 8, tw, 3), np.uint8)
+    assert "does not hold the window" in mod.decode_jpeg(stream, big, 0, 0, tw, th + 8)
+    assert "Not a JPEG file" in mod.decode_jpeg(b"\x00" * 64, whole, 0, 0, tw, th)
+    window = np.zeros((50, 70, 3), np.uint8)
+    assert mod.decode_jpeg(stream, window, 13, 21, 83, 71) is None
+    assert np.array_equal(window, whole[21:71, 13:83])
