@@ -38,9 +38,10 @@ blind to the time a process waited for a core).  More rounds (``--rounds 15``) n
   in OpenSlide's favour), its tile cache off; k threads: a pool sharing one object.
 * ``floor``: every tile the grid touches, once: the tiles' bytes read into memory
   first (untimed; JPEGTables merged into each stream as wsitool does), then only the
-  decode of each whole tile into one reused tile buffer is timed: one nvImageCodec
-  CPU decoder (libjpeg-turbo), or OpenJPEG for JPEG 2000 (the library wsitool decodes
-  J2K with), one thread, nothing assembled.
+  decode of each whole tile into one reused tile buffer is timed, by the library wsitool
+  decodes with: libjpeg-turbo through its own API (``wsitool._jpegloop.decode_jpeg``,
+  one C call a tile; nvImageCodec's CPU decoder where the extension is not built), or
+  OpenJPEG for JPEG 2000; one thread, nothing assembled.
 
 ``--resample``: also the grid at half the resolution of level 0 (a 0.5 um/px grid on a
 0.25 um/px slide): 224 x 224 patches each read as 448 x 448 (``read_size=448``) and
@@ -164,7 +165,7 @@ def reader(spec: dict):
 def floor_pass(spec: dict):
     """The decode floor: the grid's tiles, each once, decoded into one reused buffer."""
     import wsitool
-    from wsitool.codec import openjpeg
+    from wsitool.codec import jpegloop, openjpeg
     from wsitool.codec.library import nv
     from wsitool.slide import pyramid_levels
 
@@ -189,6 +190,15 @@ def floor_pass(spec: dict):
         def decode_all():
             for data in raw:
                 openjpeg.decode_window(ctx, data, (0, 0, tw, th), 0, buf)
+    elif jpegloop.libjpeg_decoder(lv) is not None:
+        decode_jpeg = jpegloop.libjpeg_decoder(lv)
+        prefix = lv.encoding.jpeg_prefix
+        complete = [prefix + d[2:] if prefix else d for d in raw]
+
+        def decode_all():
+            for stream in complete:
+                if decode_jpeg(stream, buf, 0, 0, tw, th) is not None:
+                    raise RuntimeError("floor decode failed")
     else:
         nvimgcodec = nv()
         decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,

@@ -12,6 +12,9 @@ See :class:`wsitool.Slide`.  The names in ``__all__`` here, and those of
 are the stable API; every other module is internal and may change.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import (
     CorruptFileError,
     DaskUnavailableError,
@@ -31,12 +34,20 @@ from .errors import (
     UnsupportedFormatError,
     WsiError,
 )
-from .export import ExportResult, export_pyramid
-from .model import Channel
-from .read.cache import TileCache
-from .settings import Limits, get_limits, limits, set_limits
-from .slide import Level, Slide, open_slide
 from .version import __version__ as __version__
+
+if TYPE_CHECKING:  # at run time on first use (__getattr__ below)
+    from .export import ExportResult, export_pyramid
+    from .model import Channel
+    from .read.cache import TileCache
+    from .settings import Limits, get_limits, limits, set_limits
+    from .slide import Level, Slide, open_slide
+
+#: Names of ``__all__`` whose modules (numpy, tifffile, the codecs: ~0.8 s) load on first use,
+#: so that ``import wsitool.signals`` and the command line's entry point stay light: name -> module.
+_ON_FIRST_USE = {"ExportResult": "export", "export_pyramid": "export", "Channel": "model",
+                 "TileCache": "read.cache", "Level": "slide", "Slide": "slide", "open_slide": "slide",
+                 "Limits": "settings", "get_limits": "settings", "limits": "settings", "set_limits": "settings"}
 
 __all__ = [
     "__version__",
@@ -69,3 +80,29 @@ __all__ = [
     "export_pyramid",
     "ExportResult",
 ]
+
+
+if not TYPE_CHECKING:  # (type checkers see the names imported above; none other exists)
+
+    def __getattr__(name: str) -> object:
+        """``wsitool.Slide`` and the other names of :data:`_ON_FIRST_USE`, their modules imported on
+        first use; a submodule not imported yet (``wsitool.slide``) is imported.
+
+        Raises:
+            AttributeError: ``name`` is neither (or its submodule failed to import: the
+                ImportError is its ``__cause__``).
+        """
+        module = _ON_FIRST_USE.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+            globals()[name] = value
+            return value
+        if not name.startswith("__"):
+            try:
+                return importlib.import_module(f"{__name__}.{name}")
+            except ImportError as exc:
+                raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from exc
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_ON_FIRST_USE))

@@ -204,7 +204,9 @@ class RemoteAccessError(WsiError):
 class RemoteUnavailableError(WsiError):
     """A remote slide's server kept failing after the retries: timeouts, HTTP
     429/5xx, connection resets, bodies cut short.  The message names the URL
-    (without tokens), the last cause and the attempts made."""
+    (without tokens), the last cause and the attempts made.  Also raised at once,
+    without retries, for a server that cannot serve the reads at all: an HTTP(S)
+    server that does not support range requests (``200`` with the whole object)."""
 
 
 class RemoteChangedError(WsiError):

@@ -15,7 +15,8 @@ Only the command line's entry point installs the handler (never an import:
 a library must not take over its host's signals).  A second signal while the
 first one is still unwinding is ignored, so the cleanup is not cut short.
 
-Standard library and :mod:`wsitool.atomic` only (imported before anything heavy).
+Standard library only at import (the console script's entry point installs the handler
+before anything heavy is imported); :mod:`wsitool.atomic` on the first clean-up.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
-
-from . import atomic
 
 #: A handler :func:`signal.signal` takes back: a callable or ``SIG_DFL`` / ``SIG_IGN``.
 Handler = Callable[[int, FrameType | None], Any] | int
@@ -142,4 +141,6 @@ def cleanup_partials() -> int:
     """Last resort after an interruption: remove the temporary outputs this
     process still has open (:func:`wsitool.atomic.remove_live_partials`); returns
     how many were removed.  Never raises (nor does that function)."""
+    from . import atomic  # (ctypes, socket: not before the handler is in place)
+
     return atomic.remove_live_partials()

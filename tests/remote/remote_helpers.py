@@ -50,7 +50,8 @@ def nginx_factory():
 
 class Script:
     """What the scripted server does: ``actions`` is a list consumed one per request
-    (then ``default``); each is "ok", a status code, "short", "reset", "hang" or "slow"."""
+    (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow" or "whole"
+    (200 with the whole object, Range ignored)."""
 
     def __init__(self, data: bytes, etag: str = '"v1"'):
         self.data = data
@@ -92,6 +93,13 @@ def _handler(script: Script):
                 return
             if action == "slow":
                 time.sleep(0.5)  # a slow first byte, within the timeout
+            if action == "whole":  # a server that ignores Range
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(script.data)))
+                self.send_header("ETag", script.etag)
+                self.end_headers()
+                self.wfile.write(script.data)
+                return
             m = re.match(r"bytes=(\d+)-(\d+)", rng)
             start, end = (int(m.group(1)), int(m.group(2)) + 1) if m else (0, len(script.data))
             end = min(end, len(script.data))

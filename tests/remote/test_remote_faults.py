@@ -65,7 +65,8 @@ def test_transient_faults_are_retried(fault, scripted, data, expected):
 @pytest.mark.parametrize("fault, cls, code", [
     (403, RemoteAccessError, 16), (401, RemoteAccessError, 16), (404, RemoteNotFoundError, 9),
     (503, RemoteUnavailableError, 17), ("short", RemoteUnavailableError, 17),
-    ("reset", RemoteUnavailableError, 17), (416, RemoteChangedError, 18)])
+    ("reset", RemoteUnavailableError, 17), (416, RemoteChangedError, 18),
+    ("whole", RemoteUnavailableError, 17)])  # 200 with the whole object: no range support
 def test_persistent_faults_raise_one_error(fault, cls, code, scripted, data):
     url, script = scripted(data)
     threads = remote_threads()
@@ -79,6 +80,10 @@ def test_persistent_faults_raise_one_error(fault, cls, code, scripted, data):
         assert exit_code_for(info.value) == code
         assert "SECRET" not in str(info.value) and "slide.svs" in str(info.value)
         assert len(str(info.value).splitlines()) == 1
+        if fault == "whole":  # said as such, and not retried
+            assert "does not support HTTP range requests" in str(info.value)
+            asked = [rng for a, rng in script.log if a == "whole"]
+            assert asked and len(asked) == len(set(asked))  # no range asked twice: no retry
     finally:
         s.close()
     assert _settled(url, threads)

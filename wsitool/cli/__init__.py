@@ -13,7 +13,7 @@ Exit codes:
     6 resource limit exceeded; 7 tile decode error; 8 no CUDA device;
     9 file not found or other I/O error (also EMFILE/ENOMEM/EIO; a URL naming no object);
     16 remote access denied (HTTP 401/403, expired credentials or presigned URL, 416);
-    17 remote source failing after retries (timeout, 5xx, reset, truncated body);
+    17 remote source failing after retries (timeout, 5xx, reset, truncated body; no HTTP range support);
     18 remote slide changed on the server while open (size or ETag);
     130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.signals).
     ``wsitool stress`` adds its own verdict codes (see its help).
@@ -33,7 +33,7 @@ __all__ = ["app", "main", "EXIT_CODES", "exit_code_for", "fail", "handle_errors"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point.
+    """Run the command line (``wsitool.__main__.main``, the console script's entry point, calls it).
 
     SIGINT, SIGTERM and SIGHUP get one clean shutdown (:mod:`wsitool.signals`):
     temporary outputs are removed, a Dask cluster or the stress child is shut

@@ -95,11 +95,22 @@ def fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+#: Whether :func:`interrupted` printed its line (in this process).
+_interrupted_said = False
+
+
 def interrupted(code: int) -> typer.Exit:
     """After SIGINT / SIGTERM / SIGHUP (exit status ``code`` = 128 + signal): remove this
     process's partial outputs, print the one "interrupted" line, return the Exit to raise."""
+    global _interrupted_said
+    _interrupted_said = True
     signals.cleanup_partials()
     return fail("interrupted" if code == 130 else f"interrupted by {signals.signal_name(code - 128)}", code)
+
+
+def interruption_said() -> bool:
+    """Whether the "interrupted" line was printed (:func:`interrupted`)."""
+    return _interrupted_said
 
 
 def handle_errors(func: Callable) -> Callable:

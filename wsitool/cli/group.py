@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 
 from .. import signals
 from ..version import __version__
-from .console import interrupted, usage_line
+from .console import interrupted, interruption_said, usage_line
 
 
 def click_class(name: str) -> type[Exception]:
@@ -107,8 +107,10 @@ class OneLineUsage(TyperGroup):
             code = rv if isinstance(rv, int) else 0
 
         got = signals.received()
-        if got is not None and code != 128 + got:  # a signal outside a command's body
-            code = interrupted(128 + got).exit_code  # (a command's handle_errors said it)
+        # a signal outside a command's body (typer turns a KeyboardInterrupt there, e.g. in its
+        # own imports at start-up, into exit 130 without a word); in one, handle_errors said it
+        if got is not None and (code != 128 + got or not interruption_said()):
+            code = interrupted(128 + got).exit_code
         if not standalone_mode:
             return code
         sys.exit(code)

@@ -74,6 +74,9 @@ log = logging.getLogger("wsitool.serve")
 
 _CORS = {"Access-Control-Allow-Origin": "*"}
 
+#: The names of the render threads start with this (the runner finds them by it at a forced stop).
+RENDER_THREADS = "wsitool-serve"
+
 
 class ServerState:
     """What the routes share: slides, cache, limits, counters and the worker pool.
@@ -91,7 +94,7 @@ class ServerState:
         self.limits = service_limits(config.max_width, config.max_height, config.max_area)
         self.counters = ServerCounters()
         self.executor = ThreadPoolExecutor(max_workers=config.threads,
-                                           thread_name_prefix="wsitool-serve")
+                                           thread_name_prefix=RENDER_THREADS)
         self._slots: asyncio.Semaphore | None = None
         self._dz: dict[str, DeepZoomGeometry] = {}
         self.viewer_file: str | None = None

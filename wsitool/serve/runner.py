@@ -5,8 +5,12 @@
 on the Starlette app (:mod:`.app`) and returns the process's exit code when it
 stops: 0 when it stopped by itself, 128 + the signal number after SIGINT (130),
 SIGTERM (143) or SIGHUP (129).  On a signal uvicorn stops accepting
-connections, lets the requests in flight finish, then the worker threads are
-joined and the slides closed.  A second SIGINT forces the exit.
+connections, lets the requests in flight finish (at most
+:data:`GRACEFUL_S`), then the worker threads are joined and the slides closed;
+it says so in one line.  A second signal (SIGINT, SIGTERM or SIGHUP) stops at
+once: the requests in flight are cancelled (503), and when a render thread is
+still busy (a decode cannot be interrupted) the process ends there with
+``os._exit`` and the first signal's exit code, not waiting for it.
 
 ``workers=1`` (default): one process, ``--threads`` decode threads share one
 cache.  ``workers=N`` (``--workers N``, POSIX): the parent binds the socket and
@@ -33,11 +37,11 @@ import socket
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from ..errors import InvalidOptionError, UnsupportedFormatError, WsiError
 from ..storage import is_url
-from .app import ServerState, create_app
+from .app import RENDER_THREADS, ServerState, create_app
 from .config import ServeConfig
 from .registry import SlideRegistry
 
@@ -56,6 +60,12 @@ _BACKLOG = 2048
 
 _SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
                  if s is not None)
+
+#: Seconds the graceful shutdown waits for the requests in flight (then they are cancelled).
+GRACEFUL_S = 10
+
+#: How long a stop forced by a second signal waits for the render threads to end.
+_FORCED_JOIN_S = 0.5
 
 
 def tune_malloc() -> bool:
@@ -314,12 +324,14 @@ def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready:
 
     app = create_app(state)
     uconfig = uvicorn.Config(app, log_level=level, access_log=False, lifespan="off", log_config=None,
-                             timeout_graceful_shutdown=10)
+                             timeout_graceful_shutdown=GRACEFUL_S)
     server = _server(uconfig)
     server.on_ready = on_ready
     try:
         server.run(sockets=sockets)
     finally:
+        if server.force_exit and not _renders_ended(state):
+            _exit_now(128 + int(server.signalled or signal.SIGINT))
         state.close()
     if server.signalled:
         return 128 + int(server.signalled)
@@ -364,8 +376,9 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
     signalled: list[int] = []
 
     def forward(sig: int, frame: FrameType | None) -> None:
-        if not signalled:
-            signalled.append(sig)
+        signalled.append(sig)
+        if len(signalled) <= 2:  # (the workers, at warning level, say nothing)
+            log.info("%s", _stop_line(sig, forced=len(signalled) == 2))
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -445,6 +458,43 @@ def _checked_count(sources: Iterable[str | os.PathLike], config: ServeConfig) ->
     return int(value)
 
 
+def _stop_line(sig: int, forced: bool) -> str:
+    """What the server says on the first signal (``forced`` False) and on the second."""
+    from ..signals import signal_name
+
+    if forced:
+        return f"stopping now ({signal_name(sig)}): the requests in flight are cancelled"
+    return (f"shutting down ({signal_name(sig)}): finishing the requests in flight (at most {GRACEFUL_S} s); "
+            "a second Ctrl-C or signal stops now")
+
+
+def _renders_ended(state: ServerState) -> bool:
+    """After a stop forced by a second signal: cancel the queued renders and wait at most
+    :data:`_FORCED_JOIN_S` for the render threads; False when one is still busy."""
+    import threading
+    import time
+
+    state.executor.shutdown(wait=False, cancel_futures=True)
+    end = time.monotonic() + _FORCED_JOIN_S
+    for thread in threading.enumerate():
+        if thread.name.startswith(RENDER_THREADS):
+            thread.join(max(0.0, end - time.monotonic()))
+            if thread.is_alive():
+                return False
+    return True
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process with ``code`` now, its output flushed: a render thread is still busy, and
+    the interpreter would wait for it at exit (nothing of the server's needs cleaning up: it
+    writes no files, and the system closes its sockets and the slides)."""
+    for stream in [*(h.stream for h in log.handlers if isinstance(h, logging.StreamHandler)),
+                   sys.stdout, sys.stderr]:
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def _exit_with_parent() -> None:
     """Linux: this process gets SIGTERM when its parent dies (no orphaned workers)."""
     import ctypes
@@ -462,6 +512,7 @@ class _SignalledServer(Protocol):
     signalled: int | None
     on_ready: Ready | None
     started: bool
+    force_exit: bool
 
     def run(self, sockets: list[socket.socket] | None = None) -> None: ...
 
@@ -469,11 +520,14 @@ class _SignalledServer(Protocol):
 def _server(config: uvicorn.Config) -> _SignalledServer:
     """A uvicorn server that records the first signal instead of re-raising it after shutdown,
     and calls its ``on_ready`` with the bound ``(host, port)`` once it listens."""
+    import asyncio
+
     import uvicorn
 
     class Server(uvicorn.Server):
         signalled: int | None = None
         on_ready: Ready | None = None
+        _loop: asyncio.AbstractEventLoop | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -490,11 +544,26 @@ def _server(config: uvicorn.Config) -> _SignalledServer:
                     signal.signal(s, handler)
 
         def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+            # the first signal: a graceful shutdown; the second: stop now (any of SIGINT, SIGTERM,
+            # SIGHUP; uvicorn forces only on a second SIGINT); more are ignored
             if self.signalled is None:
                 self.signalled = sig
-            self.handle_exit(sig, frame)
+                self.should_exit = True
+                log.info("%s", _stop_line(sig, forced=False))
+            elif not self.force_exit:
+                self.force_exit = self.should_exit = True
+                log.info("%s", _stop_line(sig, forced=True))
+                if self._loop is not None:  # (signal-safe: the loop's self-pipe)
+                    self._loop.call_soon_threadsafe(self._cancel_in_flight)
+
+        def _cancel_in_flight(self) -> None:
+            """Cancel the requests being answered (each answers 503, see :mod:`.app`): the
+            shutdown then does not wait for their connections to close."""
+            for task in list(self.server_state.tasks):
+                task.cancel()
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            self._loop = asyncio.get_running_loop()
             await super().startup(sockets)
             if self.started and self.servers and self.on_ready is not None:
                 self.on_ready(tuple(self.servers[0].sockets[0].getsockname()[:2]))

@@ -4,7 +4,9 @@ One ``urllib3`` connection pool per slide (``pip install 'wsitool[remote]'``).
 Each request is ``GET`` with ``Range: bytes=a-b`` (never ``HEAD``: a presigned
 URL is signed for GET only); the object's size is the total of the
 ``Content-Range`` of a ``206`` answer.  A ``200`` answer (a server that ignores
-ranges) is accepted for a range at the start of an object of at most 64 MiB.
+ranges) is accepted for a range at the start of an object of at most 64 MiB;
+any other is :class:`~wsitool.errors.RemoteUnavailableError` at once ("does not
+support HTTP range requests", exit 17: retrying cannot help).
 After the first answer each request carries ``If-Match`` with the pinned ETag
 when it is a strong one (``412`` then means the object changed).
 
@@ -20,7 +22,14 @@ import re
 import types
 from typing import Any
 
-from ..errors import InvalidOptionError, RemoteAccessError, RemoteChangedError, RemoteNotFoundError, WsiError
+from ..errors import (
+    InvalidOptionError,
+    RemoteAccessError,
+    RemoteChangedError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+    WsiError,
+)
 from .remote import Response, Transient, Transport
 
 __all__ = ["HttpTransport"]
@@ -136,7 +145,8 @@ class HttpTransport(Transport):
         """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``).
 
         Raises:
-            RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix.
+            RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix;
+                so is RemoteUnavailableError for a server that ignores Range (a 200 answer).
             Transient: what it may (a retry status, a cut body, a range other than asked).
         """
         urllib3 = _urllib3()
@@ -210,8 +220,9 @@ class HttpTransport(Transport):
             size = int(length) if length and length.isdigit() else None
             if start != 0 or size is None or size > _WHOLE_BODY_LIMIT:
                 r.drain_conn()
-                raise RemoteAccessError(f"{self.shown}: the server does not serve byte ranges "
-                                        "(HTTP 200 for a Range request)")
+                # not a refusal (exit 16) but a server wsitool cannot read from: 17, without retries
+                raise RemoteUnavailableError(f"{self.shown}: the server does not support HTTP range requests "
+                                             f"(HTTP 200, the whole object, for bytes {start}-{end - 1})")
             total = size
             want = min(end, total)
         else:
