@@ -177,6 +177,41 @@ def repo_samples() -> list[Path]:
     return sorted(REPO_SAMPLES.glob("sample-*"))
 
 
+def slides_where(paths: list[Path], keep) -> list[Path]:
+    """The slides of ``paths`` that open and for which ``keep(slide)`` is true (others skipped)."""
+    import wsitool
+
+    found = []
+    for p in paths:
+        try:
+            with wsitool.open_slide(p) as slide:
+                if keep(slide):
+                    found.append(p)
+        except wsitool.WsiError:
+            continue
+    return found
+
+
+def serve_port(proc, deadline: float = 30.0, seen: list[str] | None = None) -> int:
+    """The port of a ``wsitool serve`` child from its start-up line on stderr (the lines read
+    go to ``seen``); kills it and fails the test when none comes within ``deadline`` seconds."""
+    import re
+    import time
+
+    seen = [] if seen is None else seen
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        seen.append(line)
+        m = re.search(r"serving 1 slide\(s\) at http://127\.0\.0\.1:(\d+)/", line)
+        if m:
+            return int(m.group(1))
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"no start-up line; stderr: {''.join(seen)}{proc.stderr.read()}")
+
+
 def random_regions(rng: np.random.Generator, level_w: int, level_h: int, n: int, max_size: int = 600):
     """``n`` regions ``(xl, yl, w, h)`` in level pixels: inside, straddling the
     right/bottom edges, and partly outside (negative and beyond)."""

@@ -25,7 +25,16 @@ from wsitool.codec.pool import get_pool
 from wsitool.settings import decode_paths
 from wsitool.slide import pyramid_levels
 
-from helpers import BUG_INPUTS, present, random_regions, repo_samples, tiff_samples, with_byte_count, with_tile_bytes
+from helpers import (
+    BUG_INPUTS,
+    present,
+    random_regions,
+    repo_samples,
+    slides_where,
+    tiff_samples,
+    with_byte_count,
+    with_tile_bytes,
+)
 
 _paths = contextlib.ExitStack()
 
@@ -109,16 +118,7 @@ def _jpeg_levels(slide):
 
 
 def _jpeg_slides():
-    paths = present(tiff_samples() + repo_samples()) + sorted(BUG_INPUTS.glob("*.tif"))
-    found = []
-    for p in paths:
-        try:
-            with wsitool.open_slide(p) as slide:
-                if _jpeg_levels(slide):
-                    found.append(p)
-        except wsitool.WsiError:
-            continue
-    return found
+    return slides_where(present(tiff_samples() + repo_samples()) + sorted(BUG_INPUTS.glob("*.tif")), _jpeg_levels)
 
 
 def test_status_says_in_use():

@@ -16,7 +16,16 @@ from wsitool.codec import jpegloop
 from wsitool.settings import decode_paths
 from wsitool.slide import pyramid_levels
 
-from helpers import BUG_INPUTS, NO_BUGS, SHARED_SAMPLES, present, random_regions, repo_samples, tiff_samples
+from helpers import (
+    BUG_INPUTS,
+    NO_BUGS,
+    SHARED_SAMPLES,
+    present,
+    random_regions,
+    repo_samples,
+    slides_where,
+    tiff_samples,
+)
 
 #: DICOM samples with JPEG frames (read through the Python path: no compiled loop for frames)
 DICOM_JPEG = ["dicom-cmu1-small-region-12level", "dicom-google-jpeg-ybr-957x715.dcm"]
@@ -66,16 +75,8 @@ def _windows(rng, lv):
 
 
 def _jpeg_slides():
-    found = []
     dicom = [SHARED_SAMPLES / n for n in DICOM_JPEG if (SHARED_SAMPLES / n).exists()]
-    for p in present(tiff_samples() + repo_samples()) + dicom:
-        try:
-            with wsitool.open_slide(p) as slide:
-                if _jpeg_levels(slide):
-                    found.append(p)
-        except wsitool.WsiError:
-            continue
-    return found
+    return slides_where(present(tiff_samples() + repo_samples()) + dicom, _jpeg_levels)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["compiled-loop", "python-path"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
 import subprocess
@@ -16,7 +15,7 @@ pytest.importorskip("uvicorn")
 
 import wsitool  # noqa: E402
 
-from helpers import REPO, SHARED_SAMPLES  # noqa: E402
+from helpers import REPO, SHARED_SAMPLES, serve_port  # noqa: E402
 
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 
@@ -32,25 +31,11 @@ def _start(*args):
                             preexec_fn=_default_signals)
 
 
-def _wait_port(proc, deadline=30.0) -> int:
-    """The port from the start-up line on stderr."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        line = proc.stderr.readline()
-        m = re.search(r"serving 1 slide\(s\) at http://127\.0\.0\.1:(\d+)/", line)
-        if m:
-            return int(m.group(1))
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"no start-up line; stderr: {proc.stderr.read()}")
-
-
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_serve_stops_cleanly_on_signals(sig, code):
     proc = _start("--port", "0", "--threads", "1", "--cache-mb", "16")
     try:
-        port = _wait_port(proc)
+        port = serve_port(proc)
         r = httpx.get(f"http://127.0.0.1:{port}/iiif/3/sample-aperio-jpeg.svs/full/256,/0/default.jpg",
                       timeout=20)
         assert r.status_code == 200 and r.content[:2] == b"\xff\xd8"

@@ -21,7 +21,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from helpers import REPO  # noqa: E402
+from helpers import REPO, serve_port  # noqa: E402
 
 SLIDE = REPO / "samples" / "sample-aperio-jpeg.svs"
 
@@ -44,21 +44,6 @@ def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _wait_port(proc: subprocess.Popen, seen: list[str], deadline: float = 60.0) -> int:
-    """The port from the start-up line on stderr (the lines read kept in ``seen``)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        line = proc.stderr.readline()
-        seen.append(line)
-        m = re.search(r"serving 1 slide\(s\) at http://127\.0\.0\.1:(\d+)/", line)
-        if m:
-            return int(m.group(1))
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"no start-up line; stderr: {''.join(seen)}{proc.stderr.read()}")
-
-
 def _wait_rendering(port: int, deadline: float = 30.0) -> None:
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -78,7 +63,7 @@ def test_a_second_signal_stops_the_server_during_a_render(first, second, code):
     seen: list[str] = []
     answers: list[object] = []
     try:
-        port = _wait_port(proc, seen)
+        port = serve_port(proc, 60.0, seen)
         url = f"http://127.0.0.1:{port}/iiif/3/sample-aperio-jpeg.svs/full/256,/0/default.jpg"
 
         def client() -> None:
