@@ -130,6 +130,17 @@ def test_info_fits_80_columns_without_breaking_a_value(name):
         assert "MPP unknown" in proc.stdout
 
 
+def test_info_names_libjpeg_turbo_for_jpeg_levels():
+    """JPEG levels decoded through libjpeg-turbo's API (the compiled extension) say so; with
+    nvImageCodec doing it (no extension) they say nvimagecodec."""
+    from wsitool.codec import jpegloop
+
+    proc = cli("info", REPO / "samples" / "sample-aperio-jpeg.svs", "--json")
+    import json
+    want = "libjpeg-turbo" if jpegloop._load() is not None else "nvimagecodec"
+    assert [lv["decoder"] for lv in json.loads(proc.stdout)["levels"]] == [want] * 3
+
+
 def test_info_names_openjpeg_for_jpeg2000_levels():
     slide = shared_sample("aperio-tcga-cr-7395-jp2k-33005-2level.svs")
     from wsitool.codec import openjpeg

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import errors
-from ..codec import openjpeg
+from ..codec import jpegloop, openjpeg
 from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
@@ -86,7 +86,8 @@ def _level_summary(lv: Any) -> dict[str, Any]:
         "photometric": lv.photometric,
         "samples": lv.samples,
         "dtype": str(lv.dtype),
-        "decoder": openjpeg.decoder_name(lv),  # who really decodes (read/worker.py)
+        # who really decodes (read/worker.py): libjpeg-turbo's API, OpenJPEG, or the level's library
+        "decoder": "libjpeg-turbo" if jpegloop.libjpeg_decoder(lv) is not None else openjpeg.decoder_name(lv),
         "compression_problem": lv.compression_problem,
     }
 
