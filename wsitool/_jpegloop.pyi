@@ -62,15 +62,17 @@ def scatter(src: ReadableBuffer, dest: WriteableBuffer, pieces: ReadableBuffer, 
     before any copy).
     """
 
-def decode_jpeg(stream: ReadableBuffer, out: WriteableBuffer, x0: int, y0: int, x1: int, y1: int, /) -> str | None:
-    """Decode the window ``[x0, x1) x [y0, y1)`` of a complete JPEG code stream as RGB into ``out``.
+def decode_jpeg(stream: ReadableBuffer, out: WriteableBuffer, x0: int, y0: int, x1: int, y1: int,
+                scale_log2: int = 0, /) -> str | None:
+    """Decode the window ``[x0, x1) x [y0, y1)`` of a complete JPEG code stream as RGB into ``out``,
+    at scale ``1 / 2**scale_log2`` (0 to 3: libjpeg's DCT scaling; the window in pixels of that scale).
 
     ``out``: a writable ``(y1 - y0, x1 - x0, 3)`` uint8 buffer, pixels packed, rows at
     least a row apart (a numpy view of a larger C-contiguous array).  The GIL is released.
     Returns None when decoded, else libjpeg-turbo's message: an error, or one of its warnings
     that the entropy-coded data is corrupt (``Corrupt JPEG data: ...``), which stop the
     decode here; the window's pixels are then undefined.  Raises ValueError for an ``out``
-    of another shape, dtype or layout, or an empty window.
+    of another shape, dtype or layout, an empty window, or ``scale_log2`` outside 0 to 3.
     """
 
 @final

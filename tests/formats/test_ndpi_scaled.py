@@ -2,8 +2,9 @@
 
 OpenSlide adds, below each stored NDPI level whose restart interval divides
 by 2, 4, 8, the levels libjpeg decodes from the same intervals at 1/2, 1/4,
-1/8 (``formats/tiff/ndpi_scaled.py`` has the rule); wsitool decodes them with
-Pillow's ``draft()`` (libjpeg-turbo DCT scaling, ``codec/scaled.py``).  The
+1/8 (``formats/tiff/ndpi_scaled.py`` has the rule); wsitool decodes them through
+libjpeg-turbo's API in its extension, or Pillow's ``draft()`` without it (the same
+libjpeg-turbo DCT scaling, ``codec/scaled.py``; pinned to each other below).  The
 oracle is OpenSlide 4 (openslide-bin): levels, downsamples, tile sizes, and
 regions at locations that are multiples of each level's downsample, through
 ``wsitool.open_slide`` and the ``wsitool.openslide`` drop-in alike.  Scaled
@@ -108,8 +109,9 @@ def test_wsitool_info_shows_seven_levels(ndpi):
     assert data["level_count"] == 7
     from wsitool.codec import jpegloop
 
-    stored = "libjpeg-turbo" if jpegloop._load() is not None else "nvimagecodec"
-    assert [lv["decoder"] for lv in data["levels"]] == [stored] * 4 + ["pillow"] * 3
+    ext = jpegloop._load() is not None
+    assert [lv["decoder"] for lv in data["levels"]] == (["libjpeg-turbo"] * 7 if ext
+                                                          else ["nvimagecodec"] * 4 + ["pillow"] * 3)
     assert [(lv["tile_width"], lv["tile_height"]) for lv in data["levels"][STORED:]] == [(248, 4), (124, 2), (62, 1)]
 
 
@@ -227,8 +229,8 @@ def test_a_corrupt_interval_names_its_tile_on_every_scaled_level(ndpi, tmp_path)
         for L in range(STORED, slide.level_count):
             lv = pyramid_levels(slide)[L]
             ds, th = round(lv.downsample), lv.tile_height
-            with pytest.raises(TileDecodeError, match=rf"level {L}, tile \(col 0, row 9\): scaled JPEG decode "
-                                                      r"failed: OSError"):
+            with pytest.raises(TileDecodeError, match=rf"level {L}, tile \(col 0, row 9\): (scaled JPEG decode "
+                                                      r"failed: OSError|corrupt or truncated tile data)"):
                 slide.read_region((0, 8 * th * ds), L, (lv.width, 3 * th), mode="rgb")
             slide.read_region((0, 0), L, (lv.width, 9 * th), mode="rgb")  # the rows above still read
             before = get_pool("cpu").stats().tiles_failed
@@ -261,11 +263,41 @@ def test_a_decode_of_the_wrong_size_is_refused(ndpi, monkeypatch):
     """Pillow's draft not applied (the full-size interval): refused, not written."""
     from PIL import JpegImagePlugin
 
+    from wsitool.settings import decode_paths
+
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", lambda self, mode, size: None)
-    with (wsitool.open_slide(ndpi) as slide,
+    with (decode_paths(libjpeg=False), wsitool.open_slide(ndpi) as slide,
           pytest.raises(TileDecodeError, match=r"level 5, tile \(col 0, row 0\): scaled JPEG decode gives "
                                                r"496x8 RGB, not the 124x2 RGB tile")):
         slide.read_region((0, 0), 5, (10, 2), mode="rgb")
+
+
+def test_libjpeg_scaled_decode_equals_pillows(ndpi, tmp_path):
+    """The extension's scaled decode (libjpeg-turbo's API) gives Pillow's ``draft`` pixels on
+    every scaled level, whole; and an interval with flipped bytes, which Pillow decodes without
+    a word, is the tile's error naming libjpeg's warning."""
+    from wsitool.settings import decode_paths
+
+    if jpegloop.libjpeg_decode() is None:
+        pytest.skip(f"compiled extension: {jpegloop.status()}")
+    with wsitool.open_slide(ndpi) as slide:
+        for L in range(STORED, slide.level_count):
+            lv = pyramid_levels(slide)[L]
+            got = slide.read_region((0, 0), L, (lv.width, lv.height), mode="rgb")
+            with decode_paths(libjpeg=False):
+                want = slide.read_region((0, 0), L, (lv.width, lv.height), mode="rgb")
+            assert np.array_equal(got, want), L
+    bad = _with_interval(ndpi, tmp_path, STORED - 1, 9,
+                         lambda b: b[:len(b) // 3] + bytes(x ^ 0xFF for x in b[len(b) // 3:len(b) // 3 + 8])
+                         + b[len(b) // 3 + 8:])
+    with wsitool.open_slide(bad) as slide:
+        lv = pyramid_levels(slide)[STORED]
+        ds, th = round(lv.downsample), lv.tile_height
+        with decode_paths(libjpeg=False):
+            slide.read_region((0, 9 * th * ds), STORED, (lv.width, th), mode="rgb")  # Pillow: silent
+        with pytest.raises(TileDecodeError, match=rf"level {STORED}, tile \(col 0, row 9\): corrupt or truncated "
+                                                  r"tile data \(libjpeg-turbo: Corrupt JPEG data"):
+            slide.read_region((0, 9 * th * ds), STORED, (lv.width, th), mode="rgb")
 
 
 # ------------------------------------------------------------------ the rule

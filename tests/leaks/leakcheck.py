@@ -259,9 +259,18 @@ def path_dicom(rng, stack):
 
 
 def path_scaled_jpeg(rng, stack):
-    """NDPI levels made by scaled JPEG decoding (Pillow ``draft``, 1/2 to 1/8), no cache."""
+    """NDPI levels made by scaled JPEG decoding (libjpeg-turbo's API in the extension, 1/2 to
+    1/8), no cache."""
     if not NDPI.exists():
         raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {NDPI.name})")
+    return _levels_reader(NDPI, rng, stack, (4, 5, 6), (8, 60)), "wsitool.codec.generic:decode_scaled"
+
+
+def path_scaled_pillow(rng, stack):
+    """The same levels decoded by Pillow's ``draft`` (where the extension is not built)."""
+    if not NDPI.exists():
+        raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {NDPI.name})")
+    stack.enter_context(_paths_ctx(libjpeg=False))
     return _levels_reader(NDPI, rng, stack, (4, 5, 6), (8, 60)), "wsitool.codec.generic:decode_scaled"
 
 
@@ -432,6 +441,7 @@ PATHS = {
     "tifffile": path_tifffile,
     "dicom": path_dicom,
     "scaled-jpeg": path_scaled_jpeg,
+    "scaled-pillow": path_scaled_pillow,
     "associated": path_associated,
     "boxfilter": path_boxfilter,
     "export": path_export,

@@ -396,14 +396,15 @@ static void lj_emit_message(j_common_ptr c, int level)
     /* trace messages (level >= 0): nothing */
 }
 
-/* Decode the rectangle [sx0, sx1) x [sy0, sy1) of the JPEG code stream data[0, n)
- * as RGB into target (its pixel (sx0, sy0) first, rows stride bytes apart).  *row is a
+/* Decode the rectangle [sx0, sx1) x [sy0, sy1) of the JPEG code stream data[0, n),
+ * at scale 1 / 2**scale_log2 (0 to 3: libjpeg's DCT scaling, 8 x 8 blocks decoded as 4 x 4,
+ * 2 x 2 or 1 x 1; the rectangle in pixels of that scale), as RGB into target (its pixel (sx0, sy0) first, rows stride bytes apart).  *row is a
  * scratch of *row_cap bytes for one output row of a crop wider than the rectangle,
  * grown here (before the decode starts; counted in *allocations).  1 when decoded;
  * 0 with libjpeg's message (or why) in msg, JMSG_LENGTH_MAX bytes, when not: the
  * rectangle's pixels are then undefined. */
-static int lj_decode(const unsigned char* data, size_t n, int64_t sx0, int64_t sy0, int64_t sx1, int64_t sy1,
-                     unsigned char* target, size_t stride, unsigned char** row, size_t* row_cap,
+static int lj_decode(const unsigned char* data, size_t n, int scale_log2, int64_t sx0, int64_t sy0, int64_t sx1,
+                     int64_t sy1, unsigned char* target, size_t stride, unsigned char** row, size_t* row_cap,
                      long long* allocations, char* msg)
 {
     struct jpeg_decompress_struct c;
@@ -420,16 +421,19 @@ static int lj_decode(const unsigned char* data, size_t n, int64_t sx0, int64_t s
     jpeg_create_decompress(&c);
     jpeg_mem_src(&c, data, (unsigned long)n);
     jpeg_read_header(&c, TRUE);
-    if ((int64_t)c.image_width < sx1 || (int64_t)c.image_height < sy1) {
-        snprintf(msg, JMSG_LENGTH_MAX, "the frame (%u x %u) does not hold the window", c.image_width,
-                 c.image_height);
+    c.out_color_space = JCS_RGB;
+    c.scale_num = 1;
+    c.scale_denom = 1u << scale_log2;
+    jpeg_calc_output_dimensions(&c);
+    if ((int64_t)c.output_width < sx1 || (int64_t)c.output_height < sy1) {
+        snprintf(msg, JMSG_LENGTH_MAX, "the frame (%u x %u at 1/%u) does not hold the window", c.output_width,
+                 c.output_height, c.scale_denom);
         jpeg_destroy_decompress(&c);
         return 0;
     }
-    c.out_color_space = JCS_RGB;
     /* the crop scratch: one row of the widest window, reserved before any decoding (no
      * allocation between setjmp and a longjmp) */
-    size_t need = (size_t)c.image_width * 3;
+    size_t need = (size_t)c.output_width * 3;
     if (!reserve(row, row_cap, need, allocations)) {
         snprintf(msg, JMSG_LENGTH_MAX, "no memory for a %zu-byte row", need);
         jpeg_destroy_decompress(&c);
@@ -501,7 +505,7 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
     for (int i = 0; i < n; i++) {
         Pending* e = &q[i];
         release(e);
-        if (!lj_decode(e->data, e->len, e->sx0, e->sy0, e->sx1, e->sy1, e->target, e->stride, &self->row,
+        if (!lj_decode(e->data, e->len, 0, e->sx0, e->sy0, e->sx1, e->sy1, e->target, e->stride, &self->row,
                        &self->row_cap, &t->allocations, msg)) {
             fail_decode(t, p, e, msg);
             continue;
@@ -871,7 +875,7 @@ static int splice_band(Decoder* self, const Plan* p, size_t sof, Py_ssize_t k0, 
     unsigned char* target = decode_target(self, p, 0, dy0, dx0, w, h, &row_stride, t);
     char msg[JMSG_LENGTH_MAX];
     if (target == NULL
-        || !lj_decode(self->arena, len, ox0 - bx0, oy0 - by0, ox1 - bx0, oy1 - by0, target, row_stride,
+        || !lj_decode(self->arena, len, 0, ox0 - bx0, oy0 - by0, ox1 - bx0, oy1 - by0, target, row_stride,
                       &self->row, &self->row_cap, &t->allocations, msg))
         return 0;
     if (p->channels == 4)
@@ -1154,10 +1158,11 @@ done:
 }
 
 static const char decode_jpeg_doc[] =
-    "decode_jpeg(stream, out, x0, y0, x1, y1) -> None or str\n"
+    "decode_jpeg(stream, out, x0, y0, x1, y1, scale_log2=0) -> None or str\n"
     "--\n\n"
     "Decode the window [x0, x1) x [y0, y1) of the complete JPEG code stream ``stream``\n"
-    "as RGB into ``out``, a writable (y1 - y0, x1 - x0, 3) uint8 buffer whose rows may\n"
+    "at scale 1 / 2**scale_log2 (0 to 3, libjpeg's DCT scaling; the window in pixels of\n"
+    "that scale) as RGB into ``out``, a writable (y1 - y0, x1 - x0, 3) uint8 buffer whose rows may\n"
     "be padded (a numpy view of a larger C-contiguous array), the GIL released: the\n"
     "decode of the compiled loop, for the Python path.  Returns None when decoded, else\n"
     "libjpeg-turbo's message (corrupt data included: see lj_decode); the window's pixels\n"
@@ -1168,7 +1173,8 @@ static PyObject* jl_decode_jpeg(PyObject* self, PyObject* args)
     Py_buffer stream, out;
     PyObject* out_obj;
     long long x0, y0, x1, y1;
-    if (!PyArg_ParseTuple(args, "y*OLLLL", &stream, &out_obj, &x0, &y0, &x1, &y1))
+    int scale_log2 = 0;
+    if (!PyArg_ParseTuple(args, "y*OLLLL|i", &stream, &out_obj, &x0, &y0, &x1, &y1, &scale_log2))
         return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_RECORDS) < 0) {
         PyBuffer_Release(&stream);
@@ -1176,11 +1182,12 @@ static PyObject* jl_decode_jpeg(PyObject* self, PyObject* args)
     }
     PyObject* result = NULL;
     if (out.ndim != 3 || out.itemsize != 1 || out.format == NULL || strcmp(out.format, "B") != 0
-        || x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0 || x1 > COORD_MAX || y1 > COORD_MAX
+        || x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0 || x1 > COORD_MAX || y1 > COORD_MAX || scale_log2 < 0
+        || scale_log2 > 3
         || out.shape[0] != y1 - y0 || out.shape[1] != x1 - x0 || out.shape[2] != 3 || out.strides[2] != 1
         || out.strides[1] != 3 || out.strides[0] < 3 * out.shape[1]) {
         PyErr_SetString(PyExc_ValueError, "out must be a writable (y1 - y0, x1 - x0, 3) uint8 buffer, "
-                                          "pixels packed, rows at least a row apart");
+                                          "pixels packed, rows at least a row apart; scale_log2 0 to 3");
         goto done;
     }
     char msg[JMSG_LENGTH_MAX];
@@ -1189,7 +1196,7 @@ static PyObject* jl_decode_jpeg(PyObject* self, PyObject* args)
     long long allocations = 0;
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = lj_decode((const unsigned char*)stream.buf, (size_t)stream.len, x0, y0, x1, y1, (unsigned char*)out.buf,
+    ok = lj_decode((const unsigned char*)stream.buf, (size_t)stream.len, scale_log2, x0, y0, x1, y1, (unsigned char*)out.buf,
                    (size_t)out.strides[0], &row, &row_cap, &allocations, msg);
     free(row);
     Py_END_ALLOW_THREADS

@@ -86,10 +86,18 @@ def _level_summary(lv: Any) -> dict[str, Any]:
         "photometric": lv.photometric,
         "samples": lv.samples,
         "dtype": str(lv.dtype),
-        # who really decodes (read/worker.py): libjpeg-turbo's API, OpenJPEG, or the level's library
-        "decoder": "libjpeg-turbo" if jpegloop.libjpeg_decoder(lv) is not None else openjpeg.decoder_name(lv),
+        "decoder": _decoder_name(lv),
         "compression_problem": lv.compression_problem,
     }
+
+
+def _decoder_name(lv) -> str:
+    """Who really decodes ``lv``'s tiles on a read: ``libjpeg-turbo`` (its API in the compiled
+    extension: JPEG levels, and NDPI's scaled levels in place of Pillow), ``openjpeg``, or the
+    level's library (:attr:`wsitool.model.TileEncoding.decoder`)."""
+    if jpegloop.libjpeg_decoder(lv) is not None or (lv.decoder == "pillow" and jpegloop.libjpeg_decode()):
+        return "libjpeg-turbo"
+    return openjpeg.decoder_name(lv)
 
 
 def _associated_sizes(s: Slide) -> dict[str, list[int] | str]:

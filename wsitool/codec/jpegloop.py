@@ -158,7 +158,16 @@ def libjpeg_decoder(lv: PyramidLevel):
     included).
     """
     enc = lv.encoding
-    if not get_decode_paths().libjpeg or enc.codec != "nv" or enc.stream != "jpeg":
+    if enc.codec != "nv" or enc.stream != "jpeg":
+        return None
+    return libjpeg_decode()
+
+
+def libjpeg_decode():
+    """``wsitool._jpegloop.decode_jpeg`` (see :func:`libjpeg_decoder`; it also takes a 7th
+    argument, ``scale_log2`` 0 to 3, for libjpeg's DCT scaling), or None where
+    :class:`wsitool.settings.DecodePaths` ``libjpeg`` is off or the extension is not loaded."""
+    if not get_decode_paths().libjpeg:
         return None
     mod = _module if _module is not None else _load()
     return None if mod is None else mod.decode_jpeg

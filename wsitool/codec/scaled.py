@@ -7,10 +7,14 @@ JPEG data at a reduced scale (OpenSlide's Hamamatsu format notes;
 (IJG libjpeg 7+ and libjpeg-turbo, ``scale_num / scale_denom``) computes such an
 output from the low-frequency DCT coefficients of each block: an 8 x 8 block
 becomes 4 x 4, 2 x 2 or 1 x 1 pixels, without decoding the full-size image first.
-nvImageCodec and imagecodecs offer no such scaling; Pillow does, through
-``Image.draft()``, which sets libjpeg-turbo's ``scale_denom`` to the largest of
-8, 4, 2 that the requested size allows, with the default (accurate integer)
-DCT and fancy upsampling, as OpenSlide decodes (Pillow's ``JpegImagePlugin``).
+nvImageCodec and imagecodecs offer no such scaling.  wsitool's compiled extension
+decodes it through libjpeg-turbo's own API (``scale_denom = 2**k``, the default
+accurate integer DCT and fancy upsampling, as OpenSlide decodes), where corrupt
+entropy-coded data is an error (:func:`wsitool.codec.jpegloop.libjpeg_decode`);
+without the extension, Pillow does it through ``Image.draft()``, which sets the same
+``scale_denom`` with the same DCT and upsampling (Pillow's ``JpegImagePlugin``) but
+decodes corrupt data without a word.  Both give the same pixels
+(``tests/formats/test_ndpi_scaled.py``).
 
 The tiles: a level with :attr:`~wsitool.model.TileEncoding.codec` ``"scaled-jpeg"``
 shares the segments of the stored level it is scaled from (for NDPI: one
@@ -37,6 +41,8 @@ from PIL import Image
 from ..bitstream import jpeg_frame_size
 from ..errors import TileDecodeError
 from ..model import PyramidLevel
+from .failures import libjpeg_reason
+from .jpegloop import libjpeg_decode
 from .pool import ThreadState
 from .tilebytes import jpeg_stream, read_tile_bytes
 
@@ -81,9 +87,9 @@ def decode_scaled_stream(level: PyramidLevel, col: int, row: int, stream: bytes)
     """Decode the complete JPEG ``stream`` of tile ``(col, row)`` of the scaled ``level``.
 
     The frame header must declare ``(level.tile_width << k, level.tile_height
-    << k)`` pixels (``k = level.encoding.scale_log2``, 1 to 3) and Pillow's
-    scaled decode (``Image.draft``, libjpeg ``scale_denom = 2**k``) must give
-    ``(tile_width, tile_height)`` RGB pixels.
+    << k)`` pixels (``k = level.encoding.scale_log2``, 1 to 3); the scaled decode
+    (libjpeg-turbo's API through the extension, else Pillow's ``Image.draft``; libjpeg
+    ``scale_denom = 2**k``) must give ``(tile_width, tile_height)`` RGB pixels.
 
     Returns:
         ``(tile_height, tile_width, 3)`` uint8.
@@ -107,6 +113,13 @@ def decode_scaled_stream(level: PyramidLevel, col: int, row: int, stream: bytes)
     if frame != want:
         raise fail(f"JPEG frame {frame[0]}x{frame[1]} is not the {want[0]}x{want[1]} tile this "
                    f"level decodes at 1/{1 << k}")
+    decode = libjpeg_decode()
+    if decode is not None:
+        out = np.empty((th, tw, 3), np.uint8)
+        message = decode(stream, out, 0, 0, tw, th, k)
+        if message is not None:
+            raise fail(libjpeg_reason(message))
+        return out
     try:
         with Image.open(io.BytesIO(stream), formats=("JPEG",)) as im:
             im.draft("RGB", (tw, th))
