@@ -122,6 +122,23 @@ def jpeg_sof(data: bytes, sof_markers: frozenset = SOF_MARKERS) -> bytes | None:
     return None
 
 
+#: The frame headers of the DCT processes (ITU-T T.81 table B.1): baseline (SOF0), extended (SOF1) and
+#: progressive (SOF2) with Huffman coding, extended (SOF9) and progressive (SOF10) with arithmetic coding.
+#: The others are lossless (SOF3, SOF11) or hierarchical (SOF5-7, SOF13-15).
+DCT_SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC9, 0xCA})
+
+
+def jpeg_frame_kind(data: bytes) -> tuple[int, int, int] | None:
+    """``(SOF marker, sample precision P, number of components Nf)`` of the first frame header
+    of a JPEG stream (ITU-T T.81 B.2.2: P, Y, X, Nf), or None (no frame header before SOS)."""
+    for marker, start, end in jpeg_segments(data):
+        if marker in SOF_MARKERS:
+            return (marker, data[start], data[start + 5]) if end - start >= 6 else None
+        if marker == 0xDA:
+            return None
+    return None
+
+
 def _frame_size(data: bytes, sof_markers: frozenset) -> tuple[int, int] | None:
     sof = jpeg_sof(data, sof_markers)
     if sof is None or len(sof) < 5:  # precision, height, width (T.81 B.2.2)

@@ -157,3 +157,141 @@ def test_decode_jpeg_checks_its_output_buffer(sample_jpeg):
     window = np.zeros((50, 70, 3), np.uint8)
     assert mod.decode_jpeg(stream, window, 13, 21, 83, 71) is None
     assert np.array_equal(window, whole[21:71, 13:83])
+
+
+def _tiled_tiff(path, tiles: list[bytes], width: int, height: int, tile: int = 64):
+    """A one-level tiled TIFF at ``path`` whose JPEG tiles are the given complete streams."""
+    tifffile = pytest.importorskip("tifffile")
+    tifffile.imwrite(path, iter(tiles), shape=(height, width, 3), dtype=np.uint8, tile=(tile, tile),
+                     compression="jpeg", photometric="rgb")
+    return path
+
+
+def _pattern(h: int, w: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([(x * 3 + y) % 256, (y * 5) % 256, (x * y // 7) % 256], -1)
+    return (img + rng.integers(0, 40, img.shape)).clip(0, 255).astype(np.uint8)
+
+
+def _pil_jpeg(img: np.ndarray, **options) -> bytes:
+    image = pytest.importorskip("PIL.Image")
+    import io
+
+    buf = io.BytesIO()
+    image.fromarray(img).save(buf, format="JPEG", quality=90, **options)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["lossless", "cmyk", "12-bit"])
+def test_jpeg_kinds_libjpeg_does_not_decode_stay_with_nvimagecodec(tmp_path, kind):
+    """A level of lossless (SOF3), CMYK or 12-bit JPEG tiles (in an 8-bit RGB TIFF): libjpeg-turbo
+    2.1 decodes none of them to RGB, so the level is left to nvImageCodec
+    (:func:`jpegloop.libjpeg_decodes`, from the first tile's frame header) on both paths: its
+    pixels (lossless, CMYK) or its error (12-bit, which it does not decode either)."""
+    imagecodecs = pytest.importorskip("imagecodecs")
+    img = _pattern(128, 128)
+    cells = [np.ascontiguousarray(img[y:y + 64, x:x + 64]) for y in (0, 64) for x in (0, 64)]
+    if kind == "lossless":
+        tiles = [imagecodecs.jpeg8_encode(c, lossless=True) for c in cells]
+    elif kind == "cmyk":
+        image = pytest.importorskip("PIL.Image")
+        tiles = []
+        for c in cells:
+            import io
+
+            buf = io.BytesIO()
+            image.fromarray(c).convert("CMYK").save(buf, format="JPEG", quality=90)
+            tiles.append(buf.getvalue())
+    else:
+        tiles = [imagecodecs.jpeg8_encode(c.astype(np.uint16) * 16, 90, bitspersample=12) for c in cells]
+    path = _tiled_tiff(tmp_path / f"{kind}.tif", tiles, 128, 128)
+    with wsitool.open_slide(path) as slide:
+        assert not jpegloop.libjpeg_decodes(pyramid_levels(slide)[0])
+        ref, _ = _read(slide, (3, 5), 0, (100, 90), native=False, libjpeg=False, on_error="raise")
+        assert isinstance(ref, wsitool.TileDecodeError) == (kind == "12-bit"), ref
+        for native in (True, False):
+            got, _ = _read(slide, (3, 5), 0, (100, 90), native=native, on_error="raise")
+            if isinstance(ref, wsitool.TileDecodeError):
+                assert str(got) == str(ref)  # nvImageCodec's own words
+            else:
+                assert np.array_equal(got, ref), (kind, native)
+
+
+def _hostile_streams() -> dict[str, bytes]:
+    """Damaged or hostile JPEG streams of a 64 x 64 tile (a sound one under ``"sound"``)."""
+    img = _pattern(64, 64, 1)
+    good, progressive = _pil_jpeg(img), _pil_jpeg(img, progressive=True)
+    sos = good.index(b"\xff\xda")
+    head_end = sos + 2 + int.from_bytes(good[sos + 2:sos + 4], "big")
+    head, scan = good[:head_end], good[head_end:-2]
+    last_scan = progressive[progressive.rindex(b"\xff\xda"):-2]
+    return {
+        "sound": good,
+        "truncated": good[:len(good) // 2],
+        "junk after the last MCU": head + scan + b"\x12" * 100_000 + b"\xff\xd9",
+        "a scan of 4 MB of stuffed 0xFF": head + b"\xff\x00" * 2_000_000 + b"\xff\xd9",
+        "a second scan": head + scan + good[sos:],
+        "a restart marker in a stream without DRI": head + scan[:300] + b"\xff\xd0" + scan[300:] + b"\xff\xd9",
+        "a progressive scan repeated 500 times": progressive[:-2] + last_scan * 500 + b"\xff\xd9",
+    }
+
+
+def test_hostile_streams_are_a_message_and_leave_the_decoder_sound():
+    """Each damaged or hostile stream decoded whole is libjpeg-turbo's message (no crash, no
+    hang: the worst is a 4 MB scan), and a sound stream decodes the same before and after."""
+    mod = jpegloop._load()
+    streams = _hostile_streams()
+    before = np.zeros((64, 64, 3), np.uint8)
+    assert mod.decode_jpeg(streams["sound"], before, 0, 0, 64, 64) is None
+    for name, stream in streams.items():
+        if name == "sound":
+            continue
+        message = mod.decode_jpeg(stream, np.zeros((64, 64, 3), np.uint8), 0, 0, 64, 64)
+        assert isinstance(message, str) and message, name
+    after = np.zeros((64, 64, 3), np.uint8)
+    assert mod.decode_jpeg(streams["sound"], after, 0, 0, 64, 64) is None
+    assert np.array_equal(before, after) and before.any()
+
+
+def test_threads_reading_corrupt_tiles_agree_with_one_thread(tmp_path):
+    """8 threads reading windows of a slide with damaged tiles, ``fill`` and ``raise`` mixed,
+    through the compiled loop and the Python path: each read is what the same read gives on
+    one thread: the same pixels, or an error (naming one of the damaged tiles: with several
+    in a window, which one fails first is a race, on one thread too)."""
+    import threading
+
+    streams = _hostile_streams()
+    bad = [s for name, s in streams.items() if name != "sound"]
+    img = _pattern(256, 256, 2)
+    tiles = [_pil_jpeg(img[y:y + 64, x:x + 64]) for y in range(0, 256, 64) for x in range(0, 256, 64)]
+    for i, stream in enumerate(bad):
+        tiles[1 + 2 * i] = stream
+    damaged = {((1 + 2 * i) % 4, (1 + 2 * i) // 4) for i in range(len(bad))}
+    path = _tiled_tiff(tmp_path / "damaged.tif", tiles, 256, 256)
+    rng = np.random.default_rng(7)
+    reads = [((int(rng.integers(0, 200)), int(rng.integers(0, 200))), ("fill", "raise")[i % 2], i % 3 == 0)
+             for i in range(48)]
+
+    def outcome(slide, loc, on_error, native):
+        # (warnings are not compared: catching them is not thread-safe)
+        got, _ = _read(slide, loc, 0, (90, 70), native=native, on_error=on_error)
+        if isinstance(got, wsitool.TileDecodeError):
+            return ("error", (got.col, got.row) in damaged)
+        return (got.tobytes(), True)
+
+    with wsitool.open_slide(path) as slide:
+        expected = [outcome(slide, *r) for r in reads]
+        got: list = [None] * len(reads)
+
+        def work(k):
+            for i in range(k, len(reads), 8):
+                got[i] = outcome(slide, *reads[i])
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert got == expected and all(o[1] for o in expected)
+    assert any(o[0] == "error" for o in expected) and any(o[0] != "error" for o in expected)

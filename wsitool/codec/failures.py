@@ -62,10 +62,20 @@ def no_image_reason(detail: str | None = None) -> str:
             + (f"; {detail})" if detail else ")"))
 
 
+#: libjpeg-turbo's messages (jerror.h) for a JPEG process, precision or colour conversion it
+#: does not implement ("Unsupported marker type" is left out: a damaged header gives it)
+UNSUPPORTED_JPEG = ("Unsupported JPEG process", "Unsupported JPEG data precision",
+                    "Unsupported color conversion request")
+
+
 def libjpeg_reason(message: str) -> str:
     """A JPEG decode libjpeg-turbo stopped, with its ``message``: an error, or a warning
     that the entropy-coded data is corrupt (``Corrupt JPEG data: ...``), which the
-    compiled decode treats as an error (see ``lj_decode`` in wsitool/_native/jpegloop.c)."""
+    compiled decode treats as an error (see ``lj_decode`` in wsitool/_native/jpegloop.c).
+    libjpeg-turbo's errors for a kind of JPEG it does not decode (``UNSUPPORTED_JPEG``: a
+    lossless or 12-bit JPEG, a CMYK one to convert to RGB) are said so, not called damage."""
+    if message.startswith(UNSUPPORTED_JPEG):
+        return f"a JPEG tile libjpeg-turbo does not decode (libjpeg-turbo: {message})"
     return f"corrupt or truncated tile data (libjpeg-turbo: {message})"
 
 

@@ -47,10 +47,12 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import weakref
 from typing import Any, cast
 
 import numpy as np
 
+from ..bitstream import DCT_SOF_MARKERS, jpeg_frame_kind
 from ..errors import TileDecodeError
 from ..geometry import plan_tiles
 from ..model import PyramidLevel
@@ -59,6 +61,8 @@ from ..silence import stderr_silenced
 from . import failures as reasons
 from .failures import tile_failed
 from .library import nv
+from .pool import DecodeStats
+from .tilebytes import jpeg_stream, read_tile_bytes
 
 #: Most tiles one call of the compiled loop takes (``MAX_BATCH`` in jpegloop.c).
 MAX_CHUNK = 64
@@ -135,6 +139,8 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
     enc = lv.encoding
     if not (paths.native and paths.libjpeg) or enc.codec != "nv" or enc.stream != "jpeg" or enc.ycbcr_after_decode:
         return False
+    if not libjpeg_decodes(lv):
+        return False
     if lv.tiles.planes != 1 or lv.source.fileno() is None or mode not in ("rgb", "raw", "rgba"):
         return False
     if paths.force_scratch or not paths.roi_decode:
@@ -161,6 +167,47 @@ def libjpeg_decoder(lv: PyramidLevel):
     if enc.codec != "nv" or enc.stream != "jpeg":
         return None
     return libjpeg_decode()
+
+
+_kinds: weakref.WeakKeyDictionary[PyramidLevel, bool] = weakref.WeakKeyDictionary()
+
+
+def libjpeg_kind(kind: tuple[int, int, int] | None) -> bool:
+    """Whether libjpeg-turbo's API decodes a JPEG of frame ``kind`` (:func:`wsitool.bitstream.jpeg_frame_kind`)
+    to RGB: a DCT process (ITU-T T.81 table B.1: SOF0-2, SOF9-10), 8-bit samples, 1 or 3
+    components.  Lossless (SOF3, SOF11, ...), 12-bit and 4-component (CMYK, YCCK) JPEG stay
+    with nvImageCodec, which decodes the lossless and the 4-component ones (libjpeg-turbo 2.1
+    does neither).  True for None (no readable frame header: the decode reports it)."""
+    return kind is None or (kind[0] in DCT_SOF_MARKERS and kind[1] == 8 and kind[2] in (1, 3))
+
+
+def libjpeg_decodes(lv: PyramidLevel) -> bool:
+    """:func:`libjpeg_kind` of ``lv``'s first stored tile, read once per level: whether the
+    compiled loop takes the level (:func:`applies`; a local file, so the read is one
+    ``pread``).  The Python path looks at each tile's own frame header instead
+    (:func:`wsitool.codec.nvdecode.decode_into`: no extra request for a remote slide), so a
+    level mixing kinds of JPEG, which no known writer makes, could read differently on the
+    two paths."""
+    known = _kinds.get(lv)
+    if known is None:
+        known = _kinds[lv] = _probe_kind(lv)
+    return known
+
+
+def _probe_kind(lv: PyramidLevel) -> bool:
+    offsets, counts = lv.tiles.offsets, lv.tiles.bytecounts
+    n = min(len(offsets), len(counts))
+    stored = np.flatnonzero((offsets[:n] > 0) & (counts[:n] > 0))
+    if not len(stored):
+        return True
+    index = int(stored[0])
+    col, row = index % lv.tiles_across, index // lv.tiles_across
+    try:
+        data = read_tile_bytes(lv, index, col, row, DecodeStats())
+        kind = None if data is None else jpeg_frame_kind(jpeg_stream(lv, bytes(data), col, row))
+    except (TileDecodeError, OSError):
+        return True
+    return libjpeg_kind(kind)
 
 
 def libjpeg_decode():

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bitstream import jpeg_frame_kind
 from ..errors import TileDecodeError
 from ..model import PyramidLevel
 from ..settings import get_decode_paths
 from .failures import libjpeg_reason, no_image_reason, outside_reason, unusable_stream_reason
 from .headers import codestream
-from .jpegloop import libjpeg_decoder
+from .jpegloop import libjpeg_decoder, libjpeg_kind
 from .library import decode_params, nv
 from .pool import DecodeStats, ThreadState
 from .tilebytes import jpeg_stream
@@ -151,6 +152,10 @@ def decode_into(
         if not complete:  # (bytes of read_tile_bytes: bytes() of bytes is that object, no copy)
             data = jpeg_stream(level, bytes(data), col, row)
         complete = True
+        # (bytes: the stream may be a uint8 array, whose items would be numpy scalars)
+        head = data if isinstance(data, bytes) else bytes(data)
+        if not libjpeg_kind(jpeg_frame_kind(head)):  # lossless, 12-bit, CMYK: nvImageCodec's
+            libjpeg = None
     cs, how, (width, height) = plan_decode(level, col, row, data, src_rect, complete, substream=libjpeg is None)
     if dst.shape[:2] != (y1 - y0, x1 - x0):
         raise ValueError(f"destination shape {dst.shape} does not match {src_rect}")
