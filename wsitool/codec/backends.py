@@ -165,8 +165,9 @@ class _Cuda:
 def _nvimagecodec_entry(nv_ok: bool) -> dict[str, Any]:
     """The row of nvImageCodec's CPU decoders."""
     return {"name": "CPU: nvImageCodec (libjpeg-turbo, OpenJPEG)", "device": "cpu", "available": nv_ok,
-            "decodes": "JPEG (7) RGB/YCbCr, JPEG 2000 (33003, 33005, 34712); device cpu, "
-                       "and fallback for device cuda",
+            "decodes": "JPEG (7) headers; JPEG tiles where the compiled loop is not built and "
+                       "lossless / CMYK JPEG; JPEG 2000 (33003, 33005, 34712) where OpenJPEG is not "
+                       "found; device cpu, and fallback for device cuda",
             "detail": "loaded" if nv_ok else
                       f"{unavailable_reason()}; JPEG and JPEG 2000 tiles are decoded by imagecodecs "
                       "(the same pixels, slower)"}
