@@ -104,7 +104,7 @@ def test_info_fits_80_columns_when_piped(name):
         assert word in header.split(), header
     assert "…" not in proc.stdout
     assert len(lines) <= 20, proc.stdout
-    assert "--backends" in proc.stdout and "libjpeg-turbo" not in proc.stdout
+    assert "--backends" in proc.stdout and "CPU: nvImageCodec" not in proc.stdout
 
 
 def test_info_follows_columns_and_backends_option(cmu1):

@@ -139,9 +139,9 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
     enc = lv.encoding
     if not (paths.native and paths.libjpeg) or enc.codec != "nv" or enc.stream != "jpeg" or enc.ycbcr_after_decode:
         return False
-    if not libjpeg_decodes(lv):
-        return False
     if lv.tiles.planes != 1 or lv.source.fileno() is None or mode not in ("rgb", "raw", "rgba"):
+        return False
+    if not libjpeg_decodes(lv):  # (a local file, known from here on: its probe is one pread)
         return False
     if paths.force_scratch or not paths.roi_decode:
         return False
