@@ -19,6 +19,9 @@ MAX_BATCH: int
 SCAN_SEGMENTS: int
 #: Present (1) when ``decode_tiles`` takes ``dest, pieces`` and :func:`scatter` exists.
 SCATTER: int
+#: Present (1) when ``decode_tiles`` takes ``keep`` (pieces copied from a tile scratch) and
+#: ``dest2, pieces2``.
+SCATTER_KEEP: int
 #: Present (1) when ``decode_tiles`` splices an NDPI band's restart intervals into one code
 #: stream and returns the ``spliced`` count.
 SPLICE: int
@@ -99,6 +102,9 @@ class Decoder:
         scan_segments: int = 0,
         dest: WriteableBuffer | None = None,
         pieces: ReadableBuffer | None = None,
+        keep: bool = True,
+        dest2: WriteableBuffer | None = None,
+        pieces2: ReadableBuffer | None = None,
         /,
     ) -> tuple[int, int, int, int, int, int, int, int, list[tuple[int, int, int, int, str]]]:
         """Decode jobs ``[j0, j1)`` of a region's tiles into ``out``, GIL released.
@@ -120,6 +126,14 @@ class Decoder:
             dest, pieces: optional, as for :func:`scatter` (pieces of ``out``): after each
                 decode call the decoded tiles' parts of every piece are copied into ``dest``
                 while still in the cache.
+            keep: with ``pieces``: False when ``out``'s pixels are not wanted besides the
+                pieces.  RGB tiles are then decoded one at a time into a tile-sized scratch
+                that is still in the CPU cache when the pieces are copied from it (decoding
+                into a large ``out`` costs up to 10-20 % more, in cache misses), and ``out``
+                holds only the zeros of failed and missing tiles.  True (the default): the
+                scratch's pixels are also copied into ``out``.
+            dest2, pieces2: optional, with ``pieces``: more pieces, into ``dest2`` (the
+                patches of the next batch that need the same tiles).
 
         Returns:
             ``(direct, roi, scratch, missing, bytes_read, decoded, allocations,

@@ -341,6 +341,54 @@ def test_bad_arguments_are_refused_not_crashed(sample_jpeg):
         assert dec.decode_tiles(*args)[5] == 1  # and the decoder still works
         # offsets and byte counts of different lengths (as some files list them): fine
         assert dec.decode_tiles(lv.source.fileno(), prefix, out, lv.tiles.offsets[:-1], *args[4:])[5] == 1
+        dest = np.zeros((2, 4, 4, 3), np.uint8)
+        piece = np.array([[0, dest.strides[1], 0, 4, 0, 4]], np.int64)
+        far = np.array([[0, dest.strides[1], 0, 4, 0, 11]], np.int64)  # reads past out's width
+        for call in [(*args, 0, dest, piece, False, dest),                  # dest2 without pieces2
+                     (*args, 0, None, None, False, dest, piece),            # pieces2 without pieces
+                     (*args, 0, dest, piece, False, dest, far)]:
+            with pytest.raises((ValueError, TypeError)):
+                dec.decode_tiles(*call)
+        assert not dest.any()  # refused before any decode or copy
+
+
+def test_pieces_come_from_the_tile_scratch_into_two_destinations(sample_jpeg):
+    """``keep=False``: RGB tiles decoded into the loop's tile scratch, the pieces (``dest``)
+    and the next batch's pieces (``dest2``) copied from it, ``out`` left as it was; the same
+    pixels as a decode into ``out`` (``keep=True``, the default) and numpy slicing of it."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = pyramid_levels(slide)[0]
+        tw, th = lv.tile_width, lv.tile_height
+        w, h = min(2 * tw, lv.width), min(th + th // 2, lv.height)
+        level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
+        region = (0, 0, 0, 0, w, h)
+        prefix = lv.encoding.jpeg_prefix or b""
+        dec = jpegloop.new_decoder()
+        jobs = ((w - 1) // tw + 1) * ((h - 1) // th + 1)
+        base = (lv.source.fileno(), prefix)
+        whole = np.zeros((h, w, 3), np.uint8)
+        dec.decode_tiles(*base, whole, lv.tiles.offsets, lv.tiles.bytecounts, level, region, 0, jobs, 4)
+        a, b = np.zeros((3, 20, 30, 3), np.uint8), np.zeros((2, 20, 30, 3), np.uint8)
+        # windows spanning tile edges, one of them a window of the region's last rows
+        rects = [(0, 20, tw - 10, tw + 20), (th - 5, th + 15, 3, 33), (h - 20, h, w - 30, w)]
+        pa = np.array([(i * a.strides[0], a.strides[1], y0, y1, x0, x1)
+                       for i, (y0, y1, x0, x1) in enumerate(rects)], np.int64)
+        pb = np.array([(i * b.strides[0], b.strides[1], y0, y1, x0, x1)
+                       for i, (y0, y1, x0, x1) in enumerate(rects[1:])], np.int64)
+        out = np.full((h, w, 3), 7, np.uint8)
+        res = dec.decode_tiles(*base, out, lv.tiles.offsets, lv.tiles.bytecounts, level, region, 0, jobs, 4, 0,
+                               a, pa, False, b, pb)
+        assert res[5] == jobs and not res[8]
+        assert (out == 7).all()  # not written: the pixels went from the scratch to the pieces
+        for i, (y0, y1, x0, x1) in enumerate(rects):
+            np.testing.assert_array_equal(a[i], whole[y0:y1, x0:x1])
+            if i:
+                np.testing.assert_array_equal(b[i - 1], whole[y0:y1, x0:x1])
+        kept = np.zeros_like(a)
+        dec.decode_tiles(*base, out, lv.tiles.offsets, lv.tiles.bytecounts, level, region, 0, jobs, 4, 0,
+                         kept, pa, True)
+        np.testing.assert_array_equal(out, whole)  # keep: out holds the tiles too
+        np.testing.assert_array_equal(kept, a)
 
 
 def _replace_tile(src, tmp_path, index: int, data: bytes, name: str):

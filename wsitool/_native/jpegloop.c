@@ -526,17 +526,22 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
  * they are still in the cache): each piece is 6 int64, (dest byte offset, dest row
  * stride in bytes, y0, y1, x0, x1), the rectangle [y0, y1) x [x0, x1) of the output
  * whose pixel (y0, x0) goes to dest + offset (checked by check_pieces). */
-typedef struct {
+typedef struct Scatter {
     unsigned char* dest;
     const int64_t* pieces;
     Py_ssize_t n;
+    const struct Scatter* next; /* more pieces, into another dest (or NULL) */
+    /* 0: the RGB tiles of run_intervals are decoded one at a time into a tile-sized
+     * scratch (which stays in the cache), their pieces copied from it and the output
+     * left unwritten (its pixels are not wanted); 1: the output holds them too */
+    int keep;
 } Scatter;
 
-/* Copy the parts of every piece inside the output rectangle [y0, y1) x [x0, x1). */
-static void scatter_rect(const Scatter* sc, const unsigned char* out, int64_t out_w, int64_t channels,
-                         int64_t y0, int64_t y1, int64_t x0, int64_t x1)
+/* Copy the parts of every piece inside the output rectangle [y0, y1) x [x0, x1) from
+ * src, whose first byte is the output's pixel (oy, ox), rows stride bytes apart. */
+static void scatter_from(const Scatter* sc, const unsigned char* src, size_t stride, int64_t oy, int64_t ox,
+                         int64_t channels, int64_t y0, int64_t y1, int64_t x0, int64_t x1)
 {
-    size_t row_bytes = (size_t)(out_w * channels);
     for (Py_ssize_t i = 0; i < sc->n; i++) {
         const int64_t* pc = sc->pieces + 6 * i;
         int64_t iy0 = pc[2] > y0 ? pc[2] : y0, iy1 = pc[3] < y1 ? pc[3] : y1;
@@ -545,10 +550,19 @@ static void scatter_rect(const Scatter* sc, const unsigned char* out, int64_t ou
             continue;
         size_t n = (size_t)((ix1 - ix0) * channels);
         unsigned char* d = sc->dest + pc[0] + (iy0 - pc[2]) * pc[1] + (ix0 - pc[4]) * channels;
-        const unsigned char* s = out + (size_t)iy0 * row_bytes + (size_t)(ix0 * channels);
-        for (int64_t y = iy0; y < iy1; y++, d += pc[1], s += row_bytes)
+        const unsigned char* s = src + (size_t)(iy0 - oy) * stride + (size_t)((ix0 - ox) * channels);
+        for (int64_t y = iy0; y < iy1; y++, d += pc[1], s += stride)
             memcpy(d, s, n);
     }
+    if (sc->next != NULL)
+        scatter_from(sc->next, src, stride, oy, ox, channels, y0, y1, x0, x1);
+}
+
+/* Copy the parts of every piece inside the output rectangle [y0, y1) x [x0, x1). */
+static void scatter_rect(const Scatter* sc, const unsigned char* out, int64_t out_w, int64_t channels,
+                         int64_t y0, int64_t y1, int64_t x0, int64_t x1)
+{
+    scatter_from(sc, out, (size_t)(out_w * channels), 0, 0, channels, y0, y1, x0, x1);
 }
 
 /* Scatter the output of jobs [k0, k1) (row by row of the region's tile grid). */
@@ -582,6 +596,29 @@ static unsigned char* decode_target(Decoder* self, const Plan* p, int slot, int6
     return self->rgb_buf[slot];
 }
 
+/* The tile scratch of the scattering path (run_intervals): w x h RGB, rows packed; NULL
+ * when it cannot be had.  Shares batch slot 0's RGB buffer, which only RGBA outputs use. */
+static unsigned char* scratch_target(Decoder* self, int64_t w, int64_t h, size_t* row_stride, Tally* t)
+{
+    if (!reserve(&self->rgb_buf[0], &self->rgb_cap[0], (size_t)(w * h * 3), &t->allocations))
+        return NULL;
+    *row_stride = (size_t)w * 3;
+    return self->rgb_buf[0];
+}
+
+/* A tile decoded into the scratch (its pixel (0, 0) the output's (dy0, dx0)): its parts of
+ * the pieces copied, and with sc->keep its rectangle of the output. */
+static void place_scratch(const Scatter* sc, const Plan* p, const unsigned char* scratch, size_t stride,
+                          int64_t dy0, int64_t dy1, int64_t dx0, int64_t dx1)
+{
+    scatter_from(sc, scratch, stride, dy0, dx0, 3, dy0, dy1, dx0, dx1);
+    if (!sc->keep)
+        return;
+    size_t row_bytes = (size_t)(p->out_w * 3), n = (size_t)(dx1 - dx0) * 3;
+    for (int64_t y = dy0; y < dy1; y++)
+        memcpy(p->out + (size_t)y * row_bytes + (size_t)dx0 * 3, scratch + (size_t)(y - dy0) * stride, n);
+}
+
 /* The per-interval (per-tile) path: each job its own code stream. */
 static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1, int batch, Tally* t,
                           const Scatter* sc)
@@ -589,6 +626,11 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
     Py_ssize_t scattered = j0; /* jobs before this one are decoded and scattered */
     Pending q[MAX_BATCH];
     int n = 0;
+    /* pieces of RGB tiles: each tile decoded into the scratch, which is still in the cache
+     * when its pieces (and with keep, the output) are copied from it */
+    int via_scratch = sc != NULL && p->channels == 3;
+    if (via_scratch)
+        batch = 1;
     /* the tile's SOI lands under the prefix's end; a scan segment has none */
     size_t start = p->scan_segments ? p->prefix_len : p->prefix_len ? p->prefix_len - 2 : 0;
     /* first pass: the bytes this call reads, so that one buffer holds them all (the
@@ -609,6 +651,10 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
                                  || !reserve(&self->arena, &self->arena_cap, need, &t->allocations));
     size_t used = 0;
     for (Py_ssize_t k = j0; k < j1; k++) {
+        if (via_scratch && scattered < k) { /* missing or failed before its decode: zeros in out */
+            scatter_jobs(sc, p, scattered, k);
+            scattered = k;
+        }
         int64_t row = p->r0 + k / p->ncols, col = p->c0 + k % p->ncols;
         int64_t tx0 = col * p->tile_w, ty0 = row * p->tile_h;
         int64_t ox0 = tx0 > p->cx0 ? tx0 : p->cx0, ox1 = tx0 + p->tile_w < p->cx1 ? tx0 + p->tile_w : p->cx1;
@@ -704,7 +750,8 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
         e->how = sx0 == 0 && sy0 == 0 && sx1 == width && sy1 == height ? 0 : 1;
         int64_t w = sx1 - sx0, h = sy1 - sy0;
         size_t row_stride;
-        unsigned char* target = decode_target(self, p, n, dy0, dx0, w, h, &row_stride, t);
+        unsigned char* target = via_scratch ? scratch_target(self, w, h, &row_stride, t)
+                                            : decode_target(self, p, n, dy0, dx0, w, h, &row_stride, t);
         if (target == NULL) {
             fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
             continue;
@@ -719,7 +766,16 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
         e->sy1 = sy1;
         e->target = target;
         e->stride = row_stride;
-        if (++n == batch) {
+        if (via_scratch) {
+            Py_ssize_t before = t->n_failures;
+            flush(self, p, q, 1, t);
+            n = 0;
+            if (t->n_failures == before && !t->oom)
+                place_scratch(sc, p, target, row_stride, dy0, dy1, dx0, dx1);
+            else
+                scatter_jobs(sc, p, k, k + 1); /* the zeros fail() wrote */
+            scattered = k + 1;
+        } else if (++n == batch) {
             flush(self, p, q, n, t);
             n = 0;
             if (sc != NULL) {
@@ -935,6 +991,7 @@ static int check_pieces(const Py_buffer* pieces, unsigned char* dest, Py_ssize_t
         return 0;
     }
     sc->dest = dest;
+    sc->next = NULL;
     sc->pieces = (const int64_t*)pieces->buf;
     sc->n = pieces->len / 48;
     for (Py_ssize_t i = 0; i < sc->n; i++) {
@@ -998,7 +1055,7 @@ static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
 
 static const char decode_tiles_doc[] =
     "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch, scan_segments=0,\n"
-    "             dest=None, pieces=None)\n"
+    "             dest=None, pieces=None, keep=True, dest2=None, pieces2=None)\n"
     "--\n\n"
     "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/codec/jpegloop.py).\n\n"
     "fd: the slide's file descriptor; prefix: bytes put in front of each tile\n"
@@ -1010,7 +1067,11 @@ static const char decode_tiles_doc[] =
     "scan_segments: 1 when the tiles are NDPI restart intervals (no SOI: the\n"
     "prefix is a whole header put in front, a final RSTn becomes EOI);\n"
     "dest, pieces: optional; after each decode call the decoded tiles' parts of\n"
-    "each piece are copied into dest (see scatter()), while still in the cache.\n\n"
+    "each piece are copied into dest (see scatter()), while still in the cache;\n"
+    "keep: with pieces, 0 when out's pixels are not wanted (RGB tiles are then\n"
+    "decoded one by one into a scratch the pieces are copied from; out holds only\n"
+    "failed and missing tiles' zeros), 1 (the default) when they are;\n"
+    "dest2, pieces2: optional, with pieces: more pieces, into dest2.\n\n"
     "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, spliced,\n"
     "failures): tile counts, bytes read, buffers (re)allocated, the intervals decoded\n"
     "in spliced bands (scan_segments: see splice_band), and failures a list of\n"
@@ -1019,14 +1080,15 @@ static const char decode_tiles_doc[] =
 
 static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
 {
-    int fd, batch, scan_segments = 0;
+    int fd, batch, scan_segments = 0, keep = 1;
     Py_buffer prefix, out, offsets, counts;
-    Py_buffer dest = {0}, pieces = {0};
+    Py_buffer dest = {0}, pieces = {0}, dest2 = {0}, pieces2 = {0};
     PyObject *out_obj, *level, *region, *dest_obj = Py_None, *pieces_obj = Py_None;
+    PyObject *dest2_obj = Py_None, *pieces2_obj = Py_None;
     Py_ssize_t j0, j1;
-    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|iOO", &fd, &prefix, &out_obj, &offsets, &counts, &PyTuple_Type,
-                          &level, &PyTuple_Type, &region, &j0, &j1, &batch, &scan_segments, &dest_obj,
-                          &pieces_obj))
+    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|iOOpOO", &fd, &prefix, &out_obj, &offsets, &counts,
+                          &PyTuple_Type, &level, &PyTuple_Type, &region, &j0, &j1, &batch, &scan_segments,
+                          &dest_obj, &pieces_obj, &keep, &dest2_obj, &pieces2_obj))
         return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&prefix);
@@ -1035,13 +1097,23 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         return NULL;
     }
     PyObject* result = NULL;
-    Scatter sc, *scp = NULL;
+    Scatter sc, sc2, *scp = NULL;
     Tally t;
     memset(&t, 0, sizeof t);
     if (dest_obj != Py_None || pieces_obj != Py_None) {
         if (PyObject_GetBuffer(dest_obj, &dest, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto done;
         if (PyObject_GetBuffer(pieces_obj, &pieces, PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+    }
+    if (dest2_obj != Py_None || pieces2_obj != Py_None) {
+        if (pieces.obj == NULL) {
+            PyErr_SetString(PyExc_ValueError, "dest2 and pieces2 need dest and pieces");
+            goto done;
+        }
+        if (PyObject_GetBuffer(dest2_obj, &dest2, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (PyObject_GetBuffer(pieces2_obj, &pieces2, PyBUF_C_CONTIGUOUS) < 0)
             goto done;
     }
     Plan p;
@@ -1107,6 +1179,12 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     if (pieces.obj != NULL) {
         if (!check_pieces(&pieces, (unsigned char*)dest.buf, dest.len, p.out_h, p.out_w, p.channels, &sc))
             goto done;
+        sc.keep = keep;
+        if (pieces2.obj != NULL) {
+            if (!check_pieces(&pieces2, (unsigned char*)dest2.buf, dest2.len, p.out_h, p.out_w, p.channels, &sc2))
+                goto done;
+            sc.next = &sc2;
+        }
         scp = &sc;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -1154,6 +1232,10 @@ done:
         PyBuffer_Release(&dest);
     if (pieces.obj != NULL)
         PyBuffer_Release(&pieces);
+    if (dest2.obj != NULL)
+        PyBuffer_Release(&dest2);
+    if (pieces2.obj != NULL)
+        PyBuffer_Release(&pieces2);
     return result;
 }
 
@@ -1278,6 +1360,9 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     PyModule_AddIntConstant(m, "SCAN_SEGMENTS", 1);
     /* decode_tiles takes dest and pieces (copied as soon as decoded); scatter() exists */
     PyModule_AddIntConstant(m, "SCATTER", 1);
+    /* decode_tiles takes keep (pieces straight from a cache-resident tile scratch) and
+     * dest2, pieces2 */
+    PyModule_AddIntConstant(m, "SCATTER_KEEP", 1);
     /* decode_tiles splices an NDPI band's intervals into one code stream and returns `spliced` */
     PyModule_AddIntConstant(m, "SPLICE", 1);
     /* tiles are decoded by libjpeg-turbo (corrupt data fails); failures carry its message;

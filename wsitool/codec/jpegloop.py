@@ -103,9 +103,11 @@ def _load():
             return None
         if (_jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY")
                 or not hasattr(_jpegloop, "SCAN_SEGMENTS") or not hasattr(_jpegloop, "SCATTER")
-                or not hasattr(_jpegloop, "SPLICE") or not hasattr(_jpegloop, "LIBJPEG")):  # pragma: no cover
+                or not hasattr(_jpegloop, "SPLICE") or not hasattr(_jpegloop, "LIBJPEG")
+                or not hasattr(_jpegloop, "SCATTER_KEEP")):  # pragma: no cover
             _reason = (f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK}; "
-                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE / LIBJPEG): rebuild it "
+                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE / LIBJPEG / SCATTER_KEEP): "
+                       "rebuild it "
                        "with `pip install -e .`")
             return None
         _module = _jpegloop
@@ -254,9 +256,13 @@ class RegionJobs:
         self.level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
         self.prefix = lv.encoding.jpeg_prefix or b""
         self.scan_segments = int(lv.encoding.jpeg_scan_segments)
-        #: ``(dest, pieces)`` or None: after each call, the parts of the pieces that the call
-        #: decoded are copied into ``dest`` (see :func:`scatter`), while they are still in the cache.
-        self.scatter: tuple[np.ndarray, np.ndarray] | None = None
+        #: ``(dest, pieces, keep)`` or ``(dest, pieces, keep, dest2, pieces2)``, or None: after
+        #: each tile (RGB) or call, the parts of the pieces that it decoded are copied into
+        #: ``dest`` (and ``dest2``; see :func:`scatter`), while they are still in the cache;
+        #: ``keep``: ``out`` must hold the pixels too (False: RGB tiles are decoded into a
+        #: tile-sized scratch instead, and ``out`` is left unwritten but for the zeros of
+        #: failed and missing tiles).
+        self.scatter: tuple | None = None
         self._next = 0
         self._lock = threading.Lock()
 

@@ -7,36 +7,40 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
 1. each patch's window (``read_size``, default ``size``, in pixels of the
    level) is placed on the level by the same nearest-pixel rule as
    :meth:`wsitool.Slide.read_region` (:func:`wsitool.geometry.level_rect`);
-2. the tiles the windows touch are collected and cut into *runs*: tiles next to
-   each other in one tile row (at most :data:`RUN_TILES` of them on one thread,
-   half that with more);
-3. each run is decoded once into a run buffer one tile high and its pixels are
-   copied into every patch that needs them.  Where the compiled JPEG loop
-   applies, both happen in C with the GIL released, the copies made every
-   :data:`SCATTER_TILES` tiles while those tiles are still in the CPU cache
-   (:func:`wsitool.codec.jpegloop.scatter`); else
-   :func:`wsitool.read.fill.fill_region` (the Python tile path, or the decoded-tile
-   cache) and numpy copies, the reference the compiled copy is tested against.
-   ``on_error`` and the per-thread decoders work exactly as for a region;
+2. the tiles the windows touch that the previous batch did not already copy
+   into them are cut into *runs*: tiles next to each other in one tile row (at
+   most :data:`RUN_TILES` of them on one thread, half that with more);
+3. each run is decoded once and its pixels copied into every window of this
+   batch *and of the next one* that needs them (the next batch's output is made
+   a batch ahead): on a row-major grid consecutive batches share the tile rows
+   of the patch row they split.  A run that no later batch needs is first cut to
+   the box its windows cover (the decoder skips the rest of its tiles); one that
+   the batch after the next needs too is kept decoded in a run buffer and copied
+   into that batch's windows a batch later.  Where the compiled JPEG loop applies
+   the decode and the copies happen in C with the GIL released, each RGB tile
+   decoded into a tile-sized scratch that is still in the CPU cache when its
+   pieces are copied from it (:func:`wsitool.codec.jpegloop.scatter`, the
+   ``keep`` and ``dest2`` arguments of the loop); else
+   :func:`wsitool.read.fill.fill_region` (the Python tile path, or the
+   decoded-tile cache) into a run buffer and numpy copies, the reference the
+   compiled copy is tested against.  ``on_error`` and the per-thread decoders
+   work exactly as for a region;
 4. with ``read_size``, each window is then reduced to ``size`` by the exact area
    filter (:mod:`wsitool.areafilter`).
 
 The runs are shared by the threads (each thread takes the next run when it has
 finished its last one, the longest first); the first thread free plans the next
-batch before it takes a run, so that the plan is made while the others decode.
-Runs that the next batch also touches are carried over to it, decoded
-(:class:`PatchReader`): on a row-major grid two consecutive batches share the
-tile rows of the patch row they split, and those tiles are decoded once.  A
-patch equals :meth:`wsitool.Slide.read_region` of its location bit for bit
-(with ``read_size``, the area filter of that read of the window), pixels
-outside the slide and missing tiles included.
+batch before it takes a run, so that the plan is made while the others decode
+(:class:`PatchReader`).  A patch equals :meth:`wsitool.Slide.read_region` of its
+location bit for bit (with ``read_size``, the area filter of that read of the
+window), pixels outside the slide and missing tiles included.
 
-Memory: the batch's output; one run buffer (``RUN_TILES`` tiles) per thread
-plus one per run carried to the next batch (at most the runs the next batch
-touches); with ``read_size``, the batch's windows (``batch_size`` windows of
-``ceil(read_size)`` pixels) until they are reduced.  The run buffers are kept
-for the next call (at most :data:`SPARE_BYTES` in the process): fresh ones cost
-page faults on every pass.
+Memory: the outputs of two batches (this one's and the next one's, which it
+fills in part); one run buffer (``RUN_TILES`` tiles) per thread plus one per run
+kept for the batch after the next; with ``read_size``, the windows of two
+batches (``batch_size`` windows of ``ceil(read_size)`` pixels each).  The run
+buffers are kept for the next call (at most :data:`SPARE_BYTES` in the
+process): fresh ones cost page faults on every pass.
 
 Not to be confused with :func:`wsitool.distributed.read_regions`, which reads a
 list of regions on a Dask cluster and writes each to a file.
@@ -215,10 +219,10 @@ def check_patch_request(levels: Sequence[PyramidLevel], path: str, locations: An
 
 @dataclass(eq=False)
 class _Run:
-    """Tiles ``c0..c1`` (inclusive) of tile row ``row``, decoded together into one buffer.
+    """Tiles ``c0..c1`` (inclusive) of tile row ``row``, decoded together.
 
-    ``rect``: ``(x0, y0, x1, y1)`` in level pixels.  ``buf``: the flat buffer once
-    decoded (kept while the run is carried to the next batch).
+    ``rect``: ``(x0, y0, x1, y1)`` in level pixels.  ``buf``: the flat buffer holding the
+    run's pixels while it is carried to a later batch, else None.
     """
 
     row: int
@@ -230,12 +234,20 @@ class _Run:
 
 @dataclass(eq=False)
 class _Task:
-    """One batch's use of a run: its ``pieces``, the copies
-    ``(patch, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1))`` from the run's buffer into
-    the patches' windows; ``keep``: the next batch needs the run (its buffer is kept)."""
+    """One batch's use of a run.
+
+    ``pieces`` and ``next_pieces``: the copies of the run's pixels into the windows of
+    this batch and of the next one, ``(k, 9)`` int64 arrays of ``(patch, dy0, dy1, dx0,
+    dx1, sy0, sy1, sx0, sx1)``: rows ``sy0:sy1`` and columns ``sx0:sx1`` of the run go to
+    ``[dy0:dy1, dx0:dx1]`` of window ``patch`` of that batch.  ``fresh``: the run is
+    decoded here (else it was carried over, decoded, and has no ``pieces``: they were
+    copied a batch ago).  ``keep``: the batch after the next one touches the run too (its
+    pixels are kept in ``run.buf`` and it is carried over to the next batch)."""
 
     run: _Run
-    pieces: list
+    pieces: np.ndarray
+    next_pieces: np.ndarray
+    fresh: bool
     keep: bool
 
 
@@ -251,15 +263,14 @@ def _windows(lv: PyramidLevel, locs: np.ndarray) -> np.ndarray:
 class _Footprint:
     """Where the windows of one batch fall on the level's tile grid.
 
-    ``wins``: one list per window that overlaps the level, ``[i, x0, x1, y0, y1, c0,
-    c1, r0, r1, px, py]``: its index in the batch, its clipped box in level pixels,
-    the tiles it touches (inclusive) and its unclipped corner; ``partial``: ``(n,)``
-    bool, True for windows not wholly inside the level; ``rows``: tile row -> set of
-    tile columns touched.
+    ``boxes``: ``(k, 7)`` int64, one row per window that overlaps the level, ``(i, x0,
+    x1, y0, y1, px, py)``: its index in the batch, its clipped box in level pixels and
+    its unclipped corner; ``partial``: ``(n,)`` bool, True for windows not wholly inside
+    the level; ``rows``: tile row -> set of tile columns touched.
     """
 
     corners: np.ndarray
-    wins: list
+    boxes: np.ndarray
     partial: np.ndarray
     rows: dict
 
@@ -278,10 +289,9 @@ def footprint(lv: PyramidLevel, corners: np.ndarray, window: tuple[int, int]) ->
     idx = np.flatnonzero(inside)
     if len(idx) < len(corners):
         x0, x1, y0, y1, cx, cy = x0[idx], x1[idx], y0[idx], y1[idx], cx[idx], cy[idx]
-    wins = np.stack([idx, x0, x1, y0, y1, x0 // tw, (x1 - 1) // tw, y0 // th, (y1 - 1) // th, cx, cy],
-                    1).tolist()
+    boxes = np.stack([idx, x0, x1, y0, y1, cx, cy], 1)
     rows: dict[int, set[int]] = {}
-    for _, _, _, _, _, c0, c1, r0, r1, _, _ in wins:
+    for c0, c1, r0, r1 in np.stack([x0 // tw, (x1 - 1) // tw, y0 // th, (y1 - 1) // th], 1).tolist():
         for r in range(r0, r1 + 1):
             cols = rows.get(r)
             if cols is None:
@@ -290,31 +300,26 @@ def footprint(lv: PyramidLevel, corners: np.ndarray, window: tuple[int, int]) ->
                 cols.add(c0)
             else:
                 cols.update(range(c0, c1 + 1))
-    return _Footprint(corners, wins, partial, rows)
+    return _Footprint(corners, boxes, partial, rows)
 
 
-def _touches(rows: dict[int, set[int]] | None, run: _Run) -> bool:
-    """True when the tile columns ``rows`` lists (row -> columns; None: none) meet ``run``."""
-    cols = rows.get(run.row) if rows is not None else None
+def _touches(fp: _Footprint | None, run: _Run) -> bool:
+    """True when the windows of ``fp`` (None: none) touch a tile of ``run``."""
+    cols = fp.rows.get(run.row) if fp is not None else None
     return cols is not None and not cols.isdisjoint(range(run.c0, run.c1 + 1))
 
 
-def _cut_runs(lv: PyramidLevel, fp: _Footprint, carried: list[_Run],
-              most: int) -> tuple[list[_Run], dict[int, dict[int, _Run]]]:
-    """The batch's runs (the ``carried`` ones it touches, then new ones for its other tiles:
-    neighbours in a tile row, at most ``most``) and, per tile row, column -> run."""
+def _cut_runs(lv: PyramidLevel, fp: _Footprint, done: list[_Run], most: int) -> list[_Run]:
+    """New runs for the tiles of ``fp`` outside the runs ``done``: neighbours in a tile row,
+    at most ``most``."""
     tw, th, W, H = lv.tile_width, lv.tile_height, lv.width, lv.height
-    owner: dict[int, dict[int, _Run]] = {}
+    taken: dict[int, set[int]] = {}
+    for run in done:
+        taken.setdefault(run.row, set()).update(range(run.c0, run.c1 + 1))
     runs: list[_Run] = []
-    for run in carried:
-        if _touches(fp.rows, run):
-            runs.append(run)
-            cols = owner.setdefault(run.row, {})
-            for c in range(run.c0, run.c1 + 1):
-                cols[c] = run
     for r in sorted(fp.rows):
-        cols = owner.setdefault(r, {})
-        todo = sorted(c for c in fp.rows[r] if c not in cols)
+        gone = taken.get(r)
+        todo = sorted(fp.rows[r] if gone is None else fp.rows[r] - gone)
         i = 0
         while i < len(todo):
             start = prev = todo[i]
@@ -322,41 +327,71 @@ def _cut_runs(lv: PyramidLevel, fp: _Footprint, carried: list[_Run],
             while i < len(todo) and todo[i] == prev + 1 and todo[i] - start < most:
                 prev = todo[i]
                 i += 1
-            run = _Run(r, start, prev, (start * tw, r * th, min((prev + 1) * tw, W), min((r + 1) * th, H)))
-            runs.append(run)
-            for c in range(start, prev + 1):
-                cols[c] = run
-    return runs, owner
+            runs.append(_Run(r, start, prev, (start * tw, r * th, min((prev + 1) * tw, W), min((r + 1) * th, H))))
+    return runs
 
 
-def plan_runs(lv: PyramidLevel, fp: _Footprint, carried: list[_Run], following: _Footprint | None,
-              most: int = RUN_TILES) -> list[_Task]:
-    """The runs of one batch and each window's pieces of them, as one :class:`_Task` a run.
+_NO_PIECES = np.empty((0, 9), np.int64)
 
-    Tiles already decoded in a run ``carried`` over from the previous batch are
-    not decoded again; the other tiles the batch touches are cut into new runs
-    (neighbours in a tile row, at most ``most``).  Every touched tile
-    is in exactly one returned run.  A task is marked ``keep`` when the
-    ``following`` batch (None: none) touches its run.  Nothing in ``carried`` is changed.
+
+def _pieces(fp: _Footprint | None, runs: list[_Run]) -> list[np.ndarray]:
+    """Each run's pieces of the windows of ``fp`` (see :class:`_Task`; None: no windows), in
+    window order."""
+    if fp is None or not runs or not len(fp.boxes):
+        return [_NO_PIECES] * len(runs)
+    w = fp.boxes
+    r = np.array([run.rect for run in runs], np.int64)  # (m, 4): x0, y0, x1, y1
+    ix0 = np.maximum(r[:, None, 0], w[None, :, 1])  # (m, k): run, window
+    ix1 = np.minimum(r[:, None, 2], w[None, :, 2])
+    iy0 = np.maximum(r[:, None, 1], w[None, :, 3])
+    iy1 = np.minimum(r[:, None, 3], w[None, :, 4])
+    ri, wi = np.nonzero((ix0 < ix1) & (iy0 < iy1))
+    ix0, ix1, iy0, iy1 = ix0[ri, wi], ix1[ri, wi], iy0[ri, wi], iy1[ri, wi]
+    px, py, rx, ry = w[wi, 5], w[wi, 6], r[ri, 0], r[ri, 1]
+    every = np.stack([w[wi, 0], iy0 - py, iy1 - py, ix0 - px, ix1 - px, iy0 - ry, iy1 - ry, ix0 - rx, ix1 - rx], 1)
+    return np.split(every, np.searchsorted(ri, np.arange(1, len(runs))))
+
+
+def plan_runs(lv: PyramidLevel, fp: _Footprint, done: list[_Task], following: _Footprint | None,
+              after: _Footprint | None, most: int = RUN_TILES) -> list[_Task]:
+    """The work of one batch, one :class:`_Task` a run.
+
+    ``done``: the tasks of the previous batch (empty: none); their runs' pixels are in
+    this batch's windows already, and those marked ``keep`` are carried over.  The tiles
+    of ``fp`` outside ``done`` are cut into new runs (neighbours in a tile row, at most
+    ``most``), each copied into the windows of this batch
+    (``pieces``) and of the ``following`` one (``next_pieces``; None: no next batch); a
+    carried run is copied into the following batch's windows only.  A task is marked
+    ``keep`` when the batch ``after`` the following one touches its run.  Every tile of
+    ``fp`` is then in this batch's windows once, and every tile of ``following`` that
+    this batch's runs hold.  Nothing in ``done`` is changed.
     """
-    runs, owner = _cut_runs(lv, fp, carried, most)
-    pieces: dict[_Run, list] = {run: [] for run in runs}
-    for i, a0, a1, b0, b1, c0, c1, r0, r1, px, py in fp.wins:
-        for r in range(r0, r1 + 1):
-            cols = owner[r]
-            last = None
-            for c in range(c0, c1 + 1):
-                run = cols[c]
-                if run is last:
-                    continue
-                last = run
-                rx0, ry0, rx1, ry1 = run.rect
-                ix0, ix1 = (a0 if a0 > rx0 else rx0), (a1 if a1 < rx1 else rx1)
-                iy0, iy1 = (b0 if b0 > ry0 else ry0), (b1 if b1 < ry1 else ry1)
-                pieces[run].append((i, (iy0 - py, iy1 - py, ix0 - px, ix1 - px),
-                                    (iy0 - ry0, iy1 - ry0, ix0 - rx0, ix1 - rx0)))
-    rows = following.rows if following is not None else None
-    return [_Task(run, pieces[run], _touches(rows, run)) for run in runs]
+    fresh = _cut_runs(lv, fp, [t.run for t in done], most)
+    carried = [t.run for t in done if t.keep and _touches(following, t.run)]
+    now = _pieces(fp, fresh)
+    ahead = _pieces(following, fresh + carried)
+    tasks = [_Task(run, now[k], ahead[k], True, _touches(after, run)) for k, run in enumerate(fresh)]
+    tasks += [_Task(run, _NO_PIECES, ahead[len(fresh) + k], False, _touches(after, run))
+              for k, run in enumerate(carried)]
+    for task in tasks:
+        if task.fresh and not task.keep:
+            _shrink(task)
+    return tasks
+
+
+def _shrink(task: _Task) -> None:
+    """Cut a run that no later batch needs down to the box its pieces cover: the decoder then
+    skips the rows above (no colour conversion) and the columns beside it, and stops after
+    its last row (whole tiles where a grid's patches cover only part of them: at its edges)."""
+    run = task.run
+    x0, y0, x1, y1 = run.rect
+    src = np.concatenate([task.pieces, task.next_pieces])[:, 5:]
+    by0, by1, bx0, bx1 = src[:, 0].min(), src[:, 1].max(), src[:, 2].min(), src[:, 3].max()
+    if by0 == 0 and bx0 == 0 and by1 == y1 - y0 and bx1 == x1 - x0:
+        return
+    run.rect = (x0 + int(bx0), y0 + int(by0), x0 + int(bx1), y0 + int(by1))
+    shift = np.array([0, 0, 0, 0, 0, by0, by0, bx0, bx0], np.int64)
+    task.pieces, task.next_pieces = task.pieces - shift, task.next_pieces - shift
 
 
 # ------------------------------------------------------------------ filling
@@ -422,11 +457,12 @@ class _Buffers:
 class PatchReader:
     """Reads the patches of a :class:`PatchRequest` batch by batch, in input order.
 
-    Runs decoded for one batch that the next batch also touches are carried
-    over (their buffers kept), so that a tile shared by two consecutive
-    batches is decoded once: on a row-major grid consecutive batches share
-    the tile rows of the patch row they split.  The carried buffers are at
-    most the runs the next batch touches.
+    Each batch is filled together with the part of the next batch's output that its tiles
+    give, where the caller passes that output (``fill(j0, j1, out, following)``): a tile
+    that two consecutive batches touch is decoded once and copied into the patches of both
+    while it is still in the CPU cache; a run that the batch after the next one touches as
+    well is kept decoded (carried over) and copied into that batch's patches a batch later.
+    On a row-major grid consecutive batches share the tile rows of the patch row they split.
 
     Args:
         req: the validated request.
@@ -442,27 +478,38 @@ class PatchReader:
         # runs of at most RUN_TILES tiles on one thread; with more, half that: the threads
         # share a batch's runs, and smaller ones let them finish the batch closer together
         self._most = RUN_TILES if thread_count(req.threads, 2) == 1 else RUN_TILES // 2
-        self._carried: list[_Run] = []
-        self._next = 0  # index of the first patch of the batch expected next
-        # the plan of that batch, made while the last one decoded: (j0, j1, footprint, tasks, following)
-        self._ahead: tuple[int, int, _Footprint, list[_Task], _Footprint | None] | None = None
-        self._windows: np.ndarray | None = None    # read_size: the windows of a batch, reused
+        self._done: list[_Task] = []  # the tasks of the batch filled last
+        self._next = -1  # the first patch of the batch expected next (-1: none)
+        self._next_at: Any = None  # where its output is (the pieces of _done were copied there)
+        self._ahead: tuple[int, list[_Task]] | None = None  # its plan, made while the last one decoded
+        self._fps: dict[int, _Footprint] = {}  # footprints of batches by first patch
+        self._windows: list[np.ndarray] = []  # read_size: the windows of this batch and the next
 
     def spans(self) -> Iterator[tuple[int, int]]:
         """``[j0, j1)`` of each batch."""
         n, b = len(self.req.locations), self.req.batch_size
         return ((j, min(j + b, n)) for j in range(0, n, b))
 
-    def _footprint(self, j0: int, j1: int) -> _Footprint:
+    def _footprint(self, j0: int) -> _Footprint | None:
+        """The footprint of the batch starting at patch ``j0`` (None past the end)."""
         req = self.req
-        return footprint(req.level, _windows(req.level, req.locations[j0:j1]), req.window)
+        n = len(req.locations)
+        if j0 >= n:
+            return None
+        fp = self._fps.get(j0)
+        if fp is None:
+            j1 = min(j0 + req.batch_size, n)
+            fp = self._fps[j0] = footprint(req.level, _windows(req.level, req.locations[j0:j1]), req.window)
+        return fp
 
-    def fill(self, j0: int, j1: int, out: Any) -> Any:
+    def fill(self, j0: int, j1: int, out: Any, following: Any = None) -> Any:
         """Fill ``out`` (``(j1 - j0,) + req.shape``) with patches ``j0 .. j1 - 1``; return it.
 
-        The first thread free plans the next batch (``[j1, j1 + batch_size)``) before it
-        starts on this one's runs, so that with several threads the plan is made while the
-        others decode.
+        ``following``: the output of the next batch (``[j1, j1 + batch_size)``), or None: its
+        windows get their pixels of the tiles decoded here now (the rest when it is filled
+        next, by a call with ``out`` that same array).  The first thread free plans that
+        batch before it starts on this one's runs, so that with several threads the plan is
+        made while the others decode.
 
         Raises:
             TileDecodeError: a corrupt tile, with ``on_error="raise"``.
@@ -473,15 +520,16 @@ class PatchReader:
             return out
         if req.device != "cpu":
             return _fill_cuda(req, req.locations[j0:j1], out)
-        tasks, following, dest = self._plan(j0, j1, out)
-        ahead = Once(lambda: self._plan_ahead(j1, tasks, following))
+        dest, dest_next = self._dests(j0, j1, out, following)
+        tasks = self._plan(j0, j1, dest, dest_next)
+        ahead = Once(lambda: self._plan_ahead(j1, tasks) if dest_next is not None else None)
         try:
             with req.level.source.reading():
                 # longest decodes first, copy-only (carried) runs last: the threads finish the
                 # batch together instead of one waiting on a long run taken at the end
-                order = sorted(tasks, key=lambda t: 0 if t.run.buf is not None else t.run.c0 - t.run.c1 - 1)
+                order = sorted(tasks, key=lambda t: t.run.c0 - t.run.c1 - 1 if t.fresh else 0)
                 k = thread_count(req.threads, len(order))
-                work = self._worker(dest)
+                work = self._worker(dest, dest_next)
                 shared = SharedJobs(order) if k > 1 else None
                 jobs: Iterable[_Task] = order if shared is None else shared
 
@@ -491,88 +539,110 @@ class PatchReader:
 
                 run_threads(k, plan_then_work, _nothing if shared is None else shared.stop)
         except BaseException:
-            self._release(t.run for t in tasks)
-            self._carried, self._next, self._ahead = [], -1, None
+            self._forget(tasks)
             raise
-        self._carried = [t.run for t in tasks if t.keep]
-        self._next = j1
+        self._done = tasks if dest_next is not None else []
+        self._next, self._next_at = (j1, _address(following)) if dest_next is not None else (-1, None)
         if req.read is not None:
             _reduce(req, dest, out)
         return out
 
-    def _plan_ahead(self, j1: int, tasks: list[_Task], following: _Footprint | None) -> None:
-        """Plan batch ``[j1, j1 + batch_size)`` (``following``: its footprint; None: there is
-        none), the runs ``tasks`` keeps carried into it; for the next :meth:`fill`."""
-        if following is None:
-            return
+    def _dests(self, j0: int, j1: int, out: Any, following: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """The arrays the windows of this batch and of the next one are copied into:
+        ``out`` and ``following`` (None where there is no next batch, or it does not fit);
+        with ``read_size``, the reused windows (those of this batch filled in part a call ago)."""
         req = self.req
         n = len(req.locations)
         j2 = min(j1 + req.batch_size, n)
-        after = self._footprint(j2, min(j2 + req.batch_size, n)) if j2 < n else None
-        carried = [t.run for t in tasks if t.keep]
-        self._ahead = (j1, j2, following, plan_runs(req.level, following, carried, after, self._most), after)
+        if following is not None and (j2 <= j1 or len(following) != j2 - j1):
+            following = None
+        if req.read is None:
+            return out, following
+        ww, wh = req.window
+        if len(self._windows) < 2:
+            self._windows = [np.empty((req.batch_size if n > req.batch_size else n, wh, ww, req.shape[2]),
+                                      req.dtype) for _ in range(2)]
+        if j0 != self._next:
+            self._windows.reverse()  # (either: nothing of the last call is wanted)
+        cur, nxt = self._windows[1], self._windows[0]
+        self._windows = [cur, nxt]  # the next call's current ones are nxt
+        return cur[:j1 - j0], None if following is None else nxt[:j2 - j1]
 
-    def _plan(self, j0: int, j1: int, out: Any) -> tuple[list[_Task], _Footprint | None, np.ndarray]:
-        """The tasks of batch ``[j0, j1)``, the next batch's footprint and the array the
-        windows are copied into (``out``, or the reused windows with ``read_size``), its
-        windows not wholly inside the level zeroed; carried runs no longer needed are released."""
+    def _plan(self, j0: int, j1: int, dest: np.ndarray, dest_next: np.ndarray | None) -> list[_Task]:
+        """The tasks of batch ``[j0, j1)``.  Where it is not the batch the last call
+        expected (another ``j0``, or ``out`` elsewhere) nothing of that call is used; the
+        windows not wholly inside the level are zeroed before anything is copied into them
+        (``dest_next``'s now too)."""
         req = self.req
         ahead, self._ahead = self._ahead, None
-        if j0 != self._next:
-            self._release(self._carried)
-            self._carried = []
-        if ahead is not None and j0 == self._next and ahead[:2] == (j0, j1):
-            _, _, fp, tasks, following = ahead
+        continued = j0 == self._next and (req.read is not None or _address(dest) == self._next_at)
+        for old in [k for k in self._fps if k < j0]:
+            del self._fps[old]
+        fp = self._footprint(j0)
+        assert fp is not None  # (j0 < j1 <= n)
+        if not continued:
+            self._forget(self._done)
+            ahead = None
+            if fp.partial.any():
+                dest[fp.partial] = 0
+        following = self._footprint(j1) if dest_next is not None else None
+        if ahead is not None and ahead[0] == j0 and following is not None:
+            tasks = ahead[1]
         else:
-            fp = self._footprint(j0, j1)
-            n_next = min(j1 + req.batch_size, len(req.locations))
-            following = self._footprint(j1, n_next) if n_next > j1 else None
-            tasks = plan_runs(req.level, fp, self._carried, following, self._most)
-        used = {t.run for t in tasks}
-        self._release(r for r in self._carried if r not in used)
-        self._carried = []
-        if req.read is None:
-            dest = out
-        else:  # the windows, kept for the next batch (no fresh pages per batch)
-            ww, wh = req.window
-            if self._windows is None or len(self._windows) < j1 - j0:
-                self._windows = np.empty((j1 - j0, wh, ww, req.shape[2]), req.dtype)
-            dest = self._windows[:j1 - j0]
-        if fp.partial.any():
-            dest[fp.partial] = 0
-        return tasks, following, dest
+            after = self._footprint(min(j1 + req.batch_size, len(req.locations))) if following else None
+            tasks = plan_runs(req.level, fp, self._done, following, after, self._most)
+        carried = {id(t.run) for t in tasks}
+        self._release(t.run for t in self._done if id(t.run) not in carried)
+        self._done = []
+        if following is not None and dest_next is not None and following.partial.any():
+            dest_next[following.partial] = 0
+        return tasks
 
-    def _worker(self, dest: np.ndarray) -> Callable[[Iterable[_Task]], None]:
-        """The work of one thread: decode the run of each task it takes (once: carried runs
-        are decoded already) into a run buffer and copy its pieces into the windows of ``dest``.
+    def _plan_ahead(self, j1: int, tasks: list[_Task]) -> None:
+        """Plan the batch starting at ``j1``, this batch's ``tasks`` done; for the next :meth:`fill`."""
+        req = self.req
+        fp = self._footprint(j1)
+        if fp is None:
+            return
+        j2 = min(j1 + req.batch_size, len(req.locations))
+        following = self._footprint(j2)
+        after = self._footprint(min(j2 + req.batch_size, len(req.locations))) if following else None
+        self._ahead = (j1, plan_runs(req.level, fp, tasks, following, after, self._most))
+
+    def _worker(self, dest: np.ndarray, dest_next: np.ndarray | None) -> Callable[[Iterable[_Task]], None]:
+        """The work of one thread: decode the run of each fresh task it takes into a run
+        buffer and copy its pieces into the windows of ``dest`` (``next_pieces``: of
+        ``dest_next``); a carried run's buffer holds it already.
 
         Where the compiled JPEG loop applies (:func:`_native_scatter`) it decodes the run and
-        copies each piece in C, the GIL released, a few tiles at a time while their pixels are
-        still in the cache; else :func:`~wsitool.read.fill.fill_region` and numpy copies (the
-        reference, pinned to the fast path by tests/read/test_patches.py)."""
+        copies each piece in C, the GIL released, each tile while its pixels are still in the
+        cache; else :func:`~wsitool.read.fill.fill_region` and numpy copies (the reference,
+        pinned to the fast path by tests/read/test_patches.py)."""
         req, cache, buffers = self.req, self.cache, self._buffers
         lv, c, dtype = req.level, req.shape[2], req.dtype
         itemsize = dtype.itemsize
         pool = get_pool("cpu")
-        native = _native_scatter(req, dest, cache)
+        native = _native_scatter(req, dest, dest_next, cache)
 
         def work(todo: Iterable[_Task]) -> None:
             for task in todo:
                 run = task.run
                 x0, y0, x1, y1 = run.rect
+                if task.fresh:
+                    run.buf = buffers.take()
                 flat = run.buf
-                fresh = flat is None
-                if flat is None:
-                    flat = run.buf = buffers.take()
+                assert flat is not None  # (a carried run keeps its buffer)
                 buf = flat[:(y1 - y0) * (x1 - x0) * c * itemsize].view(dtype).reshape(y1 - y0, x1 - x0, c)
-                if native is None or not native(run, task.pieces, buf, fresh, pool):
-                    if fresh:
+                if native is None or not native(task, buf, pool):
+                    if task.fresh:
                         part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
                                            mode=req.mode, on_error=req.on_error, threads=1)
                         fill_region(part, buf, pool, cache)
-                    for i, (dy0, dy1, dx0, dx1), (sy0, sy1, sx0, sx1) in task.pieces:
-                        dest[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
-                if not task.keep:
+                    for pieces, into in ((task.pieces, dest), (task.next_pieces, dest_next)):
+                        for i, dy0, dy1, dx0, dx1, sy0, sy1, sx0, sx1 in pieces.tolist():
+                            assert into is not None  # (no next pieces without a next batch)
+                            into[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
+                if not task.keep or dest_next is None:  # the next run of this thread takes it
                     buffers.give(flat)
                     run.buf = None
 
@@ -581,9 +651,13 @@ class PatchReader:
     def close(self) -> None:
         """The end of the call: the carried runs released, the run buffers kept for the next
         call (at most :data:`SPARE_BYTES` of them in the process)."""
-        self._release(self._carried)
-        self._carried, self._next, self._ahead = [], -1, None
+        self._forget(self._done)
         self._buffers.close()
+
+    def _forget(self, tasks: list[_Task]) -> None:
+        """Nothing of the last call is carried on: ``tasks``' buffers released, no plan ahead."""
+        self._release(t.run for t in tasks)
+        self._done, self._next, self._next_at, self._ahead = [], -1, None, None
 
     def _release(self, runs: Iterable[_Run]) -> None:
         for run in runs:
@@ -592,49 +666,68 @@ class PatchReader:
                 run.buf = None
 
 
+def _address(a: Any) -> Any:
+    """Where array ``a``'s data starts (None for None)."""
+    return None if a is None else a.__array_interface__["data"][0]
+
+
 def _nothing() -> None:
     pass
 
 
-#: Tiles per call of the compiled loop when it also copies the pieces (:func:`_native_scatter`):
-#: 4 tiles of 240 x 240 RGB (675 KiB) are still in a 1 MiB L2 cache when they are copied.
+#: Tiles per call of the compiled loop when it also copies the pieces (:func:`_native_scatter`)
+#: of RGBA patches: 4 tiles of 240 x 240 (900 KiB) decoded into the run buffer are still in a
+#: 1 MiB L2 cache when they are copied.  RGB tiles are decoded one at a time into the loop's
+#: tile scratch and their pieces copied from it at once, a whole run a call.
 SCATTER_TILES = 4
 
 
-def _native_scatter(req: PatchRequest, dest: Any,
-                    cache: CacheScope | None) -> Callable[[_Run, list, np.ndarray, bool, Any], bool] | None:
-    """The compiled path of one batch, or None where it does not apply (a decoded-tile cache,
-    multi-channel or non-JPEG levels, the loop not loaded or switched off, ``dest`` not a
-    C-contiguous uint8 numpy array).
+def _pieces_array(pieces: np.ndarray, into: np.ndarray) -> np.ndarray:
+    """``pieces`` (as :class:`_Task`'s) as :func:`wsitool.codec.jpegloop.scatter` takes them,
+    ``(k, 6)`` int64, for windows in ``into`` (``(b, h, w, c)`` uint8, C-contiguous)."""
+    patch, stride, px = into.strides[:3]
+    out = np.empty((len(pieces), 6), np.int64)
+    out[:, 0] = pieces[:, 0] * patch + pieces[:, 1] * stride + pieces[:, 3] * px
+    out[:, 1] = stride
+    out[:, 2:] = pieces[:, 5:]
+    return out
 
-    The function returned, ``(run, pieces, buf, fresh, pool) -> bool``, decodes ``run`` into
-    ``buf`` (``(h, w, c)`` uint8) when ``fresh`` (else ``buf`` holds it already: a carried
-    run) and copies ``pieces`` (as :class:`_Task`'s) into ``dest``; it returns False, having
-    done nothing, for a fresh run the loop does not take (:func:`~wsitool.read.fill.fill_region`'s
+
+def _native_scatter(req: PatchRequest, dest: Any, dest_next: Any,
+                    cache: CacheScope | None) -> Callable[[_Task, np.ndarray, Any], bool] | None:
+    """The compiled path of one batch, or None where it does not apply (a decoded-tile cache,
+    multi-channel or non-JPEG levels, the loop not loaded or switched off, ``dest`` or
+    ``dest_next`` not a C-contiguous uint8 numpy array).
+
+    The function returned, ``(task, buf, pool) -> bool``, decodes a fresh task's run and
+    copies its pieces into ``dest`` and ``dest_next``; the run's pixels land in ``buf``
+    (``(h, w, c)`` uint8) only where the task keeps the run (``task.keep``: RGB tiles are
+    otherwise decoded into the loop's tile scratch and copied from there).  For a carried
+    task (its pixels in ``buf``) it copies the next pieces.  It returns False, having done
+    nothing, for a fresh run the loop does not take (:func:`~wsitool.read.fill.fill_region`'s
     rule).  Raises as :meth:`wsitool.codec.jpegloop.RegionJobs.run`."""
     lv = req.level
-    if (cache is not None or lv.planes is not None or type(dest) is not np.ndarray or dest.dtype != np.uint8
-            or not dest.flags.c_contiguous):
+    if cache is not None or lv.planes is not None:
         return None
+    for a in (dest, dest_next):
+        if a is not None and (type(a) is not np.ndarray or a.dtype != np.uint8 or not a.flags.c_contiguous):
+            return None
     probe = np.empty((1, 1, req.shape[2]), np.uint8)
     if not jpegloop.applies(lv, req.mode, probe):
         return None
-    stride = dest.strides[1]
-    px = dest.strides[2]
-    patch = dest.strides[0]
 
-    def decode_and_copy(run: _Run, todo: list, buf: np.ndarray, fresh: bool, pool: Any) -> bool:
-        x0, y0, x1, y1 = run.rect
-        if fresh and _ends_one_column_into_a_tile(lv, x0, x1 - x0):
+    def decode_and_copy(task: _Task, buf: np.ndarray, pool: Any) -> bool:
+        x0, y0, x1, y1 = task.run.rect
+        if task.fresh and _ends_one_column_into_a_tile(lv, x0, x1 - x0):
             return False
-        pieces = np.array([(i * patch + dy0 * stride + dx0 * px, stride, sy0, sy1, sx0, sx1)
-                           for i, (dy0, _, dx0, _), (sy0, sy1, sx0, sx1) in todo], np.int64).reshape(-1, 6)
-        if not fresh:
-            jpegloop.scatter(buf, dest, pieces)
+        ahead = () if not len(task.next_pieces) else (dest_next, _pieces_array(task.next_pieces, dest_next))
+        if not task.fresh:
+            if ahead:
+                jpegloop.scatter(buf, *ahead)
             return True
         region = jpegloop.RegionJobs(lv, buf, x0, y0, (x0, y0, x1, y1), req.on_error)
-        region.chunk = SCATTER_TILES
-        region.scatter = (dest, pieces)
+        region.chunk = SCATTER_TILES if buf.shape[2] != 3 else min(region.count, jpegloop.MAX_CHUNK)
+        region.scatter = (dest, _pieces_array(task.pieces, dest), task.keep, *ahead)
         if region.count >= _PREFETCH_MIN_TILES:
             _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0)
         region.run(pool)
@@ -687,11 +780,18 @@ def _new_batch(req: PatchRequest, n: int) -> Any:
 
 
 def read_patch_batches(req: PatchRequest, cache: CacheScope | None = None) -> Iterator[Any]:
-    """Yield the batches of ``req``: ``(b, h, w, c)`` arrays in input order, ``b <= batch_size``."""
+    """Yield the batches of ``req``: ``(b, h, w, c)`` arrays in input order, ``b <= batch_size``.
+
+    Each batch's array is made one batch ahead (the tiles a batch shares with the next are
+    copied into both at once: :class:`PatchReader`)."""
     reader = PatchReader(req, cache)
     try:
-        for j0, j1 in reader.spans():
-            yield reader.fill(j0, j1, _new_batch(req, j1 - j0))
+        spans = list(reader.spans())
+        ahead = _new_batch(req, spans[0][1] - spans[0][0]) if spans else None
+        for k, (j0, j1) in enumerate(spans):
+            out = ahead
+            ahead = _new_batch(req, spans[k + 1][1] - spans[k + 1][0]) if k + 1 < len(spans) else None
+            yield reader.fill(j0, j1, out, ahead)
     finally:
         reader.close()
 
@@ -712,7 +812,8 @@ def fill_all(req: PatchRequest, out: Any, cache: CacheScope | None = None) -> An
     reader = PatchReader(req, cache)
     try:
         for j0, j1 in reader.spans():
-            reader.fill(j0, j1, out[j0:j1])
+            j2 = min(j1 + req.batch_size, n)
+            reader.fill(j0, j1, out[j0:j1], out[j1:j2] if j2 > j1 else None)
     finally:
         reader.close()
     return out
