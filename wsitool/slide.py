@@ -512,8 +512,10 @@ class Slide:
                 ``(b, h, w, 4)`` uint8; ``"raw"`` -> ``(b, h, w, samples)`` in the
                 level's dtype.
             threads: decode threads (default: the CPU count).
-            on_error: ``"raise"`` or ``"fill"`` (a corrupt tile becomes background
-                in every patch it feeds, with a :class:`~wsitool.errors.TileWarning`).
+            on_error: ``"raise"`` or ``"fill"``, per patch as :meth:`read_region`'s: a
+                corrupt tile fails (or becomes background in, with a
+                :class:`~wsitool.errors.TileWarning`) the patches whose windows meet
+                its corrupt data; a patch that needs only clean rows of it gets them.
             device: ``"cpu"`` (numpy) or ``"cuda"`` / ``"cuda:N"`` (CuPy; each
                 patch is one GPU region read for now: tiles are not yet shared
                 between patches on the GPU).

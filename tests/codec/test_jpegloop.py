@@ -352,6 +352,51 @@ def test_bad_arguments_are_refused_not_crashed(sample_jpeg):
         assert not dest.any()  # refused before any decode or copy
 
 
+_ALIASED_PIECES = """
+import numpy as np, sys
+import wsitool
+from wsitool.codec import jpegloop
+from wsitool.slide import pyramid_levels
+mod = jpegloop._load()
+src = np.frombuffer(np.array([1 << 40], np.int64).tobytes(), np.uint8).reshape(1, 8, 1).copy()
+# piece 0 writes src's 8 bytes over piece 1's offset: piece 1 must still go where it said at the call
+pieces = np.array([[48, 8, 0, 1, 0, 8], [0, 8, 0, 1, 0, 8]], np.int64)
+mod.scatter(src, pieces.view(np.uint8).reshape(-1), pieces)
+assert pieces[:, 0].tolist() == [1 << 40, 1 << 40], pieces
+with wsitool.open_slide(sys.argv[1]) as slide:
+    lv = pyramid_levels(slide)[0]
+    level = (lv.tile_width, lv.tile_height, lv.width, lv.height, lv.tiles_across, lv.source.size)
+    out = np.zeros((1, 8, 3), np.uint8)
+    # piece 0: the decoded row (24 bytes) over piece 1 (and 2)'s first fields
+    pieces = np.array([[48, 24, 0, 1, 0, 8], [0, 24, 0, 1, 0, 8], [0, 24, 0, 1, 0, 8]], np.int64)
+    want = np.zeros((1, 8, 3), np.uint8)
+    for keep in (True, False):
+        p = pieces.copy()
+        dest = p.view(np.uint8).reshape(-1)
+        res = mod.Decoder().decode_tiles(lv.source.fileno(), lv.encoding.jpeg_prefix or b"", out, lv.tiles.offsets,
+                                         lv.tiles.bytecounts, level, (0, 0, 0, 0, 8, 1), 0, 1, 1, 0, dest, p, keep)
+        assert res[5] == 1 and not res[8], res
+        if keep:
+            want = out.copy()
+        assert bytes(dest[:24]) == want.tobytes() and bytes(dest[48:72]) == want.tobytes()
+print("ok")
+"""
+
+
+def test_pieces_overwritten_by_their_own_copies_are_read_as_given(sample_jpeg):
+    """A ``dest`` that holds the pieces themselves (or that another thread changes while the GIL
+    is released): every piece is checked and copied as it was at the call, never re-read after
+    a copy changed it (a piece's offset overwritten with pixels wrote far outside ``dest``)."""
+    import subprocess
+    import sys
+
+    if jpegloop._load() is None:
+        pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
+    done = subprocess.run([sys.executable, "-c", _ALIASED_PIECES, str(sample_jpeg)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
 def test_pieces_come_from_the_tile_scratch_into_two_destinations(sample_jpeg):
     """``keep=False``: RGB tiles decoded into the loop's tile scratch, the pieces (``dest``)
     and the next batch's pieces (``dest2``) copied from it, ``out`` left as it was; the same

@@ -175,6 +175,37 @@ def test_a_corrupt_tile_raises_or_becomes_background(tmp_path, read_path):
     assert not got[0].any() and got[1].any()   # tile 0 is background, the other patch is not
 
 
+def test_a_tile_corrupt_below_a_patch_does_not_blank_it(tmp_path, read_path):
+    """A run is decoded over the box of all its patches (whole tiles where a later batch needs
+    it), so a tile corrupt only below the rows one patch needs fails the run; that run's patches
+    are then read one by one, as ``read_region`` reads them: the patch that needs only the clean
+    rows gets them (with ``raise`` too), one that needs the corrupt rows fails or is background."""
+    src = REPO_SAMPLES / "sample-aperio-jpeg.svs"
+    # tile 8 (column 2, row 1 of 256 x 256 tiles): its second half of bytes zeroed
+    bad = with_tile_bytes(src, tmp_path, 8, lambda b: b[:len(b) // 2] + bytes(len(b) - len(b) // 2))
+    locs = [(517, 41), (757, 41), (517, 281), (37, 41)]  # 240 x 240: the first two touch rows 256..280 of tile 8
+    with wsitool.open_slide(bad) as slide:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TileWarning)
+            want = [slide.read_region(p, 0, (240, 240), mode="rgb", on_error="fill") for p in locs]
+        assert want[0][215:, :239].any()  # read_region decodes the top rows of tile 8
+        with pytest.raises(TileDecodeError):
+            slide.read_region(locs[2], 0, (240, 240), mode="rgb")
+        for batch_size, threads in ((1, 1), (2, 2), (4, 1), (3, 2)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = np.concatenate(list(slide.read_patches(locs, (240, 240), batch_size=batch_size,
+                                                             threads=threads, on_error="fill")))
+            np.testing.assert_array_equal(got, np.stack(want), err_msg=f"batch {batch_size}")
+            assert any(issubclass(w.category, TileWarning) for w in caught)  # patch 2's read warned
+            # raise: the batches before the one holding patch 2 come back, that one raises
+            it = slide.read_patches(locs, (240, 240), batch_size=batch_size, threads=threads)
+            for k in range(2 // batch_size):
+                np.testing.assert_array_equal(next(it), np.stack(want[k * batch_size:(k + 1) * batch_size]))
+            with pytest.raises(TileDecodeError, match="tile"):
+                next(it)
+
+
 def test_requests_are_checked_when_called_before_any_decode():
     with _open("sample-aperio-jpeg.svs") as slide:
         pool = get_pool("cpu")
@@ -324,6 +355,11 @@ def test_the_compiled_copy_checks_its_pieces():
                 [-1, stride, 0, 1, 0, 1]):
         with pytest.raises(ValueError, match="piece 0"):
             jpegloop.scatter(src, dest, np.array([bad], np.int64))
+    # pieces of another dtype, even with bytes that read as a valid int64 piece: refused
+    good = np.array([[0, stride, 0, 2, 0, 2]], np.int64)
+    for other in (good.view(np.int32), good.view(np.uint8), good.view(np.float64), good.tobytes()):
+        with pytest.raises(TypeError, match="int64"):
+            jpegloop.scatter(src, dest, other)
     np.testing.assert_array_equal(dest, want)  # nothing copied
 
 

@@ -528,7 +528,8 @@ static void flush(Decoder* self, const Plan* p, Pending* q, int n, Tally* t)
  * whose pixel (y0, x0) goes to dest + offset (checked by check_pieces). */
 typedef struct Scatter {
     unsigned char* dest;
-    const int64_t* pieces;
+    const int64_t* pieces; /* the caller's pieces as they were at the call (owned: see check_pieces) */
+    int64_t* owned;
     Py_ssize_t n;
     const struct Scatter* next; /* more pieces, into another dest (or NULL) */
     /* 0: the RGB tiles of run_intervals are decoded one at a time into a tile-sized
@@ -685,7 +686,8 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
         e->dy1 = dy1;
         e->dx0 = dx0;
         e->dx1 = dx1;
-        if (no_memory) {
+        /* (a count grown since the first pass, by an out or dest over the counts: no room) */
+        if (no_memory || need - used < start + (size_t)count) {
             fail(t, p, k, F_NO_MEMORY, 0, 0, dy0, dy1, dx0, dx1);
             continue;
         }
@@ -981,19 +983,36 @@ static void run_jobs(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_t j1,
 }
 
 /* Check pieces (a buffer of int64, 6 a piece; see Scatter) against an (out_h, out_w,
- * channels) source and a dest of dest_len bytes; fill *sc.  0 with ValueError if any
- * piece reads outside the source or writes outside dest. */
+ * channels) source and a dest of dest_len bytes; fill *sc with a private copy of them
+ * (sc->owned, freed by free_pieces): the copies never re-read the caller's buffer, which
+ * dest may overlap and other threads may change while the GIL is released.  0 with
+ * TypeError if the buffer is not of int64 (got with PyBUF_FORMAT), ValueError if any
+ * piece reads outside the source or writes outside dest, MemoryError. */
 static int check_pieces(const Py_buffer* pieces, unsigned char* dest, Py_ssize_t dest_len, int64_t out_h,
                         int64_t out_w, int64_t channels, Scatter* sc)
 {
+    const char* fmt = pieces->format != NULL ? pieces->format : "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<')
+        fmt++;
+    if (pieces->itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "pieces must be an int64 array");
+        return 0;
+    }
     if (pieces->len % 48 != 0) {
         PyErr_SetString(PyExc_ValueError, "pieces must be an array of 6 int64 per piece");
         return 0;
     }
     sc->dest = dest;
     sc->next = NULL;
-    sc->pieces = (const int64_t*)pieces->buf;
     sc->n = pieces->len / 48;
+    sc->owned = sc->n ? (int64_t*)malloc((size_t)pieces->len) : NULL;
+    if (sc->n && sc->owned == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    if (sc->n)
+        memcpy(sc->owned, pieces->buf, (size_t)pieces->len);
+    sc->pieces = sc->owned;
     for (Py_ssize_t i = 0; i < sc->n; i++) {
         const int64_t* pc = sc->pieces + 6 * i;
         int64_t off = pc[0], stride = pc[1], y0 = pc[2], y1 = pc[3], x0 = pc[4], x1 = pc[5], span, end;
@@ -1004,25 +1023,37 @@ static int check_pieces(const Py_buffer* pieces, unsigned char* dest, Py_ssize_t
                  && !__builtin_add_overflow(off, span, &end) && end <= (int64_t)dest_len;
         if (!ok) {
             PyErr_Format(PyExc_ValueError, "piece %zd reads outside the source or writes outside dest", i);
+            free(sc->owned);
+            sc->owned = NULL;
             return 0;
         }
     }
     return 1;
 }
 
+static void free_pieces(Scatter* sc)
+{
+    free(sc->owned);
+    sc->owned = NULL;
+}
+
 static PyObject* jl_scatter(PyObject* self, PyObject* args)
 {
     Py_buffer src, dest, pieces;
-    PyObject* src_obj;
-    if (!PyArg_ParseTuple(args, "Ow*y*", &src_obj, &dest, &pieces))
+    PyObject *src_obj, *pieces_obj;
+    if (!PyArg_ParseTuple(args, "Ow*O", &src_obj, &dest, &pieces_obj))
         return NULL;
+    if (PyObject_GetBuffer(pieces_obj, &pieces, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&dest);
+        return NULL;
+    }
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&dest);
         PyBuffer_Release(&pieces);
         return NULL;
     }
     PyObject* result = NULL;
-    Scatter sc;
+    Scatter sc = {0};
     if (src.ndim != 3 || src.itemsize != 1 || src.format == NULL || strcmp(src.format, "B") != 0) {
         PyErr_SetString(PyExc_ValueError, "src must be a C-contiguous (h, w, c) uint8 buffer");
         goto done;
@@ -1035,6 +1066,7 @@ static PyObject* jl_scatter(PyObject* self, PyObject* args)
     result = Py_None;
     Py_INCREF(result);
 done:
+    free_pieces(&sc);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dest);
     PyBuffer_Release(&pieces);
@@ -1097,13 +1129,13 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         return NULL;
     }
     PyObject* result = NULL;
-    Scatter sc, sc2, *scp = NULL;
+    Scatter sc = {0}, sc2 = {0}, *scp = NULL;
     Tally t;
     memset(&t, 0, sizeof t);
     if (dest_obj != Py_None || pieces_obj != Py_None) {
         if (PyObject_GetBuffer(dest_obj, &dest, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto done;
-        if (PyObject_GetBuffer(pieces_obj, &pieces, PyBUF_C_CONTIGUOUS) < 0)
+        if (PyObject_GetBuffer(pieces_obj, &pieces, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto done;
     }
     if (dest2_obj != Py_None || pieces2_obj != Py_None) {
@@ -1113,7 +1145,7 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
         }
         if (PyObject_GetBuffer(dest2_obj, &dest2, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto done;
-        if (PyObject_GetBuffer(pieces2_obj, &pieces2, PyBUF_C_CONTIGUOUS) < 0)
+        if (PyObject_GetBuffer(pieces2_obj, &pieces2, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto done;
     }
     Plan p;
@@ -1223,6 +1255,8 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     result = Py_BuildValue("(LLLLLLLLN)", t.direct, t.roi, t.scratch, t.missing, t.bytes_read, t.decoded,
                            t.allocations, t.spliced, failures);
 done:
+    free_pieces(&sc);
+    free_pieces(&sc2);
     free(t.failures);
     PyBuffer_Release(&prefix);
     PyBuffer_Release(&out);

@@ -23,8 +23,11 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
    ``keep`` and ``dest2`` arguments of the loop); else
    :func:`wsitool.read.fill.fill_region` (the Python tile path, or the
    decoded-tile cache) into a run buffer and numpy copies, the reference the
-   compiled copy is tested against.  ``on_error`` and the per-thread decoders
-   work exactly as for a region;
+   compiled copy is tested against.  The per-thread decoders work as for a
+   region.  A run whose decode fails (a corrupt tile) feeds nothing: the windows
+   it feeds are read one by one as :meth:`wsitool.Slide.read_region` reads them,
+   with the ``on_error`` asked (a tile corrupt only below the rows a window needs
+   fails the run, which decodes more of it, but not the window);
 4. with ``read_size``, each window is then reduced to ``size`` by the exact area
    filter (:mod:`wsitool.areafilter`).
 
@@ -63,7 +66,7 @@ from ..areafilter import AreaFilter
 from ..arguments import as_int
 from ..codec import jpegloop
 from ..codec.pool import get_pool
-from ..errors import InvalidRegionError, ResourceLimitError
+from ..errors import InvalidRegionError, ResourceLimitError, TileDecodeError
 from ..geometry import level_rect
 from ..model import PyramidLevel
 from ..settings import get_limits
@@ -222,7 +225,8 @@ class _Run:
     """Tiles ``c0..c1`` (inclusive) of tile row ``row``, decoded together.
 
     ``rect``: ``(x0, y0, x1, y1)`` in level pixels.  ``buf``: the flat buffer holding the
-    run's pixels while it is carried to a later batch, else None.
+    run's pixels while it is carried to a later batch, else None.  ``failed``: a tile of
+    the run failed to decode (its patches are read one by one instead: :class:`PatchReader`).
     """
 
     row: int
@@ -230,6 +234,7 @@ class _Run:
     c1: int
     rect: tuple[int, int, int, int]
     buf: np.ndarray | None = None
+    failed: bool = False
 
 
 @dataclass(eq=False)
@@ -484,6 +489,7 @@ class PatchReader:
         self._ahead: tuple[int, list[_Task]] | None = None  # its plan, made while the last one decoded
         self._fps: dict[int, _Footprint] = {}  # footprints of batches by first patch
         self._windows: list[np.ndarray] = []  # read_size: the windows of this batch and the next
+        self._redo: set[int] = set()  # patches of the next batch fed by a run that failed
 
     def spans(self) -> Iterator[tuple[int, int]]:
         """``[j0, j1)`` of each batch."""
@@ -512,7 +518,8 @@ class PatchReader:
         made while the others decode.
 
         Raises:
-            TileDecodeError: a corrupt tile, with ``on_error="raise"``.
+            TileDecodeError: with ``on_error="raise"``, a patch whose window meets corrupt
+                tile data (the first in input order; :meth:`_read_one_by_one`).
             OSError: a read of the slide's bytes failed.
         """
         req = self.req
@@ -538,6 +545,7 @@ class PatchReader:
                     work(jobs)
 
                 run_threads(k, plan_then_work, _nothing if shared is None else shared.stop)
+                self._read_one_by_one(j0, dest, dest_next, tasks)
         except BaseException:
             self._forget(tasks)
             raise
@@ -546,6 +554,37 @@ class PatchReader:
         if req.read is not None:
             _reduce(req, dest, out)
         return out
+
+    def _read_one_by_one(self, j0: int, dest: np.ndarray, dest_next: np.ndarray | None,
+                         tasks: list[_Task]) -> None:
+        """Where a tile of a run failed to decode, the windows that run feeds are read one by
+        one, each as :meth:`wsitool.Slide.read_region` reads it (``on_error`` as asked): a
+        tile corrupt only in rows a window does not need fails the run, which decodes the
+        box of all its windows (whole tiles where a later batch needs them), but not that
+        window's own read.  This batch's windows now, the next batch's when it is filled.
+
+        Raises:
+            TileDecodeError: with ``on_error="raise"``, the first such window (in input
+                order) whose own read meets the corrupt data.
+        """
+        now, self._redo = self._redo, set()
+        for task in tasks:
+            if task.run.failed:
+                now.update(task.pieces[:, 0].tolist())
+                if dest_next is not None:
+                    self._redo.update(task.next_pieces[:, 0].tolist())
+        if not now:
+            return
+        req = self.req
+        fp = self._footprint(j0)
+        assert fp is not None  # (this batch's)
+        ww, wh = req.window
+        pool = get_pool("cpu")
+        for i in sorted(now):
+            x, y = fp.corners[i].tolist()
+            one = ReadRequest(path=req.path, level=req.level, x=x, y=y, width=ww, height=wh, mode=req.mode,
+                              on_error=req.on_error, threads=1)
+            fill_region(one, dest[i], pool, self.cache)
 
     def _dests(self, j0: int, j1: int, out: Any, following: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """The arrays the windows of this batch and of the next one are copied into:
@@ -624,6 +663,19 @@ class PatchReader:
         pool = get_pool("cpu")
         native = _native_scatter(req, dest, dest_next, cache)
 
+        def decode_and_copy(task: _Task, buf: np.ndarray) -> None:
+            if native is not None and native(task, buf, pool):
+                return
+            if task.fresh:
+                x0, y0, x1, y1 = task.run.rect
+                part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
+                                   mode=req.mode, on_error="raise", threads=1)
+                fill_region(part, buf, pool, cache)
+            for pieces, into in ((task.pieces, dest), (task.next_pieces, dest_next)):
+                for i, dy0, dy1, dx0, dx1, sy0, sy1, sx0, sx1 in pieces.tolist():
+                    assert into is not None  # (no next pieces without a next batch)
+                    into[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
+
         def work(todo: Iterable[_Task]) -> None:
             for task in todo:
                 run = task.run
@@ -633,15 +685,11 @@ class PatchReader:
                 flat = run.buf
                 assert flat is not None  # (a carried run keeps its buffer)
                 buf = flat[:(y1 - y0) * (x1 - x0) * c * itemsize].view(dtype).reshape(y1 - y0, x1 - x0, c)
-                if native is None or not native(task, buf, pool):
-                    if task.fresh:
-                        part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
-                                           mode=req.mode, on_error=req.on_error, threads=1)
-                        fill_region(part, buf, pool, cache)
-                    for pieces, into in ((task.pieces, dest), (task.next_pieces, dest_next)):
-                        for i, dy0, dy1, dx0, dx1, sy0, sy1, sx0, sx1 in pieces.tolist():
-                            assert into is not None  # (no next pieces without a next batch)
-                            into[i, dy0:dy1, dx0:dx1] = buf[sy0:sy1, sx0:sx1]
+                if not run.failed:  # (a carried run that failed: its windows are read one by one)
+                    try:
+                        decode_and_copy(task, buf)
+                    except TileDecodeError:  # its windows are read one by one (_read_one_by_one)
+                        run.failed = True
                 if not task.keep or dest_next is None:  # the next run of this thread takes it
                     buffers.give(flat)
                     run.buf = None
@@ -658,6 +706,7 @@ class PatchReader:
         """Nothing of the last call is carried on: ``tasks``' buffers released, no plan ahead."""
         self._release(t.run for t in tasks)
         self._done, self._next, self._next_at, self._ahead = [], -1, None, None
+        self._redo = set()
 
     def _release(self, runs: Iterable[_Run]) -> None:
         for run in runs:
@@ -725,7 +774,7 @@ def _native_scatter(req: PatchRequest, dest: Any, dest_next: Any,
             if ahead:
                 jpegloop.scatter(buf, *ahead)
             return True
-        region = jpegloop.RegionJobs(lv, buf, x0, y0, (x0, y0, x1, y1), req.on_error)
+        region = jpegloop.RegionJobs(lv, buf, x0, y0, (x0, y0, x1, y1), "raise")  # (failures: one by one)
         region.chunk = SCATTER_TILES if buf.shape[2] != 3 else min(region.count, jpegloop.MAX_CHUNK)
         region.scatter = (dest, _pieces_array(task.pieces, dest), task.keep, *ahead)
         if region.count >= _PREFETCH_MIN_TILES:
