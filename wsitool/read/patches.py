@@ -403,7 +403,7 @@ def _shrink(task: _Task) -> None:
 
 
 #: Most bytes of run buffers kept between calls (:class:`_Buffers`): a one-thread read of
-#: 240 x 240 tiles uses about five 2.7 MB buffers (one decoding, the others carried).
+#: 240 x 240 tiles uses one 2.7 MB buffer a thread plus one per run carried (a few at most).
 SPARE_BYTES = 32 << 20
 
 _spare: list[np.ndarray] = []  # run buffers between calls, the one given back last at the end
