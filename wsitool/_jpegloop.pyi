@@ -60,9 +60,10 @@ def scatter(src: ReadableBuffer, dest: WriteableBuffer, pieces: ReadableBuffer, 
 
     ``pieces``: int64, 6 a piece: ``(dest byte offset, dest row stride in bytes, y0,
     y1, x0, x1)``, the rectangle ``[y0, y1) x [x0, x1)`` of ``src`` whose pixel
-    ``(y0, x0)`` goes to ``dest + offset``.  Raises ValueError when ``src`` is not
-    such a buffer or a piece reads outside ``src`` or writes outside ``dest`` (checked
-    before any copy).
+    ``(y0, x0)`` goes to ``dest + offset``; copied and checked once, at the call (``dest``
+    may overlap them).  Raises ValueError when ``src`` is not such a buffer or a piece
+    reads outside ``src`` or writes outside ``dest`` (checked before any copy), TypeError
+    when ``pieces`` is not of int64.
     """
 
 def decode_jpeg(stream: ReadableBuffer, out: WriteableBuffer, x0: int, y0: int, x1: int, y1: int,

@@ -378,6 +378,7 @@ def scatter(src: np.ndarray, dest: np.ndarray, pieces: np.ndarray) -> None:
 
     Raises:
         ValueError: a piece outside ``src`` or ``dest`` (nothing copied), or a bad buffer.
+        TypeError: ``pieces`` not of int64.
     """
     _module.scatter(src, dest, pieces)
 

@@ -364,9 +364,9 @@ def plan_runs(lv: PyramidLevel, fp: _Footprint, done: list[_Task], following: _F
     ``done``: the tasks of the previous batch (empty: none); their runs' pixels are in
     this batch's windows already, and those marked ``keep`` are carried over.  The tiles
     of ``fp`` outside ``done`` are cut into new runs (neighbours in a tile row, at most
-    ``most``), each copied into the windows of this batch
-    (``pieces``) and of the ``following`` one (``next_pieces``; None: no next batch); a
-    carried run is copied into the following batch's windows only.  A task is marked
+    ``most``), each copied into the windows of this batch (``pieces``) and of the
+    ``following`` one (``next_pieces``; None: no next batch); a carried run is copied into
+    the following batch's windows only.  A task is marked
     ``keep`` when the batch ``after`` the following one touches its run.  Every tile of
     ``fp`` is then in this batch's windows once, and every tile of ``following`` that
     this batch's runs hold.  Nothing in ``done`` is changed.
