@@ -120,7 +120,6 @@ class TileEncoding:
         return "imagecodecs" if self.page is None and self.imagecodec else "tifffile"
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class TileIndex:
     """Where each segment's bytes are.
 
@@ -131,11 +130,54 @@ class TileIndex:
             tiles_down`` entries (the two arrays may differ in length beyond that).
         planes: 1, or the sample count for planar-separate data (one segment per
             sample plane of each tile).
+
+    Args:
+        offsets, bytecounts: the two arrays; None for both when ``load`` gives them.
+        planes: as above.
+        load: a function of no arguments returning ``(offsets, bytecounts)``, called
+            on the first use of either (a remote TIFF's tables are fetched when their
+            level is first read: :mod:`wsitool.formats.tiff.tables`).  Threads that
+            first use it at the same time may each call it (the result is the same);
+            an exception it raises goes to the reader and the next use tries again.
     """
 
-    offsets: np.ndarray
-    bytecounts: np.ndarray
-    planes: int = 1
+    __slots__ = ("_arrays", "_load", "planes")
+
+    def __init__(self, offsets: np.ndarray | None, bytecounts: np.ndarray | None, planes: int = 1, *,
+                 load: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None):
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+        if load is None:
+            if offsets is None or bytecounts is None:
+                raise TypeError("TileIndex needs offsets and bytecounts, or load")
+            self._arrays = (offsets, bytecounts)
+        self._load = load
+        self.planes = planes
+
+    @property
+    def loaded(self) -> bool:
+        """False while the arrays wait for their first use (nothing fetched yet)."""
+        return self._arrays is not None
+
+    def _tables(self) -> tuple[np.ndarray, np.ndarray]:
+        arrays = self._arrays
+        if arrays is None:
+            assert self._load is not None
+            arrays = self._arrays = self._load()
+        return arrays
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``(n,)`` uint64 byte offsets of the segments (loads the tables on first use)."""
+        return self._tables()[0]
+
+    @property
+    def bytecounts(self) -> np.ndarray:
+        """``(n,)`` uint64 byte counts of the segments (loads the tables on first use)."""
+        return self._tables()[1]
+
+    def __repr__(self) -> str:
+        state = "loaded" if self.loaded else "not loaded"
+        return f"TileIndex(planes={self.planes}, {state})"
 
 
 #: Display colours ``(r, g, b)`` given, in this order, to the channels of a

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tifffile
 
 import wsitool
 from wsitool.slide import pyramid_levels
@@ -139,20 +140,52 @@ def _tiles_bytes(lv, x, y, w, h):
                for c in range(c0, c1 + 1))
 
 
+def _table_span(path):
+    """``(first byte, end)`` of level 0's TileOffsets and TileByteCounts arrays in the file."""
+    with tifffile.TiffFile(path) as tif:
+        tags = [tif.pages[0].tags[code] for code in (324, 325)]
+        return min(t.valueoffset for t in tags), max(t.valueoffset + t.valuebytecount for t in tags)
+
+
+def _ranges(logged):
+    out = []
+    for _, _, rng in logged:
+        a, b = rng.removeprefix("bytes=").split("-")
+        out.append((int(a), int(b) + 1))
+    return out
+
+
 def test_request_and_byte_accounting_on_the_bench_slide(bench_slide, nginx_factory):
     srv = nginx_factory(bench_slide.parent)
     before = len(srv.requests())
+    table = _table_span(bench_slide)
     with wsitool.open_slide(srv.url + bench_slide.name) as s:
         size = s.remote["size"]
         opened = s.remote["open_requests"], s.remote["open_bytes"]
-        # the head fetch, the IFD chain (3 levels + thumbnail/label/macro IFDs after their data)
-        # and the tile offset tables: counted by the source
-        assert opened[0] <= 1 + 6 + 3, opened
+        # the head fetch and the IFD chain (3 levels + thumbnail/label/macro IFDs after their
+        # data), counted by the source; no level's tile table yet, but the smallest level's
+        # (openslide.quickhash-1 hashes its tiles), which lies beside its IFD
+        assert opened[0] <= 1 + 6, opened
+        levels = pyramid_levels(s)
+        assert not levels[0].tiles.loaded and not levels[1].tiles.loaded
+        at_open = _ranges(srv.requests()[before:])
+        assert len(at_open) == opened[0]
+        # level 0's table (bytes 602 to 251,102 of this BigTIFF) is not fetched: only what the
+        # head fetch (the first 64 KiB) and the 64 KiB block of JPEGTables (after it) hold
+        assert at_open[0] == (0, 64 * 1024)
+        assert all(b - a == 64 * 1024 for a, b in at_open)
+        middle = sum(table) // 2
+        assert not any(a <= middle < b for a, b in at_open)
         src = s._source
+        s0 = src.stats()
         s.read_region((20000, 15000), 0, (256, 256))
         after_small = src.stats()
         assert after_small["bytes"] <= 0.01 * size, (after_small, size)
-        lv = pyramid_levels(s)[0]
+        first_read = _ranges(srv.requests()[before + opened[0]:])
+        # level 0's table is first used here: one request for both arrays, then the tiles
+        assert sum(a < table[1] and table[0] < b for a, b in first_read) == 1, (first_read, table)
+        assert after_small["requests"] - s0["requests"] <= 1 + 2  # 256 px: at most 2 rows of tiles
+        lv = levels[0]
         x, y = 10100, 8050
         s0 = src.stats()
         s.read_region((x, y), 0, (1024, 1024))

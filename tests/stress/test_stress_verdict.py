@@ -228,3 +228,42 @@ def test_many_workers_on_bench_slide_are_not_a_false_leak(tmp_path):
     first = next(s for s in mem["samples"] if s["measured"]) if mem["samples_measured"] else None
     if first is not None:
         assert first["iterations"] >= 64 * WARMUP_READS_PER_WORKER  # not the 10 % alone
+
+
+def test_samples_reach_the_parent_in_the_order_they_were_taken(monkeypatch):
+    """The fault path samples from a worker thread while the sampler thread samples too: a
+    sample taken first but sent second made ``measured_iterations`` negative (seen in CI as
+    a report that failed its schema)."""
+    import io
+    import json
+    import threading
+
+    from wsitool.stress import worker as worker_mod
+
+    cfg = {"levels": [{"index": 0}], "mode": "rgb", "device": "cpu", "read_threads": 1, "seed": 1,
+           "verify_every": 10, "iterations": 100, "duration": None, "workers": 1}
+    pipe = io.BytesIO()
+    w = worker_mod.Workload(cfg, slide=None, pipe=pipe)
+    blocked, go = threading.Event(), threading.Event()
+    real_rss = worker_mod.rss
+
+    def slow_first_rss():
+        if not blocked.is_set():  # the first sample stalls after it counted the iterations
+            blocked.set()
+            go.wait(5)
+        return real_rss()
+
+    monkeypatch.setattr(worker_mod, "rss", slow_first_rss)
+    first = threading.Thread(target=w.sample)
+    first.start()
+    assert blocked.wait(5)
+    with w.claim_lock:
+        w.completed = 5
+    second = threading.Thread(target=w.sample)
+    second.start()
+    second.join(0.3)
+    go.set()
+    first.join(5)
+    second.join(5)
+    sent = [json.loads(line)["iterations"] for line in pipe.getvalue().decode().splitlines()]
+    assert sent == [0, 5]

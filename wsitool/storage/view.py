@@ -3,12 +3,17 @@
 tifffile parses a remote TIFF through :class:`SourceFile`: every ``read`` is a
 positional read of the source (so it comes from the remote source's block cache,
 never from a read-ahead of its own), clamped to the bytes the source holds.
+A view may be told ranges to *blank*: a read of exactly such a range gives
+zeros and fetches nothing (the tile tables of a remote TIFF, which tifffile
+parses at open but wsitool fetches when their level is first read:
+:mod:`wsitool.formats.tiff.tables`).
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from .source import ByteSource
@@ -21,12 +26,19 @@ class SourceFile(io.RawIOBase):
 
     Reads never ask the source for more than is left before its end.  Closing
     the view does not close the source.  ``name`` is the source's shown name.
+
+    Args:
+        source: the bytes.
+        blank: ``(offset, count)`` ranges that read as ``count`` zero bytes when a
+            read asks for exactly that range (any other read of those bytes reads
+            the source).
     """
 
-    def __init__(self, source: ByteSource):
+    def __init__(self, source: ByteSource, blank: Iterable[tuple[int, int]] = ()):
         super().__init__()
         self._source = source
         self._pos = 0
+        self._blank = frozenset(blank)
         self.name = getattr(source, "shown", source.path)
 
     @property
@@ -61,6 +73,10 @@ class SourceFile(io.RawIOBase):
         count = min(len(view), max(0, self._source.size - self._pos))
         if count == 0:
             return 0
+        if (self._pos, count) in self._blank:
+            view[:count] = bytes(count)
+            self._pos += count
+            return count
         data = self._source.read(self._pos, count)
         view[:len(data)] = data
         self._pos += len(data)
@@ -71,6 +87,9 @@ class SourceFile(io.RawIOBase):
         size = left if size is None or size < 0 else min(size, left)
         if size == 0:
             return b""
+        if (self._pos, size) in self._blank:
+            self._pos += size
+            return bytes(size)
         data = self._source.read(self._pos, size)
         self._pos += len(data)
         return data

@@ -60,6 +60,9 @@ class Workload:
         self.slide = slide
         self.pipe = pipe
         self.pipe_lock = threading.Lock()
+        #: one sample at a time, taken and sent under it: samples reach the parent in the
+        #: order they were taken (the fault path samples from a worker thread as well)
+        self.sample_lock = threading.Lock()
         self.levels = cfg["levels"]
         self.mode = cfg["mode"]
         self.device = cfg["device"]
@@ -109,6 +112,10 @@ class Workload:
         return dataclasses.asdict(get_pool(self.device).stats())
 
     def sample(self) -> dict:
+        with self.sample_lock:
+            return self._sample()
+
+    def _sample(self) -> dict:
         extra = {}
         for name, fn in self.samplers:
             try:

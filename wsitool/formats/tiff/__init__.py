@@ -37,6 +37,7 @@ from .levels import choose_levels
 from .logcapture import tifffile_messages
 from .properties import build_properties
 from .quickhash import with_quickhash
+from .tables import EAGER, DeferredTables, scan
 from .tags import MALFORMED, check_page, description
 
 __all__ = ["sniff", "open_pyramid"]
@@ -62,9 +63,11 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     head = source.read(0, 4)
     if not sniff(head):
         raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
+    # a remote slide: tifffile reads through the source (its block cache), never by name,
+    # and its tile tables are fetched when their level is first read (.tables)
+    tables = scan(path, source) if source.remote else EAGER
     with tifffile_messages() as messages:
-        # a remote slide: tifffile reads through the source (its block cache), never by name
-        fh = SourceFile(source) if source.remote else BoundedFile(path)
+        fh = SourceFile(source, blank=tables.blank) if source.remote else BoundedFile(path)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -90,7 +93,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
             fh.close()
 
         try:
-            pyramid = _describe(path, source, tiff, pages)
+            pyramid = _describe(path, source, tiff, pages, tables)
         except WsiError:
             release()
             raise
@@ -125,9 +128,11 @@ def _candidates(path: str, pages: list[Any]) -> list[tuple[tifffile.TiffPage, in
     return candidates
 
 
-def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any]) -> Pyramid:
-    """The pyramid of the parsed TIFF ``tiff`` (its top-level ``pages``): the vendor, then
-    the levels and associated images its rules pick, then the properties."""
+def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
+              tables: DeferredTables) -> Pyramid:
+    """The pyramid of the parsed TIFF ``tiff`` (its top-level ``pages``; the tile tables
+    ``tables`` left unread): the vendor, then the levels and associated images its rules
+    pick, then the properties."""
     if not pages:
         # TIFF 6.0 section 2 requires at least one IFD; none readable means a
         # truncated file or a first-IFD offset pointing nowhere.
@@ -136,16 +141,16 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     vendor = _vendor(tiff, first_desc)
     associated_pages, pool = _sort_pages(path, source, tiff, pages, vendor)
     problems: list[str] = []
-    base, levels = _levels(path, source, pool, vendor, problems)
+    base, levels = _levels(path, source, pool, vendor, problems, tables)
     vendor_props: dict[str, str] = {}
     mpp_x, mpp_y, objective = _vendor_metadata(vendor, first_desc, tiff, pages, source, vendor_props)
     properties = build_properties(vendor, base, levels, vendor_props, (mpp_x, mpp_y), objective)
-    associated = {name: associated_from_page(name, page) for name, page in associated_pages.items()}
+    associated = {name: associated_from_page(name, page, tables) for name, page in associated_pages.items()}
     profile = icc_profile(base)
     _thumbnail_profile(vendor, associated, profile)
     _openslide_structure_properties(properties, profile, associated)
     return Pyramid(vendor=vendor, levels=levels, associated=associated,
-                   properties=with_quickhash(path, tiff, pages, source, properties),  # read on first use
+                   properties=with_quickhash(path, tiff, pages, source, properties, tables.values),  # read on first use
                    color_profile=profile, problems=problems)
 
 
@@ -206,15 +211,15 @@ def _sort_pages(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: l
 
 
 def _levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage], vendor: str,
-            problems: list[str]) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
+            problems: list[str], tables: DeferredTables) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
     """``(level 0's page, the levels)`` the level rule (:mod:`.levels`; QPTIFF's channel
     pages, :func:`_qptiff_levels`) picks from ``pool``, with NDPI's scaled levels."""
     if vendor == "qptiff":
-        return _qptiff_levels(path, source, pool, problems)
+        return _qptiff_levels(path, source, pool, problems, tables)
     chosen = choose_levels(pool)
     base = chosen[0]
     base_size = (int(base.imagewidth), int(base.imagelength))
-    levels = tuple(level_from_page(path, source, i, page, base_size) for i, page in enumerate(chosen))
+    levels = tuple(level_from_page(path, source, i, page, base_size, tables) for i, page in enumerate(chosen))
     if vendor == "hamamatsu":  # OpenSlide's levels made by scaled JPEG decoding (see .ndpi_scaled)
         levels = ndpi_scaled.with_scaled_levels(levels, base_size)
     return base, levels
@@ -246,8 +251,8 @@ def _thumbnail_profile(vendor: str, associated: dict[str, AssociatedImage], prof
         associated["thumbnail"] = dataclasses.replace(thumb, color_profile=profile)
 
 
-def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage],
-                   problems: list[str]) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
+def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage], problems: list[str],
+                   tables: DeferredTables) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
     """``(level 0's page, levels)`` of a QPTIFF's channel pages (:mod:`.qptiff`): the pages of
     one size, in file order, are the channels of one level, largest size first; a size with
     another page count than level 0 is passed over (reported in ``problems``).  One page of
@@ -269,7 +274,7 @@ def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage],
                             f"{count} channel(s)")
             continue
         index = len(levels)
-        planes = [level_from_page(path, source, index, page, base_size) for page in pages]
+        planes = [level_from_page(path, source, index, page, base_size, tables) for page in pages]
         if count == 1:
             levels.append(planes[0])
             continue

@@ -23,6 +23,8 @@ then bare scan data, see :attr:`wsitool.model.TileEncoding.jpeg_scan_segments`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tifffile
 from tifffile import COMPRESSION, PHOTOMETRIC, PLANARCONFIG
@@ -30,8 +32,9 @@ from tifffile import COMPRESSION, PHOTOMETRIC, PLANARCONFIG
 from ...bitstream import ADOBE_RGB_MARKER, SOI
 from ...color import icc_bytes
 from ...errors import CorruptFileError, UnsupportedFormatError
-from ...model import AssociatedImage, PyramidLevel, TileEncoding, TileIndex
+from ...model import AssociatedImage, PyramidLevel, TileEncoding
 from ...storage import ByteSource
+from .tables import EAGER, DeferredTables
 from .tags import enum_name
 
 __all__ = ["level_from_page", "associated_from_page", "rgb_problem", "JPEG", "LZW", "J2K_COMPRESSIONS"]
@@ -93,13 +96,15 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype: np.
 
 
 def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.TiffPage,
-                    base_size: tuple[int, int]) -> PyramidLevel:
+                    base_size: tuple[int, int], tables: DeferredTables = EAGER) -> PyramidLevel:
     """The :class:`~wsitool.model.PyramidLevel` of one IFD.
 
     Args:
         path: the slide's path (for messages); source: its byte source.
         index: the level number; page: the IFD.
         base_size: ``(width, height)`` of level 0 in pixels.
+        tables: the tile tables tifffile left unread (:mod:`.tables`): the level's
+            :class:`~wsitool.model.TileIndex` reads them on first use.
 
     Raises:
         CorruptFileError: zero tile size, or fewer tile offsets than the grid has tiles.
@@ -125,22 +130,23 @@ def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.Ti
     if page.imagedepth > 1:
         raise UnsupportedFormatError(f"{path}: level {index}: volumetric TIFF (ImageDepth > 1)")
     planes = samples if (int(page.planarconfig) == PLANARCONFIG.SEPARATE and samples > 1) else 1
-    offsets = np.ascontiguousarray(page.dataoffsets, dtype=np.uint64)
-    bytecounts = np.ascontiguousarray(page.databytecounts, dtype=np.uint64)
+    # (a deferred table's length is its tag's count: tifffile's parse read zeros in its place)
+    n_offsets, n_counts = len(page.dataoffsets), len(page.databytecounts)
     expected = planes * -(-width // tile_width) * -(-height // tile_height)
-    if len(offsets) < expected or len(bytecounts) < expected:
+    if n_offsets < expected or n_counts < expected:
         raise CorruptFileError(
-            f"{path}: level {index}: {len(offsets)} tile offsets for a grid of {expected} tiles"
+            f"{path}: level {index}: {n_offsets} tile offsets for a grid of {expected} tiles"
         )
     return PyramidLevel(index=index, width=width, height=height,
                  downsample=(w0 / width + h0 / height) / 2.0,
                  tile_width=tile_width, tile_height=tile_height, tiled=tiled, samples=samples,
                  dtype=dtype, encoding=page_encoding(page, samples, planes, dtype),
-                 tiles=TileIndex(offsets, bytecounts, planes), source=source, path=path)
+                 tiles=tables.index(page, planes), source=source, path=path)
 
 
-def associated_from_page(name: str, page: tifffile.TiffPage) -> AssociatedImage:
-    """The :class:`~wsitool.model.AssociatedImage` of a stripped or tiled IFD (label, macro, thumbnail)."""
+def associated_from_page(name: str, page: tifffile.TiffPage, tables: DeferredTables = EAGER) -> AssociatedImage:
+    """The :class:`~wsitool.model.AssociatedImage` of a stripped or tiled IFD (label, macro, thumbnail);
+    a tiled one's tables that tifffile left unread (``tables``) are read now."""
     samples = int(page.samplesperpixel)
     itemsize = np.dtype(page.dtype).itemsize if page.dtype is not None else 8
     planar = int(page.planarconfig) == PLANARCONFIG.SEPARATE and samples > 1
@@ -149,12 +155,18 @@ def associated_from_page(name: str, page: tifffile.TiffPage) -> AssociatedImage:
         name=name, width=int(page.imagewidth), height=int(page.imagelength), samples=samples,
         itemsize=itemsize, planar=planar,
         encoding=page_encoding(page, samples, samples if planar else 1, dtype),
-        offsets=tuple(int(v) for v in page.dataoffsets),
-        bytecounts=tuple(int(v) for v in page.databytecounts),
+        offsets=tuple(int(v) for v in _table(page, 324, page.dataoffsets, tables)),
+        bytecounts=tuple(int(v) for v in _table(page, 325, page.databytecounts, tables)),
         max_segment=(max(int(page.imagewidth), int(page.tilewidth or 0)),
                      max(int(page.imagelength), int(page.tilelength or 0))),
         color_profile=icc_profile(page),
     )
+
+
+def _table(page: tifffile.TiffPage, code: int, parsed: Any, tables: DeferredTables) -> Any:
+    """The values of a page's tile table ``code`` (324, 325): read now where it was deferred."""
+    tag = page.tags.get(code)
+    return tables.values(tag) if tables.table(tag) is not None else parsed
 
 
 ICC_PROFILE_TAG = 34675  # ICCProfile / InterColorProfile (Adobe TIFF Technical Note, ICC.1 annex B.4)

@@ -62,7 +62,7 @@ import functools
 import hashlib
 import operator
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -154,26 +154,36 @@ class QuickHash:
         return data
 
 
+def _value(tag: Any) -> Any:
+    """A tifffile tag's value, as tifffile parsed it."""
+    return tag.value
+
+
 def with_quickhash(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
-                   properties: dict[str, str]) -> Mapping[str, str]:
+                   properties: dict[str, str], values: Callable[[Any], Any] = _value) -> Mapping[str, str]:
     """``properties`` with ``openslide.quickhash-1`` added as a deferred value where
-    OpenSlide's rule gives the slide one (see the module docstring); else ``properties``."""
-    hashing = plan(path, tiff, pages, source)
+    OpenSlide's rule gives the slide one (see the module docstring); else ``properties``.
+    ``values(tag)`` gives a tifffile tag's value (a remote TIFF's tile tables that the
+    parse left unread are read by :meth:`.tables.DeferredTables.values`)."""
+    hashing = plan(path, tiff, pages, source, values)
     if hashing is None:
         return properties
     return DeferredProperties(properties, {KEY: functools.partial(hashing.digest, source)})
 
 
-def plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource) -> QuickHash | None:
-    """What OpenSlide hashes for the TIFF ``tiff`` (tifffile's, with its top-level ``pages``),
-    or None where it hashes nothing (or reads the file as a format wsitool does not follow)."""
+def plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
+         values: Callable[[Any], Any] = _value) -> QuickHash | None:
+    """What OpenSlide hashes for the TIFF ``tiff`` (tifffile's, with its top-level ``pages``;
+    ``values`` as for :func:`with_quickhash`), or None where it hashes nothing (or reads the
+    file as a format wsitool does not follow)."""
     try:
-        return _plan(path, tiff, pages, source)
+        return _plan(path, tiff, pages, source, values)
     except MALFORMED:  # a tag of the wrong type or count: no hash, the slide opens as before
         return None
 
 
-def _plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource) -> QuickHash | None:
+def _plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
+          values: Callable[[Any], Any]) -> QuickHash | None:
     if not pages or not all(hasattr(p, "tags") for p in pages):
         return None
     is_ndpi = bool(tiff.is_ndpi)
@@ -182,7 +192,7 @@ def _plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSour
     page = _hashed_page(fmt, pages)
     if page is None:
         return None
-    segments = _segments(page, source.size)
+    segments = _segments(page, source.size, values)
     if segments is None:
         return None
     first = pages[0]
@@ -261,7 +271,7 @@ def _is_reduced(page: Any) -> bool:
     return value is not None and bool(int(value) & 1)
 
 
-def _segments(page: Any, file_size: int) -> tuple[tuple[int, int], ...] | None:
+def _segments(page: Any, file_size: int, values: Callable[[Any], Any]) -> tuple[tuple[int, int], ...] | None:
     """The IFD's ``(offset, count)`` segments (module docstring, 3), or None where OpenSlide
     hashes none: no or mismatched lists, over :data:`LIMIT`, or a segment outside the file."""
     for tags in (_TILE_TAGS, _STRIP_TAGS):  # (offsets code, counts code)
@@ -273,7 +283,7 @@ def _segments(page: Any, file_size: int) -> tuple[tuple[int, int], ...] | None:
     counts_tag = _tag(page, tags[1])
     if counts_tag is None or int(counts_tag.count) != int(offsets_tag.count):
         return None
-    offsets, counts = _sequence(offsets_tag.value), _sequence(counts_tag.value)
+    offsets, counts = _sequence(values(offsets_tag)), _sequence(values(counts_tag))
     if not counts or len(offsets) != len(counts):
         return None
     try:  # the total first, with no copy: a level over the limit costs no more look at its tags
