@@ -6,6 +6,7 @@ face and contract are in :mod:`wsitool.codec.jpegloop`.  Optional: the module is
 absent where it was not built (see ``setup.py``).
 """
 
+from collections.abc import Sequence
 from typing import final
 
 from _typeshed import ReadableBuffer, WriteableBuffer
@@ -22,6 +23,8 @@ SCATTER: int
 #: Present (1) when ``decode_tiles`` takes ``keep`` (pieces copied from a tile scratch) and
 #: ``dest2, pieces2``.
 SCATTER_KEEP: int
+#: Present (1) when ``decode_tiles`` takes ``extents`` (tile bytes from memory, ``fd`` -1).
+EXTENTS: int
 #: Present (1) when ``decode_tiles`` splices an NDPI band's restart intervals into one code
 #: stream and returns the ``spliced`` count.
 SPLICE: int
@@ -106,12 +109,13 @@ class Decoder:
         keep: bool = True,
         dest2: WriteableBuffer | None = None,
         pieces2: ReadableBuffer | None = None,
+        extents: Sequence[tuple[int, ReadableBuffer]] | None = None,
         /,
     ) -> tuple[int, int, int, int, int, int, int, int, list[tuple[int, int, int, int, str]]]:
         """Decode jobs ``[j0, j1)`` of a region's tiles into ``out``, GIL released.
 
         Args:
-            fd: the slide's file descriptor (read with ``pread``).
+            fd: the slide's file descriptor (read with ``pread``), or -1 with ``extents``.
             prefix: bytes put in front of each tile (the JPEG prefix, or ``b""``).
             out: writable C-contiguous ``(h, w, 3 or 4)`` uint8 buffer.
             offsets, counts: the level's segment offsets and byte counts, uint64.
@@ -135,6 +139,10 @@ class Decoder:
                 scratch's pixels are also copied into ``out``.
             dest2, pieces2: optional, with ``pieces``: more pieces, into ``dest2`` (the
                 patches of the next batch that need the same tiles).
+            extents: with ``fd`` -1: the tiles' bytes, ``(start, data)`` pairs in ascending
+                ``start``, ``data`` holding the file's bytes from ``start`` on (a remote
+                slide's fetched ranges); a tile in none of them fails as an I/O error
+                (``ENODATA``).  ValueError for extents without ``fd`` -1 or the reverse.
 
         Returns:
             ``(direct, roi, scratch, missing, bytes_read, decoded, allocations,

@@ -15,6 +15,7 @@ import contextlib
 import re
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -601,3 +602,54 @@ def test_chunks_cover_each_tile_once_and_shrink_towards_the_end(sample_jpeg, thr
     else:
         assert all(1 <= b - a <= max(1, min(4, (region.count - a) // (2 * threads))) for a, b in spans)
         assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 1
+
+
+def test_tiles_read_from_extents_equal_the_file_reads(sample_jpeg):
+    """``fd`` -1 with ``extents`` (a remote slide's fetched ranges): the tiles come from the
+    extents, the same pixels and counters as ``pread``; a tile in no extent fails as an I/O
+    error (ENODATA); extents out of order or without ``fd`` -1 are refused before any decode."""
+    import errno
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = pyramid_levels(slide)[0]
+        tw, th = lv.tile_width, lv.tile_height
+        w, h = min(3 * tw, lv.width), min(2 * th, lv.height)
+        level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
+        region = (0, 0, 0, 0, w, h)
+        prefix = lv.encoding.jpeg_prefix or b""
+        offs, cnts = lv.tiles.offsets, lv.tiles.bytecounts
+        cols, rows = (w - 1) // tw + 1, (h - 1) // th + 1
+        jobs = cols * rows
+        dec = jpegloop.new_decoder()
+        want = np.zeros((h, w, 3), np.uint8)
+        ref = dec.decode_tiles(lv.source.fileno(), prefix, want, offs, cnts, level, region, 0, jobs, 4)
+        raw = Path(sample_jpeg).read_bytes()
+        # one extent per tile row, each from a little before its first tile to a little past its last
+        extents = []
+        for r in range(rows):
+            idx = [r * lv.tiles_across + c for c in range(cols)]
+            a = int(min(offs[idx])) - 5
+            b = int(max(offs[i] + cnts[i] for i in idx)) + 7
+            extents.append((a, memoryview(raw)[a:b]))
+        extents.sort(key=lambda e: e[0])
+        got = np.full((h, w, 3), 9, np.uint8)
+        res = dec.decode_tiles(-1, prefix, got, offs, cnts, level, region, 0, jobs, 4, 0,
+                               None, None, True, None, None, extents)
+        np.testing.assert_array_equal(got, want)
+        assert res[:6] == ref[:6] and res[7] == ref[7] and not res[8]  # (6: buffers made, reused here)
+        missing = np.zeros((h, w, 3), np.uint8)
+        res = dec.decode_tiles(-1, prefix, missing, offs, cnts, level, region, 0, jobs, 4, 0,
+                               None, None, True, None, None, extents[:1])  # the other rows: in none
+        failed = {job for job, code, a, *_ in res[8] if code == jpegloop._load().F_IO_ERROR and a == errno.ENODATA}
+        start, data = extents[0]
+        inside = {j for j in range(jobs)
+                  for i in [(j // cols) * lv.tiles_across + j % cols]
+                  if start <= offs[i] and offs[i] + cnts[i] <= start + len(data)}
+        assert inside and failed == set(range(jobs)) - inside
+        args = (prefix, got, offs, cnts, level, region, 0, jobs, 4, 0, None, None, True, None, None)
+        with pytest.raises(ValueError, match="ascending"):
+            dec.decode_tiles(-1, *args, extents[::-1] if len(extents) > 1 else [(5, b""), (1, b"")])
+        with pytest.raises(ValueError, match="fd -1"):
+            dec.decode_tiles(lv.source.fileno(), *args, extents)
+        with pytest.raises(ValueError, match="fd -1"):
+            dec.decode_tiles(-1, *args)
+        assert dec.decode_tiles(-1, *args, extents)[5] == jobs  # and the decoder still works

@@ -226,3 +226,27 @@ def test_patch_plans_from_a_url_keep_no_token(nginx_factory, tmp_path):
     r = subprocess.run([sys.executable, "-m", "wsitool", "patches", "plan", srv.url + "nope.svs?sig=SECRET9",
                         "--mpp", "0.5", "-o", str(tmp_path / "q.parquet")], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 9 and "SECRET9" not in r.stderr and "nope.svs" in r.stderr
+
+
+def test_the_compiled_loop_reads_remote_jpeg_tiles(nginx_factory, monkeypatch):
+    """A remote JPEG region goes through the compiled loop (its tiles from the fetched ranges:
+    ``RemoteSource.gather``), the same pixels as the local read, no request beyond the region's."""
+    from wsitool.codec import jpegloop
+    if jpegloop._load() is None:
+        pytest.skip(f"the compiled loop is not built: {jpegloop._reason}")
+    sample = REPO / "samples" / "sample-aperio-jpeg.svs"
+    runs = []
+    real_run = jpegloop.RegionJobs.run
+    monkeypatch.setattr(jpegloop.RegionJobs, "run", lambda self, pool: (runs.append(1), real_run(self, pool))[1])
+    srv = nginx_factory(sample.parent)
+    with wsitool.open_slide(srv.url + sample.name) as remote, wsitool.open_slide(sample) as local:
+        for level in range(remote.level_count):
+            w, h = remote.level_dimensions[level]
+            for loc, size in (((0, 0), (min(w, 700), min(h, 500))), ((w // 3, h // 4), (300, 257))):
+                scale = remote.level_downsamples[level]
+                at = (int(loc[0] * scale), int(loc[1] * scale))
+                for threads in (1, 2):
+                    runs.clear()
+                    a = remote.read_region(at, level, size, mode="rgb", threads=threads)
+                    assert runs, (level, loc)
+                    np.testing.assert_array_equal(a, local.read_region(at, level, size, mode="rgb"))

@@ -234,7 +234,11 @@ typedef struct {
     const int64_t* offsets;
     const int64_t* counts;
     Py_ssize_t n_segments;
-    int fd;
+    int fd; /* -1: the bytes come from the extents below (a remote slide's fetched ranges) */
+    Py_ssize_t n_ext;
+    const int64_t* ext_start; /* ascending */
+    const int64_t* ext_len;
+    const unsigned char* const* ext_ptr;
     const unsigned char* prefix;
     size_t prefix_len;
     int scan_segments; /* the tiles are NDPI restart intervals: no SOI, prefix goes in front whole */
@@ -243,6 +247,31 @@ typedef struct {
     unsigned char* out;
     int64_t out_w, out_h, channels;
 } Plan;
+
+/* Read count bytes at offset into buf: pread() of the file, or (fd < 0) a copy from the
+ * fetched extent that holds them.  Returns the bytes read, or -1 with errno set. */
+static ssize_t read_at(const Plan* p, unsigned char* buf, size_t count, int64_t offset)
+{
+    if (p->fd >= 0)
+        return pread(p->fd, buf, count, (off_t)offset);
+    Py_ssize_t lo = 0, hi = p->n_ext; /* the first extent starting after offset */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (p->ext_start[mid] <= offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (Py_ssize_t i = lo - 1; i >= 0 && i >= lo - 8; i--) { /* (extents may overlap) */
+        int64_t at = offset - p->ext_start[i];
+        if (at >= 0 && (uint64_t)at + count <= (uint64_t)p->ext_len[i]) {
+            memcpy(buf, p->ext_ptr[i] + at, count);
+            return (ssize_t)count;
+        }
+    }
+    errno = ENODATA;
+    return -1;
+}
 
 typedef struct {
     Py_ssize_t job;
@@ -693,7 +722,7 @@ static void run_intervals(Decoder* self, const Plan* p, Py_ssize_t j0, Py_ssize_
         }
         unsigned char* buf = self->arena + used;
         used += start + (size_t)count;
-        ssize_t got = pread(p->fd, buf + start, (size_t)count, (off_t)offset);
+        ssize_t got = read_at(p, buf + start, (size_t)count, offset);
         if (got < 0) {
             fail(t, p, k, F_IO_ERROR, errno, 0, dy0, dy1, dx0, dx1);
             continue;
@@ -897,7 +926,7 @@ static size_t splice_read(Decoder* self, const Plan* p, size_t sof, Py_ssize_t k
     for (Py_ssize_t k = k0; k < k1; k++) {
         int64_t index = (p->r0 + k / p->ncols) * p->across + p->c0 + k % p->ncols;
         int64_t offset = p->offsets[index], count = p->counts[index];
-        if (pread(p->fd, buf + at, (size_t)count, (off_t)offset) != (ssize_t)count)
+        if (read_at(p, buf + at, (size_t)count, offset) != (ssize_t)count)
             return 0;
         at += (size_t)count;
         /* its closing marker: an RSTn, or EOI for the level's last interval (the band's last) */
@@ -1085,9 +1114,71 @@ static int get_i64(PyObject* seq, Py_ssize_t i, int64_t* v)
     return 1;
 }
 
+/* The fetched byte ranges a call reads tiles from (fd -1): their buffers are held
+ * (PyObject_GetBuffer) for the call, so the GIL can be released while they are read. */
+typedef struct {
+    Py_ssize_t n;
+    int64_t* start;
+    int64_t* len;
+    unsigned char** ptr;
+    Py_buffer* views;
+} Extents;
+
+static void release_extents(Extents* ex)
+{
+    for (Py_ssize_t i = 0; i < ex->n; i++)
+        PyBuffer_Release(&ex->views[i]);
+    free(ex->start);
+    free(ex->len);
+    free(ex->ptr);
+    free(ex->views);
+    memset(ex, 0, sizeof *ex);
+}
+
+/* Take a sequence of (start, bytes-like), ascending by start, into ex; 0 with an error set. */
+static int take_extents(PyObject* obj, Extents* ex)
+{
+    PyObject* seq = PySequence_Fast(obj, "extents must be a sequence of (start, bytes)");
+    if (seq == NULL)
+        return 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t m = n > 0 ? (size_t)n : 1;
+    ex->start = malloc(m * sizeof *ex->start);
+    ex->len = malloc(m * sizeof *ex->len);
+    ex->ptr = malloc(m * sizeof *ex->ptr);
+    ex->views = calloc(m, sizeof *ex->views);
+    if (!ex->start || !ex->len || !ex->ptr || !ex->views) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+        int64_t start;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !get_i64(item, 0, &start) || start < 0
+            || (i > 0 && start < ex->start[i - 1])) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "extents must be (start >= 0, bytes) in ascending start");
+            Py_DECREF(seq);
+            return 0;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 1), &ex->views[i], PyBUF_SIMPLE) < 0) {
+            Py_DECREF(seq);
+            return 0;
+        }
+        ex->n = i + 1; /* (released from here on) */
+        ex->start[i] = start;
+        ex->len[i] = (int64_t)ex->views[i].len;
+        ex->ptr[i] = (unsigned char*)ex->views[i].buf;
+    }
+    ex->n = n;
+    Py_DECREF(seq);
+    return 1;
+}
+
 static const char decode_tiles_doc[] =
     "decode_tiles(fd, prefix, out, offsets, counts, level, region, j0, j1, batch, scan_segments=0,\n"
-    "             dest=None, pieces=None, keep=True, dest2=None, pieces2=None)\n"
+    "             dest=None, pieces=None, keep=True, dest2=None, pieces2=None, extents=None)\n"
     "--\n\n"
     "Decode jobs [j0, j1) of a region's tiles into ``out`` (see wsitool/codec/jpegloop.py).\n\n"
     "fd: the slide's file descriptor; prefix: bytes put in front of each tile\n"
@@ -1103,7 +1194,10 @@ static const char decode_tiles_doc[] =
     "keep: with pieces, 0 when out's pixels are not wanted (RGB tiles are then\n"
     "decoded one by one into a scratch the pieces are copied from; out holds only\n"
     "failed and missing tiles' zeros), 1 (the default) when they are;\n"
-    "dest2, pieces2: optional, with pieces: more pieces, into dest2.\n\n"
+    "dest2, pieces2: optional, with pieces: more pieces, into dest2;\n"
+    "extents: with fd -1, the tiles' bytes: a sequence of (start, bytes-like) in\n"
+    "ascending start, each holding the file's bytes from start on (a tile found in\n"
+    "none fails as an I/O error, ENODATA).\n\n"
     "Returns (direct, roi, scratch, missing, bytes_read, decoded, allocations, spliced,\n"
     "failures): tile counts, bytes read, buffers (re)allocated, the intervals decoded\n"
     "in spliced bands (scan_segments: see splice_band), and failures a list of\n"
@@ -1116,11 +1210,11 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     Py_buffer prefix, out, offsets, counts;
     Py_buffer dest = {0}, pieces = {0}, dest2 = {0}, pieces2 = {0};
     PyObject *out_obj, *level, *region, *dest_obj = Py_None, *pieces_obj = Py_None;
-    PyObject *dest2_obj = Py_None, *pieces2_obj = Py_None;
+    PyObject *dest2_obj = Py_None, *pieces2_obj = Py_None, *extents_obj = Py_None;
     Py_ssize_t j0, j1;
-    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|iOOpOO", &fd, &prefix, &out_obj, &offsets, &counts,
+    if (!PyArg_ParseTuple(args, "iy*Oy*y*O!O!nni|iOOpOOO", &fd, &prefix, &out_obj, &offsets, &counts,
                           &PyTuple_Type, &level, &PyTuple_Type, &region, &j0, &j1, &batch, &scan_segments,
-                          &dest_obj, &pieces_obj, &keep, &dest2_obj, &pieces2_obj))
+                          &dest_obj, &pieces_obj, &keep, &dest2_obj, &pieces2_obj, &extents_obj))
         return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&prefix);
@@ -1130,8 +1224,15 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     }
     PyObject* result = NULL;
     Scatter sc = {0}, sc2 = {0}, *scp = NULL;
+    Extents ex = {0};
     Tally t;
     memset(&t, 0, sizeof t);
+    if (extents_obj != Py_None && !take_extents(extents_obj, &ex))
+        goto done;
+    if ((fd < 0) != (extents_obj != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "extents go with fd -1, and fd -1 needs extents");
+        goto done;
+    }
     if (dest_obj != Py_None || pieces_obj != Py_None) {
         if (PyObject_GetBuffer(dest_obj, &dest, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
             goto done;
@@ -1185,7 +1286,11 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
     /* A file may list more offsets than byte counts or the reverse (the level
      * checked that both cover its grid): only indices both have are read. */
     p.n_segments = (offsets.len < counts.len ? offsets.len : counts.len) / 8;
-    p.fd = fd;
+    p.fd = fd < 0 ? -1 : fd;
+    p.n_ext = ex.n;
+    p.ext_start = ex.start;
+    p.ext_len = ex.len;
+    p.ext_ptr = (const unsigned char* const*)ex.ptr;
     p.prefix = (const unsigned char*)prefix.buf;
     p.prefix_len = (size_t)prefix.len;
     p.scan_segments = scan_segments != 0;
@@ -1257,6 +1362,7 @@ static PyObject* Decoder_decode_tiles(Decoder* self, PyObject* args)
 done:
     free_pieces(&sc);
     free_pieces(&sc2);
+    release_extents(&ex);
     free(t.failures);
     PyBuffer_Release(&prefix);
     PyBuffer_Release(&out);
@@ -1397,6 +1503,7 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
     /* decode_tiles takes keep (pieces straight from a cache-resident tile scratch) and
      * dest2, pieces2 */
     PyModule_AddIntConstant(m, "SCATTER_KEEP", 1);
+    PyModule_AddIntConstant(m, "EXTENTS", 1);
     /* decode_tiles splices an NDPI band's intervals into one code stream and returns `spliced` */
     PyModule_AddIntConstant(m, "SPLICE", 1);
     /* tiles are decoded by libjpeg-turbo (corrupt data fails); failures carry its message;

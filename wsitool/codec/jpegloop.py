@@ -58,6 +58,7 @@ from ..geometry import plan_tiles
 from ..model import PyramidLevel
 from ..settings import get_decode_paths
 from ..silence import stderr_silenced
+from ..storage import ByteSource
 from . import failures as reasons
 from .failures import tile_failed
 from .library import nv
@@ -104,9 +105,10 @@ def _load():
         if (_jpegloop.MAX_BATCH != MAX_CHUNK or not hasattr(_jpegloop, "F_NO_MEMORY")
                 or not hasattr(_jpegloop, "SCAN_SEGMENTS") or not hasattr(_jpegloop, "SCATTER")
                 or not hasattr(_jpegloop, "SPLICE") or not hasattr(_jpegloop, "LIBJPEG")
-                or not hasattr(_jpegloop, "SCATTER_KEEP")):  # pragma: no cover
+                or not hasattr(_jpegloop, "SCATTER_KEEP") or not hasattr(_jpegloop, "EXTENTS")):  # pragma: no cover
             _reason = (f"the compiled loop is stale (MAX_BATCH {_jpegloop.MAX_BATCH}, expected {MAX_CHUNK}; "
-                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE / LIBJPEG / SCATTER_KEEP): "
+                       "or built before F_NO_MEMORY / SCAN_SEGMENTS / SCATTER / SPLICE / LIBJPEG / SCATTER_KEEP / "
+                       "EXTENTS): "
                        "rebuild it "
                        "with `pip install -e .`")
             return None
@@ -128,22 +130,27 @@ def status() -> str:
             f"{mod.HEADER_VERSION // 1000}.{mod.HEADER_VERSION % 1000 // 100}.{mod.HEADER_VERSION % 100})")
 
 
-def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
+def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = None) -> bool:
     """True when a region read of ``lv`` into ``out`` can take the compiled loop.
 
     That is: the loop is enabled and loaded; the level is JPEG decoded by
     nvImageCodec with no colour transform after decoding, one sample plane,
-    an open file; ``mode`` is ``rgb``, ``raw`` or ``rgba``; ``out`` is a
+    an open file or a remote source the loop reads from memory (:func:`gathers`);
+    ``mode`` is ``rgb``, ``raw`` or ``rgba``; ``out`` is a
     C-contiguous ``(h, w, 3)`` (``rgba``: ``(h, w, 4)``) uint8 numpy array; and
     neither switch of :class:`wsitool.settings.DecodePaths` forces the scratch path.
+    ``hint``: the index of a tile the read needs, which :func:`libjpeg_decodes` may look
+    at (for a remote slide, a tile already being fetched: no request of its own).
     """
     paths = get_decode_paths()
     enc = lv.encoding
     if not (paths.native and paths.libjpeg) or enc.codec != "nv" or enc.stream != "jpeg" or enc.ycbcr_after_decode:
         return False
-    if lv.tiles.planes != 1 or lv.source.fileno() is None or mode not in ("rgb", "raw", "rgba"):
+    if lv.tiles.planes != 1 or mode not in ("rgb", "raw", "rgba"):
         return False
-    if not libjpeg_decodes(lv):  # (a local file, known from here on: its probe is one pread)
+    if lv.source.fileno() is None and not gathers(lv.source):
+        return False
+    if not libjpeg_decodes(lv, hint):
         return False
     if paths.force_scratch or not paths.roi_decode:
         return False
@@ -152,6 +159,13 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray) -> bool:
     if out.shape[2] != (4 if mode == "rgba" else 3) or not out.flags.c_contiguous:
         return False
     return _module is not None or _load() is not None
+
+
+def gathers(source: ByteSource) -> bool:
+    """True for a remote source whose fetched ranges the loop reads tiles from
+    (``gather``, :meth:`wsitool.storage.remote.RemoteSource.gather`): a slide over HTTP(S)
+    or from an object store; not DICOMweb frames (fetched by number, not by byte range)."""
+    return bool(source.remote and not source.framed and callable(getattr(source, "gather", None)))
 
 
 def libjpeg_decoder(lv: PyramidLevel):
@@ -183,26 +197,30 @@ def libjpeg_kind(kind: tuple[int, int, int] | None) -> bool:
     return kind is None or (kind[0] in DCT_SOF_MARKERS and kind[1] == 8 and kind[2] in (1, 3))
 
 
-def libjpeg_decodes(lv: PyramidLevel) -> bool:
-    """:func:`libjpeg_kind` of ``lv``'s first stored tile, read once per level: whether the
-    compiled loop takes the level (:func:`applies`; a local file, so the read is one
-    ``pread``).  The Python path looks at each tile's own frame header instead
+def libjpeg_decodes(lv: PyramidLevel, hint: int | None = None) -> bool:
+    """:func:`libjpeg_kind` of ``lv``'s first stored tile (or of tile ``hint`` where it is
+    stored), read once per level: whether the compiled loop takes the level
+    (:func:`applies`; a local file: one ``pread``; a remote one: a tile being fetched for
+    the read).  The Python path looks at each tile's own frame header instead
     (:func:`wsitool.codec.nvdecode.decode_into`: no extra request for a remote slide), so a
     level mixing kinds of JPEG, which no known writer makes, could read differently on the
     two paths."""
     known = _kinds.get(lv)
     if known is None:
-        known = _kinds[lv] = _probe_kind(lv)
+        known = _kinds[lv] = _probe_kind(lv, hint)
     return known
 
 
-def _probe_kind(lv: PyramidLevel) -> bool:
+def _probe_kind(lv: PyramidLevel, hint: int | None) -> bool:
     offsets, counts = lv.tiles.offsets, lv.tiles.bytecounts
     n = min(len(offsets), len(counts))
-    stored = np.flatnonzero((offsets[:n] > 0) & (counts[:n] > 0))
-    if not len(stored):
-        return True
-    index = int(stored[0])
+    if hint is not None and 0 <= hint < n and offsets[hint] > 0 and counts[hint] > 0:
+        index = hint
+    else:
+        stored = np.flatnonzero((offsets[:n] > 0) & (counts[:n] > 0))
+        if not len(stored):
+            return True
+        index = int(stored[0])
     col, row = index % lv.tiles_across, index // lv.tiles_across
     try:
         data = read_tile_bytes(lv, index, col, row, DecodeStats())
@@ -298,10 +316,14 @@ class RegionJobs:
         lv = self.lv
         offsets, counts = lv.tiles.offsets, lv.tiles.bytecounts  # C-contiguous uint64 (model.TileIndex)
         fd = lv.source.fileno()
+        scatter = tuple(self.scatter or ())
+        scatter += (None, None, True, None, None)[len(scatter):]
         while True:
             span = self._take()
             if span is None:
                 return
+            # a remote slide: the chunk's tiles from the fetched ranges (waiting for them)
+            extents = None if fd is not None else cast(Any, lv.source).gather(self._ranges(span, offsets, counts))
             with state.lock:
                 dec = state.slot("jpegloop", new_decoder)
                 # The Python path takes the tiles this loop leaves (a one-column window at a
@@ -310,8 +332,8 @@ class RegionJobs:
                 # (which came at random all through a stress run, each a step of RSS).
                 _ = state.decoder  # (the property creates it)
                 direct, roi, scratch, missing, nbytes, decoded, allocs, spliced, failures = dec.decode_tiles(
-                    fd, self.prefix, self.out, offsets, counts, self.level, self.region,
-                    span[0], span[1], self.chunk, self.scan_segments, *(self.scatter or ()))
+                    -1 if fd is None else fd, self.prefix, self.out, offsets, counts, self.level, self.region,
+                    span[0], span[1], self.chunk, self.scan_segments, *scatter, extents)
             st = state.stats
             st.tiles_direct += direct
             st.tiles_roi += roi
@@ -325,6 +347,15 @@ class RegionJobs:
             # of earlier tiles of the same batch: report in tile order)
             for job, code, a, b, message in sorted(failures):
                 self._failed(job, code, a, b, message, state)
+
+    def _ranges(self, span: tuple[int, int], offsets: np.ndarray, counts: np.ndarray) -> list[tuple[int, int]]:
+        """``(offset, count)`` of the stored tiles of jobs ``[j0, j1)``."""
+        jobs = np.arange(span[0], span[1])
+        index = (self.r0 + jobs // self.ncols) * self.lv.tiles_across + self.c0 + jobs % self.ncols
+        index = index[index < min(len(offsets), len(counts))]
+        offs, cnts = offsets[index], counts[index]
+        keep = (offs > 0) & (cnts > 0)
+        return list(zip(offs[keep].tolist(), cnts[keep].tolist(), strict=True))
 
     def _failed(self, job: int, code: int, a: int, b: int, message: str, state) -> None:
         """Raise or (``on_error="fill"``) count and warn for failure ``(job, code, a, b, message)``

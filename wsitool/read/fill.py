@@ -121,15 +121,17 @@ def fill_region(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: Cac
     if cache is not None:
         _fill_cached(req, out, pool, cache)
         return
-    if jpegloop.applies(lv, mode, out) and not _ends_one_column_into_a_tile(lv, req.x, req.width):
-        _fill_native(req, out, pool)
+    # a remote slide: its tiles' bytes requested first (merged, in flight at once), whichever path reads them
+    hint = _prefetch_remote(req) if lv.source.remote else None
+    if jpegloop.applies(lv, mode, out, hint) and not _ends_one_column_into_a_tile(lv, req.x, req.width):
+        _fill_native(req, out, pool, prefetched=lv.source.remote)
         return
     rx, ry = req.x, req.y
     inside, jobs = plan_tiles(lv, rx, ry, req.width, req.height)
     fill_outside(out, rx, ry, inside)
     if not jobs:
         return
-    if len(jobs) >= _PREFETCH_MIN_TILES or lv.source.remote:  # (remote: requests merged, in flight at once)
+    if len(jobs) >= _PREFETCH_MIN_TILES and not lv.source.remote:
         _prefetch(lv, jobs[0].col, jobs[-1].col, jobs[0].row, jobs[-1].row)
     k = thread_count(req.threads, len(jobs))
     # JPEG 2000 tiles are not batched: each takes milliseconds to decode, so
@@ -164,9 +166,23 @@ def _ends_one_column_into_a_tile(lv: PyramidLevel, rx: int, w: int) -> bool:
     return last >= max(rx, 0) and last % lv.tile_width == 0
 
 
-def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
+def _prefetch_remote(req: ReadRequest) -> int | None:
+    """Advise the tile ranges of ``req``'s region (a remote slide's level, one plane); the index
+    of its first tile, or None where the region holds no tile."""
+    lv = req.level
+    inside, _ = plan_tiles(lv, req.x, req.y, req.width, req.height, jobs=False)
+    if inside is None or lv.tiles.planes != 1:
+        return None
+    cx0, cy0, cx1, cy1 = inside
+    tw, th = lv.tile_width, lv.tile_height
+    _prefetch(lv, cx0 // tw, (cx1 - 1) // tw, cy0 // th, (cy1 - 1) // th)
+    return (cy0 // th) * lv.tiles_across + cx0 // tw
+
+
+def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool, prefetched: bool = False) -> None:
     """:func:`fill_region` through the compiled JPEG tile loop (see :mod:`wsitool.codec.jpegloop`):
-    the same tiles, threads, batches, checks and counters, one C call per batch."""
+    the same tiles, threads, batches, checks and counters, one C call per batch; a remote
+    slide's tiles from its fetched ranges (``prefetched``: already advised)."""
     lv, mode, rx, ry = req.level, req.mode, req.x, req.y
     inside, _ = plan_tiles(lv, rx, ry, req.width, req.height, jobs=False)
     fill_outside(out, rx, ry, inside)
@@ -182,7 +198,7 @@ def _fill_native(req: ReadRequest, out: np.ndarray, pool: DecoderPool) -> None:
         # whole rows of them as one spliced code stream: fewer, larger calls
         most = jpegloop.MAX_CHUNK
     region = jpegloop.RegionJobs(lv, out, rx, ry, inside, req.on_error)
-    if region.count >= _PREFETCH_MIN_TILES:
+    if region.count >= _PREFETCH_MIN_TILES and not prefetched:
         _prefetch(lv, region.c0, region.c0 + region.ncols - 1, region.r0, region.r0 + region.nrows - 1)
     k = thread_count(req.threads, region.count)
     # A call of the compiled loop costs a few microseconds: smaller chunks than

@@ -416,6 +416,55 @@ class RemoteSource(CountedReads, ByteSource):
         view[:len(data)] = data
         return len(data)
 
+    def gather(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, bytes]]:
+        """The bytes of the ``(offset, count)`` ranges, as ``(start, data)`` extents in
+        ascending ``start`` that hold every range whole (for the compiled JPEG loop, which
+        reads a region's tiles from them).  A range an advised fetch holds waits for it; the
+        others are advised now (merged, in flight at once) and waited for.
+
+        Raises:
+            RemoteUnavailableError, RemoteChangedError, RemoteAccessError: as :meth:`read`.
+            WsiError: the source is closed.
+        """
+        if self._closed:
+            raise WsiError(f"{self.shown}: slide is closed")
+        wanted = [(o, min(c, self.size - o)) for o, c in ranges if c > 0 and 0 <= o < self.size]
+        deadline = self._deadline()
+        found: dict[int, tuple[int, bytes]] = {}  # id(future) -> extent
+        for attempt in range(2):
+            missing = []
+            for o, c in wanted:
+                hit = self._extent(o, o + c)
+                if hit is None:
+                    missing.append((o, c))
+                    continue
+                start, fut = hit
+                if id(fut) not in found:
+                    data = self._wait(fut, deadline)
+                    if data is None or len(data) < o + c - start:
+                        missing.append((o, c))
+                        continue
+                    found[id(fut)] = (start, data)
+            if not missing:
+                break
+            if attempt == 0:
+                self.advise(missing)
+            wanted = missing
+        else:  # (an advised fetch dropped meanwhile: read the ranges as any read)
+            for o, c in wanted:
+                found[-o - 1] = (o, self.read(o, c))
+        return sorted(found.values(), key=lambda e: e[0])
+
+    def _extent(self, start: int, end: int) -> tuple[int, cf.Future] | None:
+        """The advised extent holding ``[start, end)``, as ``(its start, its future)``, or None."""
+        with self._lock:
+            k = bisect.bisect_right(self._extents, (start, float("inf"))) - 1
+            for j in range(k, max(-1, k - 8), -1):  # (extents may overlap)
+                s, e, _, fut = self._extents[j]
+                if s <= start and e >= end:
+                    return s, fut
+        return None
+
     def _wait(self, future: cf.Future[bytes], deadline: float) -> bytes:
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
@@ -425,15 +474,7 @@ class RemoteSource(CountedReads, ByteSource):
 
     def _from_extents(self, offset: int, count: int, deadline: float) -> bytes | None:
         end = offset + count
-        with self._lock:
-            k = bisect.bisect_right(self._extents, (offset, float("inf"))) - 1
-            hit = None
-            # extents may overlap: look back a few for one that covers the range
-            for j in range(k, max(-1, k - 8), -1):
-                s, e, _, fut = self._extents[j]
-                if s <= offset and e >= end:
-                    hit = (s, fut)
-                    break
+        hit = self._extent(offset, end)
         if hit is None:
             return None
         s, fut = hit
