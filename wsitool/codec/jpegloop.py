@@ -281,6 +281,8 @@ class RegionJobs:
         #: tile-sized scratch instead, and ``out`` is left unwritten but for the zeros of
         #: failed and missing tiles).
         self.scatter: tuple | None = None
+        #: per job, the tile's ``(offsets, counts)`` (a remote slide's; :meth:`_ranges`)
+        self._job_ranges: tuple[list[int], list[int]] | None = None
         self._next = 0
         self._lock = threading.Lock()
 
@@ -349,13 +351,18 @@ class RegionJobs:
                 self._failed(job, code, a, b, message, state)
 
     def _ranges(self, span: tuple[int, int], offsets: np.ndarray, counts: np.ndarray) -> list[tuple[int, int]]:
-        """``(offset, count)`` of the stored tiles of jobs ``[j0, j1)``."""
-        jobs = np.arange(span[0], span[1])
-        index = (self.r0 + jobs // self.ncols) * self.lv.tiles_across + self.c0 + jobs % self.ncols
-        index = index[index < min(len(offsets), len(counts))]
-        offs, cnts = offsets[index], counts[index]
-        keep = (offs > 0) & (cnts > 0)
-        return list(zip(offs[keep].tolist(), cnts[keep].tolist(), strict=True))
+        """``(offset, count)`` of the stored tiles of jobs ``[j0, j1)`` (the region's list made
+        on the first call: one numpy pass, not one per chunk)."""
+        table = self._job_ranges
+        if table is None:
+            jobs = np.arange(self.count)
+            index = (self.r0 + jobs // self.ncols) * self.lv.tiles_across + self.c0 + jobs % self.ncols
+            known = index < min(len(offsets), len(counts))
+            safe = np.where(known, index, 0)
+            table = self._job_ranges = (np.where(known, offsets[safe], 0).tolist(),
+                                        np.where(known, counts[safe], 0).tolist())
+        return [(o, c) for o, c in zip(table[0][span[0]:span[1]], table[1][span[0]:span[1]], strict=True)
+                if o and c]
 
     def _failed(self, job: int, code: int, a: int, b: int, message: str, state) -> None:
         """Raise or (``on_error="fill"``) count and warn for failure ``(job, code, a, b, message)``

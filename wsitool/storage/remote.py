@@ -304,6 +304,7 @@ class RemoteSource(CountedReads, ByteSource):
         self._pid = os.getpid()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._extents: list[tuple[int, int, int, cf.Future]] = []  # advised (start, end, seq, bytes), sorted
+        self._extent_bytes = 0  # bytes of the ranges in self._extents
         self._seq = 0
         self.requests = 0
         self.bytes_fetched = 0
@@ -383,6 +384,7 @@ class RemoteSource(CountedReads, ByteSource):
             self._pool = None
             self._reset_reads()
             self._extents = []
+            self._extent_bytes = 0
             self.transport.after_fork()
 
     def _deadline(self) -> float:
@@ -574,6 +576,7 @@ class RemoteSource(CountedReads, ByteSource):
                     fut: cf.Future = cf.Future()
                     self._seq += 1
                     bisect.insort(self._extents, (a, b, self._seq, fut))
+                    self._extent_bytes += b - a
                     jobs.append((a, b, fut))
             if jobs and self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wsitool-remote")
@@ -598,6 +601,7 @@ class RemoteSource(CountedReads, ByteSource):
         except BaseException as exc:
             with self._lock:
                 self._extents = [t for t in self._extents if t[3] is not fut]
+                self._extent_bytes = sum(t[1] - t[0] for t in self._extents)
             fut.set_exception(exc)
             return
         fut.set_result(data)
@@ -608,7 +612,7 @@ class RemoteSource(CountedReads, ByteSource):
 
     def _trim_extents(self) -> None:
         with self._lock:
-            total = sum(t[1] - t[0] for t in self._extents)
+            total = self._extent_bytes
             if total <= self.EXTENT_BYTES:
                 return
             # drop the finished ranges advised first until at half the budget
@@ -619,6 +623,7 @@ class RemoteSource(CountedReads, ByteSource):
                 gone.add(seq)
                 total -= b - a
             self._extents = [t for t in self._extents if t[2] not in gone]
+            self._extent_bytes = total
 
     # -------------------------------------------------------------- lifetime
 
@@ -644,6 +649,7 @@ class RemoteSource(CountedReads, ByteSource):
             self._closed = True
             pool, self._pool = self._pool, None
             self._extents = []
+            self._extent_bytes = 0
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         self.transport.close()
