@@ -131,6 +131,28 @@ def path_jpeg_loop(rng, stack):
     return step, "wsitool.codec.jpegloop:RegionJobs.run"
 
 
+def path_jpeg_loop_remote(rng, stack):
+    """Remote JPEG tiles (a real nginx on 127.0.0.1) through the compiled loop, read from the
+    fetched ranges (``decode_tiles(..., extents)``, ``RemoteSource.gather``)."""
+    import importlib.util
+
+    from wsitool.codec import jpegloop
+
+    stack.enter_context(_paths_ctx(native=True))
+    if not jpegloop.status().startswith("in use"):
+        raise Skip(f"the compiled JPEG loop is {jpegloop.status()}")
+    spec = importlib.util.spec_from_file_location("remote_servers", REPO / "scripts" / "remote_servers.py")
+    servers = importlib.util.module_from_spec(spec)
+    sys.modules["remote_servers"] = servers
+    spec.loader.exec_module(servers)
+    if servers.NGINX is None:
+        raise Skip("nginx is not installed (Debian: apt-get install nginx-light)")
+    srv = stack.enter_context(servers.nginx(JPEG.parent))
+    step, close = _region_reader(srv.url + JPEG.name, rng, threads=1)
+    stack.callback(close)
+    return step, "wsitool.codec.jpegloop:RegionJobs.run"
+
+
 def path_ndpi_splice(rng, stack):
     """NDPI restart intervals through the compiled loop, each band's spliced into one code stream
     (the arena and RGB scratch sized by the band)."""
@@ -431,6 +453,7 @@ def path_patches(rng, stack):
 PATHS = {
     "patches": path_patches,
     "jpeg-loop": path_jpeg_loop,
+    "jpeg-loop-remote": path_jpeg_loop_remote,
     "ndpi-splice": path_ndpi_splice,
     "jpeg-corrupt": path_jpeg_corrupt,
     "jpeg-libjpeg": path_jpeg_libjpeg,
