@@ -607,18 +607,25 @@ class RemoteSource(CountedReads, ByteSource):
         fut.set_result(data)
 
     #: Advised bytes a slide keeps (the oldest ranges are dropped past this): what the
-    #: regions being read now need, not a cache (decoded tiles are cached above).
+    #: regions being read now need, not a cache (decoded tiles are cached above).  For a
+    #: small object at most twice its size (ranges of overlapping regions overlap), but
+    #: never under :attr:`EXTENT_FLOOR`.
     EXTENT_BYTES = 64 * 1024 * 1024
+    EXTENT_FLOOR = 8 * 1024 * 1024
+
+    def _extent_budget(self) -> int:
+        return min(self.EXTENT_BYTES, max(self.EXTENT_FLOOR, 2 * self.size))
 
     def _trim_extents(self) -> None:
+        budget = self._extent_budget()
         with self._lock:
             total = self._extent_bytes
-            if total <= self.EXTENT_BYTES:
+            if total <= budget:
                 return
             # drop the finished ranges advised first until at half the budget
             gone = set()
             for a, b, seq, _fut in sorted((t for t in self._extents if t[3].done()), key=lambda t: t[2]):
-                if total <= self.EXTENT_BYTES // 2:
+                if total <= budget // 2:
                     break
                 gone.add(seq)
                 total -= b - a
