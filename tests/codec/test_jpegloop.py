@@ -653,3 +653,25 @@ def test_tiles_read_from_extents_equal_the_file_reads(sample_jpeg):
         with pytest.raises(ValueError, match="fd -1"):
             dec.decode_tiles(-1, *args)
         assert dec.decode_tiles(-1, *args, extents)[5] == jobs  # and the decoder still works
+
+
+def test_extents_a_callback_empties_while_they_are_taken_are_not_used_after_free(sample_jpeg):
+    """The loop takes its own tuple of the extents: an ``__index__`` that clears the caller's
+    list while the starts are read frees nothing the loop still uses."""
+    with wsitool.open_slide(sample_jpeg) as slide:
+        lv = pyramid_levels(slide)[0]
+        tw, th = lv.tile_width, lv.tile_height
+        level = (tw, th, lv.width, lv.height, lv.tiles_across, lv.source.size)
+        out = np.zeros((th, tw, 3), np.uint8)
+        extents: list = []
+
+        class Start:
+            def __index__(self):
+                extents.clear()
+                return 0
+
+        extents.extend([(Start(), bytes(64)), (100, bytearray(64))])
+        res = jpegloop.new_decoder().decode_tiles(-1, lv.encoding.jpeg_prefix or b"", out, lv.tiles.offsets,
+                                                   lv.tiles.bytecounts, level, (0, 0, 0, 0, tw, th), 0, 1, 1, 0,
+                                                   None, None, True, None, None, extents)
+        assert res[8]  # the tile lies in neither extent: an I/O failure, not a crash

@@ -222,7 +222,7 @@ def test_a_table_cut_short_is_a_corrupt_file_error(tmp_path):
     tables = DeferredTables("https://h/short.svs", LocalFile(path), {96: Table(96, "<u4", 4)})
 
     class Tag:
-        code, valueoffset, count = 324, 96, 4
+        code, valueoffset, count, dtype = 324, 96, 4, 4
 
     with pytest.raises(CorruptFileError, match=r"https://h/short\.svs: tile table at byte 96"):
         tables.values(Tag())
@@ -242,3 +242,83 @@ def test_the_view_blanks_exactly_the_ranges_it_is_told(tmp_path):
     assert view.read(9) == bytes(range(16, 25))  # another range over the same bytes reads them
     view.seek(12)
     assert view.read(8) == bytes(range(12, 20))
+
+
+def _classic_tiff(path: Path, ifds: list[list[tuple[int, int, int, int]]], blobs: dict[int, bytes], size: int) -> None:
+    """Write a little-endian classic TIFF of ``size`` bytes: the IFDs one after another from
+    byte 8 (entries ``(code, type, count, value or offset)``, chained), ``blobs`` at their offsets."""
+    raw = bytearray(size)
+    raw[:8] = b"II*\x00" + struct.pack("<I", 8)
+    at = 8
+    for k, entries in enumerate(ifds):
+        nxt = 0 if k == len(ifds) - 1 else at + 2 + 12 * len(entries) + 4
+        raw[at:at + 2] = struct.pack("<H", len(entries))
+        for i, (code, dtype, count, value) in enumerate(sorted(entries)):
+            raw[at + 2 + 12 * i:at + 14 + 12 * i] = struct.pack("<HHII", code, dtype, count, value)
+        raw[at + 2 + 12 * len(entries):at + 6 + 12 * len(entries)] = struct.pack("<I", nxt)
+        at = nxt
+    for offset, data in blobs.items():
+        raw[offset:offset + len(data)] = data
+    path.write_bytes(bytes(raw))
+
+
+def _tiled(offsets_at: int, counts_at: int, n: int = 4, dtype: int = 4, extra=()):
+    return [(256, 4, 1, 32), (257, 4, 1, 32), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1), (277, 3, 1, 1),
+            (322, 3, 1, 16), (323, 3, 1, 16), (324, dtype, n, offsets_at), (325, 4, n, counts_at), *extra]
+
+
+def test_a_table_another_value_or_reading_shares_is_not_deferred(tmp_path):
+    """Blanking a range that something else reads would give that something zeros: a table
+    overlapping another tag's value, or read as two field types, is read at parse as before."""
+    ok, clash, mixed = tmp_path / "ok.tif", tmp_path / "clash.tif", tmp_path / "mixed.tif"
+    _classic_tiff(ok, [_tiled(1000, 1100)], {}, 4096)
+    _classic_tiff(clash, [_tiled(1000, 1100, extra=[(270, 2, 16, 1000)])], {1000: b"a description\x00\x00\x00"}, 4096)
+    _classic_tiff(mixed, [_tiled(1000, 1100), _tiled(1000, 1200, n=8, dtype=3)], {}, 4096)
+    assert {t.offset for t in scan(str(ok), LocalFile(ok))._tables.values()} == {1000, 1100}
+    assert {t.offset for t in scan(str(clash), LocalFile(clash))._tables.values()} == {1100}
+    assert {t.offset for t in scan(str(mixed), LocalFile(mixed))._tables.values()} == {1100, 1200}
+
+
+def test_many_subifd_lists_are_walked_in_bounded_memory(tmp_path):
+    """An IFD of 4,000 SubIFDs entries each listing the same 4,000 offsets (16 million in all)
+    is walked at a cost bounded by MAX_IFDS, not by what the lists add up to."""
+    import time
+
+    from wsitool.formats.tiff import tables as tables_mod
+    n = 4000
+    entries = _tiled(20000, 20100) + [(330, 4, n, 40000)] * n
+    path = tmp_path / "bomb.tif"
+    _classic_tiff(path, [entries], {40000: struct.pack(f"<{n}I", *([8] * (n - 1) + [60000]))}, 80000)
+    t = time.perf_counter()
+    scan(str(path), LocalFile(path))
+    assert time.perf_counter() - t < 5
+    walk = tables_mod._Walk(LocalFile(path), tables_mod._layout(path.read_bytes()[:16]))
+    walk.run()
+    assert walk.entries <= tables_mod.MAX_ENTRIES_WALKED
+
+
+def test_a_tiled_associated_image_decodes_from_its_real_tables(tmp_path):
+    """An OME-TIFF label stored tiled: read as a remote slide is, its pixels are those of the
+    local parse (tifffile decodes it from the page's tables, which the parse had blanked)."""
+    from wsitool.codec.associated import decode_associated
+    path = tmp_path / "l.ome.tif"
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 255, (512, 512, 3), np.uint8)
+    label = rng.integers(0, 255, (96, 160, 3), np.uint8)
+    with tifffile.TiffWriter(path, ome=True) as tw:
+        tw.write(image, tile=(64, 64), photometric="rgb", subifds=1, metadata={"Name": "image"})
+        tw.write(image[::2, ::2], tile=(64, 64), photometric="rgb", subfiletype=1)
+        tw.write(label, tile=(32, 32), photometric="rgb", metadata={"Name": "label"})
+    local, remote, eager, lazy = _pyramids(path)
+    try:
+        assert "label" in eager.associated and "label" in lazy.associated
+        import threading
+        got = decode_associated(str(path), lazy.associated["label"], remote, threading.Lock())
+        np.testing.assert_array_equal(np.asarray(got).reshape(label.shape), label)
+        np.testing.assert_array_equal(got, decode_associated(str(path), eager.associated["label"], local,
+                                                             threading.Lock()))
+    finally:
+        for p in (eager, lazy):
+            p.release()
+        local.close()
+        remote.close()

@@ -1138,10 +1138,11 @@ static void release_extents(Extents* ex)
 /* Take a sequence of (start, bytes-like), ascending by start, into ex; 0 with an error set. */
 static int take_extents(PyObject* obj, Extents* ex)
 {
-    PyObject* seq = PySequence_Fast(obj, "extents must be a sequence of (start, bytes)");
+    /* a tuple of its own (a list could be changed by code that __index__ or a buffer runs) */
+    PyObject* seq = PySequence_Tuple(obj);
     if (seq == NULL)
         return 0;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     size_t m = n > 0 ? (size_t)n : 1;
     ex->start = malloc(m * sizeof *ex->start);
     ex->len = malloc(m * sizeof *ex->len);
@@ -1153,7 +1154,7 @@ static int take_extents(PyObject* obj, Extents* ex)
         return 0;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject* item = PyTuple_GET_ITEM(seq, i); /* (held by seq; a tuple of two is immutable) */
         int64_t start;
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !get_i64(item, 0, &start) || start < 0
             || (i > 0 && start < ex->start[i - 1])) {

@@ -130,12 +130,14 @@ def status() -> str:
             f"{mod.HEADER_VERSION // 1000}.{mod.HEADER_VERSION % 1000 // 100}.{mod.HEADER_VERSION % 100})")
 
 
-def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = None) -> bool:
+def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = None, advised: bool = False) -> bool:
     """True when a region read of ``lv`` into ``out`` can take the compiled loop.
 
     That is: the loop is enabled and loaded; the level is JPEG decoded by
     nvImageCodec with no colour transform after decoding, one sample plane,
-    an open file or a remote source the loop reads from memory (:func:`gathers`);
+    an open file, or a remote source the loop reads from memory (:func:`gathers`) whose
+    region the caller has advised (``advised``: else the Python path reads it, through
+    the source's block cache);
     ``mode`` is ``rgb``, ``raw`` or ``rgba``; ``out`` is a
     C-contiguous ``(h, w, 3)`` (``rgba``: ``(h, w, 4)``) uint8 numpy array; and
     neither switch of :class:`wsitool.settings.DecodePaths` forces the scratch path.
@@ -148,7 +150,7 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = Non
         return False
     if lv.tiles.planes != 1 or mode not in ("rgb", "raw", "rgba"):
         return False
-    if lv.source.fileno() is None and not gathers(lv.source):
+    if lv.source.fileno() is None and not (advised and gathers(lv.source)):
         return False
     if not libjpeg_decodes(lv, hint):
         return False

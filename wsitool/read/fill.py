@@ -123,7 +123,8 @@ def fill_region(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: Cac
         return
     # a remote slide: its tiles' bytes requested first (merged, in flight at once), whichever path reads them
     hint = _prefetch_remote(req) if lv.source.remote else None
-    if jpegloop.applies(lv, mode, out, hint) and not _ends_one_column_into_a_tile(lv, req.x, req.width):
+    if (jpegloop.applies(lv, mode, out, hint, advised=lv.source.remote)
+            and not _ends_one_column_into_a_tile(lv, req.x, req.width)):
         _fill_native(req, out, pool, prefetched=lv.source.remote)
         return
     rx, ry = req.x, req.y

@@ -430,9 +430,10 @@ class RemoteSource(CountedReads, ByteSource):
         """
         if self._closed:
             raise WsiError(f"{self.shown}: slide is closed")
+        self._check_process()
         wanted = [(o, min(c, self.size - o)) for o, c in ranges if c > 0 and 0 <= o < self.size]
         deadline = self._deadline()
-        found: dict[int, tuple[int, bytes]] = {}  # id(future) -> extent
+        found: dict[tuple[int, int], tuple[int, bytes]] = {}  # (start, end) -> extent
         for attempt in range(2):
             missing = []
             for o, c in wanted:
@@ -440,13 +441,13 @@ class RemoteSource(CountedReads, ByteSource):
                 if hit is None:
                     missing.append((o, c))
                     continue
-                start, fut = hit
-                if id(fut) not in found:
+                start, end, fut = hit
+                if (start, end) not in found:
                     data = self._wait(fut, deadline)
                     if data is None or len(data) < o + c - start:
                         missing.append((o, c))
                         continue
-                    found[id(fut)] = (start, data)
+                    found[(start, end)] = (start, data)
             if not missing:
                 break
             if attempt == 0:
@@ -454,17 +455,18 @@ class RemoteSource(CountedReads, ByteSource):
             wanted = missing
         else:  # (an advised fetch dropped meanwhile: read the ranges as any read)
             for o, c in wanted:
-                found[-o - 1] = (o, self.read(o, c))
+                found[(o, o + c)] = (o, self.read(o, c))
         return sorted(found.values(), key=lambda e: e[0])
 
-    def _extent(self, start: int, end: int) -> tuple[int, cf.Future] | None:
-        """The advised extent holding ``[start, end)``, as ``(its start, its future)``, or None."""
+    def _extent(self, start: int, end: int) -> tuple[int, int, cf.Future] | None:
+        """The advised extent holding ``[start, end)``, as ``(its start, its end, its future)``,
+        or None."""
         with self._lock:
             k = bisect.bisect_right(self._extents, (start, float("inf"))) - 1
             for j in range(k, max(-1, k - 8), -1):  # (extents may overlap)
                 s, e, _, fut = self._extents[j]
                 if s <= start and e >= end:
-                    return s, fut
+                    return s, e, fut
         return None
 
     def _wait(self, future: cf.Future[bytes], deadline: float) -> bytes:
@@ -479,7 +481,7 @@ class RemoteSource(CountedReads, ByteSource):
         hit = self._extent(offset, end)
         if hit is None:
             return None
-        s, fut = hit
+        s, _, fut = hit
         try:
             data = self._wait(fut, deadline)
         except RemoteUnavailableError:

@@ -146,7 +146,11 @@ def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.Ti
 
 def associated_from_page(name: str, page: tifffile.TiffPage, tables: DeferredTables = EAGER) -> AssociatedImage:
     """The :class:`~wsitool.model.AssociatedImage` of a stripped or tiled IFD (label, macro, thumbnail);
-    a tiled one's tables that tifffile left unread (``tables``) are read now."""
+    a tiled one's tables that tifffile left unread (``tables``) are read now, and given to the
+    page too (tifffile decodes the image from them: :func:`wsitool.codec.associated.decode_associated`)."""
+    if tables.table(page.tags.get(324)) is not None or tables.table(page.tags.get(325)) is not None:
+        page.dataoffsets = tuple(int(v) for v in _table(page, 324, page.dataoffsets, tables))
+        page.databytecounts = tuple(int(v) for v in _table(page, 325, page.databytecounts, tables))
     samples = int(page.samplesperpixel)
     itemsize = np.dtype(page.dtype).itemsize if page.dtype is not None else 8
     planar = int(page.planarconfig) == PLANARCONFIG.SEPARATE and samples > 1
@@ -155,8 +159,8 @@ def associated_from_page(name: str, page: tifffile.TiffPage, tables: DeferredTab
         name=name, width=int(page.imagewidth), height=int(page.imagelength), samples=samples,
         itemsize=itemsize, planar=planar,
         encoding=page_encoding(page, samples, samples if planar else 1, dtype),
-        offsets=tuple(int(v) for v in _table(page, 324, page.dataoffsets, tables)),
-        bytecounts=tuple(int(v) for v in _table(page, 325, page.databytecounts, tables)),
+        offsets=tuple(int(v) for v in page.dataoffsets),
+        bytecounts=tuple(int(v) for v in page.databytecounts),
         max_segment=(max(int(page.imagewidth), int(page.tilewidth or 0)),
                      max(int(page.imagelength), int(page.tilelength or 0))),
         color_profile=icc_profile(page),

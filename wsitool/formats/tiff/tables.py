@@ -97,7 +97,9 @@ class DeferredTables:
         if tag is None or int(tag.code) not in (_OFFSETS, _COUNTS):
             return None
         found = self._tables.get(int(tag.valueoffset))
-        return found if found is not None and found.count == int(tag.count) else None
+        if found is None or found.count != int(tag.count) or found.dtype[1:] != _TYPES.get(int(tag.dtype)):
+            return None
+        return found
 
     def values(self, tag: Any) -> Any:
         """The value of ``tag``: for a deferred table a ``(count,)`` uint64 array read now
@@ -168,7 +170,9 @@ EAGER = DeferredTables("", None, {})
 def scan(path: str, source: ByteSource) -> DeferredTables:
     """The tile tables of the TIFF in ``source`` that tifffile's parse can leave unread
     (module docstring).  :data:`EAGER` where there are none, the file is an NDPI, or its
-    structure cannot be walked (tifffile's parse then says why).
+    structure cannot be walked (tifffile's parse then says why).  A table whose bytes
+    overlap an IFD, another tag's value or another table, or that two entries read
+    differently, is not deferred: tifffile reads it as before.
 
     Raises:
         WsiError: the source failed (a remote error).
@@ -176,11 +180,12 @@ def scan(path: str, source: ByteSource) -> DeferredTables:
     layout = _layout(source.read(0, 16))
     if layout is None:
         return EAGER
-    found: dict[int, Table] = {}
+    walk = _Walk(source, layout)
     try:
-        ndpi = _walk(source, layout, found)
-    except struct.error:  # an IFD cut short by the end of the file: tifffile's parse reports it
+        ndpi = walk.run()
+    except (struct.error, _TooMany):  # an IFD cut short, or a structure too big to walk
         return EAGER
+    found = walk.tables()
     if ndpi or not found:
         return EAGER
     return DeferredTables(path, source, found)
@@ -200,55 +205,109 @@ def _layout(head: bytes) -> tuple[str, int, int] | None:
     return None
 
 
-def _walk(source: ByteSource, layout: tuple[str, int, int], found: dict[int, Table]) -> bool:
-    """Note in ``found`` where the tile tables of every IFD of the chain and of their
-    SubIFDs lie; True when the file is an NDPI (the walk then stops at the first IFD).
+class _TooMany(Exception):
+    """The walk met more IFD entries than :data:`MAX_ENTRIES_WALKED`."""
+
+
+#: Bytes of one value of each TIFF field type (TIFF 6.0 section 2; BigTIFF: 16-18).
+_TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
+               16: 8, 17: 8, 18: 8}
+#: The walk gives up (every table read at parse, as before) past this many IFD entries.
+MAX_ENTRIES_WALKED = 1 << 16
+
+
+class _Walk:
+    """One walk of a TIFF's IFD chain and SubIFDs (:func:`scan`).
 
     An IFD (TIFF 6.0 section 2; BigTIFF) is an entry count (2 bytes; BigTIFF 8), that
     many entries of tag code (2), field type (2), value count (4; 8) and a value field
-    (4; 8) holding the value or its offset, then the next IFD's offset.  Only the entries
-    of tags 324, 325, 330 and 65420 are looked at; tifffile parses the rest.
+    (4; 8) holding the value or its offset, then the next IFD's offset.  The walk notes
+    the tables of tags 324 and 325, follows tag 330 (the first of an IFD) and the chain,
+    looks for tag 65420 (NDPI) in the first IFD, and notes where every IFD and every
+    other out-of-line value lies; tifffile parses the rest.
     """
-    order, osize, first = layout
-    head_fmt, entry_fmt = (("H", "HHI"), ("Q", "HHQ"))[osize == 8]
-    head_size, entry_size = struct.calcsize(order + head_fmt), 4 + 2 * osize
-    seen: set[int] = set()
-    chain, subifds = first, list[int]()  # the next IFD of the chain; SubIFDs still to read
-    while len(seen) < MAX_IFDS and (chain or subifds):
-        in_chain = bool(chain)
-        at, chain = (chain, 0) if in_chain else (subifds.pop(), chain)
-        if not 8 <= at < source.size - head_size or at in seen:
-            continue
-        seen.add(at)
-        n = struct.unpack(order + head_fmt, source.read(at, head_size))[0]
-        if n > _MAX_ENTRIES:
-            continue
-        block = source.read(at + head_size, n * entry_size + osize)
-        for k in range(n):
-            code, dtype, count = struct.unpack_from(order + entry_fmt, block, k * entry_size)
-            field = block[k * entry_size + 4 + osize:(k + 1) * entry_size]
-            if code == _NDPI_MARK and len(seen) == 1:
+
+    def __init__(self, source: ByteSource, layout: tuple[str, int, int]):
+        self.source = source
+        self.order, self.osize, self.first = layout
+        self.candidates: list[Table] = []
+        self.others: list[tuple[int, int]] = []  # [start, end) of IFDs and other values
+        self.entries = 0
+
+    def run(self) -> bool:
+        """Walk; True when the file is an NDPI (the walk stops at its first IFD)."""
+        order, osize = self.order, self.osize
+        head_fmt = order + ("H", "Q")[osize == 8]
+        head_size, entry_size = struct.calcsize(head_fmt), 4 + 2 * osize
+        seen: set[int] = set()
+        chain, pending = self.first, set[int]()  # the next IFD of the chain; SubIFDs to read
+        while len(seen) < MAX_IFDS and (chain or pending):
+            in_chain = bool(chain)
+            at, chain = (chain, 0) if in_chain else (pending.pop(), chain)
+            if not 8 <= at < self.source.size - head_size or at in seen:
+                continue
+            seen.add(at)
+            n = struct.unpack(head_fmt, self.source.read(at, head_size))[0]
+            if n > _MAX_ENTRIES:
+                continue
+            self.entries += n
+            if self.entries > MAX_ENTRIES_WALKED:
+                raise _TooMany
+            block = self.source.read(at + head_size, n * entry_size + osize)
+            self.others.append((at, at + head_size + n * entry_size + osize))
+            subifds = self._entries(block, n, len(seen) == 1)
+            if subifds is None:
                 return True
-            if code in (_OFFSETS, _COUNTS):
-                _note(found, source.size, order, osize, dtype, count, field)
-            elif code == _SUBIFDS and count <= _MAX_ENTRIES and dtype in (4, 13, 16, 18):
-                subifds.extend(_subifds(source, order, osize, dtype, count, field))
-        if in_chain:  # (tifffile reads the SubIFDs a tag lists, not chains from them)
-            chain = struct.unpack_from(order + ("I", "Q")[osize == 8], block, n * entry_size)[0]
-    return False
+            pending.update(o for o in subifds if o not in seen)
+            while len(pending) + len(seen) > MAX_IFDS:
+                pending.pop()
+            if in_chain:  # (tifffile reads the SubIFDs a tag lists, not chains from them)
+                chain = struct.unpack_from(order + ("I", "Q")[osize == 8], block, n * entry_size)[0]
+        return False
 
+    def _entries(self, block: bytes, n: int, first_ifd: bool) -> list[int] | None:
+        """Look at the ``n`` entries in ``block``; the SubIFDs they list, None for an NDPI."""
+        order, osize = self.order, self.osize
+        entry_fmt, entry_size = order + ("HHI", "HHQ")[osize == 8], 4 + 2 * osize
+        offset_fmt = order + ("I", "Q")[osize == 8]
+        subifds: list[int] | None = []
+        for k in range(n):
+            code, dtype, count = struct.unpack_from(entry_fmt, block, k * entry_size)
+            field = block[k * entry_size + 4 + osize:(k + 1) * entry_size]
+            if code == _NDPI_MARK and first_ifd:
+                return None
+            nbytes = count * _TYPE_SIZES.get(dtype, 0)
+            if nbytes <= osize:
+                continue  # (the value sits in its entry)
+            at = struct.unpack(offset_fmt, field)[0]
+            kind = _TYPES.get(dtype)
+            if code in (_OFFSETS, _COUNTS) and kind is not None:
+                self.candidates.append(Table(offset=int(at), dtype=order + kind, count=int(count)))
+            else:
+                self.others.append((at, at + nbytes))
+            if code == _SUBIFDS and subifds == [] and count <= _MAX_ENTRIES and dtype in (4, 13, 16, 18):
+                subifds = _subifds(self.source, order, osize, dtype, count, field)
+        return subifds
 
-def _note(found: dict[int, Table], size: int, order: str, osize: int, dtype: int, count: int,
-          field: bytes) -> None:
-    """Note a table whose entry has field type ``dtype``, ``count`` values and value field
-    ``field``, where it is deferrable: a known type, longer than the field, inside the file."""
-    kind = _TYPES.get(dtype)
-    if kind is None:
-        return
-    offset = struct.unpack(order + ("I", "Q")[osize == 8], field)[0]
-    table = Table(offset=int(offset), dtype=order + kind, count=int(count))
-    if table.nbytes > osize and 8 <= table.offset and table.offset + table.nbytes <= size:
-        found[table.offset] = table
+    def tables(self) -> dict[int, Table]:
+        """The candidates that can be deferred, by offset: inside the file, each offset read
+        one way only, overlapping no IFD, other value or other table."""
+        size = self.source.size
+        by_offset: dict[int, set[Table]] = {}
+        for t in self.candidates:
+            by_offset.setdefault(t.offset, set()).add(t)
+        tables = {o: next(iter(ts)) for o, ts in by_offset.items()
+                  if len(ts) == 1 and 8 <= o and o + next(iter(ts)).nbytes <= size}
+        spans = sorted([(o, o + t.nbytes, o) for o, t in tables.items()]
+                       + [(a, b, -1) for a, b in self.others if b > a])
+        clash: set[int] = set()
+        end, owner = -1, -1  # the furthest end so far, and whose
+        for a, b, who in spans:
+            if a < end:  # overlaps what came before
+                clash.update(x for x in (who, owner) if x >= 0)
+            if b > end:
+                end, owner = b, who
+        return {o: t for o, t in tables.items() if o not in clash}
 
 
 def _subifds(source: ByteSource, order: str, osize: int, dtype: int, count: int, field: bytes) -> list[int]:
