@@ -7,12 +7,12 @@ at open: a 100,000 x 100,000 level of 256 x 256 tiles has two arrays of 152,600
 entries, 1.2 MB in a classic TIFF and 2.4 MB in a BigTIFF.  So for a remote
 slide (:attr:`wsitool.storage.ByteSource.remote`):
 
-1. :func:`scan` walks the IFD chain and the SubIFDs (tag 330) and notes where
-   each IFD's two arrays lie (offset, field type, count) from their IFD entries;
-   it fetches the IFDs (the requests tifffile's own parse then finds in the
-   cache) and none of the arrays.  It reads nothing else: tifffile parses the
-   tags (a tifffile option to delay-load these two tags would make this walk
-   unnecessary).
+1. :func:`scan` walks the IFD chain and the SubIFDs (tag 330) and notes, from
+   the IFD entries, where each IFD's two arrays lie (offset, field type, count)
+   and where the IFDs and every other value stored outside its entry lie; it
+   fetches the IFDs (the requests tifffile's own parse then finds in the cache)
+   and none of the values.  tifffile parses the tags (a tifffile option to
+   delay-load these two tags would make this walk unnecessary).
 2. tifffile parses the file through a :class:`~wsitool.storage.SourceFile` that
    reads exactly those ranges as zeros (``blank``), so the ``TiffPage`` objects
    hold zeros for the deferred tables and nothing was fetched for them.
@@ -22,11 +22,13 @@ slide (:attr:`wsitool.storage.ByteSource.remote`):
    associated images and ``openslide.quickhash-1``'s smallest level).
 
 Deferred are arrays of field type SHORT, LONG (TIFF 6.0, section 2: types 3, 4)
-or LONG8 (BigTIFF: type 16) too long to sit in their IFD entry and lying inside
-the file.  Not deferred: NDPI files (tag 65420 in the first IFD; tifffile
-rewrites NDPI offsets from the real values while it parses), other field types,
-and any file :func:`scan` cannot walk (tifffile's parse then reports what is
-wrong, as for a local file).  Local slides are parsed as before.
+or LONG8 (BigTIFF: type 16) too long to sit in their IFD entry, lying inside
+the file, and sharing no byte with an IFD, another value or another table (nor
+read as two field types), so the blank ranges hide nothing else.  Not deferred:
+NDPI files (tag 65420 in the first IFD; tifffile rewrites NDPI offsets from the
+real values while it parses), other field types, and any file :func:`scan`
+cannot walk (tifffile's parse then reports what is wrong, as for a local file).
+Local slides are parsed as before.
 """
 
 from __future__ import annotations
