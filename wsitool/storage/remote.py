@@ -616,6 +616,7 @@ class RemoteSource(CountedReads, ByteSource):
     EXTENT_FLOOR = 8 * 1024 * 1024
 
     def _extent_budget(self) -> int:
+        """Bytes of advised ranges this slide keeps before the oldest finished ones are dropped."""
         return min(self.EXTENT_BYTES, max(self.EXTENT_FLOOR, 2 * self.size))
 
     def _trim_extents(self) -> None:
