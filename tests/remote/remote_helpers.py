@@ -50,8 +50,9 @@ def nginx_factory():
 
 class Script:
     """What the scripted server does: ``actions`` is a list consumed one per request
-    (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow" or "whole"
-    (200 with the whole object, Range ignored)."""
+    (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow", "whole"
+    (200 with the whole object, Range ignored) or "redirect" (302 to the same path with
+    ``moved=1`` added to its query).  ``seen``: each request's path and headers (names in lower case)."""
 
     def __init__(self, data: bytes, etag: str = '"v1"'):
         self.data = data
@@ -59,6 +60,7 @@ class Script:
         self.actions: list = []
         self.default = "ok"
         self.log: list[tuple[str, str]] = []  # (action, Range)
+        self.seen: list[tuple[str, dict]] = []  # (path with query, headers)
         self.lock = threading.Lock()
 
     def next(self):
@@ -77,6 +79,13 @@ def _handler(script: Script):
             action = script.next()
             rng = self.headers.get("Range", "")
             script.log.append((str(action), rng))
+            script.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            if action == "redirect":
+                self.send_response(302)
+                self.send_header("Location", self.path + ("&" if "?" in self.path else "?") + "moved=1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if isinstance(action, int):
                 body = b"no"
                 self.send_response(action)

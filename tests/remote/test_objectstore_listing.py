@@ -119,3 +119,25 @@ def test_a_refused_connection_whose_timing_reads_401_is_retried_not_denied(monke
     with pytest.raises(RemoteUnavailableError):
         run()
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("Error performing GET http://u:PASSWORD@h:8/a.svs?sig=TOKEN in 1 ms",
+     "Error performing GET http://***@h:8/a.svs?<redacted> in 1 ms"),
+    ("Error performing GET https://h/a.svs?X-Amz-Signature=TOKEN - HTTP error",
+     "Error performing GET https://h/a.svs?<redacted> - HTTP error"),
+    ("Generic S3 error: GET s3://bucket/a.svs failed", "Generic S3 error: GET s3://bucket/a.svs failed"),
+])
+def test_obstore_texts_show_urls_without_secrets(text, shown):
+    assert objectstore._first_line(Exception(text)) == shown
+
+
+def test_a_failure_without_a_status_says_its_kind():
+    """obstore's first line of a timeout says only "error sending request"; its kind is in the
+    debug text after it."""
+    text = ("Generic HTTP error: Error performing GET http://127.0.0.1:9/x.svs in 1.001s - HTTP error: error "
+            "sending request\n\nDebug source:\nGeneric {\n    inner: Http(\n        HttpError {\n"
+            "            kind: Timeout,\n")
+    first = objectstore._first_line(Exception(text), 160)
+    assert objectstore._cause(Exception(text), first) == "timed out (HTTP error: error sending request)"
+    assert objectstore._cause(Exception("status 503"), "status 503") == "status 503"

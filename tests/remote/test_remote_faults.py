@@ -18,8 +18,18 @@ from remote_helpers import client_connections, remote_threads
 # scripted: a fixture of remote_helpers (registered by tests/conftest.py)
 
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
+pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
 
 SAMPLE = "aperio-cmu1-small-region-jpeg.svs"
+
+
+@pytest.fixture(params=["obstore", "urllib3"], autouse=True)
+def http_client(request, monkeypatch):
+    """Every fault, through each HTTP client: obstore, and urllib3 (a forked child's)."""
+    from wsitool.storage.http import HttpTransport
+
+    monkeypatch.setattr(HttpTransport, "force_client", request.param)
+    return request.param
 FAST = {"timeout": 1, "operation_timeout": 6, "retries": 2, "backoff": 0.01}
 
 
@@ -139,3 +149,54 @@ def test_one_fetch_per_block_however_many_threads(scripted, data):
             parts = list(ex.map(lambda _: src.read(offset, 1000), range(32)))
         assert all(p == data[offset:offset + 1000] for p in parts)
         assert len(script.log) - n0 == 1
+
+
+def test_query_headers_and_if_match_as_sent(scripted, data, expected, http_client):
+    """Each client sends the URL's query as given (a presigned URL's signature), the
+    ``headers`` option on every request, and If-Match with the strong ETag pinned at open."""
+    url, script = scripted(data)
+    query = "?X-Amz-Signature=SECRET&x=a%2Fb"
+    with wsitool.open_slide(url + query, storage_options={**FAST, "headers": {"X-Test": "v 1"}}) as s:
+        assert np.array_equal(s.read_region((0, 0), 0, (1000, 1000), mode="rgb"), expected)
+    assert len(script.seen) >= 2
+    assert all(path == "/slide.svs" + query for path, _ in script.seen)
+    assert all(headers.get("x-test") == "v 1" for _, headers in script.seen)
+    assert "if-match" not in script.seen[0][1]  # the first request pins the ETag
+    assert all(headers.get("if-match") == '"v1"' for _, headers in script.seen[1:])
+
+
+def test_a_weak_etag_is_never_sent_as_if_match(scripted, data, expected, http_client):
+    url, script = scripted(data, etag='W/"w1"')
+    with wsitool.open_slide(url, storage_options=FAST) as s:
+        assert np.array_equal(s.read_region((0, 0), 0, (1000, 1000), mode="rgb"), expected)
+        assert s._source.etag == 'W/"w1"'
+    assert not [h for _, h in script.seen if "if-match" in h]  # (a weak ETag never matches If-Match)
+
+
+def test_redirects_are_followed(scripted, data, expected, http_client):
+    url, script = scripted(data)
+    script.actions = ["redirect"]  # the open's first request
+    with wsitool.open_slide(url, storage_options=FAST) as s:
+        script.actions = ["redirect"]  # and a tile range
+        assert np.array_equal(s.read_region((0, 0), 0, (1000, 1000), mode="rgb"), expected)
+    moved = [(p, h.get("range")) for p, h in script.seen if p.endswith("moved=1")]
+    assert len(moved) == 2 and all(rng for _, rng in moved)  # the Range went along
+
+
+def test_a_small_object_from_a_server_without_ranges(scripted, http_client):
+    """A server that ignores Range (200, the whole object) serves the first bytes of an object
+    of at most 64 MiB; any other range is one error, exit 17, not retried."""
+    from wsitool.storage.opener import open_source
+
+    blob = bytes(range(256)) * 300
+    url, script = scripted(blob)
+    script.default = "whole"
+    src = open_source(url, storage_options=FAST)
+    try:
+        assert src.size == len(blob)
+        assert src.read(0, 1000) == blob[:1000]
+        with pytest.raises(RemoteUnavailableError, match="does not support HTTP range requests") as info:
+            src.read(70_000, 100)  # past the head fetch: a range the server will not serve
+        assert exit_code_for(info.value) == 17
+    finally:
+        src.close()

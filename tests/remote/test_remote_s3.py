@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import warnings
 
 import numpy as np
@@ -72,3 +75,37 @@ def test_s3_errors(s3):
         with pytest.raises(RemoteChangedError) as info:
             s.read_region((1500, 1500), 0, (600, 600))
         assert exit_code_for(info.value) == 18
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
+def test_a_forked_child_gets_one_clear_error_not_a_hang(s3):
+    """obstore's runtime, started by the parent's first request, has no threads in a forked
+    child: a request there never returned (a DataLoader worker hung for good).  Now one error
+    naming the way out; the parent reads on."""
+    name = "aperio-cmu1-small-region-jpeg.svs"
+    with wsitool.open_slide(f"s3://slides/{name}") as s:
+        want = s.read_region((0, 0), 0, (256, 256))
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: its error's class and text through the pipe
+            os.close(read_end)
+            signal.alarm(60)  # (a hang fails the test instead of stopping the suite)
+            try:
+                s.read_region((1000, 600), 0, (300, 300))
+                text = "read"
+            except BaseException as exc:
+                text = f"{type(exc).__name__}|{exc}"
+            finally:
+                os.write(write_end, text.encode())
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            text = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status), f"child killed by signal {os.WTERMSIG(status)} (hung)"
+        kind, _, message = text.partition("|")
+        assert kind == "WsiError" and "fork" in message and "spawn" in message, text
+        assert message.startswith(f"s3://slides/{name}: ") and len(message.splitlines()) == 1
+        assert np.array_equal(s.read_region((0, 0), 0, (256, 256)), want)  # the parent is unharmed

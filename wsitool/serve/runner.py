@@ -402,14 +402,16 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
     return max((c for c in codes if c > 0), default=0)
 
 
-#: URL schemes read through obstore, whose runtime does not survive a fork once started
-_OBJECT_STORES = ("s3", "gs", "gcs", "az", "azure", "abfs", "abfss")
+#: URL schemes read through obstore, whose runtime does not survive a fork once started (HTTP(S)
+#: falls back to urllib3 in a forked child, slower: its workers should read through obstore too)
+_OBSTORE_SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "azure", "abfs", "abfss")
 
 
 def _checked_count(sources: Iterable[str | os.PathLike], config: ServeConfig) -> int:
     """Open the slides once, log what is left out (:func:`_check`) and return how many are served.
 
-    Where an object-store URL is among ``sources`` this runs in a child process:
+    Where a URL read through obstore (HTTP(S) or an object store) is among ``sources`` this
+    runs in a child process:
     obstore's runtime, once started, does not work in processes forked after it
     (they hang), so the parent of the workers must never start it.  The child's
     result, or the exception it raised, comes back through a pipe.
@@ -425,7 +427,7 @@ def _checked_count(sources: Iterable[str | os.PathLike], config: ServeConfig) ->
         finally:
             registry.close()
 
-    if not any(is_url(s) and str(s).split("://", 1)[0].lower() in _OBJECT_STORES for s in sources):
+    if not any(is_url(s) and str(s).split("://", 1)[0].lower() in _OBSTORE_SCHEMES for s in sources):
         return count()
     import pickle
 

@@ -63,7 +63,8 @@ from ..errors import (
 from .remote import RemoteOptions, Response, Transient, Transport
 from .urls import redact
 
-__all__ = ["BucketURL", "ObjectStoreTransport", "list_keys", "list_objects", "make_store", "store_config"]
+__all__ = ["BucketURL", "ObjectStoreTransport", "list_keys", "list_objects", "make_store", "ranged_get",
+           "runtime_usable", "store_config", "without_frames"]
 
 #: scheme as given -> (obstore's scheme, protocol name)
 _SCHEMES = {"s3": ("s3", "s3"), "gs": ("gs", "gs"), "gcs": ("gs", "gs"),
@@ -202,7 +203,7 @@ class ObjectStoreTransport(Transport):
     """
 
     def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None):
-        obstore = _obstore()
+        _obstore()  # (the remote extra installed, or one clear line)
         scheme = url.split("://", 1)[0].lower()
         parts = urllib.parse.urlsplit(url)
         if not parts.netloc or not parts.path.lstrip("/"):
@@ -212,58 +213,107 @@ class ObjectStoreTransport(Transport):
         self.shown, self.protocol, self.key = shown, where.protocol, where.key
         self._where, self._options, self._timeout = where, dict(options), timeout
         self._store = store if store is not None else self._make_store()
-        self._obstore = obstore
 
     def _make_store(self) -> Any:
         return make_store(self._where, self._options, self._timeout)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
-        obstore = self._obstore
-        exc_mod = obstore.exceptions
-        opts: dict = {"range": (start, end if pin is None else min(end, pin.size))}
-        if pin is not None and pin.etag:
-            opts["if_match"] = pin.etag
         try:
-            result = obstore.get(self._store, self.key, options=opts)
-            meta = result.meta
-            data = bytes(result.bytes())
-        except FileNotFoundError:
-            raise RemoteNotFoundError(self.shown) from None
-        except (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError) as exc:
-            raise RemoteAccessError(f"{self.shown}: access denied ({_first_line(exc, 120)})") from None
-        except exc_mod.PreconditionError:
-            raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
-                                     "(its ETag no longer matches); open it again") from None
-        except exc_mod.NotModifiedError:  # pragma: no cover - no If-None-Match is sent
-            raise Transient("not modified") from None
-        except (exc_mod.GenericError, exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
-            text = _first_line(exc, 160)
-            status = _status_of(str(exc))
-            if status == 416 or "Range Not Satisfiable" in text:
-                if pin is not None:
-                    raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
-                                             "(a range inside it is not there any more); open it again") from None
-                if start == 0:  # an empty object
-                    return Response(b"", 0)
-            if status in (401, 403):
-                raise RemoteAccessError(f"{self.shown}: access denied ({text})") from None
-            if "Header missing from response" in text:  # the server will not add it on a retry
-                raise RemoteUnavailableError(
-                    f"{self.shown}: the server's answer lacks a header the {self.protocol}:// client needs "
-                    f"({text}); an emulator that omits it cannot serve slides") from None
-            raise Transient(text) from None
-        want = max(0, min(end, meta["size"]) - start)
-        if len(data) != want:
-            raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
-        modified = meta.get("last_modified")
-        return Response(data, int(meta["size"]), meta.get("e_tag"),
-                        modified.isoformat() if modified is not None else None)
+            return ranged_get(self._store, self.key, start, end, pin, self.shown, self.protocol)
+        except Exception as exc:
+            raise without_frames(exc) from None
 
     def after_fork(self) -> None:
         self._store = self._make_store()  # a fresh client: no connection of the parent's
 
     def close(self) -> None:
         self._store = None
+
+
+def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None, shown: str, protocol: str,
+               if_match: str | None = None) -> Response:
+    """Bytes ``start .. end - 1`` of object ``key`` of an obstore ``store`` (a
+    :meth:`Transport.get <wsitool.storage.remote.Transport.get>` made through obstore).
+
+    ``if_match``: the ETag the server is asked to check (``If-Match``; default: the pinned
+    one, where there is a pin).  ``shown``: the URL as messages show it.
+
+    Raises:
+        RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix.
+        RemoteUnavailableError: a server whose answers lack a header obstore needs.
+        Transient: what retrying may fix (timeouts, resets, 5xx, a body cut short).
+        obstore.exceptions.NotSupportedError: an HTTP server that ignores ``Range`` (its
+            caller decides).
+    """
+    obstore = _obstore()
+    exc_mod = obstore.exceptions
+    _enter_runtime(shown, protocol)
+    opts: dict = {"range": (start, end if pin is None else min(end, pin.size))}
+    if if_match is None and pin is not None:
+        if_match = pin.etag
+    if if_match:
+        opts["if_match"] = if_match
+    try:
+        result = obstore.get(store, key, options=opts)
+        meta = result.meta
+        data = bytes(result.bytes())
+    except exc_mod.NotSupportedError:
+        raise
+    except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
+        return _failure(exc, start, pin, shown, protocol)  # (raises, unless the object is empty)
+    want = max(0, min(end, meta["size"]) - start)
+    if len(data) != want:
+        raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
+    return Response(data, int(meta["size"]), meta.get("e_tag"), _modified(meta.get("last_modified")))
+
+
+def without_frames(exc: BaseException) -> BaseException:
+    """``exc`` without the frames that raised it and the exception it was raised from.  Those
+    frames hold the obstore store and its response, and so the pooled connection: an error
+    kept alive (a future's, a caller's) would keep the socket open after the slide closed."""
+    exc.__context__ = None
+    exc.__cause__ = None
+    return exc.with_traceback(None)
+
+
+def _modified(when: datetime.datetime | None) -> str | None:
+    """obstore's ``last_modified`` as text; None where the server sent none (obstore then says
+    1970-01-01, the Unix epoch)."""
+    if when is None or when.timestamp() == 0:
+        return None
+    return when.isoformat()
+
+
+def _failure(exc: Exception, start: int, pin: Response | None, shown: str, protocol: str) -> Response:
+    """Raise the error of obstore's ``exc`` (see :func:`ranged_get`); but return the empty
+    object's :class:`Response` for a range refused at open (416) when the object is empty."""
+    exc_mod = _obstore().exceptions
+    if isinstance(exc, FileNotFoundError):
+        raise RemoteNotFoundError(shown) from None
+    if isinstance(exc, (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError)):
+        raise RemoteAccessError(f"{shown}: access denied ({_first_line(exc, 120)})") from None
+    if isinstance(exc, exc_mod.PreconditionError):
+        raise RemoteChangedError(f"{shown}: the object changed on the server while open "
+                                 "(its ETag no longer matches); open it again") from None
+    if isinstance(exc, exc_mod.NotModifiedError):  # pragma: no cover - no If-None-Match is sent
+        raise Transient("not modified") from None
+    text = _first_line(exc, 160)
+    status = _status_of(str(exc))
+    if status == 0:
+        text = _cause(exc, text)
+    if status == 416 or "Range Not Satisfiable" in text:
+        if pin is not None:
+            raise RemoteChangedError(f"{shown}: the object changed on the server while open "
+                                     "(a range inside it is not there any more); open it again") from None
+        if start == 0:  # an empty object
+            return Response(b"", 0)
+    if status in (401, 403):
+        raise RemoteAccessError(f"{shown}: access denied ({text})") from None
+    if "Header missing from response" in text:  # the server will not add it on a retry
+        raise RemoteUnavailableError(
+            f"{shown}: the server's answer lacks a header the {protocol}:// client needs "
+            f"({text}); an emulator that omits it cannot serve slides") from None
+    raise Transient(text) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,8 +398,10 @@ def list_keys(store: Any, where: BucketURL, options: RemoteOptions, limit: int |
         RemoteNotFoundError: no such bucket.
         RemoteAccessError: access denied, missing or expired credentials.
         RemoteUnavailableError: the listing kept failing.
-        WsiError: obstore refused the key prefix.
+        WsiError: obstore refused the key prefix; this process was forked after its parent
+            used obstore (a listing would hang).
     """
+    _enter_runtime(where.shown, where.protocol)
     deadline = time.monotonic() + options.operation_timeout
     attempt = 0
     while True:
@@ -435,13 +487,63 @@ def _status_of(text: str) -> int:
     return int(m.group(1) or m.group(2)) if m else 0
 
 
+#: The process whose request started obstore's runtime (its Tokio worker threads); None before
+#: the first request.  A process forked after that inherits the started runtime without its
+#: threads, and an obstore request there never returns (obstore is not fork-safe once used;
+#: making a store does not start the runtime, a request does).
+_runtime_pid: int | None = None
+
+
+def runtime_usable() -> bool:
+    """False in a process forked from one that had made an obstore request (a request would hang)."""
+    return _runtime_pid is None or _runtime_pid == os.getpid()
+
+
+def _enter_runtime(shown: str, protocol: str) -> None:
+    """Note that this process uses obstore's runtime, or refuse where it was inherited started.
+
+    Raises:
+        WsiError: this process was forked after its parent's first obstore request.
+    """
+    global _runtime_pid
+    if _runtime_pid is None:
+        _runtime_pid = os.getpid()
+    elif _runtime_pid != os.getpid():
+        raise WsiError(f"{shown}: cannot read {protocol}:// URLs in a process forked after its parent read from "
+                       "an object store (obstore's client does not survive fork()); start the worker processes "
+                       "with 'spawn' or 'forkserver' (PyTorch DataLoader: multiprocessing_context='spawn')")
+
+
+#: obstore's kinds of HTTP failure (its "Debug source": ``HttpError { kind: ... }``) in words.
+_KINDS = {"Timeout": "timed out", "Connect": "could not connect", "Interrupted": "connection reset or closed",
+          "Decode": "the body could not be read"}
+
+
+def _cause(exc: BaseException, text: str) -> str:
+    """A short cause of an obstore failure that names no HTTP status: the kind of failure
+    (timed out, could not connect, reset) and the last part of its first line (after the
+    request's URL and timing)."""
+    kind = re.search(r"HttpError \{\s*kind: (\w+)", str(exc))
+    tail = text.rpartition(" - ")[2] or text
+    if kind is not None and kind.group(1) in _KINDS:
+        return f"{_KINDS[kind.group(1)]} ({tail})"
+    return text
+
+
 def _first_line(exc: BaseException, limit: int = 200) -> str:
-    """The cause of an obstore error without the request URL's query (it can carry a token)."""
+    """The cause of an obstore error with every URL in it shown without its query (it can carry
+    a token) and user information (a password), as :func:`~wsitool.storage.urls.redact` does."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     out = []
     for word in text.split():
-        if "://" in word and "?" in word:
-            word = word.split("?", 1)[0] + "?<redacted>"
+        if "://" in word:
+            scheme, _, rest = word.partition("://")
+            authority, slash, path = rest.partition("/")
+            if "@" in authority:
+                authority = "***@" + authority.rpartition("@")[2]
+            word = f"{scheme}://{authority}{slash}{path}"
+            if "?" in word:
+                word = word.split("?", 1)[0] + "?<redacted>"
         out.append(word)
     text = " ".join(out)
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -46,7 +46,7 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
     if scheme in ("http", "https"):
         from .http import HttpTransport
 
-        transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8)
+        transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8, timeout=generic.timeout)
     else:
         from .objectstore import ObjectStoreTransport
 

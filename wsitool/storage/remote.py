@@ -24,8 +24,8 @@ above ask for, and remembers it in a process-wide cache.
   :data:`DEFAULT_CACHE_BYTES`, environment ``WSITOOL_REMOTE_CACHE_MB``).
 * **Failures**: timeouts, connection resets, bodies cut short and HTTP
   429/500/502/503/504 are retried with exponential back-off (``retries``
-  times, honouring ``Retry-After``); each request has a timeout (``timeout``
-  seconds between bytes) and each read operation a deadline
+  times, honouring ``Retry-After`` where the transport reports it); each
+  request has a timeout (``timeout``) and each read operation a deadline
   (``operation_timeout``), so no read hangs.  Then
   :class:`~wsitool.errors.RemoteUnavailableError`.  Not found, access denied
   and a changed object are not retried.
@@ -83,7 +83,8 @@ class RemoteOptions:
     """Network settings of one remote slide (the generic keys of ``storage_options``).
 
     Attributes:
-        timeout: seconds a request may wait for its next bytes (connect and read).
+        timeout: seconds one request may take, from connecting to its last byte (obstore's
+            total timeout; urllib3, in a forked child: seconds it may wait for its next bytes).
         operation_timeout: seconds one read (a region, a metadata read) may take in all,
             retries included.
         retries: attempts after the first for a transient failure.
@@ -436,7 +437,10 @@ class RemoteSource(CountedReads, ByteSource):
         found: dict[tuple[int, int], tuple[int, bytes]] = {}  # (start, end) -> extent
         for attempt in range(2):
             missing = []
+            held = (0, 0)  # the bytes [a, b) of the extent found last (a row's tiles share one)
             for o, c in wanted:
+                if held[0] <= o and o + c <= held[1]:
+                    continue
                 hit = self._extent(o, o + c)
                 if hit is None:
                     missing.append((o, c))
@@ -448,6 +452,7 @@ class RemoteSource(CountedReads, ByteSource):
                         missing.append((o, c))
                         continue
                     found[(start, end)] = (start, data)
+                held = (start, start + len(found[(start, end)][1]))
             if not missing:
                 break
             if attempt == 0:
