@@ -33,8 +33,11 @@ Readers (each cell opens the slide afresh in a child process):
 For each cell: ``open`` (s, the open call), ``first`` (s, the first region after open),
 regions/s over ``--seconds`` of random level-0 regions read by ``threads`` threads,
 requests and KiB per region in that loop, the requests and KiB of the open plus the
-first region, and the peak RSS of the cell (VmHWM reset
-at its start).  Then the targets of issue 30 and whether they are met.
+first region, the peak RSS of the cell (VmHWM reset at its start), and the CPU time of
+the read loop per region: the reader's process, the server's process tree, and the
+proxies (this script's parent process). On a machine with few cores the server and
+the proxy share them with the reader; the reader's column is what it would cost beside
+a server elsewhere.  Then the targets of issue 30 and whether they are met.
 """
 
 from __future__ import annotations
@@ -75,11 +78,18 @@ def _peak_mib() -> float:
     return float("nan")
 
 
-def _counters(url: str | None, port: int | None) -> tuple[int, int]:
+def _counters(url: str | None, port: int | None, server: str | None = None) -> tuple[float, ...]:
+    """``(requests, bytes, server CPU s, proxy CPU s)`` so far, from the parent's counter server."""
     if url is None:
-        return 0, 0
+        return 0, 0, 0.0, 0.0
     data = json.loads(urllib.request.urlopen(url, timeout=10).read())
-    return tuple(data[str(port)])
+    requests, nbytes = data["ports"][str(port)]
+    return requests, nbytes, data["cpu"].get(server or "", 0.0), data["cpu"]["proxy"]
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def _opener(job: dict):
@@ -117,7 +127,7 @@ def child(job: dict) -> list[dict]:
     for cell in job["cells"]:
         size, threads = cell["size"], cell["threads"]
         _peak_reset()
-        c0 = _counters(job.get("counters"), job.get("port"))
+        c0 = _counters(job.get("counters"), job.get("port"), job.get("server"))
         t0 = time.perf_counter()
         slide = open_()
         t1 = time.perf_counter()
@@ -129,7 +139,7 @@ def child(job: dict) -> list[dict]:
 
         read(slide, where(rng), (size, size))
         t2 = time.perf_counter()
-        c1 = _counters(job.get("counters"), job.get("port"))
+        c1 = _counters(job.get("counters"), job.get("port"), job.get("server"))
         stop = time.perf_counter() + job["seconds"]
         counts = [0] * threads
 
@@ -139,28 +149,45 @@ def child(job: dict) -> list[dict]:
                 read(slide, where(r), (size, size))
                 counts[k] += 1
 
-        t3 = time.perf_counter()
+        t3, cpu3 = time.perf_counter(), _cpu_s()
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(worker, range(threads)))
-        t4 = time.perf_counter()
-        c2 = _counters(job.get("counters"), job.get("port"))
+        t4, cpu4 = time.perf_counter(), _cpu_s()
+        c2 = _counters(job.get("counters"), job.get("port"), job.get("server"))
         slide.close()
         n = sum(counts)
         out.append({**cell, "open_s": t1 - t0, "first_s": t2 - t1, "regions": n,
                     "rps": n / (t4 - t3), "req_per_region": (c2[0] - c1[0]) / n,
                     "kib_per_region": (c2[1] - c1[1]) / n / 1024,
                     "open_requests": c1[0] - c0[0], "open_kib": (c1[1] - c0[1]) / 1024,
-                    "peak_mib": _peak_mib()})
+                    "peak_mib": _peak_mib(), "reader_cpu_ms": (cpu4 - cpu3) / n * 1000,
+                    "server_cpu_ms": (c2[2] - c1[2]) / n * 1000, "proxy_cpu_ms": (c2[3] - c1[3]) / n * 1000})
     return out
 
 
 # ------------------------------------------------------------------ parent: servers, proxies, table
 
 
-class _CounterServer:
-    """Serves the proxies' counters as JSON ``{port: [requests, bytes]}`` to the child processes."""
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its children."""
+    import psutil
 
-    def __init__(self, proxies: dict):
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        top = psutil.Process(pid)
+        for proc in [top, *top.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+class _CounterServer:
+    """Serves the proxies' counters and CPU times to the child processes, as JSON
+    ``{"ports": {port: [requests, bytes]}, "cpu": {server name: s, "proxy": s}}``: each server's
+    process tree, and this process (the proxies' threads; the rest of it is idle)."""
+
+    def __init__(self, proxies: dict, servers: dict):
         proxies_ = proxies
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -168,7 +195,10 @@ class _CounterServer:
                 pass
 
             def do_GET(self):
-                body = json.dumps({str(p.port): [p.requests, p.bytes] for p in proxies_.values()}).encode()
+                cpu = {name: _tree_cpu_s(srv.extra["pid"]) for name, srv in servers.items()}
+                cpu["proxy"] = _cpu_s()
+                body = json.dumps({"ports": {str(p.port): [p.requests, p.bytes] for p in proxies_.values()},
+                                   "cpu": cpu}).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -233,7 +263,8 @@ def main(argv=None) -> int:
             for r in run_child({"reader": "local", "url": os.path.abspath(path), "cells": cells,
                                 "seconds": a.seconds, "label": f"local {codec}"}, env0):
                 results.append({**r, "server": "local", "delay": 0, "codec": codec, "reader": "wsitool"})
-                print(f"{label(results[-1])} local      {r['rps']:8.1f} regions/s", flush=True)
+                print(f"{label(results[-1])} local      {r['rps']:8.1f} regions/s  CPU ms/region: reader "
+                      f"{r['reader_cpu_ms']:.1f}", flush=True)
         backends = {}
         if "nginx" in servers:
             backends["nginx"] = stack.enter_context(rs.nginx(root))
@@ -253,7 +284,7 @@ def main(argv=None) -> int:
         for name, srv in backends.items():
             for d in delays:
                 proxies[(name, d)] = stack.enter_context(rs.delay_proxy(srv.port, d / 1000, counted=True))
-        counters = _CounterServer(proxies)
+        counters = _CounterServer(proxies, backends)
         stack.callback(counters.close)
         for (name, d), proxy in proxies.items():
             for codec in slides:
@@ -265,7 +296,7 @@ def main(argv=None) -> int:
                         options = {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
                         env = {**env_s3, "AWS_ENDPOINT_URL": options["endpoint_url"]}
                     job = {"reader": reader, "url": url, "options": options, "cells": cells,
-                           "seconds": a.seconds, "counters": counters.url, "port": proxy.port,
+                           "seconds": a.seconds, "counters": counters.url, "port": proxy.port, "server": name,
                            "label": f"{name} {d}ms {codec}"}
                     for r in run_child(job, env):
                         results.append({**r, "server": name if name == "nginx" else s3kind, "delay": d,
@@ -273,7 +304,9 @@ def main(argv=None) -> int:
                         print(f"{label(results[-1])} {reader:<19}{r['rps']:8.1f} regions/s "
                               f"{r['req_per_region']:6.1f} req {r['kib_per_region']:8.0f} KiB/region  "
                               f"open {r['open_s']:.2f} s (+first: {r['open_requests']} req {r['open_kib']:.0f} KiB)  "
-                              f"first {r['first_s']:.3f} s  peak {r['peak_mib']:.0f} MiB", flush=True)
+                              f"first {r['first_s']:.3f} s  peak {r['peak_mib']:.0f} MiB  CPU ms/region: reader "
+                              f"{r['reader_cpu_ms']:.1f} server {r['server_cpu_ms']:.1f} proxy {r['proxy_cpu_ms']:.1f}",
+                              flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     print()
@@ -286,12 +319,14 @@ def main(argv=None) -> int:
 def table(results: list[dict]) -> str:
     """The results as a Markdown table."""
     rows = ["| server | delay ms | codec | region | threads | reader | regions/s | req/region | KiB/region "
-            "| open s | open + first region (req, KiB) | first region s | peak RSS MiB |", "|" + "---|" * 13]
+            "| open s | open + first region (req, KiB) | first region s | peak RSS MiB "
+            "| CPU ms/region: reader, server, proxy |", "|" + "---|" * 14]
     for r in results:
         rows.append(f"| {r['server']} | {r['delay']} | {r['codec']} | {r['size']} | {r['threads']} | {r['reader']} "
                     f"| {r['rps']:.1f} | {r['req_per_region']:.1f} | {r['kib_per_region']:.0f} "
                     f"| {r['open_s']:.2f} | {r['open_requests']}, {r['open_kib']:.0f} | {r['first_s']:.3f} "
-                    f"| {r['peak_mib']:.0f} |")
+                    f"| {r['peak_mib']:.0f} | {r['reader_cpu_ms']:.1f}, {r['server_cpu_ms']:.1f}, "
+                    f"{r['proxy_cpu_ms']:.1f} |")
     return "\n".join(rows)
 
 

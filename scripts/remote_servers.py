@@ -64,7 +64,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @dataclass
 class Server:
-    """A started server: its base URL, port and (nginx) access log."""
+    """A started server: its base URL, port and (nginx) access log; ``extra["pid"]``: its
+    process (the parent of nginx's workers)."""
 
     url: str
     port: int
@@ -130,7 +131,7 @@ http {{
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             _wait_port(port, proc)
-            yield Server(f"http://127.0.0.1:{port}/", port, log)
+            yield Server(f"http://127.0.0.1:{port}/", port, log, {"pid": proc.pid})
         finally:
             _stop(proc)
             if proc.stderr:
@@ -184,7 +185,7 @@ def moto_s3():
                 time.sleep(0.1)
         env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
-        yield Server(url, port, None, {"env": env})
+        yield Server(url, port, None, {"env": env, "pid": proc.pid})
     finally:
         _stop(proc)
 
@@ -327,6 +328,6 @@ def seaweedfs_s3():
                         time.sleep(0.25)
                 env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
-                yield Server(url, ports[3], None, {"env": env})
+                yield Server(url, ports[3], None, {"env": env, "pid": proc.pid})
             finally:
                 _stop(proc)
