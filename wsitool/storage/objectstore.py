@@ -236,14 +236,15 @@ def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None,
     :meth:`Transport.get <wsitool.storage.remote.Transport.get>` made through obstore).
 
     ``if_match``: the ETag the server is asked to check (``If-Match``; default: the pinned
-    one, where there is a pin).  ``shown``: the URL as messages show it.
+    one, where there is a pin).  ``shown``: the URL as messages show it.  obstore's
+    ``NotSupportedError`` (an HTTP server that ignores ``Range``) is passed on as it is: the
+    caller decides.
 
     Raises:
         RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix.
         RemoteUnavailableError: a server whose answers lack a header obstore needs.
         Transient: what retrying may fix (timeouts, resets, 5xx, a body cut short).
-        obstore.exceptions.NotSupportedError: an HTTP server that ignores ``Range`` (its
-            caller decides).
+        WsiError: this process was forked after its parent's first obstore request.
     """
     obstore = _obstore()
     exc_mod = obstore.exceptions
