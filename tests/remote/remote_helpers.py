@@ -51,12 +51,16 @@ def nginx_factory():
 class Script:
     """What the scripted server does: ``actions`` is a list consumed one per request
     (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow", "whole"
-    (200 with the whole object, Range ignored) or "redirect" (302 to the same path with
-    ``moved=1`` added to its query).  ``seen``: each request's path and headers (names in lower case)."""
+    (200 with the whole object, Range ignored), "redirect" (302 to the same path with
+    ``moved=1`` added to its query) or "chunked" (the 206 body chunked, no Content-Length).
+    ``etag`` (None: no ETag header) and ``modified`` (a Last-Modified header, or None) go with
+    every 2xx answer; a request whose ``If-Match`` is not ``etag`` gets 412, as a server checks
+    it.  ``seen``: each request's path and headers (names in lower case)."""
 
-    def __init__(self, data: bytes, etag: str = '"v1"'):
+    def __init__(self, data: bytes, etag: str | None = '"v1"', modified: str | None = None):
         self.data = data
         self.etag = etag
+        self.modified = modified
         self.actions: list = []
         self.default = "ok"
         self.log: list[tuple[str, str]] = []  # (action, Range)
@@ -80,6 +84,9 @@ def _handler(script: Script):
             rng = self.headers.get("Range", "")
             script.log.append((str(action), rng))
             script.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            match = self.headers.get("If-Match")
+            if match is not None and match != script.etag and not isinstance(action, int):
+                action = 412
             if action == "redirect":
                 self.send_response(302)
                 self.send_header("Location", self.path + ("&" if "?" in self.path else "?") + "moved=1")
@@ -105,7 +112,7 @@ def _handler(script: Script):
             if action == "whole":  # a server that ignores Range
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(script.data)))
-                self.send_header("ETag", script.etag)
+                self._identity()
                 self.end_headers()
                 self.wfile.write(script.data)
                 return
@@ -115,8 +122,16 @@ def _handler(script: Script):
             body = script.data[start:end]
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(script.data)}")
+            self._identity()
+            if action == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for k in range(0, len(body), 8192):
+                    piece = body[k:k + 8192]
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+                return
             self.send_header("Content-Length", str(len(body)))
-            self.send_header("ETag", script.etag)
             self.end_headers()
             if action == "short":
                 self.wfile.write(body[: len(body) // 2])
@@ -132,22 +147,32 @@ def _handler(script: Script):
                 return
             self.wfile.write(body)
 
+        def _identity(self):
+            if script.etag is not None:
+                self.send_header("ETag", script.etag)
+            if script.modified is not None:
+                self.send_header("Last-Modified", script.modified)
+
     return Handler
 
 
 @pytest.fixture
 def scripted():
-    """``scripted(data)`` -> ``(url, Script)`` of a threaded HTTP server serving ``data``."""
+    """``scripted(data, etag='"v1"', modified=None, tls=None)`` -> ``(url, Script)`` of a threaded
+    HTTP server serving ``data``; ``tls``: an ``ssl.SSLContext`` of the server (an https:// URL)."""
     started = []
 
-    def start(data: bytes, etag: str = '"v1"'):
-        script = Script(data, etag)
+    def start(data: bytes, etag: str | None = '"v1"', modified: str | None = None, tls=None):
+        script = Script(data, etag, modified)
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(script))
+        if tls is not None:
+            srv.socket = tls.wrap_socket(srv.socket, server_side=True)
         srv.daemon_threads = True
         t = threading.Thread(target=srv.serve_forever, daemon=True)
         t.start()
         started.append((srv, t))
-        return f"http://127.0.0.1:{srv.server_address[1]}/slide.svs", script
+        scheme = "https" if tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{srv.server_address[1]}/slide.svs", script
 
     yield start
     for srv, t in started:

@@ -134,10 +134,11 @@ def test_obstore_texts_show_urls_without_secrets(text, shown):
 
 def test_a_failure_without_a_status_says_its_kind():
     """obstore's first line of a timeout says only "error sending request"; its kind is in the
-    debug text after it."""
-    text = ("Generic HTTP error: Error performing GET http://127.0.0.1:9/x.svs in 1.001s - HTTP error: error "
+    debug text after it (the tail is taken before the line is cut: a long URL does not hide it)."""
+    url = "http://127.0.0.1:9/" + "a" * 300 + ".svs"
+    text = (f"Generic HTTP error: Error performing GET {url} in 1.001s - HTTP error: error "
             "sending request\n\nDebug source:\nGeneric {\n    inner: Http(\n        HttpError {\n"
             "            kind: Timeout,\n")
-    first = objectstore._first_line(Exception(text), 160)
-    assert objectstore._cause(Exception(text), first) == "timed out (HTTP error: error sending request)"
-    assert objectstore._cause(Exception("status 503"), "status 503") == "status 503"
+    first = objectstore._first_line(text, 4000)
+    assert objectstore._cause(text, first) == "timed out (HTTP error: error sending request)"
+    assert objectstore._cause("status 503", "status 503") == "status 503"

@@ -76,6 +76,7 @@ def test_transient_faults_are_retried(fault, scripted, data, expected):
     (403, RemoteAccessError, 16), (401, RemoteAccessError, 16), (404, RemoteNotFoundError, 9),
     (503, RemoteUnavailableError, 17), ("short", RemoteUnavailableError, 17),
     ("reset", RemoteUnavailableError, 17), (416, RemoteChangedError, 18),
+    (400, RemoteAccessError, 16), (410, RemoteNotFoundError, 9),  # not retried (a bad or expired signed URL: 400)
     ("whole", RemoteUnavailableError, 17)])  # 200 with the whole object: no range support
 def test_persistent_faults_raise_one_error(fault, cls, code, scripted, data):
     url, script = scripted(data)
@@ -90,6 +91,9 @@ def test_persistent_faults_raise_one_error(fault, cls, code, scripted, data):
         assert exit_code_for(info.value) == code
         assert "SECRET" not in str(info.value) and "slide.svs" in str(info.value)
         assert len(str(info.value).splitlines()) == 1
+        if fault in (400, 410, 403, 401, 404, 416):  # what retrying cannot fix is not retried
+            asked = [rng for a, rng in script.log if a == str(fault)]
+            assert asked and len(asked) == len(set(asked))  # (a region's ranges fail at once: no range twice)
         if fault == "whole":  # said as such, and not retried
             assert "does not support HTTP range requests" in str(info.value)
             asked = [rng for a, rng in script.log if a == "whole"]
@@ -200,3 +204,22 @@ def test_a_small_object_from_a_server_without_ranges(scripted, http_client):
         assert exit_code_for(info.value) == 17
     finally:
         src.close()
+
+
+def test_a_chunked_server_is_read_through_urllib3(scripted, data, expected, http_client):
+    """obstore needs Content-Length on every answer; a server that sends its 206 bodies
+    chunked is read on through urllib3 (the same pixels), not refused."""
+    url, script = scripted(data)
+    script.default = "chunked"
+    with wsitool.open_slide(url, storage_options=FAST) as s:
+        assert np.array_equal(s.read_region((0, 0), 0, (1000, 1000), mode="rgb"), expected)
+        assert type(s._source.transport._client).__name__ == "_Urllib3Client"
+
+
+def test_a_last_modified_in_an_obsolete_form_is_read(scripted, data, expected, http_client):
+    """RFC 850's date form (RFC 9110 section 5.6.7 tells recipients to accept it) is not
+    obstore's: urllib3 reads such a server, and the date is pinned in the one form both use."""
+    url, _ = scripted(data, etag=None, modified="Wednesday, 02-Dec-26 10:00:00 GMT")
+    with wsitool.open_slide(url, storage_options=FAST) as s:
+        assert np.array_equal(s.read_region((0, 0), 0, (1000, 1000), mode="rgb"), expected)
+        assert s._source.modified == "Wed, 02 Dec 2026 10:00:00 GMT"

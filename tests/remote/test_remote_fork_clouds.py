@@ -25,6 +25,7 @@ NAME = "aperio-cmu1-small-region-jpeg.svs"
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
 def test_a_forked_child_reads_through_new_connections(scripted):
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
     path = SHARED_SAMPLES / NAME
     if not path.is_file():
         pytest.skip(NO_SHARED)
@@ -62,6 +63,65 @@ def test_a_forked_child_reads_through_new_connections(scripted):
         # the parent still reads through its own client
         assert s._source.transport._client is parent_client
         assert np.array_equal(s.read_region((1000, 600), 0, (700, 500)), want_child)
+
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() on this platform")
+def test_a_forked_child_keeps_a_last_modified_pin(scripted):
+    """A server with Last-Modified and no ETag: the parent pinned the date through obstore, the
+    child compares it through urllib3; one form of the date (was: every read in the child said
+    the object changed, as the two clients wrote the same date differently)."""
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
+    path = SHARED_SAMPLES / NAME
+    if not path.is_file():
+        pytest.skip(NO_SHARED)
+    url, _ = scripted(path.read_bytes(), etag=None, modified="Wed, 02 Dec 2026 10:00:00 GMT")
+    with wsitool.open_slide(path) as local:
+        want = local.read_region((1000, 600), 0, (300, 300))
+    with wsitool.open_slide(url) as s:
+        s.read_region((0, 0), 0, (256, 256))
+        assert s._source.pin.modified == "Wed, 02 Dec 2026 10:00:00 GMT" and s._source.pin.etag is None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(60)
+                got = s.read_region((1000, 600), 0, (300, 300))
+                code = 0 if np.array_equal(got, want) else 3
+            except BaseException:
+                code = 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "child: 3 wrong pixels, 4 an error"
+
+
+def test_a_child_forked_before_any_obstore_request_uses_obstore(scripted):
+    """Only a runtime that made requests is broken by fork: a child of a process that never
+    read through obstore reads through it (in a fresh interpreter: this one has)."""
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
+    import subprocess
+
+    from helpers import REPO
+
+    url, script = scripted(b"x" * 200_000)
+    code = f"""
+import os, sys
+from wsitool.storage.opener import open_source
+pid = os.fork()
+if pid == 0:
+    src = open_source({url!r})
+    ok = src.read(1000, 10) == b"x" * 10 and type(src.transport._client).__name__ == "_ObstoreClient"
+    src.close()
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert script.seen  # the child's requests reached the server
 
 
 # ---------------------------------------------------------------------- gs:// and az://

@@ -34,6 +34,7 @@ def test_counts_are_whole_and_times_finite(key, raw):
 @pytest.mark.parametrize("raw", ["SECRETVALUE", ["SECRETVALUE", "x"], 5, {"X": ["SECRETVALUE"]}, {"X": None}])
 def test_headers_that_are_not_name_text_pairs(raw):
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
     from wsitool.storage.http import HttpTransport
 
     with pytest.raises(InvalidOptionError) as info:
@@ -43,6 +44,7 @@ def test_headers_that_are_not_name_text_pairs(raw):
 
 def test_header_numbers_become_text():
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
     from wsitool.storage.http import HttpTransport
 
     t = HttpTransport("http://127.0.0.1:1/x.svs", "http://127.0.0.1:1/x.svs", {"headers": {"X-Test": 1}})
@@ -65,6 +67,7 @@ def test_a_bad_port_or_host_is_a_usage_error_without_the_query(url):
     """Was RemoteUnavailableError (exit 17, 'gave up after N attempts') quoting urllib3's
     'LocationParseError: 99999/x.svs?sig=SECRETVALUE'."""
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
     from wsitool.storage.http import HttpTransport
     from wsitool.storage.urls import redact
 

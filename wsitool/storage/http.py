@@ -17,23 +17,30 @@ an object of at most 64 MiB (the whole body is read once); any other is
 :class:`~wsitool.errors.RemoteUnavailableError` at once ("does not support HTTP range
 requests", exit 17: retrying cannot help).  After the first answer each request
 carries ``If-Match`` with the pinned ETag when it is a strong one (``412`` then means
-the object changed).  ``timeout`` bounds a request from connecting to its last byte.
+the object changed).  ``timeout``: seconds to connect and that a request may wait for
+its next bytes; ``operation_timeout`` also bounds one whole request.  Statuses read as in
+:func:`~wsitool.storage.objectstore._failure` (404/410 not found, 401/403 denied, 412 changed,
+408/425/429/5xx retried, other 3xx/4xx an unexpected answer, not retried).
 
 obstore's runtime does not survive ``fork()`` once it has made a request: in a process
 forked after that (:func:`~wsitool.storage.objectstore.runtime_usable` false) the same
 requests go through urllib3 (:class:`_Urllib3Client`; one connection pool, up to 5
-redirects), with the same outcomes (the fault tests run both clients).
+redirects), with the same outcomes (the fault tests run both clients); so do those of a
+server whose answers obstore cannot read (chunked, without ``Content-Length``; a
+``Last-Modified`` in an obsolete date form).  Last-Modified is pinned and compared in one
+form (:func:`~wsitool.storage.objectstore.http_date`) whichever client read it.
 
 ``storage_options`` for HTTP(S): ``headers`` (a dict sent with every request,
 e.g. ``{"Authorization": "Bearer ..."}``; never printed), ``verify`` (False to
-skip TLS verification, or the path of a PEM file of CA certificates to trust), plus the
-generic keys of :class:`~wsitool.storage.remote.RemoteOptions`.
+skip TLS verification, or the path of a PEM file of CA certificates trusted besides the
+system's), plus the generic keys of :class:`~wsitool.storage.remote.RemoteOptions`.
 """
 
 from __future__ import annotations
 
 import datetime
 import re
+import ssl
 import types
 import urllib.parse
 from pathlib import Path
@@ -47,13 +54,24 @@ from ..errors import (
     RemoteUnavailableError,
     WsiError,
 )
-from .objectstore import _failure, _first_line, _modified, _obstore, ranged_get, runtime_usable, without_frames
+from .objectstore import (
+    RETRY_STATUS,
+    HeaderTrouble,
+    _failure,
+    _first_line,
+    _obstore,
+    client_timeouts,
+    http_date,
+    keep_inherited,
+    ranged_get,
+    runtime_usable,
+    without_frames,
+)
 from .remote import Response, Transient, Transport
 
 __all__ = ["HttpTransport"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.I)
-_RETRY_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
 #: Largest whole body accepted from a server that ignores Range.
 _WHOLE_BODY_LIMIT = 64 * 1024 * 1024
 
@@ -91,14 +109,17 @@ def _headers(shown: str, raw: Any) -> dict:
 class HttpTransport(Transport):
     """Ranged GETs of one HTTP(S) URL: through obstore (:class:`_ObstoreClient`), or urllib3
     (:class:`_Urllib3Client`) in a process forked after obstore's runtime started, where
-    obstore would hang (:func:`~wsitool.storage.objectstore.runtime_usable`).
+    obstore would hang (:func:`~wsitool.storage.objectstore.runtime_usable`), and for a
+    server whose answers obstore cannot read (a chunked answer without ``Content-Length``,
+    a ``Last-Modified`` in an obsolete form: :class:`~wsitool.storage.objectstore.HeaderTrouble`).
 
     Args:
         url: the URL (with its query, e.g. a presigned URL's signature).
         shown: the URL as messages show it.
         options: the transport's ``storage_options`` (``headers``, ``verify``).
         maxsize: connections kept in the pool.
-        timeout: seconds one request may take (obstore; urllib3: may wait for its next bytes).
+        timeout: seconds to connect, and that a request may wait for its next bytes.
+        total: seconds one request may take in all (obstore; the read's ``operation_timeout``).
 
     Raises:
         WsiError: the remote extra is not installed; InvalidOptionError: an unknown option, a bad
@@ -110,11 +131,12 @@ class HttpTransport(Transport):
     #: :func:`~wsitool.storage.objectstore.runtime_usable` says).
     force_client: str | None = None
 
-    def __init__(self, url: str, shown: str, options: dict, maxsize: int = 16, timeout: float = 20.0):
+    def __init__(self, url: str, shown: str, options: dict, maxsize: int = 16, timeout: float = 20.0,
+                 total: float = 120.0):
         self.url = url
         self.shown = shown
         self.headers = _headers(shown, options.pop("headers", None))
-        self.verify = options.pop("verify", True)
+        self.verify = _verify(shown, options.pop("verify", True))
         if options:
             raise InvalidOptionError(f"{shown}: unknown storage option(s) for HTTP(S): {', '.join(sorted(options))}")
         try:  # a bad port or host: a usage error now, not a "server failing" after the retries
@@ -124,23 +146,33 @@ class HttpTransport(Transport):
             host = None
         if not host:
             raise InvalidOptionError(f"{shown}: not a valid URL (check the host and the port)")
-        _tls(shown, self.verify)  # (checked here, whichever client is made)
-        self.maxsize, self.timeout = maxsize, timeout
+        self.maxsize, self.timeout, self.total = maxsize, timeout, total
         self._client: _ObstoreClient | _Urllib3Client = self._make_client()
 
-    def _make_client(self) -> _ObstoreClient | _Urllib3Client:
-        which = self.force_client or ("obstore" if runtime_usable() else "urllib3")
+    def _make_client(self, which: str | None = None) -> _ObstoreClient | _Urllib3Client:
+        which = which or self.force_client or ("obstore" if runtime_usable() else "urllib3")
         if which == "obstore":
-            return _ObstoreClient(self.url, self.shown, self.headers, self.verify, self.maxsize, self.timeout)
+            return _ObstoreClient(self.url, self.shown, self.headers, self.verify, self.maxsize, self.timeout,
+                                  self.total)
         return _Urllib3Client(self.url, self.shown, self.headers, self.verify, self.maxsize)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
-        return self._client.get(start, end, pin, timeout)
+        client = self._client
+        try:
+            return client.get(start, end, pin, timeout)
+        except HeaderTrouble:
+            # a server obstore cannot read: this slide goes on through urllib3 (the answer again)
+            if self._client is client:
+                self._client = self._make_client("urllib3")
+                client.close()
+            return self._client.get(start, end, pin, timeout)
 
     def after_fork(self) -> None:
+        keep_inherited(self._client)
         self._client = self._make_client()  # a fresh client: no connection of the parent's
 
     def close(self) -> None:
+        keep_inherited(self._client)
         self._client.close()
 
 
@@ -149,30 +181,34 @@ class _ObstoreClient:
 
     protocol = "http"
 
-    def __init__(self, url: str, shown: str, headers: dict, verify: Any, maxsize: int, timeout: float):
+    def __init__(self, url: str, shown: str, headers: dict, verify: bool | str, maxsize: int, timeout: float,
+                 total: float):
         self.url, self.shown = url, shown
-        seconds = f"{max(1, int(round(timeout)))}s"
-        options: dict[str, Any] = {
-            "timeout": seconds, "connect_timeout": seconds, "pool_max_idle_per_host": str(maxsize),
-            "allow_http": url.lower().startswith("http://")}
+        options: dict[str, Any] = {**client_timeouts(timeout, total), "pool_max_idle_per_host": str(maxsize),
+                                   "allow_http": url.lower().startswith("http://")}
         if headers:
             options["default_headers"] = headers
-        options.update(_tls(shown, verify))
+        if verify is False:
+            options["allow_invalid_certificates"] = True
+        elif isinstance(verify, str):
+            options["root_certificate"] = _ca_bytes(shown, verify)
         try:
             self._store: Any = _obstore().store.HTTPStore.from_url(
                 url, client_options=options,
                 retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
         except WsiError:
             raise
-        except Exception as exc:  # obstore refuses the URL or the configuration
-            raise InvalidOptionError(f"{shown}: not a valid URL ({_first_line(exc, 120)})") from None
+        except Exception as exc:  # obstore refuses the URL, a header or the CA file
+            raise InvalidOptionError(f"{shown}: not a valid URL, header or CA file for the HTTP client "
+                                     f"({_first_line(str(exc).replace(url, shown), 120)})") from None
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
         strong = pin.etag if pin is not None and pin.etag and not pin.etag.startswith("W/") else ""
         try:
             try:
                 # (the store's URL is the slide's: its path "" is the URL itself, query and all)
-                return ranged_get(self._store, "", start, end, pin, self.shown, self.protocol, if_match=strong)
+                return ranged_get(self._store, "", start, end, pin, self.shown, self.protocol, if_match=strong,
+                                  url=self.url)
             except _obstore().exceptions.NotSupportedError:  # a 200 answer: the server ignores Range
                 return self._whole(start, end)
         except Exception as exc:
@@ -201,10 +237,10 @@ class _ObstoreClient:
                 raise refused
             data = bytes(result.bytes())
         except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
-            return _failure(exc, start, None, self.shown, self.protocol)
+            return _failure(exc, start, None, self.shown, self.protocol, self.url)
         if len(data) != size:
             raise Transient(f"the body was cut short ({len(data)} of {size} bytes)")
-        return Response(data[:min(end, size)], size, meta.get("e_tag"), _modified(meta.get("last_modified")))
+        return Response(data[:min(end, size)], size, meta.get("e_tag"), http_date(meta.get("last_modified")))
 
     def close(self) -> None:
         self._store = None  # (the pool and its connections go with the store)
@@ -215,20 +251,25 @@ class _Urllib3Client:
     obstore's runtime started (:func:`~wsitool.storage.objectstore.runtime_usable`), where an
     obstore request would never return.  One connection pool of ``maxsize`` connections."""
 
-    def __init__(self, url: str, shown: str, headers: dict, verify: Any, maxsize: int):
+    def __init__(self, url: str, shown: str, headers: dict, verify: bool | str, maxsize: int):
         self.url, self.shown, self.headers, self.verify, self.maxsize = url, shown, headers, verify, maxsize
         self._pool: Any = None  # urllib3.PoolManager
         self._make_pool()
 
     def _make_pool(self) -> None:
         urllib3 = _urllib3()
-        kw = {}
-        if self.url.lower().startswith("https://"):
-            if self.verify is False:
-                kw["cert_reqs"] = "CERT_NONE"
-                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            elif isinstance(self.verify, str):
-                kw["ca_certs"] = self.verify
+        kw: dict[str, Any] = {}
+        if self.verify is False:
+            kw["cert_reqs"] = "CERT_NONE"
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        elif isinstance(self.verify, str):  # trusted besides the system's roots, as obstore does
+            context = ssl.create_default_context()
+            try:
+                context.load_verify_locations(cafile=self.verify)
+            except (OSError, ssl.SSLError) as exc:
+                raise InvalidOptionError(f"{self.shown}: storage option verify: cannot load the CA file "
+                                         f"{self.verify!r} ({type(exc).__name__})") from None
+            kw["ssl_context"] = context
         # urllib3 retries nothing (RemoteSource does) but follows up to 5 redirects (retries=False
         # would hand the 302 back); a redirect's answer is then read like any other
         retries = urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5,
@@ -285,7 +326,7 @@ class _Urllib3Client:
             raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
         if status == 200:
             data = data[:want]
-        return Response(data, total, r.headers.get("ETag"), r.headers.get("Last-Modified"))
+        return Response(data, total, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
 
     def _refusal(self, r: Any, status: int, start: int, end: int, pin: Response | None) -> Response | None:
         """Raise the error of a status that carries no bytes (not found, denied, changed, a
@@ -307,13 +348,13 @@ class _Urllib3Client:
             total = _total(r.headers.get("Content-Range", ""))
             r.drain_conn()
             if pin is None and total == 0:
-                return Response(b"", 0, r.headers.get("ETag"), r.headers.get("Last-Modified"))
+                return Response(b"", 0, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
             if pin is not None:
                 raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
                                          f"(HTTP 416 for bytes {start}-{end - 1} of {pin.size}); open it again")
             raise RemoteAccessError(f"{self.shown}: the server refused the byte range "
                                     f"{start}-{end - 1} (HTTP 416)")
-        if status in _RETRY_STATUS:
+        if status in RETRY_STATUS:
             retry_after = r.headers.get("Retry-After")
             r.drain_conn()
             try:
@@ -358,24 +399,43 @@ class _Urllib3Client:
             pool.clear()
 
 
-def _tls(shown: str, verify: Any) -> dict:
-    """obstore's client options of the ``verify`` storage option.
+def _verify(shown: str, raw: Any) -> bool | str:
+    """The ``verify`` storage option as True (the system's CA certificates), False (no
+    verification) or the path of a PEM file of CA certificates trusted besides the system's
+    (checked readable now).  Takes booleans, ``0``/``1``, ``"true"``/``"false"`` (any case),
+    None (the default), and a path.
 
     Raises:
-        InvalidOptionError: not a boolean or a readable PEM file.
+        InvalidOptionError: another type, or a path that cannot be read.
     """
-    if verify is True or verify in ("true", "True", "1"):
-        return {}
-    if verify is False or verify in ("false", "False", "0"):
-        return {"allow_invalid_certificates": True}
-    if isinstance(verify, (str, Path)):
-        try:
-            return {"root_certificate": Path(verify).read_text(encoding="ascii")}
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidOptionError(f"{shown}: storage option verify: cannot read the CA file "
-                                     f"({type(exc).__name__})") from None
+    if raw is None or raw is True or (isinstance(raw, str) and raw.lower() in ("true", "1", "yes")):
+        return True
+    if raw is False or (isinstance(raw, str) and raw.lower() in ("false", "0", "no")):
+        return False
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, (str, Path)) and str(raw):
+        path = str(raw)
+        _ca_bytes(shown, path)
+        return path
     raise InvalidOptionError(f"{shown}: storage option verify: expected true, false or a CA file path, "
-                             f"got type {type(verify).__name__}")
+                             f"got type {type(raw).__name__}")
+
+
+def _ca_bytes(shown: str, path: str) -> bytes:
+    """The bytes of the CA file ``path`` (PEM; comments in any encoding).
+
+    Raises:
+        InvalidOptionError: it cannot be read, or holds no PEM certificate.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidOptionError(f"{shown}: storage option verify: cannot read the CA file {path!r} "
+                                 f"({exc.strerror or type(exc).__name__})") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise InvalidOptionError(f"{shown}: storage option verify: {path!r} holds no PEM certificate")
+    return data
 
 
 def _total(content_range: str) -> int | None:

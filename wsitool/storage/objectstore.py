@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import email.utils
 import os
 import random
 import re
@@ -64,7 +65,8 @@ from .remote import RemoteOptions, Response, Transient, Transport
 from .urls import redact
 
 __all__ = ["BucketURL", "ObjectStoreTransport", "list_keys", "list_objects", "make_store", "ranged_get",
-           "runtime_usable", "store_config", "without_frames"]
+           "runtime_usable", "store_config", "without_frames",
+           "HeaderTrouble", "RETRY_STATUS", "check_runtime", "client_timeouts", "http_date", "keep_inherited"]
 
 #: scheme as given -> (obstore's scheme, protocol name)
 _SCHEMES = {"s3": ("s3", "s3"), "gs": ("gs", "gs"), "gcs": ("gs", "gs"),
@@ -99,7 +101,7 @@ def _obstore() -> types.ModuleType:
         import obstore
         import obstore.store
     except ImportError:  # pragma: no cover - depends on the installation
-        raise WsiError("reading slides from s3://, gs:// and az:// URLs needs the optional extra: "
+        raise WsiError("reading slides from http(s)://, s3://, gs:// and az:// URLs needs the optional extra: "
                        "pip install 'wsitool[remote]'") from None
     return obstore
 
@@ -192,17 +194,20 @@ class ObjectStoreTransport(Transport):
         url: ``s3://bucket/key``, ``gs://bucket/key``, ``az://container/blob`` (or ``abfs[s]://``).
         shown: the URL as messages show it.
         options: the transport's ``storage_options`` (see the module).
-        timeout: seconds a request may take.
-        store: an obstore store of the same bucket, options and timeout to share (the
+        timeout: seconds to connect, and that a request may wait for its next bytes.
+        total: seconds one request may take in all (the read's ``operation_timeout``).
+        store: an obstore store of the same bucket, options and timeouts to share (the
             objects of one prefix, :mod:`wsitool.storage.prefix`: one connection pool);
             None: one of its own.
 
     Raises:
         WsiError: obstore is not installed, a bad option or URL (InvalidOptionError, exit 2:
-            a URL without a bucket or an object).
+            a URL without a bucket or an object); this process was forked after its parent
+            made requests through obstore (:func:`runtime_usable`).
     """
 
-    def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None):
+    def __init__(self, url: str, shown: str, options: dict, timeout: float = 20.0, store: Any = None,
+                 total: float = 120.0):
         _obstore()  # (the remote extra installed, or one clear line)
         scheme = url.split("://", 1)[0].lower()
         parts = urllib.parse.urlsplit(url)
@@ -211,39 +216,50 @@ class ObjectStoreTransport(Transport):
                                      f"({scheme}://bucket/path/slide.svs)")
         where = BucketURL.parse(url)
         self.shown, self.protocol, self.key = shown, where.protocol, where.key
-        self._where, self._options, self._timeout = where, dict(options), timeout
+        check_runtime(shown, where.protocol)
+        self._where, self._options, self._timeout, self._total = where, dict(options), timeout, total
         self._store = store if store is not None else self._make_store()
 
     def _make_store(self) -> Any:
-        return make_store(self._where, self._options, self._timeout)
+        return make_store(self._where, self._options, self._timeout, self._total)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
         try:
-            return ranged_get(self._store, self.key, start, end, pin, self.shown, self.protocol)
+            try:
+                return ranged_get(self._store, self.key, start, end, pin, self.shown, self.protocol)
+            except _obstore().exceptions.NotSupportedError as exc:  # (an endpoint that ignores Range)
+                raise RemoteUnavailableError(f"{self.shown}: the server does not support range requests "
+                                             f"({_first_line(exc, 120)})") from None
         except Exception as exc:
             raise without_frames(exc) from None
 
     def after_fork(self) -> None:
+        keep_inherited(self._store)
+        check_runtime(self.shown, self.protocol)
         self._store = self._make_store()  # a fresh client: no connection of the parent's
 
     def close(self) -> None:
+        keep_inherited(self._store)
         self._store = None
 
 
 def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None, shown: str, protocol: str,
-               if_match: str | None = None) -> Response:
+               *, if_match: str | None = None, url: str | None = None) -> Response:
     """Bytes ``start .. end - 1`` of object ``key`` of an obstore ``store`` (a
     :meth:`Transport.get <wsitool.storage.remote.Transport.get>` made through obstore).
 
     ``if_match``: the ETag the server is asked to check (``If-Match``; default: the pinned
-    one, where there is a pin).  ``shown``: the URL as messages show it.  obstore's
+    one, where there is a pin).  ``shown``: the URL as messages show it; ``url``: the URL
+    as requested, replaced by ``shown`` wherever obstore's texts quote it.  obstore's
     ``NotSupportedError`` (an HTTP server that ignores ``Range``) is passed on as it is: the
     caller decides.
 
     Raises:
-        RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix.
+        RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix
+            (:func:`_failure` says which status is which).
         RemoteUnavailableError: a server whose answers lack a header obstore needs.
-        Transient: what retrying may fix (timeouts, resets, 5xx, a body cut short).
+        HeaderTrouble: the same, for ``protocol`` "http" (its caller reads through urllib3).
+        Transient: what retrying may fix (timeouts, resets, 408/425/429/5xx, a body cut short).
         WsiError: this process was forked after its parent's first obstore request.
     """
     obstore = _obstore()
@@ -261,11 +277,17 @@ def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None,
     except exc_mod.NotSupportedError:
         raise
     except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
-        return _failure(exc, start, pin, shown, protocol)  # (raises, unless the object is empty)
+        return _failure(exc, start, pin, shown, protocol, url)  # (raises, unless the object is empty)
     want = max(0, min(end, meta["size"]) - start)
     if len(data) != want:
         raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
-    return Response(data, int(meta["size"]), meta.get("e_tag"), _modified(meta.get("last_modified")))
+    return Response(data, int(meta["size"]), meta.get("e_tag"), http_date(meta.get("last_modified")))
+
+
+class HeaderTrouble(Exception):
+    """An HTTP(S) answer obstore cannot read: a header it needs is missing (``Content-Length``
+    of a chunked answer) or not in the form it parses (``Last-Modified``).  urllib3 reads such
+    servers: :class:`~wsitool.storage.http.HttpTransport` switches to it."""
 
 
 def without_frames(exc: BaseException) -> BaseException:
@@ -277,44 +299,78 @@ def without_frames(exc: BaseException) -> BaseException:
     return exc.with_traceback(None)
 
 
-def _modified(when: datetime.datetime | None) -> str | None:
-    """obstore's ``last_modified`` as text; None where the server sent none (obstore then says
-    1970-01-01, the Unix epoch)."""
+def http_date(when: datetime.datetime | str | None) -> str | None:
+    """A Last-Modified time as HTTP writes it (RFC 9110 IMF-fixdate, ``Wed, 02 Dec 2026 10:00:00
+    GMT``), from obstore's datetime or a header's text, so that both HTTP clients pin and
+    compare the same text; None for none (obstore says 1970-01-01, the Unix epoch, where the
+    server sent none).  Text that does not parse as a date is kept as it is."""
+    if isinstance(when, str):
+        try:
+            parsed = email.utils.parsedate_to_datetime(when)
+        except (TypeError, ValueError, IndexError):
+            return when
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+        when = parsed
     if when is None or when.timestamp() == 0:
         return None
-    return when.isoformat()
+    return email.utils.format_datetime(when.astimezone(datetime.timezone.utc), usegmt=True)
 
 
-def _failure(exc: Exception, start: int, pin: Response | None, shown: str, protocol: str) -> Response:
+#: statuses worth retrying (RFC 9110: request timeout, too early, too many requests, and 5xx)
+RETRY_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
+
+
+def _failure(exc: Exception, start: int, pin: Response | None, shown: str, protocol: str,
+             url: str | None = None) -> Response:
     """Raise the error of obstore's ``exc`` (see :func:`ranged_get`); but return the empty
-    object's :class:`Response` for a range refused at open (416) when the object is empty."""
+    object's :class:`Response` for a range refused at open (416) when the object is empty.
+
+    By the answer's status, as the urllib3 client reads them: 404 and 410 not found (exit 9);
+    401 and 403 access denied (16); 412 changed (18); 416 changed, or the empty object at
+    open; 408, 425, 429 and 5xx :class:`Transient`; any other 3xx or 4xx an unexpected answer
+    (16, not retried: e.g. 400 for a malformed or expired signed URL).  No status: timeouts,
+    resets and refused connections are :class:`Transient`.
+    """
     exc_mod = _obstore().exceptions
-    if isinstance(exc, FileNotFoundError):
-        raise RemoteNotFoundError(shown) from None
-    if isinstance(exc, (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError)):
-        raise RemoteAccessError(f"{shown}: access denied ({_first_line(exc, 120)})") from None
-    if isinstance(exc, exc_mod.PreconditionError):
+    raw = str(exc)
+    if url:
+        raw = raw.replace(url, shown)
+    status = _status_of(raw)
+    first = _first_line(raw, 4000)
+    text = first if len(first) <= 160 else first[:157] + "..."
+    expired = " or the URL expired" if "?" in shown else ""
+    if isinstance(exc, exc_mod.PreconditionError) or status == 412:
         raise RemoteChangedError(f"{shown}: the object changed on the server while open "
                                  "(its ETag no longer matches); open it again") from None
-    if isinstance(exc, exc_mod.NotModifiedError):  # pragma: no cover - no If-None-Match is sent
-        raise Transient("not modified") from None
-    text = _first_line(exc, 160)
-    status = _status_of(str(exc))
-    if status == 0:
-        text = _cause(exc, text)
-    if status == 416 or "Range Not Satisfiable" in text:
+    if status == 416 or "Range Not Satisfiable" in first:
         if pin is not None:
             raise RemoteChangedError(f"{shown}: the object changed on the server while open "
                                      "(a range inside it is not there any more); open it again") from None
         if start == 0:  # an empty object
             return Response(b"", 0)
-    if status in (401, 403):
+    if status in (404, 410) or (isinstance(exc, FileNotFoundError) and not status):
+        raise RemoteNotFoundError(shown, f"not found (HTTP {status})" if status else "not found") from None
+    if status in (401, 403) or isinstance(exc, (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError)):
+        if protocol == "http":
+            raise RemoteAccessError(f"{shown}: access denied (HTTP {status or 403}: missing or expired "
+                                    f"credentials{expired})") from None
         raise RemoteAccessError(f"{shown}: access denied ({text})") from None
-    if "Header missing from response" in text:  # the server will not add it on a retry
+    if status in RETRY_STATUS or (status == 400 and "RequestTimeout" in raw):  # (S3's idle-socket 400)
+        raise Transient(f"HTTP {status}") from None
+    if 300 <= status < 500:
+        raise RemoteAccessError(f"{shown}: unexpected answer HTTP {status}" + (
+            "" if protocol == "http" else f" ({text})")) from None
+    if "redirect" in raw.lower():  # reqwest's limit of redirects (urllib3: the last 3xx, above)
+        raise RemoteAccessError(f"{shown}: too many redirects ({text})") from None
+    if "Header missing from response" in first or "Invalid last modified" in first:
+        if protocol == "http":
+            raise HeaderTrouble(text) from None
+        # the server will not add it on a retry
         raise RemoteUnavailableError(
             f"{shown}: the server's answer lacks a header the {protocol}:// client needs "
             f"({text}); an emulator that omits it cannot serve slides") from None
-    raise Transient(text) from None
+    raise Transient(_cause(raw, first)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,9 +419,9 @@ class BucketURL:
 _KEY_SAFE = "/~!$&'()*+,;=:@"
 
 
-def make_store(where: BucketURL, options: dict, timeout: float) -> Any:
-    """An obstore store of ``where``'s bucket, with request timeouts of ``timeout`` seconds and
-    obstore's own retries off (wsitool retries: :class:`~wsitool.storage.remote.RemoteSource`
+def make_store(where: BucketURL, options: dict, timeout: float, total: float = 120.0) -> Any:
+    """An obstore store of ``where``'s bucket (:func:`client_timeouts` of ``timeout`` and
+    ``total`` seconds) with obstore's own retries off (wsitool retries: :class:`~wsitool.storage.remote.RemoteSource`
     for reads, :func:`list_keys` for listings).  ``options``: the store's ``storage_options``
     (the generic :class:`~wsitool.storage.remote.RemoteOptions` keys taken out).
 
@@ -375,15 +431,24 @@ def make_store(where: BucketURL, options: dict, timeout: float) -> Any:
     """
     obstore = _obstore()
     config, client = store_config(where.protocol, options)
-    seconds = f"{max(1, int(round(timeout)))}s"
-    client.setdefault("timeout", seconds)
-    client.setdefault("connect_timeout", seconds)
+    for key, value in client_timeouts(timeout, total).items():
+        client.setdefault(key, value)
     try:
         return obstore.store.from_url(f"{where.store_scheme}://{where.bucket}", config=config or None,
                                       client_options=client,
                                       retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
     except Exception as exc:  # obstore's configuration errors
         raise WsiError(f"{where.shown}: {_first_line(exc)}") from None
+
+
+def client_timeouts(timeout: float, total: float) -> dict[str, str]:
+    """obstore's client options for wsitool's ``timeout`` (seconds to connect, and that a request
+    may wait for its next bytes: reqwest's read timeout) and ``total`` (seconds one request may
+    take in all, the read's ``operation_timeout``: a slow link still fetches a 4 MiB range)."""
+    def ms(seconds: float) -> str:
+        return f"{max(1, int(round(seconds * 1000)))}ms"
+
+    return {"connect_timeout": ms(timeout), "read_timeout": ms(timeout), "timeout": ms(max(total, timeout))}
 
 
 def list_keys(store: Any, where: BucketURL, options: RemoteOptions, limit: int | None = None) -> list[tuple[str, int]]:
@@ -469,7 +534,7 @@ def list_objects(url: str, storage_options: dict | None = None) -> list[str]:
     where = BucketURL.parse(url, "bucket/prefix/")
     options = dict(storage_options or {})
     generic = RemoteOptions.take(options)
-    keys = list_keys(make_store(where, options, generic.timeout), where, generic)
+    keys = list_keys(make_store(where, options, generic.timeout, generic.operation_timeout), where, generic)
     if not keys:
         raise RemoteNotFoundError(where.shown, "no object under this prefix")
     return [where.url_of(key) for key, _ in keys]
@@ -501,18 +566,37 @@ def runtime_usable() -> bool:
 
 
 def _enter_runtime(shown: str, protocol: str) -> None:
-    """Note that this process uses obstore's runtime, or refuse where it was inherited started.
-
-    Raises:
-        WsiError: this process was forked after its parent's first obstore request.
-    """
+    """Note that this process uses obstore's runtime (:func:`check_runtime` first)."""
     global _runtime_pid
+    check_runtime(shown, protocol)
     if _runtime_pid is None:
         _runtime_pid = os.getpid()
-    elif _runtime_pid != os.getpid():
-        raise WsiError(f"{shown}: cannot read {protocol}:// URLs in a process forked after its parent read from "
-                       "an object store (obstore's client does not survive fork()); start the worker processes "
-                       "with 'spawn' or 'forkserver' (PyTorch DataLoader: multiprocessing_context='spawn')")
+
+
+def check_runtime(shown: str, protocol: str) -> None:
+    """Refuse where obstore's runtime was inherited started (:func:`runtime_usable` false).
+
+    Raises:
+        WsiError: this process was forked after its parent made requests through obstore.
+    """
+    if not runtime_usable():
+        raise WsiError(f"{shown}: cannot read {protocol}:// URLs in a process forked after its parent made requests "
+                       "through obstore (the client of http(s)://, s3://, gs:// and az:// URLs), which does not "
+                       "survive fork(); start the worker processes with 'spawn' or 'forkserver' (PyTorch "
+                       "DataLoader: multiprocessing_context='spawn')")
+
+
+#: stores (and HTTP clients) of a parent's obstore runtime that a forked child dropped: kept
+#: referenced, never released there (their destructors would wake the parent's runtime, whose
+#: locks another parent thread may have held at fork)
+_inherited: list[Any] = []
+
+
+def keep_inherited(client: Any) -> None:
+    """Keep ``client`` (an obstore store, or an object holding one) alive for good where this
+    process inherited obstore's runtime started (:func:`runtime_usable` false); else nothing."""
+    if client is not None and not runtime_usable():
+        _inherited.append(client)
 
 
 #: obstore's kinds of HTTP failure (its "Debug source": ``HttpError { kind: ... }``) in words.
@@ -520,21 +604,25 @@ _KINDS = {"Timeout": "timed out", "Connect": "could not connect", "Interrupted":
           "Decode": "the body could not be read"}
 
 
-def _cause(exc: BaseException, text: str) -> str:
-    """A short cause of an obstore failure that names no HTTP status: the kind of failure
-    (timed out, could not connect, reset) and the last part of its first line (after the
-    request's URL and timing)."""
-    kind = re.search(r"HttpError \{\s*kind: (\w+)", str(exc))
-    tail = text.rpartition(" - ")[2] or text
+def _cause(raw: str, first: str) -> str:
+    """A short cause of an obstore failure that names no HTTP status (``raw``: its text;
+    ``first``: its first line, redacted): the kind of failure (timed out, could not connect,
+    reset) and the end of the first line, after the request's URL and timing."""
+    kind = re.search(r"HttpError \{\s*kind: (\w+)", raw)
+    tail = first.rpartition(" - ")[2] or first
+    if len(tail) > 160:
+        tail = tail[:157] + "..."
     if kind is not None and kind.group(1) in _KINDS:
         return f"{_KINDS[kind.group(1)]} ({tail})"
-    return text
+    return tail if " - " in first else (first if len(first) <= 160 else first[:157] + "...")
 
 
-def _first_line(exc: BaseException, limit: int = 200) -> str:
-    """The cause of an obstore error with every URL in it shown without its query (it can carry
-    a token) and user information (a password), as :func:`~wsitool.storage.urls.redact` does."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+def _first_line(exc: BaseException | str, limit: int = 200) -> str:
+    """The first line of an obstore error (or of its text) with every URL in it shown without
+    its query (it can carry a token) and user information (a password), as
+    :func:`~wsitool.storage.urls.redact` does."""
+    whole = exc if isinstance(exc, str) else str(exc)
+    text = whole.splitlines()[0] if whole else type(exc).__name__
     out = []
     for word in text.split():
         if "://" in word:

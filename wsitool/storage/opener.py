@@ -46,11 +46,13 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
     if scheme in ("http", "https"):
         from .http import HttpTransport
 
-        transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8, timeout=generic.timeout)
+        transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8, timeout=generic.timeout,
+                                  total=generic.operation_timeout)
     else:
         from .objectstore import ObjectStoreTransport
 
-        transport = ObjectStoreTransport(url, shown, options, timeout=generic.timeout)
+        transport = ObjectStoreTransport(url, shown, options, timeout=generic.timeout,
+                                         total=generic.operation_timeout)
     try:
         return RemoteSource(url, transport, generic)
     except BaseException:

@@ -97,7 +97,7 @@ class Prefix:
         options = dict(storage_options or {})
         self.options = RemoteOptions.take(options)
         self._transport_options = options
-        self._store: Any = make_store(self._where, options, self.options.timeout)
+        self._store: Any = make_store(self._where, options, self.options.timeout, self.options.operation_timeout)
         self.deeper = 0
         self.listed = 0
         self.list_requests = 0
@@ -137,7 +137,8 @@ class Prefix:
             RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: its first request failed.
         """
         transport = ObjectStoreTransport(obj.url, obj.shown, dict(self._transport_options),
-                                         timeout=self.options.timeout, store=self._store)
+                                         timeout=self.options.timeout, store=self._store,
+                                         total=self.options.operation_timeout)
         try:
             return RemoteSource(obj.url, transport, dataclasses.replace(self.options))
         except BaseException:

@@ -83,10 +83,9 @@ class RemoteOptions:
     """Network settings of one remote slide (the generic keys of ``storage_options``).
 
     Attributes:
-        timeout: seconds one request may take, from connecting to its last byte (obstore's
-            total timeout; urllib3, in a forked child: seconds it may wait for its next bytes).
+        timeout: seconds to connect, and that a request may wait for its next bytes.
         operation_timeout: seconds one read (a region, a metadata read) may take in all,
-            retries included.
+            retries included; also the most one request may take (obstore).
         retries: attempts after the first for a transient failure.
         concurrency: requests in flight for one slide's advised ranges.
         backoff: seconds before the first retry (doubled each time, with jitter, at most 8 s).
