@@ -161,10 +161,11 @@ class HttpTransport(Transport):
         try:
             return client.get(start, end, pin, timeout)
         except HeaderTrouble:
-            # a server obstore cannot read: this slide goes on through urllib3 (the answer again)
+            # a server obstore cannot read: this slide goes on through urllib3 (the answer again);
+            # the obstore client is not closed here (other threads may be reading through it):
+            # it goes when the last of them lets it go
             if self._client is client:
                 self._client = self._make_client("urllib3")
-                client.close()
             return self._client.get(start, end, pin, timeout)
 
     def after_fork(self) -> None:
@@ -249,7 +250,9 @@ class _ObstoreClient:
 class _Urllib3Client:
     """The ranged GETs of :class:`HttpTransport` through urllib3: in a process forked after
     obstore's runtime started (:func:`~wsitool.storage.objectstore.runtime_usable`), where an
-    obstore request would never return.  One connection pool of ``maxsize`` connections."""
+    obstore request would never return, and for a server whose answers obstore cannot read
+    (:class:`~wsitool.storage.objectstore.HeaderTrouble`).  One connection pool of ``maxsize``
+    connections; up to 5 redirects."""
 
     def __init__(self, url: str, shown: str, headers: dict, verify: bool | str, maxsize: int):
         self.url, self.shown, self.headers, self.verify, self.maxsize = url, shown, headers, verify, maxsize
