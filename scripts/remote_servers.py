@@ -86,6 +86,30 @@ class Server:
             out.append((int(status), int(sent), rng))
         return out
 
+    def requests_settled(self, quiet: float = 0.1, timeout: float = 5.0) -> list[tuple[int, int, str]]:
+        """:meth:`requests` once the log has not grown for ``quiet`` seconds (the requests of an
+        earlier step all logged), or after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        out = self.requests()
+        while time.monotonic() < end:
+            time.sleep(quiet)
+            now = self.requests()
+            if len(now) == len(out):
+                return now
+            out = now
+        return out
+
+    def requests_when(self, count: int, timeout: float = 5.0) -> list[tuple[int, int, str]]:
+        """:meth:`requests` once at least ``count`` are logged (nginx logs a request after its
+        last byte is sent, so a client can be on its next step first), or after ``timeout``
+        seconds with what there is."""
+        end = time.monotonic() + timeout
+        while True:
+            out = self.requests()
+            if len(out) >= count or time.monotonic() > end:
+                return out
+            time.sleep(0.01)
+
 
 @contextlib.contextmanager
 def nginx(root: str | os.PathLike, etag: bool = True):
