@@ -19,8 +19,8 @@ requests", exit 17: retrying cannot help).  After the first answer each request
 carries ``If-Match`` with the pinned ETag when it is a strong one (``412`` then means
 the object changed).  ``timeout``: seconds to connect and that a request may wait for
 its next bytes; ``operation_timeout`` also bounds one whole request.  Statuses read as in
-:func:`~wsitool.storage.objectstore._failure` (404/410 not found, 401/403 denied, 412 changed,
-408/425/429/5xx retried, other 3xx/4xx an unexpected answer, not retried).
+:func:`~wsitool.storage.remote.status_error` by both clients (404/410 not found, 401/403
+denied, 412 changed, 408/425/429/500/502/503/504 retried, any other an unexpected answer).
 
 obstore's runtime does not survive ``fork()`` once it has made a request: in a process
 forked after that (:func:`~wsitool.storage.objectstore.runtime_usable` false) the same
@@ -49,13 +49,10 @@ from typing import Any
 from ..errors import (
     InvalidOptionError,
     RemoteAccessError,
-    RemoteChangedError,
-    RemoteNotFoundError,
     RemoteUnavailableError,
     WsiError,
 )
 from .objectstore import (
-    RETRY_STATUS,
     HeaderTrouble,
     _failure,
     _first_line,
@@ -67,7 +64,7 @@ from .objectstore import (
     runtime_usable,
     without_frames,
 )
-from .remote import Response, Transient, Transport
+from .remote import Response, Transient, Transport, status_error
 
 __all__ = ["HttpTransport"]
 
@@ -332,39 +329,26 @@ class _Urllib3Client:
         return Response(data, total, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
 
     def _refusal(self, r: Any, status: int, start: int, end: int, pin: Response | None) -> Response | None:
-        """Raise the error of a status that carries no bytes (not found, denied, changed, a
-        range refused, a retry status); the empty object's :class:`Response` for a 416 at
-        open of a 0-byte object; None for every other status."""
-        if status in (404, 410):
-            r.drain_conn()
-            raise RemoteNotFoundError(self.shown, f"not found (HTTP {status})")
-        if status in (401, 403):
-            r.drain_conn()
-            expired = " or the URL expired" if "?" in self.url else ""
-            raise RemoteAccessError(f"{self.shown}: access denied (HTTP {status}: missing or expired "
-                                    f"credentials{expired})")
-        if status == 412:
-            r.drain_conn()
-            raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
-                                     "(HTTP 412, its ETag no longer matches); open it again")
-        if status == 416:
+        """Raise the error of a status that carries no bytes
+        (:func:`~wsitool.storage.remote.status_error`: not found, denied, changed, a retry
+        status, any other outside 2xx); the empty object's :class:`Response` for a 416 at open
+        of a 0-byte object; None for 2xx."""
+        retry_after = r.headers.get("Retry-After")
+        try:
+            wait = float(retry_after) if retry_after else None
+        except ValueError:
+            wait = None
+        error = status_error(status, self.shown, pin, retry_after=wait)
+        if status == 416 and error is None:  # before the pin: an empty object, or a range refused
             total = _total(r.headers.get("Content-Range", ""))
             r.drain_conn()
-            if pin is None and total == 0:
+            if total == 0:
                 return Response(b"", 0, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
-            if pin is not None:
-                raise RemoteChangedError(f"{self.shown}: the object changed on the server while open "
-                                         f"(HTTP 416 for bytes {start}-{end - 1} of {pin.size}); open it again")
-            raise RemoteAccessError(f"{self.shown}: the server refused the byte range "
-                                    f"{start}-{end - 1} (HTTP 416)")
-        if status in RETRY_STATUS:
-            retry_after = r.headers.get("Retry-After")
+            error = RemoteAccessError(f"{self.shown}: the server refused the byte range "
+                                      f"{start}-{end - 1} (HTTP 416)")
+        if error is not None:
             r.drain_conn()
-            try:
-                wait = float(retry_after) if retry_after else None
-            except ValueError:
-                wait = None
-            raise Transient(f"HTTP {status}", wait)
+            raise error
         return None
 
     def _extent(self, r: Any, status: int, start: int, end: int) -> tuple[int, int]:
@@ -391,7 +375,7 @@ class _Urllib3Client:
                                              f"(HTTP 200, the whole object, for bytes {start}-{end - 1})")
             total = size
             want = min(end, total)
-        else:
+        else:  # (another 2xx: _refusal let it through)
             r.drain_conn()
             raise RemoteAccessError(f"{self.shown}: unexpected answer HTTP {status}")
         return want, total

@@ -56,17 +56,16 @@ from typing import Any
 from ..errors import (
     InvalidOptionError,
     RemoteAccessError,
-    RemoteChangedError,
     RemoteNotFoundError,
     RemoteUnavailableError,
     WsiError,
 )
-from .remote import RemoteOptions, Response, Transient, Transport
+from .remote import RemoteOptions, Response, Transient, Transport, status_error
 from .urls import redact
 
 __all__ = ["BucketURL", "ObjectStoreTransport", "list_keys", "list_objects", "make_store", "ranged_get",
            "runtime_usable", "store_config", "without_frames",
-           "HeaderTrouble", "RETRY_STATUS", "check_runtime", "client_timeouts", "http_date", "keep_inherited"]
+           "HeaderTrouble", "check_runtime", "client_timeouts", "http_date", "keep_inherited"]
 
 #: scheme as given -> (obstore's scheme, protocol name)
 _SCHEMES = {"s3": ("s3", "s3"), "gs": ("gs", "gs"), "gcs": ("gs", "gs"),
@@ -317,51 +316,41 @@ def http_date(when: datetime.datetime | str | None) -> str | None:
     return email.utils.format_datetime(when.astimezone(datetime.timezone.utc), usegmt=True)
 
 
-#: statuses worth retrying (RFC 9110: request timeout, too early, too many requests, and 5xx)
-RETRY_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
-
-
 def _failure(exc: Exception, start: int, pin: Response | None, shown: str, protocol: str,
              url: str | None = None) -> Response:
     """Raise the error of obstore's ``exc`` (see :func:`ranged_get`); but return the empty
     object's :class:`Response` for a range refused at open (416) when the object is empty.
 
-    By the answer's status, as the urllib3 client reads them: 404 and 410 not found (exit 9);
-    401 and 403 access denied (16); 412 changed (18); 416 changed, or the empty object at
-    open; 408, 425, 429 and 5xx :class:`Transient`; any other 3xx or 4xx an unexpected answer
-    (16, not retried: e.g. 400 for a malformed or expired signed URL).  No status: timeouts,
-    resets and refused connections are :class:`Transient`.
+    A status obstore's text names is read by :func:`~wsitool.storage.remote.status_error`, as
+    the urllib3 client reads it; obstore's own classes stand in where the text names none.
+    No status: timeouts, resets and refused connections are :class:`Transient`.
     """
     exc_mod = _obstore().exceptions
     raw = str(exc)
     if url:
         raw = raw.replace(url, shown)
     status = _status_of(raw)
+    if not status and "Range Not Satisfiable" in raw:
+        status = 416
     first = _first_line(raw, 4000)
     text = first if len(first) <= 160 else first[:157] + "..."
-    expired = " or the URL expired" if "?" in shown else ""
-    if isinstance(exc, exc_mod.PreconditionError) or status == 412:
-        raise RemoteChangedError(f"{shown}: the object changed on the server while open "
-                                 "(its ETag no longer matches); open it again") from None
-    if status == 416 or "Range Not Satisfiable" in first:
-        if pin is not None:
-            raise RemoteChangedError(f"{shown}: the object changed on the server while open "
-                                     "(a range inside it is not there any more); open it again") from None
-        if start == 0:  # an empty object
-            return Response(b"", 0)
-    if status in (404, 410) or (isinstance(exc, FileNotFoundError) and not status):
-        raise RemoteNotFoundError(shown, f"not found (HTTP {status})" if status else "not found") from None
-    if status in (401, 403) or isinstance(exc, (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError)):
-        if protocol == "http":
-            raise RemoteAccessError(f"{shown}: access denied (HTTP {status or 403}: missing or expired "
-                                    f"credentials{expired})") from None
-        raise RemoteAccessError(f"{shown}: access denied ({text})") from None
-    if status in RETRY_STATUS or (status == 400 and "RequestTimeout" in raw):  # (S3's idle-socket 400)
-        raise Transient(f"HTTP {status}") from None
-    if 300 <= status < 500:
-        raise RemoteAccessError(f"{shown}: unexpected answer HTTP {status}" + (
-            "" if protocol == "http" else f" ({text})")) from None
-    if "redirect" in raw.lower():  # reqwest's limit of redirects (urllib3: the last 3xx, above)
+    if not status:
+        if isinstance(exc, exc_mod.PreconditionError):
+            status = 412
+        elif isinstance(exc, FileNotFoundError):
+            raise RemoteNotFoundError(shown) from None
+        elif isinstance(exc, (exc_mod.PermissionDeniedError, exc_mod.UnauthenticatedError)):
+            status = 403
+    if status == 416 and pin is None and start == 0:  # an empty object
+        return Response(b"", 0)
+    if status == 400 and "RequestTimeout" in raw:  # (S3's 400 for an idle socket: worth a retry)
+        raise Transient("HTTP 400 RequestTimeout") from None
+    error = status_error(status, shown, pin, detail="" if protocol == "http" else text) if status else None
+    if status == 416 and error is None:
+        error = RemoteAccessError(f"{shown}: the server refused the byte range from {start} (HTTP 416)")
+    if error is not None:
+        raise error from None
+    if "redirect" in raw.lower():  # reqwest's limit of redirects (urllib3: the last 3xx answer)
         raise RemoteAccessError(f"{shown}: too many redirects ({text})") from None
     if "Header missing from response" in first or "Invalid last modified" in first:
         if protocol == "http":

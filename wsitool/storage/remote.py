@@ -52,14 +52,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidOptionError, RemoteChangedError, RemoteUnavailableError, WsiError
+from ..errors import (
+    InvalidOptionError,
+    RemoteAccessError,
+    RemoteChangedError,
+    RemoteNotFoundError,
+    RemoteUnavailableError,
+    WsiError,
+)
 from .source import ByteSource, CountedReads
 from .urls import redact
 
 __all__ = [
     "RemoteSource", "Transport", "Response", "Transient", "RemoteOptions",
     "BLOCK_SIZE", "HEAD_BYTES", "MERGE_GAP", "CONCURRENCY", "MAX_CONCURRENCY", "DEFAULT_CACHE_BYTES",
-    "set_cache_bytes", "cache_stats",
+    "set_cache_bytes", "cache_stats", "RETRY_STATUS", "status_error",
 ]
 
 #: Bytes of the first request at open (the TIFF header and, usually, the first IFDs).
@@ -149,6 +156,38 @@ class Transient(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+
+
+#: Statuses worth retrying (RFC 9110: request timeout, too early, too many requests, and the
+#: server errors that say "try again": 500, 502, 503, 504).
+RETRY_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
+
+
+def status_error(status: int, shown: str, pin: Response | None, *, detail: str = "",
+                 retry_after: float | None = None) -> Exception | None:
+    """The error of an answer's HTTP ``status``, the same for every client: 404 and 410 not
+    found (exit 9); 401 and 403 access denied (16); 412, and 416 once the object is pinned, the
+    object changed (18); :data:`RETRY_STATUS` :class:`Transient` (``retry_after`` seconds);
+    any other status outside 2xx an unexpected answer (16, not retried: e.g. 400 for a
+    malformed or expired signed URL).  None for 2xx, and for 416 before the pin (the caller
+    tells an empty object from a refused range).  ``shown``: the URL as messages show it;
+    ``detail``: the client's own words, added to denied and unexpected answers."""
+    more = f"; {detail}" if detail else ""
+    if status in (404, 410):
+        return RemoteNotFoundError(shown, f"not found (HTTP {status})")
+    if status in (401, 403):
+        expired = " or the URL expired" if "?" in shown else ""
+        return RemoteAccessError(f"{shown}: access denied (HTTP {status}: missing or expired "
+                                 f"credentials{expired}{more})")
+    if status == 412 or (status == 416 and pin is not None):
+        return RemoteChangedError(f"{shown}: the object changed on the server while open (HTTP {status}: "
+                                  f"{'its ETag no longer matches' if status == 412 else 'a range inside it is gone'})"
+                                  "; open it again")
+    if status in RETRY_STATUS:
+        return Transient(f"HTTP {status}", retry_after)
+    if status == 416 or 200 <= status < 300:
+        return None
+    return RemoteAccessError(f"{shown}: unexpected answer HTTP {status}{more}")
 
 
 class Transport(abc.ABC):
