@@ -594,6 +594,11 @@ def measure(step, rss, warmup_s: float, min_steps: int) -> dict:
             if ci[0] > threshold:
                 verdict = "leak"
                 break
+    if verdict == "undecided" and n >= MIN_STEPS and len(xs) >= MIN_SAMPLES:
+        # the loop can end between two decision points (a slow path reaches MIN_STEPS past
+        # MAX_MEASURE_S on a sample whose count is not a multiple of 5): decide on all samples
+        ci = theil_sen_ci95(xs, ys)
+        verdict = "clean" if ci[1] < threshold else "leak" if ci[0] > threshold else verdict
     ci = theil_sen_ci95(xs, ys) if ci is None else ci
     return {"verdict": verdict, "steps": n, "samples": len(xs), "seconds": round(time.monotonic() - t1, 3),
             "warmup_steps": steps, "slope_ci95_bytes_per_step": ci,
