@@ -280,3 +280,22 @@ def test_advised_ranges_of_a_small_slide_stay_within_their_budget(nginx_factory)
         # (one advice may add its ranges before the trim that follows it)
         assert max(seen) <= budget + 4 * 1024 * 1024, (max(seen), budget)
         assert src._extent_bytes <= budget
+
+
+def test_reads_inside_advised_ranges_are_bytes_of_the_file(nginx_factory):
+    """obstore's answers are kept uncopied (a ``memoryview`` of its buffer); what a read returns
+    is a ``bytes`` copy of just its slice (tifffile and the block cache keep what they are given),
+    and the extents the compiled loop reads hold the file's bytes."""
+    sample = REPO / "samples" / "sample-aperio-jpeg.svs"
+    raw = sample.read_bytes()
+    srv = nginx_factory(sample.parent)
+    with wsitool.open_slide(srv.url + sample.name) as s:
+        src = s._source
+        a, b = len(raw) // 3, len(raw) // 3 + 50_000
+        src.advise([(a, b - a)])
+        got = src.read(a + 100, 1000)
+        assert type(got) is bytes and got == raw[a + 100:a + 1100]
+        extents = src.gather([(a + 5, 10), (a + 40_000, 9_000)])
+        assert extents and all(bytes(data) == raw[start:start + len(data)] for start, data in extents)
+        head = src.read(10, 100)  # from the block cache, filled from the first answer
+        assert type(head) is bytes and head == raw[10:110]

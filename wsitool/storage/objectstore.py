@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import email.utils
+import functools
 import os
 import random
 import re
@@ -272,7 +273,9 @@ def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None,
     try:
         result = obstore.get(store, key, options=opts)
         meta = result.meta
-        data = bytes(result.bytes())
+        # obstore's buffer as it is (no copy: a copy of a tile row's bytes was a fresh mmap
+        # of 100+ KiB per request, page faults and all); its slices are copied where kept
+        data = memoryview(result.bytes())
     except exc_mod.NotSupportedError:
         raise
     except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
@@ -298,6 +301,7 @@ def without_frames(exc: BaseException) -> BaseException:
     return exc.with_traceback(None)
 
 
+@functools.lru_cache(maxsize=64)  # (every answer carries the same one or two dates: parsed once)
 def http_date(when: datetime.datetime | str | None) -> str | None:
     """A Last-Modified time as HTTP writes it (RFC 9110 IMF-fixdate, ``Wed, 02 Dec 2026 10:00:00
     GMT``), from obstore's datetime or a header's text, so that both HTTP clients pin and

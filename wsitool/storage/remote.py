@@ -141,9 +141,12 @@ class RemoteOptions:
 
 @dataclass
 class Response:
-    """One ranged GET's result: the bytes and what the server said about the object."""
+    """One ranged GET's result: the bytes and what the server said about the object.
 
-    data: bytes
+    ``data``: ``bytes``, or a read-only byte ``memoryview`` of the client's own buffer (obstore's
+    body, uncopied): slice it and copy the slice where it is kept."""
+
+    data: bytes | memoryview
     size: int  # the object's total size (Content-Range total)
     etag: str | None = None
     modified: str | None = None
@@ -356,7 +359,7 @@ class RemoteSource(CountedReads, ByteSource):
         self.pin = Response(b"", first.size, first.etag, first.modified)
         with _cache.lock:
             for k in range(0, len(first.data) // BLOCK_SIZE + (1 if len(first.data) % BLOCK_SIZE else 0)):
-                block = first.data[k * BLOCK_SIZE:(k + 1) * BLOCK_SIZE]
+                block = bytes(first.data[k * BLOCK_SIZE:(k + 1) * BLOCK_SIZE])
                 if len(block) == BLOCK_SIZE or (k * BLOCK_SIZE + len(block) == self.size):
                     _cache.put((self._token, "b", k), block)
 
@@ -535,7 +538,7 @@ class RemoteSource(CountedReads, ByteSource):
             return None
         if data is None:
             return None
-        return data[offset - s:end - s]
+        return bytes(data[offset - s:end - s])
 
     def _from_blocks(self, offset: int, count: int, deadline: float) -> bytes:
         b0, b1 = offset // BLOCK_SIZE, (offset + count - 1) // BLOCK_SIZE
@@ -575,7 +578,7 @@ class RemoteSource(CountedReads, ByteSource):
                 start = run[0] * BLOCK_SIZE
                 end = min(self.size, (run[-1] + 1) * BLOCK_SIZE)
                 data = self._fetch(start, end, deadline).data
-                pieces = {b: data[(b - run[0]) * BLOCK_SIZE:(b - run[0] + 1) * BLOCK_SIZE] for b in run}
+                pieces = {b: bytes(data[(b - run[0]) * BLOCK_SIZE:(b - run[0] + 1) * BLOCK_SIZE]) for b in run}
                 with _cache.lock:
                     for b, block in pieces.items():
                         _cache.put((self._token, "b", b), block)
