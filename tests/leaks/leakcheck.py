@@ -470,20 +470,8 @@ def path_openslide(rng, stack):
 def path_patches(rng, stack):
     """Batch patch reads (``Slide.read_patches``): runs of tiles through the compiled loop,
     carried between batches, two threads, now and then area-filtered (``read_size``)."""
-    import wsitool
-
     stack.enter_context(_paths_ctx(native=True))
-    slide = wsitool.open_slide(JPEG)
-    stack.callback(slide.close)
-    w, h = slide.dimensions
-
-    def step():
-        x0, y0 = rng.randrange(-50, w - 200), rng.randrange(-50, h - 200)
-        locs = [(x0 + 70 * i, y0 + 70 * j) for j in range(3) for i in range(3)]
-        read = (rng.uniform(64, 100),) * 2 if rng.random() < 0.2 else None
-        for batch in slide.read_patches(locs, (64, 64), batch_size=4, threads=2, read_size=read):
-            assert batch.shape[1:] == (64, 64, 3)
-
+    step = _patch_batches(JPEG, rng, stack)
     # RSS settles slowly here: the run buffers kept between calls (a pool of at most 32 MiB,
     # reused only for equal sizes: random layouts keep adding sizes) and the two threads'
     # malloc arenas.  Beside another leak check (CI runs two at once) a 300-step warm-up
@@ -494,8 +482,38 @@ def path_patches(rng, stack):
     return step, "wsitool.read.patches:PatchReader.fill"
 
 
+def path_patches_remote(rng, stack):
+    """Batch patch reads of a remote slide (a real nginx on 127.0.0.1, obstore's HTTP client):
+    each batch's runs advised at once and the next batch's a batch ahead
+    (``PatchReader._advise``), their bytes kept in the slide's fetched ranges."""
+    _skip_without_obstore()
+    stack.enter_context(_paths_ctx(native=True))
+    step = _patch_batches(_nginx(stack).url + JPEG.name, rng, stack)
+    step.warmup_steps = 1500  # (as path_patches, plus obstore's pools: path_remote_open)
+    return step, "wsitool.read.patches:PatchReader._advise"
+
+
+def _patch_batches(where, rng, stack):
+    """A step of path_patches's kind on the slide at ``where`` (a path or a URL)."""
+    import wsitool
+
+    slide = wsitool.open_slide(where)
+    stack.callback(slide.close)
+    w, h = slide.dimensions
+
+    def step():
+        x0, y0 = rng.randrange(-50, w - 200), rng.randrange(-50, h - 200)
+        locs = [(x0 + 70 * i, y0 + 70 * j) for j in range(3) for i in range(3)]
+        read = (rng.uniform(64, 100),) * 2 if rng.random() < 0.2 else None
+        for batch in slide.read_patches(locs, (64, 64), batch_size=4, threads=2, read_size=read):
+            assert batch.shape[1:] == (64, 64, 3)
+
+    return step
+
+
 PATHS = {
     "patches": path_patches,
+    "patches-remote": path_patches_remote,
     "jpeg-loop": path_jpeg_loop,
     "jpeg-loop-remote": path_jpeg_loop_remote,
     "remote-open": path_remote_open,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import warnings
@@ -299,3 +300,29 @@ def test_reads_inside_advised_ranges_are_bytes_of_the_file(nginx_factory):
         assert extents and all(bytes(data) == raw[start:start + len(data)] for start, data in extents)
         head = src.read(10, 100)  # from the block cache, filled from the first answer
         assert type(head) is bytes and head == raw[10:110]
+
+
+def test_patch_batches_fetch_their_runs_together(nginx_factory, monkeypatch):
+    """``read_patches`` on a remote slide advises every fresh run of a batch at once (neighbours
+    merged into one request) and the next batch's while this one decodes, instead of one
+    round trip per run as each decode starts: at most one request per batch here, where runs
+    of two tiles make three runs of each tile row.  Pixels equal the local read's."""
+    from wsitool.read import patches
+    monkeypatch.setattr(patches, "RUN_TILES", 2)
+    sample = REPO / "samples" / "sample-aperio-jpeg.svs"
+    srv = nginx_factory(sample.parent)
+    with wsitool.open_slide(srv.url + sample.name) as remote, wsitool.open_slide(sample) as local:
+        w, h = remote.dimensions
+        xs, ys = np.meshgrid(np.arange(0, w, 128), np.arange(0, h, 128))
+        locs = np.stack([xs.ravel(), ys.ravel()], 1)
+        per_row = len(np.arange(0, w, 128))
+        batch = 2 * per_row  # two patch rows: one tile row of 256 pixels
+        remote.read_region((0, 0), 0, (1, 1))  # (level 0's tile tables, counted apart)
+        before = remote._source.stats()["requests"]
+        got = np.concatenate(list(remote.read_patches(locs, (128, 128), batch_size=batch, threads=1)))
+        requests = remote._source.stats()["requests"] - before
+        want = np.concatenate(list(local.read_patches(locs, (128, 128), batch_size=batch, threads=1)))
+        np.testing.assert_array_equal(got, want)
+        batches = math.ceil(len(locs) / batch)
+        runs = math.ceil(h / 256) * math.ceil(math.ceil(w / 256) / 2)  # tile rows x runs of two tiles
+        assert runs > batches and requests <= batches, (requests, batches, runs)

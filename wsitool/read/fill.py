@@ -37,7 +37,7 @@ from .request import ReadRequest
 from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
 
-__all__ = ["fill_outside", "fill_region", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
+__all__ = ["fill_outside", "fill_region", "advise_tiles", "NATIVE_BATCH_RGB", "NATIVE_BATCH_RGBA"]
 
 
 def fill_outside(out: Any, rx: int, ry: int, inside: tuple[int, int, int, int] | None) -> None:
@@ -72,15 +72,34 @@ def _prefetch(lv: PyramidLevel, c0: int, c1: int, r0: int, r1: int) -> None:
     of the region (the tiles of one grid row are usually adjacent in the file;
     when they are not, each tile gets its own range).  Advisory only.
     """
+    advise_tiles(lv, [(c0, c1, r0, r1)])
+
+
+def advise_tiles(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]]) -> None:
+    """Advise the byte source of the tiles of every ``(c0, c1, r0, r1)`` block (columns
+    ``c0..c1`` and rows ``r0..r1`` of ``lv``'s grid, inclusive) in one call, so that a
+    remote source merges the ranges of neighbouring blocks into one request
+    (:meth:`wsitool.storage.remote.RemoteSource.advise`).  Nothing for a level of
+    several planes.  Advisory only."""
     if lv.tiles.planes != 1:
         return
+    ranges: list[tuple[int, int]] = []
+    for c0, c1, r0, r1 in blocks:
+        ranges.extend(_tile_ranges(lv, c0, c1, r0, r1))
+    if ranges:
+        lv.source.advise(ranges)
+
+
+def _tile_ranges(lv: PyramidLevel, c0: int, c1: int, r0: int, r1: int) -> list[tuple[int, int]]:
+    """The ``(offset, count)`` ranges of a block's tiles: a tile row's as one range where
+    its tiles lie close together in the file, else one per tile (frames by number for a
+    framed source)."""
     offsets, counts, across = lv.tiles.offsets, lv.tiles.bytecounts, lv.tiles_across
     ranges: list[tuple[int, int]] = []
     if lv.source.framed:  # frames by number (DICOMweb): exactly the region's, in one request
         for row in range(r0, r1 + 1):
             ranges.extend((off, 1) for off in offsets[row * across + c0:row * across + c1 + 1].tolist() if off)
-        lv.source.advise(ranges)
-        return
+        return ranges
     # the rows at once (an NDPI region has a hundred rows of restart intervals: numpy calls
     # row by row were a millisecond of each 1024 x 1024 read, under the GIL)
     n = r1 - r0 + 1
@@ -95,7 +114,7 @@ def _prefetch(lv: PyramidLevel, c0: int, c1: int, r0: int, r1: int) -> None:
         else:
             ranges.extend((off, end - off) for off, end in zip(offs[r].tolist(), ends[r].tolist(), strict=True)
                           if off)
-    lv.source.advise(ranges)
+    return ranges
 
 
 def fill_region(req: ReadRequest, out: np.ndarray, pool: DecoderPool, cache: CacheScope | None = None) -> None:
