@@ -658,9 +658,9 @@ class PatchReader:
         request, up to ``concurrency`` requests in flight; ranges already advised are not
         asked for again: :meth:`wsitool.storage.remote.RemoteSource.advise`).  Each run's
         decode would otherwise fetch its bytes when it starts: one round trip after another
-        on each thread (batches of 64 patches of 224 pixels over a link of 20 ms: 465
-        patches/s, 1,221 with the batch's runs advised at once and the next batch's ahead,
-        1,413 with the one after too; scripts/bench_remote_patches.py).  Not with a
+        on each thread (batches of 64 patches of 224 pixels over a link of 20 ms: 480
+        patches/s; 1,221 with the batch's runs advised at once and the next batch's ahead;
+        1,402 with the tiles of the one after too; scripts/bench_remote_patches.py).  Not with a
         decoded-tile cache (its hits need no bytes) nor for a local file (the decode's own
         read-ahead of each run serves it)."""
         lv = self.req.level
