@@ -550,6 +550,9 @@ class Slide:
         Each chunk is read with ``read_region(..., mode="rgb")`` when computed;
         the graph holds this slide's path, not the open file, so it runs on
         remote Dask workers (each opens the slide once, :func:`~wsitool.slide.cached_slide`).
+        A URL's graph holds its ``storage_options`` too, credentials included (as an
+        fsspec file system pickled into a graph would): give workers their credentials
+        through their environment instead where the graph must not carry them.
         See :func:`wsitool.read.lazy.level_array` (chunking).  Needs the
         optional extra ``wsitool[dask]``.  ``threads``: decode threads per chunk
         read (default 1: Dask already runs chunks in parallel).
@@ -561,7 +564,10 @@ class Slide:
         if self.remote is not None:  # by URL, size and ETag
             source: Any = self._source  # a RemoteSource
             lazy.remember_options(self._location, self._storage_options)
-            return level_array(self._levels, self._location, level, read_chunk_by_path,
+            read = read_chunk_by_path
+            if self._storage_options:  # (carried by every task, to workers in other processes)
+                read = functools.partial(read_chunk_by_path, storage_options=dict(self._storage_options))
+            return level_array(self._levels, self._location, level, read,
                                stamp=source.identity(), chunks=chunks, threads=threads)
         path = os.path.abspath(self.path)
         return level_array(self._levels, path, level, read_chunk_by_path, stamp=file_stamp(path),

@@ -123,3 +123,24 @@ def test_stress_cli_on_s3(bucket, tmp_path):
     data = json.loads(report.read_text())
     assert data["slide"]["path"] == url
     assert "testing" not in report.read_text()
+
+
+def test_dask_array_of_an_s3_url_computes_on_a_worker_process(bucket):
+    """``Slide.to_dask`` of a URL opened with storage options: the tasks carry the options, so
+    a worker in another process (which never saw them) opens the slide as its maker did."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    url, options = bucket
+    with wsitool.open_slide(url, storage_options=options) as s:
+        arr = s.to_dask(0)
+        w, h = s.dimensions
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                      dashboard_address=None, host="127.0.0.1") as cluster, \
+                distributed.Client(cluster) as client:
+            got = client.compute(arr[: min(h, 700), : min(w, 900)]).result(timeout=120)
+            pids = client.run(os.getpid)
+    assert all(pid != os.getpid() for pid in pids.values())  # (the worker is another process)
+    with wsitool.open_slide(SHARED_SAMPLES / NAME) as local:
+        want = local.read_region((0, 0), 0, (min(w, 900), min(h, 700)), mode="rgb")
+    np.testing.assert_array_equal(got, want)

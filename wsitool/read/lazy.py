@@ -219,16 +219,17 @@ def chunk_read_count() -> int:
 
 
 def read_chunk(path: str, stamp: tuple, level: int, x0: int, y0: int, w: int, h: int, threads: int, *,
-               opener: Opener) -> np.ndarray:
+               opener: Opener, storage_options: dict | None = None) -> np.ndarray:
     """Dask task: one chunk ``(h, w, 3)`` uint8 of a level, read by path.
 
     ``(x0, y0)`` is the chunk's top-left in level-0 pixels, ``(w, h)`` its size in
     pixels of ``level``; ``stamp`` as in :func:`cached_slide`.  Bind ``opener``
     (``functools.partial(read_chunk, opener=...)``) to get the ``read_chunk``
-    :func:`level_array` takes.
+    :func:`level_array` takes; a URL's ``storage_options`` are bound the same way, so
+    that a worker in another process opens the slide as the array's maker did.
     """
     global _chunk_reads
-    slide = cached_slide(opener, path, stamp)
+    slide = cached_slide(opener, path, stamp, storage_options)
     with _chunk_reads_lock:
         _chunk_reads += 1
     return slide.read_region((x0, y0), level, (w, h), mode="rgb", threads=threads)
