@@ -326,3 +326,26 @@ def test_patch_batches_fetch_their_runs_together(nginx_factory, monkeypatch):
         batches = math.ceil(len(locs) / batch)
         runs = math.ceil(h / 256) * math.ceil(math.ceil(w / 256) / 2)  # tile rows x runs of two tiles
         assert runs > batches and requests <= batches, (requests, batches, runs)
+
+
+def test_an_advice_does_not_fetch_again_what_an_earlier_one_holds(nginx_factory):
+    """Ranges held by an earlier advice are left out before the rest is merged: advising tiles
+    1-3 after tiles 0-2 (all adjacent in the file) fetches tile 3's bytes only, not 0-3 again
+    (the next batch of patches shares tiles with the last)."""
+    sample = REPO / "samples" / "sample-aperio-jpeg.svs"
+    srv = nginx_factory(sample.parent)
+    with wsitool.open_slide(srv.url + sample.name) as s:
+        lv = pyramid_levels(s)[0]
+        offs, cnts = lv.tiles.offsets[:4].tolist(), lv.tiles.bytecounts[:4].tolist()
+        assert all(offs[k] + cnts[k] <= offs[k + 1] <= offs[k] + cnts[k] + 1024 for k in range(3))  # adjacent
+        src = s._source
+        src.advise(list(zip(offs[:3], cnts[:3], strict=True)))
+        src.gather(list(zip(offs[:3], cnts[:3], strict=True)))  # (waits for them)
+        before = src.stats()
+        src.advise(list(zip(offs[1:], cnts[1:], strict=True)))
+        extents = src.gather(list(zip(offs, cnts, strict=True)))
+        after = src.stats()
+        assert after["requests"] - before["requests"] == 1
+        assert after["bytes"] - before["bytes"] == cnts[3]
+        raw = sample.read_bytes()
+        assert all(bytes(d) == raw[a:a + len(d)] for a, d in extents)

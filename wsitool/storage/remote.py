@@ -598,27 +598,31 @@ class RemoteSource(CountedReads, ByteSource):
     # -------------------------------------------------------------- advice (tile ranges)
 
     def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
-        """Start fetching the ``(offset, count)`` ranges: merged where the gap is at most
-        :data:`MERGE_GAP`, split at :data:`MAX_REQUEST`, at most ``concurrency`` requests in
-        flight.  Later reads inside these ranges wait for them instead of fetching blocks.
-        Never raises: a failed fetch is raised by the read that needs its bytes."""
+        """Start fetching the ``(offset, count)`` ranges that no earlier advice holds whole:
+        merged where the gap is at most :data:`MERGE_GAP`, split at :data:`MAX_REQUEST`, at
+        most ``concurrency`` requests in flight.  Later reads inside these ranges wait for
+        them instead of fetching blocks.  Never raises: a failed fetch is raised by the read
+        that needs its bytes."""
         if self._closed:
             return
         self._check_process()
         spans = sorted((max(0, o), min(self.size, o + c)) for o, c in ranges if c > 0 and o < self.size)
-        merged: list[list[int]] = []
-        for s, e in spans:
-            if merged and s - merged[-1][1] <= MERGE_GAP:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
         jobs: list[tuple[int, int, cf.Future]] = []
         with self._lock:
             if self._closing:
                 return
-            for s, e in merged:
+            # ranges an earlier advice holds are not asked for again, also where the rest of
+            # this advice would merge them with new ones (the next batch of patches shares tiles
+            # with the last)
+            merged: list[list[int]] = []
+            for s, e in spans:
                 if self._covered(s, e):
                     continue
+                if merged and s - merged[-1][1] <= MERGE_GAP:
+                    merged[-1][1] = max(merged[-1][1], e)
+                else:
+                    merged.append([s, e])
+            for s, e in merged:
                 for a in range(s, e, MAX_REQUEST):
                     b = min(e, a + MAX_REQUEST)
                     fut: cf.Future = cf.Future()
