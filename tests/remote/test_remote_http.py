@@ -349,3 +349,19 @@ def test_an_advice_does_not_fetch_again_what_an_earlier_one_holds(nginx_factory)
         assert after["bytes"] - before["bytes"] == cnts[3]
         raw = sample.read_bytes()
         assert all(bytes(d) == raw[a:a + len(d)] for a, d in extents)
+
+
+def test_a_cached_slide_given_other_storage_options_is_opened_with_them(nginx_factory):
+    """``cached_slide`` (what each Dask task of a URL calls) holds one slide per URL: a task
+    carrying other storage options (new credentials, another concurrency) gets a slide opened
+    with those, not the one held (whose options it returned before)."""
+    from wsitool.slide import cached_slide
+    sample = REPO / "samples" / "sample-aperio-jpeg.svs"
+    url = nginx_factory(sample.parent).url + sample.name + "?cached=options"
+    first = cached_slide(url, storage_options={"concurrency": 3})
+    assert cached_slide(url, storage_options={"concurrency": 3}) is first
+    assert cached_slide(url) is first  # (no options: those it was last opened with)
+    other = cached_slide(url, storage_options={"concurrency": 5})
+    assert other is not first and other._source.options.concurrency == 5
+    assert first.closed  # (the one it replaced)
+    assert other.read_region((0, 0), 0, (64, 64)).shape == (64, 64, 4)

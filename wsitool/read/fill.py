@@ -75,19 +75,19 @@ def _prefetch(lv: PyramidLevel, c0: int, c1: int, r0: int, r1: int) -> None:
     advise_tiles(lv, [(c0, c1, r0, r1)])
 
 
-def advise_tiles(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]]) -> None:
+def advise_tiles(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]], ahead: bool = False) -> None:
     """Advise the byte source of the tiles of every ``(c0, c1, r0, r1)`` block (columns
     ``c0..c1`` and rows ``r0..r1`` of ``lv``'s grid, inclusive) in one call, so that a
     remote source merges the ranges of neighbouring blocks into one request
-    (:meth:`wsitool.storage.remote.RemoteSource.advise`).  Nothing for a level of
-    several planes.  Advisory only."""
+    (:meth:`wsitool.storage.remote.RemoteSource.advise`; ``ahead``: read-ahead for a later
+    batch, which the source may skip).  Nothing for a level of several planes.  Advisory only."""
     if lv.tiles.planes != 1:
         return
     ranges: list[tuple[int, int]] = []
     for c0, c1, r0, r1 in blocks:
         ranges.extend(_tile_ranges(lv, c0, c1, r0, r1))
     if ranges:
-        lv.source.advise(ranges)
+        lv.source.advise(ranges, ahead)
 
 
 def _tile_ranges(lv: PyramidLevel, c0: int, c1: int, r0: int, r1: int) -> list[tuple[int, int]]:

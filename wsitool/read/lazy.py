@@ -144,8 +144,8 @@ def _open_cached(opener: Opener, path: str, stamp: tuple[int, int]) -> Any:
 
 #: storage options of the URLs opened in this process, for the slides cached_slide opens by URL
 _url_options: dict[str, dict | None] = {}
-#: url -> (slide, identity)
-_remote_slides: dict[str, tuple[Any, tuple]] = {}
+#: url -> (slide, identity, the storage options it was opened with)
+_remote_slides: dict[str, tuple[Any, tuple, dict | None]] = {}
 _remote_lock = threading.Lock()
 
 
@@ -157,14 +157,15 @@ def remember_options(url: str, options: dict | None) -> None:
 
 def _cached_remote(opener: Opener, url: str, stamp: Sequence | None,
                    storage_options: dict | None = None) -> tuple[Any, tuple]:
-    """:func:`cached_slide` of a URL, with its identity: keyed by ``(url, size, etag)``."""
+    """:func:`cached_slide` of a URL, with its identity: keyed by ``(url, size, etag)`` and
+    the storage options (a task with other options, new credentials say, opens it again)."""
     with _remote_lock:
         held = _remote_slides.get(url)
         if storage_options is not None:
             _url_options[url] = dict(storage_options)
         options = _url_options.get(url)
-    if held is not None and (stamp is None or held[1] == tuple(stamp)):
-        return held
+    if held is not None and (stamp is None or held[1] == tuple(stamp)) and held[2] == options:
+        return held[0], held[1]
     fresh, now = opener(url, options)
     if stamp is not None and tuple(stamp) != now:
         fresh.close()
@@ -172,7 +173,7 @@ def _cached_remote(opener: Opener, url: str, stamp: Sequence | None,
                        f"{tuple(stamp)[1:]} -> {now[1:]}); rebuild the Dask array")
     with _remote_lock:
         old = _remote_slides.pop(url, None)
-        _remote_slides[url] = (fresh, now)
+        _remote_slides[url] = (fresh, now, options)
         while len(_remote_slides) > 16:
             _remote_slides.pop(next(iter(_remote_slides)))[0].close()
     if old is not None:

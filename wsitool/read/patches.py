@@ -650,9 +650,9 @@ class PatchReader:
         self._ahead = (j1, plan_runs(req.level, fp, tasks, following, after, self._most))
         # fetched while this batch decodes and while its caller works on it: the next batch's
         # runs, and the tiles of the one after (those it shares with earlier batches: no request)
-        self._advise(self._ahead[1], following)
+        self._advise(self._ahead[1], following, ahead=True)
 
-    def _advise(self, tasks: list[_Task], then: _Footprint | None = None) -> None:
+    def _advise(self, tasks: list[_Task], then: _Footprint | None = None, ahead: bool = False) -> None:
         """A remote slide: start fetching the tiles of ``tasks``' fresh runs and of footprint
         ``then`` (a later batch's), all in one advice (neighbouring runs merged into one
         request, up to ``concurrency`` requests in flight; ranges already advised are not
@@ -662,14 +662,15 @@ class PatchReader:
         patches/s; 1,221 with the batch's runs advised at once and the next batch's ahead;
         1,402 with the tiles of the one after too; scripts/bench_remote_patches.py).  Not with a
         decoded-tile cache (its hits need no bytes) nor for a local file (the decode's own
-        read-ahead of each run serves it)."""
+        read-ahead of each run serves it).  ``ahead``: for the next batches (skipped by a
+        remote source whose read-ahead budget is spent)."""
         lv = self.req.level
         if self.cache is None and lv.source.remote:
             blocks = [(t.run.c0, t.run.c1, t.run.row, t.run.row) for t in tasks if t.fresh]
             if then is not None:
                 for row, cols in sorted(then.rows.items()):
                     blocks.extend((a, b, row, row) for a, b in _spans(sorted(cols)))
-            advise_tiles(lv, blocks)
+            advise_tiles(lv, blocks, ahead)
 
     def _worker(self, dest: np.ndarray, dest_next: np.ndarray | None) -> Callable[[Iterable[_Task]], None]:
         """The work of one thread: decode the run of each fresh task it takes into a run

@@ -525,9 +525,11 @@ class FrameSource(ByteSource):
         view[:n] = data[:n]
         return n
 
-    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+    def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
         """Fetch, in one request, the frames at the starts of ``ranges`` that are neither
-        cached nor already being fetched (advisory: errors surface on the reads of those frames)."""
+        cached nor already being fetched (advisory: errors surface on the reads of those frames).
+        ``ahead`` (read-ahead for a later batch): skipped where it wants more than a quarter
+        of the :data:`HELD` frames (they would push out the ones being read now)."""
         if self._closed:
             return
         want = []
@@ -545,7 +547,7 @@ class FrameSource(ByteSource):
                 if self.client.cache.get((self.sop, k)) is None:
                     want.append(k)
             want = sorted(set(want))
-            if not want:
+            if not want or (ahead and 4 * len(want) > HELD):
                 return
             fut: cf.Future = cf.Future()
             for k in want:

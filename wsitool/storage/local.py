@@ -39,7 +39,7 @@ class LocalFile(CountedReads, ByteSource):
     def readinto(self, offset: int, buffer: Any) -> int:
         return os.preadv(self._fd, [buffer], offset)
 
-    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+    def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
         """``POSIX_FADV_WILLNEED`` for each ``(offset, count)`` range; errors are ignored."""
         if self._fd < 0 or not hasattr(os, "posix_fadvise"):
             return

@@ -79,6 +79,9 @@ MERGE_GAP = 16 * 1024
 MAX_REQUEST = 4 * 1024 * 1024
 #: Default number of requests in flight per slide for advised (tile) ranges.
 CONCURRENCY = 16
+#: Read-ahead (``advise(..., ahead=True)``) is dropped where it would leave more than this
+#: many requests per unit of ``concurrency`` queued or in flight.
+AHEAD_QUEUE = 8
 #: Most requests in flight per slide that ``concurrency`` may ask for (each one a thread and a pooled connection).
 MAX_CONCURRENCY = 256
 #: Default byte budget of the process-wide cache (256 MiB).
@@ -343,6 +346,7 @@ class RemoteSource(CountedReads, ByteSource):
         self._reset_reads()
         self._closing = False
         self._closed = False
+        self._stop = threading.Event()  # set at close: a fetch thread's retry pause ends
         self._pid = os.getpid()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._extents: list[tuple[int, int, int, cf.Future]] = []  # advised (start, end, seq, bytes), sorted
@@ -376,6 +380,8 @@ class RemoteSource(CountedReads, ByteSource):
         attempt = 0
         while True:
             left = deadline - time.monotonic()
+            if self._closed:  # (a read-ahead fetch of a slide closed meanwhile: nobody waits for it)
+                raise RemoteUnavailableError(f"{self.shown}: slide is closed (bytes {start}-{end - 1})")
             if left <= 0:
                 raise RemoteUnavailableError(
                     f"{self.shown}: no answer within the operation timeout of "
@@ -394,7 +400,7 @@ class RemoteSource(CountedReads, ByteSource):
                 if exc.retry_after is not None:
                     pause = max(pause, min(exc.retry_after, 10.0))
                 pause = min(pause, max(0.0, deadline - time.monotonic()))
-                time.sleep(pause)
+                self._stop.wait(pause)  # (cut short by close)
                 continue
             with self._lock:
                 self.bytes_fetched += len(response.data)
@@ -424,6 +430,7 @@ class RemoteSource(CountedReads, ByteSource):
         if self._pid != os.getpid():  # a forked child: the parent's connections and threads are not ours
             self._pid = os.getpid()
             self._pool = None
+            self._stop = threading.Event()
             self._reset_reads()
             self._extents = []
             self._extent_bytes = 0
@@ -597,12 +604,18 @@ class RemoteSource(CountedReads, ByteSource):
 
     # -------------------------------------------------------------- advice (tile ranges)
 
-    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+    def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
         """Start fetching the ``(offset, count)`` ranges that no earlier advice holds whole:
         merged where the gap is at most :data:`MERGE_GAP`, split at :data:`MAX_REQUEST`, at
         most ``concurrency`` requests in flight.  Later reads inside these ranges wait for
         them instead of fetching blocks.  Never raises: a failed fetch is raised by the read
-        that needs its bytes."""
+        that needs its bytes.
+
+        ``ahead``: read-ahead for a later batch, dropped whole where its new bytes and those
+        still being fetched would pass a quarter of the extent budget, or its requests and
+        those queued :data:`AHEAD_QUEUE` per unit of ``concurrency`` (a slow server, or
+        batches larger than the budget: the ranges fetched for the batch being read now
+        stay held until it reads them; that batch advises its own ranges when it starts)."""
         if self._closed:
             return
         self._check_process()
@@ -622,6 +635,8 @@ class RemoteSource(CountedReads, ByteSource):
                     merged[-1][1] = max(merged[-1][1], e)
                 else:
                     merged.append([s, e])
+            if ahead and not self._room(merged):
+                return
             for s, e in merged:
                 for a in range(s, e, MAX_REQUEST):
                     b = min(e, a + MAX_REQUEST)
@@ -634,10 +649,16 @@ class RemoteSource(CountedReads, ByteSource):
                 self._pool = cf.ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wsitool-remote")
             pool = self._pool
         self._trim_extents()
-        deadline = self._deadline()
         for a, b, fut in jobs:
             assert pool is not None  # made above whenever there are jobs
-            pool.submit(self._fill_extent, a, b, fut, deadline)
+            pool.submit(self._fill_extent, a, b, fut)
+
+    def _room(self, merged: list[list[int]]) -> bool:  # caller holds self._lock
+        """Whether read-ahead of the ``merged`` spans fits (see :meth:`advise`)."""
+        pending = [t for t in self._extents if not t[3].done()]
+        requests = sum(-(-(e - s) // MAX_REQUEST) for s, e in merged) + len(pending)
+        held = sum(e - s for s, e in merged) + sum(t[1] - t[0] for t in pending)
+        return requests <= AHEAD_QUEUE * self.options.concurrency and 4 * held <= self._extent_budget()
 
     def _covered(self, s: int, e: int) -> bool:  # caller holds self._lock
         k = bisect.bisect_right(self._extents, (s, float("inf"))) - 1
@@ -647,9 +668,9 @@ class RemoteSource(CountedReads, ByteSource):
                 return True
         return False
 
-    def _fill_extent(self, a: int, b: int, fut: cf.Future, deadline: float) -> None:
-        try:
-            data = self._fetch(a, b, deadline).data
+    def _fill_extent(self, a: int, b: int, fut: cf.Future) -> None:
+        try:  # (the operation timeout counts from the request's start, not from its advice)
+            data = self._fetch(a, b, self._deadline()).data
         except BaseException as exc:
             with self._lock:
                 self._extents = [t for t in self._extents if t[3] is not fut]
@@ -675,10 +696,11 @@ class RemoteSource(CountedReads, ByteSource):
             total = self._extent_bytes
             if total <= budget:
                 return
-            # drop the finished ranges advised first until at half the budget
+            # drop the finished ranges advised first until at three quarters of the budget
+            # (the newest finished ones are those of the batch being read now)
             gone = set()
             for a, b, seq, _fut in sorted((t for t in self._extents if t[3].done()), key=lambda t: t[2]):
-                if total <= budget // 2:
+                if total <= budget * 3 // 4:
                     break
                 gone.add(seq)
                 total -= b - a
@@ -700,17 +722,21 @@ class RemoteSource(CountedReads, ByteSource):
             yield self
 
     def close(self) -> None:
-        """Wait for the reads in flight, stop the fetch threads, close the connections and drop
-        this slide's cached bytes.  Idempotent."""
+        """Wait for the reads in flight, cancel the queued read-ahead, stop the fetch threads
+        (a read-ahead request in flight is not retried: at most one request's ``timeout``),
+        close the connections and drop this slide's cached bytes.  Idempotent."""
         with self._idle:
             if self._closed:
                 return
             self._wait_for_readers()
             self._closed = True
+            self._stop.set()
             pool, self._pool = self._pool, None
             self._extents = []
             self._extent_bytes = 0
         if pool is not None:
+            # read-ahead nobody waits for: the queued fetches are cancelled; a request in flight
+            # is not retried once closed, so this waits at most one request's ``timeout``
             pool.shutdown(wait=True, cancel_futures=True)
         self.transport.close()
         _cache.drop(self._token)

@@ -60,9 +60,11 @@ class ByteSource(abc.ABC):
             OSError: the read failed.
         """
 
-    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+    def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
         """Hint that the ``(offset, count)`` byte ranges will be read soon (read-ahead).
 
+        ``ahead``: for a later batch than the one being read (a source may skip it where
+        its budget is spent: :meth:`wsitool.storage.remote.RemoteSource.advise`).
         Advisory only: the default does nothing, and errors are never raised.
         """
         return  # the default: no read-ahead (not abstract: every source may keep it)

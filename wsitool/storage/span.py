@@ -78,14 +78,14 @@ class Span(ByteSource):
         part, local = self._locate(offset, len(memoryview(buffer)))
         return part.readinto(local, buffer)
 
-    def advise(self, ranges: Iterable[tuple[int, int]]) -> None:
+    def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
         by_part: dict[int, list[tuple[int, int]]] = {}
         for offset, count in ranges:
             k = self._part(offset)
             if k >= 0:
                 by_part.setdefault(k, []).append((offset - self.bases[k], count))
         for k, local in by_part.items():
-            self.parts[k].advise(local)
+            self.parts[k].advise(local, ahead)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Span]:
