@@ -774,9 +774,11 @@ def cached_slide(path: str | os.PathLike[str], stamp: Sequence[Any] | None = Non
     :meth:`wsitool.storage.remote.RemoteSource.identity`); it is opened with the
     storage options it was last opened with in this process, else with none
     (the credential chains of the environment); ``storage_options`` given here
-    (a task carries them to a Dask worker) win and are remembered: a slide held
-    with other options (new credentials) is opened again with these.  They are
-    ignored for a local path.
+    (a task carries them to a Dask worker) win and are remembered.  A URL is held
+    once per set of options (a task with new credentials gets a slide opened with
+    them), and threads asking for one at once open it once.  A slide dropped from
+    the cache (by a newer version or past the 16) is not closed while a task holds
+    it: it closes when the last reference goes.  Options are ignored for a local path.
     """
     slide: Slide = lazy.cached_slide(_open_for_tasks, path, stamp, storage_options)
     return slide

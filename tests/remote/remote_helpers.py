@@ -50,7 +50,8 @@ def nginx_factory():
 
 class Script:
     """What the scripted server does: ``actions`` is a list consumed one per request
-    (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow", "whole"
+    (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow", "trickle"
+    (the body 1 KiB every 0.3 s, never idle for a second), "whole"
     (200 with the whole object, Range ignored), "redirect" (302 to the same path with
     ``moved=1`` added to its query) or "chunked" (the 206 body chunked, no Content-Length).
     ``etag`` (None: no ETag header) and ``modified`` (a Last-Modified header, or None) go with
@@ -133,6 +134,15 @@ def _handler(script: Script):
                 return
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            if action == "trickle":
+                try:
+                    for k in range(0, len(body), 1024):
+                        self.wfile.write(body[k:k + 1024])
+                        self.wfile.flush()
+                        time.sleep(0.3)
+                except (BrokenPipeError, ConnectionResetError):  # (the client gave up)
+                    self.close_connection = True
+                return
             if action == "short":
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -352,9 +353,10 @@ def test_an_advice_does_not_fetch_again_what_an_earlier_one_holds(nginx_factory)
 
 
 def test_a_cached_slide_given_other_storage_options_is_opened_with_them(nginx_factory):
-    """``cached_slide`` (what each Dask task of a URL calls) holds one slide per URL: a task
-    carrying other storage options (new credentials, another concurrency) gets a slide opened
-    with those, not the one held (whose options it returned before)."""
+    """``cached_slide`` (what each Dask task of a URL calls) holds a slide per URL and storage
+    options: a task carrying other options (new credentials, another concurrency) gets a slide
+    opened with those (it got the one held, opened with the first options), and the slide the
+    other tasks hold stays open."""
     from wsitool.slide import cached_slide
     sample = REPO / "samples" / "sample-aperio-jpeg.svs"
     url = nginx_factory(sample.parent).url + sample.name + "?cached=options"
@@ -363,5 +365,31 @@ def test_a_cached_slide_given_other_storage_options_is_opened_with_them(nginx_fa
     assert cached_slide(url) is first  # (no options: those it was last opened with)
     other = cached_slide(url, storage_options={"concurrency": 5})
     assert other is not first and other._source.options.concurrency == 5
-    assert first.closed  # (the one it replaced)
-    assert other.read_region((0, 0), 0, (64, 64)).shape == (64, 64, 4)
+    assert cached_slide(url, storage_options={"concurrency": 3}) is first and not first.closed
+    assert first.read_region((0, 0), 0, (64, 64)).shape == other.read_region((0, 0), 0, (64, 64)).shape
+
+
+def test_threads_asking_for_a_cached_slide_at_once_share_one_and_none_is_closed(nginx_factory):
+    """Eight threads (a Dask worker's first tasks) ask ``cached_slide`` for the same URL at
+    once and read at once, with the same options and with two sets of options in turn: the
+    URL is opened once per set of options and no read meets a closed slide (each thread
+    opened its own and closed the one it replaced: 20 of 80 reads failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wsitool.slide import cached_slide
+    sample = REPO / "samples" / "sample-aperio-jpeg.svs"
+    url = nginx_factory(sample.parent).url + sample.name + "?cached=threads"
+    barrier = threading.Barrier(8)
+
+    def task(k):
+        barrier.wait()
+        got = []
+        for j in range(6):
+            s = cached_slide(url, storage_options={"timeout": 10 + (k + j) % 2})
+            got.append(id(s))
+            s.read_region((64 * j, 64 * k), 0, (64, 64))
+        return got
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = [i for got in pool.map(task, range(8)) for i in got]
+    assert len(set(ids)) == 2, len(set(ids))

@@ -3,6 +3,9 @@ batches, a slide closed while its read-ahead is in flight (nginx, and a scripted
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,7 +52,7 @@ def test_patch_read_ahead_beyond_the_byte_budget_fetches_nothing_twice(nginx_fac
     monkeypatch.setattr(RemoteSource, "EXTENT_FLOOR", 128 * 1024)
     got, tight = _patches(url, locs)
     np.testing.assert_array_equal(got, want)
-    assert tight <= 1.5 * roomy, (tight, roomy)
+    assert tight <= 1.15 * roomy, (tight, roomy)
 
 
 def test_an_advised_range_times_out_from_when_its_request_starts(scripted):
@@ -90,3 +93,84 @@ def test_closing_does_not_wait_for_read_ahead_retries(scripted):
     assert remote_threads() <= threads
     hung = [rng for action, rng in script.log if action == "hang"]
     assert 1 <= len(hung) <= 2, hung  # the two in flight, not retried; the queued never sent
+
+
+def test_closing_while_a_thread_reads_patches_from_a_stalled_server_ends_that_read(scripted):
+    """``close()`` from another thread while ``read_patches`` waits on a server that stopped
+    answering: no request and no retry starts once close began, so the read ends with "slide
+    is closed" after the requests in flight time out (1 s), and close returns then (it waited
+    through every retry of every queued request, 33 s, sending 172 requests)."""
+    data = SAMPLE.read_bytes()
+    url, script = scripted(data)
+    options = {"timeout": 1, "operation_timeout": 60, "retries": 3, "backoff": 0.5, "concurrency": 4}
+    s = wsitool.open_slide(url, storage_options=options)
+    w, h = s.dimensions
+    locs = np.stack(np.meshgrid(np.arange(0, w - 256, 256), np.arange(0, h - 256, 256)), -1).reshape(-1, 2)
+    failure = []
+
+    def consume():
+        try:
+            for _ in s.read_patches(locs, (256, 256), batch_size=4, threads=2):
+                script.default = "hang"  # (after the first batch)
+        except wsitool.WsiError as exc:
+            failure.append(exc)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    time.sleep(1.5)
+    sent = len(script.log)
+    t0 = time.monotonic()
+    s.close()
+    took = time.monotonic() - t0
+    reader.join(10)
+    assert not reader.is_alive() and took < 4, took
+    assert failure and "closed" in str(failure[0]), failure
+    assert len(script.log) - sent <= options["concurrency"], script.log[sent:]
+
+
+def test_an_interpreter_leaving_an_unclosed_slide_does_not_wait_on_its_read_ahead(scripted, tmp_path):
+    """A script that reads a batch, leaves its slide open and ends while the server has stopped
+    answering: the queued read-ahead is dropped and nothing is retried, so the interpreter exits
+    after the requests in flight time out (1 s); it sent every queued request, each retried,
+    before (52 s)."""
+    data = SAMPLE.read_bytes()
+    url, script = scripted(data)
+    code = f"""
+import sys, numpy as np, wsitool
+s = wsitool.open_slide({url!r}, storage_options={{"timeout": 1, "retries": 3, "backoff": 0.5, "concurrency": 2}})
+sys.stdout.write("open\\n"); sys.stdout.flush(); sys.stdin.readline()
+s._source.advise([(300_000 + k * 40_000, 1000) for k in range(16)])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        script.default = "hang"
+        t0 = time.monotonic()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert took < 6, took
+    hung = [rng for action, rng in script.log if action == "hang"]
+    assert len(hung) <= 2, hung  # the two in flight; the 14 queued never sent
+
+
+def test_a_body_sent_slowly_is_cut_off_at_the_operation_timeout_by_urllib3(scripted, monkeypatch):
+    """urllib3 (the client of a process forked after obstore started) reads a body that comes
+    1 KiB every 0.3 s, never silent for the 1 s read timeout, only until ``operation_timeout``
+    (3 s): one error line then, as obstore gives; it read the 100 KB to the end (30 s)."""
+    from wsitool.errors import RemoteUnavailableError
+    from wsitool.storage.http import HttpTransport
+
+    monkeypatch.setattr(HttpTransport, "force_client", "urllib3")
+    data = SAMPLE.read_bytes()
+    url, script = scripted(data)
+    with wsitool.open_slide(url, storage_options={"timeout": 1, "operation_timeout": 3, "retries": 0}) as s:
+        script.default = "trickle"
+        t0 = time.monotonic()
+        with pytest.raises(RemoteUnavailableError, match="took more than 3 s"):
+            s._source.read(400_000, 100_000)
+        assert time.monotonic() - t0 < 6

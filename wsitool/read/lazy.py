@@ -144,9 +144,15 @@ def _open_cached(opener: Opener, path: str, stamp: tuple[int, int]) -> Any:
 
 #: storage options of the URLs opened in this process, for the slides cached_slide opens by URL
 _url_options: dict[str, dict | None] = {}
-#: url -> (slide, identity, the storage options it was opened with)
-_remote_slides: dict[str, tuple[Any, tuple, dict | None]] = {}
+#: (url, options key) -> (slide, identity); the 16 used last (an evicted or replaced slide is
+#: not closed here: a task may still read it; it closes when the last reference goes)
+_remote_slides: dict[tuple[str, str], tuple[Any, tuple]] = {}
+#: (url, options key) -> the lock one thread holds while it opens that slide (the others wait
+#: and take its slide instead of opening, and closing, their own)
+_opening: dict[tuple[str, str], threading.Lock] = {}
 _remote_lock = threading.Lock()
+#: most slides held by URL
+REMOTE_HELD = 16
 
 
 def remember_options(url: str, options: dict | None) -> None:
@@ -155,30 +161,43 @@ def remember_options(url: str, options: dict | None) -> None:
         _url_options[url] = options
 
 
+def _options_key(options: dict | None) -> str:
+    """A text that two equal option mappings share (values of any type, compared as text)."""
+    import json
+    return json.dumps(options, sort_keys=True, default=repr)
+
+
 def _cached_remote(opener: Opener, url: str, stamp: Sequence | None,
                    storage_options: dict | None = None) -> tuple[Any, tuple]:
-    """:func:`cached_slide` of a URL, with its identity: keyed by ``(url, size, etag)`` and
-    the storage options (a task with other options, new credentials say, opens it again)."""
+    """:func:`cached_slide` of a URL, with its identity: keyed by the URL and its storage
+    options (a task with other options, new credentials say, gets a slide opened with them),
+    checked against ``(url, size, etag)``.  Threads asking for the same slide at once open it
+    once."""
     with _remote_lock:
-        held = _remote_slides.get(url)
         if storage_options is not None:
             _url_options[url] = dict(storage_options)
         options = _url_options.get(url)
-    if held is not None and (stamp is None or held[1] == tuple(stamp)) and held[2] == options:
-        return held[0], held[1]
-    fresh, now = opener(url, options)
-    if stamp is not None and tuple(stamp) != now:
-        fresh.close()
-        raise WsiError(f"{fresh.path}: the object changed since the task was built (size/ETag "
-                       f"{tuple(stamp)[1:]} -> {now[1:]}); rebuild the Dask array")
-    with _remote_lock:
-        old = _remote_slides.pop(url, None)
-        _remote_slides[url] = (fresh, now, options)
-        while len(_remote_slides) > 16:
-            _remote_slides.pop(next(iter(_remote_slides)))[0].close()
-    if old is not None:
-        old[0].close()
-    return fresh, now
+        key = (url, _options_key(options))
+        opening = _opening.setdefault(key, threading.Lock())
+    with opening:
+        with _remote_lock:
+            held = _remote_slides.get(key)
+            if held is not None and not held[0].closed and (stamp is None or held[1] == tuple(stamp)):
+                _remote_slides[key] = _remote_slides.pop(key)  # (the most recently used last)
+                return held
+        fresh, now = opener(url, options)
+        if stamp is not None and tuple(stamp) != now:
+            fresh.close()
+            raise WsiError(f"{fresh.path}: the object changed since the task was built (size/ETag "
+                           f"{tuple(stamp)[1:]} -> {now[1:]}); rebuild the Dask array")
+        with _remote_lock:
+            _remote_slides.pop(key, None)
+            _remote_slides[key] = (fresh, now)
+            while len(_remote_slides) > REMOTE_HELD:
+                gone = next(iter(_remote_slides))
+                del _remote_slides[gone]
+                _opening.pop(gone, None)
+        return fresh, now
 
 
 def cached_slide(opener: Opener, path: str | os.PathLike, stamp: Sequence | None = None,

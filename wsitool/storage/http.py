@@ -41,6 +41,7 @@ from __future__ import annotations
 import datetime
 import re
 import ssl
+import time
 import types
 import urllib.parse
 from pathlib import Path
@@ -71,6 +72,8 @@ __all__ = ["HttpTransport"]
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.I)
 #: Largest whole body accepted from a server that ignores Range.
 _WHOLE_BODY_LIMIT = 64 * 1024 * 1024
+#: Most bytes of a body urllib3 reads at a time (the request's deadline is checked between them).
+BODY_PIECE = 256 * 1024
 
 
 def _urllib3() -> types.ModuleType:
@@ -116,7 +119,7 @@ class HttpTransport(Transport):
         options: the transport's ``storage_options`` (``headers``, ``verify``).
         maxsize: connections kept in the pool.
         timeout: seconds to connect, and that a request may wait for its next bytes.
-        total: seconds one request may take in all (obstore; the read's ``operation_timeout``).
+        total: seconds one request may take in all (the read's ``operation_timeout``).
 
     Raises:
         WsiError: the remote extra is not installed; InvalidOptionError: an unknown option, a bad
@@ -151,7 +154,7 @@ class HttpTransport(Transport):
         if which == "obstore":
             return _ObstoreClient(self.url, self.shown, self.headers, self.verify, self.maxsize, self.timeout,
                                   self.total)
-        return _Urllib3Client(self.url, self.shown, self.headers, self.verify, self.maxsize)
+        return _Urllib3Client(self.url, self.shown, self.headers, self.verify, self.maxsize, self.total)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
         client = self._client
@@ -251,8 +254,9 @@ class _Urllib3Client:
     (:class:`~wsitool.storage.objectstore.HeaderTrouble`).  One connection pool of ``maxsize``
     connections; up to 5 redirects."""
 
-    def __init__(self, url: str, shown: str, headers: dict, verify: bool | str, maxsize: int):
+    def __init__(self, url: str, shown: str, headers: dict, verify: bool | str, maxsize: int, total: float = 120.0):
         self.url, self.shown, self.headers, self.verify, self.maxsize = url, shown, headers, verify, maxsize
+        self.total = total  # seconds one request may take in all (a body sent slowly is cut off past it)
         self._pool: Any = None  # urllib3.PoolManager
         self._make_pool()
 
@@ -283,13 +287,14 @@ class _Urllib3Client:
         headers.setdefault("Accept-Encoding", "identity")
         if pin is not None and pin.etag and not pin.etag.startswith("W/"):
             headers["If-Match"] = pin.etag
+        deadline = time.monotonic() + self.total
         try:
             r = self._pool.request("GET", self.url, headers=headers, preload_content=False,
                                    redirect=True, timeout=urllib3.Timeout(connect=timeout, read=timeout))
         except urllib3.exceptions.HTTPError as exc:  # timeouts, refused / reset connections, TLS
             raise Transient(_cause(exc)) from None
         try:
-            response = self._answer(r, start, end, pin)
+            response = self._answer(r, start, end, pin, deadline)
         except BaseException as exc:
             # an error answer's connection is closed, not pooled, and the error leaves without
             # the frames that hold the response: a traceback kept alive (a future's error, a
@@ -304,29 +309,50 @@ class _Urllib3Client:
         r.release_conn()
         return response
 
-    def _answer(self, r: Any, start: int, end: int, pin: Response | None) -> Response:
-        """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``).
+    def _answer(self, r: Any, start: int, end: int, pin: Response | None, deadline: float) -> Response:
+        """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``),
+        its body read by :data:`BODY_PIECE` bytes until ``deadline`` (``time.monotonic()``: a
+        server sending a byte now and then never trips the read timeout)
 
         Raises:
             RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix;
                 so is RemoteUnavailableError for a server that ignores Range (a 200 answer).
             Transient: what it may (a retry status, a cut body, a range other than asked).
         """
-        urllib3 = _urllib3()
         status = r.status
         refused = self._refusal(r, status, start, end, pin)
         if refused is not None:
             return refused
         want, total = self._extent(r, status, start, end)
-        try:
-            data = r.read(want if status == 206 else total, decode_content=False)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Transient(f"the body was cut short ({_cause(exc)})") from None
+        data = self._body(r, want if status == 206 else total, deadline)
         if len(data) < want:
             raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
         if status == 200:
             data = data[:want]
         return Response(data, total, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
+
+    def _body(self, r: Any, count: int, deadline: float) -> bytes:
+        """Up to ``count`` bytes of ``r``'s body (fewer: the body ended early).
+
+        Raises:
+            Transient: the connection failed, or ``deadline`` passed before the body's end.
+        """
+        urllib3 = _urllib3()
+        pieces: list[bytes] = []
+        got = 0
+        read = getattr(r, "read1", None) or r.read  # (read1: what has arrived, without waiting for all)
+        try:
+            while got < count:
+                piece = read(min(BODY_PIECE, count - got), decode_content=False)
+                if not piece:
+                    break
+                pieces.append(piece)
+                got += len(piece)
+                if got < count and time.monotonic() > deadline:
+                    raise Transient(f"the body took more than {self.total:g} s ({got} of {count} bytes)")
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Transient(f"the body was cut short ({_cause(exc)})") from None
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _refusal(self, r: Any, status: int, start: int, end: int, pin: Response | None) -> Response | None:
         """Raise the error of a status that carries no bytes

@@ -39,6 +39,7 @@ for S3, GCS and Azure).  Messages name the URL through
 from __future__ import annotations
 
 import abc
+import atexit
 import bisect
 import concurrent.futures as cf
 import contextlib
@@ -47,6 +48,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -310,6 +312,23 @@ if hasattr(os, "register_at_fork"):
 
 _tokens = iter(range(1, 1 << 62))
 _tokens_lock = threading.Lock()
+#: the open sources of this process (their read-ahead is stopped at interpreter exit)
+_open_sources: weakref.WeakSet[RemoteSource] = weakref.WeakSet()
+
+
+def _stop_at_exit() -> None:
+    """At interpreter exit, before ``concurrent.futures`` waits for its threads: the queued
+    read-ahead of every open remote slide is dropped and none is retried (a slide never
+    closed, against a server that stopped answering, kept the exit waiting through every
+    queued request and its retries: 52 s)."""
+    for source in list(_open_sources):
+        source._stop_fetching()
+
+
+# (threading's exit hooks run before it joins the pools' threads, the last registered first;
+# atexit's would run after that wait)
+with contextlib.suppress(RuntimeError):  # (imported while the interpreter shuts down: too late anyway)
+    getattr(threading, "_register_atexit", atexit.register)(_stop_at_exit)
 
 
 # ---------------------------------------------------------------------- the source
@@ -346,7 +365,8 @@ class RemoteSource(CountedReads, ByteSource):
         self._reset_reads()
         self._closing = False
         self._closed = False
-        self._stop = threading.Event()  # set at close: a fetch thread's retry pause ends
+        self._stop = threading.Event()  # set when close starts: no request or retry starts after
+        self._guard = 1 << 62  # extents of this seq on (the last read's own advice) are never trimmed
         self._pid = os.getpid()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._extents: list[tuple[int, int, int, cf.Future]] = []  # advised (start, end, seq, bytes), sorted
@@ -361,6 +381,7 @@ class RemoteSource(CountedReads, ByteSource):
         self.etag = first.etag
         self.modified = first.modified
         self.pin = Response(b"", first.size, first.etag, first.modified)
+        _open_sources.add(self)
         with _cache.lock:
             for k in range(0, len(first.data) // BLOCK_SIZE + (1 if len(first.data) % BLOCK_SIZE else 0)):
                 block = bytes(first.data[k * BLOCK_SIZE:(k + 1) * BLOCK_SIZE])
@@ -380,8 +401,8 @@ class RemoteSource(CountedReads, ByteSource):
         attempt = 0
         while True:
             left = deadline - time.monotonic()
-            if self._closed:  # (a read-ahead fetch of a slide closed meanwhile: nobody waits for it)
-                raise RemoteUnavailableError(f"{self.shown}: slide is closed (bytes {start}-{end - 1})")
+            if self._stop.is_set():  # closing (or the interpreter exiting): no new request, no retry
+                raise WsiError(f"{self.shown}: slide is closed (bytes {start}-{end - 1} not read)")
             if left <= 0:
                 raise RemoteUnavailableError(
                     f"{self.shown}: no answer within the operation timeout of "
@@ -637,6 +658,8 @@ class RemoteSource(CountedReads, ByteSource):
                     merged.append([s, e])
             if ahead and not self._room(merged):
                 return
+            if not ahead and merged:
+                self._guard = self._seq + 1  # (kept until the next read's advice: see _trim_extents)
             for s, e in merged:
                 for a in range(s, e, MAX_REQUEST):
                     b = min(e, a + MAX_REQUEST)
@@ -649,9 +672,14 @@ class RemoteSource(CountedReads, ByteSource):
                 self._pool = cf.ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wsitool-remote")
             pool = self._pool
         self._trim_extents()
-        for a, b, fut in jobs:
+        for k, (a, b, fut) in enumerate(jobs):
             assert pool is not None  # made above whenever there are jobs
-            pool.submit(self._fill_extent, a, b, fut)
+            try:
+                pool.submit(self._fill_extent, a, b, fut)
+            except RuntimeError:  # closed meanwhile (or the interpreter exiting): nothing more is fetched
+                for _, _, left in jobs[k:]:
+                    self._fail_extent(left, WsiError(f"{self.shown}: slide is closed"))
+                return
 
     def _room(self, merged: list[list[int]]) -> bool:  # caller holds self._lock
         """Whether read-ahead of the ``merged`` spans fits (see :meth:`advise`)."""
@@ -672,12 +700,18 @@ class RemoteSource(CountedReads, ByteSource):
         try:  # (the operation timeout counts from the request's start, not from its advice)
             data = self._fetch(a, b, self._deadline()).data
         except BaseException as exc:
-            with self._lock:
-                self._extents = [t for t in self._extents if t[3] is not fut]
-                self._extent_bytes = sum(t[1] - t[0] for t in self._extents)
-            fut.set_exception(exc)
+            self._fail_extent(fut, exc)
             return
-        fut.set_result(data)
+        with contextlib.suppress(cf.InvalidStateError):  # (failed by _stop_fetching meanwhile)
+            fut.set_result(data)
+
+    def _fail_extent(self, fut: cf.Future, exc: BaseException) -> None:
+        """Drop the extent of ``fut`` and hand its readers ``exc`` (unless it has its bytes)."""
+        with self._lock:
+            self._extents = [t for t in self._extents if t[3] is not fut]
+            self._extent_bytes = sum(t[1] - t[0] for t in self._extents)
+        with contextlib.suppress(cf.InvalidStateError):
+            fut.set_exception(exc)
 
     #: Advised bytes a slide keeps (the oldest ranges are dropped past this): what the
     #: regions being read now need, not a cache (decoded tiles are cached above).  For a
@@ -697,9 +731,12 @@ class RemoteSource(CountedReads, ByteSource):
             if total <= budget:
                 return
             # drop the finished ranges advised first until at three quarters of the budget
-            # (the newest finished ones are those of the batch being read now)
+            # (the newest finished ones are those of the batch being read now), never those of
+            # the last read's own advice (a region or batch larger than the budget: they were
+            # dropped before it read them, and fetched again)
             gone = set()
-            for a, b, seq, _fut in sorted((t for t in self._extents if t[3].done()), key=lambda t: t[2]):
+            done = (t for t in self._extents if t[3].done() and t[2] < self._guard)
+            for a, b, seq, _fut in sorted(done, key=lambda t: t[2]):
                 if total <= budget * 3 // 4:
                     break
                 gone.add(seq)
@@ -722,24 +759,39 @@ class RemoteSource(CountedReads, ByteSource):
             yield self
 
     def close(self) -> None:
-        """Wait for the reads in flight, cancel the queued read-ahead, stop the fetch threads
-        (a read-ahead request in flight is not retried: at most one request's ``timeout``),
-        close the connections and drop this slide's cached bytes.  Idempotent."""
+        """Close: from now on no request and no retry starts, so the reads in flight end
+        with the requests already sent (a read that needs another raises "slide is closed");
+        wait for them, cancel the queued read-ahead, stop the fetch threads (a request in
+        flight ends within ``timeout`` of silence, ``operation_timeout`` in all), close the
+        connections and drop this slide's cached bytes.  Idempotent."""
         with self._idle:
             if self._closed:
                 return
+            self._stop.set()  # (a read in flight ends with its requests already sent)
             self._wait_for_readers()
             self._closed = True
-            self._stop.set()
             pool, self._pool = self._pool, None
             self._extents = []
             self._extent_bytes = 0
         if pool is not None:
             # read-ahead nobody waits for: the queued fetches are cancelled; a request in flight
-            # is not retried once closed, so this waits at most one request's ``timeout``
+            # is not retried once closing, so this waits for one request at most
             pool.shutdown(wait=True, cancel_futures=True)
         self.transport.close()
         _cache.drop(self._token)
+        _open_sources.discard(self)
+
+    def _stop_fetching(self) -> None:
+        """No request or retry starts from now on and the queued read-ahead is dropped (the
+        interpreter is exiting); the source stays open (a read then raises "slide is closed")."""
+        self._stop.set()
+        with self._lock:
+            pool = self._pool
+            pending = [t[3] for t in self._extents if not t[3].done()]
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for fut in pending:  # (a reader waiting on a cancelled fetch would wait out its deadline)
+            self._fail_extent(fut, WsiError(f"{self.shown}: slide is closed (the interpreter is exiting)"))
 
     @property
     def closed(self) -> bool:
