@@ -174,3 +174,28 @@ def test_a_body_sent_slowly_is_cut_off_at_the_operation_timeout_by_urllib3(scrip
         with pytest.raises(RemoteUnavailableError, match="took more than 3 s"):
             s._source.read(400_000, 100_000)
         assert time.monotonic() - t0 < 6
+
+
+def test_many_open_slides_hold_the_process_budget_of_fetched_ranges(nginx_factory, monkeypatch):
+    """Eight remote slides open at once (a server of a bucket prefix), each read in four
+    regions: together they keep about the process budget of fetched ranges (2 MiB here), the
+    slides read least recently giving theirs up first, not each its own budget (8 MiB each
+    for these, 64 MiB for a large slide: a server of many slides held that for every one
+    it had served)."""
+    monkeypatch.setattr(RemoteSource, "PROCESS_EXTENT_BYTES", 2 * 1024 * 1024)
+    url = nginx_factory(SAMPLE.parent).url + SAMPLE.name
+    slides = [wsitool.open_slide(url) for _ in range(8)]
+    try:
+        w, h = slides[0].dimensions
+        fetched = 0
+        for s in slides:
+            for x, y in ((0, 0), (w // 2, 0), (0, h // 2), (w // 2, h // 2)):
+                s.read_region((x, y), 0, (w // 2, h // 2))
+            fetched += s._source.stats()["bytes"]
+        held = [s._source._extent_bytes for s in slides]
+        # (6.6 MB before: each slide its 0.83 MB; now the others keep their last region's ranges)
+        assert fetched > 3 * sum(held) and sum(held) <= 2 * 1024 * 1024, (fetched, held)
+        assert max(held[:-1]) < held[-1], held
+    finally:
+        for s in slides:
+            s.close()

@@ -367,6 +367,7 @@ class RemoteSource(CountedReads, ByteSource):
         self._closed = False
         self._stop = threading.Event()  # set when close starts: no request or retry starts after
         self._guard = 1 << 62  # extents of this seq on (the last read's own advice) are never trimmed
+        self._advised_at = time.monotonic()  # when this slide was last advised (_trim_others)
         self._pid = os.getpid()
         self._pool: cf.ThreadPoolExecutor | None = None
         self._extents: list[tuple[int, int, int, cf.Future]] = []  # advised (start, end, seq, bytes), sorted
@@ -671,7 +672,9 @@ class RemoteSource(CountedReads, ByteSource):
             if jobs and self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="wsitool-remote")
             pool = self._pool
+        self._advised_at = time.monotonic()
         self._trim_extents()
+        self._trim_others()
         for k, (a, b, fut) in enumerate(jobs):
             assert pool is not None  # made above whenever there are jobs
             try:
@@ -719,6 +722,9 @@ class RemoteSource(CountedReads, ByteSource):
     #: never under :attr:`EXTENT_FLOOR`.
     EXTENT_BYTES = 64 * 1024 * 1024
     EXTENT_FLOOR = 8 * 1024 * 1024
+    #: Advised bytes all the open remote slides of the process keep together (past it the
+    #: other slides drop theirs, those advised least recently first: :meth:`_trim_others`).
+    PROCESS_EXTENT_BYTES = 128 * 1024 * 1024
 
     def _extent_budget(self) -> int:
         """Bytes of advised ranges this slide keeps before the oldest finished ones are dropped."""
@@ -743,6 +749,30 @@ class RemoteSource(CountedReads, ByteSource):
                 total -= b - a
             self._extents = [t for t in self._extents if t[2] not in gone]
             self._extent_bytes = total
+
+    def _trim_others(self) -> None:
+        """Where the open remote slides of the process hold more than
+        :attr:`PROCESS_EXTENT_BYTES` of advised ranges together, the other slides drop their
+        finished ones (not their last read's own), the slide advised least recently first,
+        down to three quarters of it: a server of many slides kept up to each one's budget
+        for every slide it had served.  Takes one slide's lock at a time."""
+        budget = self.PROCESS_EXTENT_BYTES
+        sources = list(_open_sources)
+        total = sum(src._extent_bytes for src in sources)  # (unlocked reads: an estimate is enough)
+        if total <= budget:
+            return
+        for other in sorted((src for src in sources if src is not self), key=lambda src: src._advised_at):
+            total -= other._drop_finished()
+            if total <= budget * 3 // 4:
+                return
+
+    def _drop_finished(self) -> int:
+        """Drop the finished advised ranges but those of the last read's own advice; the bytes dropped."""
+        with self._lock:
+            kept = [t for t in self._extents if not t[3].done() or t[2] >= self._guard]
+            before, self._extents = self._extent_bytes, kept
+            self._extent_bytes = sum(t[1] - t[0] for t in kept)
+            return before - self._extent_bytes
 
     # -------------------------------------------------------------- lifetime
 
