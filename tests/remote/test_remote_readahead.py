@@ -136,7 +136,9 @@ def test_an_interpreter_leaving_an_unclosed_slide_does_not_wait_on_its_read_ahea
     data = SAMPLE.read_bytes()
     url, script = scripted(data)
     code = f"""
-import sys, numpy as np, wsitool
+import sys, numpy as np
+import wsitool.storage.remote  # (first, as to set its cache budget: its exit hook before concurrent.futures')
+import wsitool
 s = wsitool.open_slide({url!r}, storage_options={{"timeout": 1, "retries": 3, "backoff": 0.5, "concurrency": 2}})
 sys.stdout.write("open\\n"); sys.stdout.flush(); sys.stdin.readline()
 s._source.advise([(300_000 + k * 40_000, 1000) for k in range(16)])

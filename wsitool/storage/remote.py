@@ -42,6 +42,7 @@ import abc
 import atexit
 import bisect
 import concurrent.futures as cf
+import concurrent.futures.thread  # noqa: F401 - its exit hook registered before this module's (see below)
 import contextlib
 import math
 import os
@@ -325,7 +326,8 @@ def _stop_at_exit() -> None:
         source._stop_fetching()
 
 
-# (threading's exit hooks run before it joins the pools' threads, the last registered first;
+# (threading's exit hooks run before it joins the threads that are not daemons, the last
+# registered first: this one before concurrent.futures', which waits for every queued item;
 # atexit's would run after that wait)
 with contextlib.suppress(RuntimeError):  # (imported while the interpreter shuts down: too late anyway)
     getattr(threading, "_register_atexit", atexit.register)(_stop_at_exit)
