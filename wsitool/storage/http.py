@@ -311,8 +311,8 @@ class _Urllib3Client:
 
     def _answer(self, r: Any, start: int, end: int, pin: Response | None, deadline: float) -> Response:
         """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``),
-        its body read by :data:`BODY_PIECE` bytes until ``deadline`` (``time.monotonic()``: a
-        server sending a byte now and then never trips the read timeout)
+        its body read at most :data:`BODY_PIECE` bytes at a time until ``deadline``
+        (``time.monotonic()``: a server sending a byte now and then never trips the read timeout).
 
         Raises:
             RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix;
