@@ -16,6 +16,7 @@ holding it pickles by reference.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -163,7 +164,6 @@ def remember_options(url: str, options: dict | None) -> None:
 
 def _options_key(options: dict | None) -> str:
     """A text that two equal option mappings share (values of any type, compared as text)."""
-    import json
     return json.dumps(options, sort_keys=True, default=repr)
 
 

@@ -733,24 +733,29 @@ class RemoteSource(CountedReads, ByteSource):
         return min(self.EXTENT_BYTES, max(self.EXTENT_FLOOR, 2 * self.size))
 
     def _trim_extents(self) -> None:
+        """Past this slide's budget, down to three quarters of it (:meth:`_drop_oldest`)."""
         budget = self._extent_budget()
+        if self._extent_bytes > budget:
+            self._drop_oldest(budget * 3 // 4)
+
+    def _drop_oldest(self, keep: int) -> int:
+        """Drop finished advised ranges, those advised first first, until at most ``keep``
+        bytes are held; never those of the last read's own advice (a region or batch larger
+        than the budget: they were dropped before it read them, and fetched again).  The
+        newest finished ones are those of the batch being read now.  Returns the bytes dropped."""
         with self._lock:
-            total = self._extent_bytes
-            if total <= budget:
-                return
-            # drop the finished ranges advised first until at three quarters of the budget
-            # (the newest finished ones are those of the batch being read now), never those of
-            # the last read's own advice (a region or batch larger than the budget: they were
-            # dropped before it read them, and fetched again)
+            before = total = self._extent_bytes
             gone = set()
             done = (t for t in self._extents if t[3].done() and t[2] < self._guard)
             for a, b, seq, _fut in sorted(done, key=lambda t: t[2]):
-                if total <= budget * 3 // 4:
+                if total <= keep:
                     break
                 gone.add(seq)
                 total -= b - a
-            self._extents = [t for t in self._extents if t[2] not in gone]
-            self._extent_bytes = total
+            if gone:
+                self._extents = [t for t in self._extents if t[2] not in gone]
+                self._extent_bytes = total
+            return before - total
 
     def _trim_others(self) -> None:
         """Where the open remote slides of the process hold more than
@@ -764,17 +769,9 @@ class RemoteSource(CountedReads, ByteSource):
         if total <= budget:
             return
         for other in sorted((src for src in sources if src is not self), key=lambda src: src._advised_at):
-            total -= other._drop_finished()
+            total -= other._drop_oldest(0)
             if total <= budget * 3 // 4:
                 return
-
-    def _drop_finished(self) -> int:
-        """Drop the finished advised ranges but those of the last read's own advice; the bytes dropped."""
-        with self._lock:
-            kept = [t for t in self._extents if not t[3].done() or t[2] >= self._guard]
-            before, self._extents = self._extent_bytes, kept
-            self._extent_bytes = sum(t[1] - t[0] for t in kept)
-            return before - self._extent_bytes
 
     # -------------------------------------------------------------- lifetime
 
