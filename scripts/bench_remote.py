@@ -6,7 +6,7 @@ Usage::
     python scripts/bench_remote.py --jpeg /tmp/b.svs --j2k /tmp/b-j2k.svs
         [--servers nginx,s3] [--s3 seaweedfs|moto] [--delays 0,20,50] [--threads 1,8]
         [--sizes 256,1024] [--readers wsitool,tiffslide,tiffslide-block64k] [--seconds 3]
-        [--json OUT.json]
+        [--reader-cpus 0 --server-cpus 1] [--json OUT.json]
 
 Make the slides first (outside the repository)::
 
@@ -38,6 +38,12 @@ the read loop per region: the reader's process, the server's process tree, and t
 proxies (this script's parent process). On a machine with few cores the server and
 the proxy share them with the reader; the reader's column is what it would cost beside
 a server elsewhere.  Then the targets of issue 30 and whether they are met.
+
+``--reader-cpus`` and ``--server-cpus`` (comma-separated CPU numbers) split the cores: every
+reader child (the local baseline too) runs on the first set, the servers and the proxies on
+the second, so the server's and the proxy's CPU time does not come out of the reader's, as
+with a server on another machine.  Both readers and the baseline then have the same fewer
+cores: compare ratios, not rates, with an unsplit run.
 """
 
 from __future__ import annotations
@@ -122,6 +128,8 @@ def child(job: dict) -> list[dict]:
     """Run the cells of ``job`` (one reader, one URL) and return one result per cell."""
     import warnings
     warnings.simplefilter("ignore")
+    if job.get("cpus"):  # (before any thread starts: they all inherit it)
+        os.sched_setaffinity(0, job["cpus"])
     open_, read = _opener(job)
     out = []
     for cell in job["cells"]:
@@ -233,6 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--seconds", type=float, default=3.0, help="read loop of each cell")
+    ap.add_argument("--reader-cpus", help="CPUs of the reader processes (e.g. 0)")
+    ap.add_argument("--server-cpus", help="CPUs of the servers and proxies (e.g. 1)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -248,6 +258,13 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in a.sizes.split(",")]
     readers = a.readers.split(",")
     s3kind = a.s3 or ("seaweedfs" if rs.weed_command() else "moto")
+    if bool(a.reader_cpus) != bool(a.server_cpus):
+        ap.error("give both --reader-cpus and --server-cpus, or neither")
+    cpus = [int(c) for c in a.reader_cpus.split(",")] if a.reader_cpus else None
+    if a.server_cpus:
+        # this thread's mask, inherited by the servers, the proxies' threads and the children
+        # (each child moves itself to --reader-cpus before it starts a thread)
+        os.sched_setaffinity(0, [int(c) for c in a.server_cpus.split(",")])
     cells = [{"size": s, "threads": t, "seed": 1000 * s + t} for s in sizes for t in threads]
     results: list[dict] = []
     env0 = dict(os.environ)
@@ -261,7 +278,7 @@ def main(argv=None) -> int:
         # the baseline: wsitool on the local files
         for codec, path in slides.items():
             for r in run_child({"reader": "local", "url": os.path.abspath(path), "cells": cells,
-                                "seconds": a.seconds, "label": f"local {codec}"}, env0):
+                                "seconds": a.seconds, "label": f"local {codec}", "cpus": cpus}, env0):
                 results.append({**r, "server": "local", "delay": 0, "codec": codec, "reader": "wsitool"})
                 print(f"{label(results[-1])} local      {r['rps']:8.1f} regions/s  CPU ms/region: reader "
                       f"{r['reader_cpu_ms']:.1f}", flush=True)
@@ -297,7 +314,7 @@ def main(argv=None) -> int:
                         env = {**env_s3, "AWS_ENDPOINT_URL": options["endpoint_url"]}
                     job = {"reader": reader, "url": url, "options": options, "cells": cells,
                            "seconds": a.seconds, "counters": counters.url, "port": proxy.port, "server": name,
-                           "label": f"{name} {d}ms {codec}"}
+                           "label": f"{name} {d}ms {codec}", "cpus": cpus}
                     for r in run_child(job, env):
                         results.append({**r, "server": name if name == "nginx" else s3kind, "delay": d,
                                         "codec": codec, "reader": reader})

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import wsitool
+from wsitool.errors import RemoteUnavailableError
 from wsitool.storage.remote import RemoteSource
 
 from remote_helpers import remote_threads
@@ -71,6 +72,32 @@ def test_an_advised_range_times_out_from_when_its_request_starts(scripted):
         for offset, count in ranges:
             assert src.read(offset, count) == data[offset:offset + count]
         assert len(script.log) - n0 == 12
+
+
+def test_a_read_whose_request_is_still_queued_says_so_when_it_times_out(scripted):
+    """Eight advised ranges on one connection to a server that answers in 0.5 s, and a read
+    of the last with an operation timeout of 1.2 s: its request is still queued when the
+    read gives up, and the error says so (and what lets it through) instead of only "no
+    answer"; a read whose request was sent and not answered keeps the plain message."""
+    data = SAMPLE.read_bytes()
+    url, script = scripted(data)
+    options = {"timeout": 5, "operation_timeout": 1.2, "retries": 0, "concurrency": 1}
+    with wsitool.open_slide(url, storage_options=options) as s:
+        src = s._source
+        script.default = "slow"
+        ranges = [(300_000 + k * 60_000, 1000) for k in range(8)]
+        src.advise(ranges)
+        with pytest.raises(RemoteUnavailableError, match=r"still queued behind the 1 in flight") as err:
+            src.read(*ranges[-1])
+        assert "operation_timeout" in str(err.value) and url.split("?")[0] in str(err.value)
+        end = time.monotonic() + 10
+        while not all(t[3].done() for t in src._extents) and time.monotonic() < end:
+            time.sleep(0.1)  # (the queue drains at 0.5 s a request)
+        script.default = "hang"
+        src.advise([(10_000, 100)])
+        with pytest.raises(RemoteUnavailableError) as err:
+            src.read(10_000, 100)
+        assert "queued" not in str(err.value)
 
 
 def test_closing_does_not_wait_for_read_ahead_retries(scripted):

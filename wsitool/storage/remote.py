@@ -91,6 +91,13 @@ MAX_CONCURRENCY = 256
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 
 
+class _Fetch(cf.Future):
+    """The bytes of one advised range; ``started``: its request has left the queue (a
+    reader timing out on one still queued says so)."""
+
+    started = False
+
+
 @dataclass
 class RemoteOptions:
     """Network settings of one remote slide (the generic keys of ``storage_options``).
@@ -550,6 +557,12 @@ class RemoteSource(CountedReads, ByteSource):
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except cf.TimeoutError:
+            if isinstance(future, _Fetch) and not future.started:  # (its request never went out)
+                raise RemoteUnavailableError(
+                    f"{self.shown}: no answer within the operation timeout of "
+                    f"{self.options.operation_timeout:g} s: the request was still queued behind the "
+                    f"{self.options.concurrency} in flight (a slow server; a larger operation_timeout "
+                    f"or concurrency lets it through)") from None
             raise RemoteUnavailableError(f"{self.shown}: no answer within the operation timeout of "
                                          f"{self.options.operation_timeout:g} s") from None
 
@@ -644,7 +657,7 @@ class RemoteSource(CountedReads, ByteSource):
             return
         self._check_process()
         spans = sorted((max(0, o), min(self.size, o + c)) for o, c in ranges if c > 0 and o < self.size)
-        jobs: list[tuple[int, int, cf.Future]] = []
+        jobs: list[tuple[int, int, _Fetch]] = []
         with self._lock:
             if self._closing:
                 return
@@ -666,7 +679,7 @@ class RemoteSource(CountedReads, ByteSource):
             for s, e in merged:
                 for a in range(s, e, MAX_REQUEST):
                     b = min(e, a + MAX_REQUEST)
-                    fut: cf.Future = cf.Future()
+                    fut = _Fetch()
                     self._seq += 1
                     bisect.insort(self._extents, (a, b, self._seq, fut))
                     self._extent_bytes += b - a
@@ -701,7 +714,8 @@ class RemoteSource(CountedReads, ByteSource):
                 return True
         return False
 
-    def _fill_extent(self, a: int, b: int, fut: cf.Future) -> None:
+    def _fill_extent(self, a: int, b: int, fut: _Fetch) -> None:
+        fut.started = True
         try:  # (the operation timeout counts from the request's start, not from its advice)
             data = self._fetch(a, b, self._deadline()).data
         except BaseException as exc:
