@@ -53,7 +53,11 @@ class Script:
     (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow", "trickle"
     (the body 1 KiB every 0.3 s, never idle for a second), "whole"
     (200 with the whole object, Range ignored), "redirect" (302 to the same path with
-    ``moved=1`` added to its query) or "chunked" (the 206 body chunked, no Content-Length).
+    ``moved=1`` added to its query) or "chunked" (the 206 body chunked, no Content-Length);
+    hostile answers (:func:`endless`): "overlong" (206 with the range asked for, a
+    Content-Length of 10 GiB and a body without end), "overlong-chunked" (206 with the range
+    asked for, chunked, without end), "longer" (206 of 1 MiB more than asked, range and length
+    agreeing) and "endless" (200, chunked, without end: Range ignored).
     ``etag`` (None: no ETag header) and ``modified`` (a Last-Modified header, or None) go with
     every 2xx answer; a request whose ``If-Match`` is not ``etag`` gets 412, as a server checks
     it.  ``seen``: each request's path and headers (names in lower case)."""
@@ -66,11 +70,34 @@ class Script:
         self.default = "ok"
         self.log: list[tuple[str, str]] = []  # (action, Range)
         self.seen: list[tuple[str, dict]] = []  # (path with query, headers)
+        self.sent: list[int] = []  # bytes each hostile answer (:func:`endless`) sent
         self.lock = threading.Lock()
 
     def next(self):
         with self.lock:
             return self.actions.pop(0) if self.actions else self.default
+
+
+#: What a hostile answer of :func:`endless` sends at the most (then it stops: a bounded loop).
+ENDLESS_BYTES = 4 << 30
+ENDLESS_SECONDS = 60
+
+
+def endless(wfile, chunked: bool, head: bytes = b"") -> int:
+    """Write ``head``, then zeros without end (chunked or not) until the client goes away,
+    :data:`ENDLESS_BYTES` are sent or :data:`ENDLESS_SECONDS` pass; the bytes sent."""
+    piece = bytes(64 * 1024)
+    sent = 0
+    end = time.monotonic() + ENDLESS_SECONDS
+    try:
+        for data in ([head] if head else []) + [piece] * (ENDLESS_BYTES // len(piece)):
+            wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n" if chunked else data)
+            sent += len(data)
+            if time.monotonic() > end:
+                break
+    except OSError:  # (the client closed the connection: what a bounded reader does)
+        pass
+    return sent
 
 
 def _handler(script: Script):
@@ -110,6 +137,14 @@ def _handler(script: Script):
                 return
             if action == "slow":
                 time.sleep(0.5)  # a slow first byte, within the timeout
+            if action == "endless":  # a server that ignores Range and sends a body without end
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self._identity()
+                self.end_headers()
+                script.sent.append(endless(self.wfile, chunked=True))
+                self.close_connection = True
+                return
             if action == "whole":  # a server that ignores Range
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(script.data)))
@@ -120,10 +155,21 @@ def _handler(script: Script):
             m = re.match(r"bytes=(\d+)-(\d+)", rng)
             start, end = (int(m.group(1)), int(m.group(2)) + 1) if m else (0, len(script.data))
             end = min(end, len(script.data))
+            if action == "longer":
+                end = min(end + (1 << 20), len(script.data))
             body = script.data[start:end]
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(script.data)}")
             self._identity()
+            if action in ("overlong", "overlong-chunked"):  # the range as asked, then no end
+                if action == "overlong":
+                    self.send_header("Content-Length", str(10 << 30))
+                else:
+                    self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                script.sent.append(endless(self.wfile, chunked=action == "overlong-chunked", head=body))
+                self.close_connection = True
+                return
             if action == "chunked":
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()

@@ -19,6 +19,7 @@ from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, UnsupportedFormatError
 
 from helpers import shared_sample
+from remote_helpers import endless
 
 pydicom = pytest.importorskip("pydicom", reason="pydicom is not installed")
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
@@ -42,6 +43,7 @@ class Series:
         self.actions: dict[str, list] = {}  # endpoint ("qido", "metadata", "frames") -> actions
         self.default: dict[str, object] = {}
         self.log: list[str] = []
+        self.sent: list[int] = []  # bytes each hostile answer (remote_helpers.endless) sent
 
     def action(self, endpoint: str):
         queue = self.actions.get(endpoint) or []
@@ -79,6 +81,18 @@ def _handler(series: Series):
             if act == "hang":
                 time.sleep(3)
                 return self._send(503)
+            if act in ("overlong", "endless"):  # 10 GiB declared, or chunked: a body without end
+                self.send_response(200)
+                self.send_header("Content-Type", 'multipart/related; type="image/jpeg"; boundary=b0undary'
+                                 if endpoint == "frames" else "application/dicom+json")
+                if act == "overlong":
+                    self.send_header("Content-Length", str(10 << 30))
+                else:
+                    self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                series.sent.append(endless(self.wfile, chunked=act == "endless", head=b"--b0undary\r\n"))
+                self.close_connection = True
+                return
             if endpoint == "qido":
                 return self._send(200, json.dumps([{"00080018": {"vr": "UI", "Value": [series.sop]},
                                                     "00080016": series.meta["00080016"]}]).encode())
@@ -197,3 +211,43 @@ def test_cli_error_line_hides_credentials(server):
     assert r.returncode == 16, r.stderr
     assert "hunter2" not in r.stderr + r.stdout and "bob" not in r.stderr + r.stdout
     assert "access denied" in r.stderr
+
+
+def _not_drained(series, count=1):
+    """The hostile answers stopped being read at once: what the server wrote before the
+    connection closed is far below its cap (4 GiB; the server learns at its next write)."""
+    end = time.monotonic() + 30
+    while len(series.sent) < count and time.monotonic() < end:
+        time.sleep(0.05)
+    return bool(series.sent) and max(series.sent) < 64 << 20
+
+
+@pytest.mark.parametrize("fault", ["overlong", "endless"])
+@pytest.mark.parametrize("endpoint", ["qido", "metadata"])
+def test_an_answer_without_end_at_open_is_one_error_17(server, endpoint, fault):
+    server.default[endpoint] = fault
+    with pytest.raises(RemoteUnavailableError) as info:
+        _open(server.url, metadata_limit_mb=8)
+    text = str(info.value)
+    assert exit_code_for(info.value) == 17 and len(text.splitlines()) == 1
+    assert "8388608 bytes" in text and "metadata_limit_mb" in text
+    assert _not_drained(server, server.log.count(endpoint))
+
+
+@pytest.mark.parametrize("fault", ["overlong", "endless"])
+def test_a_frames_answer_past_the_frames_size_is_one_error_17(server, fault):
+    with _open(server.url, frame_cache_mb=0) as slide:
+        at_open = server.log.count("frames")
+        server.default["frames"] = fault
+        with pytest.raises(RemoteUnavailableError) as info:
+            slide.read_region((0, 0), 0, (300, 300))
+        assert exit_code_for(info.value) == 17 and "frames" in str(info.value)
+        assert server.log.count("frames") == at_open + 1  # one request for the region's frames, not retried
+    assert _not_drained(server)
+
+
+def test_metadata_limit_mb_must_be_a_positive_number(server):
+    with pytest.raises(ValueError, match="metadata_limit_mb"):
+        _open(server.url, metadata_limit_mb="lots")
+    with pytest.raises(ValueError, match="metadata_limit_mb"):
+        _open(server.url, metadata_limit_mb=0)

@@ -29,6 +29,7 @@ import base64
 import collections
 import concurrent.futures as cf
 import contextlib
+import functools
 import json
 import random
 import re
@@ -41,13 +42,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..errors import InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, WsiError
-from .http import _cause  # (the same short causes as HTTP range reads)
-from .remote import RemoteOptions
+from .body import check_length, read_body
+from .http import BODY_PIECE, _cause  # (the same short causes and pieces as HTTP range reads)
+from .remote import RemoteOptions, Transient
 from .source import ByteSource
 from .urls import redact
 
 __all__ = ["FRAME_STRIDE", "SeriesUrl", "parse_series_url", "DicomWebClient", "FrameSource",
-           "NotAcceptable", "MEDIA_TYPES"]
+           "NotAcceptable", "MEDIA_TYPES", "JSON_LIMIT", "frames_limit"]
 
 #: Frames a :class:`FrameSource` keeps from its recent requests beyond the cache (each region's
 #: frames stay readable until its reads took them, even with a cache budget of 0).
@@ -69,7 +71,25 @@ MEDIA_TYPES = {
 
 _SERIES = re.compile(r"^(?P<base>.+?)/studies/(?P<study>[0-9.]+)/series/(?P<series>[0-9.]+)/?$")
 _RETRY_STATUS = frozenset((408, 425, 429, 500, 502, 503, 504))
-_CLIENT_KEYS = ("headers", "verify", "username", "password", "token", "frame_cache_mb")
+_CLIENT_KEYS = ("headers", "verify", "username", "password", "token", "frame_cache_mb", "metadata_limit_mb")
+
+#: Most bytes read of an answer whose length nothing asked for fixes (QIDO-RS and WADO-RS
+#: JSON, a bulk data value, a STOW-RS answer), unless ``metadata_limit_mb`` says otherwise: a
+#: server sending more is refused (:func:`~wsitool.storage.body.read_body`).
+JSON_LIMIT = 64 << 20
+#: Most bytes read of a frames answer, per frame asked for: twice the frame's pixels
+#: uncompressed (no frame in a transfer syntax wsitool reads is larger) and this much more for
+#: the part's headers; a request whose frames' size is not known reads at most
+#: :data:`FRAME_UNKNOWN_LIMIT` per frame.
+FRAME_SLACK = 16 << 10
+FRAME_UNKNOWN_LIMIT = 64 << 20
+
+
+def frames_limit(count: int, frame_bytes: int | None) -> int:
+    """The most bytes a multipart answer of ``count`` frames of ``frame_bytes`` pixel bytes
+    each (None: not known) may hold (:data:`FRAME_SLACK`, :data:`FRAME_UNKNOWN_LIMIT`)."""
+    per = FRAME_UNKNOWN_LIMIT if not frame_bytes else 2 * frame_bytes + FRAME_SLACK
+    return count * per + FRAME_SLACK
 
 
 class SeriesUrl:
@@ -120,13 +140,6 @@ class NotAcceptable(Exception):
     """The server will not send frames in the transfer syntax asked for (HTTP 400/406/415/500/501)."""
 
 
-class _Transient(Exception):
-    def __init__(self, reason: str, retry_after: float | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-
-
 def _urllib3() -> types.ModuleType:
     try:
         import urllib3
@@ -172,7 +185,9 @@ class DicomWebClient:
             (``timeout``, ``operation_timeout``, ``retries``, ``concurrency``, ``backoff``)
             and ``headers`` (dict), ``verify`` (False or a CA bundle path), ``username`` and
             ``password`` (HTTP basic; also taken from the URL's ``user:password@``),
-            ``token`` (bearer), ``frame_cache_mb`` (frame cache budget, default 64).
+            ``token`` (bearer), ``frame_cache_mb`` (frame cache budget, default 64),
+            ``metadata_limit_mb`` (the most read of a JSON or bulk data answer, default
+            :data:`JSON_LIMIT`: 64).
 
     Attributes:
         requests, bytes: requests made and body bytes received so far.
@@ -210,6 +225,7 @@ class DicomWebClient:
             raise InvalidOptionError(f"storage option frame_cache_mb: expected a number, got "
                            f"{options.get('frame_cache_mb')!r}") from None
         self.cache = _FrameCache(int(cache_mb * (1 << 20)))
+        self.json_limit = _megabytes(options.get("metadata_limit_mb"), "metadata_limit_mb", JSON_LIMIT)
         urllib3 = _urllib3()
         kw = {}
         verify = options.get("verify", True)
@@ -234,13 +250,18 @@ class DicomWebClient:
 
     def request(self, method: str, url: str, accept: str, *, body: bytes | None = None,
                 content_type: str | None = None, retry: bool = True,
-                not_acceptable: bool = False) -> tuple[bytes, dict]:
+                not_acceptable: bool = False, limit: int | None = None) -> tuple[bytes, dict]:
         """One request with retries; returns ``(body, response headers)`` of a 2xx answer.
+
+        ``limit``: the most bytes of the answer's body read (default :attr:`json_limit`); a
+        server declaring or sending more is refused at once
+        (:func:`~wsitool.storage.body.read_body`), never read to its end.
 
         Raises:
             RemoteNotFoundError: 404/410.  RemoteAccessError: 401/403 or another 4xx.
             RemoteUnavailableError: transient failures (timeouts, resets, 408/429/5xx,
-                bodies cut short) after ``retries`` attempts or past ``operation_timeout``.
+                bodies cut short) after ``retries`` attempts or past ``operation_timeout``;
+                an answer longer than ``limit`` (not retried).
             NotAcceptable: with ``not_acceptable``, a 400/406/415/500/501 answer (not retried).
         """
         if self.closed:
@@ -250,8 +271,9 @@ class DicomWebClient:
         attempt = 0
         while True:
             try:
-                return self._once(method, url, accept, body, content_type, not_acceptable)
-            except _Transient as exc:
+                return self._once(method, url, accept, body, content_type, not_acceptable,
+                                  self.json_limit if limit is None else limit, deadline)
+            except Transient as exc:
                 attempt += 1
                 now = time.monotonic()
                 if not retry or attempt > opts.retries or now >= deadline:
@@ -263,7 +285,7 @@ class DicomWebClient:
                 time.sleep(max(0.0, min(wait, deadline - now)))
 
     def _once(self, method: str, url: str, accept: str, body: bytes | None, content_type: str | None,
-              not_acceptable: bool) -> tuple[bytes, dict]:
+              not_acceptable: bool, limit: int, deadline: float) -> tuple[bytes, dict]:
         urllib3 = _urllib3()
         headers = dict(self._headers)
         headers["Accept"] = accept
@@ -277,7 +299,7 @@ class DicomWebClient:
             r = self._pool.request(method, url, headers=headers, body=body, preload_content=False,
                                    redirect=True, timeout=urllib3.Timeout(connect=timeout, read=timeout))
         except urllib3.exceptions.HTTPError as exc:
-            raise _Transient(_cause(exc)) from None
+            raise Transient(_cause(exc)) from None
         try:
             status = r.status
             if status in (404, 410):
@@ -293,13 +315,19 @@ class DicomWebClient:
                     wait = float(ra) if ra else None
                 except ValueError:
                     wait = None
-                raise _Transient(f"HTTP {status}", wait)
+                raise Transient(f"HTTP {status}", wait)
             if not 200 <= status < 300:
                 raise RemoteAccessError(f"{self.shown}: unexpected answer HTTP {status} for {_what(url)}")
+            what = _what(url)
+            if limit == self.json_limit:
+                what += " (storage option metadata_limit_mb, in MiB, raises the limit)"
+            if (r.headers.get("Content-Encoding") or "identity").strip().lower() == "identity":
+                check_length(r.headers.get("Content-Length"), limit, self.shown, what)
+            pieces = iter(functools.partial(r.read1, BODY_PIECE, decode_content=True), b"")
             try:
-                data = r.read(decode_content=True)
+                data = bytes(read_body(pieces, limit, self.shown, what, deadline=deadline))
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise _Transient(f"the body was cut short ({_cause(exc)})") from None
+                raise Transient(f"the body was cut short ({_cause(exc)})") from None
             with self._lock:
                 self.bytes += len(data)
             return data, dict(r.headers)
@@ -358,10 +386,11 @@ class DicomWebClient:
             return parts[0][1] if parts else b""
         return data
 
-    def stored_syntax(self, sop: str) -> str | None:
+    def stored_syntax(self, sop: str, frame_bytes: int | None = None) -> str | None:
         """The transfer syntax the server names for frame 1 of ``sop`` when asked for any
         (``transfer-syntax=*``); None where it refuses or names none.  Only the part's
         headers are used: some servers answer such requests with short bodies.
+        ``frame_bytes``: a frame's pixel bytes uncompressed (bounds the answer: :func:`frames_limit`).
 
         Raises:
             RemoteNotFoundError, RemoteAccessError: as :meth:`request`.
@@ -369,7 +398,8 @@ class DicomWebClient:
         url = f"{self._series_path()}/instances/{sop}/frames/1"
         try:
             data, headers = self.request("GET", url, 'multipart/related; type="application/octet-stream"; '
-                                         "transfer-syntax=*", retry=False, not_acceptable=True)
+                                         "transfer-syntax=*", retry=False, not_acceptable=True,
+                                         limit=frames_limit(1, frame_bytes))
         except (NotAcceptable, RemoteUnavailableError):
             return None
         except RemoteAccessError as exc:
@@ -385,8 +415,12 @@ class DicomWebClient:
             found = m.group(1) if m else None
         return found if found in MEDIA_TYPES else None
 
-    def frames(self, sop: str, numbers: list[int], syntax: str, *, negotiate: bool = False) -> list[bytes]:
+    def frames(self, sop: str, numbers: list[int], syntax: str, *, negotiate: bool = False,
+               frame_bytes: int | None = None) -> list[bytes]:
         """WADO-RS frames ``numbers`` (1-based) of instance ``sop`` in ``syntax``, in one request.
+
+        ``frame_bytes``: one frame's pixel bytes uncompressed; the answer is read up to
+        :func:`frames_limit` of it (a server sending more is refused, not read on).
 
         Raises:
             NotAcceptable: with ``negotiate``, the server will not send ``syntax``.
@@ -399,19 +433,19 @@ class DicomWebClient:
         attempt = 0
         while True:
             data, headers = self.request("GET", url, accept, not_acceptable=negotiate,
-                                         retry=not negotiate)
+                                         retry=not negotiate, limit=frames_limit(len(numbers), frame_bytes))
             with self._lock:
                 self.frame_requests += 1
             ctype = headers.get("Content-Type") or headers.get("content-type") or ""
             try:
                 parts = parse_multipart(data, ctype, self.shown)
                 if len(parts) != len(numbers):
-                    raise _Transient(f"{len(parts)} frame(s) in the answer for {len(numbers)} asked")
+                    raise Transient(f"{len(parts)} frame(s) in the answer for {len(numbers)} asked")
                 for part_type in {head.get("content-type", "") for head, _ in parts}:  # (parts share one)
                     got = _param(part_type, "transfer-syntax")
                     if got and got != syntax:
                         raise NotAcceptable(f"the server sent transfer syntax {got} for {syntax}")
-            except _Transient as exc:
+            except Transient as exc:
                 attempt += 1
                 if negotiate:
                     raise NotAcceptable(exc.reason) from None
@@ -463,8 +497,10 @@ class FrameSource(ByteSource):
     framed = True
     protocol = "dicomweb"
 
-    def __init__(self, client: DicomWebClient, sop: str, frames: int, syntax: str, path: str):
+    def __init__(self, client: DicomWebClient, sop: str, frames: int, syntax: str, path: str,
+                 frame_bytes: int | None = None):
         self.client = client
+        self.frame_bytes = frame_bytes  # (one frame's pixels, uncompressed: bounds each answer)
         self.sop = sop
         self.frames = frames
         self.syntax = syntax
@@ -508,7 +544,7 @@ class FrameSource(ByteSource):
         return self._fetch([k])[k]
 
     def _fetch(self, numbers: list[int]) -> dict[int, bytes]:
-        frames = self.client.frames(self.sop, numbers, self.syntax)
+        frames = self.client.frames(self.sop, numbers, self.syntax, frame_bytes=self.frame_bytes)
         out = dict(zip(numbers, frames, strict=True))
         for k, data in out.items():
             self.client.cache.put((self.sop, k), data)
@@ -592,7 +628,7 @@ def parse_multipart(data: bytes, content_type: str, shown: str) -> list[tuple[di
     """The parts of a ``multipart/related`` body: ``(lower-case headers, body)`` each.
 
     Raises:
-        _Transient: a body cut short (no closing delimiter).
+        Transient: a body cut short (no closing delimiter).
         RemoteAccessError: not a multipart answer (no boundary).
     """
     boundary = _param(content_type, "boundary")
@@ -602,7 +638,7 @@ def parse_multipart(data: bytes, content_type: str, shown: str) -> list[tuple[di
     delim = b"--" + boundary.encode("latin-1")
     pos = data.find(delim)
     if pos < 0:
-        raise _Transient("the multipart body was cut short (no boundary)")
+        raise Transient("the multipart body was cut short (no boundary)")
     parts: list[tuple[dict, bytes]] = []
     pos += len(delim)
     while True:
@@ -610,7 +646,7 @@ def parse_multipart(data: bytes, content_type: str, shown: str) -> list[tuple[di
             return parts
         head_end = data.find(b"\r\n\r\n", pos)
         if head_end < 0:
-            raise _Transient("the multipart body was cut short (part headers)")
+            raise Transient("the multipart body was cut short (part headers)")
         headers = {}
         for line in data[pos:head_end].split(b"\r\n"):
             name, sep, value = line.decode("latin-1").partition(":")
@@ -618,7 +654,7 @@ def parse_multipart(data: bytes, content_type: str, shown: str) -> list[tuple[di
                 headers[name.strip().lower()] = value.strip()
         nxt = data.find(b"\r\n" + delim, head_end + 4)
         if nxt < 0:
-            raise _Transient("the multipart body was cut short")
+            raise Transient("the multipart body was cut short")
         parts.append((headers, data[head_end + 4:nxt]))
         pos = nxt + 2 + len(delim)
 
@@ -630,6 +666,25 @@ def _param(header: str, name: str) -> str | None:
         if sep and key.strip().lower() == name:
             return value.strip().strip('"')
     return None
+
+
+def _megabytes(raw: Any, name: str, default: int) -> int:
+    """The storage option ``name`` (MiB, a positive number) in bytes; ``default`` where not given.
+
+    Raises:
+        InvalidOptionError: not a positive number.
+    """
+    if raw is None:
+        return default
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"storage option {name}: expected a number, got {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise InvalidOptionError(f"storage option {name}: must be a positive number, got {raw!r}")
+    return int(value * (1 << 20))
 
 
 def _what(url: str) -> str:

@@ -39,6 +39,7 @@ system's), plus the generic keys of :class:`~wsitool.storage.remote.RemoteOption
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import ssl
 import time
@@ -53,6 +54,7 @@ from ..errors import (
     RemoteUnavailableError,
     WsiError,
 )
+from .body import check_length, read_body, too_long
 from .objectstore import (
     HeaderTrouble,
     _failure,
@@ -232,11 +234,13 @@ class _ObstoreClient:
         try:
             result = obstore.get(self._store, "")
             meta = result.meta
-            size = int(meta["size"])
+            size = int(meta["size"])  # (its Content-Length: obstore refuses an answer without one)
             if size > _WHOLE_BODY_LIMIT:
                 del result  # (its body unread: the connection is dropped)
                 raise refused
-            data = bytes(result.bytes())
+            data = bytes(read_body(result.stream(min_chunk_size=max(1, size)), size, self.shown,
+                                   "the whole object", exact=True))
+            del result
         except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
             return _failure(exc, start, None, self.shown, self.protocol, self.url)
         if len(data) != size:
@@ -299,24 +303,25 @@ class _Urllib3Client:
             # an error answer's connection is closed, not pooled, and the error leaves without
             # the frames that hold the response: a traceback kept alive (a future's error, a
             # caller's) would otherwise keep its socket open
-            conn = getattr(r, "connection", None) or getattr(r, "_connection", None)
-            r.close()
-            if conn is not None:
-                conn.close()
-            r.release_conn()
-            del r, conn
+            _discard(r)
+            del r
             raise exc.with_traceback(None) from None
-        r.release_conn()
+        if r.length_remaining == 0:  # the body read to its end: the connection serves again
+            r.release_conn()
+        else:  # (a chunked body's last chunk unread): closed, not pooled
+            _discard(r)
         return response
 
     def _answer(self, r: Any, start: int, end: int, pin: Response | None, deadline: float) -> Response:
         """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``),
-        its body read at most :data:`BODY_PIECE` bytes at a time until ``deadline``
-        (``time.monotonic()``: a server sending a byte now and then never trips the read timeout).
+        its body read through :func:`~wsitool.storage.body.read_body` at most :data:`BODY_PIECE`
+        bytes at a time until ``deadline`` (``time.monotonic()``: a server sending a byte now and
+        then never trips the read timeout), never past the bytes asked for.
 
         Raises:
             RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix;
-                so is RemoteUnavailableError for a server that ignores Range (a 200 answer).
+                so is RemoteUnavailableError for a server that ignores Range (a 200 answer), or
+                declares or sends more than was asked.
             Transient: what it may (a retry status, a cut body, a range other than asked).
         """
         status = r.status
@@ -324,41 +329,39 @@ class _Urllib3Client:
         if refused is not None:
             return refused
         want, total = self._extent(r, status, start, end)
-        data = self._body(r, want if status == 206 else total, deadline)
+        what = f"bytes {start}-{end - 1}" if status == 206 else "the whole object"
+        check_length(r.headers.get("Content-Length"), want if status == 206 else total, self.shown, what,
+                     exact=True)
+        data = self._body(r, want if status == 206 else total, what, deadline)
         if len(data) < want:
             raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
         if status == 200:
             data = data[:want]
         return Response(data, total, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
 
-    def _body(self, r: Any, count: int, deadline: float) -> bytes:
-        """Up to ``count`` bytes of ``r``'s body (fewer: the body ended early).
+    def _body(self, r: Any, count: int, what: str, deadline: float) -> bytes:
+        """Up to ``count`` bytes of ``r``'s body (fewer: the body ended early), never more.
 
         Raises:
+            RemoteUnavailableError: more than ``count`` bytes arrived (:func:`~wsitool.storage.body.read_body`).
             Transient: the connection failed, or ``deadline`` passed before the body's end.
         """
         urllib3 = _urllib3()
-        pieces: list[bytes] = []
-        got = 0
         read = getattr(r, "read1", None) or r.read  # (read1: what has arrived, without waiting for all)
+        pieces = iter(functools.partial(read, BODY_PIECE, decode_content=False), b"")
         try:
-            while got < count:
-                piece = read(min(BODY_PIECE, count - got), decode_content=False)
-                if not piece:
-                    break
-                pieces.append(piece)
-                got += len(piece)
-                if got < count and time.monotonic() > deadline:
-                    raise Transient(f"the body took more than {self.total:g} s ({got} of {count} bytes)")
+            return bytes(read_body(pieces, count, self.shown, what, exact=True, deadline=deadline))
+        except Transient as exc:
+            raise Transient(f"the body took more than {self.total:g} s ({exc.reason})") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Transient(f"the body was cut short ({_cause(exc)})") from None
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _refusal(self, r: Any, status: int, start: int, end: int, pin: Response | None) -> Response | None:
         """Raise the error of a status that carries no bytes
         (:func:`~wsitool.storage.remote.status_error`: not found, denied, changed, a retry
         status, any other outside 2xx); the empty object's :class:`Response` for a 416 at open
-        of a 0-byte object; None for 2xx."""
+        of a 0-byte object; None for 2xx.  The body of such an answer is not read (its
+        connection is closed by the caller)."""
         retry_after = r.headers.get("Retry-After")
         try:
             wait = float(retry_after) if retry_after else None
@@ -367,42 +370,41 @@ class _Urllib3Client:
         error = status_error(status, self.shown, pin, retry_after=wait)
         if status == 416 and error is None:  # before the pin: an empty object, or a range refused
             total = _total(r.headers.get("Content-Range", ""))
-            r.drain_conn()
             if total == 0:
                 return Response(b"", 0, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
             error = RemoteAccessError(f"{self.shown}: the server refused the byte range "
                                       f"{start}-{end - 1} (HTTP 416)")
         if error is not None:
-            r.drain_conn()
             raise error
         return None
 
     def _extent(self, r: Any, status: int, start: int, end: int) -> tuple[int, int]:
         """``(bytes wanted, the object's size)`` of a 206 or 200 answer; raises for one
-        whose range or length does not serve the request, and for every other status."""
+        whose range or length does not serve the request, and for every other status
+        (the body is not read: the caller closes the connection)."""
         if status == 206:
             m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
             if m is None or m.group(1) is None or m.group(3) == "*":
-                r.drain_conn()
                 raise Transient(f"HTTP 206 without a usable Content-Range "
                                 f"({r.headers.get('Content-Range')!r})")
             got_start, got_end, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
             if got_start != start:
-                r.drain_conn()
                 raise Transient(f"the server answered bytes {got_start}-{got_end} for {start}-{end - 1}")
             want = min(end, total) - start
+            if got_end + 1 - got_start > want:  # more than asked: never read (nor retried)
+                raise too_long(self.shown, want, f"bytes {start}-{end - 1}", asked=True,
+                               declared=got_end + 1 - got_start)
         elif status == 200:
             length = r.headers.get("Content-Length")
-            size = int(length) if length and length.isdigit() else None
+            size = int(length) if length and length.isdigit() and length.isascii() else None
             if start != 0 or size is None or size > _WHOLE_BODY_LIMIT:
-                r.drain_conn()
                 # not a refusal (exit 16) but a server wsitool cannot read from: 17, without retries
+                # (and without reading the body: a server sending an endless one is not drained)
                 raise RemoteUnavailableError(f"{self.shown}: the server does not support HTTP range requests "
                                              f"(HTTP 200, the whole object, for bytes {start}-{end - 1})")
             total = size
             want = min(end, total)
         else:  # (another 2xx: _refusal let it through)
-            r.drain_conn()
             raise RemoteAccessError(f"{self.shown}: unexpected answer HTTP {status}")
         return want, total
 
@@ -410,6 +412,16 @@ class _Urllib3Client:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.clear()
+
+
+def _discard(r: Any) -> None:
+    """Close urllib3's answer ``r`` and its connection without reading what is left of its
+    body (a server may send one without end), then hand the pool its slot back."""
+    conn = getattr(r, "connection", None) or getattr(r, "_connection", None)
+    r.close()
+    if conn is not None:
+        conn.close()
+    r.release_conn()
 
 
 def _verify(shown: str, raw: Any) -> bool | str:

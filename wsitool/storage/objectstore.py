@@ -61,6 +61,7 @@ from ..errors import (
     RemoteUnavailableError,
     WsiError,
 )
+from .body import read_body, too_long
 from .remote import RemoteOptions, Response, Transient, Transport, status_error
 from .urls import redact
 
@@ -257,7 +258,8 @@ def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None,
     Raises:
         RemoteNotFoundError, RemoteAccessError, RemoteChangedError: what retrying cannot fix
             (:func:`_failure` says which status is which).
-        RemoteUnavailableError: a server whose answers lack a header obstore needs.
+        RemoteUnavailableError: a server whose answers lack a header obstore needs; a body
+            longer than the range (:func:`~wsitool.storage.body.read_body`: never read past it).
         HeaderTrouble: the same, for ``protocol`` "http" (its caller reads through urllib3).
         Transient: what retrying may fix (timeouts, resets, 408/425/429/5xx, a body cut short).
         WsiError: this process was forked after its parent's first obstore request.
@@ -273,14 +275,19 @@ def ranged_get(store: Any, key: str, start: int, end: int, pin: Response | None,
     try:
         result = obstore.get(store, key, options=opts)
         meta = result.meta
-        # obstore's buffer as it is (no copy: a copy of a tile row's bytes was a fresh mmap
-        # of 100+ KiB per request, page faults and all); its slices are copied where kept
-        data = memoryview(result.bytes())
+        want = max(0, min(end, meta["size"]) - start)
+        # the body through the one bounded reader (obstore does not stop at the range it was
+        # asked for: a server sending more, or without end, is refused past the range's
+        # length); in one piece where the server sends no more (min_chunk_size), obstore's
+        # buffer as it is (no copy: a copy of a tile row's bytes was a fresh mmap of 100+
+        # KiB per request, page faults and all); its slices are copied where kept
+        data = read_body(result.stream(min_chunk_size=max(1, want)), want, shown,
+                         f"bytes {start}-{end - 1}", exact=True)
+        del result  # (a body not read to its end: its connection is dropped, not pooled)
     except exc_mod.NotSupportedError:
         raise
     except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
         return _failure(exc, start, pin, shown, protocol, url)  # (raises, unless the object is empty)
-    want = max(0, min(end, meta["size"]) - start)
     if len(data) != want:
         raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
     return Response(data, int(meta["size"]), meta.get("e_tag"), http_date(meta.get("last_modified")))
@@ -320,6 +327,10 @@ def http_date(when: datetime.datetime | str | None) -> str | None:
     return email.utils.format_datetime(when.astimezone(datetime.timezone.utc), usegmt=True)
 
 
+#: obstore's words for an answer whose Content-Range is not the range asked for (end exclusive)
+_OTHER_RANGE = re.compile(r"Requested (\d+)\.\.(\d+), got (\d+)\.\.(\d+)")
+
+
 def _failure(exc: Exception, start: int, pin: Response | None, shown: str, protocol: str,
              url: str | None = None) -> Response:
     """Raise the error of obstore's ``exc`` (see :func:`ranged_get`); but return the empty
@@ -336,6 +347,13 @@ def _failure(exc: Exception, start: int, pin: Response | None, shown: str, proto
     status = _status_of(raw)
     if not status and "Range Not Satisfiable" in raw:
         status = 416
+    other = _OTHER_RANGE.search(raw)  # (obstore checks the answer's Content-Range against the request)
+    if other is not None:
+        asked, got = (int(other.group(1)), int(other.group(2))), (int(other.group(3)), int(other.group(4)))
+        if got[0] == asked[0] and got[1] > asked[1]:  # more than asked: refused, never read (nor retried)
+            raise too_long(shown, asked[1] - asked[0], f"bytes {asked[0]}-{asked[1] - 1}", asked=True,
+                           declared=got[1] - got[0]) from None
+        raise Transient(f"the server answered bytes {got[0]}-{got[1] - 1} for {asked[0]}-{asked[1] - 1}") from None
     first = _first_line(raw, 4000)
     text = first if len(first) <= 160 else first[:157] + "..."
     if not status:

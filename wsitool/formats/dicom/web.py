@@ -97,6 +97,19 @@ def _candidates(ds: Dataset, stored: str | None, available: list[str]) -> list[s
     return list(dict.fromkeys(order))
 
 
+def _frame_bytes(ds: Dataset) -> int | None:
+    """One frame's pixel bytes uncompressed (Rows x Columns x SamplesPerPixel x bytes per
+    sample), or None where the header does not say: bounds each frames answer
+    (:func:`~wsitool.storage.dicomweb.frames_limit`)."""
+    try:
+        rows, cols = int(ds.get("Rows") or 0), int(ds.get("Columns") or 0)
+        samples, bits = int(ds.get("SamplesPerPixel") or 1), int(ds.get("BitsAllocated") or 8)
+    except (TypeError, ValueError):
+        return None
+    size = rows * cols * max(1, samples) * max(1, -(-bits // 8))
+    return size if size > 0 else None
+
+
 def _negotiate(client: DicomWebClient, sop: str, ds: Dataset, available: list[str], path: str) -> str:
     """The transfer syntax the server sends ``sop``'s frames in (its first frame fetched and cached).
 
@@ -105,9 +118,10 @@ def _negotiate(client: DicomWebClient, sop: str, ds: Dataset, available: list[st
     """
     tried = []
     last = ""
-    for syntax in _candidates(ds, client.stored_syntax(sop), available):
+    frame_bytes = _frame_bytes(ds)
+    for syntax in _candidates(ds, client.stored_syntax(sop, frame_bytes), available):
         try:
-            (frame,) = client.frames(sop, [1], syntax, negotiate=True)
+            (frame,) = client.frames(sop, [1], syntax, negotiate=True, frame_bytes=frame_bytes)
         except NotAcceptable as exc:
             tried.append(syntax)
             last = str(exc)
@@ -170,7 +184,7 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
         size = (frames + 1) * FRAME_STRIDE
         inst = instance_from_dataset(path, ds, size)
         instances.append(inst)
-        by_path[path] = FrameSource(client, sop, inst.frames, syntax, path)
+        by_path[path] = FrameSource(client, sop, inst.frames, syntax, path, _frame_bytes(ds))
     if not instances:
         raise UnsupportedFormatError(f"{client.shown}: the DICOMweb series holds no VL Whole Slide "
                                      "Microscopy image")
