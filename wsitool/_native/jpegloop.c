@@ -2,7 +2,7 @@
  *
  * What it does, for one thread and a range of the tiles of one region:
  * read each tile's bytes with pread() behind the level's JPEG prefix
- * (SOI + Adobe marker + JPEGTables, built by wsitool.slide; or, for the
+ * (SOI + Adobe marker + JPEGTables, built by wsitool.formats.tiff.encoding; or, for the
  * restart intervals of a Hamamatsu NDPI level, "scan segments", the whole
  * header SOI..SOS in front of the bare segment, whose final RSTn marker
  * becomes EOI: see TileEncoding.jpeg_scan_segments), check them
@@ -73,7 +73,7 @@ enum {
 /* Largest magnitude accepted for a size or coordinate (2^48 pixels: far beyond
  * any TIFF's 32-bit sizes), so that no sum or difference of them overflows int64. */
 #define COORD_MAX ((int64_t)1 << 48)
-/* Largest tile-bytes or RGB buffer a decoder keeps between calls (as decode._READ_BUFFER_KEEP). */
+/* Largest tile-bytes or RGB buffer a decoder keeps between calls (as wsitool.codec.pool._READ_BUFFER_KEEP). */
 #define KEEP_BYTES ((size_t)16 << 20)
 #define IS_LITTLE_ENDIAN (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
 

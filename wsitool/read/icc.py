@@ -9,7 +9,7 @@ Conversion: perceptual intent (LittleCMS's default, as Pillow's
 ``ImageCms.buildTransform``), output profile LittleCMS's built-in sRGB,
 8 bits per sample; alpha is copied unchanged (``cmsFLAGS_COPY_ALPHA``) and
 pixels with alpha 0 (outside the slide, missing tiles) stay ``0, 0, 0, 0``.
-tests/openslide/test_icc.py checks the result against Pillow's ``ImageCms``
+tests/test_icc_profile.py checks the result against Pillow's ``ImageCms``
 (the oracle) within 1 per sample, with an Adobe RGB (1998)-primaries profile.
 
 Caching: :class:`IccTransform` holds the validated input profile and the sRGB
