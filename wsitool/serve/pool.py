@@ -28,15 +28,14 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..errors import InvalidOptionError, ResourceLimitError, WsiError
 
 if TYPE_CHECKING:
     from ..slide import Slide
-    from .registry import SlideEntry
 
-__all__ = ["OpenSlides", "default_open_files", "descriptor_limit"]
+__all__ = ["OpenSlides", "PoolEntry", "default_open_files", "descriptor_limit"]
 
 #: Where the descriptor limit cannot be read (no ``resource`` module, unlimited): what is assumed.
 _ASSUMED_LIMIT = 1024
@@ -60,6 +59,18 @@ def default_open_files(limit: int | None = None) -> int:
     return max(16, min(1024, limit * 3 // 8))
 
 
+class PoolEntry(Protocol):
+    """What the pool needs of an entry (:class:`~.registry.SlideEntry`): its id and the
+    descriptors its open slide holds."""
+
+    id: str
+    files: int
+
+
+#: the entries of one pool
+E = TypeVar("E", bound=PoolEntry)
+
+
 @dataclasses.dataclass
 class _Held:
     """An open slide, the requests holding it and the descriptors it counts for."""
@@ -69,7 +80,7 @@ class _Held:
     files: int
 
 
-class OpenSlides:
+class OpenSlides(Generic[E]):
     """Open slides by entry id, least recently used first, within ``budget`` descriptors.
 
     Args:
@@ -83,7 +94,7 @@ class OpenSlides:
         InvalidOptionError: ``budget < 1``.
     """
 
-    def __init__(self, opener: Callable[[SlideEntry], Slide], budget: int):
+    def __init__(self, opener: Callable[[E], Slide], budget: int):
         if budget < 1:
             raise InvalidOptionError(f"max_open_files must be >= 1, got {budget}")
         self.budget = int(budget)
@@ -96,7 +107,7 @@ class OpenSlides:
         self.opened = 0  # opens so far
         self.evicted = 0  # slides closed to make room
 
-    def try_acquire(self, entry: SlideEntry) -> Slide | None:
+    def try_acquire(self, entry: E) -> Slide | None:
         """``entry``'s slide, pinned, if it is open (never blocks on I/O); else None."""
         with self._cond:
             held = self._open.get(entry.id)
@@ -106,7 +117,7 @@ class OpenSlides:
             self._open.move_to_end(entry.id)
             return held.slide
 
-    def acquire(self, entry: SlideEntry) -> Slide:
+    def acquire(self, entry: E) -> Slide:
         """``entry``'s slide, pinned (call :meth:`release` once done with it): opened now (on
         this thread) unless it is open; the least recently used unpinned slides are closed first
         where it would not fit the budget.
@@ -184,14 +195,14 @@ class OpenSlides:
             victims.append(held.slide)
         return victims
 
-    def release(self, entry: SlideEntry) -> None:
+    def release(self, entry: E) -> None:
         """Let go of ``entry``'s slide, pinned by :meth:`acquire` or :meth:`try_acquire`."""
         with self._cond:
             held = self._open.get(entry.id)
             if held is not None and held.pins > 0:
                 held.pins -= 1
 
-    async def lease(self, entry: SlideEntry, executor: Executor | None) -> Slide:
+    async def lease(self, entry: E, executor: Executor | None) -> Slide:
         """:meth:`acquire` from a coroutine: at once if the slide is open, else opened on
         ``executor`` (never on the event loop).  A lease the caller stops waiting for (its task
         cancelled) is released when the open ends.

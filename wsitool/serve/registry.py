@@ -108,7 +108,7 @@ class SlideEntry:
     series: str | None = None
     facts: tuple[int, int, int] | None = None
     failed: str | None = None
-    pool: OpenSlides | None = dataclasses.field(default=None, repr=False)
+    pool: OpenSlides[SlideEntry] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def slide(self) -> Slide:
@@ -375,7 +375,7 @@ class SlideRegistry:
         self._opener = opener
         self._lock = threading.Lock()
         self._listed = False
-        self.slides = OpenSlides(self._open, max_open_files or default_open_files())
+        self.slides: OpenSlides[SlideEntry] = OpenSlides(self._open, max_open_files or default_open_files())
         try:
             for source in sources:
                 if is_url(source):
@@ -441,10 +441,10 @@ class SlideRegistry:
         """
         if entry.failed is not None:
             raise WsiError(entry.failed)
-        outside = (_outside_instances(entry.series, entry.root)
-                   if entry.root is not None and entry.series is not None else [])
-        if outside:
-            self._failed(entry, _series_note(entry.series, outside)[1])
+        series, root = entry.series, entry.root
+        outside = _outside_instances(series, root) if root is not None and series is not None else []
+        if outside and series is not None:
+            self._failed(entry, _series_note(series, outside)[1])
             raise WsiError(entry.failed)
         try:
             slide = self._opener(entry.location)
