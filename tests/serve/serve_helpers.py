@@ -24,11 +24,13 @@ def running_server(sources, timeout: float = 20.0, **options):
     """
     import uvicorn
 
+    from wsitool.serve.app import create_app
     from wsitool.serve.config import ServeConfig
-    from wsitool.serve.runner import build_state, uvicorn_config
+    from wsitool.serve.guard import uvicorn_config
+    from wsitool.serve.runner import build_state
 
     state = build_state(sources, ServeConfig(**options))
-    server = uvicorn.Server(uvicorn_config(state, host="127.0.0.1", port=0))
+    server = uvicorn.Server(uvicorn_config(create_app(state), state.config, host="127.0.0.1", port=0))
     thread = threading.Thread(target=server.run, daemon=True, name="test-server")
     thread.start()
     for _ in range(int(timeout * 50)):

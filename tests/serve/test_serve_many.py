@@ -182,3 +182,29 @@ def test_many_slides_under_a_low_descriptor_limit(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate(timeout=30)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc (Linux)")
+def test_tasks_hold_a_bounded_number_of_slides(tmp_path):
+    """The other walkers of many slides were checked: Dask tasks and batch reads open slides
+    through ``cached_slide`` (16 local files per process; the ones dropped close when no task
+    holds them), ``export-many`` opens and closes one slide per export."""
+    import gc
+
+    from wsitool.read import lazy
+    from wsitool.slide import cached_slide
+
+    def held() -> int:
+        return sum(1 for fd in os.listdir("/proc/self/fd")
+                   if os.path.realpath(f"/proc/self/fd/{fd}").startswith(str(tmp_path)))
+
+    for i in range(40):
+        os.link(SLIDE, tmp_path / f"s{i:02d}.svs")
+    try:
+        for i in range(40):
+            assert cached_slide(tmp_path / f"s{i:02d}.svs").read_region((0, 0), 0, (16, 16)).shape == (16, 16, 4)
+        gc.collect()
+        assert held() <= 2 * 16
+    finally:
+        lazy._open_cached.cache_clear()  # (the process's cache: its slides close once collected)
+        gc.collect()

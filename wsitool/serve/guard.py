@@ -1,4 +1,4 @@
-"""What a server accepts from the network: the ``Host`` it answers to, CORS, and connections (floor 9).
+"""What a server accepts from the network: the ``Host`` it answers to, CORS, and connections (floor 8).
 
 **Host.**  A page on another site can make the browser send requests to a server on
 this machine (DNS rebinding: ``evil.example`` first resolves to the attacker, then to
@@ -43,14 +43,20 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import InvalidOptionError
 
+if TYPE_CHECKING:
+    import uvicorn
+
 __all__ = ["HostPolicy", "HostCheck", "check_host_name", "check_origin", "guarded_protocol",
-           "default_connections", "LOOPBACK_NAMES"]
+           "default_connections", "uvicorn_config", "LOOPBACK_NAMES", "KEEP_ALIVE_S"]
 
 log = logging.getLogger("wsitool.serve")
+
+#: Seconds a connection may stay idle between two requests (uvicorn's keep-alive timeout).
+KEEP_ALIVE_S = 5
 
 #: The names a loopback-bound server answers to besides its own.
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -285,3 +291,27 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[asynci
             super().connection_lost(exc)
 
     return GuardedHTTP
+
+
+class _Bounds(Protocol):
+    """What :func:`uvicorn_config` reads of a :class:`~.config.ServeConfig`."""
+
+    @property
+    def header_timeout(self) -> float: ...
+
+    @property
+    def max_connections(self) -> int | None: ...
+
+
+def uvicorn_config(app: Any, config: _Bounds, level: int = logging.WARNING, **options: Any) -> uvicorn.Config:
+    """uvicorn's settings for serving ``app`` (:func:`~.app.create_app`) as ``config`` (a
+    :class:`~.config.ServeConfig`) asks: the
+    HTTP protocol of :func:`guarded_protocol` (``config.header_timeout``, at most
+    ``config.max_connections`` connections, default :func:`default_connections`), idle connections
+    closed after :data:`KEEP_ALIVE_S`, no access log, log ``level``; ``options`` are passed on
+    (``host`` and ``port`` where uvicorn binds, ``timeout_graceful_shutdown``)."""
+    import uvicorn
+
+    protocol = guarded_protocol(config.header_timeout, config.max_connections or default_connections())
+    return uvicorn.Config(app, log_level=level, access_log=False, lifespan="off", log_config=None,
+                          http=protocol, timeout_keep_alive=KEEP_ALIVE_S, **options)

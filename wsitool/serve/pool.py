@@ -1,4 +1,4 @@
-"""The open slides of a server: opened on first use, at most a budget of descriptors open (floor 9).
+"""The open slides of a server: opened on first use, at most a budget of descriptors open (floor 8).
 
 A server lists its slides at start (:mod:`.registry`) and opens each when a request
 first needs it.  :class:`OpenSlides` keeps the open ones in least-recently-used

@@ -28,7 +28,7 @@ the counters of the worker that answered it.  Every worker gets the same setting
 of the bounds per process (each has its own descriptors).
 
 The requests' ``Host`` is checked against the address bound (:func:`~.guard.HostPolicy.for_bind`),
-and connections are bounded (:func:`uvicorn_config`, :mod:`.guard`).
+and connections are bounded (:func:`~.guard.uvicorn_config`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ..errors import InvalidOptionError, UnsupportedFormatError, WsiError
 from ..storage import is_url
 from .app import RENDER_THREADS, ServerState, create_app
 from .config import ServeConfig
-from .guard import HostPolicy, default_connections, guarded_protocol
+from .guard import HostPolicy, uvicorn_config
 from .registry import SlideRegistry
 
 if TYPE_CHECKING:
@@ -57,8 +57,7 @@ if TYPE_CHECKING:
     from ..read.cache import TileCache
     from ..slide import Slide
 
-__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind", "worker_sockets", "base_url",
-           "uvicorn_config", "KEEP_ALIVE_S"]
+__all__ = ["serve", "build_state", "open_registry", "tune_malloc", "bind", "worker_sockets", "base_url"]
 
 log = logging.getLogger("wsitool.serve")
 
@@ -73,9 +72,6 @@ GRACEFUL_S = 10
 
 #: How long a stop forced by a second signal waits for the render threads to end.
 _FORCED_JOIN_S = 0.5
-
-#: Seconds a connection may stay idle between two requests (uvicorn's keep-alive timeout).
-KEEP_ALIVE_S = 5
 
 
 def tune_malloc() -> bool:
@@ -329,27 +325,12 @@ def _check(registry: SlideRegistry) -> None:
         log.warning("not served: %s", why)
 
 
-def uvicorn_config(state: ServerState, level: int = logging.WARNING, **options: Any) -> uvicorn.Config:
-    """uvicorn's settings for serving ``state`` (its app made here, :func:`create_app`): the
-    HTTP protocol of :func:`~.guard.guarded_protocol` (``config.header_timeout``, at most
-    ``config.max_connections`` connections, default :func:`~.guard.default_connections`), idle
-    connections closed after :data:`KEEP_ALIVE_S`, no access log; ``options`` are passed on
-    (``host``, ``port`` where uvicorn binds)."""
-    import uvicorn
-
-    config = state.config
-    protocol = guarded_protocol(config.header_timeout, config.max_connections or default_connections())
-    return uvicorn.Config(create_app(state), log_level=level, access_log=False, lifespan="off",
-                          log_config=None, timeout_graceful_shutdown=GRACEFUL_S, http=protocol,
-                          timeout_keep_alive=KEEP_ALIVE_S, **options)
-
-
 def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready: Ready | None,
          host: str) -> int:
     """uvicorn on ``sockets`` (bound to ``host``) until it stops; closes ``state``; the exit code."""
     state.hosts = HostPolicy.for_bind(host, [str(s.getsockname()[0]) for s in sockets],
                                       state.config.allowed_hosts)
-    server = _server(uvicorn_config(state, level))
+    server = _server(uvicorn_config(create_app(state), state.config, level, timeout_graceful_shutdown=GRACEFUL_S))
     server.on_ready = on_ready
     try:
         server.run(sockets=sockets)
