@@ -211,7 +211,7 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset
 _WARN_EVERY = 60.0
 
 
-def guarded_protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
+def guarded_protocol(header_timeout: float, max_connections: int) -> type:
     """uvicorn's HTTP protocol class (``AutoHTTPProtocol``: httptools' where installed, else h11's)
     with the connection bounds of the module docstring, for ``uvicorn.Config(http=...)``.
 

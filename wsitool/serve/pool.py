@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..errors import InvalidOptionError, ResourceLimitError, WsiError
@@ -125,7 +125,7 @@ class OpenSlides(Generic[E]):
         Raises:
             ResourceLimitError: pinned slides fill the budget (the server answers 503).
             WsiError: the slides are being closed (the server is stopping).
-            whatever the opener raises (nothing is then held for ``entry``).
+            Exception: whatever the opener raises (nothing is then held for ``entry``).
         """
         with self._cond:
             while True:
@@ -202,7 +202,7 @@ class OpenSlides(Generic[E]):
             if held is not None and held.pins > 0:
                 held.pins -= 1
 
-    async def lease(self, entry: E, executor: Executor | None) -> Slide:
+    async def lease(self, entry: E, executor: concurrent.futures.Executor | None) -> Slide:
         """:meth:`acquire` from a coroutine: at once if the slide is open, else opened on
         ``executor`` (never on the event loop).  A lease the caller stops waiting for (its task
         cancelled) is released when the open ends.

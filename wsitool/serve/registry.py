@@ -118,7 +118,7 @@ class SlideEntry:
         server's routes hold a lease instead (:meth:`OpenSlides.acquire` / ``release``).
 
         Raises:
-            whatever opening the slide raises (see :class:`SlideRegistry`).
+            Exception: whatever opening the slide raises (see :class:`SlideRegistry`).
         """
         assert self.pool is not None, "an entry of a registry"
         slide = self.pool.acquire(self)
@@ -437,7 +437,7 @@ class SlideRegistry:
         Raises:
             WsiError: the entry failed before, or is a DICOM series that now takes in an
                 instance from outside the folder it was found in.
-            whatever the opener raises.
+            Exception: whatever the opener raises.
         """
         if entry.failed is not None:
             raise WsiError(entry.failed)

@@ -27,7 +27,7 @@ the counters of the worker that answered it.  Every worker gets the same setting
 (``ServeConfig``: the Host names, CORS, the connection and open-slide bounds), each
 of the bounds per process (each has its own descriptors).
 
-The requests' ``Host`` is checked against the address bound (:func:`~.guard.HostPolicy.for_bind`),
+The requests' ``Host`` is checked against the address bound (:meth:`~.guard.HostPolicy.for_bind`),
 and connections are bounded (:func:`~.guard.uvicorn_config`).
 """
 
