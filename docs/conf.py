@@ -75,8 +75,9 @@ nitpick_ignore_regex = [
     ("py:.*", r"tifffile\..*"),
     ("py:.*", r"rich\..*"),
     ("py:.*", r"torch\..*"),
-    # starlette has no inventory; the serve handlers' annotations name its Request class.
-    ("py:class", r"(starlette\..*|Request)"),
+    # starlette and uvicorn have no inventory; the serve handlers' annotations name starlette's
+    # Request class, the server's settings uvicorn's Config.
+    ("py:class", r"(starlette\..*|Request|uvicorn\..*)"),
     # missing from the committed Python inventory
     ("py:class", r"types\.FrameType"),
 ]

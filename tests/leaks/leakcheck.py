@@ -419,7 +419,8 @@ def path_serve(rng, stack):
 
     state = build_state([str(JPEG)], ServeConfig(threads=1, cache_mb=8))
     stack.callback(state.close)
-    client = stack.enter_context(TestClient(create_app(state)))
+    # (the server answers the Host names of its own address: TestClient's "testserver" is none)
+    client = stack.enter_context(TestClient(create_app(state), base_url="http://127.0.0.1"))
     sid = JPEG.name  # the server's id of a slide given as a file
 
     width, height = state.registry.get(sid).slide.dimensions

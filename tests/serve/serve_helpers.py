@@ -18,19 +18,19 @@ import pytest
 def running_server(sources, timeout: float = 20.0, **options):
     """Serve ``sources`` on 127.0.0.1 (a free port) in a daemon thread; yield ``(base_url, state)``.
 
-    The server stops when the block ends (uvicorn's graceful exit, bounded by ``timeout``).
+    The server runs with the settings ``wsitool serve`` gives uvicorn (``uvicorn_config``: the
+    Host check, the connection bounds); it stops when the block ends (uvicorn's graceful exit,
+    bounded by ``timeout``).
     """
     import uvicorn
 
     from wsitool.serve.app import create_app
     from wsitool.serve.config import ServeConfig
+    from wsitool.serve.guard import uvicorn_config
     from wsitool.serve.runner import build_state
 
     state = build_state(sources, ServeConfig(**options))
-    app = create_app(state)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                            lifespan="off", log_config=None)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(create_app(state), state.config, host="127.0.0.1", port=0))
     thread = threading.Thread(target=server.run, daemon=True, name="test-server")
     thread.start()
     for _ in range(int(timeout * 50)):

@@ -220,3 +220,73 @@ def test_workers_each_accept_on_a_socket_of_their_own():
         if proc.poll() is None:
             proc.kill()
     assert len(set(pids)) == 2, pids
+
+
+def _dicom_build():
+    import importlib.util
+
+    pytest.importorskip("pydicom")
+    pytest.importorskip("imagecodecs")
+    spec = importlib.util.spec_from_file_location(
+        "wsitool_test_dicom_build", REPO / "tests" / "formats" / "dicom_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def linked_series(tmp_path):
+    """A served folder holding a DICOM series whose level 0 is a link to an instance of a
+    series elsewhere (of the same series UID: what the outside file says is taken in)."""
+    import shutil
+
+    build = _dicom_build()
+    outside = tmp_path / "elsewhere"
+    files = build.write_series(outside, build.make_image(300, 200), 64, levels=2, series="1.2.3.4",
+                               study="1.2.3")
+    root = tmp_path / "served"
+    (root / "series").mkdir(parents=True)
+    for f in files[1:]:
+        shutil.copy(f, root / "series" / f.name)
+    os.symlink(files[0], root / "series" / files[0].name)  # level 0 comes from elsewhere
+    shutil.copy(SLIDE, root / "a.svs")
+    return root
+
+
+def test_a_dicom_instance_linked_in_from_outside_is_not_served(linked_series):
+    """Issue 47 item 4: the series was assembled with the outside file as its level 0 and served
+    (1 entry more, no link counted); now the series is left out, the link counted and why said."""
+    registry = SlideRegistry([linked_series], wsitool.open_slide)
+    try:
+        assert list(registry.entries) == ["a.svs"]
+        assert registry.links_skipped == [str(linked_series / "series" / "level-0.dcm")]
+        (path, why), = registry.skipped
+        assert path == str(linked_series / "series") and "--follow-links" in why
+    finally:
+        registry.close()
+    registry = SlideRegistry([linked_series], wsitool.open_slide, follow_links=True)
+    try:
+        assert list(registry.entries) == ["a.svs", "series"]
+        assert registry.get("series").slide.dimensions == (300, 200)
+    finally:
+        registry.close()
+
+
+def test_a_link_added_to_a_listed_series_is_refused_when_it_opens(linked_series, serve_slides):
+    """Slides open on first use: a series listed clean that takes in an outside instance by
+    the time it opens is refused then (404, one log line), not served."""
+    import shutil
+
+    import httpx
+
+    target = os.readlink(linked_series / "series" / "level-0.dcm")
+    os.unlink(linked_series / "series" / "level-0.dcm")
+    shutil.copy(target, linked_series / "series" / "level-0.dcm")
+    with serve_slides([linked_series], threads=1, cache_mb=0) as (url, state):
+        assert [e.id for e in state.registry] == ["a.svs", "series"]
+        os.unlink(linked_series / "series" / "level-0.dcm")
+        os.symlink(target, linked_series / "series" / "level-0.dcm")
+        r = httpx.get(f"{url}/iiif/3/series/info.json", timeout=30)
+        assert r.status_code == 404 and "elsewhere" not in r.text
+        assert [e.id for e in state.registry] == ["a.svs"]
+        assert "symbolic link leading outside" in state.registry.get("series").failed

@@ -39,6 +39,20 @@ def serve_cmd(
                                            "outside them (default: skipped, and counted at start)."),
     storage_option: list[str] | None = typer.Option(None, "--storage-option", metavar="KEY=VALUE",
                                                     help=STORAGE_OPTION_HELP),
+    allowed_host: list[str] | None = typer.Option(None, "--allowed-host", metavar="NAME",
+                                                  help="Also answer requests whose Host is NAME (repeatable; "
+                                                       "'*': any). Default: the --host address, and localhost "
+                                                       "for a loopback or wildcard one; other Hosts get 400."),
+    cors_origin: str | None = typer.Option(None, "--cors-origin", metavar="ORIGIN",
+                                           help="Send Access-Control-Allow-Origin: ORIGIN (or *) with IIIF and "
+                                                "Deep Zoom answers, for a viewer on another origin (default: none)."),
+    max_open_files: int | None = typer.Option(None, "--max-open-files", min=1,
+                                              help="Descriptors the open slides may hold (2 per TIFF slide, 1 per "
+                                                   "DICOM file); least recently used closed first. Default: 3/8 of "
+                                                   "ulimit -n, at most 1024."),
+    max_connections: int | None = typer.Option(None, "--max-connections", min=1,
+                                               help="Connections held at once; more get 503 (default: 1/4 of "
+                                                    "ulimit -n, at most 1024)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
     debug: bool = typer.Option(False, "--debug", help="Log every request (debug level)."),
 ) -> None:
@@ -47,6 +61,8 @@ def serve_cmd(
     Routes: /iiif/3/{id}/info.json, /iiif/3/{id}/{region}/{size}/{rotation}/{quality}.{format},
     /dz/{id}.dzi, /dz/{id}_files/{level}/{col}_{row}.jpeg, /view/{id}, /status.  Stops
     cleanly on SIGINT / SIGTERM / SIGHUP (exit 130 / 143 / 129); a port in use is exit 9.
+    Slides are listed at start and opened on first use.  A connection that sends no complete
+    request within 60 s is closed.
     A slide URL serves that slide; an s3://, gs:// or az:// URL ending in / serves the slides
     under that prefix.  A URL not found is exit 9, access denied 16, a server failing 17.
     Needs the 'serve' extra.
@@ -60,7 +76,8 @@ def serve_cmd(
     except ImportError as exc:
         raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
     options: dict[str, Any] = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size,
-                   follow_links=follow_links)
+                   follow_links=follow_links, allowed_hosts=tuple(allowed_host or ()), cors_origin=cors_origin,
+                   max_open_files=max_open_files, max_connections=max_connections)
     if threads is not None:
         options["threads"] = threads
     remote_options = storage_options(storage_option)

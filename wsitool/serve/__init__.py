@@ -6,7 +6,10 @@ pool of threads, never on the event loop (:mod:`.app`).  The modules, one
 concept each:
 
 * :mod:`.registry`: which slides are served, under which stable ids (never a path
-  outside the folders given);
+  outside the folders given), listed at start;
+* :mod:`.pool`: the open slides, opened on first use within a budget of descriptors;
+* :mod:`.guard`: what the server accepts from the network (the ``Host`` it answers to,
+  CORS, idle and slow connections, a cap on connections);
 * :mod:`.iiif`: IIIF Image API 3.0 request syntax, its geometry and ``info.json``;
 * :mod:`wsitool.areafilter` (floor 0, shared with the batch reader): the area filter, strip by strip;
 * :mod:`.render`: reading a region of a slide at a scale in bounded memory,
@@ -17,7 +20,7 @@ concept each:
 * :mod:`.app`: the Starlette application; :mod:`.runner`: uvicorn, signals.
 
 The web stack (Starlette, uvicorn) is the optional extra ``wsitool[serve]``;
-only :mod:`.app` and :mod:`.runner` import it, inside functions.
+only :mod:`.app`, :mod:`.runner` and :mod:`.guard` import it, inside functions.
 """
 
 from __future__ import annotations

@@ -24,6 +24,15 @@ Errors never stop the server: bad requests get 400 / 404 / 501 with a short
 plain-text body; an exception while rendering (a corrupt tile, say) is a 500
 and one log line, and the slide stays served.
 
+Slides open on first use (:mod:`.registry`, :mod:`.pool`): a route holds its slide
+(:func:`leased`) from before its render is queued until its answer is made, so the
+slide is not closed under it; a slide that cannot be opened is a 404 (one ``not
+served`` log line, the first time), a failure that may pass (out of descriptors, a
+remote server failing) a 503 or 500 and one log line.
+
+Every request's ``Host`` is checked first, and CORS headers go on IIIF and Deep Zoom
+answers only where ``--cors-origin`` asks for them (:mod:`.guard`).
+
 The routes are module-level handlers (``iiif_route``, ``dz_route``, ``index_route``,
 ``view_route``, ``viewer_js_route``, ``viewer_image_route``, ``status_route``): each
 reads the :class:`ServerState` from ``request.app.state.wsitool`` (:func:`app_state`), so
@@ -36,19 +45,22 @@ Starlette is imported inside the functions (the optional extra ``serve``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from ..deepzoom import DeepZoomGeometry
 from ..errors import InvalidRegionError, ResourceLimitError
+from ..oserrors import RESOURCE_ERRNOS
 from .config import ServeConfig
 from .dz import DZ_MEDIA_TYPES, geometry_for, parse_dz_path, render_dz_tile
+from .guard import HostCheck, HostPolicy
 from .iiif import CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request, service_limits
 from .registry import SlideEntry, SlideRegistry
 from .render import encode, finish, plan_read, read_scaled
@@ -61,9 +73,10 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from ..read.cache import TileCache
+    from ..slide import Slide
 
 __all__ = ["create_app", "ServerState", "app_state", "iiif_route", "dz_route", "index_route", "view_route",
-           "viewer_js_route", "viewer_image_route", "status_route"]
+           "viewer_js_route", "viewer_image_route", "status_route", "leased", "cors"]
 
 #: An ASGI message, scope, receive and send (the middleware's types).
 _Message = MutableMapping[str, Any]
@@ -71,8 +84,6 @@ _Receive = Callable[[], Awaitable[_Message]]
 _Send = Callable[[_Message], Awaitable[None]]
 
 log = logging.getLogger("wsitool.serve")
-
-_CORS = {"Access-Control-Allow-Origin": "*"}
 
 #: The names of the render threads start with this (the runner finds them by it at a forced stop).
 RENDER_THREADS = "wsitool-serve"
@@ -93,6 +104,11 @@ class ServerState:
         self.cache = cache
         self.limits = service_limits(config.max_width, config.max_height, config.max_area)
         self.counters = ServerCounters()
+        #: the Host names answered (:mod:`.guard`); the runner sets those of the address it binds
+        self.hosts = HostPolicy.for_bind("127.0.0.1", ["127.0.0.1"], config.allowed_hosts)
+        #: the CORS header of IIIF and Deep Zoom answers (``--cors-origin``), else none
+        self.cors: dict[str, str] = ({"Access-Control-Allow-Origin": config.cors_origin}
+                                     if config.cors_origin else {})
         self.executor = ThreadPoolExecutor(max_workers=config.threads,
                                            thread_name_prefix=RENDER_THREADS)
         self._slots: asyncio.Semaphore | None = None
@@ -129,9 +145,11 @@ class ServerState:
         return max(1, self.config.threads // max(1, self.counters.rendering))
 
     def status(self) -> dict[str, Any]:
-        """The JSON of ``/status``: the counters, slides served, process id, threads, cache stats."""
+        """The JSON of ``/status``: the counters, slides served, process id, threads, cache stats,
+        the open slides (``open_slides``: :meth:`~.pool.OpenSlides.stats`)."""
         data = self.counters.snapshot()
         data["slides"] = len(self.registry)
+        data["open_slides"] = self.registry.slides.stats()
         data["pid"] = os.getpid()  # (which worker answered, with --workers)
         data["threads"] = self.config.threads
         data["cache"] = self.cache.stats().as_dict() if self.cache is not None else None
@@ -145,7 +163,7 @@ class ServerState:
 
 def _public(message: str, entry: SlideEntry) -> str:
     """``message`` with the slide's server-side path replaced by its served identifier."""
-    path = str(entry.slide.path)
+    path = str(entry.path)
     return message.replace(path, entry.id) if path else message
 
 
@@ -157,11 +175,17 @@ def app_state(request: Request) -> ServerState:
     return cast(ServerState, request.app.state.wsitool)
 
 
-def error_response(exc: IIIFError) -> Response:
-    """A short plain-text answer for ``exc``: its status and message, CORS allowed."""
+def cors(request: Request) -> dict[str, str]:
+    """The CORS header of an IIIF or Deep Zoom answer: ``Access-Control-Allow-Origin`` where
+    ``--cors-origin`` gives one (:mod:`.guard`), else none."""
+    return app_state(request).cors
+
+
+def error_response(exc: IIIFError, headers: Mapping[str, str] | None = None) -> Response:
+    """A short plain-text answer for ``exc``: its status and message, with ``headers`` (CORS)."""
     from starlette.responses import PlainTextResponse
 
-    return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=_CORS)
+    return PlainTextResponse(exc.message + "\n", status_code=exc.status, headers=dict(headers or {}))
 
 
 def lookup(state: ServerState, sid: str) -> SlideEntry:
@@ -174,6 +198,38 @@ def lookup(state: ServerState, sid: str) -> SlideEntry:
     if entry is None:
         raise IIIFError(404, "unknown identifier")
     return entry
+
+
+@contextlib.asynccontextmanager
+async def leased(request: Request, entry: SlideEntry) -> AsyncIterator[Slide]:
+    """``entry``'s slide, open and pinned while the block runs (:meth:`~.pool.OpenSlides.lease`:
+    opened on a worker thread where it is not open).
+
+    Raises:
+        IIIFError: 404 for a slide that cannot be opened (the registry logs why, once); 503
+            when the open slides in use fill their budget or the process is out of
+            descriptors; 500 (one log line) for any other failure to open.
+    """
+    state = app_state(request)
+    pool = state.registry.slides
+    if entry.failed is not None:
+        raise IIIFError(404, "slide cannot be read")
+    try:
+        slide = await pool.lease(entry, state.executor)
+    except ResourceLimitError:
+        raise IIIFError(503, "server busy, retry later") from None
+    except Exception as exc:
+        if entry.failed is not None:
+            raise IIIFError(404, "slide cannot be read") from None
+        log.error("%s %s: opening %s failed: %s: %s", request.method, request.url.path, entry.path,
+                  type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        if isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+            raise IIIFError(503, "server busy, retry later") from None
+        raise IIIFError(500, f"opening the slide failed: {type(exc).__name__}") from None
+    try:
+        yield slide
+    finally:
+        pool.release(entry)
 
 
 def base_id(request: Request, sid: str) -> str:
@@ -236,14 +292,16 @@ async def iiif_route(request: Request) -> Response:
         entry = lookup(state, parts[0])
         if len(parts) == 1 or (len(parts) == 2 and parts[1] == ""):
             return RedirectResponse(base_id(request, entry.id) + "/info.json", status_code=303,
-                                    headers=_CORS)
+                                    headers=cors(request))
         if len(parts) == 2 and parts[1] == "info.json":
-            return info_response(request, entry)
+            async with leased(request, entry):
+                return info_response(request, entry)
         if len(parts) != 5:
             raise IIIFError(400, "expected {region}/{size}/{rotation}/{quality}.{format}")
-        return await image_response(request, entry, parts[1:])
+        async with leased(request, entry):
+            return await image_response(request, entry, parts[1:])
     except IIIFError as exc:
-        return error_response(exc)
+        return error_response(exc, cors(request))
 
 
 async def image_response(request: Request, entry: SlideEntry, params: Sequence[str]) -> Response:
@@ -275,7 +333,7 @@ async def image_response(request: Request, entry: SlideEntry, params: Sequence[s
     links = (f'<{base_id(request, entry.id)}/{req.canonical}>;rel="canonical", '
              f'<{PROFILE_URI}>;rel="profile"')
     return Response(body, media_type=req.media_type,
-                    headers={**_CORS, "Link": links, "Cache-Control": "public, max-age=3600"})
+                    headers={**cors(request), "Link": links, "Cache-Control": "public, max-age=3600"})
 
 
 def info_response(request: Request, entry: SlideEntry) -> Response:
@@ -288,7 +346,7 @@ def info_response(request: Request, entry: SlideEntry) -> Response:
     ld = "application/ld+json" in request.headers.get("accept", "")
     media = f'application/ld+json;profile="{CONTEXT}"' if ld else "application/json"
     return JSONResponse(doc, media_type=media,
-                        headers={**_CORS, "Link": f'<{PROFILE_URI}>;rel="profile"'})
+                        headers={**cors(request), "Link": f'<{PROFILE_URI}>;rel="profile"'})
 
 
 async def dz_route(request: Request) -> Response:
@@ -300,23 +358,23 @@ async def dz_route(request: Request) -> Response:
     try:
         parsed = parse_dz_path(request.path_params["rest"])
         entry = lookup(state, parsed[1])
-        geom = state.dz_geometry(entry)
-        if parsed[0] == "dzi":
-            return Response(geom.dzi_xml("jpeg"), media_type="application/xml", headers=_CORS)
-        _, _, level, col, row, fmt = parsed
-        slide = entry.slide
+        async with leased(request, entry) as slide:
+            geom = state.dz_geometry(entry)
+            if parsed[0] == "dzi":
+                return Response(geom.dzi_xml("jpeg"), media_type="application/xml", headers=cors(request))
+            _, _, level, col, row, fmt = parsed
 
-        def job() -> bytes:
-            rgb = render_dz_tile(slide, geom, level, col, row, state.read_threads(), cfg.dz_filter)
-            return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
+            def job() -> bytes:
+                rgb = render_dz_tile(slide, geom, level, col, row, state.read_threads(), cfg.dz_filter)
+                return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
 
-        body = await render(request, job, "tile", entry)
+            body = await render(request, job, "tile", entry)
         if body is None:
             return Response(status_code=499)
         return Response(body, media_type=DZ_MEDIA_TYPES[fmt],
-                        headers={**_CORS, "Cache-Control": "public, max-age=3600"})
+                        headers={**cors(request), "Cache-Control": "public, max-age=3600"})
     except IIIFError as exc:
-        return error_response(exc)
+        return error_response(exc, cors(request))
 
 
 async def index_route(request: Request) -> Response:
@@ -340,7 +398,11 @@ async def view_route(request: Request) -> Response:
     else:
         script = state.config.viewer_js
         images = script.rsplit("/", 1)[0] + "/images/"
-    return HTMLResponse(view_page(entry, script, images))
+    try:
+        async with leased(request, entry) as slide:
+            return HTMLResponse(view_page(entry, slide, script, images))
+    except IIIFError as exc:
+        return PlainTextResponse(exc.message + "\n", status_code=exc.status)
 
 
 async def viewer_js_route(request: Request) -> Response:
@@ -367,13 +429,16 @@ async def status_route(request: Request) -> Response:
     """``/status``: the JSON counters (:meth:`ServerState.status`)."""
     from starlette.responses import JSONResponse
 
-    return JSONResponse(app_state(request).status(), headers=_CORS)
+    return JSONResponse(app_state(request).status())
 
 
 def create_app(state: ServerState) -> _RequestLog:
     """The Starlette app serving ``state``'s slides (see the module docstring for the routes),
-    wrapped in the request-counting middleware; the routes find ``state`` at ``app.state.wsitool``."""
+    wrapped in the request-counting middleware; the routes find ``state`` at ``app.state.wsitool``.
+    Inside the app, before the routes: the ``Host`` check (:class:`~.guard.HostCheck` on
+    ``state.hosts``)."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route
 
     pages = ["GET", "HEAD"]
@@ -386,7 +451,7 @@ def create_app(state: ServerState) -> _RequestLog:
         Route("/iiif/3/{rest:path}", iiif_route, methods=pages),
         Route("/dz/{rest:path}", dz_route, methods=pages),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(HostCheck, state=state)])
     app.state.wsitool = state
     return _RequestLog(app, state.counters)
 

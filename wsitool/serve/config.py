@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 from ..errors import InvalidOptionError
+from .guard import check_host_name, check_origin
 
 __all__ = ["ServeConfig", "DEFAULT_VIEWER_JS", "OPENSEADRAGON_VERSION"]
 
@@ -43,6 +44,18 @@ class ServeConfig:
             even outside them (``--follow-links``; see :mod:`.registry`).
         storage_options: for slide URLs and object-store prefixes only: what
             :func:`wsitool.open_slide` takes (``--storage-option KEY=VALUE``); None: none.
+        max_open_files: descriptors the open slides may hold at once, least recently used
+            closed first (``--max-open-files``; :mod:`.pool`); None: 3/8 of the descriptor limit.
+        max_connections: connections held at once; more are answered 503 and closed
+            (``--max-connections``; :mod:`.guard`); None: 1/4 of the descriptor limit.
+        header_timeout: seconds a connection may take to send a request's headers, counted
+            from when it opens or the previous answer ends, and the longest a client may leave
+            an answer unread (:mod:`.guard`; not a command-line option).
+        allowed_hosts: host names a request's ``Host`` header may name besides the bound
+            address (``--allowed-host``; ``"*"``: any; :mod:`.guard`).
+        cors_origin: the ``Access-Control-Allow-Origin`` of IIIF and Deep Zoom answers
+            (``--cors-origin``: an origin such as ``https://viewer.example.org``, or ``"*"``);
+            None: none is sent.
     """
 
     threads: int = dataclasses.field(default_factory=lambda: max(1, os.cpu_count() or 1))
@@ -60,6 +73,11 @@ class ServeConfig:
     level_tolerance: float = 0.01
     follow_links: bool = False
     storage_options: dict | None = dataclasses.field(default=None, hash=False)
+    max_open_files: int | None = None
+    max_connections: int | None = None
+    header_timeout: float = 60.0
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origin: str | None = None
 
     def __post_init__(self) -> None:
         """Check the options.
@@ -83,6 +101,15 @@ class ServeConfig:
             raise InvalidOptionError(f"dz_filter must be 'lanczos' or 'area', got {self.dz_filter!r}")
         if not 1 <= self.quality <= 100:
             raise InvalidOptionError(f"quality must be in 1..100, got {self.quality}")
+        for name in ("max_open_files", "max_connections"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InvalidOptionError(f"{name} must be >= 1, got {value}")
+        if not self.header_timeout > 0:
+            raise InvalidOptionError(f"header_timeout must be > 0 seconds, got {self.header_timeout}")
+        object.__setattr__(self, "allowed_hosts", tuple(check_host_name(h) for h in self.allowed_hosts))
+        if self.cors_origin is not None:
+            check_origin(self.cors_origin)
 
     @property
     def viewer_js_is_file(self) -> bool:

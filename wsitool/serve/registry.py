@@ -1,4 +1,4 @@
-"""Which slides a server serves, under which ids.
+"""Which slides a server serves, under which ids; each opened on first use.
 
 Every argument is a slide file or a folder.  A folder contributes each slide
 file under it (any depth; extensions :data:`SLIDE_EXTENSIONS`) and each
@@ -8,15 +8,28 @@ given, in POSIX form, with ``/`` replaced by ``~`` (``cases/a.svs`` ->
 ``cases~a.svs``); a file given directly gets its file name.  A clash (two
 arguments giving the same id) gets ``~2``, ``~3``, ... in argument order.
 
-Security: the registry is built once, at start-up, from the file system; a
-request names an id, which is looked up in a dictionary and never joined to a
-path, so no request can reach a file that was not listed.  Files and folders
-reached through a symbolic link that leaves the folder given are skipped and
-counted (:attr:`SlideRegistry.links_skipped`; the server says how many at
-start); with ``follow_links=True`` (``--follow-links``) they are served, under
-the ids of the links (a folder of links to slides elsewhere is a common way to
-assemble a data set), each real folder walked once (link cycles end).  Files
-that wsitool cannot open are skipped with a log line (not fatal).
+Listed at start, opened on first use: the registry is built once, at start-up,
+from the file system, without opening the slides (a folder of 10,000 slides is
+listed in seconds); a file is only checked to be a regular file that starts like
+a slide (a TIFF or DICOM header), else it is skipped with a log line.  A slide
+opens when a request first needs it (:class:`~.pool.OpenSlides`: at most a budget
+of descriptors open, the least recently used closed first).  A listed slide that
+then fails to open (a broken structure, a file gone) is left out from then on:
+one ``not served`` log line, added to :attr:`SlideRegistry.skipped`, and no longer
+in the listing (:meth:`SlideRegistry.__iter__`); its requests answer 404.
+
+Security: a request names an id, which is looked up in a dictionary and never
+joined to a path, so no request can reach a file that was not listed.  Files and
+folders reached through a symbolic link that leaves the folder given are skipped
+and counted (:attr:`SlideRegistry.links_skipped`; the server says how many at
+start), and so is a DICOM series (a sub-folder, or ``.dcm`` files beside each
+other) any of whose instance files is such a link: a series is assembled from
+every DICOM file in its folder, so one level, label or thumbnail linked in from
+elsewhere would be served as part of it.  The series is left out whole (checked
+again when it opens); with ``follow_links=True`` (``--follow-links``) they are
+served, under the ids of the links (a folder of links to slides elsewhere is a
+common way to assemble a data set), each real folder walked once (link cycles
+end).  A file or folder given directly is always served, link or not.
 
 An argument may also be a slide URL (``https://``, ``s3://``, ``gs://``,
 ``az://``): its id is the last part of the URL's path (percent-decoded; never
@@ -26,10 +39,11 @@ whose name ends in one of :data:`SLIDE_EXTENSIONS` is served, its id its key
 relative to the prefix with ``/`` replaced by ``~``, as for a folder; ``.dcm``
 objects make series as in a folder (a sub-prefix holding them is one slide, a
 prefix holding only them directly is itself one slide).  An
-``http(s)://`` URL ending in ``/`` is refused (HTTP has no listing).  A URL that
-cannot be reached (not found, access denied, the server failing) stops the
-start with that error; one that is reached but is not a slide wsitool reads is
-skipped, as a local file.
+``http(s)://`` URL ending in ``/`` is refused (HTTP has no listing).  A slide URL
+given directly is opened at start: one that cannot be reached (not found, access
+denied, the server failing) stops the start with that error; one that is reached
+but is not a slide wsitool reads is skipped, as a local file.  The objects under
+a prefix open on first use (the listing is what start-up checks).
 """
 
 from __future__ import annotations
@@ -38,14 +52,18 @@ import contextlib
 import dataclasses
 import logging
 import os
+import stat
+import threading
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptFileError, InvalidOptionError, TileDecodeError, UnsupportedFormatError
+from ..errors import CorruptFileError, InvalidOptionError, TileDecodeError, UnsupportedFormatError, WsiError
+from ..oserrors import RESOURCE_ERRNOS
 from ..storage import is_url, redact
 from ..storage.urls import check_url
+from .pool import OpenSlides, default_open_files
 
 if TYPE_CHECKING:
     from ..slide import Slide
@@ -57,14 +75,55 @@ log = logging.getLogger("wsitool.serve")
 SLIDE_EXTENSIONS = (".svs", ".tif", ".tiff", ".ome.tif", ".ome.tiff", ".qptiff", ".btf", ".tf2",
                     ".tf8", ".ndpi", ".scn", ".bif", ".dcm")
 
+#: Bytes read at listing to tell a slide file from anything else (a DICOM file's "DICM" sits at 128..132).
+_HEAD_BYTES = 132
+#: Descriptors an open TIFF-based slide holds (its byte source and the file tifffile parsed).
+_TIFF_FILES = 2
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(eq=False)
 class SlideEntry:
-    """One served slide: its id, path (a URL without its secrets) and open :class:`~wsitool.Slide`."""
+    """One served slide: its id, the path shown (a URL without its secrets) and how it opens.
+
+    Attributes:
+        id: the slide's id in URLs.
+        path: the path or URL shown in pages and logs (a URL without credentials or query).
+        location: what the opener is given (a URL keeps its query: a presigned URL's signature).
+        files: descriptors the open slide holds (counted against the open-slide budget):
+            2 for a TIFF-based slide, one per file of a DICOM series folder.
+        root: the real path of the folder the slide was found in, which every instance of its
+            DICOM series must stay inside; None where no such rule holds (``--follow-links``,
+            a file given directly, a URL).
+        series: the folder whose DICOM files the slide reads (a series folder, or the folder
+            of a ``.dcm`` file); None for any other slide.
+        facts: ``(width, height, levels)`` once the slide has been opened, else None.
+        failed: why the slide cannot be opened (None: not known to fail).
+    """
 
     id: str
     path: str
-    slide: Slide
+    location: str
+    files: int = _TIFF_FILES
+    root: str | None = None
+    series: str | None = None
+    facts: tuple[int, int, int] | None = None
+    failed: str | None = None
+    pool: OpenSlides[SlideEntry] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def slide(self) -> Slide:
+        """The open :class:`~wsitool.Slide`, opened now if it is not open (blocking).
+
+        Not pinned: a slide may be closed once it falls out of the open-slide budget.  The
+        server's routes hold a lease instead (:meth:`OpenSlides.acquire` / ``release``).
+
+        Raises:
+            Exception: whatever opening the slide raises (see :class:`SlideRegistry`).
+        """
+        assert self.pool is not None, "an entry of a registry"
+        slide = self.pool.acquire(self)
+        self.pool.release(self)
+        return slide
 
 
 def slide_id(relative: str) -> str:
@@ -85,8 +144,10 @@ def url_slide_id(url: str) -> str:
 
 #: schemes whose URL ending in ``/`` is a prefix to list (object stores)
 _LISTED = ("s3", "gs", "gcs", "az", "azure", "abfs", "abfss")
-#: what a remote slide that is reached but not read is (skipped, as a local file); anything else stops the start
+#: what a slide that is reached but not read is (skipped, as a local file); anything else stops the start
 _NOT_A_SLIDE = (UnsupportedFormatError, CorruptFileError, TileDecodeError)
+#: what makes a listed slide fail for good (left out from then on), unless the machine is out of something
+_FOR_GOOD = (*_NOT_A_SLIDE, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def _url_candidates(url: str, storage_options: dict | None) -> list[tuple[str, str]]:
@@ -131,6 +192,14 @@ def _is_dicom(name: str) -> bool:
     return name.lower().endswith(".dcm")
 
 
+def _dicom_names(folder: str | os.PathLike) -> list[str]:
+    """The ``.dcm`` names in ``folder`` (none where it cannot be listed)."""
+    try:
+        return [name for name in os.listdir(folder) if _is_dicom(name)]
+    except OSError:
+        return []
+
+
 def _inside(path: str, root: str) -> bool:
     real = os.path.realpath(path)
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
@@ -140,17 +209,87 @@ def _is_slide_name(name: str) -> bool:
     return name.lower().endswith(SLIDE_EXTENSIONS)
 
 
-def _candidates(root: Path, follow_links: bool = False,
-                skipped_links: list[str] | None = None) -> Iterable[tuple[str, str]]:
-    """``(relative POSIX path, path)`` of the slides under ``root``, sorted.
+def _head(path: str) -> bytes:
+    """The first :data:`_HEAD_BYTES` bytes of ``path`` if it is a regular file, else ``b""``
+    (opened without blocking and checked before reading: a FIFO or a device is never read).
+
+    Raises:
+        OSError: the file cannot be opened (missing, denied, out of descriptors).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.pread(fd, _HEAD_BYTES, 0)
+    finally:
+        os.close(fd)
+
+
+def _not_a_slide(path: str) -> str | None:
+    """Why the file ``path`` is no slide wsitool reads, judged by its type and first bytes;
+    None when it is a regular file that starts like one (its structure is read when it opens)."""
+    from ..formats import FORMATS
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return f"{path}: not a regular file"
+        head = _head(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if any(fmt.sniff(head) for fmt in FORMATS):
+        return None
+    return f"{path}: not a slide wsitool reads (neither TIFF nor DICOM; header {head[:4]!r})"
+
+
+def _outside_instances(folder: str, root: str) -> list[str]:
+    """The symbolic links in ``folder`` that lead outside ``root`` to DICOM files: instances a
+    series of ``folder`` would take in from elsewhere (a link to anything else is passed over
+    by the series, as a non-DICOM file)."""
+    from ..formats import dicom
+
+    out = []
+    with contextlib.suppress(OSError), os.scandir(folder) as found:
+        for item in found:
+            if item.is_symlink() and not _inside(item.path, root):
+                with contextlib.suppress(OSError):
+                    if dicom.sniff(_head(item.path)):
+                        out.append(item.path)
+    return sorted(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Found:
+    """A slide found in a folder: its relative POSIX path, its path, and for DICOM the series
+    folder and the number of files in it."""
+
+    rel: str
+    path: str
+    series: str | None = None
+    files: int = _TIFF_FILES
+
+
+def _series_note(folder: str, outside: list[str]) -> tuple[str, str]:
+    """``(folder, reason)`` of a DICOM series left out for its instances linked in from outside."""
+    more = f" (and {len(outside) - 1} more)" if len(outside) > 1 else ""
+    return folder, (f"{folder}: DICOM series with an instance that is a symbolic link leading outside "
+                    f"the folders given ({outside[0]}{more}): give --follow-links to serve it")
+
+
+def _candidates(root: Path, follow_links: bool = False, skipped_links: list[str] | None = None,
+                skipped_series: list[tuple[str, str]] | None = None) -> Iterator[_Found]:
+    """The slides under ``root``, sorted.
 
     Without ``follow_links`` nothing outside ``root`` is listed: a symbolic link
     (to a slide file or a folder) that leads outside it is appended to
-    ``skipped_links`` instead.  With it, links are followed wherever they lead;
-    a real folder already walked is not walked again (no link cycle loops).
+    ``skipped_links`` instead, and a DICOM series whose folder holds such a link to a
+    DICOM file is not listed (the link is appended to ``skipped_links``, the series with
+    why to ``skipped_series``).  With it, links are followed wherever they lead; a real
+    folder already walked is not walked again (no link cycle loops).
     """
     real_root = os.path.realpath(root)
     walked: set[str] = set()
+    skipped = skipped_links if skipped_links is not None else []
+    series_out = skipped_series if skipped_series is not None else []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_links):
         real_dir = os.path.realpath(dirpath)
         if follow_links:
@@ -158,54 +297,66 @@ def _candidates(root: Path, follow_links: bool = False,
                 dirnames[:] = []
                 continue
             walked.add(real_dir)
-        elif skipped_links is not None:
+        else:
             for name in dirnames:  # os.walk lists linked folders but does not enter them
                 path = os.path.join(dirpath, name)
                 if os.path.islink(path) and not _inside(path, real_root):
-                    skipped_links.append(path)
+                    skipped.append(path)
         dirnames.sort()
         rel_dir = os.path.relpath(dirpath, root)
         dicoms = sorted(f for f in filenames if f.lower().endswith(".dcm"))
+        outside = [] if follow_links or not dicoms else _outside_instances(dirpath, real_root)
+        skipped.extend(outside)
+        if outside:
+            series_out.append(_series_note(dirpath, outside))
         if dicoms and rel_dir == "." and not any(_is_slide_name(name) and
                                                  not name.lower().endswith(".dcm") for name in filenames):
             # the folder given is itself one DICOM series: one slide, named after the folder
-            yield root.name or "series", str(root)
+            if not outside:
+                yield _Found(root.name or "series", str(root), str(root), len(filenames))
             return
         if dicoms and rel_dir != ".":
             # a folder of DICOM instances is one slide (a series)
-            if follow_links or _inside(dirpath, real_root):
-                yield Path(rel_dir).as_posix(), dirpath
+            if not outside and (follow_links or _inside(dirpath, real_root)):
+                yield _Found(Path(rel_dir).as_posix(), dirpath, dirpath, len(filenames))
             filenames = [f for f in filenames if not f.lower().endswith(".dcm")]
         for name in sorted(filenames):
             if not _is_slide_name(name):
                 continue
             path = os.path.join(dirpath, name)
             if not follow_links and not _inside(path, real_root):
-                if skipped_links is not None:
-                    skipped_links.append(path)
+                if path not in outside:
+                    skipped.append(path)
                 continue
+            if _is_dicom(name) and outside:
+                continue  # its series would take the outside instances in
             rel = name if rel_dir == "." else f"{Path(rel_dir).as_posix()}/{name}"
-            yield rel, path
+            yield _Found(rel, path, dirpath if _is_dicom(name) else None,
+                         len(dicoms) if _is_dicom(name) else _TIFF_FILES)
 
 
 class SlideRegistry:
-    """The slides of one server, by id (insertion order = listing order).
+    """The slides of one server, by id (insertion order = listing order), opened on first use.
 
     Args:
-        sources: slide files and folders.
-        opener: ``opener(path) -> Slide`` (e.g. ``open_slide`` bound to a cache).
+        sources: slide files and folders, slide URLs, object-store prefixes.
+        opener: ``opener(location) -> Slide`` (e.g. ``open_slide`` bound to a cache).
         follow_links: serve what symbolic links inside the folders lead to, even
             outside them (default: such links are skipped and listed in
             :attr:`links_skipped`).  A file or folder given directly is always
             served, link or not.
-
-    Attributes:
-        skipped: ``(path, reason)`` of the slide files that could not be opened.
-        links_skipped: paths of the symbolic links (to slide files or folders)
-            left out because they lead outside the folder given.
-
         storage_options: for the URLs among ``sources``: what listing a prefix takes
             (the opener gets the URL and passes its own).
+        max_open_files: descriptors the open slides may hold at once (:class:`~.pool.OpenSlides`);
+            None: :func:`~.pool.default_open_files`, from the process's descriptor limit.
+
+    Attributes:
+        skipped: ``(path, reason)`` of the slide files left out: at listing (not a
+            regular file, not starting like a slide, a URL that is no slide) and
+            since (a slide that failed to open; logged then).
+        links_skipped: paths of the symbolic links (to slide files, folders, DICOM
+            instances) left out because they lead outside the folder given.
+        slides: the :class:`~.pool.OpenSlides` of the entries.
 
     Raises:
         FileNotFoundError: a source does not exist (for a URL:
@@ -216,60 +367,121 @@ class SlideRegistry:
     """
 
     def __init__(self, sources: Iterable[str | os.PathLike], opener: Callable[[str], Slide],
-                 follow_links: bool = False, storage_options: dict | None = None):
+                 follow_links: bool = False, storage_options: dict | None = None,
+                 max_open_files: int | None = None):
         self.entries: dict[str, SlideEntry] = {}
         self.skipped: list[tuple[str, str]] = []
         self.links_skipped: list[str] = []
+        self._opener = opener
+        self._lock = threading.Lock()
+        self._listed = False
+        self.slides: OpenSlides[SlideEntry] = OpenSlides(self._open, max_open_files or default_open_files())
         try:
             for source in sources:
                 if is_url(source):
-                    for sid, url in _url_candidates(str(source), storage_options):
-                        self._add(sid, url, opener, remote=True)
+                    self._add_urls(str(source), storage_options)
                     continue
                 src = Path(source)
                 if not src.exists():
                     raise FileNotFoundError(2, "No such file or directory", str(src))
                 if src.is_dir():
-                    for rel, path in _candidates(src, follow_links, self.links_skipped):
-                        self._add(slide_id(rel), path, opener)
+                    root = None if follow_links else os.path.realpath(src)
+                    for found in _candidates(src, follow_links, self.links_skipped, self.skipped):
+                        self._add_file(slide_id(found.rel), found, root)
                 else:
-                    self._add(slide_id(src.name), str(src), opener)
+                    files = len(_dicom_names(src.parent)) if _is_dicom(src.name) else _TIFF_FILES
+                    self._add_file(slide_id(src.name), _Found(src.name, str(src), None, files), None)
         except BaseException:
             self.close()
             raise
+        self._listed = True
 
-    def _add(self, sid: str, path: str, opener: Callable[[str], Slide], remote: bool = False) -> None:
-        shown = redact(path) if remote else path
-        try:
-            slide = opener(path)
-        except _NOT_A_SLIDE as exc:  # reached but not a slide: left out, as any local file
-            self.skipped.append((shown, str(exc)))  # reported once, by the runner
-            return
-        except Exception as exc:
-            if remote:  # not reached (missing, denied, failing), a bad option: the start stops
-                raise
-            self.skipped.append((shown, str(exc)))  # any local slide wsitool cannot open: left out
-            return
+    def _add_urls(self, url: str, storage_options: dict | None) -> None:
+        """The slides of a URL argument; a slide URL given directly is opened now (a URL that
+        cannot be reached stops the start; one that is no slide is skipped)."""
+        for sid, found in _url_candidates(url, storage_options):
+            entry = self._enter(sid, SlideEntry(sid, redact(found), found))
+            if found != url or url.endswith("/"):
+                continue  # (listed under a prefix: opened on first use)
+            try:
+                self.slides.acquire(entry)
+            except _NOT_A_SLIDE:
+                del self.entries[entry.id]  # reached but not a slide: left out, as any local file
+                continue
+            self.slides.release(entry)
+
+    def _add_file(self, sid: str, found: _Found, root: str | None) -> None:
+        """A local slide: listed if it is a folder or a regular file starting like a slide."""
+        if found.series is None or not os.path.isdir(found.path):
+            why = _not_a_slide(found.path)
+            if why is not None:
+                self.skipped.append((found.path, why))  # reported once, by the runner
+                return
+        self._enter(sid, SlideEntry(sid, found.path, found.path, files=max(1, found.files),
+                                    root=root if found.series else None, series=found.series))
+
+    def _enter(self, sid: str, entry: SlideEntry) -> SlideEntry:
         base, n = sid, 2
         while sid in self.entries:
             sid = f"{base}~{n}"
             n += 1
-        self.entries[sid] = SlideEntry(sid, shown, slide)
+        entry.id, entry.pool = sid, self.slides
+        self.entries[sid] = entry
+        return entry
+
+    def _open(self, entry: SlideEntry) -> Slide:
+        """Open ``entry``'s slide (called by :attr:`slides`); a failure for good marks the entry
+        (:attr:`SlideEntry.failed`, :attr:`skipped`, one ``not served`` log line once listed)
+        and is raised.
+
+        Raises:
+            WsiError: the entry failed before, or is a DICOM series that now takes in an
+                instance from outside the folder it was found in.
+            Exception: whatever the opener raises.
+        """
+        if entry.failed is not None:
+            raise WsiError(entry.failed)
+        series, root = entry.series, entry.root
+        outside = _outside_instances(series, root) if root is not None and series is not None else []
+        if outside and series is not None:
+            self._failed(entry, _series_note(series, outside)[1])
+            raise WsiError(entry.failed)
+        try:
+            slide = self._opener(entry.location)
+        except _FOR_GOOD as exc:
+            if not (isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS):
+                # (out of descriptors or memory: the machine's, tried again on the next request)
+                self._failed(entry, str(exc) if str(exc).startswith(entry.path) else f"{entry.path}: {exc}")
+            raise
+        w, h = slide.dimensions
+        entry.facts = (w, h, slide.level_count)
+        return slide
+
+    def _failed(self, entry: SlideEntry, why: str) -> None:
+        """Leave ``entry`` out from now on, saying why (logged once the listing is done; at start
+        the runner reports :attr:`skipped`)."""
+        with self._lock:
+            if entry.failed is None:
+                entry.failed = why
+                self.skipped.append((entry.path, why))
+                if self._listed:
+                    log.warning("not served: %s", why)
 
     def get(self, sid: str) -> SlideEntry | None:
-        """The entry of id ``sid``, or None (a plain dictionary lookup)."""
+        """The entry of id ``sid``, or None (a plain dictionary lookup; a slide that failed to
+        open is still found: its :attr:`SlideEntry.failed` says why)."""
         if not isinstance(sid, str):
             return None
         return self.entries.get(sid)
 
-    def __iter__(self):
-        return iter(self.entries.values())
+    def __iter__(self) -> Iterator[SlideEntry]:
+        """The entries served, in listing order (not those that failed to open)."""
+        return iter([e for e in self.entries.values() if e.failed is None])
 
     def __len__(self) -> int:
-        return len(self.entries)
+        """How many slides are served (listed, less those that failed to open)."""
+        return sum(1 for e in self.entries.values() if e.failed is None)
 
     def close(self) -> None:
-        """Close every slide."""
-        for entry in self.entries.values():
-            with contextlib.suppress(Exception):
-                entry.slide.close()
+        """Close every open slide."""
+        self.slides.close()

@@ -23,7 +23,12 @@ Each worker has its own event loop and its own interpreter lock, which is
 what one process lacks under load (see scripts/bench_serve.py).  The parent
 forwards SIGINT / SIGTERM / SIGHUP to the workers, waits for them and exits
 128 + the signal; a worker that dies is not restarted.  ``/status`` reports
-the counters of the worker that answered it.
+the counters of the worker that answered it.  Every worker gets the same settings
+(``ServeConfig``: the Host names, CORS, the connection and open-slide bounds), each
+of the bounds per process (each has its own descriptors).
+
+The requests' ``Host`` is checked against the address bound (:meth:`~.guard.HostPolicy.for_bind`),
+and connections are bounded (:func:`~.guard.uvicorn_config`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from ..errors import InvalidOptionError, UnsupportedFormatError, WsiError
 from ..storage import is_url
 from .app import RENDER_THREADS, ServerState, create_app
 from .config import ServeConfig
+from .guard import HostPolicy, uvicorn_config
 from .registry import SlideRegistry
 
 if TYPE_CHECKING:
@@ -226,7 +232,8 @@ def open_registry(sources: Iterable[str | os.PathLike], config: ServeConfig,
     def opener(location: str) -> Slide:
         return open_slide(location, cache=cache, storage_options=options if is_url(location) else None)
 
-    return SlideRegistry(sources, opener, follow_links=config.follow_links, storage_options=options)
+    return SlideRegistry(sources, opener, follow_links=config.follow_links, storage_options=options,
+                         max_open_files=config.max_open_files)
 
 
 def build_state(sources: Iterable[str | os.PathLike], config: ServeConfig) -> ServerState:
@@ -269,7 +276,7 @@ def serve(sources: Iterable[str | os.PathLike], *, config: ServeConfig, host: st
     sockets = bind(host, port, reuse_port=workers > 1)  # a port in use fails here, before the slides are opened
     try:
         if workers > 1:
-            return _supervise(sources, config, sockets, workers, level, ready)
+            return _supervise(sources, config, sockets, workers, level, ready, host)
         if state is None:
             state = build_state(sources, config)
         try:
@@ -277,7 +284,7 @@ def serve(sources: Iterable[str | os.PathLike], *, config: ServeConfig, host: st
         except BaseException:
             state.close()
             raise
-        return _run(state, sockets, level, _announce(state, ready))
+        return _run(state, sockets, level, _announce(state, ready), host)
     finally:
         for sock in sockets:
             sock.close()
@@ -318,14 +325,12 @@ def _check(registry: SlideRegistry) -> None:
         log.warning("not served: %s", why)
 
 
-def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready: Ready | None) -> int:
-    """uvicorn on ``sockets`` until it stops; closes ``state``; the exit code."""
-    import uvicorn
-
-    app = create_app(state)
-    uconfig = uvicorn.Config(app, log_level=level, access_log=False, lifespan="off", log_config=None,
-                             timeout_graceful_shutdown=GRACEFUL_S)
-    server = _server(uconfig)
+def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready: Ready | None,
+         host: str) -> int:
+    """uvicorn on ``sockets`` (bound to ``host``) until it stops; closes ``state``; the exit code."""
+    state.hosts = HostPolicy.for_bind(host, [str(s.getsockname()[0]) for s in sockets],
+                                      state.config.allowed_hosts)
+    server = _server(uvicorn_config(create_app(state), state.config, level, timeout_graceful_shutdown=GRACEFUL_S))
     server.on_ready = on_ready
     try:
         server.run(sockets=sockets)
@@ -339,7 +344,7 @@ def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready:
 
 
 def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, sockets: list[socket.socket],
-               workers: int, level: int, ready: Ready | None) -> int:
+               workers: int, level: int, ready: Ready | None, host: str) -> int:
     """Fork ``workers`` processes serving on ``sockets`` with a share of the budget each; wait."""
     import dataclasses
 
@@ -362,7 +367,7 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
                     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the parent, which forwards it once
                     _exit_with_parent()
                     log.setLevel(max(level, logging.WARNING))  # (the parent says what was skipped)
-                    code = _run(build_state(sources, share), own, level, None)
+                    code = _run(build_state(sources, share), own, level, None, host)
                 except BaseException as exc:
                     log.error("worker %d: %s: %s", os.getpid(), type(exc).__name__, exc)
                 finally:

@@ -55,13 +55,17 @@ def slide_facts(slide) -> list[tuple[str, str]]:
 
 
 def index_page(entries) -> str:
-    """The slide list: one row per slide with links to its viewer, info.json and .dzi."""
+    """The slide list: one row per slide with links to its viewer, info.json and .dzi.
+
+    Listing opens no slide: size and levels are shown for the slides opened so far
+    (:attr:`~.registry.SlideEntry.facts`), else left blank.
+    """
     rows = []
     for e in entries:
         q = quote(e.id, safe="")
-        w, h = e.slide.dimensions
-        rows.append(f"<tr><td><a href=\"/view/{q}\">{html.escape(e.id)}</a></td><td>{w} x {h}</td>"
-                    f"<td>{e.slide.level_count}</td><td><a href=\"/iiif/3/{q}/info.json\">info.json</a>"
+        size, levels = (f"{e.facts[0]} x {e.facts[1]}", str(e.facts[2])) if e.facts else ("", "")
+        rows.append(f"<tr><td><a href=\"/view/{q}\">{html.escape(e.id)}</a></td><td>{size}</td>"
+                    f"<td>{levels}</td><td><a href=\"/iiif/3/{q}/info.json\">info.json</a>"
                     f"</td><td><a href=\"/dz/{q}.dzi\">dzi</a></td></tr>")
     body = "\n".join(rows) or "<tr><td colspan=5>no slides</td></tr>"
     return f"""<!doctype html>
@@ -74,11 +78,12 @@ def index_page(entries) -> str:
 """
 
 
-def view_page(entry, script_url: str, images_url: str | None) -> str:
-    """The viewer page of one slide: OpenSeadragon on ``/iiif/3/{id}/info.json`` and the slide's facts."""
+def view_page(entry, slide, script_url: str, images_url: str | None) -> str:
+    """The viewer page of one slide (``entry``, its open ``slide``): OpenSeadragon on
+    ``/iiif/3/{id}/info.json`` and the slide's facts."""
     q = quote(entry.id, safe="")
     facts = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                      for k, v in slide_facts(entry.slide))
+                      for k, v in slide_facts(slide))
     options = {"id": "viewer", "tileSources": f"/iiif/3/{q}/info.json", "showNavigator": True,
                "crossOriginPolicy": "Anonymous"}
     if images_url:
