@@ -14,6 +14,14 @@ every output row they feed is complete, so only one strip of the source is in
 memory at a time, plus the output.  Integer ratios on pixel-aligned windows take
 a faster exact path (sums of strided slices).
 
+Memory: an upscaled output is wider than its source, so a strip reduced across
+(float32, ``out_w`` wide) can be many times the strip: :meth:`AreaReducer.feed_rows`
+says how many source rows to feed at once to keep those temporaries within a
+budget, and output rows are finished :data:`_ROWS_AT_ONCE` at a time (fewer for a
+wide output, within :data:`_CHUNK_BYTES`).  With ``sink=`` the reducer keeps no
+output at all: each finished band of rows goes to the sink (a server writes
+them, converted and rotated, into its final image).
+
 Shapes: source strips ``(rows, src_w, channels)`` uint8; output
 ``(out_h, out_w, channels)`` uint8.  Coordinates are in source pixels of the
 window the strips come from (row 0 is the window's first row).
@@ -22,6 +30,7 @@ window the strips come from (row 0 is the window's first row).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,16 +90,24 @@ class AreaReducer:
             output, in source pixels (fractional; ``0 <= x0 < x1 <= src_w``).
         out_w, out_h: output size in pixels.
         channels: samples per pixel.
+        sink: None (default: the result is kept in :attr:`out`), or a function
+            ``sink(row, rows)`` given each band of finished output rows in order:
+            ``rows`` ``(n, out_w, channels)`` uint8 are output rows ``row ..
+            row + n - 1`` (valid during the call only); :attr:`out` is then empty.
 
     Feed the window's rows in order with :meth:`feed` (any strip heights, all
     ``src_h`` rows); then :attr:`out` holds the ``(out_h, out_w, channels)`` result.
+    The pixels do not depend on how the rows are split into strips.
     """
 
-    def __init__(self, src_w: int, src_h: int, box, out_w: int, out_h: int, channels: int):
+    def __init__(self, src_w: int, src_h: int, box, out_w: int, out_h: int, channels: int,
+                 sink: Callable[[int, np.ndarray], None] | None = None):
         x0, y0, x1, y1 = (float(v) for v in box)
-        self.out = np.empty((out_h, out_w, channels), np.uint8)
+        self._sink = sink
+        self.out = np.empty((out_h if sink is None else 0, out_w, channels), np.uint8)
         self._out_h = out_h
         self._src_w = src_w
+        self._src_h = src_h
         # exact integer ratio on a pixel-aligned box: block means
         fx, fy = (x1 - x0) / out_w, (y1 - y0) / out_h
         self._block: tuple[int, int, int, int] | None = None
@@ -105,6 +122,25 @@ class AreaReducer:
         #: window row of the first kept row (or of the first row wanted, when none are kept)
         self._row = self._block[3] if self._block is not None else int(self._yfirst[0])
         self._next = 0          # next output row to finish
+        #: output rows finished per vectorised step of the taps path
+        self._chunk = max(1, min(_ROWS_AT_ONCE, _CHUNK_BYTES // (out_w * channels * 4)))
+
+    def feed_rows(self, budget: int) -> int:
+        """Source rows to :meth:`feed` at once so that the taps path's temporaries of
+        one feed (the rows reduced across, float32, and their gathered samples: about 13
+        bytes per output sample per row) stay within ``budget`` bytes; at least 1.  The
+        block-mean path works on the strip itself (its temporaries are at most twice the
+        rows given), so any height will do there: ``src_h``."""
+        if self._block is not None:
+            return max(1, self._src_h)
+        return max(1, budget // (13 * self.out.shape[1] * self.out.shape[2]))
+
+    def _put(self, row: int, rows: np.ndarray) -> None:
+        """Output rows ``row ..`` finished: into :attr:`out`, or to the sink as uint8."""
+        if self._sink is None:
+            self.out[row:row + rows.shape[0]] = rows
+        else:
+            self._sink(row, rows if rows.dtype == np.uint8 else rows.astype(np.uint8))
 
     def _across(self, strip: np.ndarray) -> np.ndarray:
         """``(rows, out_w, channels)`` float32: the strip reduced across."""
@@ -142,7 +178,7 @@ class AreaReducer:
         """The block-mean path: every output row whose ``fy`` rows are in now."""
         assert self._block is not None  # (this path is taken only with block means)
         fy, fx, x0, y0 = self._block
-        ow = self.out.shape[1]
+        ow = self._xfirst.shape[0]
         rows = strip[:, x0:x0 + fx * ow]
         if self._pending is not None:
             rows = np.concatenate((self._pending, rows))
@@ -151,7 +187,7 @@ class AreaReducer:
         start = y0 + j * fy - base
         n = min(self._out_h - j, (rows.shape[0] - start) // fy)
         if n > 0:
-            self.out[j:j + n] = _block_mean(rows[start:start + n * fy], fy, fx)
+            self._put(j, _block_mean(rows[start:start + n * fy], fy, fx))
             self._next = j + n
         self._keep(rows, base, y0 + self._next * fy)
 
@@ -165,21 +201,23 @@ class AreaReducer:
         j0 = self._next
         j1 = int(np.searchsorted(self._ylast, end, side="right"))  # rows complete now
         yfirst, yw = self._yfirst, self._yw
-        for c0 in range(j0, j1, _ROWS_AT_ONCE):
-            c1 = min(j1, c0 + _ROWS_AT_ONCE)
+        for c0 in range(j0, j1, self._chunk):
+            c1 = min(j1, c0 + self._chunk)
             first = yfirst[c0:c1] - base
             acc = h[first] * yw[c0:c1, 0, None, None]
             for t in range(1, yw.shape[1]):
                 acc += h[np.minimum(first + t, end - 1 - base)] * yw[c0:c1, t, None, None]
             np.rint(acc, out=acc)
             np.clip(acc, 0, 255, out=acc)
-            self.out[c0:c1] = acc
+            self._put(c0, acc)
         self._next = j1
         self._keep(h, base, int(yfirst[j1]) if j1 < self._out_h else end)
 
 
 #: Output rows computed per vectorised step (bounds the float32 temporary).
 _ROWS_AT_ONCE = 64
+#: ... and fewer for a wide output: one float32 temporary of a step within this many bytes.
+_CHUNK_BYTES = 2 << 20
 
 
 def reduce_area(src: np.ndarray, box, out_w: int, out_h: int) -> np.ndarray:

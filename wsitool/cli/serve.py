@@ -34,6 +34,14 @@ def serve_cmd(
                                             help="OpenSeadragon script: a URL, or a local file the server serves "
                                                  "(default: the pinned jsDelivr release)."),
     tile_size: int = typer.Option(512, "--tile-size", min=16, help="IIIF tile size advertised in info.json."),
+    render_memory_mb: int = typer.Option(768, "--render-memory-mb", min=128,
+                                         help="Memory the renders in flight may hold together, MiB (split "
+                                              "over --workers): each reserves its bound first or waits; "
+                                              "larger requests are refused, and maxArea follows."),
+    max_decode_pixels: int | None = typer.Option(None, "--max-decode-pixels", min=1,
+                                                 help="Most source pixels one request may read (default: "
+                                                      "wsitool's region limit, 268435456); info.json lists "
+                                                      "only the sizes and tile scale factors within it."),
     follow_links: bool = typer.Option(False, "--follow-links",
                                       help="Serve slides that symbolic links in the folders lead to, even "
                                            "outside them (default: skipped, and counted at start)."),
@@ -77,7 +85,8 @@ def serve_cmd(
         raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
     options: dict[str, Any] = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size,
                    follow_links=follow_links, allowed_hosts=tuple(allowed_host or ()), cors_origin=cors_origin,
-                   max_open_files=max_open_files, max_connections=max_connections)
+                   max_open_files=max_open_files, max_connections=max_connections,
+                   render_memory_mb=render_memory_mb, max_decode_pixels=max_decode_pixels)
     if threads is not None:
         options["threads"] = threads
     remote_options = storage_options(storage_option)

@@ -12,13 +12,18 @@ Routes:
 
 Concurrency and memory: decoding and encoding run on a pool of ``threads``
 worker threads (``concurrent.futures``), never on the event loop; each request
-waits for a worker on an ``asyncio.Semaphore``, so at most ``threads`` images
-are in the making at once (each in bounded memory, :mod:`.render`), and more
-than ``max_queue`` waiting requests are answered 503 (backpressure).  A client
-that went away while its request waited is not rendered for.  Responses are
-encoded bytes (a few hundred KB); no pixel buffer outlives its request.  A
-region read uses up to ``threads // rendering`` of wsitool's decode threads,
-so one client gets every core and many share them.
+first reserves its memory bound from the render memory (:mod:`.bounds`) and
+then waits for a worker on an ``asyncio.Semaphore``, so at most ``threads``
+images are in the making at once and together within ``render_memory_mb``;
+more than ``max_queue`` waiting requests are answered 503 (backpressure).  A
+request that would read more than ``max_decode_pixels`` source pixels, or whose
+bound exceeds the whole render memory, is a 400 saying so.  A client that went
+away while its request waited is not rendered for; one that goes away while its
+image is rendered stops the render at its next strip (the server checks every
+:data:`wsitool.serve.dispatch.DISCONNECT_POLL_S`; ``/status`` counts both).  Responses are encoded
+bytes; no pixel buffer outlives its request.  A region read uses up to
+``threads // rendering`` of wsitool's decode threads, so one client gets every
+core and many share them.
 
 Errors never stop the server: bad requests get 400 / 404 / 501 with a short
 plain-text body; an exception while rendering (a corrupt tile, say) is a 500
@@ -46,9 +51,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,14 +61,17 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from ..deepzoom import DeepZoomGeometry
-from ..errors import InvalidRegionError, ResourceLimitError
+from ..errors import ResourceLimitError
 from ..oserrors import RESOURCE_ERRNOS
+from ..settings import get_limits
+from .bounds import RenderBudget, area_within, dz_bytes, iiif_admits, webp_area_within
 from .config import ServeConfig
+from .dispatch import run_render
 from .dz import DZ_MEDIA_TYPES, geometry_for, parse_dz_path, render_dz_tile
 from .guard import HostCheck, HostPolicy
 from .iiif import CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request, service_limits
 from .registry import SlideEntry, SlideRegistry
-from .render import encode, finish, plan_read, read_scaled
+from .render import Finisher, check_cancel, encode, plan_read, read_rows, read_scaled, render_bytes
 from .status import ServerCounters
 from .viewer import index_page, view_page
 
@@ -102,7 +110,12 @@ class ServerState:
         self.registry = registry
         self.config = config
         self.cache = cache
-        self.limits = service_limits(config.max_width, config.max_height, config.max_area)
+        self.budget = RenderBudget(config.render_memory_mb << 20)
+        #: most source pixels one request may read
+        self.max_decode_pixels = (config.max_decode_pixels if config.max_decode_pixels is not None
+                                  else get_limits().max_region_pixels)
+        self.limits = service_limits(config.max_width, config.max_height, config.max_area,
+                                     area_within(self.budget.total))
         self.counters = ServerCounters()
         #: the Host names answered (:mod:`.guard`); the runner sets those of the address it binds
         self.hosts = HostPolicy.for_bind("127.0.0.1", ["127.0.0.1"], config.allowed_hosts)
@@ -152,6 +165,8 @@ class ServerState:
         data["open_slides"] = self.registry.slides.stats()
         data["pid"] = os.getpid()  # (which worker answered, with --workers)
         data["threads"] = self.config.threads
+        data["render_memory"] = self.budget.snapshot()
+        data["max_decode_pixels"] = self.max_decode_pixels
         data["cache"] = self.cache.stats().as_dict() if self.cache is not None else None
         return data
 
@@ -237,46 +252,21 @@ def base_id(request: Request, sid: str) -> str:
     return str(request.base_url).rstrip("/") + "/iiif/3/" + quote(sid, safe="")
 
 
-async def render(request: Request, job: Callable[[], bytes], what: str, entry: SlideEntry) -> bytes | None:
-    """Run ``job()`` (decode + encode, returns bytes) on a worker; None if the client left.
+async def render(request: Request, job: Callable[[threading.Event], bytes], what: str, entry: SlideEntry,
+                 bound: int = 0, hint: str = "") -> bytes | None:
+    """Run ``job(cancel)`` (decode + encode, returns bytes) on a worker; None if the client left.
 
-    A 400's text names the slide by its identifier, never by its path on the server.
+    :func:`wsitool.serve.dispatch.run_render` with this app's state: ``bound`` (bytes) is
+    reserved from the render memory first; the render stops at its next strip once the
+    client has gone.  A 400's text names the slide by its identifier, never by its path
+    on the server.
 
     Raises:
         IIIFError: 503 when more than ``max_queue`` requests wait; 400 for an invalid
-            region or a resource limit; 500 (and one log line) for any other failure.
+            region, a resource limit or a bound over the render memory; 500 (and one log
+            line) for any other failure.
     """
-    state = app_state(request)
-    counters = state.counters
-    if counters.waiting >= state.config.max_queue:
-        raise IIIFError(503, "server busy, retry later")
-    counters.add("waiting")
-    try:
-        await state.slots.acquire()
-    finally:
-        counters.add("waiting", -1)
-    try:
-        if await request.is_disconnected():
-            counters.add("cancelled")
-            return None
-        counters.add("rendering")
-        try:
-            loop = asyncio.get_running_loop()
-            # in a copy of the request's context (its wsitool.limits), as every thread wsitool starts
-            return await loop.run_in_executor(state.executor, contextvars.copy_context().run, job)
-        finally:
-            counters.add("rendering", -1)
-            counters.add("tiles_rendered")
-    except IIIFError:
-        raise
-    except (InvalidRegionError, ResourceLimitError) as exc:
-        raise IIIFError(400, _public(str(exc), entry)) from None
-    except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
-        log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
-                  str(exc).splitlines()[0] if str(exc) else "")
-        raise IIIFError(500, f"{what} failed: {type(exc).__name__}") from None
-    finally:
-        state.slots.release()
+    return await run_render(app_state(request), request, job, what, lambda text: _public(text, entry), bound, hint)
 
 
 # --- the routes --------------------------------------------------------------------------------
@@ -320,14 +310,33 @@ async def image_response(request: Request, entry: SlideEntry, params: Sequence[s
     req = parse_image_request(region, size, rotation, quality_format, w, h, state.limits)
     plan = plan_read(slide.level_dimensions, slide.level_downsamples, req.region, req.size,
                      cfg.level_tolerance)
+    _wx, _wy, ww, wh = plan.window
+    if ww * wh > state.max_decode_pixels:
+        raise IIIFError(400, f"this request reads {ww}x{wh} pixels of level {plan.level} (the level that "
+                             f"answers its scale), more than the server reads for one request "
+                             f"({state.max_decode_pixels} pixels, --max-decode-pixels): ask for a smaller region, "
+                             f"or one of the sizes or tile scale factors in info.json")
+    level = slide.levels[plan.level]
+    banded = req.quality != "color" or req.mirror or bool(req.rotation)
+    bound = render_bytes(plan, level.tile_height, req.quality, req.format, req.mirror, req.rotation)
+    hint = ""
+    if req.format == "webp":
+        hint = (f"; lossless WebP takes about 27 bytes a pixel (up to {webp_area_within(state.budget.total)} "
+                f"pixels here), PNG and JPEG 9 at most")
 
-    def job() -> bytes:
-        rgb = read_scaled(slide, plan, state.read_threads(), reuse=True)  # (encoded before the next)
-        img = finish(rgb, req.mirror, req.rotation, req.quality)
-        del rgb
+    def job(cancel: threading.Event) -> bytes:
+        if not banded:  # the image is the read: no copy (encoded before this thread's next reuse read)
+            img = read_scaled(slide, plan, state.read_threads(), reuse=True, cancel=cancel)
+        else:  # quality, mirror and rotation applied band by band as the rows come
+            ow, oh = req.size
+            finisher = Finisher(ow, oh, req.mirror, req.rotation, req.quality, rgb_out=req.format == "webp")
+            read_rows(slide, plan, finisher.put, state.read_threads(), cancel=cancel)
+            img = finisher.image
+            del finisher
+        check_cancel(cancel)
         return encode(img, req.format, cfg.quality)
 
-    body = await render(request, job, "image", entry)
+    body = await render(request, job, "image", entry, bound, hint)
     if body is None:
         return Response(status_code=499)
     links = (f'<{base_id(request, entry.id)}/{req.canonical}>;rel="canonical", '
@@ -341,8 +350,14 @@ def info_response(request: Request, entry: SlideEntry) -> Response:
     from starlette.responses import JSONResponse
 
     state = app_state(request)
-    w, h = entry.slide.dimensions
-    doc = info_document(base_id(request, entry.id), w, h, state.config.tile_size, state.limits)
+    slide = entry.slide
+    w, h = slide.dimensions
+
+    def admit(region: tuple[int, int, int, int], size: tuple[int, int]) -> bool:
+        return iiif_admits(slide, region, size, state.config.level_tolerance, state.max_decode_pixels,
+                           state.budget.total)
+
+    doc = info_document(base_id(request, entry.id), w, h, state.config.tile_size, state.limits, admit)
     ld = "application/ld+json" in request.headers.get("accept", "")
     media = f'application/ld+json;profile="{CONTEXT}"' if ld else "application/json"
     return JSONResponse(doc, media_type=media,
@@ -363,12 +378,24 @@ async def dz_route(request: Request) -> Response:
             if parsed[0] == "dzi":
                 return Response(geom.dzi_xml("jpeg"), media_type="application/xml", headers=cors(request))
             _, _, level, col, row, fmt = parsed
+            try:
+                tile = geom.tile(level, (col, row))
+            except ValueError as exc:
+                raise IIIFError(404, str(exc)) from None
+            rw, rh = tile.read_size
+            if rw * rh > state.max_decode_pixels:
+                raise IIIFError(400, f"this tile reads {rw}x{rh} pixels of level {tile.read_args[1]}, more than "
+                                     f"the server reads for one request ({state.max_decode_pixels} pixels, "
+                                     f"--max-decode-pixels)")
+            bound = dz_bytes(slide, tile)
 
-            def job() -> bytes:
+            def job(cancel: threading.Event) -> bytes:
+                check_cancel(cancel)
                 rgb = render_dz_tile(slide, geom, level, col, row, state.read_threads(), cfg.dz_filter)
+                check_cancel(cancel)
                 return encode(rgb, "jpg" if fmt == "jpeg" else "png", cfg.quality)
 
-            body = await render(request, job, "tile", entry)
+            body = await render(request, job, "tile", entry, bound)
         if body is None:
             return Response(status_code=499)
         return Response(body, media_type=DZ_MEDIA_TYPES[fmt],

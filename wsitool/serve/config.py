@@ -37,6 +37,14 @@ class ServeConfig:
             DeepZoomGenerator) or ``"area"`` (see :mod:`wsitool.serve.dz`).
         max_area, max_width, max_height: largest output image (pixels); None:
             from wsitool's limits (:func:`wsitool.serve.iiif.service_limits`).
+        max_decode_pixels: most source pixels one request may read (the window on
+            the level that answers it); None: wsitool's ``max_region_pixels``
+            limit (2**28 by default).  See :mod:`wsitool.serve.bounds`.
+        render_memory_mb: the render memory of the process, MiB (with ``--workers N``
+            each worker gets ``// N``, at least 128): renders reserve
+            their memory bound from it before they start (and wait for room); a
+            request whose bound exceeds it is refused, and the advertised
+            ``maxArea`` is at most what it allows (:mod:`wsitool.serve.bounds`).
         level_tolerance: relative slack when choosing a level: a level whose
             downsample is at most ``scale * (1 + level_tolerance)`` may answer
             (pyramids store downsamples such as 4.002 for a nominal 4).
@@ -70,6 +78,8 @@ class ServeConfig:
     max_area: int | None = None
     max_width: int | None = None
     max_height: int | None = None
+    max_decode_pixels: int | None = None
+    render_memory_mb: int = 768
     level_tolerance: float = 0.01
     follow_links: bool = False
     storage_options: dict | None = dataclasses.field(default=None, hash=False)
@@ -99,6 +109,11 @@ class ServeConfig:
                              f"got {self.dz_overlap}")
         if self.dz_filter not in ("lanczos", "area"):
             raise InvalidOptionError(f"dz_filter must be 'lanczos' or 'area', got {self.dz_filter!r}")
+        if self.max_decode_pixels is not None and self.max_decode_pixels < 4 * self.tile_size ** 2:
+            raise InvalidOptionError(f"max_decode_pixels must be at least 4 tiles ({4 * self.tile_size ** 2} "
+                                     f"pixels with tile_size {self.tile_size}), got {self.max_decode_pixels}")
+        if self.render_memory_mb < 128:
+            raise InvalidOptionError(f"render_memory_mb must be >= 128, got {self.render_memory_mb}")
         if not 1 <= self.quality <= 100:
             raise InvalidOptionError(f"quality must be in 1..100, got {self.quality}")
         for name in ("max_open_files", "max_connections"):

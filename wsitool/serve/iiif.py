@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 
 from ..settings import get_limits
 
@@ -48,8 +49,9 @@ QUALITIES = ("default", "color", "gray", "bitonal")
 #: Features beyond level 2 that this server supports (§5.3, Table "Features").
 EXTRA_FEATURES = ["canonicalLinkHeader", "mirroring", "profileLinkHeader", "sizeUpscaling"]
 
-#: JPEG and WebP cannot encode images wider or taller than this.
-_CODEC_MAX_SIDE = 16383
+#: The largest side every format encodes: WebP's limit is 16383, but imagecodecs'
+#: webp_encode refuses 16383 itself (it checks ``side < 16383``); JPEG's is 65500.
+_CODEC_MAX_SIDE = 16382
 #: Largest output area by default: 64 megapixels (192 MiB as RGB before encoding).
 _DEFAULT_MAX_AREA = 2**26
 
@@ -84,15 +86,19 @@ class ServiceLimits:
 
 
 def service_limits(max_width: int | None = None, max_height: int | None = None,
-                   max_area: int | None = None) -> ServiceLimits:
+                   max_area: int | None = None, area_cap: int | None = None) -> ServiceLimits:
     """The service limits, from wsitool's limits where not given.
 
     ``maxArea`` defaults to the smaller of wsitool's ``max_region_pixels`` and
-    64 megapixels; ``maxWidth`` / ``maxHeight`` to the largest side JPEG and
-    WebP encode (16383), never more than ``maxArea``.
+    64 megapixels, and is never more than ``area_cap`` (the largest area the
+    server's render memory allows, :func:`wsitool.serve.bounds.area_within`);
+    ``maxWidth`` / ``maxHeight`` to the largest side every format encodes (16382),
+    never more than ``maxArea``.
     """
     lim = get_limits()
     area = max_area if max_area is not None else min(lim.max_region_pixels, _DEFAULT_MAX_AREA)
+    if area_cap is not None:
+        area = min(area, area_cap)
     side = min(_CODEC_MAX_SIDE, area)
     return ServiceLimits(max_width if max_width is not None else side,
                          max_height if max_height is not None else side, area)
@@ -297,19 +303,30 @@ def scale_factors(width: int, height: int, tile: int) -> list[int]:
     return factors
 
 
-def info_document(base_id: str, width: int, height: int, tile: int, lim: ServiceLimits) -> dict:
+def info_document(base_id: str, width: int, height: int, tile: int, lim: ServiceLimits,
+                  admit: Callable[[tuple[int, int, int, int], tuple[int, int]], bool] | None = None) -> dict:
     """The image information document (§5) of a ``width x height`` image served at ``base_id``.
 
     ``sizes`` lists the whole image at each scale factor (smallest first) that
     fits the limits; ``tiles`` one ``tile x tile`` grid with the power-of-two
     scale factors (the API requires integers; pyramids store downsamples such
     as 4.002, whose nearest powers of two are what clients ask for).
+
+    ``admit(region, size)``: whether the server answers level-0 ``region`` at ``size``
+    (e.g. within its budget of source pixels read per request); None: all.  Only
+    sizes it admits are listed, and only the scale factors whose first tile (the
+    region ``tile * f`` square at the origin, cut at the edge) it admits.
     """
     factors = scale_factors(width, height, tile)
+    if admit is not None:
+        factors = [f for f in factors
+                   if admit((0, 0, min(width, tile * f), min(height, tile * f)),
+                            (-(-min(width, tile * f) // f), -(-min(height, tile * f) // f)))]
     sizes = []
-    for f in reversed(factors):
+    for f in reversed(scale_factors(width, height, tile)):
         w, h = -(-width // f), -(-height // f)
-        if w <= lim.max_width and h <= lim.max_height and w * h <= lim.max_area:
+        if (w <= lim.max_width and h <= lim.max_height and w * h <= lim.max_area
+                and (admit is None or admit((0, 0, width, height), (w, h)))):
             sizes.append({"width": w, "height": h})
     return {
         "@context": CONTEXT,

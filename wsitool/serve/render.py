@@ -5,10 +5,24 @@ answered from the level whose downsample is the largest not above the
 requested scale ``min(w / out_w, h / out_h)`` (with a relative slack,
 ``tolerance``, for pyramids that store downsamples such as 4.002 for 4), so a
 thumbnail never reads level 0 of a pyramid.  The region's window on that level
-is read through :meth:`wsitool.Slide.read_region` in strips of whole tile rows
-(each source tile is decoded once per request) and reduced by the area filter
-(:mod:`wsitool.areafilter`) strip by strip, so a request holds one strip of source
-pixels (:data:`STRIP_BYTES`) plus its output, whatever the scale.
+is read through :meth:`wsitool.Slide.read_region` in strips (:data:`STRIP_BYTES`
+of source pixels; whole tile rows where they fit, so each source tile is decoded
+once per request) and reduced by the area filter (:mod:`wsitool.areafilter`)
+strip by strip, fed in chunks whose float temporaries stay within
+:data:`FEED_BYTES` whatever the output width (an upscaled output is wider than
+its source).
+
+Memory: a request holds its final image (``out_w x out_h`` x 3 bytes, or x 1
+for ``gray`` / ``bitonal`` encoded as JPEG or PNG) plus the working set of one
+strip (:func:`work_bytes`), then the encoder's own memory.  Quality, mirroring
+and rotation are applied band by band as the rows come (:class:`Finisher`), so
+they add no full-size copy.  :func:`render_bytes` is that bound, which the
+server reserves from its render budget before it starts a render
+(:mod:`wsitool.serve.bounds`).
+
+Cancellation: :func:`read_scaled` given a ``cancel`` event checks it between
+strips and raises :class:`RenderCancelled` once it is set (the server sets it
+when the client has gone).
 
 When the window's size is within one source pixel of an integer multiple of
 the output (the common case: power-of-two scale factors on a 2x or 4x
@@ -25,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -32,11 +47,21 @@ from ..areafilter import AreaReducer
 from ..deepzoom import best_level_for_downsample
 from ..geometry import level0_coordinate
 
-__all__ = ["ReadPlan", "plan_read", "read_scaled", "finish", "encode", "STRIP_BYTES",
-           "REUSE_BYTES", "thumbnail_size"]
+__all__ = ["ReadPlan", "plan_read", "read_scaled", "read_rows", "finish", "Finisher", "encode",
+           "RenderCancelled", "check_cancel", "render_bytes", "work_bytes", "STRIP_BYTES", "FEED_BYTES", "REUSE_BYTES",
+           "WEBP_BYTES_PER_PIXEL", "thumbnail_size"]
 
-#: Most source bytes (RGB) one strip of a request holds.
+#: Most source bytes (RGB) one strip of a request holds (at least 8 rows, or one
+#: tile row where a tile row fits).
 STRIP_BYTES = 4 << 20
+
+#: Most bytes of float temporaries one chunk fed to the area filter's weighted taps makes
+#: (:meth:`wsitool.areafilter.AreaReducer.feed_rows`).
+FEED_BYTES = 4 << 20
+
+#: Output pixels the quality conversion of :class:`Finisher` handles at once (its
+#: uint16 temporaries: about 20 bytes a pixel).
+FINISH_PIXELS = 1 << 18
 
 #: A window whose size is within this many source pixels of an integer
 #: multiple of the output is snapped to it (block means instead of taps).
@@ -46,7 +71,15 @@ SNAP_PIXELS = 1.0
 #: its thread's own buffer (a 1024 x 1024 RGB tile is 3 MiB).
 REUSE_BYTES = 4 << 20
 
+#: Bytes a pixel that lossless WebP encoding holds at its peak (imagecodecs with
+#: ``method=0``, the RGB input excluded): 17-18 on tissue, 24 on noise, measured.
+WEBP_BYTES_PER_PIXEL = 24
+
 _threads = threading.local()
+
+
+class RenderCancelled(Exception):
+    """A render stopped between two strips because its ``cancel`` event was set."""
 
 
 def _reusable(shape: tuple[int, int, int]) -> np.ndarray:
@@ -114,7 +147,33 @@ def plan_read(level_dimensions, level_downsamples, region, out, tolerance: float
     return ReadPlan(level, (x0, y0, c, r), (bx0, by0, bx1, by1), (ow, oh))
 
 
-def read_scaled(slide, plan: ReadPlan, threads: int | None = None, reuse: bool = False) -> np.ndarray:
+def _strip_rows(tile_height: int, width: int) -> int:
+    """Source rows per strip of a ``width``-pixel window: whole tile rows within
+    :data:`STRIP_BYTES` where one fits, else :data:`STRIP_BYTES` of rows (at least 8)."""
+    row_bytes = width * 3
+    if tile_height * row_bytes <= STRIP_BYTES:
+        return tile_height * max(1, STRIP_BYTES // (tile_height * row_bytes))
+    return max(8, STRIP_BYTES // row_bytes)
+
+
+def _strips(first: int, count: int, step: int, tile_height: int) -> Iterator[tuple[int, int]]:
+    """``(row, stop)`` of the strips of rows ``first .. first + count`` (level pixels): strips
+    of whole tile rows end on the level's tile-row boundaries (each tile decoded once)."""
+    row, end = first, first + count
+    while row < end:
+        stop = min(end, (row // step + 1) * step) if step % tile_height == 0 else min(end, row + step)
+        yield row, stop
+        row = stop
+
+
+def check_cancel(cancel: threading.Event | None) -> None:
+    """Raise :class:`RenderCancelled` if ``cancel`` is set."""
+    if cancel is not None and cancel.is_set():
+        raise RenderCancelled("the render was cancelled")
+
+
+def read_scaled(slide, plan: ReadPlan, threads: int | None = None, reuse: bool = False,
+                cancel: threading.Event | None = None) -> np.ndarray:
     """Read and reduce ``plan`` from ``slide``: ``(out_h, out_w, 3)`` uint8 RGB.
 
     ``reuse``: an exact plan (:attr:`ReadPlan.exact`, a level read at ratio 1) of at
@@ -126,36 +185,145 @@ def read_scaled(slide, plan: ReadPlan, threads: int | None = None, reuse: bool =
     faulted in and zeroed each time (3-4 ms of system time per 1024 x 1024 tile in a
     two-thread read-and-encode loop).  The pixels are the same either way.
 
-    Raises what :meth:`wsitool.Slide.read_region` raises (e.g.
-    :class:`~wsitool.errors.TileDecodeError` for a corrupt tile).
+    ``cancel``: checked before each strip (an exact read larger than a strip is read
+    in strips of whole tile rows then).
+
+    Raises:
+        RenderCancelled: ``cancel`` was set.
+        TileDecodeError: a corrupt tile; and whatever else :meth:`wsitool.Slide.read_region`
+            raises.
     """
-    lv = slide.levels[plan.level]
-    ds = lv.downsample
     wx, wy, ww, wh = plan.window
-    lx = level0_coordinate(wx, ds)
     if plan.exact:
-        out = _reusable((wh, ww, 3)) if reuse and ww * wh * 3 <= REUSE_BYTES else None
-        return slide.read_region((lx, level0_coordinate(wy, ds)), plan.level, (ww, wh),
-                                 mode="rgb", threads=threads, out=out)
+        lv = slide.levels[plan.level]
+        if cancel is None or ww * wh * 3 <= STRIP_BYTES:
+            check_cancel(cancel)
+            out = _reusable((wh, ww, 3)) if reuse and ww * wh * 3 <= REUSE_BYTES else None
+            return slide.read_region((level0_coordinate(wx, lv.downsample), level0_coordinate(wy, lv.downsample)),
+                                     plan.level, (ww, wh), mode="rgb", threads=threads, out=out)
+        image = np.empty((wh, ww, 3), np.uint8)
+        th = lv.tile_height  # (reading into the image: strips of whole tile rows, however wide)
+        for row, stop in _strips(wy, wh, th * max(1, STRIP_BYTES // (th * ww * 3)), th):
+            _read(slide, plan, row, stop, threads, cancel, image[row - wy:stop - wy])
+        return image
     ow, oh = plan.out
     reducer = AreaReducer(ww, wh, plan.box, ow, oh, 3)
-    th = lv.tile_height
-    row_bytes = ww * 3
-    if th * row_bytes <= STRIP_BYTES:
-        step = th * max(1, STRIP_BYTES // (th * row_bytes))   # whole tile rows
-    else:
-        step = max(8, STRIP_BYTES // row_bytes)
-    row = wy
-    end = wy + wh
-    while row < end:
-        # strips end on tile-row boundaries of the level (each tile decoded once)
-        stop = min(end, (row // step + 1) * step) if step % th == 0 else min(end, row + step)
-        strip = slide.read_region((lx, level0_coordinate(row, ds)), plan.level, (ww, stop - row),
-                                  mode="rgb", threads=threads)
-        reducer.feed(strip)
-        del strip
-        row = stop
+    _reduce(slide, plan, reducer, threads, cancel)
     return reducer.out
+
+
+def read_rows(slide, plan: ReadPlan, rows: Callable[[int, np.ndarray], None], threads: int | None = None,
+              cancel: threading.Event | None = None) -> None:
+    """Read and reduce ``plan`` as :func:`read_scaled` does, giving the result band by band.
+
+    ``rows(row, band)`` receives each band of output rows in order: ``band``
+    ``(n, out_w, 3)`` uint8 RGB holds rows ``row .. row + n - 1`` (valid during the call
+    only).  Nothing of the output is kept here: a request holds one strip (and, for a
+    reduced plan, the area filter's few pending rows).
+
+    Raises:
+        as :func:`read_scaled`.
+    """
+    _wx, wy, ww, wh = plan.window
+    if plan.exact:
+        th = slide.levels[plan.level].tile_height
+        for row, stop in _strips(wy, wh, _strip_rows(th, ww), th):
+            rows(row - wy, _read(slide, plan, row, stop, threads, cancel))
+        return
+    ow, oh = plan.out
+    _reduce(slide, plan, AreaReducer(ww, wh, plan.box, ow, oh, 3, sink=rows), threads, cancel)
+
+
+def _read(slide, plan: ReadPlan, row: int, stop: int, threads: int | None, cancel: threading.Event | None,
+          out: np.ndarray | None = None) -> np.ndarray:
+    """Rows ``row .. stop`` of ``plan``'s window (level pixels), RGB, after checking ``cancel``."""
+    check_cancel(cancel)
+    ds = slide.levels[plan.level].downsample
+    wx, _wy, ww, _wh = plan.window
+    return slide.read_region((level0_coordinate(wx, ds), level0_coordinate(row, ds)), plan.level,
+                             (ww, stop - row), mode="rgb", threads=threads, out=out)
+
+
+def _reduce(slide, plan: ReadPlan, reducer: AreaReducer, threads: int | None,
+            cancel: threading.Event | None) -> None:
+    """Feed ``plan``'s window to ``reducer`` strip by strip, each strip in chunks of
+    :meth:`~wsitool.areafilter.AreaReducer.feed_rows` rows (:data:`FEED_BYTES`)."""
+    _wx, wy, ww, wh = plan.window
+    th = slide.levels[plan.level].tile_height
+    feed = reducer.feed_rows(FEED_BYTES)
+    for row, stop in _strips(wy, wh, _strip_rows(th, ww), th):
+        strip = _read(slide, plan, row, stop, threads, cancel)
+        for k in range(0, strip.shape[0], feed):
+            if k:
+                check_cancel(cancel)
+            reducer.feed(strip[k:k + feed])
+        del strip
+
+
+def work_bytes(plan: ReadPlan, tile_height: int, banded: bool) -> int:
+    """Most bytes :func:`read_scaled` (``banded=False``) or :func:`read_rows` with a
+    :class:`Finisher` (``banded=True``) holds for ``plan`` beyond the final image: one
+    strip, the area filter's temporaries and pending rows, the finisher's band.
+
+    An upper estimate, from the sizes the code uses (tests/serve/test_render_bounds.py
+    checks it against what numpy allocates): the strip (``rows x width x 3``); on the
+    block-mean path up to 3 times the strip and its pending rows again (their
+    concatenation and the uint16 / uint32 sums); on the taps path the float32 rows of
+    one feed and the pending rows (twice: their concatenation) and one chunk of output
+    rows (three float32 temporaries); the finisher's conversion of
+    :data:`FINISH_PIXELS` (20 bytes each) and the band it is given.
+    """
+    _wx, _wy, ww, wh = plan.window
+    ow, oh = plan.out
+    if plan.exact:
+        return _strip_rows(tile_height, ww) * ww * 3 + 20 * FINISH_PIXELS if banded else 0
+    strip = min(wh, _strip_rows(tile_height, ww)) * ww * 3
+    x0, y0, x1, y1 = plan.box
+    fy = math.ceil((y1 - y0) / oh) + 2         # window rows an output row needs
+    fx, fyr = (x1 - x0) / ow, (y1 - y0) / oh
+    if fx.is_integer() and fyr.is_integer() and float(x0).is_integer() and float(y0).is_integer():
+        pending = fy * ww * 3
+        work = strip + 3 * (strip + pending)
+        band = strip // max(1, int(fyr) * int(fx))      # a band of block means
+    else:
+        sample = ow * 3
+        feed = max(1, FEED_BYTES // (13 * sample))
+        chunk = max(1, min(64, (2 << 20) // (sample * 4)))
+        work = strip + 13 * feed * sample + 2 * 4 * (feed + fy) * sample + 3 * 4 * chunk * sample
+        band = chunk * sample
+    return work + ((20 * FINISH_PIXELS + band) if banded else 0)
+
+
+def render_bytes(plan: ReadPlan, tile_height: int, quality: str, fmt: str, mirror: bool = False,
+                 rotation: int = 0) -> int:
+    """The memory bound of one IIIF render (bytes): final image + strip working set + encoder.
+
+    The final image is ``out_w x out_h x c`` bytes, ``c`` = 3 (``color``, or any
+    quality as WebP, which encodes RGB only) or 1 (``gray`` / ``bitonal`` as JPEG or
+    PNG).  The encoder: JPEG and PNG at most twice their output, which is at most about
+    the image's size (noise; ``2 c`` bytes a pixel; tissue takes 0.25-1 c);
+    lossless WebP :data:`WEBP_BYTES_PER_PIXEL`.  The working set: :func:`work_bytes`
+    (``banded``: a quality other than color, mirroring or rotation, applied by a
+    :class:`Finisher`).
+    """
+    ow, oh = plan.out
+    pixels = ow * oh
+    c = 3 if quality == "color" or fmt == "webp" else 1
+    encoder = pixels * (WEBP_BYTES_PER_PIXEL if fmt == "webp" else 2 * c)
+    banded = quality != "color" or mirror or bool(rotation)
+    return pixels * c + encoder + work_bytes(plan, tile_height, banded)
+
+
+def _quality(rgb: np.ndarray, quality: str) -> np.ndarray:
+    """``rgb`` ``(..., 3)`` uint8 as ``quality``: itself (``color``), luma or 0 / 255."""
+    if quality not in ("gray", "bitonal"):
+        return rgb
+    c = rgb.astype(np.uint16)  # uint16 sums whatever numpy's scalar promotion rules
+    luma = (c[..., 0] * 77 + c[..., 1] * 150 + c[..., 2] * 29 + 128) >> 8
+    img = luma.astype(np.uint8)
+    if quality == "bitonal":
+        img = np.where(img >= 128, np.uint8(255), np.uint8(0))
+    return img
 
 
 def finish(rgb: np.ndarray, mirror: bool, rotation: int, quality: str) -> np.ndarray:
@@ -163,14 +331,10 @@ def finish(rgb: np.ndarray, mirror: bool, rotation: int, quality: str) -> np.nda
 
     ``quality``: ``"color"`` keeps RGB; ``"gray"`` gives ``(h, w)`` luma (ITU-R
     BT.601 weights); ``"bitonal"`` ``(h, w)`` of 0 / 255 (luma threshold 128).
+    Makes whole-image copies: the server applies :class:`Finisher` band by band
+    instead (the same pixels).
     """
-    img = rgb
-    if quality in ("gray", "bitonal"):
-        c = img.astype(np.uint16)  # uint16 sums whatever numpy's scalar promotion rules
-        luma = (c[..., 0] * 77 + c[..., 1] * 150 + c[..., 2] * 29 + 128) >> 8
-        img = luma.astype(np.uint8)
-        if quality == "bitonal":
-            img = np.where(img >= 128, np.uint8(255), np.uint8(0))
+    img = _quality(rgb, quality)
     if mirror:
         img = img[:, ::-1]
     if rotation:
@@ -178,8 +342,63 @@ def finish(rgb: np.ndarray, mirror: bool, rotation: int, quality: str) -> np.nda
     return np.ascontiguousarray(img)
 
 
+class Finisher:
+    """:func:`finish`, applied band by band as the rows of the image come, into its final array.
+
+    Args:
+        width, height: the rendered image's size before rotation (pixels).
+        mirror, rotation, quality: as :func:`finish`.
+        rgb_out: keep gray and bitonal results as 3 equal channels (for WebP, which
+            encodes RGB only) instead of ``(h, w)``.
+
+    :meth:`put` each band of the ``(height, width, 3)`` uint8 image (any order, any
+    heights); then :attr:`image` holds ``finish(rgb, mirror, rotation, quality)``
+    (repeated to 3 channels with ``rgb_out``), C-contiguous: ``(height, width[, 3])``,
+    or ``(width, height[, 3])`` rotated by 90 or 270.  Its conversion handles
+    :data:`FINISH_PIXELS` at a time.
+    """
+
+    def __init__(self, width: int, height: int, mirror: bool, rotation: int, quality: str,
+                 rgb_out: bool = False):
+        self.height = height
+        self.mirror = mirror
+        self.turns = rotation // 90
+        self.quality = quality
+        channels = 3 if quality not in ("gray", "bitonal") or rgb_out else 1
+        size = (width, height) if self.turns % 2 else (height, width)
+        self.image = np.empty(size + ((3,) if channels == 3 else ()), np.uint8)
+        self._chunk = max(1, FINISH_PIXELS // max(1, width))
+
+    def put(self, row: int, rgb: np.ndarray) -> None:
+        """Rows ``row .. row + n - 1`` of the image: ``rgb`` ``(n, width, 3)`` uint8."""
+        for k in range(0, rgb.shape[0], self._chunk):
+            self._put(row + k, rgb[k:k + self._chunk])
+
+    def _put(self, row: int, rgb: np.ndarray) -> None:
+        img = _quality(rgb, self.quality)
+        if img.ndim == 2 and self.image.ndim == 3:
+            img = img[..., None]  # broadcast to the 3 channels
+        if self.mirror:
+            img = img[:, ::-1]
+        part = np.rot90(img, k=-self.turns) if self.turns else img
+        top, end = row, row + rgb.shape[0]
+        flip = self.height - end, self.height - top    # where the rows go when turned over
+        if self.turns == 0:
+            self.image[top:end] = part
+        elif self.turns == 1:       # 90 clockwise: rows become columns, the first rightmost
+            self.image[:, flip[0]:flip[1]] = part
+        elif self.turns == 2:
+            self.image[flip[0]:flip[1]] = part
+        else:                       # 270: rows become columns, the first leftmost
+            self.image[:, top:end] = part
+
+
 def encode(img: np.ndarray, fmt: str, quality: int = 90) -> bytes:
-    """Encode ``(h, w, 3)`` or ``(h, w)`` uint8 as ``"jpg"``, ``"png"`` or ``"webp"`` (imagecodecs)."""
+    """Encode ``(h, w, 3)`` or ``(h, w)`` uint8 as ``"jpg"``, ``"png"`` or ``"webp"`` (imagecodecs).
+
+    ``quality``: JPEG quality (1..100); WebP is lossless (``quality`` its effort), at
+    most 16382 pixels a side (imagecodecs refuses 16383, libwebp's own limit).
+    """
     import imagecodecs
 
     if fmt == "jpg":
@@ -189,7 +408,9 @@ def encode(img: np.ndarray, fmt: str, quality: int = 90) -> bytes:
     if fmt == "webp":
         if img.ndim == 2:
             img = np.repeat(img[..., None], 3, axis=2)
-        return bytes(imagecodecs.webp_encode(img, level=quality))
+        # lossless (imagecodecs' default when ``lossless`` is not given; ``level`` is then its
+        # effort); method 0: the same pixels as the default 4 with half the memory, 6x faster
+        return bytes(imagecodecs.webp_encode(img, level=quality, method=0))
     raise ValueError(f"unknown format {fmt!r}")
 
 

@@ -17,8 +17,9 @@ cache.  ``workers=N`` (``--workers N``, POSIX): the parent binds the socket and
 checks the slides, then forks N worker processes, each accepting connections
 on a listening socket of its own on that address (``SO_REUSEPORT``: the kernel
 deals the connections out among them; :func:`worker_sockets`); each opens
-the slides itself, with ``threads // N`` decode threads (at least 1) and a
-cache of ``cache_mb // N`` MiB, so the whole server keeps to the one budget.
+the slides itself, with ``threads // N`` decode threads (at least 1), a
+cache of ``cache_mb // N`` MiB and a render memory of ``render_memory_mb // N``
+MiB (at least 128), so the whole server keeps to the one budget.
 Each worker has its own event loop and its own interpreter lock, which is
 what one process lacks under load (see scripts/bench_serve.py).  The parent
 forwards SIGINT / SIGTERM / SIGHUP to the workers, waits for them and exits
@@ -350,7 +351,8 @@ def _supervise(sources: Iterable[str | os.PathLike], config: ServeConfig, socket
 
     count = _checked_count(sources, config)  # once, before the workers: they open the same slides quietly
     share = dataclasses.replace(config, cache_mb=config.cache_mb // workers,
-                                threads=max(1, config.threads // workers))
+                                threads=max(1, config.threads // workers),
+                                render_memory_mb=max(128, config.render_memory_mb // workers))
     sets = worker_sockets(sockets, workers)
     bound = tuple(sockets[0].getsockname()[:2])
     children = []

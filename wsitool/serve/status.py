@@ -14,7 +14,10 @@ class ServerCounters:
     """Request counters (thread-safe).
 
     ``in_flight``: requests being answered now; ``rendering``: of those, the ones
-    decoding on a worker thread; ``waiting``: those queued for one.  Totals by
+    decoding on a worker thread; ``waiting``: those queued for one (or for room in
+    the render memory).  ``cancelled``: requests whose client left before their
+    render started; ``cancelled_rendering``: renders stopped because their client
+    left while they ran.  Totals by
     route kind (``iiif``, ``info``, ``dz``, ``page``, ``other``) and by status code.
     """
 
@@ -30,6 +33,7 @@ class ServerCounters:
         self.bytes_sent = 0
         self.tiles_rendered = 0
         self.cancelled = 0
+        self.cancelled_rendering = 0
 
     def begin(self) -> None:
         with self._lock:
@@ -64,6 +68,7 @@ class ServerCounters:
                 "bytes_sent": self.bytes_sent,
                 "images_rendered": self.tiles_rendered,
                 "cancelled_before_render": self.cancelled,
+                "cancelled_while_rendering": self.cancelled_rendering,
             }
         data["rss_bytes"] = psutil.Process(os.getpid()).memory_info().rss
         return data
