@@ -35,10 +35,13 @@ def terminal_width(stream) -> int | None:
     return None if stream.isatty() or os.environ.get("COLUMNS") else 200
 
 
-console = Console(width=terminal_width(sys.stdout))
+# soft_wrap: a message is one line whatever the terminal's width (a long path in it is never
+# split: grep and the tests find the whole line); the terminal folds it for the eye, not rich.
+# Reports laid out for a person (info, the stress table) use fitted_console() instead.
+console = Console(width=terminal_width(sys.stdout), soft_wrap=True)
 
 
-err_console = Console(stderr=True, width=terminal_width(sys.stderr))
+err_console = Console(stderr=True, width=terminal_width(sys.stderr), soft_wrap=True)
 
 
 def fitted_console() -> Console:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import typer
@@ -49,6 +50,27 @@ def metavar_for(param) -> str:
     return kind + ("..." if desc.is_list or param.nargs == -1 else "")
 
 
+#: The narrowest help layout: below it typer cut option names ("--regi…" at 40 columns);
+#: a narrower terminal folds the lines instead.
+HELP_MIN_WIDTH = 80
+
+
+@contextlib.contextmanager
+def help_width() -> Iterator[None]:
+    """Lay help out at the terminal's width ($COLUMNS, else 80 in a pipe), at least
+    :data:`HELP_MIN_WIDTH` columns, for the block (typer's ``TERMINAL_WIDTH`` wins)."""
+    import typer.rich_utils as rich_utils
+    from rich.console import Console
+
+    before = rich_utils.MAX_WIDTH
+    if before is None and Console().width < HELP_MIN_WIDTH:
+        rich_utils.MAX_WIDTH = HELP_MIN_WIDTH
+    try:
+        yield
+    finally:
+        rich_utils.MAX_WIDTH = before
+
+
 def with_metavars(command):
     """``command`` (a click command) with :func:`metavar_for` set on every parameter
     that names no metavariable of its own; arguments show as ``SLIDE`` in the usage
@@ -70,6 +92,11 @@ def with_metavars(command):
                 opt.metavar = ""
             return opt
         command.get_help_option = get_help_option
+
+        def format_help(ctx, formatter, _orig=command.format_help):  # never narrower than 80 columns
+            with help_width():
+                return _orig(ctx, formatter)
+        command.format_help = format_help
         command._wsitool_metavars = True
     return command
 
@@ -85,7 +112,8 @@ class OneLineUsage(TyperGroup):
 
     def format_help(self, ctx, formatter):
         with_metavars(self)
-        return super().format_help(ctx, formatter)
+        with help_width():
+            return super().format_help(ctx, formatter)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
