@@ -210,3 +210,43 @@ def test_messages_are_one_line_at_any_width_and_path(tmp_path, columns):
     assert bad.stderr.splitlines() == [f"wsitool: error: {missing}: No such file or directory"], bad.stderr
     helped = cli("read-regions", "--help")
     assert "--regions " in helped.stdout and "--output-dir " in helped.stdout and "…" not in helped.stdout
+
+
+# ------------------------------------------------------------------ issue 47, item 7: huge numbers
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+@pytest.mark.parametrize("args", [
+    ["read-region", JPEG, "-o", "{out}.png", "--size", "8", "8", "--location", "{n}", "0"],
+    ["read-region", JPEG, "-o", "{out}.png", "--size", "{n}", "8"],
+    ["read-region", JPEG, "-o", "{out}.png", "--size", "8", "8", "--level", "{n}"],
+    ["read-region", JPEG, "-o", "{out}.png", "--size", "8", "8", "--threads", "{n}"],
+    ["export-pyramid", JPEG, "{out}.tiff", "--region", "0", "0", "{n}", "8"],
+    ["export-pyramid", JPEG, "{out}.tiff", "--max-pixels", "{n}"],
+    ["export-pyramid", JPEG, "{out}.tiff", "--compression", "jpeg2000", "--psnr", "{n}"],
+    ["stress", JPEG, "--workers", "{n}"], ["stress", JPEG, "--iterations", "{n}"],
+    ["stress", JPEG, "-n", "1", "--seed", "{n}"], ["stress", JPEG, "-n", "1", "--sample-interval", "{n}"],
+], ids=lambda a: "-".join(str(x) for x in a if str(x).startswith("--") or x in ("read-region", "export-pyramid",
+                                                                                 "stress")))
+def test_a_number_of_hundreds_of_digits_is_one_usage_line(tmp_path, args, digits):
+    """A number beyond a 64-bit integer (or a float that is not finite: 400 nines is inf) in any
+    option: one usage line, exit 2, not echoing the digits. `stress --workers <400 digits>` exited
+    1 ("OverflowError: cannot fit 'int' into an index-sized integer"), `--iterations` with a bare
+    OverflowError, `read-region --location` wrote a region and echoed 400 digits."""
+    big = "9" * digits
+    res = run(*[str(a).format(n=big, out=tmp_path / "o") for a in args])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("wsitool: error: ") and len(lines[0]) < 300, res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_regions_csv_number_of_thousands_of_digits_is_one_short_line(tmp_path):
+    rows = ((f"{'9' * 5000},0,0,8,8", "x"), (f"0,0,{'9' * 400},8,8", "level"), (f"0,0,0,-{'9' * 30},8", "width"))
+    for row, col in rows:
+        csv = tmp_path / "r.csv"
+        csv.write_text("x,y,level,width,height\n" + row + "\n")
+        res = run("read-regions", JPEG, "--regions", csv, "--output-dir", tmp_path / "out")
+        assert res.exit_code == 5, res.output
+        line = one_error_line(res.output)
+        assert f"line 2: column {col}" in line and len(line) < 300, line

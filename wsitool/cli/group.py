@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
@@ -101,14 +102,51 @@ def with_metavars(command):
     return command
 
 
+#: The largest magnitude of a number on the command line (that of a signed 64-bit integer): no
+#: count, size, position or seed means anything beyond it, and past it Python's conversions
+#: fail in places (float(), numpy, indices) with a type error instead of a usage error.
+NUMBER_LIMIT = 2**63 - 1
+
+
+def _out_of_range(value) -> str | None:
+    """Why the converted option ``value`` (a number, or a tuple of them) is refused, or None."""
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int) and abs(v) > NUMBER_LIMIT:  # (the digits are not echoed: there may be 4,000)
+            return f"a number of {len(str(abs(v)))} digits, out of range (at most {NUMBER_LIMIT})"
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{v} is not a finite number"
+    return None
+
+
+def bounded_numbers(command):
+    """``command`` (a click command) with each parameter's converted value checked: an integer
+    beyond :data:`NUMBER_LIMIT` or a float that is not finite (``1e999``, 400 nines, ``nan``) is a
+    usage error (one line, exit 2)."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "_wsitool_bounded", False):
+            continue
+
+        def process_value(ctx, value, _orig=param.process_value, _param=param):
+            value = _orig(ctx, value)
+            why = _out_of_range(value)
+            if why:
+                raise typer.BadParameter(why, ctx=ctx, param=_param)
+            return value
+        param.process_value = process_value
+        param._wsitool_bounded = True
+    return command
+
+
 class OneLineUsage(TyperGroup):
     """The command group, printing a usage error as one line (``wsitool: error:
     ...``, exit 2) instead of click's boxed usage block, as the docs promise;
     help shows metavariables (:func:`with_metavars`)."""
 
     def get_command(self, ctx, cmd_name):
-        """The subcommand ``cmd_name``, its parameters given metavariables."""
-        return with_metavars(super().get_command(ctx, cmd_name))
+        """The subcommand ``cmd_name``, its parameters given metavariables and bounded numbers."""
+        return with_metavars(bounded_numbers(super().get_command(ctx, cmd_name)))
 
     def format_help(self, ctx, formatter):
         with_metavars(self)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from ..deepzoom import DeepZoomGeometry
-from ..errors import InvalidRegionError, ResourceLimitError
+from ..errors import InvalidRegionError, ResourceLimitError, printable
 from .config import ServeConfig
 from .dz import DZ_MEDIA_TYPES, geometry_for, parse_dz_path, render_dz_tile
 from .iiif import CONTEXT, PROFILE_URI, IIIFError, info_document, parse_image_request, service_limits
@@ -216,8 +216,8 @@ async def render(request: Request, job: Callable[[], bytes], what: str, entry: S
     except (InvalidRegionError, ResourceLimitError) as exc:
         raise IIIFError(400, _public(str(exc), entry)) from None
     except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
-        log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
-                  str(exc).splitlines()[0] if str(exc) else "")
+        log.error("%s %s: 500: %s: %s", printable(request.method), printable(request.url.path),
+                  type(exc).__name__, printable(str(exc).splitlines()[0]) if str(exc) else "")
         raise IIIFError(500, f"{what} failed: {type(exc).__name__}") from None
     finally:
         state.slots.release()
@@ -405,7 +405,8 @@ async def _send_stopping(send: _Send) -> None:
 
 
 class _RequestLog:
-    """ASGI middleware: counts requests in flight and logs one debug line per request."""
+    """ASGI middleware: counts requests in flight and logs one debug line per request (its path's
+    non-printable characters escaped: :func:`wsitool.errors.printable`)."""
 
     def __init__(self, app: Starlette, counters: ServerCounters):
         self.app = app
@@ -436,7 +437,8 @@ class _RequestLog:
             # uvicorn cancels the requests still running when its graceful shutdown times out
             # (or at a second signal): one log line and a 503, not its "Exception in ASGI
             # application" traceback
-            log.warning("%s %s: cancelled, the server is stopping", scope.get("method"), scope.get("path", ""))
+            log.warning("%s %s: cancelled, the server is stopping", printable(scope.get("method")),
+                        printable(scope.get("path", "")))
             if not started[0]:
                 status[0] = 503
                 await _send_stopping(send)
@@ -447,5 +449,7 @@ class _RequestLog:
                     else "page" if path == "/" or path.startswith("/view/") else "other")
             counters.end(kind, status[0], sent[0])
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s %s %d %d bytes %.1f ms", scope.get("method"), path, status[0], sent[0],
-                          (time.perf_counter() - t0) * 1000)
+                # the path as sent, its control and other non-printable characters escaped
+                # (a %0A or %1B in a request must not start a line of its own or move the cursor)
+                log.debug("%s %s %d %d bytes %.1f ms", printable(scope.get("method")), printable(path),
+                          status[0], sent[0], (time.perf_counter() - t0) * 1000)
