@@ -284,3 +284,10 @@ def environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def prose(text: str) -> str:
+    """``text`` with every run of white space one space: a report's sentences as one line.
+    ``info`` wraps its prose between words to the terminal's width ($COLUMNS), so a phrase
+    checked in it may be split over lines; error and warning lines never are."""
+    return " ".join(text.split())

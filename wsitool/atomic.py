@@ -21,7 +21,11 @@ same way:
    link where available); it never replaces a source.  :meth:`Partial.abort`
    (and leaving the ``with`` block by an exception) removes the partial.
 4. Live partials are kept in a process-wide registry, so a signal handler can
-   remove them (:func:`remove_live_partials`); partials that this host's
+   remove them (:func:`remove_live_partials`).  A name is recorded before its file
+   or folder is made and forgotten only after it is renamed or removed, so a
+   signal at any step between (SIGTERM right after ``open`` returned, between the
+   two renames of a folder replaced with ``overwrite``) leaves nothing behind
+   once the registry is cleared; partials that this host's
    earlier, dead processes left behind are removed by the next run into the
    folder (:func:`clean_stale_partials`); partials of other hosts, of other
    users and of live processes are never touched.
@@ -96,6 +100,13 @@ def _register(path: Path) -> None:
 def _unregister(path: Path) -> None:
     with _live_lock:
         _live.discard(os.fspath(path))
+
+
+def _forget(path: Path) -> None:
+    """Remove ``path`` (if it exists), then take it out of the registry: a signal between
+    the two leaves it registered, for :func:`remove_live_partials`."""
+    _remove(path)
+    _unregister(path)
 
 
 def _forget_after_fork() -> None:  # a forked child must not remove its parent's partials
@@ -334,13 +345,18 @@ def create_file(final: str | os.PathLike, sources: Iterable = (), *, read: bool 
         flags = (flags & ~os.O_WRONLY) | os.O_RDWR
     for _ in range(8):
         tmp = partial_name(final)
+        _register(tmp)  # before the file exists: a signal at any step after it finds the name
         try:
             fd = os.open(tmp, flags, 0o666)
         except FileExistsError:  # a name taken (planted or a random clash): draw another
+            _unregister(tmp)
             continue
         except OSError as exc:
+            _unregister(tmp)
             raise user_error(exc, final) from None
-        _register(tmp)
+        except BaseException:  # a signal as the file was made (it may exist): gone with it
+            _forget(tmp)
+            raise
         return Partial(final, tmp, False, sources), fd
     raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary file"), final)
 
@@ -357,13 +373,18 @@ def create_dir(final: str | os.PathLike, sources: Iterable = ()) -> Partial:
     final = Path(os.fspath(final))
     for _ in range(8):
         tmp = partial_name(final)
+        _register(tmp)  # before the folder exists (see create_file)
         try:
             os.mkdir(tmp, 0o777)
         except FileExistsError:
+            _unregister(tmp)
             continue
         except OSError as exc:
+            _unregister(tmp)
             raise user_error(exc, final) from None
-        _register(tmp)
+        except BaseException:  # a signal as the folder was made
+            _forget(tmp)
+            raise
         return Partial(final, tmp, True, sources)
     raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary folder"), final)
 
@@ -518,12 +539,16 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike, *, overwrite: bool 
             os.replace(tmp, final)
             return
         old = partial_name(final)
-        os.rename(final, old)
-        _register(old)
+        _register(old)  # before the old folder moves there (see create_file)
         try:
+            os.rename(final, old)
             os.rename(tmp, final)
-        except BaseException:
-            os.rename(old, final)
+        except BaseException:  # an error or a signal, before, between or after the two renames
+            if os.path.lexists(old):
+                if os.path.lexists(final):
+                    _remove(old)  # both done: the new output is in place
+                else:
+                    os.rename(old, final)  # the new one is not: the old output back
             _unregister(old)
             raise
         _remove(old)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import wsitool
 from wsitool.cli import app
 
-from helpers import shared_sample
+from helpers import prose, shared_sample
 
 runner = CliRunner()
 
@@ -180,6 +180,6 @@ def test_info_hides_identifying_dicom_properties_unless_show_phi():
         res = run(*args)
         assert res.exit_code == 0, res.output
         assert secret not in res.output and "PatientID" not in res.output
-    assert "hidden: --show-phi" in run("info", str(path)).output
+    assert "hidden: --show-phi" in prose(run("info", str(path)).output)
     shown = run("info", "--json", "--show-phi", str(path))
     assert shown.exit_code == 0 and json.loads(shown.output)["properties"]["dicom.PatientID"] == secret

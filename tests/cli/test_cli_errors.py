@@ -185,3 +185,99 @@ def test_opening_leaves_the_tifffile_logger_as_the_application_set_it(sample_jpe
         assert (logger.level, logger.propagate, logger.handlers) == (level, saved[1], saved[2])
     finally:
         logger.setLevel(saved[0])
+
+
+# ------------------------------------------------------------------ issue 47, item 7: FIFOs, secrets, numbers
+
+import os  # noqa: E402
+import queue  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+
+from helpers import REPO, REPO_SAMPLES  # noqa: E402
+
+#: Seconds a command may take on a FIFO (it hung for good: opening a FIFO waits for a writer).
+FIFO_WAIT = 60
+
+
+def _cli(*args, timeout: float = FIFO_WAIT) -> subprocess.CompletedProcess:
+    """``wsitool ARGS`` in a child; a hang fails the test (TimeoutExpired) instead of blocking it."""
+    return subprocess.run([sys.executable, "-m", "wsitool.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    path = tmp_path / "pipe.svs"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("command", [["info", "{p}"], ["read-region", "{p}", "--size", "8", "8", "-o", "{o}"],
+                                     ["export-pyramid", "{p}", "{o}.tiff"], ["info", "--json", "{p}"]])
+def test_a_fifo_is_refused_at_once_exit_3(fifo, tmp_path, command):
+    """`info`, `read-region` and `export-pyramid` of a FIFO waited for a writer forever, silent;
+    now one line naming it and what it is, exit 3 (as /dev/zero), nothing written."""
+    args = [a.format(p=fifo, o=tmp_path / "out.png") for a in command]
+    proc = _cli(*args)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines() == [f"wsitool: error: {fifo}: not a slide wsitool reads "
+                                        "(a FIFO, not a regular file)"], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.svs"]
+
+
+def test_a_fifo_in_a_dicom_folder_is_passed_over(tmp_path):
+    series = SHARED_SAMPLES / "dicom-openslide-boxes"
+    if not series.is_dir():
+        pytest.skip(f"real slides folder {SHARED_SAMPLES} is absent (needs dicom-openslide-boxes)")
+    folder = tmp_path / "series"
+    shutil.copytree(series, folder)
+    os.mkfifo(folder / "zz.dcm")
+    proc = _cli("info", folder)
+    assert proc.returncode == 0, proc.stderr
+    proc = _cli("info", folder / "zz.dcm")
+    assert proc.returncode == 3 and "a FIFO" in proc.stderr, proc.stderr
+    with pytest.raises(errors.UnsupportedFormatError, match="a FIFO"):
+        wsitool.open_slide(folder / "zz.dcm")
+
+
+def test_serve_skips_a_fifo_with_its_warning(tmp_path):
+    """`serve` of a folder holding a FIFO hung at start-up; now the FIFO is not served (its
+    warning line) and the rest is."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    shutil.copy(REPO_SAMPLES / "sample-aperio-jpeg.svs", folder / "a.svs")
+    os.mkfifo(folder / "b.svs")
+    proc = subprocess.Popen([sys.executable, "-m", "wsitool.cli", "serve", str(folder), "--port", "0",
+                             "--threads", "1", "--cache-mb", "0"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True).start()
+    seen = []
+    try:
+        while not any("serving 1 slide(s)" in ln for ln in seen):
+            seen.append(lines.get(timeout=FIFO_WAIT))  # queue.Empty: it hung (or said nothing)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    warning = [ln for ln in seen if "not served" in ln]
+    assert len(warning) == 1 and f"{folder / 'b.svs'}: not a slide wsitool reads (a FIFO" in warning[0], seen
+
+
+@pytest.mark.parametrize("url", ["ftp://user:PW@host/x.svs", "sftp://user:PW@host/x.svs?token=TOKEN",
+                                 "https://user:PW@127.0.0.1:1/x.svs?X-Amz-Signature=TOKEN"])
+@pytest.mark.parametrize("command", ["info", "read-region", "export-pyramid", "serve", "stress"])
+def test_no_message_shows_a_urls_password_or_query(url, command, tmp_path):
+    """`wsitool info ftp://user:PW@host/x.svs` printed the password: only the URLs wsitool reads
+    were redacted (and a path made of the argument shows it as ftp:/user:PW@...)."""
+    more = {"read-region": ["--size", "1", "1", "-o", tmp_path / "o.png"], "export-pyramid": [tmp_path / "o.tiff"],
+            "serve": ["--port", "0"], "stress": ["-n", "1"]}.get(command, [])
+    proc = _cli(command, url, *more, "--storage-option", "retries=0") if url.startswith("https") else \
+        _cli(command, url, *more)
+    assert proc.returncode not in (0, 1), proc.stderr
+    assert "PW" not in proc.stderr + proc.stdout and "TOKEN" not in proc.stderr + proc.stdout, proc.stderr
+    assert "***@" in proc.stderr, proc.stderr

@@ -100,7 +100,7 @@ def test_info_on_a_folder_of_mixed_slides_is_brief():
     proc = cli("info", SHARED_SAMPLES)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 3 and len(lines) == 1
-    assert len(lines[0]) <= 300, len(lines[0])
+    assert len(lines[0].replace(str(SHARED_SAMPLES), "")) <= 300, lines[0]  # wherever the clone is
     assert "DICOM series" in lines[0] and "give one slide file" in lines[0]
     assert not re.search(r"\d+\.\d+\.\d+\.\d+\.\d+", lines[0])  # no Series UIDs
 

@@ -102,3 +102,98 @@ def test_an_object_store_url_without_an_object_is_a_usage_error_shown_as_given()
     for url in ("s3://bucket", "s3:///x.svs"):
         with pytest.raises(InvalidOptionError, match="names a bucket and an object"):
             ObjectStoreTransport(url, redact(url), {"anon": True})
+
+
+# ------------------------------------------------------------------ issue 47, item 7: values of any type
+
+
+def test_cli_keeps_a_number_as_typed():
+    """``--storage-option`` values are JSON where they parse; a number that JSON would write
+    otherwise stays the text typed (a secret 1.50 is not 1.5)."""
+    from wsitool.cli.console import storage_options
+
+    got = storage_options(["secret=1234", "a=1.50", "b=1e3", "c=-0", "d=12.5", "e=true", "f=null", "g=007"])
+    assert got == {"secret": 1234, "a": "1.50", "b": "1e3", "c": "-0", "d": 12.5, "e": True, "f": None, "g": "007"}
+
+
+@pytest.mark.parametrize("value,text", [(1234, "1234"), (12.5, "12.5"), ("s3cr3t", "s3cr3t"),
+                                        (10**30, "1" + "0" * 30)])
+def test_object_store_text_options_take_numbers_and_booleans(value, text):
+    """obstore refused a number (TypeError: 'int' object is not an instance of 'str', exit 1);
+    a boolean it takes as it is (its own text, "true")."""
+    from wsitool.storage.objectstore import store_config
+
+    config, _ = store_config("s3", {"secret": value, "key": value, "region_name": value})
+    assert config["aws_secret_access_key"] == text and config["aws_access_key_id"] == text
+    config, client = store_config("gs", {"token": value, "client_options": {"user_agent": value}})
+    assert config["google_service_account"] == text and client["user_agent"] == text
+
+
+@pytest.mark.parametrize("value,kind", [(None, "null"), ([1, "SECRETVALUE"], "a list"),
+                                        ({"x": "SECRETVALUE"}, "an object")])
+def test_object_store_text_options_refuse_other_types(value, kind):
+    from wsitool.storage.objectstore import store_config
+
+    with pytest.raises(InvalidOptionError, match=f"storage option secret: expected text, got {kind}") as info:
+        store_config("s3", {"secret": value})
+    assert "SECRETVALUE" not in str(info.value)
+
+
+@pytest.mark.parametrize("raw,flag", [(True, True), ("TRUE", True), ("yes", True), (1, True), ("1", True),
+                                      (False, False), ("false", False), ("No", False), (0, False)])
+def test_anon_is_a_yes_or_no(raw, flag):
+    from wsitool.storage.objectstore import store_config
+
+    config, _ = store_config("s3", {"anon": raw})
+    assert config.get("skip_signature", False) is flag
+
+
+@pytest.mark.parametrize("raw", ["maybe", 2, None, [True]])
+def test_anon_that_is_neither_is_refused(raw):
+    """``anon=maybe`` (or ``anon=yes`` before) was read as false, silently."""
+    from wsitool.storage.objectstore import store_config
+
+    with pytest.raises(InvalidOptionError, match="storage option anon: expected true or false"):
+        store_config("s3", {"anon": raw})
+
+
+def test_cli_numeric_secret_reads_on_exit_17_not_1():
+    """``--storage-option secret=1234`` exited 1 with obstore's type error; now the secret is the
+    text 1234 and the read goes on (here to a closed port: exit 17)."""
+    pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends
+    args = ["info", "s3://bucket/x.svs"]
+    for item in ("key=1234", "secret=5678", f"endpoint_url=http://127.0.0.1:{port}", "retries=0",
+                 "operation_timeout=10"):
+        args += ["--storage-option", item]
+    proc = subprocess.run([sys.executable, "-m", "wsitool.cli", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 17, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "5678" not in proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "wsitool.cli", "info", "s3://bucket/x.svs", "--storage-option",
+                          "secret=[1]"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.splitlines() == [
+        "wsitool: error: storage option secret: expected text, got a list"], bad.stderr
+
+
+def test_dicomweb_text_options_and_cache_size():
+    """DICOMweb's credentials as typed (``password=1234``, ``token=true`` was "Bearer True"); a
+    ``frame_cache_mb`` of ``1e400`` raised OverflowError (exit 1), ``true`` was 1 MiB."""
+    pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
+    import base64
+
+    from wsitool.storage.dicomweb import DicomWebClient, parse_series_url
+
+    url = parse_series_url("dicomweb+http://127.0.0.1:1/dicom-web/studies/1.2/series/3.4")
+    client = DicomWebClient(url, {"username": 42, "password": 1234})
+    assert client._headers["Authorization"] == "Basic " + base64.b64encode(b"42:1234").decode()
+    assert DicomWebClient(url, {"token": True})._headers["Authorization"] == "Bearer true"
+    for raw in (float("inf"), float("nan"), -1, True, "x", 10**400):
+        with pytest.raises(InvalidOptionError, match="frame_cache_mb"):
+            DicomWebClient(url, {"frame_cache_mb": raw})
+    with pytest.raises(InvalidOptionError, match="password: expected text, got a list"):
+        DicomWebClient(url, {"username": "u", "password": ["SECRETVALUE"]})

@@ -155,3 +155,48 @@ def test_thumbnail_size_is_pillows():
             im = Image.new("L", size)
             im.thumbnail(box)
             assert thumbnail_size(size, box) == im.size, (size, box)
+
+
+# the forms of a region, size, rotation and Deep Zoom address that held a 400- or 5,000-digit number
+LONG_FORMS = {
+    "region x": ("{n},0,10,10", "max", "0"), "region w": ("0,0,{n},10", "max", "0"),
+    "region pct": ("pct:0,0,{n},10", "max", "0"), "region pct x": ("pct:{n},0,10,10", "max", "0"),
+    "region pct fraction": ("pct:0.{n},0,10,10", "max", "0"),
+    "size w,": ("full", "{n},", "0"), "size ,h": ("full", ",{n}", "0"), "size ^w,": ("full", "^{n},", "0"),
+    "size ^,h": ("full", "^,{n}", "0"), "size w,h": ("full", "^{n},{n}", "0"),
+    "size !w,h": ("full", "!{n},{n}", "0"), "size ^!w,h": ("full", "^!{n},10", "0"),
+    "size pct": ("full", "pct:{n}", "0"), "size ^pct": ("full", "^pct:{n}", "0"),
+    "size ^pct fraction": ("full", "^pct:0.{n}", "0"),
+    "rotation": ("full", "max", "{n}"), "rotation !": ("full", "max", "!{n}"),
+    "rotation fraction": ("full", "max", "90.{n}"),
+}
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+@pytest.mark.parametrize("form", sorted(LONG_FORMS))
+def test_a_number_of_hundreds_of_digits_is_a_400_with_a_short_message(form, digits):
+    """400 digits made float() infinite or a true division overflow, 5,000 made int() refuse
+    (Python's 4,300-digit limit): 500s with a traceback in 9 forms (issue 47); a number of over
+    20 digits is now a 400 naming the parameter, with at most ~40 characters of it repeated."""
+    params = [p.format(n="9" * digits) for p in LONG_FORMS[form]]
+    with pytest.raises(IIIFError) as e:
+        parse_image_request(*params, "default.jpg", 1000, 800, LIM)
+    assert e.value.status == 400 and len(e.value.message) < 120, e.value.message
+    assert "more than 20 digits" in e.value.message
+    # 20 digits still parse (a region cut at the edge, or a size over the limits: 400)
+    ok = [p.format(n="9" * 20) for p in LONG_FORMS[form]]
+    try:
+        parse_image_request(*ok, "default.jpg", 1000, 800, LIM)
+    except IIIFError as exc:
+        assert exc.status in (400, 501) and "digits" not in exc.message
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+@pytest.mark.parametrize("where", ["{n}/0_0", "0/{n}_0", "0/0_{n}"])
+def test_a_deep_zoom_address_of_hundreds_of_digits_is_a_400(where, digits):
+    from wsitool.serve.dz import parse_dz_path
+
+    with pytest.raises(IIIFError) as e:
+        parse_dz_path("x.svs_files/" + where.format(n="9" * digits) + ".jpeg")
+    assert e.value.status == 400 and len(e.value.message) < 120, e.value.message
+    assert parse_dz_path("x.svs_files/" + where.format(n="9" * 20) + ".jpeg")[0] == "tile"

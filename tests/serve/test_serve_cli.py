@@ -84,8 +84,8 @@ def test_missing_source_is_exit_9():
 def test_nothing_to_serve_is_one_line_exit_3(tmp_path):
     bad = tmp_path / "junk.svs"
     bad.write_bytes(b"not a slide at all" * 10)
-    proc = subprocess.run([sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(bad), "--port", "0"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", "from wsitool.cli import main; main()", "serve", str(bad),
+                           "--port", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "no slide to serve" in lines[0] and str(bad) in lines[0], proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -155,3 +156,65 @@ def test_deep_zoom_options_are_checked():
         with pytest.raises(ValueError, match="dz_"):
             ServeConfig(**bad)
     assert ServeConfig(dz_tile_size=16, dz_overlap=8).dz_overlap == 8
+
+
+# ------------------------------------------------------------------ issue 47, item 7
+
+
+def _raw_get(url: str, path: str) -> tuple[int, bytes]:
+    """GET ``path`` sent byte for byte (http.client; httpx would normalise it)."""
+    host, port = url.split("://", 1)[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=20)
+    try:
+        conn.putrequest("GET", path, skip_accept_encoding=True)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_numbers_of_hundreds_of_digits_are_short_400s(folder, serve_slides):
+    """400- and 5,000-digit numbers in regions, sizes, rotations and Deep Zoom levels, columns
+    and rows were 500s with a 49-line traceback (or a 400 repeating all the digits)."""
+    forms = ["/iiif/3/b.svs/{n},0,10,10/max/0/default.jpg", "/iiif/3/b.svs/0,0,{n},10/max/0/default.jpg",
+             "/iiif/3/b.svs/pct:0,0,{n},10/max/0/default.jpg", "/iiif/3/b.svs/full/{n},/0/default.jpg",
+             "/iiif/3/b.svs/full/,{n}/0/default.jpg", "/iiif/3/b.svs/full/^{n},/0/default.jpg",
+             "/iiif/3/b.svs/full/!{n},{n}/0/default.jpg", "/iiif/3/b.svs/full/^!{n},10/0/default.jpg",
+             "/iiif/3/b.svs/full/pct:{n}/0/default.jpg", "/iiif/3/b.svs/full/^pct:{n}/0/default.jpg",
+             "/iiif/3/b.svs/full/max/{n}/default.jpg", "/iiif/3/b.svs/full/max/!{n}/default.jpg",
+             "/iiif/3/b.svs/pct:0.{n},0,10,10/max/0/default.jpg",
+             "/dz/b.svs_files/{n}/0_0.jpeg", "/dz/b.svs_files/0/{n}_0.jpeg", "/dz/b.svs_files/0/0_{n}.jpeg"]
+    with serve_slides([folder], threads=2, cache_mb=8) as (url, state):
+        for digits in (400, 5000):
+            for form in forms:
+                status, body = _raw_get(url, form.format(n="9" * digits))
+                assert status == 400 and len(body) < 300, (form, digits, status, body[:300])
+        assert _raw_get(url, "/iiif/3/b.svs/full/max/0/default.jpg")[0] == 200  # and the server goes on
+        assert state.counters.snapshot()["status_codes"].get("500", 0) == 0
+
+
+def test_logged_request_paths_cannot_forge_lines(tmp_path, serve_slides, caplog):
+    """--debug logged each path raw: a %0A in it started a forged log line, a %1B a terminal
+    escape; the 500 line of a failed render too. Both are escaped now (one line each)."""
+    broken = SAMPLES_SHARED / "broken-aperio-unreadable-jpeg.svs"
+    if not broken.exists():
+        pytest.skip(f"real slide {broken} is absent")
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(SLIDE, served / "b.svs")
+    # a slide whose name holds a terminal escape, and whose render fails (Starlette's routes
+    # match no newline in a path: an id with one is never reached)
+    shutil.copy(broken, served / "x\x1b[31mFAKE.svs")
+    caplog.set_level(logging.DEBUG, logger="wsitool.serve")
+    with serve_slides([served], threads=1, cache_mb=0) as (url, _state):
+        forged = "/iiif/3/b.svs%0A2026-01-01%20GET%20/admin%20200%1B[2J/info.json"
+        assert _raw_get(url, forged)[0] == 404
+        assert _raw_get(url, "/dz/%1B]0;title%07x.dzi")[0] == 404
+        status, body = _raw_get(url, "/iiif/3/x%1B%5B31mFAKE.svs/full/max/0/default.jpg")
+        assert status == 500 and b"\x1b" not in body
+    lines = [r.getMessage() for r in caplog.records if r.name == "wsitool.serve"]
+    assert any("/admin" in m for m in lines) and any("FAKE.svs/full/max/0/default.jpg: 500" in m for m in lines), lines
+    for m in lines:
+        assert "\n" not in m and "\x1b" not in m and "\x07" not in m, repr(m)
+    assert any("b.svs\\n2026-01-01" in m for m in lines), lines  # shown escaped, as repr() does

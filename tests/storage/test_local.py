@@ -60,3 +60,46 @@ def test_close_waits_for_reads_in_flight(tmp_path):
 def test_missing_file_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         LocalFile(tmp_path / "nope")
+
+
+def test_only_regular_files_are_opened(tmp_path):
+    """A FIFO's open waited for a writer forever (`info`, `read-region`, `export-pyramid`, `serve`
+    hung); /dev/zero was read as a header of zeros. Both are refused before any read (exit 3)."""
+    import os
+
+    from wsitool.errors import UnsupportedFormatError
+    from wsitool.storage.local import open_regular
+
+    fifo = tmp_path / "pipe.svs"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsupportedFormatError, match=r"pipe\.svs: not a slide wsitool reads \(a FIFO"):
+        LocalFile(fifo)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(UnsupportedFormatError, match="a character device"):
+            LocalFile("/dev/zero")
+    regular = tmp_path / "f.bin"
+    regular.write_bytes(b"abc")
+    fd = open_regular(regular)
+    try:
+        assert os.get_blocking(fd) and os.read(fd, 3) == b"abc"
+    finally:
+        os.close(fd)
+    with pytest.raises(FileNotFoundError):
+        open_regular(tmp_path / "none")
+
+
+def test_messages_redact_every_scheme():
+    """Only the URLs wsitool reads were redacted: `info ftp://user:PW@host/x.svs` showed PW."""
+    from wsitool.storage.urls import redact_text
+
+    cases = {
+        "ftp://user:PW@host/x.svs: No such file": "ftp://***@host/x.svs: No such file",
+        "ftp:/user:PW@host/x.svs: No such file": "ftp:/***@host/x.svs: No such file",  # a Path of it
+        "'sftp://u:p@ss@h/x?token=T': bad.": "'sftp://***@h/x?<redacted>': bad.",
+        "(s3://b/k.svs?X-Amz-Signature=T)": "(s3://b/k.svs?<redacted>)",
+        "/data/run:/x@y?z: a path": "/data/run:/x@y?z: a path",
+        "C:/Users/a@b/x and http://h/x? plain": "C:/Users/a@b/x and http://h/x? plain",
+    }
+    for text, want in cases.items():
+        assert redact_text(text) == want
+        assert redact_text(want) == want

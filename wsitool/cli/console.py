@@ -15,11 +15,12 @@ from rich.markup import escape
 
 from .. import errors, signals
 from ..settings import limits
+from ..storage.urls import redact_text
 
 
 def usage_line(exc) -> None:
     """Print a click usage error as ``wsitool: error: <command>: <message>``."""
-    message = " ".join(exc.format_message().split()).replace("Value error, ", "").rstrip(".")
+    message = redact_text(" ".join(exc.format_message().split()).replace("Value error, ", "").rstrip("."))
     ctx = getattr(exc, "ctx", None)
     param = getattr(exc, "param", None)
     if param is not None and (getattr(param, "nargs", 1) or 1) > 1 and getattr(param, "opts", None):
@@ -35,10 +36,13 @@ def terminal_width(stream) -> int | None:
     return None if stream.isatty() or os.environ.get("COLUMNS") else 200
 
 
-console = Console(width=terminal_width(sys.stdout))
+# soft_wrap: a message is one line whatever the terminal's width (a long path in it is never
+# split: grep and the tests find the whole line); the terminal folds it for the eye, not rich.
+# Reports laid out for a person (info, the stress table) use fitted_console() instead.
+console = Console(width=terminal_width(sys.stdout), soft_wrap=True)
 
 
-err_console = Console(stderr=True, width=terminal_width(sys.stderr))
+err_console = Console(stderr=True, width=terminal_width(sys.stderr), soft_wrap=True)
 
 
 def fitted_console() -> Console:
@@ -83,9 +87,11 @@ def exit_code_for(exc: BaseException) -> int:
 
 
 def shown(text) -> str:
-    """``text`` (a name, path or message) ready for a rich print to a terminal: control
-    characters escaped (:func:`wsitool.errors.printable`) and rich markup escaped."""
-    return escape(errors.printable(text))
+    """``text`` (a name, path or message) ready for a rich print to a terminal: every
+    ``scheme://`` in it without its user information and query
+    (:func:`wsitool.storage.urls.redact_text`: ``ftp://user:PW@host`` too, which no reader
+    takes), control characters escaped (:func:`wsitool.errors.printable`) and rich markup escaped."""
+    return escape(errors.printable(redact_text(str(text))))
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -157,7 +163,9 @@ def storage_options(items: list | None) -> dict | None:
     """The ``--storage-option KEY=VALUE`` items as a dict (None when there are none).
 
     VALUE is JSON when it parses as JSON (``true``, ``30``, ``{"a": 1}``), else the text;
-    a dotted KEY (``headers.Authorization``) makes nested dicts.  A malformed item
+    a number stays text where JSON would write it otherwise (``1.50``, ``1e3``), so an option
+    that takes text (a secret, :func:`wsitool.storage.options.option_text`) gets what was typed.
+    A dotted KEY (``headers.Authorization``) makes nested dicts.  A malformed item
     raises the usage Exit (code 2).
     """
     if not items:
@@ -174,6 +182,8 @@ def storage_options(items: list | None) -> dict | None:
             value = json.loads(raw)
         except ValueError:
             value = raw
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and json.dumps(value) != raw.strip():
+            value = raw  # a number that reads back otherwise ("1.50", "1e3", "-0"): its text, unchanged
         *parents, leaf = key.split(".")
         node = out
         for name in parents:

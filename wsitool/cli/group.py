@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import typer
@@ -49,6 +51,27 @@ def metavar_for(param) -> str:
     return kind + ("..." if desc.is_list or param.nargs == -1 else "")
 
 
+#: The narrowest help layout: below it typer cut option names ("--regi…" at 40 columns);
+#: a narrower terminal folds the lines instead.
+HELP_MIN_WIDTH = 80
+
+
+@contextlib.contextmanager
+def help_width() -> Iterator[None]:
+    """Lay help out at the terminal's width ($COLUMNS, else 80 in a pipe), at least
+    :data:`HELP_MIN_WIDTH` columns, for the block (typer's ``TERMINAL_WIDTH`` wins)."""
+    import typer.rich_utils as rich_utils
+    from rich.console import Console
+
+    before = rich_utils.MAX_WIDTH
+    if before is None and Console().width < HELP_MIN_WIDTH:
+        rich_utils.MAX_WIDTH = HELP_MIN_WIDTH
+    try:
+        yield
+    finally:
+        rich_utils.MAX_WIDTH = before
+
+
 def with_metavars(command):
     """``command`` (a click command) with :func:`metavar_for` set on every parameter
     that names no metavariable of its own; arguments show as ``SLIDE`` in the usage
@@ -70,7 +93,49 @@ def with_metavars(command):
                 opt.metavar = ""
             return opt
         command.get_help_option = get_help_option
+
+        def format_help(ctx, formatter, _orig=command.format_help):  # never narrower than 80 columns
+            with help_width():
+                return _orig(ctx, formatter)
+        command.format_help = format_help
         command._wsitool_metavars = True
+    return command
+
+
+#: The largest magnitude of a number on the command line (that of a signed 64-bit integer): no
+#: count, size, position or seed means anything beyond it, and past it Python's conversions
+#: fail in places (float(), numpy, indices) with a type error instead of a usage error.
+NUMBER_LIMIT = 2**63 - 1
+
+
+def _out_of_range(value) -> str | None:
+    """Why the converted option ``value`` (a number, or a tuple of them) is refused, or None."""
+    for v in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int) and abs(v) > NUMBER_LIMIT:  # (the digits are not echoed: there may be 4,000)
+            return f"a number of {len(str(abs(v)))} digits, out of range (at most {NUMBER_LIMIT})"
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{v} is not a finite number"
+    return None
+
+
+def bounded_numbers(command):
+    """``command`` (a click command) with each parameter's converted value checked: an integer
+    beyond :data:`NUMBER_LIMIT` or a float that is not finite (``1e999``, 400 nines, ``nan``) is a
+    usage error (one line, exit 2)."""
+    for param in getattr(command, "params", ()):
+        if getattr(param, "_wsitool_bounded", False):
+            continue
+
+        def process_value(ctx, value, _orig=param.process_value, _param=param):
+            value = _orig(ctx, value)
+            why = _out_of_range(value)
+            if why:
+                raise typer.BadParameter(why, ctx=ctx, param=_param)
+            return value
+        param.process_value = process_value
+        param._wsitool_bounded = True
     return command
 
 
@@ -80,12 +145,13 @@ class OneLineUsage(TyperGroup):
     help shows metavariables (:func:`with_metavars`)."""
 
     def get_command(self, ctx, cmd_name):
-        """The subcommand ``cmd_name``, its parameters given metavariables."""
-        return with_metavars(super().get_command(ctx, cmd_name))
+        """The subcommand ``cmd_name``, its parameters given metavariables and bounded numbers."""
+        return with_metavars(bounded_numbers(super().get_command(ctx, cmd_name)))
 
     def format_help(self, ctx, formatter):
         with_metavars(self)
-        return super().format_help(ctx, formatter)
+        with help_width():
+            return super().format_help(ctx, formatter)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
 from pathlib import Path
 
@@ -64,13 +65,15 @@ class PackWriter:
         self.partial.commit(self.overwrite)
 
     def abort(self) -> None:
+        """Remove the partial store, unfinished (also with an entry still open, as a signal in
+        :meth:`add` leaves it): no zip directory is written, now or when the zip is collected."""
         if self.fmt == "npz":
-            for closer in (getattr(self, "_zip", None), self._fh):
-                try:
-                    if closer is not None:
-                        closer.close()
-                except Exception:
-                    pass
+            zf = getattr(self, "_zip", None)
+            if zf is not None:
+                zf.fp = None  # ZipFile.close() (and its __del__) then do nothing
+            if self._fh is not None:
+                with contextlib.suppress(Exception):
+                    self._fh.close()
         self.partial.abort()
 
 

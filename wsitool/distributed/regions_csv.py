@@ -34,6 +34,8 @@ MAX_NAME_BYTES = 150
 
 
 _REQUIRED = ("x", "y", "level", "width", "height")
+#: The largest magnitude of a coordinate, level or size (a signed 64-bit integer).
+_NUMBER_LIMIT = 2**63 - 1
 
 
 def name_ok(name: str) -> bool:
@@ -82,10 +84,10 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
     Raises:
         FileNotFoundError: no such file.
         InvalidRegionError: text that is not UTF-8, a row that is not CSV, a
-            missing column, a value that is not an integer, a non-positive
-            width/height or negative level, an invalid (see
-            :data:`NAME_PUNCTUATION`) or duplicate name — the message names the
-            file and line.
+            missing column, a value that is not an integer (or is beyond a signed
+            64-bit integer), a non-positive width/height or negative level, an
+            invalid (see :data:`NAME_PUNCTUATION`) or duplicate name — the message
+            names the file and line.
     """
     path = os.fspath(path)
     out: list[RegionRequest] = []
@@ -137,10 +139,15 @@ def _request(row: list[str], header: list[str], where: str, n: int) -> RegionReq
     rec = dict(zip(header, (c.strip() for c in row), strict=False))
     vals = {}
     for col in _REQUIRED:
+        text = rec[col]
         try:
-            vals[col] = int(rec[col])
-        except ValueError:
-            raise InvalidRegionError(f"{where}: column {col} must be an integer, got {rec[col]!r}") from None
+            vals[col] = int(text)
+        except ValueError:  # (also a number of over 4,300 digits, which int() refuses)
+            shown = repr(text) if len(text) <= 40 else f"{text[:32]!r}... ({len(text)} characters)"
+            raise InvalidRegionError(f"{where}: column {col} must be an integer, got {shown}") from None
+        if abs(vals[col]) > _NUMBER_LIMIT:
+            raise InvalidRegionError(f"{where}: column {col} is out of range (a number of {len(text)} "
+                                     f"characters; at most {_NUMBER_LIMIT})")
     if vals["width"] <= 0 or vals["height"] <= 0:
         raise InvalidRegionError(
             f"{where}: width and height must be positive, got {vals['width']}x{vals['height']}"

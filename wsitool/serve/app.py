@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from ..deepzoom import DeepZoomGeometry
-from ..errors import ResourceLimitError
+from ..errors import ResourceLimitError, printable
 from ..oserrors import RESOURCE_ERRNOS
 from ..settings import get_limits
 from .bounds import RenderBudget, area_within, dz_bytes, iiif_admits, webp_area_within
@@ -236,8 +236,8 @@ async def leased(request: Request, entry: SlideEntry) -> AsyncIterator[Slide]:
     except Exception as exc:
         if entry.failed is not None:
             raise IIIFError(404, "slide cannot be read") from None
-        log.error("%s %s: opening %s failed: %s: %s", request.method, request.url.path, entry.path,
-                  type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        log.error("%s %s: opening %s failed: %s: %s", printable(request.method), printable(request.url.path),
+                  printable(entry.path), type(exc).__name__, printable(str(exc).splitlines()[0]) if str(exc) else "")
         if isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
             raise IIIFError(503, "server busy, retry later") from None
         raise IIIFError(500, f"opening the slide failed: {type(exc).__name__}") from None
@@ -497,7 +497,8 @@ async def _send_stopping(send: _Send) -> None:
 
 
 class _RequestLog:
-    """ASGI middleware: counts requests in flight and logs one debug line per request."""
+    """ASGI middleware: counts requests in flight and logs one debug line per request (its path's
+    non-printable characters escaped: :func:`wsitool.errors.printable`)."""
 
     def __init__(self, app: Starlette, counters: ServerCounters):
         self.app = app
@@ -528,7 +529,8 @@ class _RequestLog:
             # uvicorn cancels the requests still running when its graceful shutdown times out
             # (or at a second signal): one log line and a 503, not its "Exception in ASGI
             # application" traceback
-            log.warning("%s %s: cancelled, the server is stopping", scope.get("method"), scope.get("path", ""))
+            log.warning("%s %s: cancelled, the server is stopping", printable(scope.get("method")),
+                        printable(scope.get("path", "")))
             if not started[0]:
                 status[0] = 503
                 await _send_stopping(send)
@@ -539,5 +541,7 @@ class _RequestLog:
                     else "page" if path == "/" or path.startswith("/view/") else "other")
             counters.end(kind, status[0], sent[0])
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s %s %d %d bytes %.1f ms", scope.get("method"), path, status[0], sent[0],
-                          (time.perf_counter() - t0) * 1000)
+                # the path as sent, its control and other non-printable characters escaped
+                # (a %0A or %1B in a request must not start a line of its own or move the cursor)
+                log.debug("%s %s %d %d bytes %.1f ms", printable(scope.get("method")), printable(path),
+                          status[0], sent[0], (time.perf_counter() - t0) * 1000)

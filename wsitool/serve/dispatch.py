@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import InvalidRegionError, ResourceLimitError
+from ..errors import InvalidRegionError, ResourceLimitError, printable
 from .bounds import RenderBudget, mib
 from .config import ServeConfig
 from .iiif import IIIFError
@@ -123,8 +123,8 @@ async def run_render(state: _State, request: Request, job: Callable[[threading.E
     except (InvalidRegionError, ResourceLimitError) as exc:
         raise IIIFError(400, public(str(exc))) from None
     except Exception as exc:  # a corrupt tile, a decoder failure: one line, the slide stays served
-        log.error("%s %s: 500: %s: %s", request.method, request.url.path, type(exc).__name__,
-                  str(exc).splitlines()[0] if str(exc) else "")
+        log.error("%s %s: 500: %s: %s", printable(request.method), printable(request.url.path),
+                  type(exc).__name__, printable(str(exc).splitlines()[0]) if str(exc) else "")
         raise IIIFError(500, f"{what} failed: {type(exc).__name__}") from None
     finally:
         state.slots.release()

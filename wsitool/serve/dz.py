@@ -26,7 +26,7 @@ import numpy as np
 from ..areafilter import reduce_area
 from ..deepzoom import DeepZoomGeometry
 from ..subpixel import deepzoom_tile, read_blended
-from .iiif import IIIFError
+from .iiif import IIIFError, check_numbers
 from .render import thumbnail_size
 
 __all__ = ["DZ_MEDIA_TYPES", "parse_dz_path", "geometry_for", "render_dz_tile"]
@@ -39,13 +39,16 @@ def parse_dz_path(rest: str):
     """``("dzi", id)`` or ``("tile", id, level, col, row, format)`` for the path after ``/dz/``.
 
     Raises:
-        IIIFError: 404 for any other path (no such resource).
+        IIIFError: 404 for any other path (no such resource); 400 for a level, column or
+            row of more than 20 digits (:data:`~wsitool.serve.iiif.MAX_DIGITS`).
     """
     if rest.endswith(".dzi") and "/" not in rest:
         return ("dzi", rest[:-4])
     m = _TILE.match(rest)
     if not m or "/" in m.group(1):
         raise IIIFError(404, "no such Deep Zoom resource")
+    for what, text in zip(("level", "column", "row"), m.group(2, 3, 4), strict=True):
+        check_numbers(what, text)  # (int() of 4,300 digits raised: a 500)
     return ("tile", m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5))
 
 

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, printable
 
 if TYPE_CHECKING:
     import uvicorn
@@ -193,7 +193,7 @@ class HostCheck:
             hosts = [v for k, v in scope.get("headers", ()) if k == b"host"]
             header = hosts[0].decode("latin-1") if len(hosts) == 1 else (None if not hosts else "")
             if not self.state.hosts.allows(header):
-                log.debug("%s: 400: Host not allowed", scope.get("method"))
+                log.debug("%s: 400: Host not allowed", printable(scope.get("method")))
                 await send({"type": "http.response.start", "status": 400,
                             "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                         (b"content-length", str(len(_BAD_HOST)).encode())]})

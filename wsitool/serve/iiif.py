@@ -19,7 +19,9 @@ Implements compliance level 2 of the IIIF Image API 3.0 (https://iiif.io/api/ima
   power-of-two ``scaleFactors``, ``maxWidth`` / ``maxHeight`` / ``maxArea``,
   ``profile`` ``level2``, ``extraQualities``, ``extraFormats``, ``extraFeatures``;
 * §7.1 error conditions: 400 bad syntax, 404 unknown identifier, 501 valid but
-  unsupported, each with a short plain-text body (:class:`IIIFError`).
+  unsupported, each with a short plain-text body (:class:`IIIFError`; it repeats at
+  most about 40 characters of the request).  A number of more than 20 digits
+  (:data:`MAX_DIGITS`) anywhere in a region, size or rotation is a 400.
 
 Coordinates: regions are ``(x, y, w, h)`` in level-0 pixels of the image;
 sizes ``(w, h)`` in output pixels before rotation.  Pure functions, no I/O.
@@ -36,7 +38,8 @@ from ..settings import get_limits
 
 __all__ = ["IIIFError", "ServiceLimits", "ImageRequest", "service_limits", "parse_region",
            "parse_size", "parse_rotation", "parse_quality_format", "parse_image_request",
-           "scale_factors", "info_document", "CONTEXT", "PROFILE_URI", "MEDIA_TYPES"]
+           "scale_factors", "info_document", "check_numbers", "quoted", "CONTEXT", "PROFILE_URI",
+           "MEDIA_TYPES", "MAX_DIGITS"]
 
 CONTEXT = "http://iiif.io/api/image/3/context.json"
 PROFILE_URI = "http://iiif.io/api/image/3/level2.json"
@@ -59,6 +62,13 @@ _NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # ASCII digits only (\d takes any
 _INT4 = re.compile(r"^([0-9]+),([0-9]+),([0-9]+),([0-9]+)\Z")
 _PCT4 = re.compile(rf"^pct:({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})\Z")
 _ROTATION = re.compile(rf"^(!?)({_NUMBER})\Z")
+#: The most digits one number of a request may have (before or after its point): more than any
+#: image side or percentage needs; a longer run is a 400 before any conversion (int() refuses
+#: 4,300 digits, float() makes 400 of them infinite: both were 500s).
+MAX_DIGITS = 20
+_LONG_NUMBER = re.compile(rf"[0-9]{{{MAX_DIGITS + 1}}}")
+#: The most characters of a request's parameter an error message repeats.
+_SHOWN = 40
 
 
 class IIIFError(Exception):
@@ -143,27 +153,44 @@ def _bad(message: str) -> IIIFError:
     return IIIFError(400, message)
 
 
+def quoted(text: str) -> str:
+    """``repr(text)``, cut to about 40 characters (a request's text in an error's short body)."""
+    return repr(text) if len(text) <= _SHOWN else f"{text[:_SHOWN - 8]!r}... ({len(text)} characters)"
+
+
+def check_numbers(what: str, text: str) -> None:
+    """Refuse ``text`` (a request parameter) holding a number of more than :data:`MAX_DIGITS` digits.
+
+    Raises:
+        IIIFError: 400 naming ``what`` (``"region"``, ``"level"``).
+    """
+    if _LONG_NUMBER.search(text):
+        raise _bad(f"{what} {quoted(text)}: a number of more than {MAX_DIGITS} digits")
+
+
 def parse_region(text: str, width: int, height: int) -> tuple[int, int, int, int]:
     """§4.1: the region ``text`` of a ``width x height`` image as ``(x, y, w, h)``, cut at the edges.
 
     Raises:
-        IIIFError: 400 for bad syntax, a zero-sized region or one outside the image.
+        IIIFError: 400 for bad syntax (a number of more than :data:`MAX_DIGITS` digits
+            included), a zero-sized region or one outside the image.
     """
     if text == "full":
         return (0, 0, width, height)
     if text == "square":
         s = min(width, height)
         return ((width - s) // 2, (height - s) // 2, s, s)
+    check_numbers("region", text)
     m = _INT4.match(text)
     if m:
         x, y, w, h = (int(g) for g in m.groups())
     else:
         m = _PCT4.match(text)
         if not m:
-            raise _bad(f"invalid region {text!r}")
+            raise _bad(f"invalid region {quoted(text)}")
         px, py, pw, ph = (float(g) for g in m.groups())
         if px > 100 or py > 100:
-            raise _bad(f"region {text!r} starts outside the image")
+            raise _bad(f"region {quoted(text)} starts outside the image")
         x, y = round(px * width / 100), round(py * height / 100)
         w, h = round(pw * width / 100), round(ph * height / 100)
         if pw > 0 and w == 0:
@@ -171,9 +198,9 @@ def parse_region(text: str, width: int, height: int) -> tuple[int, int, int, int
         if ph > 0 and h == 0:
             h = 1
     if w <= 0 or h <= 0:
-        raise _bad(f"region {text!r} has zero width or height")
+        raise _bad(f"region {quoted(text)} has zero width or height")
     if x >= width or y >= height:
-        raise _bad(f"region {text!r} lies outside the {width}x{height} image")
+        raise _bad(f"region {quoted(text)} lies outside the {width}x{height} image")
     return (x, y, min(w, width - x), min(h, height - y))
 
 
@@ -194,9 +221,10 @@ def parse_size(text: str, rw: int, rh: int, lim: ServiceLimits) -> tuple[tuple[i
         it exceeds the region, and the canonical size string (§4.7).
 
     Raises:
-        IIIFError: 400 for bad syntax, a zero size, upscaling without ``^`` or a
-            size over the service limits.
+        IIIFError: 400 for bad syntax (a number of more than :data:`MAX_DIGITS` digits
+            included), a zero size, upscaling without ``^`` or a size over the service limits.
     """
+    check_numbers("size", text)
     up = text.startswith("^")
     body = text[1:] if up else text
     if body == "max":
@@ -205,24 +233,24 @@ def parse_size(text: str, rw: int, rh: int, lim: ServiceLimits) -> tuple[tuple[i
     if body.startswith("pct:"):
         num = body[4:]
         if not re.fullmatch(_NUMBER, num) or float(num) == 0:
-            raise _bad(f"invalid size {text!r}")
+            raise _bad(f"invalid size {quoted(text)}")
         n = float(num)
         w, h = max(1, round(rw * n / 100)), max(1, round(rh * n / 100))
     elif body.startswith("!"):
         m = re.fullmatch(r"([0-9]+),([0-9]+)", body[1:])
         if not m or int(m.group(1)) == 0 or int(m.group(2)) == 0:
-            raise _bad(f"invalid size {text!r}")
+            raise _bad(f"invalid size {quoted(text)}")
         bw, bh = int(m.group(1)), int(m.group(2))
         scale = min(bw / rw, bh / rh)
         w, h = max(1, min(bw, round(rw * scale))), max(1, min(bh, round(rh * scale)))
     else:
         m = re.fullmatch(r"([0-9]*),([0-9]*)", body)
         if not m or not (m.group(1) or m.group(2)):
-            raise _bad(f"invalid size {text!r}")
+            raise _bad(f"invalid size {quoted(text)}")
         gw = int(m.group(1)) if m.group(1) else None
         gh = int(m.group(2)) if m.group(2) else None
         if gw == 0 or gh == 0:
-            raise _bad(f"size {text!r} is zero")
+            raise _bad(f"size {quoted(text)} is zero")
         if gw is not None and gh is not None:
             w, h = gw, gh
         elif gw is not None:
@@ -232,7 +260,7 @@ def parse_size(text: str, rw: int, rh: int, lim: ServiceLimits) -> tuple[tuple[i
             w, h = max(1, round(rw * gh / rh)), gh
     upscaled = w > rw or h > rh
     if upscaled and not up:
-        raise _bad(f"size {text!r} is larger than the {rw}x{rh} region (use ^ to upscale)")
+        raise _bad(f"size {quoted(text)} is larger than the {rw}x{rh} region (use ^ to upscale)")
     if w > lim.max_width or h > lim.max_height or w * h > lim.max_area:
         raise _bad(f"size {w}x{h} exceeds the server's limits (maxWidth {lim.max_width}, "
                    f"maxHeight {lim.max_height}, maxArea {lim.max_area})")
@@ -244,17 +272,19 @@ def parse_rotation(text: str) -> tuple[bool, int, str]:
     """§4.3: ``(mirror, degrees, canonical)`` for 0/90/180/270 (360 is 0), optionally ``!``.
 
     Raises:
-        IIIFError: 400 for bad syntax or an angle above 360; 501 for any other angle.
+        IIIFError: 400 for bad syntax (a number of more than :data:`MAX_DIGITS` digits
+            included) or an angle above 360; 501 for any other angle.
     """
+    check_numbers("rotation", text)
     m = _ROTATION.match(text)
     if not m:
-        raise _bad(f"invalid rotation {text!r}")
+        raise _bad(f"invalid rotation {quoted(text)}")
     mirror = m.group(1) == "!"
     value = float(m.group(2))
     if value > 360:
-        raise _bad(f"rotation {text!r} is over 360")
+        raise _bad(f"rotation {quoted(text)} is over 360")
     if value not in (0, 90, 180, 270, 360):
-        raise IIIFError(501, f"rotation {text!r}: only multiples of 90 degrees are implemented")
+        raise IIIFError(501, f"rotation {quoted(text)}: only multiples of 90 degrees are implemented")
     degrees = int(value) % 360
     return mirror, degrees, ("!" if mirror else "") + str(degrees)
 
@@ -268,11 +298,11 @@ def parse_quality_format(text: str) -> tuple[str, str, str]:
     """
     quality, dot, fmt = text.rpartition(".")
     if not dot or quality not in QUALITIES:
-        raise _bad(f"invalid quality and format {text!r}")
+        raise _bad(f"invalid quality and format {quoted(text)}")
     if fmt not in MEDIA_TYPES:
         if fmt in _KNOWN_FORMATS:
             raise IIIFError(501, f"format {fmt!r} is not implemented (jpg, png, webp are)")
-        raise _bad(f"invalid format {fmt!r}")
+        raise _bad(f"invalid format {quoted(fmt)}")
     return ("color" if quality == "default" else quality), fmt, f"{quality}.{fmt}"
 
 

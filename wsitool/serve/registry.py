@@ -59,7 +59,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptFileError, InvalidOptionError, TileDecodeError, UnsupportedFormatError, WsiError
+from ..errors import (
+    CorruptFileError,
+    InvalidOptionError,
+    TileDecodeError,
+    UnsupportedFormatError,
+    WsiError,
+    printable,
+)
 from ..oserrors import RESOURCE_ERRNOS
 from ..storage import is_url, redact
 from ..storage.urls import check_url
@@ -465,7 +472,7 @@ class SlideRegistry:
                 entry.failed = why
                 self.skipped.append((entry.path, why))
                 if self._listed:
-                    log.warning("not served: %s", why)
+                    log.warning("not served: %s", printable(why))
 
     def get(self, sid: str) -> SlideEntry | None:
         """The entry of id ``sid``, or None (a plain dictionary lookup; a slide that failed to

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from ..errors import InvalidOptionError, UnsupportedFormatError, WsiError
+from ..errors import InvalidOptionError, UnsupportedFormatError, WsiError, printable
 from ..storage import is_url
 from .app import RENDER_THREADS, ServerState, create_app
 from .config import ServeConfig
@@ -321,9 +321,9 @@ def _check(registry: SlideRegistry) -> None:
         raise UnsupportedFormatError("no slide to serve: " + "; ".join(
             [*reasons, links] if links else reasons or ["no slide file in the folders given"]))
     if links:
-        log.warning("%s", links)
+        log.warning("%s", printable(links))
     for why in reasons:
-        log.warning("not served: %s", why)
+        log.warning("not served: %s", printable(why))
 
 
 def _run(state: ServerState, sockets: list[socket.socket], level: int, on_ready: Ready | None,

@@ -12,7 +12,7 @@ applies only where :meth:`ByteSource.fileno` gives a descriptor.
 from .local import LocalFile
 from .opener import open_source
 from .source import ByteSource
-from .urls import is_url, redact
+from .urls import is_url, redact, redact_text
 from .view import SourceFile
 
-__all__ = ["ByteSource", "LocalFile", "SourceFile", "open_source", "is_url", "redact"]
+__all__ = ["ByteSource", "LocalFile", "SourceFile", "open_source", "is_url", "redact", "redact_text"]

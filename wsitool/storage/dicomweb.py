@@ -43,7 +43,8 @@ from typing import Any
 
 from ..errors import InvalidOptionError, RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, WsiError
 from .body import check_length, read_body
-from .http import BODY_PIECE, _cause  # (the same short causes and pieces as HTTP range reads)
+from .http import BODY_PIECE, _cause, _verify  # (the same short causes, pieces and verify as HTTP range reads)
+from .options import option_text
 from .remote import RemoteOptions, Transient
 from .source import ByteSource
 from .urls import redact
@@ -205,30 +206,39 @@ class DicomWebClient:
         unknown = sorted(set(options) - set(_CLIENT_KEYS))
         if unknown:
             raise InvalidOptionError(f"{self.shown}: unknown storage option(s) for DICOMweb: {', '.join(unknown)}")
-        headers = {str(k): str(v) for k, v in dict(options.get("headers") or {}).items()}
+        if not isinstance(options.get("headers") or {}, dict):
+            raise InvalidOptionError(f"{self.shown}: storage option headers: expected headers.NAME=VALUE")
+        # text options: a number or boolean as typed (password=1234), never None or a list
+        headers = {str(k): option_text(f"headers.{k}", v) for k, v in dict(options.get("headers") or {}).items()}
         parts = urllib.parse.urlsplit(url.base)
-        user, password = options.get("username"), options.get("password")
+        user, password = (None if options.get(k) is None else option_text(k, options[k])
+                          for k in ("username", "password"))
         if parts.username is not None and user is None:
             user = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
         self.base = urllib.parse.urlunsplit(
             (parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
         if options.get("token"):
-            headers["Authorization"] = f"Bearer {options['token']}"
+            headers["Authorization"] = f"Bearer {option_text('token', options['token'])}"
         elif user is not None:
             pair = f"{user}:{password or ''}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         self._headers = headers
+        raw = options.get("frame_cache_mb", 64)
         try:
-            cache_mb = float(options.get("frame_cache_mb", 64))
-        except (TypeError, ValueError):
+            if isinstance(raw, bool):
+                raise TypeError
+            cache_mb = float(raw)
+        except (TypeError, ValueError, OverflowError):
             raise InvalidOptionError(f"storage option frame_cache_mb: expected a number, got "
-                           f"{options.get('frame_cache_mb')!r}") from None
+                                     f"{raw!r:.40}") from None
+        if not 0 <= cache_mb < 2**40:  # (NaN and infinity included: int() of them raised)
+            raise InvalidOptionError(f"storage option frame_cache_mb: expected 0 or more MiB, got {raw!r:.40}")
         self.cache = _FrameCache(int(cache_mb * (1 << 20)))
         self.json_limit = _megabytes(options.get("metadata_limit_mb"), "metadata_limit_mb", JSON_LIMIT)
         urllib3 = _urllib3()
         kw = {}
-        verify = options.get("verify", True)
+        verify = _verify(self.shown, options.get("verify", True))  # (verify=false was taken as a CA file)
         if self.base.lower().startswith("https://"):
             if verify is False:
                 kw["cert_reqs"] = "CERT_NONE"

@@ -4,12 +4,46 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..errors import UnsupportedFormatError
 from .source import ByteSource, CountedReads
 
-__all__ = ["LocalFile"]
+__all__ = ["LocalFile", "open_regular"]
+
+#: What a path that is not a regular file is, as messages name it.
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of ``path``, refused unless it is a regular file (or a folder).
+
+    Opened with ``O_NONBLOCK`` (a FIFO's ``open`` would wait for a writer forever, a
+    terminal's for a carrier), checked with ``fstat`` on that descriptor (no window
+    for the path to change between the check and the open), then set blocking again.
+
+    Raises:
+        UnsupportedFormatError: a FIFO, socket or device (``/dev/zero``), naming the path and
+            its kind (exit 3).
+        FileNotFoundError, PermissionError, OSError: as ``os.open``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise UnsupportedFormatError(f"{os.fspath(path)}: not a slide wsitool reads ({kind}, "
+                                         "not a regular file)")
+        if flags & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LocalFile(CountedReads, ByteSource):
@@ -19,12 +53,13 @@ class LocalFile(CountedReads, ByteSource):
         path: the file.
 
     Raises:
+        UnsupportedFormatError: not a regular file (a FIFO, a device: :func:`open_regular`).
         FileNotFoundError, PermissionError, OSError: as ``os.open``.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
-        self._fd = os.open(self.path, os.O_RDONLY)
+        self._fd = open_regular(self.path)
         try:
             self.size = os.fstat(self._fd).st_size
         except BaseException:

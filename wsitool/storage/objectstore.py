@@ -62,6 +62,7 @@ from ..errors import (
     WsiError,
 )
 from .body import read_body, too_long
+from .options import option_flag, option_text
 from .remote import RemoteOptions, Response, Transient, Transport, status_error
 from .urls import redact
 
@@ -110,31 +111,37 @@ def _obstore() -> types.ModuleType:
 def store_config(protocol: str, options: dict) -> tuple[dict, dict]:
     """``(config, client_options)`` for obstore from ``storage_options`` (fsspec names translated).
 
+    obstore takes text, booleans and ``timedelta``: a number (``--storage-option secret=1234``)
+    becomes its text (:func:`~wsitool.storage.options.option_text`).
+
     Raises:
-        WsiError: an option this protocol does not take.
+        InvalidOptionError: an option this protocol does not take; a value that is not text, a
+            number, a boolean or a ``timedelta`` (None, a list, an object); ``anon`` that is not
+            true or false.
     """
     options = dict(options)
-    client = dict(options.pop("client_options", None) or {})
+    client = _obstore_values(options.pop("client_options", None) or {}, "client_options.")
     nested = options.pop("client_kwargs", None) or {}
     for k in ("endpoint_url", "region_name"):
         if k in nested:
             options.setdefault(k, nested[k])
     config: dict = {}
-    if options.pop("anon", False) in (True, "true", "True", "1", 1):
+    if option_flag("anon", options.pop("anon", False)):
         config["skip_signature"] = True
     if protocol == "gs" and options.get("token") == "anon":  # gcsfs's name for unsigned requests
         del options["token"]
         config["skip_signature"] = True
     names: dict[str, str | None] = {"s3": _AWS, "gs": _GCS, "az": _AZURE}[protocol]
-    for key, value in options.items():
-        if key == "connection_string" and protocol == "az":
-            config.update(_azure_connection_string(value))
-        elif key in names and names[key] is not None:
-            config[str(names[key])] = value
-        elif key.startswith(_NATIVE_PREFIX[protocol]) or key in _NATIVE_KEYS[protocol] or key == "skip_signature":
-            config[key] = value
-        else:
+    for key in options:
+        if not ((key == "connection_string" and protocol == "az") or names.get(key) is not None
+                or key.startswith(_NATIVE_PREFIX[protocol]) or key in _NATIVE_KEYS[protocol]
+                or key == "skip_signature"):
             raise InvalidOptionError(f"storage option {key}: not an option for {protocol}:// URLs")
+    for key, value in _obstore_values(options).items():
+        if key == "connection_string":
+            config.update(_azure_connection_string(value))
+        else:
+            config[str(names.get(key) or key)] = value
     _endpoint_from_environment(protocol, config)
     endpoint = next((str(config[k]) for k in _ENDPOINT_KEYS if config.get(k)), "")
     if not endpoint and protocol == "s3":  # the standard variables name a local server in tests
@@ -143,6 +150,16 @@ def store_config(protocol: str, options: dict) -> tuple[dict, dict]:
     if endpoint.startswith("http://") or emulator in (True, "true", "True"):
         client.setdefault("allow_http", True)
     return config, client
+
+
+def _obstore_values(options: dict, prefix: str = "") -> dict:
+    """``options`` with each value as obstore takes it: booleans and ``timedelta`` as they are,
+    anything else as text (:func:`~wsitool.storage.options.option_text`; the message names
+    ``prefix + key``)."""
+    if not isinstance(options, dict):
+        raise InvalidOptionError(f"storage option {prefix.rstrip('.')}: expected KEY.NAME=VALUE options")
+    return {key: value if isinstance(value, (bool, datetime.timedelta)) else option_text(prefix + key, value)
+            for key, value in options.items()}
 
 
 def _endpoint_from_environment(protocol: str, config: dict) -> None:
@@ -437,8 +454,9 @@ def make_store(where: BucketURL, options: dict, timeout: float, total: float = 1
     (the generic :class:`~wsitool.storage.remote.RemoteOptions` keys taken out).
 
     Raises:
-        InvalidOptionError: an option the protocol does not take.
-        WsiError: obstore is not installed, or refuses the configuration.
+        InvalidOptionError: an option the protocol does not take, or a value obstore refuses
+            (exit 2).
+        WsiError: obstore is not installed.
     """
     obstore = _obstore()
     config, client = store_config(where.protocol, options)
@@ -448,8 +466,8 @@ def make_store(where: BucketURL, options: dict, timeout: float, total: float = 1
         return obstore.store.from_url(f"{where.store_scheme}://{where.bucket}", config=config or None,
                                       client_options=client,
                                       retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
-    except Exception as exc:  # obstore's configuration errors
-        raise WsiError(f"{where.shown}: {_first_line(exc)}") from None
+    except Exception as exc:  # obstore's configuration errors: a value it cannot parse
+        raise InvalidOptionError(f"{where.shown}: {_first_line(exc)}") from None
 
 
 def client_timeouts(timeout: float, total: float) -> dict[str, str]:

@@ -10,11 +10,12 @@ their signature and credential there) are replaced.
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 
 from ..errors import InvalidOptionError
 
-__all__ = ["SCHEMES", "is_url", "scheme_of", "redact", "check_url"]
+__all__ = ["SCHEMES", "is_url", "scheme_of", "redact", "redact_text", "check_url"]
 
 #: URL schemes wsitool reads slides from (``gcs`` is an alias of ``gs``; ``abfs`` / ``abfss`` / ``azure`` of ``az``).
 SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure",
@@ -55,6 +56,30 @@ def redact(url: str) -> str:
         netloc = "***@" + netloc.rpartition("@")[2]
     query = "?<redacted>" if parts.query else ""
     return f"{parts.scheme}://{netloc}{parts.path}{query}"  # (urlunsplit drops an empty host's "//")
+
+
+#: ``scheme://`` of any scheme (ftp, sftp, file, ... too; also ``scheme:/``, as a path made of the
+#: argument shows it) where a word starts, its user information (up to the last ``@`` before the
+#: path, as ``urlsplit`` takes it) and its query (up to white space).
+_ANY_URL = re.compile(r"(?P<head>(?<![^\s'\"(\[<=,])[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?P<user>[^\s/?#]*@)?"
+                      r"(?P<rest>[^\s?#]*)(?P<query>\?\S*)?")
+#: Characters that end a sentence or a quotation after a URL's query, kept (not part of a secret's meaning).
+_AFTER = ":,;)'\"."
+
+
+def _redact_match(m: re.Match) -> str:
+    query = m.group("query") or ""
+    if query:
+        tail = query[len(query.rstrip(_AFTER)):]  # "?sig=S:" -> ":" (the message's own colon)
+        query = "?<redacted>" + tail if query.rstrip(_AFTER) != "?" else query
+    return m.group("head") + ("***@" if m.group("user") else "") + m.group("rest") + query
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a message) with every ``scheme://`` in it shown without secrets, whatever the
+    scheme (``ftp://user:PW@host/x.svs`` is no slide URL, but its password is one): the user
+    information becomes ``***@`` and a query ``?<redacted>``, as :func:`redact` does."""
+    return _ANY_URL.sub(_redact_match, text) if ":/" in text else text
 
 
 def check_url(url: str) -> None:

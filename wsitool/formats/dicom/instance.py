@@ -23,6 +23,7 @@ Facts used (PS3.3):
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 from ...storage import ByteSource, SourceFile
+from ...storage.local import open_regular
 
 __all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "instance_from_dataset", "is_dicom", "open_bytes"]
 
@@ -109,11 +111,12 @@ def open_bytes(path: str, source: ByteSource | None = None) -> BinaryIO:
     (closing it leaves the source open), else the file ``path`` opened for reading.
 
     Raises:
+        UnsupportedFormatError: ``path`` is a FIFO or a device (opening it could block for good).
         FileNotFoundError, PermissionError, OSError: opening ``path``.
     """
     if source is not None:
         return cast(BinaryIO, SourceFile(source))
-    return open(path, "rb")
+    return os.fdopen(open_regular(path), "rb")
 
 
 def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:

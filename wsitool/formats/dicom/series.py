@@ -17,13 +17,15 @@ import os
 from collections.abc import Callable
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...storage.local import open_regular
 from .instance import MAGIC_AT, Instance, is_dicom, read_instance
 
 __all__ = ["dicom_files", "series_of_file", "series_of_folder", "one_series", "Holder"]
 
 
 def dicom_files(folder: str) -> list[str]:
-    """The regular files directly in ``folder`` that start like DICOM files (PS3.10 7.1), sorted."""
+    """The regular files directly in ``folder`` that start like DICOM files (PS3.10 7.1), sorted
+    (a FIFO or device there is passed over: :func:`~wsitool.storage.local.open_regular`)."""
     out = []
     try:
         names = sorted(os.listdir(folder))
@@ -34,9 +36,9 @@ def dicom_files(folder: str) -> list[str]:
         if not os.path.isfile(path):
             continue
         try:
-            with open(path, "rb") as fp:
+            with os.fdopen(open_regular(path), "rb") as fp:  # (not open(): a FIFO's blocks)
                 head = fp.read(MAGIC_AT + 4)
-        except OSError:
+        except (OSError, UnsupportedFormatError):
             continue
         if is_dicom(head):
             out.append(path)
