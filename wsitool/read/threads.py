@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
+from ..errors import TileDecodeError
 from ..forksafe import PerProcess
 
 __all__ = ["thread_count", "batch_size", "run_threads", "run_jobs", "SharedJobs", "Once"]
@@ -52,19 +53,30 @@ def run_threads(k: int, work: Callable[[], Any], stop: Callable[[], Any]) -> Non
         return
     executor = _executor.get()
     futures = [executor.submit(contextvars.copy_context().run, work) for _ in range(k - 1)]
-    first_error: BaseException | None = None
+    errors: list[BaseException] = []
     try:
         work()
     except BaseException as exc:  # wait for the others before raising
-        first_error = exc
+        errors.append(exc)
         stop()
     for fut in futures:
         failure = fut.exception()
-        if failure is not None and first_error is None:
-            first_error = failure
+        if failure is not None:
+            errors.append(failure)
             stop()
-    if first_error is not None:
-        raise first_error
+    if errors:
+        raise _first(errors)
+
+
+def _first(errors: list[BaseException]) -> BaseException:
+    """The error a multi-threaded read raises: the first that is not a tile's; else the tile
+    error of the first tile in row-major order, whichever thread met its tile first (jobs
+    are handed out in order and every job handed out finishes, so each tile before it was
+    decoded, or failed too): the same error on every run, as with one thread."""
+    others = [e for e in errors if not isinstance(e, TileDecodeError)]
+    if others:
+        return others[0]
+    return min(errors, key=lambda e: (getattr(e, "row", 0), getattr(e, "col", 0)))
 
 
 def run_jobs(jobs: Sequence[_Job], k: int, work: Callable[[Any], Any]) -> None:

@@ -211,9 +211,86 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset
 _WARN_EVERY = 60.0
 
 
+class _Guard:
+    """The connection bounds of the module docstring, mixed into uvicorn's HTTP protocol class by
+    :func:`guarded_protocol` (which sets the two bounds): a header deadline, a stalled-write
+    deadline and a connection cap.  The attributes it uses (``connections``, ``cycle``,
+    ``loop``, ``transport``) are uvicorn's protocol's."""
+
+    header_timeout: float = 60.0
+    max_connections: int = 1024
+    _warned: list[float] = [-_WARN_EVERY]  # noqa: RUF012 - one per protocol class, set by guarded_protocol
+    _headers_due: asyncio.TimerHandle | None = None
+    _write_due: asyncio.TimerHandle | None = None
+    _refused = False
+    connections: Any
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        full = len(self.connections) >= self.max_connections
+        super().connection_made(transport)  # type: ignore[misc]  # (uvicorn's, after this in the MRO)
+        if full:
+            self._refused = True
+            self.transport.write(_BUSY)
+            self.transport.close()
+            now = time.monotonic()
+            if now - self._warned[0] >= _WARN_EVERY:
+                self._warned[0] = now
+                log.warning("refused a connection: %d are open (--max-connections)", self.max_connections)
+            return
+        self._headers_due = self.loop.call_later(self.header_timeout, self._expire)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._headers_due is None and self._between_requests():
+            self._headers_due = self.loop.call_later(self.header_timeout, self._expire)
+        before = self.cycle
+        super().data_received(data)  # type: ignore[misc]  # (uvicorn's)
+        if self.cycle is not before and self._headers_due is not None:  # a request's headers came
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def _between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _expire(self) -> None:
+        self._headers_due = None
+        if self._between_requests() and not self.transport.is_closing():
+            log.debug("closed a connection that sent no complete request within %g s", self.header_timeout)
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]  # (uvicorn's)
+        if self._write_due is None:
+            self._write_due = self.loop.call_later(self.header_timeout, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]  # (uvicorn's)
+        if self._write_due is not None:
+            self._write_due.cancel()
+            self._write_due = None
+
+    def _stalled(self) -> None:
+        self._write_due = None
+        if not self.transport.is_closing():
+            log.debug("closed a connection whose client left an answer unread for %g s", self.header_timeout)
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._headers_due, self._write_due):
+            if timer is not None:
+                timer.cancel()
+        self._headers_due = self._write_due = None
+        super().connection_lost(exc)  # type: ignore[misc]  # (uvicorn's)
+
+
 def guarded_protocol(header_timeout: float, max_connections: int) -> type:
     """uvicorn's HTTP protocol class (``AutoHTTPProtocol``: httptools' where installed, else h11's)
-    with the connection bounds of the module docstring, for ``uvicorn.Config(http=...)``.
+    with the connection bounds of the module docstring (:class:`_Guard`), for
+    ``uvicorn.Config(http=...)``.
 
     Raises:
         InvalidOptionError: ``header_timeout <= 0`` or ``max_connections < 1``.
@@ -223,74 +300,8 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type:
     if not header_timeout > 0 or max_connections < 1:
         raise InvalidOptionError(f"header_timeout must be > 0 and max_connections >= 1, got "
                                  f"{header_timeout} and {max_connections}")
-    warned = [-_WARN_EVERY]
-
-    class GuardedHTTP(AutoHTTPProtocol):  # type: ignore[valid-type, misc]  # a class chosen at import
-        """uvicorn's protocol with a header deadline, a stalled-write deadline and a connection cap."""
-
-        _headers_due: asyncio.TimerHandle | None = None
-        _write_due: asyncio.TimerHandle | None = None
-        _refused = False
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            full = len(self.connections) >= max_connections
-            super().connection_made(transport)
-            if full:
-                self._refused = True
-                self.transport.write(_BUSY)
-                self.transport.close()
-                now = time.monotonic()
-                if now - warned[0] >= _WARN_EVERY:
-                    warned[0] = now
-                    log.warning("refused a connection: %d are open (--max-connections)", max_connections)
-                return
-            self._headers_due = self.loop.call_later(header_timeout, self._expire)
-
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return
-            if self._headers_due is None and self._between_requests():
-                self._headers_due = self.loop.call_later(header_timeout, self._expire)
-            before = self.cycle
-            super().data_received(data)
-            if self.cycle is not before and self._headers_due is not None:  # a request's headers came
-                self._headers_due.cancel()
-                self._headers_due = None
-
-        def _between_requests(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
-
-        def _expire(self) -> None:
-            self._headers_due = None
-            if self._between_requests() and not self.transport.is_closing():
-                log.debug("closed a connection that sent no complete request within %g s", header_timeout)
-                self.transport.close()
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._write_due is None:
-                self._write_due = self.loop.call_later(header_timeout, self._stalled)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._write_due is not None:
-                self._write_due.cancel()
-                self._write_due = None
-
-        def _stalled(self) -> None:
-            self._write_due = None
-            if not self.transport.is_closing():
-                log.debug("closed a connection whose client left an answer unread for %g s", header_timeout)
-                self.transport.abort()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            for timer in (self._headers_due, self._write_due):
-                if timer is not None:
-                    timer.cancel()
-            self._headers_due = self._write_due = None
-            super().connection_lost(exc)
-
-    return GuardedHTTP
+    return type("GuardedHTTP", (_Guard, AutoHTTPProtocol),
+                {"header_timeout": header_timeout, "max_connections": max_connections, "_warned": [-_WARN_EVERY]})
 
 
 class _Bounds(Protocol):

@@ -69,6 +69,7 @@ from ..errors import (
 )
 from ..oserrors import RESOURCE_ERRNOS
 from ..storage import is_url, redact
+from ..storage.local import open_regular
 from ..storage.urls import check_url
 from .pool import OpenSlides, default_open_files
 
@@ -218,16 +219,16 @@ def _is_slide_name(name: str) -> bool:
 
 def _head(path: str) -> bytes:
     """The first :data:`_HEAD_BYTES` bytes of ``path`` if it is a regular file, else ``b""``
-    (opened without blocking and checked before reading: a FIFO or a device is never read).
+    (:func:`~wsitool.storage.local.open_regular`: opened without blocking and checked before
+    reading, so a FIFO or a device is never read).
 
     Raises:
-        OSError: the file cannot be opened (missing, denied, out of descriptors).
+        UnsupportedFormatError: not a regular file (the message names its kind).
+        OSError: as ``os.open``.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        return os.pread(fd, _HEAD_BYTES, 0)
+        return os.pread(fd, _HEAD_BYTES, 0) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     finally:
         os.close(fd)
 
@@ -238,9 +239,9 @@ def _not_a_slide(path: str) -> str | None:
     from ..formats import FORMATS
 
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return f"{path}: not a regular file"
         head = _head(path)
+    except UnsupportedFormatError as exc:  # a FIFO, a socket, a device: the one message of storage.local
+        return str(exc)
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
     if any(fmt.sniff(head) for fmt in FORMATS):
@@ -258,7 +259,7 @@ def _outside_instances(folder: str, root: str) -> list[str]:
     with contextlib.suppress(OSError), os.scandir(folder) as found:
         for item in found:
             if item.is_symlink() and not _inside(item.path, root):
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, UnsupportedFormatError):  # (a FIFO: no DICOM)
                     if dicom.sniff(_head(item.path)):
                         out.append(item.path)
     return sorted(out)
