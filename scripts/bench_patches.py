@@ -46,7 +46,7 @@ blind to the time a process waited for a core).  More rounds (``--rounds 15``) n
 ``--resample``: also the grid at half the resolution of level 0 (a 0.5 um/px grid on a
 0.25 um/px slide): 224 x 224 patches each read as 448 x 448 (``read_size=448``) and
 area-filtered; its floor is the tiles decoded once plus the area filter of every
-window (``wsitool.areafilter.AreaFilter``, timed on one pre-assembled window per patch).
+window (``wsitool.ground.areafilter.AreaFilter``, timed on one pre-assembled window per patch).
 
 ``--rss-passes N``: ``read_patches`` over the grid N times in one process; the RSS after
 the first pass and after the last (MiB) and the growth.
@@ -213,7 +213,7 @@ def floor_pass(spec: dict):
                     raise RuntimeError("floor decode failed")
     if spec["read_size"] is None:
         return decode_all
-    from wsitool.areafilter import AreaFilter
+    from wsitool.ground.areafilter import AreaFilter
 
     read, size = spec["read_size"], spec["patch"]
     window = np.random.default_rng(0).integers(0, 256, (read, read, 3), dtype=np.uint8)

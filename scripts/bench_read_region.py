@@ -129,7 +129,7 @@ def warm_page_cache(slide_path: str, level: int, regions: dict, size_of: dict) -
     (here: tens of MiB).  Reads the first plane only (the bench slides are
     chunky RGB).  Returns the number of bytes read."""
     import wsitool
-    from wsitool.geometry import level_rect, plan_tiles
+    from wsitool.ground.geometry import level_rect, plan_tiles
     from wsitool.slide import pyramid_levels
 
     total = 0
@@ -305,7 +305,7 @@ def floor_worker(spec: dict) -> list[dict]:
     from wsitool.slide import pyramid_levels
 
     nvimgcodec = nv()
-    from wsitool.geometry import level_rect
+    from wsitool.ground.geometry import level_rect
 
     slide = wsitool.open_slide(spec["slide"])
     lv = pyramid_levels(slide)[spec["level"]]
@@ -498,7 +498,7 @@ def interval_count(slide_path: str, level: int, loc, size: int) -> dict:
     decoder counters (``tiles_decoded`` and ``tiles_spliced`` of the CPU pool, before / after)."""
     import wsitool
     from wsitool.codec.pool import get_pool
-    from wsitool.geometry import level_rect, plan_tiles
+    from wsitool.ground.geometry import level_rect, plan_tiles
     from wsitool.slide import pyramid_levels
 
     with wsitool.open_slide(slide_path) as slide:

@@ -293,7 +293,7 @@ class Worker:
         tail = self._stderr_tail()
         out = {"status": "crash", "returncode": rc, "stderr_tail": tail}
         if rc < 0:
-            from wsitool.signals import signal_name  # "signal N" for a number without a name
+            from wsitool.ground.signals import signal_name  # "signal N" for a number without a name
 
             out["signal"] = signal_name(-rc)
         out["signature"] = f"crash {out.get('signal', rc)}" + _crash_frame(tail)

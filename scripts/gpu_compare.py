@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     logging.getLogger("tifffile").setLevel(logging.ERROR)
 
     if args.device != "cpu":
-        from wsitool.device import cuda_device_id
+        from wsitool.ground.device import cuda_device_id
 
         try:
             cuda_device_id(args.device)

@@ -22,7 +22,7 @@ one reused output buffer, tile bytes in the page cache) it times, in turns, with
 * ``+reads``: the tile bytes also read per tile with ``os.preadv`` into a
   reused buffer (JPEG tables merged in front);
 * ``read_region py``: ``Slide.read_region(..., mode="rgb", threads=1, out=...)``
-  on the Python path (``wsitool.settings.decode_paths(native=False)``);
+  on the Python path (``wsitool.codec.paths.decode_paths(native=False)``);
 * ``read_region``: the same call as users make it: through the compiled JPEG
   tile loop (:mod:`wsitool.codec.jpegloop`) where it is built and applies, else the
   Python path again.
@@ -61,11 +61,11 @@ def main(argv=None) -> int:
     import wsitool
     from wsitool.codec import jpegloop as native
     from wsitool.codec.library import nv
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
     from wsitool.slide import pyramid_levels
 
     nvimgcodec = nv()
-    from wsitool.geometry import plan_tiles
+    from wsitool.ground.geometry import plan_tiles
 
     if not Path(args.slide).is_file():
         ap.error(f"{args.slide}: no such file")

@@ -222,7 +222,7 @@ def drive_jpegloop(calls: int) -> str:
 
     import wsitool
     from wsitool.codec import jpegloop
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
     from wsitool.slide import pyramid_levels
 
     taken = {"runs": 0}
@@ -271,9 +271,9 @@ def drive_openjpeg(calls: int) -> str:
 
     import wsitool
     from wsitool.codec import openjpeg
+    from wsitool.codec.paths import decode_paths
     from wsitool.codec.pool import get_pool
     from wsitool.read.reduced import uses_wavelet
-    from wsitool.settings import decode_paths
     from wsitool.slide import pyramid_levels
 
     if not openjpeg.available():

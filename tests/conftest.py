@@ -97,7 +97,7 @@ def python_path(monkeypatch):
     """Turn the compiled JPEG tile loop off for this test, and decode JPEG with nvImageCodec:
     for tests of the Python read path's own machinery (its nvImageCodec batches, scratch
     images, block destinations)."""
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
 
     with decode_paths(native=False, libjpeg=False):
         yield
@@ -108,7 +108,7 @@ def read_path(request, monkeypatch):
     """Run the test on both JPEG read paths: the compiled tile loop (skipped, with
     the reason, where it is not built) and the Python path."""
     from wsitool.codec import jpegloop
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
 
     with decode_paths(native=request.param == "compiled"):
         if request.param == "compiled" and jpegloop._load() is None:

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool import errors, literals, oserrors
+from wsitool import errors
+from wsitool import types as literals
+from wsitool.ground import oserrors
 from wsitool.openslide import AbstractSlide, OpenSlide
 from wsitool.read import threads as read_threads
 from wsitool.slide import pyramid_levels

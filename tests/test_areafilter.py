@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wsitool.areafilter import AreaFilter, reduce_area
+from wsitool.ground.areafilter import AreaFilter, reduce_area
 
 
 @pytest.mark.parametrize("src, box, out", [

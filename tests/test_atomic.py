@@ -1,4 +1,4 @@
-"""wsitool.atomic: exclusive partials, no-replace commits, the source rule, stale partials.
+"""wsitool.ground.outputs: exclusive partials, no-replace commits, the source rule, stale partials.
 
 Issue 14 items 1, 2, 5 and 9 at the level of the one helper every writer uses.
 """
@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import pytest
 
-from wsitool import atomic
 from wsitool.errors import OutputExistsError, OutputIsSourceError, WsiError, printable
+from wsitool.ground import outputs as atomic
 
 
 def _dead_pid() -> int:
@@ -250,7 +250,7 @@ def test_printable_escapes_terminal_controls():
 
 
 def test_no_module_builds_its_own_temporary_names():
-    """Item 2: wsitool.atomic is the one place that makes temporary names and opens outputs."""
+    """Item 2: wsitool.ground.outputs is the one place that makes temporary names and opens outputs."""
     import re
     from pathlib import Path
 

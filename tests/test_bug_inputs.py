@@ -41,7 +41,7 @@ import pytest
 import wsitool
 from wsitool.codec.pool import get_pool
 from wsitool.errors import ResourceLimitError, TileDecodeError, TileWarning, WsiError
-from wsitool.geometry import level_rect
+from wsitool.ground.geometry import level_rect
 from wsitool.slide import pyramid_levels
 
 from helpers import BUG_INPUTS, NO_BUGS, bug_input_checks, bug_input_problem

@@ -1,4 +1,4 @@
-"""wsitool.deepzoom against openslide-python's DeepZoomGenerator (the oracle) and the DZI exporter."""
+"""wsitool.deepzoom.geometry against openslide-python's DeepZoomGenerator (the oracle) and the DZI exporter."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from wsitool.deepzoom import (
+from wsitool.deepzoom.geometry import (
     DeepZoomGeometry,
     best_level_for_downsample,
     bounds_from_properties,
@@ -135,7 +135,7 @@ def test_ground_floor_takes_plain_numbers():
 @pytest.mark.parametrize("w,h,tile,overlap", [(300, 250, 64, 1), (205, 205, 254, 1), (129, 65, 32, 0),
                                               (97, 300, 50, 2)])
 def test_geometry_equals_what_the_dzi_exporter_writes(tmp_path, w, h, tile, overlap):
-    """The lead can route export.py's DZI writer through wsitool.deepzoom: same levels and grid."""
+    """The lead can route export.py's DZI writer through wsitool.deepzoom.geometry: same levels and grid."""
     import tifffile
 
     from wsitool.export import export_pyramid

@@ -10,11 +10,11 @@ import threading
 import numpy as np
 import pytest
 
-from wsitool.arguments import as_int, int_pair
+from wsitool.codec.paths import decode_paths, get_decode_paths
 from wsitool.errors import InvalidRegionError
-from wsitool.forksafe import PerProcess
-from wsitool.geometry import TileJob, inside_rect, level_rect, plan_tiles
-from wsitool.settings import decode_paths, get_decode_paths
+from wsitool.ground.forksafe import PerProcess
+from wsitool.ground.geometry import TileJob, inside_rect, level_rect, plan_tiles
+from wsitool.ground.integers import as_int, int_pair
 
 
 class _Grid:
@@ -120,9 +120,9 @@ def test_importing_wsitool_changes_nothing_in_the_process():
 def test_one_jpeg_marker_walk_serves_frame_size_sampling_and_app_markers():
     import imagecodecs
 
-    from wsitool.bitstream import jpeg_frame_size, jpeg_segments, jpeg_sof
     from wsitool.export.passthrough import jpeg_sampling
     from wsitool.formats.dicom.encoding import jpeg_markers
+    from wsitool.ground.bitstream import jpeg_frame_size, jpeg_segments, jpeg_sof
 
     tile = np.random.default_rng(0).integers(0, 255, (24, 40, 3), dtype=np.uint8)
     jpeg = imagecodecs.jpeg8_encode(tile, level=80, subsampling="420")  # JFIF APP0, then tables
@@ -145,7 +145,7 @@ def test_one_jpeg_marker_walk_serves_frame_size_sampling_and_app_markers():
 
 
 def test_one_jp2_box_walk():
-    from wsitool.bitstream import jp2_boxes, jp2_codestream_start
+    from wsitool.ground.bitstream import jp2_boxes, jp2_codestream_start
 
     sig = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
     colr = (15).to_bytes(4, "big") + b"colr" + bytes([1, 0, 0]) + (16).to_bytes(4, "big")

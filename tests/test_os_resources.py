@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from wsitool.errors import CorruptFileError
-from wsitool.oserrors import descriptors_exhausted, os_resource_error
+from wsitool.ground.oserrors import descriptors_exhausted, os_resource_error
 
 from helpers import REPO, REPO_SAMPLES
 
@@ -107,7 +107,7 @@ def test_descriptors_exhausted_sees_a_near_full_table():
     descriptor free it reports EMFILE, with plenty free None, in the same process."""
     got = _child("""
         import json
-        from wsitool.oserrors import descriptors_exhausted
+        from wsitool.ground.oserrors import descriptors_exhausted
         near_full = descriptors_exhausted("s.svs")
         for fd in fillers[:32]:
             os.close(fd)

@@ -23,10 +23,10 @@ import pytest
 from typer.testing import CliRunner
 
 import wsitool
-from wsitool import atomic
 from wsitool import distributed as D
 from wsitool.cli import app
 from wsitool.distributed.regions_csv import check_name
+from wsitool.ground import outputs as atomic
 
 from helpers import REPO_SAMPLES
 

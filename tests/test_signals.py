@@ -1,4 +1,4 @@
-"""SIGINT, SIGTERM and SIGHUP: one clean shutdown (wsitool.signals), issue 14 item 6.
+"""SIGINT, SIGTERM and SIGHUP: one clean shutdown (wsitool.ground.signals), issue 14 item 6.
 
 Each subprocess test starts a long workload through the real entry point
 (``python -m wsitool.cli``), waits (bounded) until it is writing, sends the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from wsitool import signals
+from wsitool.ground import signals
 
 from helpers import REPO, SHARED_SAMPLES, shared_sample
 
@@ -120,7 +120,7 @@ def _partials(folder: Path) -> list[str]:
 def _default_signals() -> None:
     """In the child: SIGINT and SIGHUP as a terminal's foreground job has them.  A test
     runner started in the background (``&``) or under ``nohup`` passes them on
-    ignored, and wsitool keeps an ignored signal ignored (wsitool.signals)."""
+    ignored, and wsitool keeps an ignored signal ignored (wsitool.ground.signals)."""
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -247,7 +247,7 @@ def test_signal_mid_stress_on_jpeg2000_exits_cleanly(tmp_path, sig, code, tries)
 # ------------------------------------------------ issue 47 item 8: a signal at every step of a partial
 
 #: Run in a child process (it signals itself): each workload once per bytecode instruction that
-#: wsitool.atomic and the pack writer execute in it, SIGTERM raised just before that instruction
+#: wsitool.ground.outputs and the pack writer execute in it, SIGTERM raised just before that instruction
 #: (a trace function with ``f_trace_opcodes``), then the command line's clean-up
 #: (signals.cleanup_partials).  Prints one JSON line per workload: the instructions counted and,
 #: for every step whose folder afterwards held a partial, or neither the state before nor the
@@ -349,7 +349,7 @@ for name in sys.argv[2:]:
 
 
 def test_sigterm_at_every_step_of_a_partial_leaves_none(tmp_path):
-    """SIGTERM before each instruction of wsitool.atomic (and the pack writer) while a partial is
+    """SIGTERM before each instruction of wsitool.ground.outputs (and the pack writer) while a partial is
     created, written and renamed: afterwards no partial is left, and the output is as before or
     complete (a signal between creating the file and recording it left it behind: issue 47)."""
     import json

@@ -449,13 +449,13 @@ def test_iterable_transform_in_workers(plans, reference):
 
 @needs_torch
 def test_pooled_batch_buffer_is_released_only_once_every_tensor_on_it_is_gone():
-    """A worker's pooled batch buffer (wsitool.torchdata._BatchPool) is offered again only when
+    """A worker's pooled batch buffer (wsitool.datasets.buffers._BatchPool) is offered again only when
     the process that unpickled the batch has dropped every tensor on it; views keep it held."""
     import multiprocessing
 
     import torch
 
-    import wsitool.torchdata as td
+    import wsitool.datasets.buffers as td
 
     def received(storage):     # the same shared memory, mapped anew (as the main process does)
         fd, size = storage._share_fd_cpu_()
@@ -521,7 +521,7 @@ def test_iterable_without_buffer_reuse_sends_fresh_batches(plans, reference):
     import torch
     from torch.utils.data import DataLoader
 
-    import wsitool.torchdata as td
+    import wsitool.datasets.buffers as td
     from wsitool.torchdata import PatchIterableDataset
 
     td._HELD.clear()

@@ -1,11 +1,11 @@
 """``python -m wsitool``: the command line, as the ``wsitool`` script runs it (same commands, exit codes).
 
 :func:`main` is also the console script's entry point (``[project.scripts]``): it installs
-the signal handling of :mod:`wsitool.signals` before the command line's modules are
+the signal handling of :mod:`wsitool.ground.signals` before the command line's modules are
 imported (typer, rich, numpy, tifffile, the codecs: about a second), so that Ctrl-C (or
 SIGTERM, SIGHUP) during that start-up ends with the one line and exit status of an
 interruption after it (130, 143, 129), not a ``KeyboardInterrupt`` traceback.  This module
-and what it imports first (``wsitool``, :mod:`wsitool.signals`) stay light for that.
+and what it imports first (``wsitool``, :mod:`wsitool.ground.signals`) stay light for that.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import signals
+from .ground import signals
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 def _quiet_interruption(previous: Callable[[Any], object]) -> Callable[[Any], object]:
     """An unraisable hook that says nothing of an interruption raised where Python can only
     print it ("Exception ignored in" a weakref callback of the import system, a ``__del__``):
-    :func:`wsitool.signals.received` has it, and the one "interrupted" line follows."""
+    :func:`wsitool.ground.signals.received` has it, and the one "interrupted" line follows."""
     def hook(unraisable: Any) -> object:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and signals.received() is not None:
             return None

@@ -66,7 +66,7 @@ class TileEncoding:
             header with the SOF's size set to one interval).  A segment ends with
             its RSTn marker (the last one with EOI); the complete stream is
             ``jpeg_prefix`` + the segment with a final RSTn replaced by EOI
-            (ITU-T T.81 B.2.1, B.2.4.4; :func:`wsitool.bitstream.ends_with_restart`).
+            (ITU-T T.81 B.2.1, B.2.4.4; :func:`wsitool.ground.bitstream.ends_with_restart`).
         ycbcr_after_decode: the decoded samples are YCbCr to convert to RGB
             (Aperio 33003 stores YCbCr J2K without the JPEG 2000 colour transform).
         colormap: ``(3, 2**bits)`` ColorMap of palette images, else None.

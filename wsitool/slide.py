@@ -34,10 +34,9 @@ import numpy as np
 from . import model
 from .codec import library as nvlib
 from .codec.associated import decode_associated
-from .deepzoom import best_level_for_downsample
 from .errors import InvalidOptionError, InvalidRegionError, SlideWarning, WsiError
 from .formats import open_dicomweb, open_folder, open_prefix, open_pyramid
-from .literals import Chunks, Color, CupyArray, Device, Mode, OnError
+from .ground.geometry import best_level_for_downsample
 from .model import AssociatedImage
 from .read import lazy
 from .read.cache import CacheScope, TileCache
@@ -49,6 +48,7 @@ from .storage import ByteSource, is_url, open_source, redact
 from .storage.dicomweb import parse_series_url
 from .storage.prefix import is_prefix_url
 from .storage.urls import check_url
+from .types import Chunks, Color, CupyArray, Device, Mode, OnError
 
 if TYPE_CHECKING:
     import dask.array
@@ -397,7 +397,7 @@ class Slide:
 
         OpenSlide semantics: a value below level 0's downsample gives 0, one
         above the last level's gives the last level
-        (:func:`wsitool.deepzoom.best_level_for_downsample`).
+        (:func:`wsitool.ground.geometry.best_level_for_downsample`).
         """
         return best_level_for_downsample(self.level_downsamples, downsample)
 
@@ -504,7 +504,7 @@ class Slide:
             read_size: None (default), or ``(width, height)`` of the window read
                 at ``level`` for each patch (floats allowed, e.g. 448 or 490.8),
                 then reduced to ``size`` by the exact area filter
-                (:mod:`wsitool.areafilter`: the mean over each output pixel's
+                (:mod:`wsitool.ground.areafilter`: the mean over each output pixel's
                 footprint).  The window is ``ceil(read_size)`` pixels; the filter
                 maps ``[0, read_size)`` onto the patch.  8-bit samples, CPU only.
             batch_size: patches per batch (the last batch may be smaller).

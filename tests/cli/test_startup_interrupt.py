@@ -2,7 +2,7 @@
 "interrupted" line and exit 130 (143), as after start-up; never a KeyboardInterrupt traceback.
 
 The console script and ``python -m wsitool`` both start in :func:`wsitool.__main__.main`,
-which installs :mod:`wsitool.signals` before typer, rich, numpy and the codecs are imported.
+which installs :mod:`wsitool.ground.signals` before typer, rich, numpy and the codecs are imported.
 The interpreter's own start-up (``site``) comes before any wsitool code and cannot be
 covered: each run is started with ``-X importtime`` and signalled only once its stderr shows
 typer being imported (after the handler is in place), then after a few delays from there.

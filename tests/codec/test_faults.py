@@ -15,7 +15,6 @@ import pytest
 import tifffile
 
 import wsitool
-from wsitool.bitstream import webp_frame_size
 from wsitool.codec import nvdecode
 from wsitool.codec.pool import get_pool
 from wsitool.errors import (
@@ -26,6 +25,7 @@ from wsitool.errors import (
     UnsupportedFormatError,
     WsiError,
 )
+from wsitool.ground.bitstream import webp_frame_size
 from wsitool.slide import pyramid_levels
 
 from helpers import BUG_INPUTS, NO_BUGS
@@ -346,7 +346,7 @@ def _j2k_tiff(tmp_path):
 
 
 def test_j2k_header_problem_finds_truncated_main_headers(tmp_path):
-    from wsitool.bitstream import j2k_header_problem
+    from wsitool.ground.bitstream import j2k_header_problem
 
     path, _img, off, _where, _fmt = _j2k_tiff(tmp_path)
     raw = path.read_bytes()
@@ -428,7 +428,7 @@ def _lzw_pack(codes):
 
 
 def test_lzw_problem_flags_non_literal_first_codes():
-    from wsitool.bitstream import lzw_problem
+    from wsitool.ground.bitstream import lzw_problem
 
     imagecodecs = pytest.importorskip("imagecodecs")
     assert imagecodecs.lzw_decode(_lzw_pack([256, 65, 66, 258, 257])) == b"ABAB"  # packer is right

@@ -18,10 +18,10 @@ import pytest
 import wsitool
 from wsitool.codec import openjpeg
 from wsitool.codec.nvdecode import decode_into as nv_decode_into
+from wsitool.codec.paths import decode_paths
 from wsitool.codec.pool import get_pool
 from wsitool.codec.tilebytes import read_tile_bytes
 from wsitool.errors import TileDecodeError
-from wsitool.settings import decode_paths
 from wsitool.slide import pyramid_levels
 
 from helpers import REPO, REPO_SAMPLES, SHARED_SAMPLES
@@ -188,8 +188,8 @@ def test_one_context_per_thread(tcga_j2k):
 def test_main_header_facts_and_the_fallback_past_n_l(tcga_j2k):
     """One header walk gives the checks, the code stream range, the SIZ size and N_L; a
     reduction deeper than N_L is not taken by the OpenJPEG path (the caller falls back)."""
-    from wsitool.bitstream import j2k_main_header
     from wsitool.codec.library import nv
+    from wsitool.ground.bitstream import j2k_main_header
 
     with wsitool.open_slide(tcga_j2k) as slide:
         lv = pyramid_levels(slide)[0]

@@ -22,8 +22,8 @@ import pytest
 
 import wsitool
 from wsitool.codec import jpegloop
+from wsitool.codec.paths import decode_paths
 from wsitool.codec.pool import get_pool
-from wsitool.settings import decode_paths
 from wsitool.slide import pyramid_levels
 
 from helpers import (

@@ -13,7 +13,7 @@ import pytest
 
 import wsitool
 from wsitool.codec import jpegloop
-from wsitool.settings import decode_paths
+from wsitool.codec.paths import decode_paths
 from wsitool.slide import pyramid_levels
 
 from helpers import (

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool.bitstream import jpeg_frame_size
 from wsitool.codec.nvdecode import narrow_jpeg_crop
+from wsitool.codec.paths import decode_paths
 from wsitool.codec.pool import get_pool
-from wsitool.geometry import level_rect, plan_tiles
-from wsitool.settings import decode_paths
+from wsitool.ground.bitstream import jpeg_frame_size
+from wsitool.ground.geometry import level_rect, plan_tiles
 from wsitool.slide import pyramid_levels
 
 from helpers import random_regions, repo_samples

@@ -22,12 +22,12 @@ import tifffile
 
 import wsitool
 from wsitool import export
-from wsitool.bitstream import jp2_codestream
 from wsitool.errors import InvalidRegionError, ResourceLimitError, TileDecodeError, WsiError
 from wsitool.export import associated as export_associated
 from wsitool.export import dzi as export_dzi
 from wsitool.export import encode as export_encode
 from wsitool.export import export_pyramid
+from wsitool.ground.bitstream import jp2_codestream
 from wsitool.slide import pyramid_levels
 
 from helpers import repo_samples, shared_sample, tiff_samples

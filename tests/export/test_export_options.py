@@ -10,7 +10,7 @@ import pytest
 
 from wsitool.errors import InvalidOptionError, ResourceLimitError, WsiError
 from wsitool.export import ExportOptions, export_pyramid
-from wsitool.settings import limits
+from wsitool.ground.limits import limits
 
 
 def test_defaults_are_export_pyramids():

@@ -30,9 +30,9 @@ import pydicom
 import pytest
 
 import wsitool
-from wsitool.color import ycbcr_to_rgb
 from wsitool.errors import WsiError
-from wsitool.geometry import level0_coordinate
+from wsitool.ground.color import ycbcr_to_rgb
+from wsitool.ground.geometry import level0_coordinate
 from wsitool.slide import pyramid_levels
 
 from helpers import random_regions, shared_names, shared_sample
@@ -275,7 +275,7 @@ def test_icc_profile_of_the_optical_path_as_openslide_reads_it():
 
 
 def test_an_icc_profile_that_cannot_be_one_is_ignored():
-    """The same rule as TIFF's tag 34675 (wsitool.color.icc_bytes): data shorter than the
+    """The same rule as TIFF's tag 34675 (wsitool.ground.color.icc_bytes): data shorter than the
     ICC header, or a declared size past the data, is no profile."""
     pydicom = pytest.importorskip("pydicom")
     from wsitool.formats.dicom.properties import icc_profile_of

@@ -17,13 +17,13 @@ import pytest
 import tifffile
 
 import wsitool
-from wsitool.bitstream import ends_with_restart
 from wsitool.codec import jpegloop
 from wsitool.codec.generic import decode_array
 from wsitool.codec.headers import check_header
 from wsitool.codec.pool import get_pool
 from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes, read_tile_stream
 from wsitool.errors import TileDecodeError
+from wsitool.ground.bitstream import ends_with_restart
 from wsitool.slide import pyramid_levels
 
 from helpers import random_regions, script_module, shared_sample, with_tile_bytes
@@ -200,7 +200,7 @@ def _both_paths(slide, location, level, size, mode="rgb", threads=1, on_error="r
     """``(compiled, python, spliced)``: each path's pixels, or its error as ``(type, message)``
     (the warnings each gave must be the same); and the intervals the compiled read decoded
     in spliced bands."""
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
 
     pool = get_pool("cpu")
     got = []

@@ -263,7 +263,7 @@ def test_a_decode_of_the_wrong_size_is_refused(ndpi, monkeypatch):
     """Pillow's draft not applied (the full-size interval): refused, not written."""
     from PIL import JpegImagePlugin
 
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
 
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", lambda self, mode, size: None)
     with (decode_paths(libjpeg=False), wsitool.open_slide(ndpi) as slide,
@@ -276,7 +276,7 @@ def test_libjpeg_scaled_decode_equals_pillows(ndpi, tmp_path):
     """The extension's scaled decode (libjpeg-turbo's API) gives Pillow's ``draft`` pixels on
     every scaled level, whole; and an interval with flipped bytes, which Pillow decodes without
     a word, is the tile's error naming libjpeg's warning."""
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
 
     if jpegloop.libjpeg_decode() is None:
         pytest.skip(f"compiled extension: {jpegloop.status()}")

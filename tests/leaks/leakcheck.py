@@ -114,9 +114,9 @@ def _levels_reader(path, rng, stack, levels, sizes):
 
 
 def _paths_ctx(**changes):
-    from wsitool import settings
+    from wsitool.codec import paths
 
-    return settings.decode_paths(**changes)
+    return paths.decode_paths(**changes)
 
 
 def path_jpeg_loop(rng, stack):

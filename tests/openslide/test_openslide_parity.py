@@ -210,7 +210,7 @@ def test_deepzoom_tiles(pair, tile, overlap):
                         assert _diff(real_tiles[level, addr], b).max() == 0, (level, addr)
                 elif gen is ours:
                     # wsitool's generator reads fractional level positions as OpenSlide
-                    # does (wsitool.subpixel.read_blended): the MAD <= 1
+                    # does (wsitool.deepzoom.tiles.read_blended): the MAD <= 1
                     assert d.mean() <= 1.0, (level, addr, d.mean())
                 else:
                     # The real generator reads through wsitool.openslide.OpenSlide.read_region,

@@ -19,9 +19,9 @@ import tifffile
 
 import wsitool
 from wsitool import InvalidRegionError
-from wsitool.areafilter import reduce_area
 from wsitool.cli import main
 from wsitool.errors import OutputExistsError
+from wsitool.ground.areafilter import reduce_area
 from wsitool.patches import detect_tissue, plan_patches, read_plan
 from wsitool.patches.extract import extract_shards
 from wsitool.patches.plan import PlanFileError, read_plans, write_plans

@@ -24,16 +24,16 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool import device
 from wsitool.codec import backends, nvdecode
 from wsitool.codec import pool as codec_pool
 from wsitool.codec.library import nv as nvimgcodec
+from wsitool.codec.paths import decode_paths
 from wsitool.errors import DeviceUnavailableError, InvalidRegionError, TileDecodeError, TileWarning
-from wsitool.forksafe import PerProcess
+from wsitool.ground import device
+from wsitool.ground.forksafe import PerProcess
 from wsitool.read import cuda as gpu
 from wsitool.read import cuda_arrays
 from wsitool.read.request import region_request
-from wsitool.settings import decode_paths
 from wsitool.slide import pyramid_levels
 
 from helpers import REPO, random_regions, shared_sample

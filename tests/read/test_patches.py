@@ -11,9 +11,9 @@ import pytest
 
 import wsitool
 from wsitool import InvalidRegionError, ResourceLimitError, TileDecodeError
-from wsitool.areafilter import reduce_area
 from wsitool.codec.pool import get_pool
 from wsitool.errors import TileWarning
+from wsitool.ground.areafilter import reduce_area
 from wsitool.slide import pyramid_levels
 
 from helpers import REPO_SAMPLES, SHARED_SAMPLES, shared_sample, with_tile_bytes
@@ -249,7 +249,7 @@ def test_read_size_needs_8_bit_samples():
 
 
 def test_cuda_without_a_gpu_is_one_clear_error():
-    from wsitool.device import cuda_available
+    from wsitool.ground.device import cuda_available
 
     if cuda_available():
         pytest.skip("a CUDA device is present: tests/read/test_cuda.py covers the GPU")

@@ -25,10 +25,10 @@ import pytest
 
 import wsitool
 from wsitool.codec import openjpeg
+from wsitool.codec.paths import decode_paths
 from wsitool.codec.pool import get_pool
 from wsitool.errors import InvalidRegionError
 from wsitool.read.reduced import area_reduce
-from wsitool.settings import decode_paths
 
 from helpers import REPO_SAMPLES
 

@@ -224,7 +224,7 @@ def test_read_after_close_and_reopen(sample_jpeg):
 def test_level0_coordinate_inverse():
     """level0_coordinate gives the smallest level-0 coordinate that read_region maps
     to a given level pixel (export strips and Dask chunks aim with it)."""
-    from wsitool.geometry import level0_coordinate
+    from wsitool.ground.geometry import level0_coordinate
 
     for ds in (1.0, 1.1, 1.5, 2.0, 2.001, 4.016, 8.0857):
         for v in (-7, 0, 1, 2, 3, 4, 5, 123, 4999):

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import wsitool
+from wsitool.codec.paths import decode_paths
 from wsitool.codec.pool import get_pool
 from wsitool.codec.tilebytes import jpeg_stream, read_tile_bytes, read_tile_stream
-from wsitool.geometry import plan_tiles
+from wsitool.ground.geometry import plan_tiles
 from wsitool.read import fill, worker
 from wsitool.read import threads as read_threads
-from wsitool.settings import decode_paths
 from wsitool.slide import pyramid_levels
 from wsitool.storage import local
 
@@ -281,7 +281,7 @@ def test_one_column_at_a_tiles_left_edge_equals_the_whole_tile_decode(tmp_path, 
     whole-tile decode cropped, on both read paths (nvdecode.narrow_jpeg_crop)."""
     import tifffile
 
-    from wsitool.settings import decode_paths
+    from wsitool.codec.paths import decode_paths
 
     rng = np.random.default_rng(0)
     img = (np.cumsum(rng.integers(0, 255, (512, 512, 3)), axis=1) // 64 % 256).astype(np.uint8)

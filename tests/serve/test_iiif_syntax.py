@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wsitool.areafilter import AreaReducer, reduce_area
+from wsitool.ground.areafilter import AreaReducer, reduce_area
 from wsitool.serve.iiif import (
     IIIFError,
     ServiceLimits,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import wsitool
-from wsitool.areafilter import AreaReducer, reduce_area
+from wsitool.ground.areafilter import AreaReducer, reduce_area
 from wsitool.serve.bounds import RenderBudget, area_within, decode_bytes, iiif_admits
 from wsitool.serve.iiif import info_document, service_limits
 from wsitool.serve.render import (

@@ -235,7 +235,7 @@ def test_bad_arguments(monkeypatch, tmp_path):
 
 
 def test_cuda_without_gpu_is_one_line():
-    from wsitool.device import cuda_available
+    from wsitool.ground.device import cuda_available
 
     if cuda_available():
         pytest.skip("a CUDA device is present")

@@ -15,7 +15,7 @@ Exit codes:
     16 remote access denied (HTTP 401/403, expired credentials or presigned URL, 416);
     17 remote source failing after retries (timeout, 5xx, reset, truncated body; no HTTP range support);
     18 remote slide changed on the server while open (size or ETag);
-    130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.signals).
+    130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.ground.signals).
     ``wsitool stress`` adds its own verdict codes (see its help).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from .. import signals
+from ..ground import signals
 from . import export, info, patches, read, serve, stress  # noqa: F401  (each registers its command on app)
 from .console import EXIT_CODES, exit_code_for, fail, handle_errors, show_warning
 from .group import app
@@ -35,7 +35,7 @@ __all__ = ["app", "main", "EXIT_CODES", "exit_code_for", "fail", "handle_errors"
 def main(argv: list[str] | None = None) -> None:
     """Run the command line (``wsitool.__main__.main``, the console script's entry point, calls it).
 
-    SIGINT, SIGTERM and SIGHUP get one clean shutdown (:mod:`wsitool.signals`):
+    SIGINT, SIGTERM and SIGHUP get one clean shutdown (:mod:`wsitool.ground.signals`):
     temporary outputs are removed, a Dask cluster or the stress child is shut
     down, and the exit status is 128 + the signal number (130, 143, 129).
     """

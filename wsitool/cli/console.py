@@ -13,8 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .. import errors, signals
-from ..settings import limits
+from .. import errors
+from ..ground import signals
+from ..ground.limits import limits
 from ..storage.urls import redact_text
 
 
@@ -130,7 +131,7 @@ def handle_errors(func: Callable) -> Callable:
             except typer.Exit:
                 raise
             except BaseException as exc:
-                # Ctrl-C, or SIGTERM / SIGHUP (wsitool.signals); also whatever a library turned
+                # Ctrl-C, or SIGTERM / SIGHUP (wsitool.ground.signals); also whatever a library turned
                 # the interruption into (an extension module's import: "initialization failed")
                 if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
                     raise interrupted(signals.exit_code(exc)) from None

@@ -11,7 +11,7 @@ from typing import Any, cast
 import typer
 from typer.core import TyperGroup
 
-from .. import signals
+from ..ground import signals
 from ..version import __version__
 from .console import interrupted, interruption_said, usage_line
 

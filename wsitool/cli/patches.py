@@ -10,7 +10,7 @@ from typing import Literal
 import typer
 
 from .. import errors
-from ..atomic import check_output
+from ..ground.outputs import check_output
 from ..patches.extract import extract_shards
 from ..patches.plan import PatchPlan, PlanFileError, plan_patches, read_plans, write_plans
 from ..patches.preview import save_preview

@@ -10,13 +10,14 @@ from typing import Literal
 import numpy as np
 import typer
 
-from .. import atomic, errors
+from .. import errors
 from ..distributed import load_regions_csv, read_regions
 from ..errors import TileWarning
 from ..export import check_image_extension, write_image
-from ..literals import Mode, OnError
+from ..ground import outputs as atomic
 from ..slide import open_slide
 from ..storage import is_url, redact
+from ..types import Mode, OnError
 from .batch import batch_progress, failure_code, usage_errors
 from .console import (
     STORAGE_OPTION_HELP,

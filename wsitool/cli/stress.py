@@ -9,7 +9,8 @@ from typing import Any, Literal
 import typer
 from rich.live import Live
 
-from .. import atomic, stress
+from .. import stress
+from ..ground import outputs as atomic
 from ..storage import is_url
 from .console import STORAGE_OPTION_HELP, console, fail, fitted_console, handle_errors, shown, storage_options
 from .group import app
@@ -108,7 +109,7 @@ def _check_options(slide: str | Path, *, iterations: int | None, duration: float
             problem = _unwritable_output(target)
             if problem:
                 raise fail(f"{target}: {problem} ({name})", 9)
-            # the rule of every command that writes (wsitool.atomic.check_output): never
+            # the rule of every command that writes (wsitool.ground.outputs.check_output): never
             # the slide itself, and an existing file only with --overwrite
             atomic.check_output(target, [] if isinstance(slide, str) else [slide], overwrite)
 

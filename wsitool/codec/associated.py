@@ -3,10 +3,10 @@
 Its strips or tiles are checked before tifffile hands them to imagecodecs, as
 tiles are checked before decoding (and the same for the tiles of formats
 without a tifffile page, e.g. DICOM frames, decoded by :mod:`.frames`): LZW data that imagecodecs' decoder crashes on
-(:func:`wsitool.bitstream.lzw_problem`; found by scripts/fuzz.py on a mutated
+(:func:`wsitool.ground.bitstream.lzw_problem`; found by scripts/fuzz.py on a mutated
 Aperio label), and JPEG frames without a readable header or declaring more
 pixels than the image (decompression bombs).  The image is then decoded whole by
-tifffile (the format's page handle) and converted with :func:`wsitool.color.to_rgb8`.
+tifffile (the format's page handle) and converted with :func:`wsitool.ground.color.to_rgb8`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import warnings
 import numpy as np
 import tifffile
 
-from ..bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
-from ..color import to_rgb8
 from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError
+from ..ground.bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
+from ..ground.color import to_rgb8
+from ..ground.limits import get_limits
+from ..ground.oserrors import raise_if_os_resource
 from ..model import AssociatedImage
-from ..oserrors import raise_if_os_resource
-from ..settings import get_limits
 from ..storage import ByteSource
 from .frames import FrameError, decode_frame
 
@@ -41,7 +41,7 @@ def _segment_bytes(where: str, what: str, off: int, count: int, source: ByteSour
 
 def _segment_problem(data: bytes, image: AssociatedImage) -> str | None:
     """Why one LZW or JPEG segment of ``image`` must not reach its decoder, or None (other
-    compressions: None): an LZW stream that fails :func:`~wsitool.bitstream.lzw_problem`,
+    compressions: None): an LZW stream that fails :func:`~wsitool.ground.bitstream.lzw_problem`,
     a JPEG stream without a frame header or whose frame passes ``image.max_segment``."""
     comp = image.encoding.compression_code
     if comp == _LZW:
@@ -84,7 +84,7 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
     Raises:
         ResourceLimitError: the image, or the array tifffile would decode for its
             page, is larger than the region limits (checked before decoding, see
-            :mod:`wsitool.settings`).
+            :mod:`wsitool.ground.limits`).
         UnsupportedFormatError: samples without an RGB conversion; a TIFF page with
             ImageDepth > 1 (a volume, not one plane).
         CorruptFileError: a strip or tile fails the checks above, or the decoded
@@ -150,7 +150,7 @@ def _frame_size(data: bytes, imagecodec: str | None) -> tuple[int, int] | None:
 
     Raises:
         ValueError: a JPEG 2000 main header that fails the checks tiles get
-            (:func:`wsitool.bitstream.j2k_main_header`), naming the problem.
+            (:func:`wsitool.ground.bitstream.j2k_main_header`), naming the problem.
     """
     if imagecodec == "jpegls":
         return jpegls_frame_size(data) or (0, 0)

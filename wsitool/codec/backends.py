@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..device import NO_CUDA, cuda_probe
+from ..ground.device import NO_CUDA, cuda_probe
 from . import jpegloop
 from .library import available as nv_available
 from .library import nv, unavailable_reason

@@ -10,8 +10,8 @@ from __future__ import annotations
 import warnings
 
 from ..errors import TileDecodeError, TileWarning
+from ..ground.oserrors import descriptors_exhausted
 from ..model import PyramidLevel
-from ..oserrors import descriptors_exhausted
 
 __all__ = [
     "past_eof_reason", "short_read_reason", "not_soi_reason", "grid_reason", "outside_reason",
@@ -85,7 +85,7 @@ def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:
 
     A decoder that failed because the process is out of file descriptors or
     memory is not a bad tile: that raises the OSError (EMFILE, ENOMEM, ...)
-    instead, whatever ``on_error`` says (see :func:`wsitool.oserrors.descriptors_exhausted`).
+    instead, whatever ``on_error`` says (see :func:`wsitool.ground.oserrors.descriptors_exhausted`).
     """
     exhausted = descriptors_exhausted(getattr(exc, "path", None))
     if exhausted is not None:

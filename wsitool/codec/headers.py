@@ -3,13 +3,14 @@
 A JPEG SOF, JPEG-LS SOF55, JPEG 2000 SIZ or WebP header declaring another size (a
 decompression bomb such as an 8000 x 8000 SOF inside a 256 x 256 tile), an
 unreadable header, a JPEG 2000 main header that OpenJPEG crashes on, or LZW
-data that imagecodecs crashes on (:mod:`wsitool.bitstream`) raises
+data that imagecodecs crashes on (:mod:`wsitool.ground.bitstream`) raises
 :class:`~wsitool.errors.TileDecodeError` before the decoder sees the stream.
 """
 
 from __future__ import annotations
 
-from ..bitstream import (
+from ..errors import TileDecodeError
+from ..ground.bitstream import (
     j2k_header_problem,
     j2k_main_header,
     jpeg_frame_size,
@@ -17,7 +18,6 @@ from ..bitstream import (
     lzw_problem,
     webp_frame_size,
 )
-from ..errors import TileDecodeError
 from ..model import PyramidLevel
 from .failures import grid_reason, unreadable_header_reason
 from .library import nv

@@ -31,7 +31,7 @@ It is an accelerator, never a requirement:
   version of the header the extension was compiled with (the structure
   layouts are that header's); :func:`status` says why it is not used;
 * ``WSITOOL_NATIVE=0`` in the environment, or
-  ``wsitool.settings.decode_paths(native=False)``, keeps every read on the
+  ``wsitool.codec.paths.decode_paths(native=False)``, keeps every read on the
   Python path.
 
 The Python path stays the reference: ``tests/codec/test_jpegloop.py`` pins this loop
@@ -52,17 +52,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..bitstream import DCT_SOF_MARKERS, jpeg_frame_kind
 from ..errors import TileDecodeError
-from ..geometry import plan_tiles
+from ..ground.bitstream import DCT_SOF_MARKERS, jpeg_frame_kind
+from ..ground.geometry import plan_tiles
 from ..model import PyramidLevel
-from ..settings import get_decode_paths
-from ..silence import stderr_silenced
 from ..storage import ByteSource
 from . import failures as reasons
 from .failures import tile_failed
 from .library import nv
+from .paths import get_decode_paths
 from .pool import DecodeStats
+from .silence import stderr_silenced
 from .tilebytes import jpeg_stream, read_tile_bytes
 
 #: Most tiles one call of the compiled loop takes (``MAX_BATCH`` in jpegloop.c).
@@ -120,9 +120,9 @@ def status() -> str:
     """One line saying whether the compiled JPEG tile loop is in use, and if not, why."""
     paths = get_decode_paths()
     if not paths.native:
-        return "off (WSITOOL_NATIVE=0 or wsitool.settings.decode_paths(native=False))"
+        return "off (WSITOOL_NATIVE=0 or wsitool.codec.paths.decode_paths(native=False))"
     if not paths.libjpeg:
-        return "off (wsitool.settings.decode_paths(libjpeg=False): nvImageCodec decodes JPEG tiles)"
+        return "off (wsitool.codec.paths.decode_paths(libjpeg=False): nvImageCodec decodes JPEG tiles)"
     mod = _load()
     if mod is None:
         return f"not in use: {_reason}"
@@ -140,7 +140,7 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = Non
     the source's block cache);
     ``mode`` is ``rgb``, ``raw`` or ``rgba``; ``out`` is a
     C-contiguous ``(h, w, 3)`` (``rgba``: ``(h, w, 4)``) uint8 numpy array; and
-    neither switch of :class:`wsitool.settings.DecodePaths` forces the scratch path.
+    neither switch of :class:`wsitool.codec.paths.DecodePaths` forces the scratch path.
     ``hint``: the index of a tile the read needs, which :func:`libjpeg_decodes` may look
     at (for a remote slide, a tile already being fetched: no request of its own).
     """
@@ -172,7 +172,7 @@ def gathers(source: ByteSource) -> bool:
 
 def libjpeg_decoder(lv: PyramidLevel):
     """``wsitool._jpegloop.decode_jpeg`` when ``lv``'s tiles are JPEG decoded on the CPU by
-    libjpeg-turbo's own API (:class:`wsitool.settings.DecodePaths` ``libjpeg``, the extension
+    libjpeg-turbo's own API (:class:`wsitool.codec.paths.DecodePaths` ``libjpeg``, the extension
     built and loaded); None where nvImageCodec decodes them.
 
     ``decode_jpeg(stream, out, x0, y0, x1, y1)`` decodes the window ``[x0, x1) x [y0, y1)``
@@ -191,7 +191,7 @@ _kinds: weakref.WeakKeyDictionary[PyramidLevel, bool] = weakref.WeakKeyDictionar
 
 
 def libjpeg_kind(kind: tuple[int, int, int] | None) -> bool:
-    """Whether libjpeg-turbo's API decodes a JPEG of frame ``kind`` (:func:`wsitool.bitstream.jpeg_frame_kind`)
+    """Whether libjpeg-turbo's API decodes a JPEG of frame ``kind`` (:func:`wsitool.ground.bitstream.jpeg_frame_kind`)
     to RGB: a DCT process (ITU-T T.81 table B.1: SOF0-2, SOF9-10), 8-bit samples, 1 or 3
     components.  Lossless (SOF3, SOF11, ...), 12-bit and 4-component (CMYK, YCCK) JPEG stay
     with nvImageCodec, which decodes the lossless and the 4-component ones (libjpeg-turbo 2.1
@@ -235,7 +235,7 @@ def _probe_kind(lv: PyramidLevel, hint: int | None) -> bool:
 def libjpeg_decode():
     """``wsitool._jpegloop.decode_jpeg`` (see :func:`libjpeg_decoder`; it also takes a 7th
     argument, ``scale_log2`` 0 to 3, for libjpeg's DCT scaling), or None where
-    :class:`wsitool.settings.DecodePaths` ``libjpeg`` is off or the extension is not loaded."""
+    :class:`wsitool.codec.paths.DecodePaths` ``libjpeg`` is off or the extension is not loaded."""
     if not get_decode_paths().libjpeg:
         return None
     mod = _module if _module is not None else _load()
@@ -246,7 +246,7 @@ class RegionJobs:
     """The tiles of one region for the compiled loop, handed out in chunks.
 
     Jobs are numbered in row-major order over the region's tile grid, as in
-    :func:`wsitool.geometry.plan_tiles`; a chunk is ``[j0, j1)``.
+    :func:`wsitool.ground.geometry.plan_tiles`; a chunk is ``[j0, j1)``.
 
     Args:
         lv: the level (see :func:`applies`).

@@ -3,7 +3,7 @@
 nvImageCodec (``nvidia-nvimgcodec-cu12``) is a dependency on the platforms it
 has wheels for (Linux and Windows, x86_64 and aarch64); it is loaded on first
 use rather than at import so that importing wsitool changes nothing in the
-process: loading sets the quiet defaults of :mod:`wsitool.silence` and keeps
+process: loading sets the quiet defaults of :mod:`wsitool.codec.silence` and keeps
 the library's "Failed to load nvjpeg library" lines (expected on machines
 without CUDA) off the terminal.  ``importlib.import_module`` inside :func:`nv`
 is that deferred load.
@@ -22,9 +22,9 @@ import importlib
 import threading
 from types import ModuleType
 
+from ..ground.oserrors import raise_if_os_resource
 from ..model import TileEncoding
-from ..oserrors import raise_if_os_resource
-from ..silence import quiet_environment, stderr_silenced
+from .silence import quiet_environment, stderr_silenced
 
 __all__ = ["nv", "decode_params", "available", "unavailable_reason", "fallback_encoding"]
 
@@ -46,7 +46,7 @@ def nv() -> ModuleType:
             message says why, and so does :func:`unavailable_reason`.  The
             import is tried once: later calls raise the same message.
         OSError: the process is out of descriptors or memory while loading
-            (EMFILE, ENOMEM, ...: worded by :func:`wsitool.oserrors.os_resource_error`).
+            (EMFILE, ENOMEM, ...: worded by :func:`wsitool.ground.oserrors.os_resource_error`).
     """
     global _module, _failure
     if _module is None:

@@ -6,7 +6,7 @@
   replacement.  Partial tiles are decoded as a sub-region of the code stream
   (``CodeStream.get_sub_code_stream(region=)``), also straight into the output.
   Only where that is not possible (RGBA output, colour transforms, or forced by
-  :class:`wsitool.settings.DecodePaths` for parity tests) is a per-thread scratch
+  :class:`wsitool.codec.paths.DecodePaths` for parity tests) is a per-thread scratch
   buffer used, allocated once per thread and shape.
 * **Every decode is checked.**  A decode returning ``None``, an image of the
   wrong size, or a code stream whose header disagrees with the tile grid raises
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bitstream import jpeg_frame_kind
 from ..errors import TileDecodeError
+from ..ground.bitstream import jpeg_frame_kind
 from ..model import PyramidLevel
-from ..settings import get_decode_paths
 from .failures import libjpeg_reason, no_image_reason, outside_reason, unusable_stream_reason
 from .headers import codestream
 from .jpegloop import libjpeg_decoder, libjpeg_kind
 from .library import decode_params, nv
+from .paths import get_decode_paths
 from .pool import DecodeStats, ThreadState
 from .tilebytes import jpeg_stream
 

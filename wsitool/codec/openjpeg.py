@@ -28,7 +28,7 @@ docs (``docs/explanations/decoding.md``, "JPEG 2000: window decode").
 
 Rules kept from the nvImageCodec path:
 
-* **Header checks first.**  :func:`wsitool.bitstream.j2k_header_problem` runs
+* **Header checks first.**  :func:`wsitool.ground.bitstream.j2k_header_problem` runs
   on every tile before OpenJPEG sees it, and the size the SIZ marker declares
   (read by ``opj_read_header``, before any tile data is decoded) must be the
   tile grid cell (:func:`.headers.check_cell`).
@@ -55,12 +55,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..bitstream import j2k_main_header, jp2_boxes
 from ..errors import TileDecodeError
+from ..ground.bitstream import j2k_main_header, jp2_boxes
 from ..model import PyramidLevel
-from ..settings import get_decode_paths
 from .failures import no_image_reason, outside_reason, unreadable_header_reason
 from .headers import check_cell
+from .paths import get_decode_paths
 from .pool import DecodeStats, ThreadState
 
 __all__ = ["available", "library_path", "version", "Unsupported", "decode_window",
@@ -175,7 +175,7 @@ def available() -> bool:
 
 def decodes(lv: PyramidLevel) -> bool:
     """Whether ``lv``'s tiles are decoded by this OpenJPEG window decoder: JPEG 2000
-    code streams, the ``openjpeg`` decode path on (:class:`wsitool.settings.DecodePaths`)
+    code streams, the ``openjpeg`` decode path on (:class:`wsitool.codec.paths.DecodePaths`)
     and libopenjp2 found; otherwise they take ``lv.decoder``'s path."""
     return lv.encoding.stream == "j2k" and get_decode_paths().openjpeg and available()
 
@@ -487,7 +487,7 @@ def _code_stream(level: PyramidLevel, col: int, row: int, data: Any, reduce: int
     work, or ``reduce`` above the stream's decomposition levels).
 
     Raises:
-        TileDecodeError: the main header's problem (:func:`wsitool.bitstream.j2k_main_header`).
+        TileDecodeError: the main header's problem (:func:`wsitool.ground.bitstream.j2k_main_header`).
     """
     raw = data if isinstance(data, bytes) else bytes(data)
     header = j2k_main_header(raw)  # one walk: the checks, the code stream range, N_L

@@ -10,7 +10,7 @@ Rules this module exists to keep:
   always called while holding its thread state's lock.  A decoder lives as
   long as its thread (``threading.local``).
 * **One pool per device and process.**  :func:`get_pool` hands out the
-  process's pool; a forked child gets new pools (:mod:`wsitool.forksafe`).
+  process's pool; a forked child gets new pools (:mod:`wsitool.ground.forksafe`).
 * Per-thread scratch and read buffers are made once and reused; their
   allocations are counted in :class:`DecodeStats`.
 """
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ..device import cuda_device_id
 from ..errors import DeviceUnavailableError, InvalidOptionError
-from ..forksafe import PerProcess
+from ..ground.device import cuda_device_id
+from ..ground.forksafe import PerProcess
 from .library import nv
 
 __all__ = ["DecodeStats", "ThreadState", "DecoderPool", "get_pool"]

@@ -38,8 +38,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from ..bitstream import jpeg_frame_size
 from ..errors import TileDecodeError
+from ..ground.bitstream import jpeg_frame_size
 from ..model import PyramidLevel
 from .failures import libjpeg_reason
 from .jpegloop import libjpeg_decode

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ..bitstream import EOI, SOI, ends_with_restart
 from ..errors import TileDecodeError
+from ..ground.bitstream import EOI, SOI, ends_with_restart
 from ..model import PyramidLevel
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
 from .pool import DecodeStats, ThreadState

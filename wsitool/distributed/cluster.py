@@ -11,8 +11,8 @@ import os
 import shutil
 import tempfile
 
-from .. import atomic
 from ..errors import DaskUnavailableError, InvalidOptionError, WsiError
+from ..ground import outputs as atomic
 from ..read.lazy import INSTALL_HINT
 
 
@@ -44,10 +44,10 @@ class ClientHandle:
     """A distributed Client, plus the LocalCluster we started (closed on exit).
 
     ``partials_in``: the output folder of the tasks.  When the block ends by an
-    exception (Ctrl-C, SIGTERM / SIGHUP through :mod:`wsitool.signals`, a
+    exception (Ctrl-C, SIGTERM / SIGHUP through :mod:`wsitool.ground.signals`, a
     failure), the LocalCluster is closed, which ends its worker processes in
     the middle of their writes; the temporary outputs they leave there are then
-    removed (:func:`wsitool.atomic.clean_stale_partials`: this host, dead
+    removed (:func:`wsitool.ground.outputs.clean_stale_partials`: this host, dead
     processes only).
     """
 

@@ -8,7 +8,7 @@ and the same output size is ``"skipped"``; a recorded output that is stale
 existing output no batch recorded is ``"failed"`` with
 :class:`~wsitool.errors.OutputExistsError`.  Partials that this host's dead
 processes left in the output folder are removed first
-(:func:`wsitool.atomic.clean_stale_partials`).
+(:func:`wsitool.ground.outputs.clean_stale_partials`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
 from ..errors import OutputExistsError
 from ..export import ExportResult, export_pyramid
+from ..ground import outputs as atomic
 from ..storage import is_url, redact
 from .cluster import (
     BatchOptionError,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic
 from ..export.dzi import dzi_paths
+from ..ground import outputs as atomic
 
 #: The batch export manifest, in the output folder: what earlier batches completed.
 MANIFEST_NAME = ".wsitool-manifest.json"
@@ -66,7 +66,7 @@ class Manifest:
     JSON ``{"version": 1, "outputs": {<output file name>: {"source": absolute
     path, "source_size": bytes, "source_mtime_ns": ns, "output_size": bytes,
     "format": ..., "options": {...}, "completed": ISO time}}}``, rewritten
-    atomically (:mod:`wsitool.atomic`) after each completed slide.  An
+    atomically (:mod:`wsitool.ground.outputs`) after each completed slide.  An
     unreadable or foreign manifest counts as empty.
     """
 

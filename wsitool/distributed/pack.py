@@ -1,4 +1,4 @@
-"""One ``.npz`` or Zarr store holding many regions, written through :mod:`wsitool.atomic` (floor 7)."""
+"""One ``.npz`` or Zarr store holding many regions, written through :mod:`wsitool.ground.outputs` (floor 7)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic
 from ..errors import DaskUnavailableError
+from ..ground import outputs as atomic
 
 
 class PackWriter:
     """Write arrays one by one into ``<dest>`` (.npz zip or Zarr group), atomically.
 
-    The store is made as a :mod:`wsitool.atomic` partial (an exclusive new file,
+    The store is made as a :mod:`wsitool.ground.outputs` partial (an exclusive new file,
     or a fresh folder for Zarr) and renamed onto ``dest`` by :meth:`commit`.
     """
 

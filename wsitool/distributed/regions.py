@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .. import atomic
 from ..errors import InvalidRegionError, WsiError
 from ..export import write_image
-from ..literals import Mode, OnError
+from ..ground import outputs as atomic
 from ..read.request import validate_request
 from ..slide import Slide, cached_slide, file_stamp, open_slide, pyramid_levels
 from ..storage import is_url, redact
+from ..types import Mode, OnError
 from .cluster import BatchOptionError, ClientHandle, check_scheduler, error_record, import_distributed, quiet_tifffile
 from .pack import PackWriter
 from .regions_csv import RegionRequest, check_name, load_regions_csv
@@ -265,7 +265,7 @@ def _check_requests(s: Slide, requests: list[RegionRequest], fmt: str, mode: str
 
 def _prepare_outputs(src: _Source, requests: list[RegionRequest], out_dir: Path, fmt: str, *, pack: bool,
                      overwrite: bool) -> list[Path]:
-    """The output paths, every one checked before anything is read or written (:mod:`wsitool.atomic`):
+    """The output paths, every one checked before anything is read or written (:mod:`wsitool.ground.outputs`):
     none may be the slide, existing ones only with ``overwrite``; the folder made, stale partials removed."""
     dests = ([out_dir / f"{slide_stem(src.path)}-regions.{fmt}"] if pack
              else [out_dir / f"{r.name}.{fmt}" for r in requests])

@@ -6,7 +6,7 @@ package streams, never holding a whole level: :mod:`.source` reads level-0
 strips from the slide, :mod:`.downsample` halves them into the lower levels
 with a box filter, :mod:`.encode` encodes tiles on a thread pool, and one writer
 per format (:mod:`.tiff`, :mod:`.dzi`) writes them in order through
-:mod:`wsitool.atomic`; :mod:`.plan` holds the level plan and the memory bound,
+:mod:`wsitool.ground.outputs`; :mod:`.plan` holds the level plan and the memory bound,
 :mod:`.associated` the thumbnail, label and macro carried along, :mod:`.image`
 the single-image writer used by ``read-region``.
 """

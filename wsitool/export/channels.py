@@ -16,7 +16,7 @@
 
 Each channel of the exported region is read whole (``read_region(...,
 mode="raw", channels=[c])``) and reduced in memory: one channel of the region
-must fit the ``max_region_bytes`` limit (:mod:`wsitool.settings`).
+must fit the ``max_region_bytes`` limit (:mod:`wsitool.ground.limits`).
 Compression: ``deflate`` (the default here when ``jpeg`` is asked of a sample
 type JPEG cannot hold), ``none``, or ``jpeg`` for 8-bit channels (lossy).
 """
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
-from .. import atomic
 from ..errors import InvalidRegionError, ResourceLimitError, WsiError
-from ..settings import get_limits
+from ..ground import outputs as atomic
+from ..ground.limits import get_limits
 from ..version import __version__
 from . import omexml
 from .associated import associated_for_export

@@ -20,7 +20,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..deepzoom import tile_span
+from ..deepzoom.geometry import tile_span
 from .plan import sum_dtype, window_rows
 
 _boxfilter: ModuleType | None  # the compiled 2:1 sums (setup.py); the numpy code below is the reference

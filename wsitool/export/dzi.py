@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
-from .. import atomic
 from ..errors import WsiError
+from ..ground import outputs as atomic
 from .associated import PAINTED_KEY
 from .encode import TileCounter, TileStream
 from .options import ExportOptions
@@ -59,7 +59,7 @@ def write_dzi(tiles: TileStream, final: Path, files_dir: Path,
     painted tiles recorded in a comment of the ``.dzi``.
 
     Raises:
-        OutputExistsError, OutputIsSourceError: see :func:`wsitool.atomic.check_output`.
+        OutputExistsError, OutputIsSourceError: see :func:`wsitool.ground.outputs.check_output`.
         OSError: the folder cannot be written (disk full, permissions), naming ``final``.
 
     Any error from ``tiles`` propagates; nothing is then left under either name.

@@ -18,8 +18,8 @@ import imagecodecs
 import numpy as np
 import tifffile
 
-from .. import atomic
 from ..errors import InvalidOptionError
+from ..ground import outputs as atomic
 
 #: File types :func:`write_image` writes, by extension.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".npy")
@@ -45,7 +45,7 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
                 quality: int = DEFAULT_QUALITY) -> None:
     """Write one region, ``array`` (``(height, width, channels)`` numpy, e.g. uint8
     RGB/RGBA or the level's dtype for raw reads), to PNG, JPEG, WebP, TIFF (zlib)
-    or ``.npy`` by the extension of ``path``, atomically (:mod:`wsitool.atomic`): the data
+    or ``.npy`` by the extension of ``path``, atomically (:mod:`wsitool.ground.outputs`): the data
     goes to a new exclusive temporary file in the destination folder, renamed
     onto ``path`` only when complete.
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..arguments import as_int
 from ..errors import InvalidOptionError, ResourceLimitError
-from ..settings import get_limits
+from ..ground.integers import as_int
+from ..ground.limits import get_limits
 from .plan import COMPRESSIONS, FORMATS, ON_ERROR, background_color
 
 __all__ = ["ExportOptions"]
@@ -36,7 +36,7 @@ class ExportOptions:
         tile_size: output tile size in pixels; a multiple of 16 for TIFF
             formats, any size >= 1 for Deep Zoom (254 with overlap 1 is the
             usual choice there); ``tile_size**2`` at most the
-            ``max_tile_pixels`` limit (:mod:`wsitool.settings`).
+            ``max_tile_pixels`` limit (:mod:`wsitool.ground.limits`).
         compression: ``"jpeg"``, ``"jpeg2000"`` (TIFF formats only),
             ``"deflate"`` or ``"none"``; Deep Zoom stores ``deflate`` and
             ``none`` tiles as PNG.  ``"copy"`` (TIFF formats only): the
@@ -68,7 +68,7 @@ class ExportOptions:
             transparent (outside the slide, missing or undecodable tiles);
             stored as a tuple of three ints.
         max_pixels: refuse exports of more than this many level-0 pixels
-            (``w * h``); None: ``max_export_pixels`` of :mod:`wsitool.settings`
+            (``w * h``); None: ``max_export_pixels`` of :mod:`wsitool.ground.limits`
             (``2**33``), read when the export is checked.
         on_error: ``"raise"``: the first undecodable source tile stops the
             export with its :class:`~wsitool.errors.TileDecodeError` and

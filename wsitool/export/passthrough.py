@@ -55,12 +55,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..bitstream import SOI, jpeg_sof
 from ..codec.headers import check_header, codestream
 from ..codec.pool import DecodeStats
 from ..codec.tilebytes import jpeg_stream, read_tile_bytes
 from ..errors import InvalidOptionError, InvalidRegionError, TileDecodeError, UnsupportedFormatError
-from ..geometry import level0_coordinate
+from ..ground.bitstream import SOI, jpeg_sof
+from ..ground.geometry import level0_coordinate
 from ..model import PyramidLevel
 from ..slide import pyramid_levels
 
@@ -169,7 +169,7 @@ def _first_tile(lv: PyramidLevel, col0: int, row0: int, cols: int, rows: int) ->
 def jpeg_sampling(data: bytes) -> tuple[int, int] | None:
     """Chroma subsampling ``(h, v)`` of a JPEG stream's frame header, or None.
 
-    ITU-T T.81 B.2.2: the SOF body (:func:`wsitool.bitstream.jpeg_sof`) is
+    ITU-T T.81 B.2.2: the SOF body (:func:`wsitool.ground.bitstream.jpeg_sof`) is
     precision, Y, X, Nf, then per component ``Ci, Hi << 4 | Vi, Tqi``;
     subsampling is the first component's factors over the second's (``(1, 1)``
     for one component).

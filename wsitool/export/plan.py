@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..deepzoom import deepzoom_level_dimensions
+from ..deepzoom.geometry import deepzoom_level_dimensions
 from ..errors import InvalidOptionError
 from . import omexml
 
@@ -126,7 +126,7 @@ def pyramid_dimensions(width: int, height: int, tile_size: int, format: str = "t
     """
     if not isinstance(tile_size, int) or tile_size < 1:
         raise InvalidOptionError(f"tile_size must be a positive integer, got {tile_size!r}")
-    if format == "dzi":  # the Deep Zoom levels, one geometry for the project (wsitool.deepzoom)
+    if format == "dzi":  # the Deep Zoom levels, one geometry for the project (wsitool.deepzoom.geometry)
         return list(reversed(deepzoom_level_dimensions(width, height)))
     dims = [(int(width), int(height))]
     while True:

@@ -80,12 +80,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic
-from ..arguments import as_int
 from ..errors import InvalidRegionError, ResourceLimitError, TileWarning
-from ..geometry import level_rect
+from ..ground import outputs as atomic
+from ..ground.geometry import level_rect
+from ..ground.integers import as_int
+from ..ground.limits import get_limits
 from ..read.request import level_index
-from ..settings import get_limits
 from ..slide import Slide, open_slide
 from ..storage import is_url
 from .associated import LevelImage, associated_for_export, thumbnail_level
@@ -175,7 +175,7 @@ def export_pyramid(
 @dataclasses.dataclass
 class _Output:
     """Where an export goes: ``final`` (the file, or the ``.dzi``), the Deep Zoom tiles folder
-    (or None), and the ``sources`` it must never replace (paths, for :mod:`wsitool.atomic`)."""
+    (or None), and the ``sources`` it must never replace (paths, for :mod:`wsitool.ground.outputs`)."""
 
     final: Path
     files_dir: Path | None
@@ -184,7 +184,7 @@ class _Output:
 
 def _checked_output(source, output, options: ExportOptions) -> _Output:
     """The output names, checked before the slide is read: one rule for every output
-    (:mod:`wsitool.atomic`): never the source, an existing output only with ``overwrite``."""
+    (:mod:`wsitool.ground.outputs`): never the source, an existing output only with ``overwrite``."""
     output = Path(os.fspath(output))
     if options.format == "dzi":
         final, files_dir = dzi_paths(output)

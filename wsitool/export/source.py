@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TileDecodeError
-from ..geometry import level0_coordinate
+from ..ground.geometry import level0_coordinate
 from ..slide import pyramid_levels
 from .plan import strip_rows
 

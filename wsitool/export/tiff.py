@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import tifffile
 
-from .. import atomic
 from ..errors import WsiError
 from ..formats.tiff import aperio
+from ..ground import outputs as atomic
 from ..version import __version__
 from . import omexml
 from .associated import PAINTED_KEY, PAINTED_NAMESPACE
@@ -57,7 +57,7 @@ SOFTWARE = f"wsitool {__version__}"
 @contextlib.contextmanager
 def _tiff_output(final: Path, sources, generators: list):
     """``(partial, out_fh, spill)``: the exclusive partial of ``final`` open read-write
-    (:func:`wsitool.atomic.open_file`) and an anonymous spill file beside it for the
+    (:func:`wsitool.ground.outputs.open_file`) and an anonymous spill file beside it for the
     lower levels' tiles.  On any error the ``generators`` (appended by the caller as it
     makes them) are closed, the partial removed, and an OS error re-raised naming
     ``final``; the spill file is always closed."""

@@ -17,7 +17,7 @@ Deliberate differences from openslide-python (``docs/guides/openslide-migration.
 
 * **Fractional level positions**: a ``location`` that falls between two pixels
   of a level > 0 (``x / downsample`` not an integer) is read from the nearest
-  stored pixel (wsitool's rule, ``floor(x / downsample + 0.5)``, :func:`wsitool.geometry.level_rect`), where
+  stored pixel (wsitool's rule, ``floor(x / downsample + 0.5)``, :func:`wsitool.ground.geometry.level_rect`), where
   OpenSlide blends neighbouring pixels with a sub-pixel shift.  Regions at
   integer level positions, and every level-0 region, are pixel-identical.
 * **Vendor names** are wsitool's: an OME-TIFF pyramid is ``"ome-tiff"`` with

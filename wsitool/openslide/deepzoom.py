@@ -1,6 +1,6 @@
 """``DeepZoomGenerator`` for the drop-in (openslide-python's ``openslide.deepzoom``).
 
-The geometry is :mod:`wsitool.deepzoom` (the project's one Deep Zoom
+The geometry is :mod:`wsitool.deepzoom.geometry` (the project's one Deep Zoom
 implementation, equal to openslide-python's generator tile for tile); this
 class only reads each tile's region from the slide, composites it on the
 slide's background colour and shrinks it with PIL's Lanczos ``thumbnail`` from
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from PIL import Image
 
-from ..deepzoom import DeepZoomGeometry, bounds_from_properties
-from ..subpixel import deepzoom_tile
+from ..deepzoom.geometry import DeepZoomGeometry, bounds_from_properties
+from ..deepzoom.tiles import deepzoom_tile
 from . import (
     PROPERTY_NAME_BACKGROUND_COLOR,
     PROPERTY_NAME_BOUNDS_HEIGHT,

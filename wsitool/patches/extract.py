@@ -10,7 +10,7 @@ first dot, so the key has none).  Members carry a fixed time stamp and mode,
 so the same plan gives byte-identical shards.
 
 Each shard is written to a partial file and renamed when complete
-(:mod:`wsitool.atomic`): an interrupted extraction leaves whole shards only; an
+(:mod:`wsitool.ground.outputs`): an interrupted extraction leaves whole shards only; an
 existing shard is an error unless ``overwrite``.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import check_output, open_file
 from ..errors import InvalidRegionError
+from ..ground.outputs import check_output, open_file
 from .plan import PatchPlan
 
 __all__ = ["extract_shards", "patch_key", "FORMATS"]

@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..atomic import check_output, create_file
 from ..errors import InvalidRegionError, WsiError
+from ..ground.outputs import check_output, create_file
 from ..version import __version__
 from .tissue import TissueMask, TissueParams, detect_tissue, load_mask
 
@@ -313,7 +313,7 @@ def write_plans(plans: list[PatchPlan], path: str | os.PathLike, *, overwrite: b
     """Write ``plans`` to ``path``: Parquet (any number of slides) or HDF5 (one slide, CLAM's layout).
 
     Written to a partial file in the same folder and renamed when complete
-    (:mod:`wsitool.atomic`); never onto a slide.
+    (:mod:`wsitool.ground.outputs`); never onto a slide.
 
     Raises:
         PlanFileError: an unknown extension, or several plans to one HDF5 file.

@@ -4,7 +4,7 @@
 pixel, :func:`~wsitool.patches.tissue.read_thumbnail`), the mask as a green
 tint and every planned patch as a yellow outline, enlarged so that patches of
 a few thumbnail pixels stay visible; :func:`save_preview` writes it as PNG
-(created exclusively, :mod:`wsitool.atomic`).
+(created exclusively, :mod:`wsitool.ground.outputs`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ..atomic import write_bytes
+from ..ground.outputs import write_bytes
 from .plan import PatchPlan
 from .tissue import ASSUMED_MPP, TissueParams, read_thumbnail
 

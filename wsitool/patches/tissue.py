@@ -40,9 +40,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..areafilter import AreaReducer
 from ..errors import InvalidRegionError
-from ..geometry import level0_coordinate
+from ..ground.areafilter import AreaReducer
+from ..ground.geometry import level0_coordinate
 
 __all__ = ["TissueParams", "TissueMask", "detect_tissue", "load_mask", "read_thumbnail",
            "MIN_SEPARATION", "MIN_TISSUE_SATURATION", "ASSUMED_MPP"]

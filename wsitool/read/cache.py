@@ -1,6 +1,6 @@
 """A cache of decoded source tiles, shared by region reads of any number of slides (floor 4).
 
-Region reads plan the tiles a region touches (:func:`wsitool.geometry.plan_tiles`)
+Region reads plan the tiles a region touches (:func:`wsitool.ground.geometry.plan_tiles`)
 and decode them; with a :class:`TileCache` given to :func:`wsitool.open_slide`
 (``cache=``) each tile is looked up first and decoded only on a miss, whole (the
 part of the tile inside the level), then kept for later reads of any region that

@@ -10,7 +10,7 @@ outside the slide and missing tiles are 0 with alpha 0.
 How one region is read on the GPU:
 
 1. The request is validated exactly as on the CPU (same function), the tiles
-   are planned with the same :func:`~wsitool.geometry.plan_tiles`, and each
+   are planned with the same :func:`~wsitool.ground.geometry.plan_tiles`, and each
    tile's bytes are read with :func:`~wsitool.codec.tilebytes.read_tile_bytes` and its
    code stream prepared and checked against the tile grid with
    :func:`~wsitool.codec.nvdecode.plan_decode` (shared with the CPU path).
@@ -85,10 +85,10 @@ from ..codec.library import decode_params
 from ..codec.nvdecode import check_decoded, count_decoded, decode_into, plan_decode
 from ..codec.pool import DecoderPool, DecodeStats, ThreadState, get_pool
 from ..codec.tilebytes import read_tile_bytes
-from ..color import ycbcr_to_rgb
-from ..device import cuda_device_id
 from ..errors import DeviceUnavailableError, InvalidRegionError, ResourceLimitError, TileDecodeError
-from ..geometry import TileJob, plan_tiles
+from ..ground.color import ycbcr_to_rgb
+from ..ground.device import cuda_device_id
+from ..ground.geometry import TileJob, plan_tiles
 from ..model import PyramidLevel
 from .cuda_arrays import HostArrays, bump, gpu_memory_sample, gpu_stats, release_scratch, reset_gpu_stats, thread_arrays
 from .fill import fill_outside, fill_region

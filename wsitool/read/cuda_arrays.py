@@ -15,7 +15,7 @@ import numpy as np
 
 from ..codec.library import nv
 from ..codec.pool import DecodeStats
-from ..device import cuda_device_id
+from ..ground.device import cuda_device_id
 
 __all__ = ["HostArrays", "CudaArrays", "thread_arrays", "release_scratch", "bump", "gpu_stats",
            "reset_gpu_stats", "gpu_memory_sample"]

@@ -3,8 +3,8 @@ tile path (floor 4).
 
 The request (:class:`~wsitool.read.request.ReadRequest`) carries the location
 already mapped to the level's frame by the nearest level pixel
-(:func:`wsitool.geometry.level_rect`); the part of the region inside the level
-is planned tile by tile (:func:`wsitool.geometry.plan_tiles`) and the parts
+(:func:`wsitool.ground.geometry.level_rect`); the part of the region inside the level
+is planned tile by tile (:func:`wsitool.ground.geometry.plan_tiles`) and the parts
 outside are filled with transparent black (RGBA ``0, 0, 0, 0``; 0 in ``rgb``
 and ``raw`` modes).  The byte source is asked to read the tiles' bytes ahead,
 then the jobs are shared by ``threads`` workers (:mod:`.threads`) running the
@@ -29,7 +29,7 @@ import numpy as np
 from ..codec import jpegloop
 from ..codec.pool import DecoderPool
 from ..errors import TileDecodeError, TileWarning
-from ..geometry import TileJob, plan_tiles
+from ..ground.geometry import TileJob, plan_tiles
 from ..model import PyramidLevel
 from .cache import CacheScope
 from .channels import fill_channels

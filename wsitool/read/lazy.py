@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..arguments import int_pair
 from ..errors import DaskUnavailableError, InvalidRegionError, WsiError
-from ..geometry import level0_coordinate
+from ..ground.geometry import level0_coordinate
+from ..ground.integers import int_pair
 from ..model import PyramidLevel
 from ..storage import is_url
 from .request import level_index

@@ -6,7 +6,7 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
 
 1. each patch's window (``read_size``, default ``size``, in pixels of the
    level) is placed on the level by the same nearest-pixel rule as
-   :meth:`wsitool.Slide.read_region` (:func:`wsitool.geometry.level_rect`);
+   :meth:`wsitool.Slide.read_region` (:func:`wsitool.ground.geometry.level_rect`);
 2. the tiles the windows touch that the previous batch did not already copy
    into them are cut into *runs*: tiles next to each other in one tile row (at
    most :data:`RUN_TILES` of them on one thread, half that with more);
@@ -29,7 +29,7 @@ patches.  Here the patches of a batch are grouped by the tiles they touch:
    with the ``on_error`` asked (a tile corrupt only below the rows a window needs
    fails the run, which decodes more of it, but not the window);
 4. with ``read_size``, each window is then reduced to ``size`` by the exact area
-   filter (:mod:`wsitool.areafilter`).
+   filter (:mod:`wsitool.ground.areafilter`).
 
 The runs are shared by the threads (each thread takes the next run when it has
 finished its last one, the longest first); the first thread free plans the next
@@ -62,14 +62,14 @@ from typing import Any
 
 import numpy as np
 
-from ..areafilter import AreaFilter
-from ..arguments import as_int
 from ..codec import jpegloop
 from ..codec.pool import get_pool
 from ..errors import InvalidRegionError, ResourceLimitError, TileDecodeError
-from ..geometry import level_rect
+from ..ground.areafilter import AreaFilter
+from ..ground.geometry import level_rect
+from ..ground.integers import as_int
+from ..ground.limits import get_limits
 from ..model import PyramidLevel
-from ..settings import get_limits
 from .cache import CacheScope
 from .fill import _PREFETCH_MIN_TILES, _ends_one_column_into_a_tile, _prefetch, advise_tiles, fill_region
 from .request import ReadRequest, check_out, check_threads, output_shape, validate_request
@@ -258,7 +258,7 @@ class _Task:
 
 def _windows(lv: PyramidLevel, locs: np.ndarray) -> np.ndarray:
     """``(n, 2)`` int64: each window's top-left corner in pixels of ``lv``
-    (``floor(x / downsample + 0.5)``, as :func:`wsitool.geometry.level_rect`)."""
+    (``floor(x / downsample + 0.5)``, as :func:`wsitool.ground.geometry.level_rect`)."""
     if lv.downsample == 1.0:
         return locs
     return np.floor(locs / lv.downsample + 0.5).astype(np.int64)

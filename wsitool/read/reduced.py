@@ -1,10 +1,10 @@
 """Reduced-resolution region reads: a level at 1/2, 1/4 or 1/8 scale, which the pyramid does not store (floor 4).
 
-The pixel grid (:class:`wsitool.geometry.ScaledGrid`): reading level ``L``
+The pixel grid (:class:`wsitool.ground.geometry.ScaledGrid`): reading level ``L``
 with ``downsample=k`` reads the *virtual level* ``L/k`` of
 ``ceil(W / k) x ceil(H / k)`` pixels and downsample ``d_L * k``.  The level-0
 ``location`` maps to virtual pixel ``floor(x / (d_L k) + 0.5)`` (the rule of
-:func:`wsitool.geometry.level_rect`); ``size`` is in virtual pixels.  Virtual
+:func:`wsitool.ground.geometry.level_rect`); ``size`` is in virtual pixels.  Virtual
 pixel ``u`` summarises level pixels ``[k u, k u + k)`` (per axis, clipped to
 the level); one wholly outside the level is 0 (alpha 0), as in any read.
 
@@ -38,13 +38,13 @@ import numpy as np
 
 from ..codec import openjpeg
 from ..codec.failures import tile_failed
+from ..codec.paths import get_decode_paths
 from ..codec.pool import DecoderPool, ThreadState
 from ..codec.tilebytes import read_tile_stream
-from ..color import ycbcr_to_rgb
 from ..errors import TileDecodeError
-from ..geometry import ScaledGrid, TileGrid, TileJob, plan_tiles, scaled_grid
+from ..ground.color import ycbcr_to_rgb
+from ..ground.geometry import ScaledGrid, TileGrid, TileJob, plan_tiles, scaled_grid
 from ..model import PyramidLevel
-from ..settings import get_decode_paths
 from .fill import fill_outside, fill_region
 from .request import ReadRequest
 from .threads import run_jobs, thread_count

@@ -2,7 +2,7 @@
 
 The path of one region read: validate everything before any I/O
 (:mod:`.request`); map the level-0 location to the level and plan the tiles
-(:mod:`wsitool.geometry`); fill the caller's buffer on the CPU (:mod:`.fill`,
+(:mod:`wsitool.ground.geometry`); fill the caller's buffer on the CPU (:mod:`.fill`,
 with the compiled JPEG loop or the Python path of :mod:`.worker`) or on a GPU
 (:mod:`.cuda`).  It takes the pyramid's levels, whose byte source it reads
 through, never a ``Slide``.

@@ -3,7 +3,7 @@
 Everything is checked before a byte is read: level index, integer location and
 positive integer size, mode, the caller's ``out`` buffer (type, shape, dtype,
 contiguity, writability) and the pixel / byte / tile limits of
-:mod:`wsitool.settings` (raising :class:`~wsitool.errors.ResourceLimitError`
+:mod:`wsitool.ground.limits` (raising :class:`~wsitool.errors.ResourceLimitError`
 before any allocation).
 """
 
@@ -15,11 +15,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..arguments import as_int, int_pair
 from ..errors import InvalidRegionError, ResourceLimitError, UnsupportedFormatError, WsiError
-from ..geometry import TileGrid, level_rect, scaled_grid
+from ..ground.geometry import TileGrid, level_rect, scaled_grid
+from ..ground.integers import as_int, int_pair
+from ..ground.limits import get_limits
 from ..model import PyramidLevel
-from ..settings import get_limits
 from .channels import select_channels
 
 __all__ = ["MODES", "DOWNSAMPLES", "ReadRequest", "region_request", "output_shape", "level_index",
@@ -42,7 +42,7 @@ class ReadRequest:
         level: the :class:`~wsitool.model.PyramidLevel` read (for ``channels=``, the selection).
         x, y: top-left pixel of the region in pixels of ``level`` as read: the
             level's own pixels, or with ``downsample = k > 1`` those of the
-            level at ``1/k`` scale (:func:`wsitool.geometry.scaled_grid`); may be
+            level at ``1/k`` scale (:func:`wsitool.ground.geometry.scaled_grid`); may be
             negative or beyond the level.
         width, height: the region's size in those pixels (> 0).
         mode: ``"rgba"``, ``"rgb"`` or ``"raw"``.
@@ -85,7 +85,7 @@ def region_request(levels: Sequence[PyramidLevel], path: str, location: Any, lev
                    downsample: Any = 1, channels: Any = None) -> ReadRequest:
     """Check a region read of the pyramid ``levels`` (see :func:`wsitool.read.region.read_pyramid_region`
     for the arguments) and return it as a :class:`ReadRequest`, the level-0 ``location``
-    mapped to pixels of the level as read (:func:`wsitool.geometry.level_rect`).
+    mapped to pixels of the level as read (:func:`wsitool.ground.geometry.level_rect`).
 
     Raises:
         InvalidRegionError: a bad ``on_error``, ``downsample``, level, location, size,
@@ -167,7 +167,7 @@ def validate_request(levels: Sequence[PyramidLevel], path: str, location: Any, l
     Raises:
         InvalidRegionError: bad level, location, size, mode or channels.
         UnsupportedFormatError: ``rgb`` / ``rgba`` requested for samples without
-            an RGB conversion (see :func:`wsitool.color.to_rgb8`), or the level's
+            an RGB conversion (see :func:`wsitool.ground.color.to_rgb8`), or the level's
             compression has no decoder (``PyramidLevel.compression_problem``).
         ResourceLimitError: the output would exceed the configured limits.
         WsiError: the slide is closed.

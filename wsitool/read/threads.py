@@ -4,7 +4,7 @@ A region's tile jobs sit in one shared iterator; each of the ``k`` threads (the
 caller plus ``k - 1`` pool workers) takes the next job when it has finished its
 last one, so threads that drew cheap partial tiles do not wait idle for one that
 drew whole ones.  The pool is made on first use in each process (a forked child
-makes its own, :mod:`wsitool.forksafe`).
+makes its own, :mod:`wsitool.ground.forksafe`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from ..errors import TileDecodeError
-from ..forksafe import PerProcess
+from ..ground.forksafe import PerProcess
 
 __all__ = ["thread_count", "batch_size", "run_threads", "run_jobs", "SharedJobs", "Once"]
 
@@ -47,7 +47,7 @@ def batch_size(most: int, k: int, njobs: int, per_thread: int = 2) -> int:
 def run_threads(k: int, work: Callable[[], Any], stop: Callable[[], Any]) -> None:
     """Run ``work()`` on the calling thread and ``k - 1`` pool threads; wait for
     all, call ``stop()`` after the first error and re-raise that error.  Each pool
-    thread runs in a copy of the caller's context (its limits, :mod:`wsitool.settings`)."""
+    thread runs in a copy of the caller's context (its limits, :mod:`wsitool.ground.limits`)."""
     if k == 1:
         work()
         return

@@ -16,7 +16,7 @@ Output modes:
   exactly as stored.
 
 The decoded-tile cache (:mod:`wsitool.read.cache`) sits between
-:func:`wsitool.geometry.plan_tiles` and this path: on a miss :func:`decode_tile`
+:func:`wsitool.ground.geometry.plan_tiles` and this path: on a miss :func:`decode_tile`
 decodes one whole tile with a :class:`TileWorker` (the jobs are the cache's keys:
 level, col, row).
 """
@@ -34,13 +34,13 @@ from ..codec.generic import decode_array
 from ..codec.jpegloop import libjpeg_decoder
 from ..codec.library import decode_params, nv
 from ..codec.nvdecode import check_decoded, count_decoded, decode_checked, decode_into, plan_decode
+from ..codec.paths import get_decode_paths
 from ..codec.pool import DecoderPool, ThreadState
 from ..codec.tilebytes import read_tile_stream
-from ..color import to_rgb8, ycbcr_to_rgb
 from ..errors import TileDecodeError
-from ..geometry import TileJob
+from ..ground.color import to_rgb8, ycbcr_to_rgb
+from ..ground.geometry import TileJob
 from ..model import PyramidLevel
-from ..settings import get_decode_paths
 
 __all__ = ["BATCH_TILES", "TileWorker", "decode_tile", "widen_rgba"]
 

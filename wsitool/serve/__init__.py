@@ -11,10 +11,10 @@ concept each:
 * :mod:`.guard`: what the server accepts from the network (the ``Host`` it answers to,
   CORS, idle and slow connections, a cap on connections);
 * :mod:`.iiif`: IIIF Image API 3.0 request syntax, its geometry and ``info.json``;
-* :mod:`wsitool.areafilter` (floor 0, shared with the batch reader): the area filter, strip by strip;
+* :mod:`wsitool.ground.areafilter` (floor 0, shared with the batch reader): the area filter, strip by strip;
 * :mod:`.render`: reading a region of a slide at a scale in bounded memory,
   rotation, quality and encoding;
-* :mod:`.dz`: Deep Zoom routes on :mod:`wsitool.deepzoom`'s geometry;
+* :mod:`.dz`: Deep Zoom routes on :mod:`wsitool.deepzoom.geometry`'s geometry;
 * :mod:`.viewer`: the slide list and the OpenSeadragon page;
 * :mod:`.status`: counters behind ``/status``;
 * :mod:`.app`: the Starlette application; :mod:`.runner`: uvicorn, signals.

@@ -60,10 +60,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
-from ..deepzoom import DeepZoomGeometry
+from ..deepzoom.geometry import DeepZoomGeometry
 from ..errors import ResourceLimitError, printable
-from ..oserrors import RESOURCE_ERRNOS
-from ..settings import get_limits
+from ..ground.limits import get_limits
+from ..ground.oserrors import RESOURCE_ERRNOS
 from .bounds import RenderBudget, area_within, dz_bytes, iiif_admits, webp_area_within
 from .config import ServeConfig
 from .dispatch import run_render

@@ -133,11 +133,11 @@ def webp_area_within(budget: int) -> int:
 def dz_bytes(slide, tile) -> int:
     """The memory bound of one Deep Zoom tile (bytes): its read and the copies made of it.
 
-    ``tile`` is a :class:`~wsitool.deepzoom.DeepZoomTile`.  The tile's region is read
+    ``tile`` is a :class:`~wsitool.deepzoom.geometry.DeepZoomTile`.  The tile's region is read
     whole (RGBA, 4 bytes a pixel), as openslide-python's generator reads it: at a
     whole-pixel offset kept as RGB (3) and shrunk by Pillow (its 4-byte image and a
     reduced copy): 16 bytes a pixel read; at a fractional offset
-    (:func:`wsitool.subpixel.read_blended`) blended in float32 first: 96 bytes a pixel
+    (:func:`wsitool.deepzoom.tiles.read_blended`) blended in float32 first: 96 bytes a pixel
     read.  Plus the tile itself and its encoding (``tile.size`` x 3, twice).
     """
     location, level, (rw, rh) = tile.read_args

@@ -1,7 +1,7 @@
 """Deep Zoom routes: ``/dz/{id}.dzi`` and ``/dz/{id}_files/{level}/{col}_{row}.{jpeg|png}``.
 
 The levels, tile grid, overlap and the region behind each tile are
-:class:`wsitool.deepzoom.DeepZoomGeometry`'s (the same as openslide-python's
+:class:`wsitool.deepzoom.geometry.DeepZoomGeometry`'s (the same as openslide-python's
 ``DeepZoomGenerator`` and ``export-pyramid --format dzi``).  Each tile is read
 from the slide level that geometry names and shrunk to the size the generator
 gives it (:func:`wsitool.serve.render.thumbnail_size`, the rule of Pillow's
@@ -9,7 +9,7 @@ gives it (:func:`wsitool.serve.render.thumbnail_size`, the rule of Pillow's
 
 The filter: ``"lanczos"`` (default) shrinks as ``DeepZoomGenerator`` does
 (Pillow's ``thumbnail`` with Lanczos), so tiles equal the generator's up to
-JPEG re-encoding.  ``"area"`` uses wsitool's area filter (:mod:`wsitool.areafilter`), as
+JPEG re-encoding.  ``"area"`` uses wsitool's area filter (:mod:`wsitool.ground.areafilter`), as
 the IIIF routes do; it is smoother than Lanczos, and on three real slides its
 tiles differed from the generator's by a mean absolute difference of up to 3.5
 on textured tissue at 2x and up to 20 on the 1 x 1 to 3 x 3 levels (Pillow's
@@ -23,9 +23,9 @@ import re
 
 import numpy as np
 
-from ..areafilter import reduce_area
-from ..deepzoom import DeepZoomGeometry
-from ..subpixel import deepzoom_tile, read_blended
+from ..deepzoom.geometry import DeepZoomGeometry
+from ..deepzoom.tiles import deepzoom_tile, read_blended
+from ..ground.areafilter import reduce_area
 from .iiif import IIIFError, check_numbers
 from .render import thumbnail_size
 

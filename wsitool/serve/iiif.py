@@ -34,7 +34,7 @@ import math
 import re
 from collections.abc import Callable
 
-from ..settings import get_limits
+from ..ground.limits import get_limits
 
 __all__ = ["IIIFError", "ServiceLimits", "ImageRequest", "service_limits", "parse_region",
            "parse_size", "parse_rotation", "parse_quality_format", "parse_image_request",

@@ -67,7 +67,7 @@ from ..errors import (
     WsiError,
     printable,
 )
-from ..oserrors import RESOURCE_ERRNOS
+from ..ground.oserrors import RESOURCE_ERRNOS
 from ..storage import is_url, redact
 from ..storage.local import open_regular
 from ..storage.urls import check_url

@@ -7,7 +7,7 @@ requested scale ``min(w / out_w, h / out_h)`` (with a relative slack,
 thumbnail never reads level 0 of a pyramid.  The region's window on that level
 is read through :meth:`wsitool.Slide.read_region` in strips (:data:`STRIP_BYTES`
 of source pixels; whole tile rows where they fit, so each source tile is decoded
-once per request) and reduced by the area filter (:mod:`wsitool.areafilter`)
+once per request) and reduced by the area filter (:mod:`wsitool.ground.areafilter`)
 strip by strip, fed in chunks whose float temporaries stay within
 :data:`FEED_BYTES` whatever the output width (an upscaled output is wider than
 its source).
@@ -43,9 +43,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ..areafilter import AreaReducer
-from ..deepzoom import best_level_for_downsample
-from ..geometry import level0_coordinate
+from ..ground.areafilter import AreaReducer
+from ..ground.geometry import best_level_for_downsample, level0_coordinate
 
 __all__ = ["ReadPlan", "plan_read", "read_scaled", "read_rows", "finish", "Finisher", "encode",
            "RenderCancelled", "check_cancel", "render_bytes", "work_bytes", "STRIP_BYTES", "FEED_BYTES", "REUSE_BYTES",
@@ -56,7 +55,7 @@ __all__ = ["ReadPlan", "plan_read", "read_scaled", "read_rows", "finish", "Finis
 STRIP_BYTES = 4 << 20
 
 #: Most bytes of float temporaries one chunk fed to the area filter's weighted taps makes
-#: (:meth:`wsitool.areafilter.AreaReducer.feed_rows`).
+#: (:meth:`wsitool.ground.areafilter.AreaReducer.feed_rows`).
 FEED_BYTES = 4 << 20
 
 #: Output pixels the quality conversion of :class:`Finisher` handles at once (its
@@ -116,7 +115,7 @@ class ReadPlan:
 
 def choose_level(downsamples, scale: float, tolerance: float) -> int:
     """Largest level whose downsample is at most ``scale * (1 + tolerance)`` (level 0 at least):
-    OpenSlide's rule (:func:`wsitool.deepzoom.best_level_for_downsample`) with a tolerance, so
+    OpenSlide's rule (:func:`wsitool.ground.geometry.best_level_for_downsample`) with a tolerance, so
     a level stored at 4.002 answers scale 4."""
     return best_level_for_downsample(downsamples, scale * (1 + tolerance))
 
@@ -247,7 +246,7 @@ def _read(slide, plan: ReadPlan, row: int, stop: int, threads: int | None, cance
 def _reduce(slide, plan: ReadPlan, reducer: AreaReducer, threads: int | None,
             cancel: threading.Event | None) -> None:
     """Feed ``plan``'s window to ``reducer`` strip by strip, each strip in chunks of
-    :meth:`~wsitool.areafilter.AreaReducer.feed_rows` rows (:data:`FEED_BYTES`)."""
+    :meth:`~wsitool.ground.areafilter.AreaReducer.feed_rows` rows (:data:`FEED_BYTES`)."""
     _wx, wy, ww, wh = plan.window
     th = slide.levels[plan.level].tile_height
     feed = reducer.feed_rows(FEED_BYTES)

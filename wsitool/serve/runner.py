@@ -469,7 +469,7 @@ def _checked_count(sources: Iterable[str | os.PathLike], config: ServeConfig) ->
 
 def _stop_line(sig: int, forced: bool) -> str:
     """What the server says on the first signal (``forced`` False) and on the second."""
-    from ..signals import signal_name
+    from ..ground.signals import signal_name
 
     if forced:
         return f"stopping now ({signal_name(sig)}): the requests in flight are cancelled"

@@ -192,6 +192,7 @@ class DicomWebClient:
 
     Attributes:
         requests, bytes: requests made and body bytes received so far.
+        json_limit: the most bytes read of a JSON or bulk data answer (``metadata_limit_mb``).
         frame_requests: how many of those requests were frame requests.
 
     Raises:
@@ -263,7 +264,7 @@ class DicomWebClient:
                 not_acceptable: bool = False, limit: int | None = None) -> tuple[bytes, dict]:
         """One request with retries; returns ``(body, response headers)`` of a 2xx answer.
 
-        ``limit``: the most bytes of the answer's body read (default :attr:`json_limit`); a
+        ``limit``: the most bytes of the answer's body read (default ``json_limit``); a
         server declaring or sending more is refused at once
         (:func:`~wsitool.storage.body.read_body`), never read to its end.
 

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..device import cuda_device_id
 from ..errors import InvalidOptionError, InvalidRegionError
+from ..ground.device import cuda_device_id
 from ..read.request import output_shape
 from ..slide import open_slide, pyramid_levels
 from ..storage import redact

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic
+from ..ground import outputs as atomic
 from .report import report_sources
 from .results import StressReport
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from ..geometry import level0_coordinate
+from ..ground.geometry import level0_coordinate
 
 #: Placement kinds of a random region and their cumulative probabilities.
 _KINDS = ((0.55, "inside"), (0.75, "edge"), (0.90, "top-left"), (1.0, "anywhere"))

@@ -4,7 +4,7 @@ The report (:meth:`~wsitool.stress.results.StressReport.to_dict`, built by
 :func:`build_report`) follows the JSON Schema shipped as
 ``wsitool/stress/report.schema.json`` (:func:`report_schema`, draft 2020-12,
 ``schema_version`` 2).  Reports and plots are written through
-:func:`wsitool.atomic.write_bytes`.
+:func:`wsitool.ground.outputs.write_bytes`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from .. import atomic
+from ..ground import outputs as atomic
 from ..storage import is_url
 from ..version import __version__
 from .faults import injected_fault
@@ -44,7 +44,7 @@ def validate_report(data: Mapping) -> None:
 
 
 def report_sources(report: StressReport | None) -> tuple:
-    """The stressed slide's path, as ``sources`` for :mod:`wsitool.atomic` (an output
+    """The stressed slide's path, as ``sources`` for :mod:`wsitool.ground.outputs` (an output
     never replaces it); empty when the report does not name one."""
     try:
         path = report.data["slide"]["path"] if report is not None else None
@@ -54,7 +54,7 @@ def report_sources(report: StressReport | None) -> tuple:
 
 
 def write_report(report: StressReport, path: str | os.PathLike) -> None:
-    """Write the JSON report to ``path`` atomically (:func:`wsitool.atomic.write_bytes`:
+    """Write the JSON report to ``path`` atomically (:func:`wsitool.ground.outputs.write_bytes`:
     a temporary file, then a rename; an existing report is replaced, the slide never is)."""
     text = json.dumps(report.to_dict(), indent=2) + "\n"
     atomic.write_bytes(path, text.encode("utf-8"), overwrite=True, sources=report_sources(report))

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import cast
 
 from ..errors import WsiError
-from ..literals import Mode
-from ..signals import signal_name
+from ..ground.signals import signal_name
 from ..storage import redact
+from ..types import Mode
 from .config import (
     DEFAULT_MAX_GROWTH_MB,
     DEFAULT_SAMPLE_INTERVAL,

@@ -16,7 +16,7 @@ general codes 1-9 of :mod:`wsitool.cli`): 0 ok, 10 leak, 11 mismatch,
 
 from __future__ import annotations
 
-from ..signals import signal_name
+from ..ground.signals import signal_name
 from .memory import MIB
 
 #: Exit code of each verdict (``wsitool stress``).

@@ -15,8 +15,8 @@ import threading
 
 import numpy as np
 
-from ..literals import Mode
 from ..slide import open_slide
+from ..types import Mode
 from .regions import checksum
 from .report import MAX_LISTED
 

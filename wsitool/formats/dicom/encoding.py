@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...bitstream import ADOBE_RGB_MARKER, SOF_MARKERS, SOI, jpeg_segments
 from ...errors import UnsupportedFormatError
+from ...ground.bitstream import ADOBE_RGB_MARKER, SOF_MARKERS, SOI, jpeg_segments
 from ...model import TileEncoding
 from .instance import Instance
 
@@ -87,7 +87,7 @@ def is_encapsulated(transfer_syntax: str, path: str) -> bool:
 def jpeg_markers(frame: bytes) -> tuple[bool, int | None]:
     """``(jfif, adobe_transform)`` of a JPEG stream's header: whether a JFIF APP0 segment
     comes before the first SOF/SOS, and the transform flag of an Adobe APP14 (None if absent);
-    the walk is :func:`wsitool.bitstream.jpeg_segments`."""
+    the walk is :func:`wsitool.ground.bitstream.jpeg_segments`."""
     jfif, adobe = False, None
     for marker, start, end in jpeg_segments(frame):
         if marker == 0xDA or marker in SOF_MARKERS:

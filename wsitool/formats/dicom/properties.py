@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from pydicom.dataset import Dataset
 
-from ...color import icc_bytes
+from ...ground.color import icc_bytes
 from ...model import PyramidLevel, level_properties
 from .instance import first_item as _first
 
@@ -158,7 +158,7 @@ def build_properties(levels: tuple[PyramidLevel, ...], ds: Dataset, extra: dict[
 def icc_profile_of(ds: Dataset) -> bytes | None:
     """The ICC profile of the first optical path (ICC Profile (0028,2000) in the Optical
     Path Sequence (0048,0105), PS3.3 C.8.12.5), raw bytes, or None (also when it cannot be
-    a profile: :func:`wsitool.color.icc_bytes`)."""
+    a profile: :func:`wsitool.ground.color.icc_bytes`)."""
     path = _first(ds, "OpticalPathSequence")
     value = path.get("ICCProfile") if path is not None else None
     return icc_bytes(bytes(value)) if value else None

@@ -27,8 +27,8 @@ import tifffile
 from tifffile import FILETYPE
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...ground.oserrors import raise_if_os_resource
 from ...model import AssociatedImage, Pyramid, PyramidLevel, multichannel_level
-from ...oserrors import raise_if_os_resource
 from ...storage import ByteSource, SourceFile
 from . import aperio, ndpi, ndpi_scaled, ome, qptiff
 from .bounded import BoundedFile

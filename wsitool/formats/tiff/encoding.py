@@ -29,9 +29,9 @@ import numpy as np
 import tifffile
 from tifffile import COMPRESSION, PHOTOMETRIC, PLANARCONFIG
 
-from ...bitstream import ADOBE_RGB_MARKER, SOI
-from ...color import icc_bytes
 from ...errors import CorruptFileError, UnsupportedFormatError
+from ...ground.bitstream import ADOBE_RGB_MARKER, SOI
+from ...ground.color import icc_bytes
 from ...model import AssociatedImage, PyramidLevel, TileEncoding
 from ...storage import ByteSource
 from .tables import EAGER, DeferredTables
@@ -179,7 +179,7 @@ ICC_PROFILE_TAG = 34675  # ICCProfile / InterColorProfile (Adobe TIFF Technical 
 def icc_profile(page: tifffile.TiffPage) -> bytes | None:
     """The ICC profile embedded in ``page`` (tag 34675, UNDEFINED bytes), or None.
 
-    A tag that cannot hold a profile (:func:`wsitool.color.icc_bytes`) is
+    A tag that cannot hold a profile (:func:`wsitool.ground.color.icc_bytes`) is
     ignored (None), as a malformed profile cannot be used for conversion.
     """
     tag = page.tags.get(ICC_PROFILE_TAG)
@@ -193,7 +193,7 @@ _CMYK_INKSET = 1  # TIFF 6.0 section 16, InkSet: 1 = CMYK, 2 = not CMYK
 def rgb_problem(page: tifffile.TiffPage) -> str | None:
     """Why the samples of ``page`` cannot be shown as RGB, or None if they can.
 
-    wsitool converts to 8-bit RGB (see :func:`wsitool.color.to_rgb8`):
+    wsitool converts to 8-bit RGB (see :func:`wsitool.ground.color.to_rgb8`):
     MinIsWhite / MinIsBlack (1 colour sample), RGB (3), Palette, CMYK
     (Separated with InkSet 1 and 4 colour samples, TIFF 6.0 section 16), and
     YCbCr when the codec itself returns RGB (JPEG, JPEG 2000).  Other

@@ -70,7 +70,7 @@ import tifffile
 from tifffile import DATATYPE
 
 from ...errors import CorruptFileError
-from ...oserrors import raise_if_os_resource
+from ...ground.oserrors import raise_if_os_resource
 from ...storage import ByteSource
 from ..deferred import DeferredProperties
 from ..quickhash import KEY, feed_string

@@ -12,10 +12,11 @@ The functions take any object with the attributes of a tile grid
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-__all__ = ["TileGrid", "TileJob", "level_rect", "level0_coordinate", "plan_tiles", "inside_rect",
-           "ScaledGrid", "scaled_grid"]
+__all__ = ["best_level_for_downsample", "TileGrid", "TileJob", "level_rect", "level0_coordinate", "plan_tiles",
+           "inside_rect", "ScaledGrid", "scaled_grid"]
 
 
 class TileGrid(Protocol):
@@ -139,3 +140,22 @@ def scaled_grid(grid: TileGrid, factor: int) -> ScaledGrid:
     return ScaledGrid(-(-grid.width // factor), -(-grid.height // factor),
                       max(1, grid.tile_width // factor), max(1, grid.tile_height // factor),
                       grid.downsample * factor, factor)
+
+
+def best_level_for_downsample(level_downsamples: Sequence[float], downsample: float) -> int:
+    """Index of the largest level whose downsample is <= ``downsample``.
+
+    OpenSlide's rule (``openslide_get_best_level_for_downsample``, openslide.c):
+    below level 0's downsample gives 0; past the last level's gives the last.
+
+    Args:
+        level_downsamples: downsample of each level, level 0 first, increasing.
+        downsample: the wanted downsample (level-0 pixels per output pixel).
+    """
+    ds = level_downsamples
+    if not ds or downsample < ds[0]:
+        return 0
+    for i in range(1, len(ds)):
+        if downsample < ds[i]:
+            return i - 1
+    return len(ds) - 1

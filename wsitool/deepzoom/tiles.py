@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .geometry import level0_coordinate
+from ..ground.geometry import level0_coordinate
 
 __all__ = ["read_blended"]
 
@@ -71,7 +71,7 @@ def deepzoom_tile(slide, tile, background=(255, 255, 255), threads: int | None =
 
     Args:
         slide: an open :class:`~wsitool.slide.Slide`.
-        tile: a :class:`~wsitool.deepzoom.DeepZoomTile` (``DeepZoomGeometry.tile``).
+        tile: a :class:`~wsitool.deepzoom.geometry.DeepZoomTile` (``DeepZoomGeometry.tile``).
         background: ``(r, g, b)`` 0..255 under transparent pixels.
         threads: decode threads of the read.
 

@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from io import BytesIO
 from xml.etree.ElementTree import Element, ElementTree, SubElement
 
-from .errors import InvalidOptionError, InvalidRegionError
+from ..errors import InvalidOptionError, InvalidRegionError
+from ..ground.geometry import best_level_for_downsample
 
 __all__ = [
     "tile_span",
@@ -54,25 +55,6 @@ DZI_NAMESPACE = "http://schemas.microsoft.com/deepzoom/2008"
 
 _BOUNDS_KEYS = ("openslide.bounds-x", "openslide.bounds-y",
                 "openslide.bounds-width", "openslide.bounds-height")
-
-
-def best_level_for_downsample(level_downsamples: Sequence[float], downsample: float) -> int:
-    """Index of the largest level whose downsample is <= ``downsample``.
-
-    OpenSlide's rule (``openslide_get_best_level_for_downsample``, openslide.c):
-    below level 0's downsample gives 0; past the last level's gives the last.
-
-    Args:
-        level_downsamples: downsample of each level, level 0 first, increasing.
-        downsample: the wanted downsample (level-0 pixels per output pixel).
-    """
-    ds = level_downsamples
-    if not ds or downsample < ds[0]:
-        return 0
-    for i in range(1, len(ds)):
-        if downsample < ds[i]:
-            return i - 1
-    return len(ds) - 1
 
 
 def bounds_from_properties(properties: Mapping[str, str]) -> tuple[int | None, int | None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from .errors import DeviceUnavailableError
+from ..errors import DeviceUnavailableError
 
 __all__ = ["NO_CUDA", "cuda_available", "cuda_device_id", "cuda_probe", "parse_device"]
 

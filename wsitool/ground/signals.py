@@ -16,7 +16,7 @@ a library must not take over its host's signals).  A second signal while the
 first one is still unwinding is ignored, so the cleanup is not cut short.
 
 Standard library only at import (the console script's entry point installs the handler
-before anything heavy is imported); :mod:`wsitool.atomic` on the first clean-up.
+before anything heavy is imported); :mod:`wsitool.ground.outputs` on the first clean-up.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def exit_code(exc: BaseException) -> int:
 
 def cleanup_partials() -> int:
     """Last resort after an interruption: remove the temporary outputs this
-    process still has open (:func:`wsitool.atomic.remove_live_partials`); returns
+    process still has open (:func:`wsitool.ground.outputs.remove_live_partials`); returns
     how many were removed.  Never raises (nor does that function)."""
-    from . import atomic  # (ctypes, socket: not before the handler is in place)
+    from . import outputs as atomic  # (ctypes, socket: not before the handler is in place)
 
     return atomic.remove_live_partials()

@@ -10,7 +10,7 @@ from typing import SupportsInt, cast
 
 import numpy as np
 
-from .errors import InvalidRegionError
+from ..errors import InvalidRegionError
 
 __all__ = ["as_int", "int_pair"]
 

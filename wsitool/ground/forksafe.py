@@ -8,7 +8,7 @@ that are gone.  A :class:`PerProcess` value is made on first use in each
 process; in a forked child it is made again.  The parent's object is kept
 referenced in the child (neither used nor destroyed there: destroying it could
 wait on threads that do not exist).  This module holds the package's fork hook
-for such values; :mod:`wsitool.atomic` has one more, which forgets the parent's
+for such values; :mod:`wsitool.ground.outputs` has one more, which forgets the parent's
 live partial outputs in the child.
 """
 

@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import OutputExistsError, OutputIsSourceError
+from ..errors import OutputExistsError, OutputIsSourceError
 
 __all__ = [
     "Partial",
