@@ -38,6 +38,7 @@ extensions = [
     # module: a third of the site's pages and of its 2 min build)
     "sphinx.ext.linkcode",
     "wsitool_docs",
+    "wsitool_layers",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # at run time on first use (__getattr__ below)
 #: so that ``import wsitool.ground.signals`` and the command line's entry point stay light: name -> module.
 _ON_FIRST_USE = {"ExportResult": "export", "export_pyramid": "export", "Channel": "model",
                  "TileCache": "read.cache", "Level": "slide", "Slide": "slide", "open_slide": "slide",
-                 "Limits": "settings", "get_limits": "settings", "limits": "settings", "set_limits": "settings"}
+                 "Limits": "ground.limits", "get_limits": "ground.limits", "limits": "ground.limits",
+                 "set_limits": "ground.limits"}
 
 __all__ = [
     "__version__",
