@@ -1,17 +1,17 @@
 """The facade: ``open_slide`` / :class:`Slide` (floor 5).
 
-``open_slide`` opens the file as a byte source (:mod:`wsitool.storage`), lets
-the first container format that recognises it describe the pyramid
-(:mod:`wsitool.formats`), and hands region reads down to the region layer
-(:mod:`wsitool.read`) and associated images to the codec layer.  Level
-detection, vendor rules and metadata are the format's (for TIFF see
-:mod:`wsitool.formats.tiff`); the downsample of a level is ``(W0 / w + H0 / h) / 2``,
-as OpenSlide computes it.
+``open_slide`` parses where the slide is once (:func:`wsitool.opening.parse_location`: a
+typed location carrying its storage options), lets the opener open it
+(:func:`wsitool.opening.open_location`: the byte source, the pyramid the first
+registered format describes, the slide's identity), and :class:`Slide` takes what the
+opener returns, as it hands region reads down to the region layer
+(:mod:`wsitool.read`) and associated images to the codec layer.  Level detection,
+vendor rules and metadata are the format's (for TIFF see :mod:`wsitool.formats.tiff`);
+the downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it.
 
-Slides opened by path once per process (Dask tasks, batch workers) come from
-:func:`~wsitool.slide.cached_slide`; the Dask plumbing itself (graphs, the chunk task, the
-per-process slide cache) is :mod:`wsitool.read.lazy`'s, bound here to
-:func:`open_slide`.
+Tasks that reopen a slide elsewhere (Dask, batch workers) carry its :attr:`Slide.location`
+and :attr:`Slide.identity` and open it once per process
+(:func:`wsitool.opening.held.cached_slide`, with :func:`open_slide` as the opener).
 
 :attr:`Slide.levels` gives read-only :class:`Level` views; the pyramid's own
 level objects (byte source, tile index, encoding) stay inside wsitool
@@ -26,35 +26,29 @@ import os
 import threading
 import types
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 
 from . import model
-from .codec import library as nvlib
 from .codec.associated import decode_associated
-from .errors import InvalidOptionError, InvalidRegionError, SlideWarning, WsiError
-from .formats import open_dicomweb, open_folder, open_prefix, open_pyramid
+from .errors import InvalidOptionError, InvalidRegionError, SlideWarning
 from .ground.geometry import best_level_for_downsample
 from .model import AssociatedImage
-from .read import lazy
+from .opening import Location, ObjectUrl, OpenedSlide, open_location, parse_location, read_chunk
 from .read.cache import CacheScope, TileCache
 from .read.icc import COLOR_MODES, IccTransform
-from .read.lazy import chunk_read_count, level_array
+from .read.lazy import level_array
 from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.region import read_pyramid_region
-from .storage import ByteSource, is_url, open_source, redact
-from .storage.dicomweb import parse_series_url
-from .storage.prefix import is_prefix_url
-from .storage.urls import check_url
+from .storage import ByteSource
 from .types import Chunks, Color, CupyArray, Device, Mode, OnError
 
 if TYPE_CHECKING:
     import dask.array
 
-__all__ = ["Level", "Slide", "open_slide", "cached_slide", "chunk_read_count", "file_stamp",
-           "read_chunk_by_path", "pyramid_levels"]
+__all__ = ["Level", "Slide", "open_slide", "pyramid_levels"]
 
 #: ``(x, y)`` or ``(width, height)``: two integers.
 Pair = Sequence[int]
@@ -163,6 +157,13 @@ class Slide:
     Attributes:
         path: the path given; for a URL, the URL without credentials or query
             (:func:`wsitool.storage.redact`), as every message names it.
+        location: where the slide is (:class:`wsitool.opening.Location`: its kind, the path or
+            URL, the storage options it is read with); picklable, what a task that reopens the
+            slide elsewhere carries (internal type: :mod:`wsitool.opening`).
+        identity: one version of the slide, taken at open: ``(mtime_ns, size)`` of a local
+            file or folder, ``(url, size, etag)`` of an object by URL, ``(url, total size,
+            digest)`` of a bucket prefix or DICOMweb series
+            (:func:`wsitool.opening.opener.slide_identity`).
         vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``.
         levels: read-only :class:`Level` views, largest first.
         problems: what the parser reported while reading the structure (e.g.
@@ -178,41 +179,34 @@ class Slide:
         CorruptFileError: the container's structure is broken.
     """
 
-    def __init__(self, path: str | os.PathLike[str], cache: TileCache | int | None = None,
+    def __init__(self, path: str | os.PathLike[str] | Location | OpenedSlide, cache: TileCache | int | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
-        remote = is_url(path)
-        #: where the bytes come from, as given (a URL keeps its query: a presigned URL's signature)
-        self._location = str(path) if remote else os.fspath(path)
-        self._storage_options = dict(storage_options) if storage_options else None
-        self.path = redact(self._location) if remote else self._location
-        if remote:
-            check_url(self._location)  # a malformed URL: one InvalidOptionError, not urllib's ValueError
-        self.problems: list[str] = []
-        self._pyramid: model.Pyramid | None = None
         self._closed = False
         self._tile_cache: CacheScope | None = None
-        self._source: ByteSource | None
         if isinstance(cache, int) and not isinstance(cache, bool):
             cache = TileCache(cache)  # a private cache of that many bytes
         if cache is not None and not isinstance(cache, TileCache):
             raise TypeError(f"cache must be a wsitool.TileCache, a byte budget or None, "
                             f"got {type(cache).__name__}")
+        if isinstance(path, OpenedSlide):
+            if storage_options:
+                raise InvalidOptionError(f"{path.location.shown}: the slide is open already; its location "
+                                         "carries its storage options")
+            opened = path
+        else:
+            opened = open_location(parse_location(path, storage_options))
+        self.location = opened.location
+        self.identity = opened.identity
+        self.path = opened.location.shown
+        self.problems: list[str] = []
+        #: the file's byte source (None where the format opened its own: a folder, a prefix, a series)
+        self._source: ByteSource | None = opened.source
+        self._pyramid: model.Pyramid | None = opened.pyramid
+        #: requests and bytes the open took (a remote file)
+        self._open_stats = opened.open_stats
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()
-        # The decoders' library is loaded before the slide's own files are
-        # opened: it opens its plugins then, and under a tight descriptor limit
-        # (ulimit -n) a load after the slide's descriptors would leave it without
-        # its CPU codecs rather than fail (tests/test_os_resources.py).  Where it
-        # cannot be imported, JPEG and JPEG 2000 levels take the imagecodecs path.
-        with_nv = nvlib.available()
-        pyramid = self._open_structure(remote, storage_options)
-        if not with_nv:
-            for lv in pyramid.levels:
-                lv.encoding = nvlib.fallback_encoding(lv.encoding)
-        self._pyramid = pyramid
-        #: requests and bytes the open took (a remote slide), taken once the structure is parsed
-        opened: Any = self._source
-        self._open_stats = opened.stats() if getattr(opened, "remote", False) else None
+        pyramid = opened.pyramid
         if cache is not None:
             self._tile_cache = cache.scope()
         self.vendor = pyramid.vendor
@@ -227,32 +221,6 @@ class Slide:
             kind = "DICOM series" if self.vendor == "dicom" else "TIFF structure"
             warnings.warn(f"{self.path}: {kind}: {message} (opened anyway, with "
                           f"{self.level_count} level(s))", SlideWarning, stacklevel=3)
-
-    def _open_structure(self, remote: bool, storage_options: dict[str, Any] | None) -> model.Pyramid:
-        """Set :attr:`_source` (None where the format opens its own sources) and return the
-        format's pyramid of the slide at :attr:`_location`."""
-        series = parse_series_url(self._location) if remote else None
-        if series is not None:
-            # a DICOMweb series: the format fetches metadata and frames (frame sources of its own)
-            self._source = None
-            return open_dicomweb(series, storage_options)
-        if remote and is_prefix_url(self._location):
-            # a bucket prefix holding a DICOM series: the format opens a source per object
-            self._source = None
-            return open_prefix(self._location, storage_options)
-        if not remote and os.path.isdir(self.path):
-            if storage_options:
-                raise WsiError(f"{self.path}: storage options apply to URLs only")
-            # a folder slide (a DICOM series): the format opens the sources it needs
-            self._source = None
-            return open_folder(self.path)
-        # a local file (FileNotFoundError passes through) or a URL (wsitool.storage.remote)
-        self._source = source = open_source(self._location, storage_options)
-        try:
-            return open_pyramid(self.path, source)
-        except BaseException:
-            source.close()
-            raise
 
     # ------------------------------------------------------------------ metadata
 
@@ -277,9 +245,9 @@ class Slide:
         and ``open_bytes`` (what opening took: the head fetch, the IFD chain, the
         tile offsets), ``requests`` and ``bytes`` (so far, open included).
         """
-        src: Any = self._source
-        if src is None or not getattr(src, "remote", False):
+        if not isinstance(self.location, ObjectUrl):
             return None
+        src: Any = self._source  # a RemoteSource
         now = src.stats()
         opened = self._open_stats or now
         return {"url": self.path, "protocol": src.protocol, "size": src.size, "etag": src.etag,
@@ -548,11 +516,13 @@ class Slide:
         """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
 
         Each chunk is read with ``read_region(..., mode="rgb")`` when computed;
-        the graph holds this slide's path, not the open file, so it runs on
-        remote Dask workers (each opens the slide once, :func:`~wsitool.slide.cached_slide`).
-        A URL's graph holds its ``storage_options`` too, credentials included (as an
-        fsspec file system pickled into a graph would): give workers their credentials
-        through their environment instead where the graph must not carry them.
+        the graph holds this slide's :attr:`location` (a local path made absolute) and
+        :attr:`identity`, not the open file, so it runs on remote Dask workers (each opens
+        the slide once, :func:`wsitool.opening.held.cached_slide`, and refuses a slide
+        changed since it was opened here).  A URL's location holds its ``storage_options``,
+        credentials included (as an fsspec file system pickled into a graph would): give
+        workers their credentials through their environment instead where the graph must
+        not carry them.
         See :func:`wsitool.read.lazy.level_array` (chunking).  Needs the
         optional extra ``wsitool[dask]``.  ``threads``: decode threads per chunk
         read (default 1: Dask already runs chunks in parallel).
@@ -561,17 +531,9 @@ class Slide:
             DaskUnavailableError: dask is not installed.
             InvalidRegionError: ``level`` out of range or bad ``chunks``.
         """
-        if self.remote is not None:  # by URL, size and ETag
-            source: Any = self._source  # a RemoteSource
-            lazy.remember_options(self._location, self._storage_options)
-            read = read_chunk_by_path
-            if self._storage_options:  # (carried by every task, to workers in other processes)
-                read = functools.partial(read_chunk_by_path, storage_options=dict(self._storage_options))
-            return level_array(self._levels, self._location, level, read,
-                               stamp=source.identity(), chunks=chunks, threads=threads)
-        path = os.path.abspath(self.path)
-        return level_array(self._levels, path, level, read_chunk_by_path, stamp=file_stamp(path),
-                           chunks=chunks, threads=threads)
+        return level_array(self._levels, self.location.resolved(), level,
+                           functools.partial(read_chunk, opener=open_slide), stamp=self.identity, chunks=chunks,
+                           threads=threads)
 
     def get_thumbnail(self, size: Pair, *, background: tuple[int, int, int] | None = None) -> np.ndarray:
         """An RGB thumbnail that fits within ``size = (width, height)``, aspect ratio kept.
@@ -660,7 +622,7 @@ class Slide:
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
 
 
-def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None,
+def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None = None,
                storage_options: dict | None = None) -> Slide:
     """Open a whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF, DICOM WSI).
 
@@ -668,7 +630,8 @@ def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None,
     are found beside it) or a folder holding one series; or the URL of a
     TIFF-based slide: ``http://``, ``https://`` (presigned URLs too), ``s3://``,
     ``gs://``, ``az://`` (needs ``pip install 'wsitool[remote]'``; see
-    :mod:`wsitool.storage.remote` for how it is read).
+    :mod:`wsitool.storage.remote` for how it is read); or a location parsed before
+    (:func:`wsitool.opening.parse_location`, carrying its storage options).
 
     ``storage_options`` (URLs only): ``timeout`` (seconds per request, default
     20), ``operation_timeout`` (seconds per read, default 120), ``retries``
@@ -693,7 +656,8 @@ def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None,
         CorruptFileError: broken container structure (bad header or IFD, zero-size image).
         RemoteAccessError: access denied, expired credentials or presigned URL.
         RemoteUnavailableError: the server kept failing after the retries.
-        WsiError: a URL without the ``wsitool[remote]`` extra installed, or a bad storage option.
+        InvalidOptionError: storage options for a local path, or a bad one.
+        WsiError: a URL without the ``wsitool[remote]`` extra installed.
     """
     return Slide(path, cache=cache, storage_options=storage_options)
 
@@ -718,79 +682,3 @@ def pyramid_levels(slide: Slide) -> tuple[model.PyramidLevel, ...]:
     For wsitool's own layers (export, the server, batch reads); not part of the
     stable API: users read :attr:`Slide.levels`, the read-only views."""
     return slide._levels
-
-
-# ---------------------------------------------------------------------- slides by path (wsitool.read.lazy)
-
-
-def _open_for_tasks(location: str, storage_options: dict[str, Any] | None) -> tuple[Slide, tuple]:
-    """The opener :mod:`wsitool.read.lazy` caches slides with: the slide and its identity
-    (``(mtime_ns, size)`` of a file, ``(url, size, etag)`` of a URL)."""
-    slide = open_slide(location, storage_options=storage_options)
-    source: Any = slide._source
-    if source is not None and getattr(source, "remote", False):
-        return slide, source.identity()
-    if is_url(location):  # a slide of several remote objects (a bucket prefix): theirs together
-        return slide, _objects_identity(slide)
-    return slide, lazy.file_stamp(_open_for_tasks, location)
-
-
-def _objects_identity(slide: Slide) -> tuple:
-    """``(url, total size, digest of the objects' identities)`` of a slide read from several
-    remote objects (a DICOM series under a bucket prefix): one version of all of them."""
-    import hashlib
-
-    found: dict[int, tuple] = {}
-    levels = [p for lv in slide._levels for p in (lv.planes or (lv,))]
-    sources = [lv.source for lv in levels] + [im.source for im in slide._pyramid_open().associated.values()]
-    for src in sources:
-        for part in getattr(src, "parts", (src,)):
-            if hasattr(part, "identity"):
-                found[id(part)] = part.identity()
-    ids = sorted(found.values())
-    digest = hashlib.sha256(repr(ids).encode()).hexdigest()[:32]
-    return (slide.path, sum(int(i[1]) for i in ids), digest)
-
-
-def cached_slide(path: str | os.PathLike[str], stamp: Sequence[Any] | None = None,
-                 storage_options: dict[str, Any] | None = None) -> Slide:
-    """This process's shared open :class:`Slide` for ``path``.
-
-    Slides are cached per process (16 most recent), keyed by absolute path
-    and the file's ``(mtime_ns, size)``, so a task opens a slide once per
-    worker process and a rewritten file is opened afresh.  The returned slide
-    is shared: do not close it.
-
-    Args:
-        path: slide file.
-        stamp: the ``(mtime_ns, size)`` the caller expects, or None.
-
-    Raises:
-        WsiError: ``stamp`` is given and the file changed since it was taken.
-        FileNotFoundError, UnsupportedFormatError, CorruptFileError: as
-            :func:`open_slide`.
-
-    A URL is keyed by ``(url, size, ETag)`` instead (``stamp`` is that triple,
-    :meth:`wsitool.storage.remote.RemoteSource.identity`); it is opened with the
-    storage options it was last opened with in this process, else with none
-    (the credential chains of the environment); ``storage_options`` given here
-    (a task carries them to a Dask worker) win and are remembered.  A URL is held
-    once per set of options (a task with new credentials gets a slide opened with
-    them), and threads asking for one at once open it once.  A slide dropped from
-    the cache (by a newer version or past the 16) is not closed while a task holds
-    it: it closes when the last reference goes.  Options are ignored for a local path.
-    """
-    slide: Slide = lazy.cached_slide(_open_for_tasks, path, stamp, storage_options)
-    return slide
-
-
-def file_stamp(path: str | os.PathLike[str]) -> tuple:
-    """``(mtime_ns, size in bytes)`` of ``path``, as :func:`~wsitool.slide.cached_slide` compares it
-    (a URL: ``(url, size, etag)`` of the object, opened through :func:`~wsitool.slide.cached_slide`)."""
-    return lazy.file_stamp(_open_for_tasks, path)
-
-
-#: Dask task: one chunk ``(h, w, 3)`` uint8 of a level, read by path:
-#: ``read_chunk_by_path(path, stamp, level, x0, y0, w, h, threads)``
-#: (:func:`wsitool.read.lazy.read_chunk` bound to this module's opener).
-read_chunk_by_path: Callable[..., np.ndarray] = functools.partial(lazy.read_chunk, opener=_open_for_tasks)

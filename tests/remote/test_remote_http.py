@@ -353,19 +353,21 @@ def test_an_advice_does_not_fetch_again_what_an_earlier_one_holds(nginx_factory)
 
 
 def test_a_cached_slide_given_other_storage_options_is_opened_with_them(nginx_factory):
-    """``cached_slide`` (what each Dask task of a URL calls) holds a slide per URL and storage
-    options: a task carrying other options (new credentials, another concurrency) gets a slide
-    opened with those (it got the one held, opened with the first options), and the slide the
-    other tasks hold stays open."""
-    from wsitool.slide import cached_slide
+    """``cached_slide`` (what each Dask task of a URL calls) holds a slide per location, URL and
+    storage options: a task carrying other options (new credentials, another concurrency) gets
+    a slide opened with those (it got the one held, opened with the first options), and the
+    slide the other tasks hold stays open."""
+    from wsitool.distributed import cached_slide
+    from wsitool.opening import parse_location
     sample = REPO / "samples" / "sample-aperio-jpeg.svs"
     url = nginx_factory(sample.parent).url + sample.name + "?cached=options"
-    first = cached_slide(url, storage_options={"concurrency": 3})
-    assert cached_slide(url, storage_options={"concurrency": 3}) is first
-    assert cached_slide(url) is first  # (no options: those it was last opened with)
-    other = cached_slide(url, storage_options={"concurrency": 5})
+    first = cached_slide(parse_location(url, {"concurrency": 3}))
+    assert cached_slide(parse_location(url, {"concurrency": 3})) is first
+    plain = cached_slide(url)  # (no options: a location of its own)
+    assert plain is not first and plain._source.options.concurrency != 3
+    other = cached_slide(parse_location(url, {"concurrency": 5}))
     assert other is not first and other._source.options.concurrency == 5
-    assert cached_slide(url, storage_options={"concurrency": 3}) is first and not first.closed
+    assert cached_slide(parse_location(url, {"concurrency": 3})) is first and not first.closed
     assert first.read_region((0, 0), 0, (64, 64)).shape == other.read_region((0, 0), 0, (64, 64)).shape
 
 
@@ -376,7 +378,8 @@ def test_threads_asking_for_a_cached_slide_at_once_share_one_and_none_is_closed(
     opened its own and closed the one it replaced: 20 of 80 reads failed)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from wsitool.slide import cached_slide
+    from wsitool.distributed import cached_slide
+    from wsitool.opening import parse_location
     sample = REPO / "samples" / "sample-aperio-jpeg.svs"
     url = nginx_factory(sample.parent).url + sample.name + "?cached=threads"
     barrier = threading.Barrier(8)
@@ -385,7 +388,7 @@ def test_threads_asking_for_a_cached_slide_at_once_share_one_and_none_is_closed(
         barrier.wait()
         got = []
         for j in range(6):
-            s = cached_slide(url, storage_options={"timeout": 10 + (k + j) % 2})
+            s = cached_slide(parse_location(url, {"timeout": 10 + (k + j) % 2}))
             got.append(id(s))
             s.read_region((64 * j, 64 * k), 0, (64, 64))
         return got

@@ -191,8 +191,8 @@ def test_tasks_hold_a_bounded_number_of_slides(tmp_path):
     holds them), ``export-many`` opens and closes one slide per export."""
     import gc
 
-    from wsitool.read import lazy
-    from wsitool.slide import cached_slide
+    from wsitool.distributed import cached_slide
+    from wsitool.opening import held as lazy
 
     def held() -> int:
         return sum(1 for fd in os.listdir("/proc/self/fd")
@@ -206,5 +206,5 @@ def test_tasks_hold_a_bounded_number_of_slides(tmp_path):
         gc.collect()
         assert held() <= 2 * 16
     finally:
-        lazy._open_cached.cache_clear()  # (the process's cache: its slides close once collected)
+        lazy._open_local.cache_clear()  # (the process's cache: its slides close once collected)
         gc.collect()

@@ -18,10 +18,11 @@ Dask (``dask.distributed`` for clusters) rather than a scheduler of our own:
   failure is recorded and does not stop the others; completed outputs are
   skipped on a re-run (resume).
 
-Pickling rule: task graphs carry slide *paths* and plain numbers only, never an
+Pickling rule: task graphs carry slide *locations* (:class:`wsitool.opening.Location`: a
+path, or a URL with its storage options) and plain numbers only, never an
 open :class:`~wsitool.slide.Slide`, file handle or decoder, so they run on
 remote workers.  Each worker process opens a slide once and keeps it in a
-small cache keyed by ``(path, mtime_ns, size)`` (:func:`wsitool.slide.cached_slide`); a task
+small cache keyed by its location (:func:`wsitool.distributed.held.cached_slide`); a task
 built for one version of a file refuses to read a file changed since
 (:class:`~wsitool.errors.WsiError`).
 
@@ -46,10 +47,11 @@ Scheduler values accepted by :func:`read_regions` and :func:`export_many`:
 """
 
 from ..errors import DaskUnavailableError
-from ..slide import cached_slide, chunk_read_count
+from ..opening import chunk_read_count
 from .arrays import level_to_dask
 from .cluster import BatchOptionError, dask_available
 from .exports import SlideOutcome, expand_sources, export_many, export_output_path
+from .held import cached_slide
 from .manifest import MANIFEST_NAME
 from .patches import patches_to_bag, patches_to_dask
 from .regions import RegionOutcome, read_regions

@@ -5,8 +5,8 @@ batches of ``batch_size`` consecutive rows of one plan (a plan's rows are in
 row-major order, so a batch's patches are neighbours and share decoded tiles);
 each batch is one task, which reads it with :meth:`wsitool.Slide.read_patches`
 on the slide opened by path in its worker process
-(:func:`wsitool.slide.cached_slide`: once per process, keyed by path and the
-file's ``(mtime_ns, size)``).  The graph holds paths, coordinates and numbers,
+(:func:`wsitool.distributed.held.cached_slide`: once per process, keyed by location and the
+file's ``(mtime_ns, size)``).  The graph holds locations, coordinates and numbers,
 never an open slide, so it runs on a ``LocalCluster`` or a remote cluster whose
 workers see the same paths.
 
@@ -26,22 +26,24 @@ from typing import Any
 import numpy as np
 
 from ..errors import DaskUnavailableError, InvalidRegionError, WsiError
+from ..opening import LocalFile, Location, file_stamp, parse_location
 from ..patches.plan import load_plans
 from ..read.lazy import INSTALL_HINT, import_dask_array
-from ..slide import cached_slide, file_stamp
+from .held import cached_slide
 
 __all__ = ["patches_to_dask", "patches_to_bag", "read_patch_batch"]
 
 
-def read_patch_batch(path: str, stamp: tuple[int, int], locations: np.ndarray, size: int, level: int,
+def read_patch_batch(where: Location, stamp: tuple[int, int], locations: np.ndarray, size: int, level: int,
                      read_size: float | None, threads: int) -> np.ndarray:
-    """Dask task: ``(b, size, size, 3)`` uint8, the patches at level-0 ``locations`` (``(b, 2)`` int64).
+    """Dask task: ``(b, size, size, 3)`` uint8, the patches at level-0 ``locations`` (``(b, 2)`` int64)
+    of the slide at ``where``.
 
     ``read_size`` as :meth:`wsitool.Slide.read_patches` (None: the patch is read
-    as it is); ``stamp`` as :func:`wsitool.slide.cached_slide` (a changed file is
+    as it is); ``stamp`` as :func:`wsitool.distributed.held.cached_slide` (a changed file is
     refused with :class:`~wsitool.errors.WsiError`).
     """
-    slide = cached_slide(path, stamp)
+    slide = cached_slide(where, stamp)
     out = np.empty((len(locations), size, size, 3), np.uint8)
     return slide.read_patches(locations, (size, size), level=level,
                               read_size=None if read_size is None else (read_size, read_size),
@@ -67,15 +69,16 @@ def _batches(plans, batch_size: int, threads: int):
     out = []
     for k, p in enumerate(plans):
         path = os.path.abspath(p.slide.path)
+        where = parse_location(path)
         stamp = file_stamp(path)    # FileNotFoundError passes through
-        if p.slide.size is not None and not os.path.isdir(path) and stamp[1] != p.slide.size:
+        if p.slide.size is not None and isinstance(where, LocalFile) and stamp[1] != p.slide.size:
             raise WsiError(f"{path}: the slide is {stamp[1]} bytes, the plan was made for {p.slide.size}; "
                            "plan it again")
         read_size = p.read_size if p.resampled else None
         locs = p.locations
         for a in range(0, len(p), int(batch_size)):
             b = min(len(p), a + int(batch_size))
-            out.append((k, a, b, (read_patch_batch, path, stamp, locs[a:b], size, p.level, read_size,
+            out.append((k, a, b, (read_patch_batch, where, stamp, locs[a:b], size, p.level, read_size,
                                   int(threads))))
     return plans, size, out
 
@@ -115,10 +118,10 @@ def patches_to_dask(plans, *, batch_size: int = 64, threads: int = 1):
     return da.Array(graph, name, chunks, dtype=np.uint8, meta=np.empty((0, 0, 0, 0), np.uint8))
 
 
-def _batch_record(path: str, stamp: tuple[int, int], locs: np.ndarray, size: int, level: int,
+def _batch_record(where: Location, stamp: tuple[int, int], locs: np.ndarray, size: int, level: int,
                   read_size: float | None, threads: int, index0: int, slide: int) -> list[dict]:
     """Dask task: one partition of :func:`patches_to_bag`, a list of one batch record."""
-    patches = read_patch_batch(path, stamp, locs, size, level, read_size, threads)
+    patches = read_patch_batch(where, stamp, locs, size, level, read_size, threads)
     n = len(locs)
     return [{"patches": patches, "index": np.arange(index0, index0 + n, dtype=np.int64),
              "slide": np.full(n, slide, np.int64), "x": locs[:, 0].copy(), "y": locs[:, 1].copy()}]

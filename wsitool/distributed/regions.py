@@ -3,9 +3,9 @@
 :func:`read_regions` checks every request (names, levels, sizes, limits) and every
 output before it reads anything, then runs :class:`_RegionTask` on batches of
 requests: one region per task on the local thread pool (each in a copy of the
-caller's context), or batches on Dask.  Only the slide's path, or its URL with
-the remote object's size and ETag (a worker never reads another version), goes
-into a task.
+caller's context), or batches on Dask.  Only the slide's location (a path, or a
+URL with its storage options) and identity (a worker never reads another
+version) go into a task.
 
 Outputs:
 
@@ -28,23 +28,22 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidRegionError, WsiError
 from ..export import write_image
 from ..ground import outputs as atomic
+from ..opening import Location
 from ..read.request import validate_request
-from ..slide import Slide, cached_slide, file_stamp, open_slide, pyramid_levels
-from ..storage import is_url, redact
+from ..slide import Slide, open_slide, pyramid_levels
+from ..storage import is_url
 from ..types import Mode, OnError
 from .cluster import BatchOptionError, ClientHandle, check_scheduler, error_record, import_distributed, quiet_tifffile
+from .held import cached_slide
 from .pack import PackWriter
 from .regions_csv import RegionRequest, check_name, load_regions_csv
-
-if TYPE_CHECKING:
-    from ..storage.remote import RemoteSource
 
 
 @dataclasses.dataclass
@@ -74,15 +73,15 @@ PACK_FORMATS = ("npz", "zarr")
 @dataclasses.dataclass(frozen=True)
 class _RegionTask:
     """One task of :func:`read_regions`, called with a batch of requests (picklable: the
-    slide's path or URL, its stamp, numbers and the storage options, never an open slide).
+    slide's location, its identity and numbers, never an open slide).
 
-    ``path`` and ``stamp`` as :func:`~wsitool.slide.cached_slide`; ``output_dir`` and
-    ``fmt``: the files written (``return_arrays``: none, the arrays come back for a pack);
+    ``location`` and ``stamp`` as :func:`~wsitool.distributed.held.cached_slide`; ``output_dir``
+    and ``fmt``: the files written (``return_arrays``: none, the arrays come back for a pack);
     ``mode``, ``on_error``, ``threads``: as :meth:`Slide.read_region`; ``overwrite``:
-    replace an existing file (never the slide ``path``).
+    replace an existing file (never the slide's own).
     """
 
-    path: str
+    location: Location
     stamp: Any
     output_dir: str
     fmt: str | None
@@ -91,13 +90,12 @@ class _RegionTask:
     threads: int = 1
     return_arrays: bool = False
     overwrite: bool = False
-    storage_options: dict | None = None
 
     def __call__(self, requests: Sequence[RegionRequest]) -> list[tuple[RegionOutcome, np.ndarray | None]]:
         """One ``(outcome, array or None)`` per request, in order; a failure is recorded, not raised."""
         quiet_tifffile()
         try:
-            slide = cached_slide(self.path, self.stamp, self.storage_options)
+            slide = cached_slide(self.location, self.stamp)
         except Exception as exc:
             msg, types = error_record(exc)
             return [(RegionOutcome(r, "failed", error=msg, error_types=types), None) for r in requests]
@@ -116,7 +114,8 @@ class _RegionTask:
         if self.return_arrays:
             return RegionOutcome(req, "ok", shape=arr.shape), arr
         dest = Path(self.output_dir) / f"{req.name}.{self.fmt}"
-        write_image(dest, arr, overwrite=self.overwrite, sources=() if is_url(self.path) else (self.path,))
+        write_image(dest, arr, overwrite=self.overwrite,
+                    sources=() if self.location.remote else (self.location.target,))
         return RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None
 
 
@@ -145,7 +144,8 @@ def read_regions(slide: Slide | str | os.PathLike, regions: Iterable[RegionReque
     every output is checked before any region is read.
 
     Args:
-        slide: an open :class:`~wsitool.slide.Slide`, a path or a slide URL.
+        slide: an open :class:`~wsitool.slide.Slide`, a path, a slide URL or a
+            :class:`~wsitool.opening.Location`.
         regions: :class:`RegionRequest` objects, or a CSV file (:func:`load_regions_csv`).
         output_dir: folder for the outputs (created if absent; its parent must exist).
         format: ``"png"`` (default), ``"tif"``/``"tiff"`` or ``"npy"``; with ``pack``:
@@ -161,7 +161,7 @@ def read_regions(slide: Slide | str | os.PathLike, regions: Iterable[RegionReque
         overwrite: replace outputs that exist (never the slide); without it an existing
             output refuses the whole batch before anything is read or written.
         storage_options: for a slide URL, as :func:`~wsitool.slide.open_slide`; carried in
-            every task (an open remote Slide's own options are used).
+            every task on the slide's location (an open Slide's own location is used).
 
     Returns:
         One :class:`RegionOutcome` per request, in request order; a region that fails
@@ -182,8 +182,8 @@ def read_regions(slide: Slide | str | os.PathLike, regions: Iterable[RegionReque
     src = _checked_source(slide, requests, fmt, mode, storage_options)
     out_dir = Path(output_dir)
     dests = _prepare_outputs(src, requests, out_dir, fmt, pack=pack, overwrite=overwrite)
-    task = _RegionTask(src.path, src.stamp, str(out_dir.resolve()), None if pack else fmt, mode, on_error,
-                      return_arrays=pack, overwrite=overwrite, storage_options=src.storage_options)
+    task = _RegionTask(src.location, src.stamp, str(out_dir.resolve()), None if pack else fmt, mode, on_error,
+                       return_arrays=pack, overwrite=overwrite)
     with _Collector(PackWriter(dests[0], fmt, src.sources, overwrite) if pack else None, progress) as collect:
         if scheduler in (None, "threads"):
             _run_on_threads(task, requests, workers, collect)
@@ -197,12 +197,11 @@ def read_regions(slide: Slide | str | os.PathLike, regions: Iterable[RegionReque
 
 @dataclasses.dataclass(frozen=True)
 class _Source:
-    """The slide as the tasks open it: its absolute path, or its URL (unredacted) with the
-    remote object's identity and options; ``sources``: the local files no output may be."""
+    """The slide as the tasks open it: its location (a local path made absolute) and identity;
+    ``sources``: the local files no output may be."""
 
-    path: str
+    location: Location
     stamp: Any
-    storage_options: dict | None
     sources: tuple[str, ...]
 
 
@@ -223,34 +222,28 @@ def _output_format(format: str | None, pack: bool, on_error: str) -> str:
 
 def _checked_source(slide: Slide | str | os.PathLike, requests: list[RegionRequest], fmt: str, mode: str,
                     storage_options: dict | None) -> _Source:
-    """Open ``slide`` (unless open), check every request against it, and say how the tasks open it."""
+    """Open ``slide`` (unless open: then its own location, options included, is used), check every
+    request against it, and say how the tasks open it."""
     own = not isinstance(slide, Slide)
     s = slide if isinstance(slide, Slide) else open_slide(slide, storage_options=storage_options)
-    remote = s.remote is not None
-    stamp: Any = None
-    if remote:  # tasks open the URL itself (s.path is redacted) with its options: to every worker
-        path, stamp = s._location, cast("RemoteSource", s._source).identity()
-        storage_options = s._storage_options
     try:
-        if not remote:
-            path = os.path.abspath(s.path)
-        _check_requests(s, requests, fmt, mode, path)
+        location = s.location.resolved()
+        _check_requests(s, requests, fmt, mode, str(location))
     finally:
         if own:
             s.close()
-    if not remote:
-        stamp = file_stamp(path)
-    return _Source(path, stamp, storage_options, () if remote else (path, os.fspath(s.path)))
+    local = () if location.remote else (location.target, s.path)
+    return _Source(location, s.identity, local)
 
 
-def _check_requests(s: Slide, requests: list[RegionRequest], fmt: str, mode: str, path: str) -> None:
+def _check_requests(s: Slide, requests: list[RegionRequest], fmt: str, mode: str, shown: str) -> None:
     """Every request valid for ``s`` (the message names the region), names unique, raw PNG possible."""
     names: set[str] = set()
     for i, r in enumerate(requests):
         where = f"region {r.name!r}"
         check_name(r.name, where)
         if r.name in names:
-            raise InvalidRegionError(f"{redact(path)}: duplicate region name {r.name!r}")
+            raise InvalidRegionError(f"{shown}: duplicate region name {r.name!r}")
         names.add(r.name)
         try:
             lv, *_ = validate_request(pyramid_levels(s), s.path, (r.x, r.y), r.level, (r.width, r.height), mode)
@@ -258,7 +251,7 @@ def _check_requests(s: Slide, requests: list[RegionRequest], fmt: str, mode: str
             raise type(exc)(f"{exc} ({where}, #{i + 1})") from None
         if fmt == "png" and mode == "raw" and (lv.dtype != np.uint8 or lv.samples > 4):
             raise InvalidRegionError(
-                f"{redact(path)}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "
+                f"{shown}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "
                 f"hold them in raw mode (use --format npy or tif) ({where})"
             )
 
@@ -267,7 +260,7 @@ def _prepare_outputs(src: _Source, requests: list[RegionRequest], out_dir: Path,
                      overwrite: bool) -> list[Path]:
     """The output paths, every one checked before anything is read or written (:mod:`wsitool.ground.outputs`):
     none may be the slide, existing ones only with ``overwrite``; the folder made, stale partials removed."""
-    dests = ([out_dir / f"{slide_stem(src.path)}-regions.{fmt}"] if pack
+    dests = ([out_dir / f"{slide_stem(src.location.target)}-regions.{fmt}"] if pack
              else [out_dir / f"{r.name}.{fmt}" for r in requests])
     if out_dir.is_dir():
         for dest in dests:

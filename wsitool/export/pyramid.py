@@ -85,9 +85,9 @@ from ..ground import outputs as atomic
 from ..ground.geometry import level_rect
 from ..ground.integers import as_int
 from ..ground.limits import get_limits
+from ..opening import Location, parse_location
 from ..read.request import level_index
 from ..slide import Slide, open_slide
-from ..storage import is_url
 from .associated import LevelImage, associated_for_export, thumbnail_level
 from .channels import export_channels
 from .downsample import PyramidBuilder
@@ -120,7 +120,8 @@ def export_pyramid(
 
     Args:
         source: path of a slide, a slide URL (``http(s)://``, ``s3://``, ``gs://``,
-            ``az://``; the output stays local), or an open :class:`~wsitool.slide.Slide` (left open).
+            ``az://``; the output stays local), a :class:`~wsitool.opening.Location`, or an open
+            :class:`~wsitool.slide.Slide` (left open).
         output: ``tiff`` / ``ome-tiff``: the file (``out.svs``, ``out.ome.tif``); ``dzi``:
             ``NAME.dzi`` (or ``NAME``, to which ``.dzi`` is added), tiles in ``NAME_files/``.
         region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels, ``w, h`` the size in
@@ -162,13 +163,13 @@ def export_pyramid(
         overlap=overlap, threads=threads, overwrite=overwrite, background=background,
         max_pixels=max_pixels, on_error=on_error, label=label, associated=associated, verify=verify,
         from_source_levels=from_source_levels)
-    out = _checked_output(source, output, options)
-    own = not isinstance(source, Slide)
-    slide = open_slide(source, storage_options=storage_options) if own else source
+    where = source if isinstance(source, Slide) else parse_location(source, storage_options)
+    out = _checked_output(where, output, options)
+    slide = open_slide(where) if isinstance(where, Location) else where
     try:
         return _export_slide(slide, out, options, level, region, progress, t_start)
     finally:
-        if own:
+        if slide is not source:
             slide.close()
 
 
@@ -182,7 +183,7 @@ class _Output:
     sources: list[str]
 
 
-def _checked_output(source, output, options: ExportOptions) -> _Output:
+def _checked_output(source: Slide | Location, output, options: ExportOptions) -> _Output:
     """The output names, checked before the slide is read: one rule for every output
     (:mod:`wsitool.ground.outputs`): never the source, an existing output only with ``overwrite``."""
     output = Path(os.fspath(output))
@@ -190,9 +191,9 @@ def _checked_output(source, output, options: ExportOptions) -> _Output:
         final, files_dir = dzi_paths(output)
     else:
         final, files_dir = output, None
-    remote = not isinstance(source, Slide) and is_url(source)
-    sources = [] if remote else [source.path if isinstance(source, Slide) else os.fspath(source)]
-    if not isinstance(source, Slide) and not remote and not os.path.exists(sources[0]):
+    remote = isinstance(source, Location) and source.remote
+    sources = [] if remote else [source.path if isinstance(source, Slide) else source.target]
+    if isinstance(source, Location) and not remote and not os.path.exists(sources[0]):
         # the source first: with the arguments swapped, the error names the missing slide,
         # not the existing one given as the output
         raise FileNotFoundError(errno.ENOENT, "source slide not found", sources[0])

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 
 from ..errors import InvalidOptionError
+from ..opening import Location, parse_location
+from ..storage import is_url
 from .guard import check_host_name, check_origin
 
 __all__ = ["ServeConfig", "DEFAULT_VIEWER_JS", "OPENSEADRAGON_VERSION"]
@@ -88,6 +91,16 @@ class ServeConfig:
     header_timeout: float = 60.0
     allowed_hosts: tuple[str, ...] = ()
     cors_origin: str | None = None
+
+    def located(self, sources: Iterable[str | os.PathLike]) -> list[str | os.PathLike | Location]:
+        """``sources`` with each slide URL parsed into its :class:`~wsitool.opening.Location`, read
+        with :attr:`storage_options` (local paths as given: the registry lists folders itself).
+
+        Raises:
+            InvalidOptionError: a malformed URL, or storage options that are not a mapping.
+            WsiError: a ``dicomweb+`` URL that names no series.
+        """
+        return [parse_location(s, self.storage_options) if is_url(s) else s for s in sources]
 
     def __post_init__(self) -> None:
         """Check the options.

@@ -68,9 +68,10 @@ from ..errors import (
     printable,
 )
 from ..ground.oserrors import RESOURCE_ERRNOS
-from ..storage import is_url, redact
+from ..opening import BucketPrefix, Location, parse_location
+from ..opening.opener import not_a_slide, sniffed
+from ..storage import is_url
 from ..storage.local import open_regular
-from ..storage.urls import check_url
 from .pool import OpenSlides, default_open_files
 
 if TYPE_CHECKING:
@@ -96,7 +97,9 @@ class SlideEntry:
     Attributes:
         id: the slide's id in URLs.
         path: the path or URL shown in pages and logs (a URL without credentials or query).
-        location: what the opener is given (a URL keeps its query: a presigned URL's signature).
+        location: what the opener is given: a local path, or the
+            :class:`~wsitool.opening.Location` of a URL (which keeps its query, a presigned URL's
+            signature, and carries the storage options it is read with).
         files: descriptors the open slide holds (counted against the open-slide budget):
             2 for a TIFF-based slide, one per file of a DICOM series folder.
         root: the real path of the folder the slide was found in, which every instance of its
@@ -110,7 +113,7 @@ class SlideEntry:
 
     id: str
     path: str
-    location: str
+    location: str | Location
     files: int = _TIFF_FILES
     root: str | None = None
     series: str | None = None
@@ -150,49 +153,47 @@ def url_slide_id(url: str) -> str:
     return slide_id(name or parts.hostname or "slide")
 
 
-#: schemes whose URL ending in ``/`` is a prefix to list (object stores)
-_LISTED = ("s3", "gs", "gcs", "az", "azure", "abfs", "abfss")
 #: what a slide that is reached but not read is (skipped, as a local file); anything else stops the start
 _NOT_A_SLIDE = (UnsupportedFormatError, CorruptFileError, TileDecodeError)
 #: what makes a listed slide fail for good (left out from then on), unless the machine is out of something
 _FOR_GOOD = (*_NOT_A_SLIDE, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
-def _url_candidates(url: str, storage_options: dict | None) -> list[tuple[str, str]]:
-    """``(id, URL)`` of the slides of a URL argument: itself, or those listed under a prefix.
+def _url_candidates(location: Location) -> list[tuple[str, Location]]:
+    """``(id, location)`` of the slides of a URL argument: itself, or those listed under a
+    prefix (each read with the prefix's storage options).
 
     Raises:
         InvalidOptionError: a URL ending in ``/`` that is not an object store's.
         RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: the listing.
     """
-    check_url(url)  # a malformed URL: one InvalidOptionError (exit 2), not urllib's ValueError
+    url = location.target
     if not urllib.parse.urlsplit(url).path.endswith("/"):
-        return [(url_slide_id(url), url)]
-    scheme = url.split("://", 1)[0].lower()
-    if scheme not in _LISTED:
-        raise InvalidOptionError(f"{redact(url)}: a URL ending in '/' is a prefix to list, and {scheme}:// "
+        return [(url_slide_id(url), location)]
+    if not isinstance(location, BucketPrefix):
+        scheme = url.split("://", 1)[0].lower()
+        raise InvalidOptionError(f"{location.shown}: a URL ending in '/' is a prefix to list, and {scheme}:// "
                                  "has no listing: give each slide's URL")
-    from ..storage.objectstore import list_objects
-
     prefix = urllib.parse.unquote(urllib.parse.urlsplit(url).path).lstrip("/")
     listed = []
-    for found in list_objects(url, storage_options):
+    for found in location.listed():
         key = urllib.parse.unquote(urllib.parse.urlsplit(found).path).lstrip("/")
         rel = key[len(prefix):] if key.startswith(prefix) else key
         if _is_slide_name(rel):
             listed.append((rel, found))
     top = [rel for rel, _ in listed if "/" not in rel]
     if any(_is_dicom(rel) for rel in top) and all(_is_dicom(rel) for rel in top):
-        return [(url_slide_id(url), url)]  # the prefix is itself one DICOM series, as a local folder
-    out, series = [], set()
+        return [(url_slide_id(url), location)]  # the prefix is itself one DICOM series, as a local folder
+    out: list[tuple[str, Location]] = []
+    series = set()
     for rel, found in listed:
         folder = rel.rpartition("/")[0]
         if _is_dicom(rel) and folder:  # a sub-prefix of DICOM objects is one slide (a series)
             if folder not in series:
                 series.add(folder)
-                out.append((slide_id(folder), found.rpartition("/")[0] + "/"))
+                out.append((slide_id(folder), location.at(found.rpartition("/")[0] + "/")))
             continue
-        out.append((slide_id(rel), found))
+        out.append((slide_id(rel), location.at(found)))
     return out
 
 
@@ -236,17 +237,13 @@ def _head(path: str) -> bytes:
 def _not_a_slide(path: str) -> str | None:
     """Why the file ``path`` is no slide wsitool reads, judged by its type and first bytes;
     None when it is a regular file that starts like one (its structure is read when it opens)."""
-    from ..formats import FORMATS
-
     try:
         head = _head(path)
     except UnsupportedFormatError as exc:  # a FIFO, a socket, a device: the one message of storage.local
         return str(exc)
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
-    if any(fmt.sniff(head) for fmt in FORMATS):
-        return None
-    return f"{path}: not a slide wsitool reads (neither TIFF nor DICOM; header {head[:4]!r})"
+    return None if sniffed(head) is not None else not_a_slide(path, head)
 
 
 def _outside_instances(folder: str, root: str) -> list[str]:
@@ -347,14 +344,15 @@ class SlideRegistry:
     """The slides of one server, by id (insertion order = listing order), opened on first use.
 
     Args:
-        sources: slide files and folders, slide URLs, object-store prefixes.
-        opener: ``opener(location) -> Slide`` (e.g. ``open_slide`` bound to a cache).
+        sources: slide files and folders, slide URLs, object-store prefixes; a URL as a
+            :class:`~wsitool.opening.Location` carries the storage options it is read (and a
+            prefix listed) with (:meth:`~wsitool.serve.config.ServeConfig.located`).
+        opener: ``opener(location) -> Slide`` (e.g. ``open_slide`` bound to a cache), given a
+            local path or a URL's :class:`~wsitool.opening.Location`.
         follow_links: serve what symbolic links inside the folders lead to, even
             outside them (default: such links are skipped and listed in
             :attr:`links_skipped`).  A file or folder given directly is always
             served, link or not.
-        storage_options: for the URLs among ``sources``: what listing a prefix takes
-            (the opener gets the URL and passes its own).
         max_open_files: descriptors the open slides may hold at once (:class:`~.pool.OpenSlides`);
             None: :func:`~.pool.default_open_files`, from the process's descriptor limit.
 
@@ -374,9 +372,8 @@ class SlideRegistry:
         WsiError: anything else a URL's opening raises, a bad storage option for one.
     """
 
-    def __init__(self, sources: Iterable[str | os.PathLike], opener: Callable[[str], Slide],
-                 follow_links: bool = False, storage_options: dict | None = None,
-                 max_open_files: int | None = None):
+    def __init__(self, sources: Iterable[str | os.PathLike | Location], opener: Callable[[str | Location], Slide],
+                 follow_links: bool = False, max_open_files: int | None = None):
         self.entries: dict[str, SlideEntry] = {}
         self.skipped: list[tuple[str, str]] = []
         self.links_skipped: list[str] = []
@@ -386,8 +383,8 @@ class SlideRegistry:
         self.slides: OpenSlides[SlideEntry] = OpenSlides(self._open, max_open_files or default_open_files())
         try:
             for source in sources:
-                if is_url(source):
-                    self._add_urls(str(source), storage_options)
+                if isinstance(source, Location) or is_url(source):
+                    self._add_urls(parse_location(source))
                     continue
                 src = Path(source)
                 if not src.exists():
@@ -404,12 +401,12 @@ class SlideRegistry:
             raise
         self._listed = True
 
-    def _add_urls(self, url: str, storage_options: dict | None) -> None:
+    def _add_urls(self, location: Location) -> None:
         """The slides of a URL argument; a slide URL given directly is opened now (a URL that
         cannot be reached stops the start; one that is no slide is skipped)."""
-        for sid, found in _url_candidates(url, storage_options):
-            entry = self._enter(sid, SlideEntry(sid, redact(found), found))
-            if found != url or url.endswith("/"):
+        for sid, found in _url_candidates(location):
+            entry = self._enter(sid, SlideEntry(sid, found.shown, found))
+            if found != location or location.target.endswith("/"):
                 continue  # (listed under a prefix: opened on first use)
             try:
                 self.slides.acquire(entry)

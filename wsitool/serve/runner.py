@@ -55,6 +55,7 @@ from .registry import SlideRegistry
 if TYPE_CHECKING:
     import uvicorn
 
+    from ..opening import Location
     from ..read.cache import TileCache
     from ..slide import Slide
 
@@ -219,7 +220,7 @@ def open_registry(sources: Iterable[str | os.PathLike], config: ServeConfig,
                   cache: TileCache | None = None) -> SlideRegistry:
     """The :class:`SlideRegistry` of ``sources`` (files, folders, slide URLs, object-store prefixes).
 
-    Slides open with ``cache``; URLs with ``config.storage_options``.
+    Slides open with ``cache``; URLs with the storage options of ``config`` (:meth:`ServeConfig.located`).
 
     Raises:
         FileNotFoundError: a source does not exist (a URL: RemoteNotFoundError).
@@ -228,12 +229,10 @@ def open_registry(sources: Iterable[str | os.PathLike], config: ServeConfig,
     """
     from ..slide import open_slide
 
-    options = config.storage_options
+    def opener(location: str | Location) -> Slide:
+        return open_slide(location, cache=cache)
 
-    def opener(location: str) -> Slide:
-        return open_slide(location, cache=cache, storage_options=options if is_url(location) else None)
-
-    return SlideRegistry(sources, opener, follow_links=config.follow_links, storage_options=options,
+    return SlideRegistry(config.located(sources), opener, follow_links=config.follow_links,
                          max_open_files=config.max_open_files)
 
 

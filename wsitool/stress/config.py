@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from ..errors import InvalidOptionError, InvalidRegionError
 from ..ground.device import cuda_device_id
+from ..opening import Location
 from ..read.request import output_shape
 from ..slide import open_slide, pyramid_levels
-from ..storage import redact
 from .memory import WARMUP_READS_PER_WORKER, WarmUp
 from .regions import size_bounds
 from .samplers import SAMPLERS
@@ -40,10 +39,11 @@ DEFAULT_STALL_TIMEOUT = 120.0
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    """A checked stress run: ``config`` goes into the report, ``child`` (less the
-    pipe's ``fd``) to the child process; ``iterations`` is None in duration mode."""
+    """A checked stress run of the slide at ``location``: ``config`` goes into the report,
+    ``child`` (less the pipe's ``fd``) to the child process; ``iterations`` is None in
+    duration mode."""
 
-    path: str
+    location: Location
     iterations: int | None
     warm: WarmUp
     slide_info: dict
@@ -77,18 +77,16 @@ def parse_levels(spec: str | Sequence[int] | None, level_count: int, path: str =
     return out
 
 
-def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, duration: float | None,
+def plan_run(location: Location, *, workers: int, iterations: int | None, duration: float | None,
              region_size: int, levels: str | Sequence[int] | None, seed: int, verify_every: int,
              max_growth_mb: float, warmup: float, sample_interval: float, stall_timeout: float,
-             mode: str, read_threads: int, device: str, samplers: Iterable[str],
-             storage_options: dict | None = None) -> RunPlan:
-    """Check the arguments of :func:`~wsitool.stress.run_stress` and probe the slide.
+             mode: str, read_threads: int, device: str, samplers: Iterable[str]) -> RunPlan:
+    """Check the arguments of :func:`~wsitool.stress.run_stress` and probe the slide at ``location``.
 
     Raises what ``run_stress`` documents for bad input: DeviceUnavailableError,
     InvalidRegionError, and the errors of :func:`wsitool.open_slide`.
     """
-    path = os.fspath(path)
-    shown = redact(path)
+    shown = location.shown
     if device != "cpu":
         cuda_device_id(device)  # DeviceUnavailableError: "no CUDA device available ..."
     kind = "cpu" if device == "cpu" else "cuda"
@@ -96,7 +94,7 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, d
         shown, workers=workers, iterations=iterations, duration=duration, region_size=region_size, seed=seed,
         verify_every=verify_every, warmup=warmup, mode=mode, read_threads=read_threads,
         sample_interval=sample_interval, stall_timeout=stall_timeout, max_growth_mb=max_growth_mb)
-    probe = probe_slide(path, shown, levels, mode, storage_options)
+    probe = probe_slide(location, levels, mode)
     all_samplers = list(SAMPLERS.get(kind, [])) + list(samplers)
     lo, hi = size_bounds(region_size)
     per_worker_warmup = WARMUP_READS_PER_WORKER * workers
@@ -111,16 +109,16 @@ def plan_run(path: str | os.PathLike, *, workers: int, iterations: int | None, d
         "read_threads": read_threads, "device": device, "samplers": all_samplers,
     }
     child = {
-        "path": path, "levels": probe.levels, "mode": mode,
+        "location": location.wire(),  # (options included: sent on the child's stdin, never its command line)
+        "levels": probe.levels, "mode": mode,
         "device": device, "read_threads": read_threads, "seed": seed, "verify_every": verify_every,
         "iterations": iterations, "duration": duration, "workers": workers,
         "region_size": region_size, "size_bounds": [lo, hi], "channels": probe.channels,
         "dtype": probe.dtype.str, "itemsize": probe.dtype.itemsize,
         "sample_interval": sample_interval, "samplers": all_samplers,
         "warmup_iterations": warmup_iterations,
-        "storage_options": storage_options,  # (sent on the child's stdin, never its command line)
     }
-    return RunPlan(path=path, iterations=iterations,
+    return RunPlan(location=location, iterations=iterations,
                    warm=WarmUp(per_worker_warmup, warmup_iterations, warmup_seconds),
                    slide_info=probe.slide_info, config=config, child=child)
 
@@ -179,16 +177,16 @@ class SlideProbe:
     dtype: np.dtype
 
 
-def probe_slide(path: str, shown: str, levels: str | Sequence[int] | None, mode: str,
-                storage_options: dict | None) -> SlideProbe:
-    """Open the slide once (in the parent) and describe what the run will read.
+def probe_slide(location: Location, levels: str | Sequence[int] | None, mode: str) -> SlideProbe:
+    """Open the slide at ``location`` once (in the parent) and describe what the run will read.
 
     Raises:
         InvalidRegionError: bad ``levels`` (:func:`parse_levels`), or levels that differ
             in samples or dtype for ``mode``.
         FileNotFoundError, UnsupportedFormatError, CorruptFileError: as :func:`wsitool.open_slide`.
     """
-    with open_slide(path, storage_options=storage_options) as probe:
+    shown = location.shown
+    with open_slide(location) as probe:
         level_ids = parse_levels(levels, probe.level_count, shown)
         lv_info = [{"index": lv.index, "width": lv.width, "height": lv.height,
                     "downsample": lv.downsample} for lv in probe.levels if lv.index in level_ids]

@@ -33,7 +33,7 @@ from typing import cast
 
 from ..errors import WsiError
 from ..ground.signals import signal_name
-from ..storage import redact
+from ..opening import parse_location
 from ..types import Mode
 from .config import (
     DEFAULT_MAX_GROWTH_MB,
@@ -105,11 +105,12 @@ def run_stress(
         WsiError: the child could not start or failed before its first read.
     """
     plan = plan_run(
-        path, workers=workers, iterations=iterations, duration=duration, region_size=region_size,
+        parse_location(path, storage_options), workers=workers, iterations=iterations, duration=duration,
+        region_size=region_size,
         levels=levels, seed=seed, verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup,
         sample_interval=sample_interval, stall_timeout=stall_timeout, mode=mode,
-        read_threads=read_threads, device=device, samplers=samplers, storage_options=storage_options)
-    verifier = Verifier(plan.path, cast(Mode, mode), device, storage_options)  # checked by plan_run
+        read_threads=read_threads, device=device, samplers=samplers)
+    verifier = Verifier(plan.location, cast(Mode, mode), device)  # checked by plan_run
     verifier.start()
     run = _StressRun(plan, verifier, progress, StressProgress(target=plan.iterations, duration_s=duration))
     return run.execute()
@@ -331,7 +332,7 @@ class _StressRun:
             reason = self.fatal or (stderr_tail.strip().splitlines() or ["no output"])[-1]
             if status < 0:
                 reason = f"killed by {signal_name(-status)}"
-            raise WsiError(f"{redact(plan.path)}: the stress child process failed to start: {reason}")
+            raise WsiError(f"{plan.location.shown}: the stress child process failed to start: {reason}")
         memory = memory_section(self.samples, plan.warm, cfg["warmup"], cfg["max_growth_mb"], cfg["workers"])
         crash = crash_record(status=status, hang=self.hang, done=self.done, fatal=self.fatal, last=last,
                              stall_timeout=cfg["stall_timeout_s"], stderr_tail=stderr_tail)

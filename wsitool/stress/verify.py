@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 
+from ..opening import Location
 from ..slide import open_slide
 from ..types import Mode
 from .regions import checksum
@@ -24,9 +25,9 @@ from .report import MAX_LISTED
 class Verifier(threading.Thread):
     """Reads each region to verify with its own Slide, serially, and compares."""
 
-    def __init__(self, path: str, mode: Mode, device: str, storage_options: dict | None = None):
+    def __init__(self, location: Location, mode: Mode, device: str):
         super().__init__(name="stress-verifier", daemon=True)
-        self.slide = open_slide(path, storage_options=storage_options)  # opened before the run: a fresh reader
+        self.slide = open_slide(location)  # opened before the run: a fresh reader
         self.mode = mode
         self.device = device
         self.queue: queue.Queue[list | None] = queue.Queue()

@@ -36,6 +36,7 @@ import traceback
 import numpy as np
 
 from ..codec.pool import get_pool
+from ..opening import location_from_wire
 from ..slide import open_slide
 from .faults import injected_fault
 from .regions import checksum, region_for
@@ -295,7 +296,7 @@ def main() -> int:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     pipe = os.fdopen(cfg["fd"], "wb", buffering=0)
     try:
-        with open_slide(cfg["path"], storage_options=cfg.get("storage_options")) as slide:
+        with open_slide(location_from_wire(cfg["location"])) as slide:
             Workload(cfg, slide, pipe).run()
     except BaseException as exc:
         traceback.print_exc()

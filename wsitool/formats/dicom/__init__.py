@@ -54,7 +54,14 @@ from .series import Holder, dicom_files, one_series, series_of_file, series_of_f
 from .tiling import GridNotes, Image, merge_parts, tile_grid
 from .web import frames_table, series_instances
 
-__all__ = ["sniff", "open_pyramid", "open_folder", "open_dicomweb", "open_prefix", "PHI_KEYWORDS", "is_phi"]
+__all__ = ["NAME", "READS_URLS", "sniff", "open_pyramid", "open_folder", "open_dicomweb", "open_prefix",
+           "PHI_KEYWORDS", "is_phi"]
+
+#: The format's name in messages (:class:`~wsitool.formats.contract.Format`).
+NAME = "DICOM"
+#: A DICOM file finds the rest of its series in its folder: local paths only (a series by URL
+#: is a bucket prefix, :func:`open_prefix`, or a DICOMweb series, :func:`open_dicomweb`).
+READS_URLS = False
 
 #: Image Type value 3 -> associated image name (OpenSlide's).
 ASSOCIATED = {"LABEL": "label", "OVERVIEW": "macro", "THUMBNAIL": "thumbnail"}

@@ -40,7 +40,12 @@ from .quickhash import with_quickhash
 from .tables import EAGER, DeferredTables, scan
 from .tags import MALFORMED, check_page, description
 
-__all__ = ["sniff", "open_pyramid"]
+__all__ = ["NAME", "READS_URLS", "sniff", "open_pyramid"]
+
+#: The format's name in messages (:class:`~wsitool.formats.contract.Format`).
+NAME = "TIFF"
+#: Its files are read from local paths and URLs alike.
+READS_URLS = True
 
 _MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # TIFF 6.0 section 2; BigTIFF
 
