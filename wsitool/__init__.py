@@ -39,14 +39,14 @@ from .version import __version__ as __version__
 if TYPE_CHECKING:  # at run time on first use (__getattr__ below)
     from .export import ExportResult, export_pyramid
     from .ground.limits import Limits, get_limits, limits, set_limits
-    from .model import Channel
+    from .model import Channel, Level
     from .read.cache import TileCache
-    from .slide import Level, Slide, open_slide
+    from .slide import Slide, open_slide
 
 #: Names of ``__all__`` whose modules (numpy, tifffile, the codecs: ~0.8 s) load on first use,
 #: so that ``import wsitool.ground.signals`` and the command line's entry point stay light: name -> module.
 _ON_FIRST_USE = {"ExportResult": "export", "export_pyramid": "export", "Channel": "model",
-                 "TileCache": "read.cache", "Level": "slide", "Slide": "slide", "open_slide": "slide",
+                 "TileCache": "read.cache", "Level": "model", "Slide": "slide", "open_slide": "slide",
                  "Limits": "ground.limits", "get_limits": "ground.limits", "limits": "ground.limits",
                  "set_limits": "ground.limits"}
 

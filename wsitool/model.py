@@ -15,7 +15,7 @@ tiles_across * tiles_down + row * tiles_across + col``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -23,9 +23,9 @@ import numpy as np
 
 from .storage import ByteSource
 
-__all__ = ["TileEncoding", "TileIndex", "Channel", "PyramidLevel", "LevelSizes", "AssociatedImage", "Pyramid",
-           "level_properties", "multichannel_level", "SCALED_JPEG", "DEFAULT_CHANNEL_COLORS",
-           "wavelength_color", "channel_color"]
+__all__ = ["TileEncoding", "TileIndex", "Channel", "PyramidLevel", "LevelSizes", "Level", "AssociatedImage",
+           "AssociatedImages", "Pyramid", "level_properties", "multichannel_level", "SCALED_JPEG",
+           "DEFAULT_CHANNEL_COLORS", "wavelength_color", "channel_color"]
 
 #: :attr:`TileEncoding.codec` of levels decoded from JPEG streams at a reduced
 #: scale (libjpeg DCT scaling, see :attr:`TileEncoding.scale_log2`).
@@ -344,6 +344,59 @@ _SPECTRUM = ((380.0, (130, 0, 200)), (440.0, (0, 0, 255)), (490.0, (0, 255, 255)
              (510.0, (0, 255, 0)), (580.0, (255, 255, 0)), (645.0, (255, 0, 0)))
 
 
+@dataclasses.dataclass(frozen=True)
+class Level(LevelSizes):
+    """A read-only description of one pyramid level (what :attr:`wsitool.Slide.levels` holds:
+    a view of a :class:`PyramidLevel` without its byte source, tile index or encoding).
+
+    Attributes:
+        index: level number, 0 = full resolution.
+        width, height: size in pixels of this level.
+        downsample: ``(W0 / width + H0 / height) / 2`` relative to level 0 (as OpenSlide).
+        tile_width, tile_height: tile size in pixels; for a stripped level the
+            image width and the rows per strip.
+        tiles_across, tiles_down: the tile grid (columns, rows).
+        tiled: False for a stripped level.
+        samples: samples per pixel (what a ``mode="raw"`` read gives).
+        dtype: numpy dtype of one sample.
+        compression: compression name, e.g. ``"JPEG"``, ``"APERIO_JP2000_RGB"``.
+        photometric: photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
+        decoder: ``"nvimagecodec"``, ``"pillow"``, ``"tifffile"`` or ``"imagecodecs"``.
+        compression_problem: None, or why no decoder reads this level's tiles.
+        channels: the :class:`~wsitool.Channel` s of a multi-channel level, else ``()``.
+        mpp: ``(mpp_x, mpp_y)`` micrometres per pixel of this level (level 0's times
+            ``W0 / width`` and ``H0 / height``), or None where the slide gives none.
+    """
+
+    index: int
+    width: int
+    height: int
+    downsample: float
+    tile_width: int
+    tile_height: int
+    tiles_across: int
+    tiles_down: int
+    tiled: bool
+    samples: int
+    dtype: np.dtype
+    compression: str
+    photometric: str
+    decoder: str
+    compression_problem: str | None
+    channels: tuple[Channel, ...]
+    mpp: tuple[float, float] | None
+
+    @classmethod
+    def of(cls, lv: PyramidLevel, level0: PyramidLevel, mpp: tuple[float, float] | None) -> Level:
+        """The view of pyramid level ``lv`` (``level0``: the pyramid's first, for the mpp)."""
+        scaled = None if mpp is None else (mpp[0] * level0.width / lv.width, mpp[1] * level0.height / lv.height)
+        return cls(index=lv.index, width=lv.width, height=lv.height, downsample=lv.downsample,
+                   tile_width=lv.tile_width, tile_height=lv.tile_height, tiles_across=lv.tiles_across,
+                   tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
+                   compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
+                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled)
+
+
 def wavelength_color(nm: float) -> tuple[int, int, int]:
     """A display colour ``(r, g, b)`` for light of ``nm`` nanometres: linear between the
     anchors of :data:`_SPECTRUM` (440 nm blue, 510 nm green, 580 nm yellow, 645 nm red),
@@ -432,6 +485,39 @@ class AssociatedImage:
     source: ByteSource | None = None
     tile_size: tuple[int, int] | None = None
     color_profile: bytes | None = None
+
+
+class AssociatedImages(Mapping[str, np.ndarray]):
+    """Lazy read-only mapping of a pyramid's associated images: name -> ``(height, width, 3)``
+    uint8 RGB array, each decoded on first access by ``decode(image)`` and kept.
+
+    The slide's ``decode`` holds what decoding needs (the path, byte source and lock), not the
+    slide: a reference back would make the slide a reference cycle, whose levels and tile
+    tables would then wait for a cyclic garbage collection after ``close`` (about 0.7 KiB per
+    open and close of a small slide).  Reading an entry raises ``KeyError`` for an unknown
+    name, else what ``decode`` raises.
+    """
+
+    def __init__(self, images: Mapping[str, AssociatedImage], decode: Callable[[AssociatedImage], np.ndarray]):
+        self._images = images
+        self._decode = decode
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._images:
+            raise KeyError(name)
+        if name not in self._cache:
+            self._cache[name] = self._decode(self._images[name])
+        return self._cache[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._images)
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+    def __repr__(self) -> str:
+        return f"<associated images {list(self._images)}>"
 
 
 @dataclasses.dataclass(eq=False)

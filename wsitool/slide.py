@@ -1,26 +1,18 @@
 """The facade: ``open_slide`` / :class:`Slide` (floor 5).
 
-``open_slide`` parses where the slide is once (:func:`wsitool.opening.parse_location`: a
-typed location carrying its storage options), lets the opener open it
-(:func:`wsitool.opening.open_location`: the byte source, the pyramid the first
-registered format describes, the slide's identity), and :class:`Slide` takes what the
-opener returns, as it hands region reads down to the region layer
-(:mod:`wsitool.read`) and associated images to the codec layer.  Level detection,
-vendor rules and metadata are the format's (for TIFF see :mod:`wsitool.formats.tiff`);
-the downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it.
-
-Tasks that reopen a slide elsewhere (Dask, batch workers) carry its :attr:`Slide.location`
-and :attr:`Slide.identity` and open it once per process
-(:func:`wsitool.opening.held.cached_slide`, with :func:`open_slide` as the opener).
-
-:attr:`Slide.levels` gives read-only :class:`Level` views; the pyramid's own
-level objects (byte source, tile index, encoding) stay inside wsitool
+:class:`Slide` takes what the opener returns (:func:`wsitool.opening.open_location`, given the
+location :func:`wsitool.opening.parse_location` sorted once: byte source, pyramid, identity)
+and hands region reads down to the region layer (:mod:`wsitool.read`) and associated images
+to the codec layer.  Level detection, vendor rules and metadata are the format's; the
+downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it.  Tasks that
+reopen a slide elsewhere carry its :attr:`Slide.location` and :attr:`Slide.identity`
+(:mod:`wsitool.opening.held`).  :attr:`Slide.levels` gives read-only :class:`Level` views;
+the pyramid's own levels (byte source, tile index, encoding) stay inside wsitool
 (:func:`pyramid_levels`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import threading
@@ -35,7 +27,7 @@ from . import model
 from .codec.associated import decode_associated
 from .errors import InvalidOptionError, InvalidRegionError, SlideWarning
 from .ground.geometry import best_level_for_downsample
-from .model import AssociatedImage
+from .model import AssociatedImage, AssociatedImages, Level
 from .opening import Location, ObjectUrl, OpenedSlide, open_location, parse_location, read_chunk
 from .read.cache import CacheScope, TileCache
 from .read.icc import COLOR_MODES, IccTransform
@@ -56,92 +48,10 @@ Pair = Sequence[int]
 ChannelSelection = int | str | Sequence[int | str]
 
 
-@dataclasses.dataclass(frozen=True)
-class Level(model.LevelSizes):
-    """A read-only description of one pyramid level (what :attr:`Slide.levels` holds).
-
-    Attributes:
-        index: level number, 0 = full resolution.
-        width, height: size in pixels of this level.
-        downsample: ``(W0 / width + H0 / height) / 2`` relative to level 0 (as OpenSlide).
-        tile_width, tile_height: tile size in pixels; for a stripped level the
-            image width and the rows per strip.
-        tiles_across, tiles_down: the tile grid (columns, rows).
-        tiled: False for a stripped level.
-        samples: samples per pixel (what a ``mode="raw"`` read gives).
-        dtype: numpy dtype of one sample.
-        compression: compression name, e.g. ``"JPEG"``, ``"APERIO_JP2000_RGB"``.
-        photometric: photometric name, e.g. ``"RGB"``, ``"YCBCR"``, ``"MINISBLACK"``.
-        decoder: ``"nvimagecodec"``, ``"pillow"``, ``"tifffile"`` or ``"imagecodecs"``.
-        compression_problem: None, or why no decoder reads this level's tiles.
-        channels: the :class:`~wsitool.model.Channel` s of a multi-channel level, else ``()``.
-        mpp: ``(mpp_x, mpp_y)`` micrometres per pixel of this level (level 0's times
-            ``W0 / width`` and ``H0 / height``), or None where the slide gives none.
-    """
-
-    index: int
-    width: int
-    height: int
-    downsample: float
-    tile_width: int
-    tile_height: int
-    tiles_across: int
-    tiles_down: int
-    tiled: bool
-    samples: int
-    dtype: np.dtype
-    compression: str
-    photometric: str
-    decoder: str
-    compression_problem: str | None
-    channels: tuple[model.Channel, ...]
-    mpp: tuple[float, float] | None
-
-    @classmethod
-    def of(cls, lv: model.PyramidLevel, level0: model.PyramidLevel, mpp: tuple[float, float] | None) -> Level:
-        """The view of pyramid level ``lv`` (``level0``: the pyramid's first, for the mpp)."""
-        scaled = None if mpp is None else (mpp[0] * level0.width / lv.width, mpp[1] * level0.height / lv.height)
-        return cls(index=lv.index, width=lv.width, height=lv.height, downsample=lv.downsample,
-                   tile_width=lv.tile_width, tile_height=lv.tile_height, tiles_across=lv.tiles_across,
-                   tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
-                   compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
-                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled)
-
-
-class _AssociatedImages(Mapping[str, np.ndarray]):
-    """Lazy read-only mapping: name -> ``(height, width, 3)`` uint8 RGB array.
-
-    It holds what decoding needs (the path, byte source and lock), not the
-    slide: a reference back would make the slide a reference cycle, whose
-    levels and tile tables would then wait for a cyclic garbage collection
-    after ``close`` (about 0.7 KiB per open and close of a small slide).
-    """
-
-    def __init__(self, path: str, source: ByteSource | None, lock: threading.Lock,
-                 images: dict[str, AssociatedImage]) -> None:
-        self._path = path
-        self._source = source
-        self._lock = lock
-        self._images = images
-        self._cache: dict[str, np.ndarray] = {}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._images:
-            raise KeyError(name)
-        if name not in self._cache:
-            # (a slide without a source of its own, a DICOM folder, has images with their own)
-            self._cache[name] = decode_associated(self._path, self._images[name],
-                                                  cast(ByteSource, self._source), self._lock)
-        return self._cache[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._images)
-
-    def __len__(self) -> int:
-        return len(self._images)
-
-    def __repr__(self) -> str:
-        return f"<associated images {list(self._images)}>"
+def _decode(path: str, source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
+    """Decode the associated image ``image`` of the slide at ``path`` (a slide without a source of
+    its own, a DICOM folder, has images with their own); see :func:`~wsitool.codec.associated.decode_associated`."""
+    return decode_associated(path, image, cast(ByteSource, source), lock)
 
 
 class Slide:
@@ -212,7 +122,9 @@ class Slide:
         self.vendor = pyramid.vendor
         #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
         self._levels: tuple[model.PyramidLevel, ...] = pyramid.levels
-        self._associated = _AssociatedImages(self.path, self._source, self._lock, pyramid.associated)
+        # (the decoder holds the path, source and lock, not the slide: model.AssociatedImages)
+        self._associated = AssociatedImages(pyramid.associated,
+                                            functools.partial(_decode, self.path, self._source, self._lock))
         self._properties = types.MappingProxyType(pyramid.properties)
         self._views = tuple(Level.of(lv, pyramid.levels[0], self.mpp) for lv in pyramid.levels)
         self._icc: IccTransform | None = None  # built on the first color="icc" read

@@ -183,7 +183,7 @@ class _Output:
     sources: list[str]
 
 
-def _checked_output(source: Slide | Location, output, options: ExportOptions) -> _Output:
+def _checked_output(where: Slide | Location, output, options: ExportOptions) -> _Output:
     """The output names, checked before the slide is read: one rule for every output
     (:mod:`wsitool.ground.outputs`): never the source, an existing output only with ``overwrite``."""
     output = Path(os.fspath(output))
@@ -191,9 +191,9 @@ def _checked_output(source: Slide | Location, output, options: ExportOptions) ->
         final, files_dir = dzi_paths(output)
     else:
         final, files_dir = output, None
-    remote = isinstance(source, Location) and source.remote
-    sources = [] if remote else [source.path if isinstance(source, Slide) else source.target]
-    if isinstance(source, Location) and not remote and not os.path.exists(sources[0]):
+    remote = isinstance(where, Location) and where.remote
+    sources = [] if remote else [where.path if isinstance(where, Slide) else where.target]
+    if isinstance(where, Location) and not remote and not os.path.exists(sources[0]):
         # the source first: with the arguments swapped, the error names the missing slide,
         # not the existing one given as the output
         raise FileNotFoundError(errno.ENOENT, "source slide not found", sources[0])

@@ -14,7 +14,7 @@ the edge (:func:`wsitool.open_slide`, the command line):
 
 A location is a frozen value: hashable (a key of the per-process slides,
 :mod:`.held`), picklable (Dask tasks, worker processes carry it instead of a
-``(url, storage_options)`` pair), and never shows a secret: its ``str`` is the name
+``(url, storage options)`` pair), and never shows a secret: its ``str`` is the name
 messages use (a URL without user, password or query: :func:`wsitool.storage.redact`),
 its ``repr`` adds the names of its storage options, never their values.  A location
 that names one file can open a named file beside it as a byte source
@@ -66,7 +66,7 @@ class StorageOptions(Mapping[str, Any]):
 
     def __init__(self, options: Mapping[str, Any]):
         if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
-            raise InvalidOptionError("storage_options must be a mapping of option names (text) to values, "
+            raise InvalidOptionError("storage options must be a mapping of option names (text) to values, "
                                      f"got {type(options).__name__}")
         self._data: dict[str, Any] = copy.deepcopy(dict(options))
         try:
@@ -141,7 +141,7 @@ class Location:
         """The location as messages name it: the path; a URL without user, password or query."""
         return redact(self.target) if self.remote else self.target
 
-    def storage_options(self) -> dict[str, Any] | None:
+    def options_dict(self) -> dict[str, Any] | None:
         """A fresh copy of :attr:`options` as a dict (what the storage layer's functions take), or None."""
         return None if self.options is None else self.options.as_dict()
 
@@ -152,7 +152,7 @@ class Location:
     def wire(self) -> dict[str, Any]:
         """The location as JSON values (``kind``, ``target``, ``options``; secrets included: send it
         only where the credentials may go, e.g. a child's stdin); :func:`location_from_wire` reads it."""
-        return {"kind": type(self).__name__, "target": self.target, "options": self.storage_options()}
+        return {"kind": type(self).__name__, "target": self.target, "options": self.options_dict()}
 
     def __str__(self) -> str:
         return self.shown
@@ -233,7 +233,7 @@ class ObjectUrl(FileLocation):
             RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: its first request.
             WsiError: a bad storage option, or the ``wsitool[remote]`` extra not installed.
         """
-        return open_source(self.target, self.storage_options())
+        return open_source(self.target, self.options_dict())
 
     def sibling(self, name: str) -> ObjectUrl:
         """As :meth:`LocalFile.sibling`: the URL with the last part of its path replaced by
@@ -259,7 +259,7 @@ class BucketPrefix(Location):
         Raises:
             WsiError: a bad storage option, or obstore not installed.
         """
-        return Prefix(self.target, self.storage_options())
+        return Prefix(self.target, self.options_dict())
 
     def listed(self) -> list[str]:
         """The URLs of every object under the prefix, at any depth, sorted
@@ -269,7 +269,7 @@ class BucketPrefix(Location):
             RemoteNotFoundError: no such bucket, or nothing under the prefix.
             RemoteAccessError, RemoteUnavailableError, InvalidOptionError: as the listing.
         """
-        return list_objects(self.target, self.storage_options())
+        return list_objects(self.target, self.options_dict())
 
     def at(self, url: str) -> Location:
         """The location of ``url`` (an object or a deeper prefix of the same store), read with
@@ -296,38 +296,38 @@ KINDS: dict[str, type[Location]] = {k.__name__: k for k in (LocalFile, LocalFold
 
 
 def parse_location(location: str | os.PathLike[str] | Location,
-                   storage_options: Mapping[str, Any] | None = None) -> Location:
+                   options: Mapping[str, Any] | None = None) -> Location:
     """The :class:`Location` of ``location`` (a local path, a slide URL, or a location already).
 
     A URL is a string starting with one of :data:`wsitool.storage.urls.SCHEMES` and ``://``;
     anything else is a local path, a :class:`LocalFolder` when it is a folder now, else a
-    :class:`LocalFile` (which need not exist: opening it raises).  ``storage_options`` are
-    frozen onto a remote location (an empty mapping is none).
+    :class:`LocalFile` (which need not exist: opening it raises).  ``options``, the storage
+    options, are frozen onto a remote location (an empty mapping is none).
 
     Raises:
         InvalidOptionError: storage options for a local path, or for a location that carries
             its own; a URL that cannot be split into its parts; options that are not a mapping.
         WsiError: a ``dicomweb+`` URL that names no series.
     """
-    options = _frozen(storage_options)
+    frozen = _frozen(options)
     if isinstance(location, Location):
-        if options is not None and options != location.options:
+        if frozen is not None and frozen != location.options:
             raise InvalidOptionError(f"{location.shown}: the location carries its own storage options; "
                                      "give them when the location is made")
         return location
     scheme = scheme_of(location)
     if scheme is None:
         path: Any = os.fspath(location)
-        if options is not None:
+        if frozen is not None:
             raise InvalidOptionError(f"{path}: storage options apply to URLs only")
         return LocalFolder(path) if os.path.isdir(path) else LocalFile(path)
     url = str(location)
     check_url(url)  # a malformed URL: one InvalidOptionError, not urllib's ValueError
     if parse_series_url(url) is not None:
-        return DicomWebSeries(url, options)
+        return DicomWebSeries(url, frozen)
     if is_prefix_url(url):
-        return BucketPrefix(url, options)
-    return ObjectUrl(url, options)
+        return BucketPrefix(url, frozen)
+    return ObjectUrl(url, frozen)
 
 
 def location_from_wire(wire: Mapping[str, Any]) -> Location:

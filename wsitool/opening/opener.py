@@ -228,7 +228,7 @@ def _open_series(location: Location, options: dict[str, Any]) -> _Opened:
     fmt = next((f for f in formats() if isinstance(f, SeriesFormat)), None)
     if fmt is None:
         raise UnsupportedFormatError(f"{location.shown}: no registered format reads DICOMweb series")
-    return fmt.open_dicomweb(location.series(), location.storage_options()), None, fmt
+    return fmt.open_dicomweb(location.series(), location.options_dict()), None, fmt
 
 
 #: Each kind of location and how it opens (the first class it is an instance of).
