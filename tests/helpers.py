@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -291,3 +293,56 @@ def prose(text: str) -> str:
     ``info`` wraps its prose between words to the terminal's width ($COLUMNS), so a phrase
     checked in it may be split over lines; error and warning lines never are."""
     return " ".join(text.split())
+
+
+#: The first bytes of :func:`fake_format`'s index file.
+FAKE_MAGIC = b"FAKE-INDEX\n"
+
+
+def fake_format() -> types.ModuleType:
+    """A slide format of two files, as MIRAX: an index file naming its data file, which lies in a
+    folder beside it (here a TIFF), read through the location's siblings; it takes the option
+    ``scene`` (only scene 0 exists).  ``calls``: ``(shown, options)`` of each open.  Register it
+    with :func:`wsitool.opening.opener.register` (and unregister it after)."""
+    from wsitool.errors import InvalidOptionError
+    from wsitool.formats import tiff
+
+    fmt = types.ModuleType("fake_format")
+    fmt.NAME, fmt.READS_URLS, fmt.OPTIONS, fmt.calls = "FAKE", True, frozenset({"scene"}), []
+
+    def open_pyramid(path, source):
+        raise AssertionError("a placed format is opened with open_placed")
+
+    def open_placed(place, source, options):
+        fmt.calls.append((place.shown, dict(options)))
+        if options.get("scene", 0) != 0:
+            raise InvalidOptionError(f"{place.shown}: no scene {options['scene']}")
+        data = place.open_sibling(source.read(len(FAKE_MAGIC), source.size).decode().strip())
+        try:
+            pyramid = tiff.open_pyramid(data.path, data)  # (a local TIFF is read by its own name)
+        except BaseException:
+            data.close()
+            raise
+        release = pyramid.release
+
+        def release_both():
+            if release is not None:
+                release()
+            data.close()
+
+        pyramid.release, pyramid.associated = release_both, {}
+        return pyramid
+
+    fmt.sniff = lambda head: head.startswith(FAKE_MAGIC)
+    fmt.open_pyramid, fmt.open_placed = open_pyramid, open_placed
+    return fmt
+
+
+def fake_slide_files(folder: Path) -> tuple[Path, Path]:
+    """``(svs, index)``: a :func:`fake_format` slide in ``folder``: ``slide.fake`` naming
+    ``slide/Data 0000.tif``, a copy of the shared CMU-1 small region SVS."""
+    svs = shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    (folder / "slide").mkdir()
+    shutil.copyfile(svs, folder / "slide" / "Data 0000.tif")
+    (folder / "slide.fake").write_bytes(FAKE_MAGIC + b"slide/Data 0000.tif\n")
+    return svs, folder / "slide.fake"

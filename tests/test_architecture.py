@@ -37,8 +37,28 @@ def test_a_back_edge_breaks_the_contract(tmp_path):
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
     shutil.copytree(REPO / "wsitool", copy / "wsitool",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    geometry = copy / "wsitool" / "geometry.py"
+    geometry = copy / "wsitool" / "ground" / "geometry.py"
     geometry.write_text(geometry.read_text() + "\nfrom .slide import Slide  # deliberate back-edge\n")
     res = _lint(copy, extra_path=copy)
     assert res.returncode != 0
     assert "wsitool.ground.geometry is not allowed to import wsitool.slide" in res.stdout
+
+
+def test_consumers_reopen_slides_from_their_public_location():
+    """distributed/ reads a slide's public ``location`` and ``identity`` (issue 48 item 1), not the
+    private fields of :class:`wsitool.Slide` it read to reopen a slide elsewhere."""
+    import re
+
+    private = re.compile(r"\b(?:s|slide|src)\._(?:location|source|storage_options)\b")
+    found = [f"{path.relative_to(REPO)}:{no}" for path in sorted((REPO / "wsitool" / "distributed").rglob("*.py"))
+             for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if private.search(line)]
+    assert not found, found
+
+
+def test_one_module_sorts_locations():
+    """Only wsitool.opening.location asks the storage layer what a location is (a DICOMweb series,
+    a bucket prefix): the facade and the consumers get a typed location from it."""
+    askers = sorted(str(p.relative_to(REPO)) for p in (REPO / "wsitool").rglob("*.py")
+                    if not p.is_relative_to(REPO / "wsitool" / "storage")
+                    and any(name in p.read_text(encoding="utf-8") for name in ("parse_series_url", "is_prefix_url")))
+    assert askers == ["wsitool/opening/location.py"], askers
