@@ -135,3 +135,14 @@ def test_the_slide_carries_its_location_and_identity():
     folder = shared_sample("dicom-openslide-boxes")
     with wsitool.open_slide(folder) as s:
         assert isinstance(s.location, LocalFolder) and s.identity[1] == folder.stat().st_size
+
+
+def test_storage_options_for_a_folder_are_a_usage_error_as_for_a_file(tmp_path):
+    """A folder with storage options raised a bare WsiError (exit 1), a file InvalidOptionError (exit 2)."""
+    from wsitool.cli import exit_code_for
+
+    (tmp_path / "a.svs").write_bytes(b"x")
+    for where in (tmp_path, tmp_path / "a.svs"):
+        with pytest.raises(InvalidOptionError, match="storage options apply to URLs only") as info:
+            wsitool.open_slide(where, storage_options={"anon": True})
+        assert exit_code_for(info.value) == 2
