@@ -5,7 +5,7 @@ location :func:`wsitool.opening.parse_location` sorted once: byte source, pyrami
 and hands region reads down to the region layer (:mod:`wsitool.read`) and associated images
 to the codec layer.  Level detection, vendor rules and metadata are the format's; the
 downsample of a level is ``(W0 / w + H0 / h) / 2``, as OpenSlide computes it.  Tasks that
-reopen a slide elsewhere carry its :attr:`Slide.location` and :attr:`Slide.identity`
+reopen a slide elsewhere carry its ``Slide.location`` and ``Slide.identity``
 (:mod:`wsitool.opening.held`).  :attr:`Slide.levels` gives read-only :class:`Level` views;
 the pyramid's own levels (byte source, tile index, encoding) stay inside wsitool
 (:func:`pyramid_levels`).

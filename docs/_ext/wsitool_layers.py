@@ -47,8 +47,8 @@ def members(root: str, name: str) -> tuple[str, list[str]]:
     module = importlib.import_module(f"{root}.{name}")
     inside = []
     if hasattr(module, "__path__"):
-        inside = sorted(info.name.rsplit(".", 1)[1] for info in pkgutil.iter_modules(module.__path__)
-                        if not info.name.rsplit(".", 1)[1].startswith("_"))
+        inside = sorted(info.name.rsplit(".", 1)[-1] for info in pkgutil.iter_modules(module.__path__)
+                        if not info.name.rsplit(".", 1)[-1].startswith("_"))
     return first_sentence(module.__doc__), inside
 
 

@@ -129,12 +129,17 @@ class Location:
         target: the path, or the URL as given (a URL keeps its query: a presigned URL's
             signature; never shown, see :attr:`shown`).
         options: the storage options it is read with (remote kinds only), or None.
-        remote: whether its bytes come over a network (a class constant).
     """
 
     target: str
     options: StorageOptions | None = None
-    remote: ClassVar[bool] = False
+    #: whether the kind's bytes come over a network (set by each kind)
+    _REMOTE: ClassVar[bool] = False
+
+    @property
+    def remote(self) -> bool:
+        """Whether the slide's bytes come over a network (an object URL, a prefix, a DICOMweb series)."""
+        return self._REMOTE
 
     @property
     def shown(self) -> str:
@@ -224,7 +229,7 @@ class LocalFolder(Location):
 class ObjectUrl(FileLocation):
     """One remote object: ``http(s)://``, ``s3://``, ``gs://``, ``az://`` (and aliases)."""
 
-    remote: ClassVar[bool] = True
+    _REMOTE: ClassVar[bool] = True
 
     def open_source(self) -> ByteSource:
         """The object's byte source (:func:`wsitool.storage.open_source`; the caller closes it).
@@ -250,7 +255,7 @@ class ObjectUrl(FileLocation):
 class BucketPrefix(Location):
     """The objects directly under an object-store prefix (``s3://bucket/series/``), read as a folder."""
 
-    remote: ClassVar[bool] = True
+    _REMOTE: ClassVar[bool] = True
 
     def open_prefix(self) -> Prefix:
         """The prefix's listing and object opener (:class:`~wsitool.storage.prefix.Prefix`; the caller
@@ -281,7 +286,7 @@ class BucketPrefix(Location):
 class DicomWebSeries(Location):
     """A DICOMweb series (QIDO-RS / WADO-RS), read frame by frame."""
 
-    remote: ClassVar[bool] = True
+    _REMOTE: ClassVar[bool] = True
 
     def series(self) -> SeriesUrl:
         """The series URL taken apart (service root, study, series)."""
