@@ -14,6 +14,7 @@ counts, for that second open:
   (``wsitool/formats/<format>/``): the modules the open passes through to reach a format;
 * ``chain``: the wsitool modules on the call stack at that first call (open_slide down to the
   format's entry point), in order;
+* ``calls``: calls of wsitool functions before that first call (the work on the way);
 * ``modules``: every wsitool module entered during the whole open (the format's own included).
 
 A kind whose server is not installed (nginx, moto_server, Orthanc with its DICOMweb plugin) is
@@ -65,6 +66,7 @@ def trace(location, **kwargs) -> dict:
         seen: list[str] = []
         way: list[str] = []
         chain: list[str] = []
+        calls = [0]
 
         def profile(frame, event, arg):
             if event != "call":
@@ -74,6 +76,8 @@ def trace(location, **kwargs) -> dict:
                 return
             if rel not in seen:
                 seen.append(rel)
+            if not chain and not _format_package(rel):
+                calls[0] += 1
             if not chain and _format_package(rel):
                 stack, f = [], frame
                 while f is not None:
@@ -90,7 +94,8 @@ def trace(location, **kwargs) -> dict:
         finally:
             sys.setprofile(None)
         slide.close()
-    return {"way": len(way), "chain": chain, "modules": len(seen), "way_modules": way}
+    return {"way": len(way), "calls": calls[0], "chain": chain, "modules": len(seen), "way_modules": way,
+            "all_modules": seen}
 
 
 def _servers(kinds: list[str], stack: contextlib.ExitStack) -> dict:
@@ -142,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         return 0
     union: set[str] = set()
+    whole: set[str] = set()
     for kind, r in results.items():
         if "skipped" in r:
             print(f"{kind}: skipped ({r['skipped']})")
             continue
         union.update(r["way_modules"])
-        print(f"{kind}: {r['way']} modules on the way to the format, {r['modules']} in the whole open")
+        whole.update(r["all_modules"])
+        print(f"{kind}: {r['way']} modules and {r['calls']} calls on the way to the format, "
+              f"{r['modules']} modules in the whole open")
         print("    chain: " + " -> ".join(m.removeprefix("wsitool/") for m in r["chain"]))
         print("    way:   " + ", ".join(m.removeprefix("wsitool/") for m in r["way_modules"]))
-    print(f"all kinds: {len(union)} distinct modules on the way to a format")
+    print(f"all kinds: {len(union)} distinct modules on the way to a format, {len(whole)} in the whole opens")
     return 0
 
 

@@ -85,7 +85,10 @@ def unregister(fmt: Format) -> None:
 
 def sniffed(head: bytes) -> Format | None:
     """The first format that recognises ``head`` (a file's first bytes), or None."""
-    return next((fmt for fmt in formats() if fmt.sniff(head)), None)
+    for fmt in formats():
+        if fmt.sniff(head):
+            return fmt
+    return None
 
 
 def not_a_slide(shown: str, head: bytes) -> str:
@@ -142,8 +145,13 @@ def open_location(location: Location, format_options: Mapping[str, Any] | None =
     """
     options = dict(format_options or {})
     with_nv = nvlib.available()  # (before the slide's own descriptors: the module notes)
-    kind = next(open_kind for cls, open_kind in _KINDS if isinstance(location, cls))
-    pyramid, source, fmt = kind(location, options)
+    for cls, kind in _KINDS:
+        if isinstance(location, cls):
+            opens = kind
+            break
+    else:
+        raise TypeError(f"not a slide location: {location!r}")
+    pyramid, source, fmt = opens(location, options)
     try:
         if not with_nv:
             for lv in pyramid.levels:
@@ -157,7 +165,7 @@ def open_location(location: Location, format_options: Mapping[str, Any] | None =
 
 
 def _check_options(shown: str, what: str, accepted: frozenset[str], options: Mapping[str, Any]) -> None:
-    """Raise for the options ``accepted`` leaves out.
+    """Raise for the options ``accepted`` leaves out (called where there are options).
 
     Raises:
         InvalidOptionError: ``"<shown>: the TIFF format takes no option 'scene'"`` (and which it takes).
@@ -183,10 +191,11 @@ def _open_file(location: Location, options: dict[str, Any]) -> _Opened:
         if location.remote and not fmt.READS_URLS:
             raise UnsupportedFormatError(f"{location.shown}: {fmt.NAME} files are read from local paths only, "
                                          "not from URLs")
+        accepted = fmt.OPTIONS if isinstance(fmt, PlacedFormat) else frozenset()
+        if options:
+            _check_options(location.shown, f"the {fmt.NAME} format", accepted, options)
         if isinstance(fmt, PlacedFormat):
-            _check_options(location.shown, f"the {fmt.NAME} format", fmt.OPTIONS, options)
             return fmt.open_placed(location, source, options), source, fmt
-        _check_options(location.shown, f"the {fmt.NAME} format", frozenset(), options)
         return fmt.open_pyramid(location.shown, source), source, fmt
     except BaseException:
         source.close()
@@ -194,7 +203,8 @@ def _open_file(location: Location, options: dict[str, Any]) -> _Opened:
 
 
 def _open_folder(location: Location, options: dict[str, Any]) -> _Opened:
-    _check_options(location.shown, "a folder slide", frozenset(), options)
+    if options:
+        _check_options(location.shown, "a folder slide", frozenset(), options)
     for fmt in formats():
         if isinstance(fmt, FolderFormat):  # (a module that has open_folder)
             pyramid = fmt.open_folder(location.target)
@@ -206,7 +216,8 @@ def _open_folder(location: Location, options: dict[str, Any]) -> _Opened:
 
 def _open_prefix(location: Location, options: dict[str, Any]) -> _Opened:
     assert isinstance(location, BucketPrefix)
-    _check_options(location.shown, "a bucket prefix", frozenset(), options)
+    if options:
+        _check_options(location.shown, "a bucket prefix", frozenset(), options)
     prefix = location.open_prefix()
     try:
         for fmt in formats():
@@ -224,11 +235,12 @@ def _open_prefix(location: Location, options: dict[str, Any]) -> _Opened:
 
 def _open_series(location: Location, options: dict[str, Any]) -> _Opened:
     assert isinstance(location, DicomWebSeries)
-    _check_options(location.shown, "a DICOMweb series", frozenset(), options)
-    fmt = next((f for f in formats() if isinstance(f, SeriesFormat)), None)
-    if fmt is None:
-        raise UnsupportedFormatError(f"{location.shown}: no registered format reads DICOMweb series")
-    return fmt.open_dicomweb(location.series(), location.options_dict()), None, fmt
+    if options:
+        _check_options(location.shown, "a DICOMweb series", frozenset(), options)
+    for fmt in formats():
+        if isinstance(fmt, SeriesFormat):
+            return fmt.open_dicomweb(location.series(), location.options_dict()), None, fmt
+    raise UnsupportedFormatError(f"{location.shown}: no registered format reads DICOMweb series")
 
 
 #: Each kind of location and how it opens (the first class it is an instance of).
