@@ -37,8 +37,8 @@ def test_a_back_edge_breaks_the_contract(tmp_path):
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
     shutil.copytree(REPO / "wsitool", copy / "wsitool",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    geometry = copy / "wsitool" / "geometry.py"
-    geometry.write_text(geometry.read_text() + "\nfrom .slide import Slide  # deliberate back-edge\n")
+    geometry = copy / "wsitool" / "ground" / "geometry.py"
+    geometry.write_text(geometry.read_text() + "\nfrom ..slide import Slide  # deliberate back-edge\n")
     res = _lint(copy, extra_path=copy)
     assert res.returncode != 0
     assert "wsitool.ground.geometry is not allowed to import wsitool.slide" in res.stdout
