@@ -41,4 +41,5 @@ def test_a_back_edge_breaks_the_contract(tmp_path):
     geometry.write_text(geometry.read_text() + "\nfrom ..slide import Slide  # deliberate back-edge\n")
     res = _lint(copy, extra_path=copy)
     assert res.returncode != 0
-    assert "wsitool.ground.geometry is not allowed to import wsitool.slide" in res.stdout
+    assert "wsitool.ground is not allowed to import wsitool.slide" in res.stdout
+    assert "wsitool.ground.geometry -> wsitool.slide" in res.stdout
