@@ -58,7 +58,7 @@ from ..ground.geometry import plan_tiles
 from ..model import PyramidLevel
 from ..storage import ByteSource
 from . import failures as reasons
-from . import libjpeg
+from . import libjpeg, strictjpeg
 from .failures import tile_failed
 from .library import nv
 from .paths import get_decode_paths
@@ -254,12 +254,17 @@ def _probe_kind(lv: PyramidLevel, hint: int | None) -> bool:
 
 def libjpeg_decode():
     """``wsitool._jpegloop.decode_jpeg`` (see :func:`libjpeg_decoder`; it also takes a 7th
-    argument, ``scale_log2`` 0 to 3, for libjpeg's DCT scaling), or None where
-    :class:`wsitool.codec.paths.DecodePaths` ``libjpeg`` is off or the extension is not loaded."""
+    argument, ``scale_log2`` 0 to 3, for libjpeg's DCT scaling); where the extension is not
+    loaded, :func:`wsitool.codec.strictjpeg.decode_jpeg` (libjpeg-turbo through simplejpeg, the
+    same signature and errors); None where :class:`wsitool.codec.paths.DecodePaths` ``libjpeg``
+    is off or neither is there (nvImageCodec then decodes JPEG, corrupt data undetected)."""
     if not get_decode_paths().libjpeg:
         return None
     mod = _module if _module is not None else _load()
-    return None if mod is None else mod.decode_jpeg
+    if mod is not None:
+        return mod.decode_jpeg
+    # the extension absent: libjpeg-turbo through simplejpeg, corrupt data an error all the same
+    return strictjpeg.decode_jpeg if strictjpeg.available() else None
 
 
 class RegionJobs:
