@@ -112,7 +112,7 @@ def _strict_entry() -> dict:
         detail = ("simplejpeg is not installed (pip install simplejpeg): nvImageCodec decodes JPEG tiles and "
                   "corrupt JPEG data goes undetected")
     return {"name": "CPU: libjpeg-turbo through simplejpeg", "device": "cpu",
-            "available": have and not loop and get_decode_paths().libjpeg,
+            "available": have,
             "decodes": "JPEG (7) RGB/YCbCr tiles where the compiled loop is absent: whole tiles, corrupt data "
                        "an error (strict); device cpu",
             "detail": detail}
