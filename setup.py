@@ -2,9 +2,10 @@
 
 * ``wsitool._jpegloop``: the JPEG tile loop of region reads
   (:mod:`wsitool.codec.jpegloop`), which decodes through libjpeg-turbo's
-  libjpeg API: linked with ``-ljpeg``, its ``jpeglib.h`` needed at build time
-  (Debian/Ubuntu ``libjpeg-dev``, Fedora ``libjpeg-turbo-devel``, Homebrew
-  ``jpeg-turbo``).  Compiled against nvImageCodec's C header
+  libjpeg API: compiled against that API's headers in ``third_party/libjpeg-turbo``
+  (no JPEG package needed on the build machine), not linked: the library is
+  loaded at run time (Pillow's bundled libjpeg-turbo, or the system's
+  ``libjpeg.so.62``).  Compiled against nvImageCodec's C header
   (``include/nvimgcodec.h`` of the ``nvidia-nvimgcodec-cu12`` package, a build
   requirement where that package has wheels); it does not link the library:
   :mod:`wsitool.codec.jpegloop` hands it the path of the library the package
@@ -15,8 +16,9 @@
 Both are optional: the build never fails for them.  When one is skipped (no
 header, not POSIX, no C compiler, a compile error) the build prints one line,
 ``wsitool build: skipped optional extension NAME: WHY; WHAT TAKES ITS PLACE``
-(``pip install -v`` shows it; ``wsitool info --backends`` says at run time which
-JPEG path is in use).
+(``pip install -v`` shows it) and records why in ``wsitool/_build.json`` beside the
+built modules (the source tree for an editable install), which the package
+carries: ``wsitool info --backends`` says that reason at run time, never a guess.
 
 Environment:
     WSITOOL_NVIMGCODEC_INCLUDE: a folder holding ``nvimgcodec.h`` to build
@@ -42,19 +44,27 @@ INSTEAD = {
 
 
 def skipped(name: str, why: str) -> None:
-    """Say in one line (on stderr, in the build log) that extension ``name`` is not built, and why."""
+    """Say in one line (on stderr, in the build log) that extension ``name`` is not built, and why;
+    note it for ``wsitool/_build.json`` (:func:`record`)."""
     print(f"wsitool build: skipped optional extension {name}: {why}; {INSTEAD[name]}", file=sys.stderr)
+    SKIPPED[name] = why
 
 
-def jpeglib_found() -> bool:
-    """True when ``jpeglib.h`` is in a folder the C compiler searches by default (or in
-    ``CPATH`` / ``C_INCLUDE_PATH``): libjpeg-turbo's development files are installed."""
-    folders = ["/usr/include", "/usr/local/include", "/opt/homebrew/include"]
-    folders += [os.path.join("/usr/include", d) for d in os.listdir("/usr/include")
-                if d.endswith("-linux-gnu")] if os.path.isdir("/usr/include") else []
-    for var in ("CPATH", "C_INCLUDE_PATH"):
-        folders += [f for f in os.environ.get(var, "").split(os.pathsep) if f]
-    return any(os.path.isfile(os.path.join(f, "jpeglib.h")) for f in folders)
+#: Why each optional extension was not built (written to wsitool/_build.json; read by
+#: wsitool.codec.jpegloop to say why the loop is absent).
+SKIPPED: dict = {}
+BUILD_RECORD = os.path.join("wsitool", "_build.json")
+
+
+def record(folder: str) -> None:
+    """Write :data:`SKIPPED` to ``wsitool/_build.json`` under ``folder``: the build's output (what
+    a wheel carries), or the source tree for a build in place or an editable install."""
+    import json
+
+    target = os.path.join(folder, BUILD_RECORD)
+    if os.path.isdir(os.path.dirname(target)):
+        with open(target, "w", encoding="utf-8") as out:
+            out.write(json.dumps({"skipped": SKIPPED}, indent=1, sort_keys=True) + "\n")
 
 
 def nvimgcodec_include() -> tuple[str | None, str]:
@@ -78,6 +88,20 @@ def nvimgcodec_include() -> tuple[str | None, str]:
     return None, "the installed nvidia-nvimgcodec-cu12 has no include/nvimgcodec.h"
 
 
+def failure_text(exc: BaseException) -> str:
+    """Why a C build failed, in words: the compiler's exit status (its messages are in the
+    build log), or the error's first line."""
+    import re
+
+    text = str(exc).strip()
+    status = re.search(r"exit status (\d+)", text)
+    if status is not None:
+        return (f"the C compiler failed ({type(exc).__name__}, exit status {status.group(1)}; "
+                "`pip install -v .` shows its messages)")
+    lines = text.splitlines()
+    return f"the C build failed ({type(exc).__name__}: {lines[0][:200] if lines else 'no message'})"
+
+
 class OptionalBuildExt(build_ext):
     """``build_ext`` that turns a failed optional extension into the one line of :func:`skipped`.
 
@@ -90,8 +114,14 @@ class OptionalBuildExt(build_ext):
         except (CCompilerError, BaseError, OSError) as exc:
             if not ext.optional:
                 raise
-            lines = str(exc).strip().splitlines()
-            skipped(ext.name, f"the C build failed ({type(exc).__name__}: {lines[0] if lines else 'no message'})")
+            skipped(ext.name, failure_text(exc))
+
+    def run(self):
+        try:
+            super().run()
+        finally:
+            in_place = self.inplace or getattr(self, "editable_mode", False)
+            record("." if in_place else self.build_lib)
 
 
 ext_modules = [Extension(
@@ -106,18 +136,18 @@ if os.name != "posix":
     skipped("wsitool._jpegloop", f"it needs dlopen and pread (POSIX), not available on {sys.platform}")
 elif include is None:
     skipped("wsitool._jpegloop", why_not)
-elif not jpeglib_found():
-    skipped("wsitool._jpegloop", "libjpeg-turbo's jpeglib.h is not installed (Debian/Ubuntu: apt install libjpeg-dev; "
-            "Fedora: dnf install libjpeg-turbo-devel)")
 else:
     ext_modules.append(Extension(
         "wsitool._jpegloop",
         sources=["wsitool/_native/jpegloop.c"],
         # wsitool/_native first: its cuda_runtime_api.h stands in for CUDA's
-        # (named in depends so that the sdist carries it).
-        include_dirs=["wsitool/_native", include],
-        depends=["wsitool/_native/cuda_runtime_api.h"],
-        libraries=["jpeg", "dl", "pthread"],
+        # (named in depends so that the sdist carries it); libjpeg-turbo's API-62
+        # headers before any the system has (the library loaded at run time is that API).
+        include_dirs=["wsitool/_native", "third_party/libjpeg-turbo/include", include],
+        depends=["wsitool/_native/cuda_runtime_api.h", "third_party/libjpeg-turbo/include/jpeglib.h",
+                 "third_party/libjpeg-turbo/include/jconfig.h", "third_party/libjpeg-turbo/include/jmorecfg.h",
+                 "third_party/libjpeg-turbo/include/jerror.h"],
+        libraries=["dl", "pthread"],
         extra_compile_args=["-O3", "-std=c11", "-Wall"],
         optional=True,
     ))

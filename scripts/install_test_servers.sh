@@ -7,7 +7,6 @@
 #   default-jre-headless   Bio-Formats reads the exports (tests/export/test_export_bioformats.py)
 #   chromium, chromium-driver   the viewer page in a headless browser (tests/serve/test_viewer_browser.py)
 #   orthanc, orthanc-dicomweb   a DICOMweb archive (tests/remote/test_dicomweb*.py)
-#   libjpeg-dev            jpeglib.h, to build the compiled JPEG loop (wsitool._jpegloop) at the install after this
 # and, from npm where node and npm are there, Azurite (Microsoft's Azure Blob Storage emulator) for the
 # az:// tests (tests/remote/test_remote_gcs_azure.py) into ~/.cache/wsitool-test/azurite, outside the
 # repository (WSITOOL_AZURITE_DIR overrides the folder).
@@ -21,7 +20,7 @@ if [ ! -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ]; then
         echo "install_test_servers: no npm; the az:// emulator tests will skip" >&2
     fi
 fi
-PACKAGES="nginx-light default-jre-headless chromium chromium-driver orthanc orthanc-dicomweb libjpeg-dev"
+PACKAGES="nginx-light default-jre-headless chromium chromium-driver orthanc orthanc-dicomweb"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -270,7 +270,7 @@ def test_no_module_builds_its_own_temporary_names():
     )
     offenders = []
     for py in sorted(pkg.rglob("*.py")):  # every module, sub-packages included
-        if py.name == "atomic.py":
+        if py.relative_to(pkg).as_posix() == "ground/outputs.py":
             continue
         for n, line in enumerate(py.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]

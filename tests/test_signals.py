@@ -256,7 +256,7 @@ _INJECT = r'''
 import json, os, signal, sys, tempfile
 from pathlib import Path
 import numpy as np
-from wsitool import atomic, signals
+from wsitool.ground import outputs as atomic, signals
 from wsitool.distributed import pack
 
 TRACED = {os.path.realpath(atomic.__file__), os.path.realpath(pack.__file__)}

@@ -32,8 +32,10 @@ SPLICE: int
 #: :func:`decode_jpeg` exists.
 LIBJPEG: int
 #: ``JPEG_LIB_VERSION`` of the jpeglib.h the module was compiled against (62 for libjpeg-turbo's
-#: default ABI).
+#: default ABI: third_party/libjpeg-turbo).
 LIBJPEG_VERSION: int
+#: Present (1) when libjpeg-turbo is not linked but opened by :func:`load_libjpeg`.
+LIBJPEG_LOADED_AT_RUN_TIME: int
 
 # Failure codes of the ``(job, code, a, b, message)`` entries ``decode_tiles`` returns
 # (the meaning of ``a`` and ``b`` per code: wsitool.codec.jpegloop.RegionJobs._failed).
@@ -49,6 +51,14 @@ F_IMAGE: int
 F_DECODE: int
 F_NO_SEGMENT: int
 F_NO_MEMORY: int
+
+def load_libjpeg(path: str, /) -> int:
+    """Open libjpeg-turbo at ``path`` and look up its functions (once: a later call returns at once).
+
+    Returns the libjpeg API version (``LIBJPEG_VERSION``).  Raises ImportError when the library does
+    not load, is not libjpeg-turbo's libjpeg API (a function missing), or is another API version or
+    structure size than the module was compiled for (the library's own check).
+    """
 
 def load(lib_path: str, extensions_path: str, /) -> int:
     """Open ``libnvimgcodec`` at ``lib_path`` and create the process-wide instance (once).

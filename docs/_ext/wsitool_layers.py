@@ -38,6 +38,7 @@ def first_sentence(doc: str | None) -> str:
     """The first sentence of a docstring, without reST roles (``:mod:`x``` -> ``x``)."""
     text = " ".join((doc or "").split())
     text = re.sub(r":[a-z]+:`~?([^`<]+?)(?: <[^>]+>)?`", r"\1", text).replace("``", "")
+    text = re.sub(r"\s*\(floor [^()]*(?:\([^()]*\)[^()]*)*\)", "", text)  # (the table says the floor)
     m = re.match(r"(.+?[.:])(\s|$)", text)
     return (m.group(1) if m else text).rstrip(":.") + "." if text else ""
 
@@ -47,8 +48,8 @@ def members(root: str, name: str) -> tuple[str, list[str]]:
     module = importlib.import_module(f"{root}.{name}")
     inside = []
     if hasattr(module, "__path__"):
-        inside = sorted(info.name.rsplit(".", 1)[-1] for info in pkgutil.iter_modules(module.__path__)
-                        if not info.name.rsplit(".", 1)[-1].startswith("_"))
+        inside = sorted(info.name for info in pkgutil.iter_modules(module.__path__)
+                        if not info.name.startswith("_"))
     return first_sentence(module.__doc__), inside
 
 

@@ -546,11 +546,16 @@ def test_without_the_extension_reads_take_the_python_path(sample_jpeg, monkeypat
         monkeypatch.delattr(wsitool, "_jpegloop", raising=False)
         monkeypatch.setattr(jpegloop, "_tried", False)
         monkeypatch.setattr(jpegloop, "_module", None)
-        assert jpegloop.status().startswith("not in use: not built")
+        # the reason is the build's own (wsitool/_build.json), never a guess
+        monkeypatch.setattr(jpegloop.libjpeg, "build_reason", lambda name="": "no C compiler (error: command 'gcc')")
+        assert jpegloop.status().startswith("not in use: not built: no C compiler (error: command 'gcc')")
         assert not jpegloop.applies(pyramid_levels(slide)[0], "rgb", ref)
         assert np.array_equal(slide.read_region((7, 9), 0, (300, 200), mode="rgb"), ref)
         row = [b for b in backend_report(probe=False) if "compiled JPEG tile loop" in b["name"]]
-        assert len(row) == 1 and not row[0]["available"] and "not built" in row[0]["detail"]
+        assert len(row) == 1 and not row[0]["available"] and "no C compiler" in row[0]["detail"]
+        monkeypatch.setattr(jpegloop, "_tried", False)
+        monkeypatch.setattr(jpegloop.libjpeg, "build_reason", lambda name="": None)  # no record
+        assert "cannot be imported" in jpegloop.status() and "left no reason" in jpegloop.status()
     monkeypatch.undo()
     jpegloop._tried = False
     assert jpegloop.status().startswith("in use")

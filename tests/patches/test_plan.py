@@ -219,6 +219,20 @@ def test_planning_never_reads_level_0_of_a_pyramid(monkeypatch):
     assert levels and min(levels) == 2   # 8 um/px from 0.5: downsample 16; the coarsest level is 4
 
 
+@pytest.mark.parametrize("form", ["slash", "existing"])
+def test_a_preview_folder_given_with_a_slash_or_existing_is_a_folder(tmp_path, form):
+    """``--preview previews/`` wrote a PNG file named ``previews``: a trailing slash, or a folder that
+    exists, means a folder (made where missing) holding ``SLIDE-preview.png``."""
+    folder = tmp_path / "previews"
+    if form == "existing":
+        folder.mkdir()
+    arg = str(folder) + ("/" if form == "slash" else "")
+    code = main_code(["patches", "plan", str(SAMPLE), "--mpp", "0.5", "--size", "128", "--no-mask",
+                      "-o", str(tmp_path / "plan.parquet"), "--preview", arg, "--quiet"])
+    assert code == 0 and folder.is_dir()
+    assert (folder / "sample-aperio-jpeg-preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_patches_commands_end_to_end(tmp_path, capsys):
     out = tmp_path / "plan.parquet"
     code = main_code(["patches", "plan", str(SAMPLE), "--mpp", "0.5", "--size", "128", "--no-mask",

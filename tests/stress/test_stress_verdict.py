@@ -197,6 +197,41 @@ def test_too_short_for_its_workers_is_inconclusive_exit_15(tmp_path):
     assert d["exit_code"] == 15
 
 
+def _noisy(last: int, seed: int = 5, workers: int = 16, every: int = 50) -> dict:
+    """A clean run's memory section: flat RSS plus allocator-like noise (2 MiB), a sample every
+    ``every`` iterations up to ``last``, warm-up at 10 %."""
+    import numpy as np
+
+    from wsitool.stress.memory import WarmUp, memory_section
+
+    rng = np.random.default_rng(seed)
+    samples = [{"t": it / 400.0, "iterations": it, "rss": (100 + 2.0 * rng.standard_normal()) * 1048576,
+                "min_worker_reads": it // workers} for it in range(0, last + 1, every)]
+    return memory_section(samples, WarmUp(20 * workers, last // 10, None), 0.1, 64, workers)
+
+
+def test_an_inconclusive_run_says_how_many_iterations_a_verdict_needs_and_that_many_suffice():
+    """A clean run too short for its noise is inconclusive; its note names the iterations a verdict
+    needs on this slide (and the seconds at its pace), and a run that long of the same slide
+    decides ok (issue 49: `stress --iterations 3000` exited 15 with 'run longer' and no number)."""
+    short = _noisy(3000)
+    assert short["verdict"] == "inconclusive", short
+    need = short["iterations_needed"]
+    assert need > 3000 and need % 1000 == 0
+    assert f"--iterations {need:,}" in short["note"] and " s at this run's " in short["note"]
+    for seed in (4, 6, 8):  # (other runs of the same slide: the same noise, other draws)
+        again = _noisy(need, seed=seed)
+        assert again["verdict"] == "ok", (need, seed, again["slope_ci95_mb_per_1k"], again["note"])
+    validate_report_memory = report_schema()["properties"]["memory"]
+    assert "iterations_needed" in validate_report_memory["properties"]
+
+
+def test_too_few_iterations_after_warm_up_names_the_count_too():
+    few = _noisy(1000, every=25, workers=64)  # 64 workers need 3,200 measured iterations
+    assert few["verdict"] == "inconclusive" and "run longer" in few["note"]
+    assert few["iterations_needed"] >= 64 * 50 / 0.9 and f"--iterations {few['iterations_needed']:,}" in few["note"]
+
+
 def test_schema_knows_inconclusive():
     schema = report_schema()
     assert "inconclusive" in schema["$defs"]["verdict"]["enum"]

@@ -23,12 +23,16 @@
  * the per-tile Python calls (about 30 us a tile against about 300-600 us of
  * decoding) are gone, and the GIL is released for the whole call.
  *
- * libjpeg-turbo is linked (-ljpeg, its jpeglib.h at build time).  nvImageCodec
- * is not: wsitool.codec.jpegloop passes the path of the libnvimgcodec.so.0 that
- * the nvidia-nvimgcodec package loaded, and the functions are looked up with
- * dlsym.  The version the library reports must equal the version of the header
- * this file was compiled with (the structure layouts are that header's), else
- * load() refuses and wsitool keeps its Python path.
+ * Neither library is linked.  libjpeg-turbo: compiled against its API-62 headers
+ * (third_party/libjpeg-turbo/include, so no jpeglib.h need be installed), loaded by
+ * load_libjpeg() from the path wsitool.codec.jpegloop chooses (Pillow's bundled
+ * libjpeg-turbo, or the system's libjpeg.so.62), its functions looked up with dlsym;
+ * jpeg_CreateDecompress refuses a library of another API or structure size, and
+ * load_libjpeg() then refuses it.  nvImageCodec: wsitool.codec.jpegloop passes the
+ * path of the libnvimgcodec.so.0 that the nvidia-nvimgcodec package loaded, and the
+ * functions are looked up with dlsym.  The version the library reports must equal
+ * the version of the header this file was compiled with (the structure layouts are
+ * that header's), else load() refuses and wsitool keeps its Python path.
  *
  * Errors are not raised from here: each failed tile is zero-filled in the
  * output (transparent background, as the Python path does) and reported as
@@ -52,6 +56,37 @@
 #include "nvimgcodec.h"
 #include <jpeglib.h>
 #include <jerror.h>
+
+/* libjpeg-turbo's functions, looked up in the library load_libjpeg() opens (none is linked:
+ * the names below stand for the pointers, so the decode reads as libjpeg's API). */
+static struct {
+    void* lib;
+    struct jpeg_error_mgr* (*std_error)(struct jpeg_error_mgr*);
+    void (*create_decompress)(j_decompress_ptr, int, size_t);
+    void (*destroy_decompress)(j_decompress_ptr);
+    void (*mem_src)(j_decompress_ptr, const unsigned char*, unsigned long);
+    int (*read_header)(j_decompress_ptr, boolean);
+    void (*calc_output_dimensions)(j_decompress_ptr);
+    boolean (*start_decompress)(j_decompress_ptr);
+    void (*crop_scanline)(j_decompress_ptr, JDIMENSION*, JDIMENSION*);
+    JDIMENSION (*skip_scanlines)(j_decompress_ptr, JDIMENSION);
+    JDIMENSION (*read_scanlines)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
+    boolean (*finish_decompress)(j_decompress_ptr);
+} lj;
+
+#define jpeg_std_error (*lj.std_error)
+#define jpeg_CreateDecompress (*lj.create_decompress)
+#define jpeg_destroy_decompress (*lj.destroy_decompress)
+#define jpeg_mem_src (*lj.mem_src)
+#define jpeg_read_header (*lj.read_header)
+#define jpeg_calc_output_dimensions (*lj.calc_output_dimensions)
+#define jpeg_start_decompress (*lj.start_decompress)
+#define jpeg_crop_scanline (*lj.crop_scanline)
+#define jpeg_skip_scanlines (*lj.skip_scanlines)
+#define jpeg_read_scanlines (*lj.read_scanlines)
+#define jpeg_finish_decompress (*lj.finish_decompress)
+
+static int lj_loaded(void);
 
 /* Failure codes, exported to Python as F_* module constants (wsitool/codec/jpegloop.py reads them). */
 enum {
@@ -187,6 +222,8 @@ static int Decoder_init(Decoder* self, PyObject* args, PyObject* kwds)
         PyErr_SetString(PyExc_RuntimeError, "wsitool._jpegloop.load() was not called");
         return -1;
     }
+    if (!lj_loaded())
+        return -1;
     self->ready = 1;
     return 0;
 }
@@ -519,6 +556,78 @@ static int lj_decode(const unsigned char* data, size_t n, int scale_log2, int64_
         jpeg_finish_decompress(&c);
     jpeg_destroy_decompress(&c);
     return 1;
+}
+
+/* load_libjpeg(path): open libjpeg-turbo at path and look up its functions (once; a second
+ * call with another path returns the first's).  The library must be libjpeg-turbo (it has
+ * jpeg_skip_scanlines and jpeg_crop_scanline) of the API these headers are (62), with the
+ * decompressor structure of their size: a test decompressor is created to let the library
+ * itself check both (jpeg_CreateDecompress fails with its own message otherwise). */
+static PyObject* jl_load_libjpeg(PyObject* self, PyObject* args)
+{
+    const char* path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    if (lj.lib != NULL)
+        return PyLong_FromLong(JPEG_LIB_VERSION);
+    void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        PyErr_Format(PyExc_ImportError, "cannot load %s: %s", path, dlerror());
+        return NULL;
+    }
+    const char* names[] = {"jpeg_std_error", "jpeg_CreateDecompress", "jpeg_destroy_decompress", "jpeg_mem_src",
+                           "jpeg_read_header", "jpeg_calc_output_dimensions", "jpeg_start_decompress",
+                           "jpeg_crop_scanline", "jpeg_skip_scanlines", "jpeg_read_scanlines",
+                           "jpeg_finish_decompress"};
+    void* found[11];
+    for (int i = 0; i < 11; i++) {
+        found[i] = dlsym(lib, names[i]);
+        if (found[i] == NULL) {
+            PyErr_Format(PyExc_ImportError, "%s is not libjpeg-turbo's libjpeg API: it has no %s", path, names[i]);
+            dlclose(lib);
+            return NULL;
+        }
+    }
+    lj.std_error = (struct jpeg_error_mgr * (*)(struct jpeg_error_mgr*)) found[0];
+    lj.create_decompress = (void (*)(j_decompress_ptr, int, size_t))found[1];
+    lj.destroy_decompress = (void (*)(j_decompress_ptr))found[2];
+    lj.mem_src = (void (*)(j_decompress_ptr, const unsigned char*, unsigned long))found[3];
+    lj.read_header = (int (*)(j_decompress_ptr, boolean))found[4];
+    lj.calc_output_dimensions = (void (*)(j_decompress_ptr))found[5];
+    lj.start_decompress = (boolean(*)(j_decompress_ptr))found[6];
+    lj.crop_scanline = (void (*)(j_decompress_ptr, JDIMENSION*, JDIMENSION*))found[7];
+    lj.skip_scanlines = (JDIMENSION(*)(j_decompress_ptr, JDIMENSION))found[8];
+    lj.read_scanlines = (JDIMENSION(*)(j_decompress_ptr, JSAMPARRAY, JDIMENSION))found[9];
+    lj.finish_decompress = (boolean(*)(j_decompress_ptr))found[10];
+    /* the library checks the API version and the structure's size itself */
+    struct jpeg_decompress_struct c;
+    LjError err;
+    char msg[JMSG_LENGTH_MAX];
+    c.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = lj_error_exit;
+    err.pub.emit_message = lj_emit_message;
+    err.msg = msg;
+    msg[0] = '\0';
+    if (setjmp(err.jump)) {
+        PyErr_Format(PyExc_ImportError, "%s is not the libjpeg API %d this extension was built for: %s", path,
+                     JPEG_LIB_VERSION, msg);
+        memset(&lj, 0, sizeof lj);
+        dlclose(lib);
+        return NULL;
+    }
+    jpeg_create_decompress(&c);
+    jpeg_destroy_decompress(&c);
+    lj.lib = lib;
+    return PyLong_FromLong(JPEG_LIB_VERSION);
+}
+
+/* 1 when load_libjpeg() has opened a library, else 0 with a RuntimeError set. */
+static int lj_loaded(void)
+{
+    if (lj.lib != NULL)
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "wsitool._jpegloop.load_libjpeg() was not called");
+    return 0;
 }
 
 /* Decode the pending tiles one after another and check each; releases them all.
@@ -1397,7 +1506,7 @@ static PyObject* jl_decode_jpeg(PyObject* self, PyObject* args)
     PyObject* out_obj;
     long long x0, y0, x1, y1;
     int scale_log2 = 0;
-    if (!PyArg_ParseTuple(args, "y*OLLLL|i", &stream, &out_obj, &x0, &y0, &x1, &y1, &scale_log2))
+    if (!lj_loaded() || !PyArg_ParseTuple(args, "y*OLLLL|i", &stream, &out_obj, &x0, &y0, &x1, &y1, &scale_log2))
         return NULL;
     if (PyObject_GetBuffer(out_obj, &out, PyBUF_RECORDS) < 0) {
         PyBuffer_Release(&stream);
@@ -1456,6 +1565,9 @@ static PyTypeObject DecoderType = {
 static PyMethodDef module_methods[] = {
     {"load", jl_load, METH_VARARGS,
      "load(lib_path, extensions_path) -> version: open libnvimgcodec and create the instance (once)."},
+    {"load_libjpeg", jl_load_libjpeg, METH_VARARGS,
+     "load_libjpeg(path) -> API version: open libjpeg-turbo at path and look up its functions (once);\n"
+     "ImportError for a library that is not libjpeg-turbo of the API the extension was built for."},
     {"decode_jpeg", jl_decode_jpeg, METH_VARARGS, decode_jpeg_doc},
     {"scatter", jl_scatter, METH_VARARGS,
      "scatter(src, dest, pieces): copy pieces of the C-contiguous (h, w, c) uint8 buffer src into the\n"
@@ -1511,5 +1623,7 @@ PyMODINIT_FUNC PyInit__jpegloop(void)
      * decode_jpeg() exists */
     PyModule_AddIntConstant(m, "LIBJPEG", 1);
     PyModule_AddIntConstant(m, "LIBJPEG_VERSION", JPEG_LIB_VERSION);
+    /* libjpeg-turbo is not linked: load_libjpeg(path) opens it */
+    PyModule_AddIntConstant(m, "LIBJPEG_LOADED_AT_RUN_TIME", 1);
     return m;
 }

@@ -42,10 +42,16 @@ def _stem(slide: str) -> str:
     return name.split(".")[0] or "slide"
 
 
-def _preview_path(preview: Path, slide: str, many: bool) -> Path:
-    if many or preview.is_dir():
-        return preview / (_stem(slide) + "-preview.png")
-    return preview
+def _preview_path(preview: Path, slide: str, in_folder: bool) -> Path:
+    """Where ``slide``'s preview goes: ``preview`` itself, or ``SLIDE-preview.png`` in the folder
+    ``preview`` (``in_folder``: :func:`_preview_is_folder`)."""
+    return preview / (_stem(slide) + "-preview.png") if in_folder else preview
+
+
+def _preview_is_folder(preview: str, many: bool) -> bool:
+    """Whether ``--preview`` names a folder: several slides, a name ending in ``/``, or an existing
+    folder (``previews/`` was a PNG file named ``previews``: the slash was lost as a path)."""
+    return many or preview.endswith(("/", os.sep)) or Path(preview).is_dir()
 
 
 def _load_mask_arg(mask: Path | None):
@@ -102,7 +108,7 @@ class _PlanJob:
     folder: Path | None
     fmt: str
     preview: Path | None
-    many: bool
+    preview_folder: bool
     overwrite: bool
 
 
@@ -114,7 +120,7 @@ def plan_cmd(
     min_tissue: float = _MIN_TISSUE, mpp_override: float | None = _MPP_OVERRIDE,
     mpp_tolerance: float = _MPP_TOLERANCE, allow_upscale: bool = _ALLOW_UPSCALE, no_mask: bool = _NO_MASK,
     mask: Path | None = _MASK, clam: bool = _CLAM, fmt: Literal["parquet", "h5"] = _PLAN_FORMAT,
-    preview: Path | None = _PREVIEW, threads: int | None = _THREADS, quiet: bool = _QUIET,
+    preview: str | None = _PREVIEW, threads: int | None = _THREADS, quiet: bool = _QUIET,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing plan and preview files."),
     storage_option: list[str] | None = _STORAGE_OPTION,
 ) -> None:
@@ -127,10 +133,12 @@ def plan_cmd(
                                  overlap=overlap, mask=mask, no_mask=no_mask)
     many = len(slides) > 1
     options = storage_options(storage_option)
-    _prepare_plan_outputs(slides, output, preview, folder=folder, many=many, overwrite=overwrite)
+    previews = Path(preview) if preview else None
+    in_folder = preview is not None and _preview_is_folder(preview, many)
+    _prepare_plan_outputs(slides, output, previews if in_folder else None, folder=folder, overwrite=overwrite)
     job = _PlanJob(mpp, magnification, size, overlap, None if no_mask else _load_mask_arg(mask), min_tissue,
                    mpp_tolerance, mpp_override, allow_upscale, TissueParams.clam() if clam else TissueParams(),
-                   threads, output if folder else None, fmt, preview, many, overwrite)
+                   threads, output if folder else None, fmt, previews, in_folder, overwrite)
     plans, failures = [], []
     with batch_progress(quiet) as progress:
         task = progress.add_task("planning", total=len(slides))
@@ -167,12 +175,12 @@ def _check_plan_options(slides: list[str], output: Path, *, mpp: float | None, m
     return folder
 
 
-def _prepare_plan_outputs(slides: list[str], output: Path, preview: Path | None, *, folder: bool, many: bool,
+def _prepare_plan_outputs(slides: list[str], output: Path, preview_folder: Path | None, *, folder: bool,
                           overwrite: bool) -> None:
     """The output and preview folders made when missing; an existing plan file (or a slide given as
     the output) refused before any planning."""
-    if preview is not None and (many or str(preview).endswith(os.sep)):
-        preview.mkdir(parents=True, exist_ok=True)   # a folder of previews, made when missing
+    if preview_folder is not None:
+        preview_folder.mkdir(parents=True, exist_ok=True)   # a folder of previews, made when missing
     if folder:
         output.mkdir(parents=True, exist_ok=True)
     else:
@@ -193,8 +201,8 @@ def _plan_slide(path: str, options: dict | None, job: _PlanJob) -> PatchPlan:
         if job.folder is not None:
             write_plans([plan], job.folder / f"{_stem(path)}.{job.fmt}", overwrite=job.overwrite)
         if job.preview is not None:
-            save_preview(slide, plan, _preview_path(job.preview, str(path), job.many), overwrite=job.overwrite,
-                         threads=job.threads)
+            save_preview(slide, plan, _preview_path(job.preview, str(path), job.preview_folder),
+                         overwrite=job.overwrite, threads=job.threads)
     console.print(f"{shown(slide.path)}: {len(plan)} patches at level {plan.level}, "
                   f"read {plan.read_size:g} px -> {plan.size} px, {plan.effective_mpp:.4g} um/px",
                   highlight=False)

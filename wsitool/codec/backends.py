@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..ground.device import NO_CUDA, cuda_probe
-from . import jpegloop
+from . import jpegloop, strictjpeg
 from .library import available as nv_available
 from .library import nv, unavailable_reason
+from .paths import get_decode_paths
 
 __all__ = ["backend_report"]
 
@@ -96,6 +97,27 @@ def _native_entry() -> dict:
             "detail": status}
 
 
+def _strict_entry() -> dict:
+    """The row of libjpeg-turbo through simplejpeg (:mod:`wsitool.codec.strictjpeg`): JPEG tiles
+    where the compiled loop is absent, corrupt data an error all the same."""
+    loop = jpegloop.status().startswith("in use")
+    have = strictjpeg.available()
+    if loop:
+        detail = "not needed: the compiled loop decodes JPEG tiles"
+    elif not get_decode_paths().libjpeg:
+        detail = "off (wsitool.codec.paths.decode_paths(libjpeg=False))"
+    elif have:
+        detail = "in use: JPEG tiles are decoded by libjpeg-turbo through simplejpeg, corrupt data an error"
+    else:
+        detail = ("simplejpeg is not installed (pip install simplejpeg): nvImageCodec decodes JPEG tiles and "
+                  "corrupt JPEG data goes undetected")
+    return {"name": "CPU: libjpeg-turbo through simplejpeg", "device": "cpu",
+            "available": have,
+            "decodes": "JPEG (7) RGB/YCbCr tiles where the compiled loop is absent: whole tiles, corrupt data "
+                       "an error (strict); device cpu",
+            "detail": detail}
+
+
 def backend_report(probe: bool = True) -> list[dict]:
     """Which decode backends exist here and what each decodes (for ``wsitool info``).
 
@@ -129,6 +151,7 @@ def backend_report(probe: bool = True) -> list[dict]:
         here.entry("CUDA: nvJPEG2000", "GPU_ONLY", "j2k", nvjpeg2k_lib, "nvidia-nvjpeg2k-cu12",
                    "JPEG 2000 (33003, 33005, 34712); device cuda"),
         _native_entry(),
+        _strict_entry(),
         _tifffile_entry(nv_ok),
     ]
 

@@ -58,6 +58,7 @@ from ..ground.geometry import plan_tiles
 from ..model import PyramidLevel
 from ..storage import ByteSource
 from . import failures as reasons
+from . import libjpeg, strictjpeg
 from .failures import tile_failed
 from .library import nv
 from .paths import get_decode_paths
@@ -72,11 +73,12 @@ _lock = threading.Lock()
 _module: Any = None  # the compiled extension module once loaded (no type information)
 _reason: str | None = None
 _tried = False
+_library: str | None = None  # the libjpeg-turbo the loop loaded
 
 
 def _load():
     """Import and initialise ``wsitool._jpegloop`` once; None (with a reason) if unusable."""
-    global _module, _reason, _tried
+    global _module, _reason, _tried, _library
     with _lock:
         if _tried:
             return _module
@@ -84,9 +86,19 @@ def _load():
         try:
             # the compiled extension is optional: absent when it was not built
             _jpegloop = importlib.import_module("wsitool._jpegloop")
-        except ImportError:
-            _reason = ("not built (was there a C compiler at install time? `pip install -v .` "
-                       "shows the build log); JPEG reads take the Python path")
+        except ImportError as exc:
+            why = libjpeg.build_reason()
+            _reason = (f"not built: {why}" if why else
+                       f"cannot be imported ({exc}); the build left no reason in wsitool/_build.json")
+            _reason += "; JPEG reads take the Python path"
+            return None
+        if not hasattr(_jpegloop, "LIBJPEG_LOADED_AT_RUN_TIME"):  # pragma: no cover - an old build
+            _reason = "the compiled loop is stale (built linked to libjpeg): rebuild it with `pip install -e .`"
+            return None
+        path, refused = libjpeg.load(_jpegloop)
+        if path is None:
+            _reason = (f"no libjpeg-turbo of API {_jpegloop.LIBJPEG_VERSION} could be loaded "
+                       f"({'; '.join(refused)}); JPEG reads take the Python path")
             return None
         try:
             base = os.path.dirname(cast(str, nv().__file__))
@@ -113,6 +125,7 @@ def _load():
                        "with `pip install -e .`")
             return None
         _module = _jpegloop
+        _library = path
         return _module
 
 
@@ -126,8 +139,15 @@ def status() -> str:
     mod = _load()
     if mod is None:
         return f"not in use: {_reason}"
-    return (f"in use (libjpeg-turbo, libjpeg API {mod.LIBJPEG_VERSION}; headers checked with nvImageCodec "
-            f"{mod.HEADER_VERSION // 1000}.{mod.HEADER_VERSION % 1000 // 100}.{mod.HEADER_VERSION % 100})")
+    return (f"in use (libjpeg-turbo {_library}, libjpeg API {mod.LIBJPEG_VERSION}; headers checked with "
+            f"nvImageCodec {mod.HEADER_VERSION // 1000}.{mod.HEADER_VERSION % 1000 // 100}."
+            f"{mod.HEADER_VERSION % 100})")
+
+
+def library() -> str | None:
+    """The path of the libjpeg-turbo the compiled loop loaded (:mod:`wsitool.codec.libjpeg`), or
+    None where the loop is not in use."""
+    return _library if _load() is not None else None
 
 
 def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = None, advised: bool = False) -> bool:
@@ -234,12 +254,17 @@ def _probe_kind(lv: PyramidLevel, hint: int | None) -> bool:
 
 def libjpeg_decode():
     """``wsitool._jpegloop.decode_jpeg`` (see :func:`libjpeg_decoder`; it also takes a 7th
-    argument, ``scale_log2`` 0 to 3, for libjpeg's DCT scaling), or None where
-    :class:`wsitool.codec.paths.DecodePaths` ``libjpeg`` is off or the extension is not loaded."""
+    argument, ``scale_log2`` 0 to 3, for libjpeg's DCT scaling); where the extension is not
+    loaded, :func:`wsitool.codec.strictjpeg.decode_jpeg` (libjpeg-turbo through simplejpeg, the
+    same signature and errors); None where :class:`wsitool.codec.paths.DecodePaths` ``libjpeg``
+    is off or neither is there (nvImageCodec then decodes JPEG, corrupt data undetected)."""
     if not get_decode_paths().libjpeg:
         return None
     mod = _module if _module is not None else _load()
-    return None if mod is None else mod.decode_jpeg
+    if mod is not None:
+        return mod.decode_jpeg
+    # the extension absent: libjpeg-turbo through simplejpeg, corrupt data an error all the same
+    return strictjpeg.decode_jpeg if strictjpeg.available() else None
 
 
 class RegionJobs:

@@ -349,4 +349,43 @@ def memory_section(samples: list[dict], warm: WarmUp, warmup: float, max_growth_
     }
     gpu = max((v for k, v in (memory["gpu"] or {}).items() if k.endswith("growth_mb")), default=None)
     memory["verdict"], memory["note"] = memory_verdict(meas, growth, gpu, ci, max_growth_mb, workers)
+    if memory["verdict"] == "inconclusive" and rss_samples:
+        need = needed_iterations(rss_samples, meas, ci, warmup, workers)
+        if need is not None:
+            done, seconds = rss_samples[-1]["iterations"], rss_samples[-1]["t"]
+            pace = f" (about {need * seconds / done:,.0f} s at this run's {done / seconds:,.0f} iterations/s)" \
+                if done and seconds else ""
+            memory["iterations_needed"] = need
+            memory["note"] += f"; a verdict on this slide needs about --iterations {need:,}{pace}"
     return memory
+
+
+def needed_iterations(rss_samples: list[dict], meas: list[dict], ci: tuple[float, float] | None,
+                      warmup: float, workers: int) -> int | None:
+    """About how many iterations a run of this slide, these workers and this ``warmup`` fraction needs
+    for a verdict, from an inconclusive one, rounded up to a thousand; None where no number can be
+    given (the slope's interval sits between the thresholds: a longer run may still be inconclusive).
+
+    Two needs, the larger wins: enough after warm-up (:func:`min_measured_iterations`, with the
+    warm-up the run had taken, or its ``warmup`` fraction of the longer run), and an interval narrow
+    enough to lie under :data:`OK_SLOPE_MB_PER_1K`: a least-squares slope's interval narrows as the
+    measured span to the power 3/2 when samples come at a steady pace.
+    """
+    done = rss_samples[-1]["iterations"]
+    warm = meas[0]["iterations"] if meas else done
+    measured = (meas[-1]["iterations"] - meas[0]["iterations"]) if meas else 0
+    floor = min_measured_iterations(workers)
+    # warm-up: the larger of what it took this run and its fraction of the longer run
+    need = max(warm + floor, math.ceil(floor / max(1e-9, 1.0 - warmup)))
+    if ci is not None and measured > 0:
+        lo, hi = ci[0] * 1000.0, ci[1] * 1000.0
+        half = (hi - lo) / 2
+        # the slope taken as 0 where the interval holds 0 (a clean run's noise), else its centre
+        slope = 0.0 if lo <= 0 else (lo + hi) / 2
+        if slope >= OK_SLOPE_MB_PER_1K * 0.9:
+            return None  # (the slope itself is near the threshold: length alone will not decide)
+        if hi >= OK_SLOPE_MB_PER_1K:
+            factor = (half / (OK_SLOPE_MB_PER_1K * 0.9 - slope)) ** (2 / 3)
+            need = max(need, warm + math.ceil(measured * factor * 1.2))
+    need = max(need, done + 1)
+    return -(-need // 1000) * 1000
