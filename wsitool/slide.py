@@ -45,9 +45,8 @@ from .read.lazy import chunk_read_count, level_array
 from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.region import read_pyramid_region
 from .storage import ByteSource, is_url, open_source, redact
-from .storage.dicomweb import parse_series_url
 from .storage.prefix import is_prefix_url
-from .storage.urls import check_url
+from .storage.urls import check_url, parse_series_url
 from .types import Chunks, Color, CupyArray, Device, Mode, OnError
 
 if TYPE_CHECKING:
@@ -676,7 +675,7 @@ def open_slide(path: str | os.PathLike, cache: TileCache | int | None = None,
     HTTP(S): ``headers``, ``verify``; object stores: obstore's keys or the
     fsspec names tiffslide takes (``anon``, ``key``, ``secret``, ``token``,
     ``endpoint_url``, ``region_name``, ``account_name``, ``account_key``,
-    ``sas_token``; :mod:`wsitool.storage.objectstore`).
+    ``sas_token``; :mod:`wsitool.storage.remote.transports.objectstore`).
 
     Returns a :class:`Slide`, usable as a context manager.
 

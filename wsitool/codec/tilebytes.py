@@ -14,7 +14,7 @@ segment's final RSTn marker becomes EOI.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,9 +23,6 @@ from ..ground.bitstream import EOI, SOI, ends_with_restart
 from ..model import PyramidLevel
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
 from .pool import DecodeStats, ThreadState
-
-if TYPE_CHECKING:
-    from ..storage.dicomweb import FrameSource
 
 __all__ = ["read_tile_bytes", "read_tile_stream", "jpeg_stream"]
 
@@ -42,7 +39,7 @@ def read_tile_bytes(level: PyramidLevel, index: int, col: int, row: int, stats: 
         return None
     offset, count = where
     if level.source.framed:  # a frame fetched by number (DICOMweb): its length is what came
-        data = cast("FrameSource", level.source).read_frame(offset)
+        data = cast(Any, level.source).read_frame(offset)  # (a FrameSource of formats.dicom.web)
         stats.bytes_read += len(data)
         return data
     data = level.source.read(offset, count)
@@ -95,7 +92,7 @@ def read_tile_stream(level: PyramidLevel, index: int, col: int, row: int,
     # a bare restart interval: the whole header goes in front; else the tile's SOI lands under the prefix's end
     start = len(prefix) if jpeg and enc.jpeg_scan_segments else (len(prefix) - 2 if prefix else 0)
     if level.source.framed:  # a frame fetched by number (DICOMweb): copied in whole
-        frame = cast("FrameSource", level.source).read_frame(offset)
+        frame = cast(Any, level.source).read_frame(offset)  # (a FrameSource of formats.dicom.web)
         count = len(frame)
         buf, view = state.read_buffer(start + count, slot)
         view[start:start + count] = frame

@@ -16,8 +16,8 @@ from __future__ import annotations
 from ..errors import UnsupportedFormatError
 from ..model import Pyramid
 from ..storage import ByteSource
-from ..storage.dicomweb import SeriesUrl
 from ..storage.prefix import Prefix
+from ..storage.urls import SeriesUrl
 from . import dicom, tiff
 from .contract import FolderFormat, Format
 
@@ -51,7 +51,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
 
 
 def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyramid:
-    """The pyramid of a DICOMweb series (``url``: a :class:`~wsitool.storage.dicomweb.SeriesUrl`);
+    """The pyramid of a DICOMweb series (``url``: a :class:`~wsitool.storage.urls.SeriesUrl`);
     see :func:`wsitool.formats.dicom.open_dicomweb` for what it raises."""
     return dicom.open_dicomweb(url, storage_options)
 

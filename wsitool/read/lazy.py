@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DaskUnavailableError, InvalidRegionError, WsiError
+from ..ground.extras import install_hint
 from ..ground.geometry import level0_coordinate
 from ..ground.integers import int_pair
 from ..model import PyramidLevel
@@ -34,7 +35,7 @@ from .request import level_index
 __all__ = ["INSTALL_HINT", "import_dask_array", "level_array", "Opener", "cached_slide", "file_stamp",
            "read_chunk", "chunk_read_count"]
 
-INSTALL_HINT = 'install the optional Dask extra: pip install "wsitool[dask]"'
+INSTALL_HINT = "install the optional Dask extra: " + install_hint("dask")
 
 
 def import_dask_array() -> Any:

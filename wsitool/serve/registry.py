@@ -172,7 +172,7 @@ def _url_candidates(url: str, storage_options: dict | None) -> list[tuple[str, s
     if scheme not in _LISTED:
         raise InvalidOptionError(f"{redact(url)}: a URL ending in '/' is a prefix to list, and {scheme}:// "
                                  "has no listing: give each slide's URL")
-    from ..storage.objectstore import list_objects
+    from ..storage.remote.transports.listing import list_objects
 
     prefix = urllib.parse.unquote(urllib.parse.urlsplit(url).path).lstrip("/")
     listed = []

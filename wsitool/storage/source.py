@@ -39,7 +39,7 @@ class ByteSource(abc.ABC):
     #: always announces a region's tile ranges (:meth:`advise`) before reading them.
     remote: bool = False
     #: True for a source of frames fetched by number (DICOMweb,
-    #: :class:`~wsitool.storage.dicomweb.FrameSource`): a tile's offset is its frame's
+    #: :class:`~wsitool.formats.dicom.web.frames.FrameSource`): a tile's offset is its frame's
     #: address and its byte count only an upper bound; the tile path reads it whole
     #: with ``read_frame(offset)``, and the region layer advises the tiles' addresses.
     framed: bool = False
