@@ -308,8 +308,8 @@ def test_patch_batches_fetch_their_runs_together(nginx_factory, monkeypatch):
     merged into one request) and the next batch's while this one decodes, instead of one
     round trip per run as each decode starts: at most one request per batch here, where runs
     of two tiles make three runs of each tile row.  Pixels equal the local read's."""
-    from wsitool.read import patches
-    monkeypatch.setattr(patches, "RUN_TILES", 2)
+    from wsitool.read.patches import reader
+    monkeypatch.setattr(reader, "RUN_TILES", 2)
     sample = REPO / "samples" / "sample-aperio-jpeg.svs"
     srv = nginx_factory(sample.parent)
     with wsitool.open_slide(srv.url + sample.name) as remote, wsitool.open_slide(sample) as local:

@@ -67,6 +67,8 @@ class RemoteSource(CountedReads, ByteSource):
     """
 
     remote = True
+    defer_metadata = True  # (each read is a request: tile tables when first used)
+    gathers = True  # (the compiled loop reads a region's tiles from the advised ranges)
 
     def __init__(self, url: str, transport: Transport, options: RemoteOptions | None = None):
         self.path = url

@@ -6,7 +6,7 @@ One package for everything DICOMweb, as the local DICOM reader keeps its files' 
 * :mod:`.client`: :class:`~.client.DicomWebClient`, the requests to one service about one series
   (QIDO-RS, WADO-RS metadata and frames, STOW-RS), through the remote stack's statuses,
   back-off and bounded body reader (:mod:`wsitool.storage.remote`); :mod:`.options` its
-  ``storage_options``, :mod:`.multipart` the parts of its frame answers;
+  storage options, :mod:`.multipart` the parts of its frame answers;
 * :mod:`.frames`: :class:`~.frames.FrameSource`, one instance's frames as a
   :class:`~wsitool.storage.ByteSource` (frames fetched by number, a region's in one request);
 * :mod:`.series`: the series' instances assembled from their WADO-RS metadata

@@ -112,7 +112,7 @@ class DicomWebClient:
 
     Args:
         url: the parsed series URL.
-        storage_options: the generic keys of :class:`~wsitool.storage.remote.RemoteOptions`
+        options: the generic keys of :class:`~wsitool.storage.remote.RemoteOptions`
             and the client's own (:mod:`.options`), as a mapping or already parsed
             (:class:`~wsitool.storage.remote.StorageOptions`).
 
@@ -125,10 +125,10 @@ class DicomWebClient:
         WsiError: an unknown option, a bad value, or urllib3 not installed.
     """
 
-    def __init__(self, url: SeriesUrl, storage_options: Mapping[str, Any] | StorageOptions | None = None):
+    def __init__(self, url: SeriesUrl, options: Mapping[str, Any] | StorageOptions | None = None):
         self.url = url
         self.shown = url.shown
-        settings = ClientOptions.parse(url, storage_options, JSON_LIMIT)
+        settings = ClientOptions.parse(url, options, JSON_LIMIT)
         self.options = settings.remote
         self.base = settings.base
         self._headers = settings.headers

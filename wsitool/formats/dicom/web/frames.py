@@ -6,7 +6,7 @@ tile the address of its frame (:func:`~wsitool.formats.dicom.web.series.frames_t
 byte count only an upper bound; :meth:`FrameSource.advise` (called by the region layer with
 the ranges of a region's tiles) fetches every frame of the region that is not cached in one
 multipart request; each tile's read then takes its frame whole from what was fetched
-(:meth:`FrameSource.read_frame`; a frame nobody announced is fetched alone).
+(:meth:`FrameSource.read_segment`; a frame nobody announced is fetched alone).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ....errors import RemoteUnavailableError, WsiError
@@ -35,12 +35,14 @@ class FrameSource(ByteSource):
     """The frames of one instance in one transfer syntax, frame ``k`` at address ``k * FRAME_STRIDE``.
 
     ``read(address, count)`` gives the first ``count`` bytes of that frame (the
-    whole frame when ``count`` is larger); :meth:`read_frame` the whole frame.
+    whole frame when ``count`` is larger); :meth:`read_frame` and :meth:`read_segment` the
+    whole frame (a tile's byte count is only an upper bound).
     The client is shared by the series' instances and closed by its owner.
     """
 
     remote = True
     framed = True
+    defer_metadata = True
     protocol = "dicomweb"
 
     def __init__(self, client: DicomWebClient, sop: str, frames: int, syntax: str, path: str,
@@ -100,6 +102,27 @@ class FrameSource(ByteSource):
         data = self.read_frame(offset)
         return data if count >= len(data) else data[:count]
 
+    def read_segment(self, offset: int, count: int) -> tuple[bytes, int]:
+        """The frame at address ``offset`` whole, and its length (``count`` is an upper bound).
+
+        Raises:
+            RemoteUnavailableError, RemoteAccessError, RemoteNotFoundError: as the request.
+            OSError: ``offset`` is no frame's address.
+        """
+        data = self.read_frame(offset)
+        return data, len(data)
+
+    def read_segment_into(self, offset: int, count: int, buffer: Callable[[int], Any]) -> tuple[int, int]:
+        """The frame at address ``offset`` whole, copied into ``buffer(its length)``.
+
+        Raises:
+            RemoteUnavailableError, RemoteAccessError, RemoteNotFoundError: as the request.
+            OSError: ``offset`` is no frame's address.
+        """
+        data = self.read_frame(offset)
+        buffer(len(data))[:] = data
+        return len(data), len(data)
+
     def readinto(self, offset: int, buffer: Any) -> int:
         data = self.read_frame(offset)
         view = memoryview(buffer).cast("B")
@@ -108,8 +131,10 @@ class FrameSource(ByteSource):
         return n
 
     def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
-        """Fetch, in one request, the frames at the starts of ``ranges`` that are neither
-        cached nor already being fetched (advisory: errors surface on the reads of those frames).
+        """Fetch, in one request, the frames whose addresses the ``(offset, count)`` ranges hold
+        (a tile's entry holds its own frame; a row's joined entries the frames of the row) that
+        are neither cached nor already being fetched (advisory: errors surface on the reads of
+        those frames).
         ``ahead`` (read-ahead for a later batch): skipped where it wants more than a quarter
         of the :data:`HELD` frames (they would push out the ones being read now)."""
         if self._closed:
@@ -122,12 +147,12 @@ class FrameSource(ByteSource):
                 done = [k for k, f in self._pending.items() if f.done()]
                 for k in done[:len(self._pending) - HELD]:
                     del self._pending[k]
-            for offset, _count in ranges:
-                k, rest = divmod(int(offset), FRAME_STRIDE)
-                if rest or not 1 <= k <= self.frames or k in self._pending:
-                    continue
-                if self.client.cache.get((self.sop, k)) is None:
-                    want.append(k)
+            for offset, count in ranges:
+                first = max(1, -(-int(offset) // FRAME_STRIDE))
+                last = min(self.frames, (int(offset) + max(1, int(count)) - 1) // FRAME_STRIDE)
+                for k in range(first, last + 1):
+                    if k not in self._pending and self.client.cache.get((self.sop, k)) is None:
+                        want.append(k)
             want = sorted(set(want))
             if not want or (ahead and 4 * len(want) > HELD):
                 return

@@ -1,4 +1,4 @@
-"""A DICOMweb client's ``storage_options``, read once (floor 3).
+"""A DICOMweb client's storage options, read once (floor 3).
 
 Besides the generic keys every remote slide takes (:class:`~wsitool.storage.remote.RemoteOptions`:
 ``timeout``, ``operation_timeout``, ``retries``, ``concurrency``, ``backoff``), a DICOMweb series
@@ -49,7 +49,7 @@ class ClientOptions:
     json_limit: int
 
     @classmethod
-    def parse(cls, url: SeriesUrl, storage_options: Mapping[str, Any] | StorageOptions | None,
+    def parse(cls, url: SeriesUrl, options: Mapping[str, Any] | StorageOptions | None,
               json_limit: int) -> ClientOptions:
         """The options of a client of the series ``url`` (``json_limit``: the default of
         ``metadata_limit_mb``, in bytes).
@@ -57,31 +57,31 @@ class ClientOptions:
         Raises:
             InvalidOptionError: an unknown key or a bad value (a secret is never shown).
         """
-        parsed = StorageOptions.parse(storage_options)
-        options = parsed.own
+        parsed = StorageOptions.parse(options)
+        own = parsed.own
         shown = url.shown
-        unknown = sorted(set(options) - set(CLIENT_KEYS))
+        unknown = sorted(set(own) - set(CLIENT_KEYS))
         if unknown:
             raise InvalidOptionError(f"{shown}: unknown storage option(s) for DICOMweb: {', '.join(unknown)}")
-        if not isinstance(options.get("headers") or {}, dict):
+        if not isinstance(own.get("headers") or {}, dict):
             raise InvalidOptionError(f"{shown}: storage option headers: expected headers.NAME=VALUE")
         # text options: a number or boolean as typed (password=1234), never None or a list
-        headers = {str(k): option_text(f"headers.{k}", v) for k, v in dict(options.get("headers") or {}).items()}
+        headers = {str(k): option_text(f"headers.{k}", v) for k, v in dict(own.get("headers") or {}).items()}
         parts = urllib.parse.urlsplit(url.base)
-        user, password = (None if options.get(k) is None else option_text(k, options[k])
+        user, password = (None if own.get(k) is None else option_text(k, own[k])
                           for k in ("username", "password"))
         if parts.username is not None and user is None:
             user = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
         base = urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
-        if options.get("token"):
-            headers["Authorization"] = f"Bearer {option_text('token', options['token'])}"
+        if own.get("token"):
+            headers["Authorization"] = f"Bearer {option_text('token', own['token'])}"
         elif user is not None:
             pair = f"{user}:{password or ''}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
-        cache_bytes = _cache_bytes(options.get("frame_cache_mb", 64))
-        limit = _megabytes(options.get("metadata_limit_mb"), "metadata_limit_mb", json_limit)
-        verify = verify_option(shown, options.get("verify", True))  # (verify=false was taken as a CA file)
+        cache_bytes = _cache_bytes(own.get("frame_cache_mb", 64))
+        limit = _megabytes(own.get("metadata_limit_mb"), "metadata_limit_mb", json_limit)
+        verify = verify_option(shown, own.get("verify", True))  # (verify=false was taken as a CA file)
         return cls(parsed.remote, base, headers, verify, cache_bytes, limit)
 
 

@@ -24,12 +24,13 @@ that syntax explicitly.  None accepted -> :class:`~wsitool.errors.UnsupportedFor
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ....errors import RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
+from ....storage.remote.options import StorageOptions
 from ....storage.urls import SeriesUrl
 from ..instance import WSI_SOP_CLASS, Instance, instance_from_dataset
 from .client import MEDIA_TYPES, DicomWebClient, NotAcceptable
@@ -40,7 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM slide i
 
 __all__ = ["NOMINAL", "series_instances", "frames_table", "upload"]
 
-#: The byte count a DICOMweb tile index gives every frame: an upper bound (frames are read whole).
+#: The byte count a DICOMweb tile index gives every frame: an upper bound (frames are read
+#: whole).  Half the address stride less one, so a tile row's entries join into one advised
+#: range only where their frame numbers follow each other
+#: (:func:`wsitool.read.plan.segment_ranges`; the range then holds just those frames).
 NOMINAL = (1 << 31) - 1
 
 _LOSSY = {"ISO_10918_1": ["1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51"],
@@ -214,7 +218,8 @@ def _decimal_strings(ds: Dataset) -> None:
             continue
 
 
-def upload(base_url: str, files: Iterable[str | os.PathLike[str]], storage_options: dict | None = None) -> int:
+def upload(base_url: str, files: Iterable[str | os.PathLike[str]],
+           options: Mapping[str, Any] | StorageOptions | None = None) -> int:
     """STOW-RS: store the DICOM files ``files`` (paths) on the DICOMweb service at ``base_url``
     (its root, e.g. ``http://host/dicom-web``) in one request; returns how many were sent.
 
@@ -226,7 +231,7 @@ def upload(base_url: str, files: Iterable[str | os.PathLike[str]], storage_optio
     for name in files:
         with open(name, "rb") as fp:
             datas.append(fp.read())
-    client = DicomWebClient(SeriesUrl(base_url.rstrip("/"), "0", "0", base_url), storage_options)
+    client = DicomWebClient(SeriesUrl(base_url.rstrip("/"), "0", "0", base_url), options)
     try:
         client.store(datas)
     finally:
