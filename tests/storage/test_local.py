@@ -107,8 +107,9 @@ def test_messages_redact_every_scheme():
 
 def test_a_local_file_applies_its_own_advice_rule(tmp_path, monkeypatch):
     """The storage policy of a local file: ``fadvise`` for each range advised, unless the advice
-    is one range under ADVISE_MIN_BYTES (a tile or two: not worth the call) or read-ahead of a
-    later batch.  A segment reads as its index entry says; a parser's file is clamped to the file."""
+    is fewer than ADVISE_MIN_RANGES ranges under ADVISE_MIN_BYTES (a few tiles: not worth the
+    calls) or read-ahead of a later batch.  A segment reads as its index entry says; a parser's
+    file is clamped to the file."""
     from wsitool.storage import local
 
     path = tmp_path / "f.bin"
@@ -124,9 +125,11 @@ def test_a_local_file_applies_its_own_advice_rule(tmp_path, monkeypatch):
         assert calls == [(0, local.ADVISE_MIN_BYTES)]
         calls.clear()
         src.advise([(0, 100), (5000, 10)])
-        assert calls == [(0, 100), (5000, 10)]
+        assert calls == []
+        src.advise([(0, 100), (5000, 10), (9000, 10)])
+        assert calls == [(0, 100), (5000, 10), (9000, 10)]
         calls.clear()
-        src.advise([(0, 100), (5000, 10)], ahead=True)
+        src.advise([(0, 100), (5000, 10), (9000, 10)], ahead=True)
         assert calls == []
         assert src.read_segment(256, 4) == (bytes([0, 1, 2, 3]), 4)
         buf = bytearray(8)

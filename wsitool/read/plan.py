@@ -91,6 +91,11 @@ def segment_ranges(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]]
     offsets, counts, across = lv.tiles.offsets, lv.tiles.bytecounts, lv.tiles_across
     ranges: list[tuple[int, int]] = []
     for c0, c1, r0, r1 in blocks:
+        if r1 - r0 < _FEW_ROWS:
+            for row in range(r0, r1 + 1):
+                _row_ranges(ranges, offsets[row * across + c0:row * across + c1 + 1].tolist(),
+                            counts[row * across + c0:row * across + c1 + 1].tolist())
+            continue
         # the rows at once (an NDPI region has a hundred rows of restart intervals: numpy calls
         # row by row were a millisecond of each 1024 x 1024 read, under the GIL)
         n = r1 - r0 + 1
@@ -106,6 +111,21 @@ def segment_ranges(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]]
                 ranges.extend((off, end - off) for off, end in zip(offs[r].tolist(), ends[r].tolist(), strict=True)
                               if off and end > off)
     return ranges
+
+
+#: Blocks of fewer tile rows than this are cut into ranges row by row in Python (a few numpy
+#: calls cost more than the loop: 20 us of a 0.9 ms read of 256 x 256 pixels).
+_FEW_ROWS = 8
+
+
+def _row_ranges(ranges: list[tuple[int, int]], offs: list[int], cnts: list[int]) -> None:
+    """Append the ranges of one row's tiles (``offs``, ``cnts``) to ``ranges``, by the rule of
+    :func:`segment_ranges`."""
+    lo, hi = min(offs), max(o + c for o, c in zip(offs, cnts, strict=True))
+    if lo > 0 and hi - lo <= 2 * sum(cnts):
+        ranges.append((lo, hi - lo))
+    else:
+        ranges.extend((o, c) for o, c in zip(offs, cnts, strict=True) if o and c)
 
 
 def advise_blocks(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]], ahead: bool = False) -> None:

@@ -12,12 +12,14 @@ from ..errors import UnsupportedFormatError
 from .source import ByteSource, CountedReads
 from .view import BoundedFile
 
-__all__ = ["LocalFile", "open_regular", "ADVISE_MIN_BYTES"]
+__all__ = ["LocalFile", "open_regular", "ADVISE_MIN_BYTES", "ADVISE_MIN_RANGES"]
 
-#: A local file's ``fadvise`` rule: advice of one range shorter than this (a tile, or a few
-#: of one row) is not passed on: the first decode would wait for its bytes anyway, the kernel's
-#: own read-ahead serves a read that goes on, and the call costs more than it saves.
+#: A local file's ``fadvise`` rule: advice of fewer than :data:`ADVISE_MIN_RANGES` ranges and
+#: fewer bytes than this (a few tiles of one or two rows) is not passed on: the first decode
+#: would wait for its bytes anyway, the kernel's own read-ahead serves a read that goes on, and
+#: the calls cost more than they save.
 ADVISE_MIN_BYTES = 128 * 1024
+ADVISE_MIN_RANGES = 3
 
 #: What a path that is not a regular file is, as messages name it.
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -81,15 +83,15 @@ class LocalFile(CountedReads, ByteSource):
         return os.preadv(self._fd, [buffer], offset)
 
     def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
-        """``POSIX_FADV_WILLNEED`` for each ``(offset, count)`` range, unless the advice is one
-        range shorter than :data:`ADVISE_MIN_BYTES`; nothing for read-ahead of a later batch
-        (``ahead``: each batch's own advice serves it).  The read-ahead runs while the first tiles decode,
-        so a cold file's reads overlap the decodes; on a cached file it costs one cheap call
-        per range.  Errors are ignored."""
+        """``POSIX_FADV_WILLNEED`` for each ``(offset, count)`` range, unless the advice is fewer
+        than :data:`ADVISE_MIN_RANGES` ranges of fewer than :data:`ADVISE_MIN_BYTES` bytes;
+        nothing for read-ahead of a later batch (``ahead``: each batch's own advice serves it).
+        The read-ahead runs while the first tiles decode, so a cold file's reads overlap the
+        decodes; on a cached file it costs one cheap call per range.  Errors are ignored."""
         if ahead or self._fd < 0 or not hasattr(os, "posix_fadvise"):
             return
         spans = ranges if isinstance(ranges, list) else list(ranges)
-        if len(spans) < 2 and sum(count for _, count in spans) < ADVISE_MIN_BYTES:
+        if len(spans) < ADVISE_MIN_RANGES and sum(count for _, count in spans) < ADVISE_MIN_BYTES:
             return
         try:
             for offset, count in spans:

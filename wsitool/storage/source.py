@@ -80,8 +80,8 @@ class ByteSource(abc.ABC):
         of storage policy.  ``ranges``: the segments (tiles, strips, frames) a read needs, in
         the order it reads them, as the index gives them (a row's neighbours may come as one
         range: :func:`wsitool.read.plan.segment_ranges`); each source decides what to do
-        (:class:`~wsitool.storage.local.LocalFile`: ``posix_fadvise``, unless one range shorter
-        than :data:`~wsitool.storage.local.ADVISE_MIN_BYTES`;
+        (:class:`~wsitool.storage.local.LocalFile`: ``posix_fadvise``, unless a few short ranges:
+        :data:`~wsitool.storage.local.ADVISE_MIN_BYTES`;
         :class:`~wsitool.storage.remote.RemoteSource`: merged requests in flight at once;
         :class:`~wsitool.formats.dicom.web.frames.FrameSource`: the frames whose addresses the
         ranges hold, in one request).
