@@ -158,7 +158,8 @@ def _wsitool(cell: Cell) -> tuple[Callable, Callable]:
 
 
 def _floor(cell: Cell) -> tuple[Callable, Callable]:
-    from wsitool.storage.dicomweb import DicomWebClient, parse_series_url
+    from wsitool.formats.dicom.web import DicomWebClient
+    from wsitool.storage.urls import parse_series_url
 
     client = DicomWebClient(parse_series_url(cell.purl), {"frame_cache_mb": 0})
     t, n, across = cell.args.tile, cell.args.region, -(-cell.args.size // cell.args.tile)
@@ -174,7 +175,7 @@ def _floor(cell: Cell) -> tuple[Callable, Callable]:
 def _wsidicom(cell: Cell) -> tuple[Callable, Callable]:
     from wsidicom import WsiDicom, WsiDicomWebClient
 
-    from wsitool.storage.dicomweb import parse_series_url
+    from wsitool.storage.urls import parse_series_url
 
     series = parse_series_url(cell.purl)
     client = WsiDicomWebClient.create_client(series.base)

@@ -23,7 +23,7 @@ Two modes:
   level, one and two threads, and reads on short-lived threads (whose decoder
   is freed when the thread ends).  Regions whose last column is the first
   column of a tile are avoided: those take the Python path
-  (``wsitool.read.fill._ends_one_column_into_a_tile``).  The driver counts the
+  (``wsitool.read.plan.ends_one_column_into_a_tile``).  The driver counts the
   calls into the loop and fails if a read missed it.
 
   ``openjpeg``: region reads on ``samples/sample-aperio-j2k.svs`` with

@@ -551,7 +551,7 @@ def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None
     HTTP(S): ``headers``, ``verify``; object stores: obstore's keys or the
     fsspec names tiffslide takes (``anon``, ``key``, ``secret``, ``token``,
     ``endpoint_url``, ``region_name``, ``account_name``, ``account_key``,
-    ``sas_token``; :mod:`wsitool.storage.objectstore`).
+    ``sas_token``; :mod:`wsitool.storage.remote.transports.objectstore`).
 
     Returns a :class:`Slide`, usable as a context manager.
 

@@ -464,6 +464,7 @@ EXTERNAL_ALIASES = {
     "_thread.allocate_lock": "threading.Lock",
     "asyncio.locks.Semaphore": "asyncio.Semaphore",
     "datetime": "datetime.datetime",
+    "concurrent.futures._base.Future": "concurrent.futures.Future",
 }
 
 

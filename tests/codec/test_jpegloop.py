@@ -282,7 +282,7 @@ def test_one_decoder_per_thread_and_threads_agree(sample_jpeg):
         lv = pyramid_levels(slide)[0]
         rng = np.random.default_rng(3)
         # (regions whose last column is a tile's first column take the Python path,
-        # read/fill._ends_one_column_into_a_tile: left out, so the loop reads them all)
+        # read/plan.ends_one_column_into_a_tile: left out, so the loop reads them all)
         regions = [r for r in random_regions(rng, lv.width, lv.height, 8, max_size=600)
                    if (min(r[0] + r[2], lv.width) - 1) % lv.tile_width != 0][:6]
         ref = [slide.read_region((x, y), 0, (w, h), mode="rgb", threads=1) for x, y, w, h in regions]

@@ -173,7 +173,7 @@ def test_ndpi_hostile_mcu_starts_are_refused_at_open(ndpi, tmp_path, case):
 
 
 def test_bounded_file_never_reads_past_the_end(tmp_path):
-    from wsitool.formats.tiff.bounded import BoundedFile
+    from wsitool.storage.view import BoundedFile
 
     path = tmp_path / "x.bin"
     path.write_bytes(b"0123456789")

@@ -21,15 +21,19 @@ import tifffile
 from wsitool.errors import CorruptFileError
 from wsitool.formats.tiff import open_pyramid
 from wsitool.formats.tiff.tables import EAGER, DeferredTables, Table, scan
-from wsitool.storage import LocalFile, SourceFile
+from wsitool.storage import ByteSource, LocalFile, SourceFile
 
 from helpers import present, repo_samples, tiff_samples
 
 
 class RemoteLike(LocalFile):
-    """A local file read as a remote source is: ``remote`` set, and every read logged."""
+    """A local file read as a remote source is: its metadata deferred, parsed through the
+    source's own reads (not a file of its own), and every read logged."""
 
-    remote = True
+    defer_metadata = True
+
+    def open_file(self, blank=()):
+        return ByteSource.open_file(self, blank)  # (a view of the source, as a remote one gives)
 
     def __init__(self, path):
         super().__init__(path)

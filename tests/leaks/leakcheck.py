@@ -180,7 +180,7 @@ def path_remote_open(rng, stack):
     # reference cycles (tifffile's), collected before each sample
     step.warmup_steps = 1000
     step.collect = True
-    return step, "wsitool.storage.http:_ObstoreClient.get"
+    return step, "wsitool.storage.remote.transports.http:_ObstoreClient.get"
 
 
 def _skip_without_obstore() -> None:

@@ -14,8 +14,8 @@ from wsitool.opening import (
     DicomWebSeries,
     LocalFile,
     LocalFolder,
+    LocationOptions,
     ObjectUrl,
-    StorageOptions,
     location_from_wire,
     parse_location,
 )
@@ -53,7 +53,7 @@ def test_storage_options_are_for_urls_and_given_once(tmp_path):
         parse_location(tmp_path, {"anon": True})
     assert parse_location(tmp_path, {}) == LocalFolder(str(tmp_path))  # (none given)
     loc = parse_location("s3://b/a.svs", {"anon": True})
-    assert loc.options == StorageOptions({"anon": True}) and loc.options_dict() == {"anon": True}
+    assert loc.options == LocationOptions({"anon": True}) and loc.options_dict() == {"anon": True}
     assert parse_location(loc, {"anon": True}) is loc
     with pytest.raises(InvalidOptionError, match="carries its own storage options"):
         parse_location(loc, {"anon": False})

@@ -274,10 +274,10 @@ def test_patches_equal_read_region_on_a_bench_slide(tmp_path, codec):
 
 def test_the_compiled_copy_equals_the_numpy_copy(monkeypatch):
     """The compiled loop decodes each run and copies its pieces into the patches in C
-    (:func:`wsitool.read.patches._native_scatter`); the same batches through fill_region and
+    (:func:`wsitool.read.patches.scatter.native_scatter`); the same batches through fill_region and
     numpy copies (the reference) are equal bit for bit: carried runs, edge windows, both modes."""
     from wsitool.codec import jpegloop
-    from wsitool.read import patches
+    from wsitool.read.patches import reader
 
     if jpegloop._load() is None:
         pytest.skip(f"compiled JPEG loop: {jpegloop.status()}")
@@ -304,7 +304,7 @@ def test_the_compiled_copy_equals_the_numpy_copy(monkeypatch):
                 got = np.concatenate(list(slide.read_patches(locs, size, batch_size=batch_size, threads=threads,
                                                              mode=mode)))
                 with monkeypatch.context() as m:
-                    m.setattr(patches, "_native_scatter", lambda *args: None)
+                    m.setattr(reader, "native_scatter", lambda *args: None)
                     want = np.concatenate(list(slide.read_patches(locs, size, batch_size=batch_size,
                                                                   threads=threads, mode=mode)))
                 np.testing.assert_array_equal(got, want, err_msg=f"{mode} batch {batch_size}")
@@ -367,9 +367,9 @@ def test_run_buffers_are_kept_between_calls_within_the_bound(monkeypatch, read_p
     """A call hands its run buffers on to the next (no fresh pages to fault in each pass), at
     most ``SPARE_BYTES`` of them; a call abandoned half-way hands them on too; the buffers'
     old pixels never reach a patch (each call equals ``read_region`` again)."""
-    from wsitool.read import patches
+    from wsitool.read.patches import buffers
 
-    monkeypatch.setattr(patches, "_spare", [])
+    monkeypatch.setattr(buffers, "_spare", [])
     with _open("sample-aperio-jpeg.svs") as slide:
         lv = pyramid_levels(slide)[0]
         size = (lv.tile_width - 16, lv.tile_height - 16)
@@ -377,16 +377,16 @@ def test_run_buffers_are_kept_between_calls_within_the_bound(monkeypatch, read_p
         want = _reference(slide, locs, 0, size)
         got = np.concatenate(list(slide.read_patches(locs, size, batch_size=6, threads=1)))
         np.testing.assert_array_equal(got, want)
-        kept = list(patches._spare)
-        assert kept and sum(b.nbytes for b in kept) <= patches.SPARE_BYTES
+        kept = list(buffers._spare)
+        assert kept and sum(b.nbytes for b in kept) <= buffers.SPARE_BYTES
         got = np.concatenate(list(slide.read_patches(locs[::-1], size, batch_size=7, threads=1)))
         np.testing.assert_array_equal(got, want[::-1])
-        assert {id(b) for b in patches._spare} == {id(b) for b in kept}  # the same buffers, none new
+        assert {id(b) for b in buffers._spare} == {id(b) for b in kept}  # the same buffers, none new
         batches = slide.read_patches(locs, size, batch_size=6, threads=1)
         next(batches)
-        patches._spare.clear()
+        buffers._spare.clear()
         batches.close()  # abandoned after one batch: its buffers (carried ones too) handed on
-        assert len(patches._spare) >= 1
-        monkeypatch.setattr(patches, "SPARE_BYTES", kept[0].nbytes)
+        assert len(buffers._spare) >= 1
+        monkeypatch.setattr(buffers, "SPARE_BYTES", kept[0].nbytes)
         list(slide.read_patches(locs, size, batch_size=6, threads=1))
-        assert len(patches._spare) == 1
+        assert len(buffers._spare) == 1

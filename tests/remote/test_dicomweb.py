@@ -163,7 +163,7 @@ def test_patch_batches_over_dicomweb_equal_the_local_read_in_few_requests(orthan
     """``read_patches`` of a DICOMweb series asks for each batch's frames in one request (those of
     the batches ahead with them, as they are planned), not one request per run of tiles;
     pixels equal the local files' read."""
-    from wsitool.read import patches
+    from wsitool.read.patches import reader
     _server, urls = orthanc
     sample = SHARED_SAMPLES / "dicom-cmu1-small-region-12level"
     with _open(urls[sample.name], storage_options={"frame_cache_mb": 0}) as remote, _open(sample) as local:
@@ -174,7 +174,7 @@ def test_patch_batches_over_dicomweb_equal_the_local_read_in_few_requests(orthan
         xs, ys = np.meshgrid(np.arange(0, 8 * tw, tw // 2), np.arange(0, 4 * th, th // 2))
         locs = np.stack([xs.ravel(), ys.ravel()], 1)
         batch = 32  # two rows of patches: one row of tiles, eight tiles in four runs
-        monkeypatch.setattr(patches, "RUN_TILES", 2)
+        monkeypatch.setattr(reader, "RUN_TILES", 2)
         before = client.stats()["frame_requests"]
         got = np.concatenate(list(remote.read_patches(locs, (tw // 2, th // 2), batch_size=batch, threads=1)))
         requests = client.stats()["frame_requests"] - before

@@ -1,4 +1,4 @@
-"""One object-store listing for ``serve`` prefixes and DICOM series prefixes (``objectstore.list_keys``).
+"""One object-store listing for ``serve`` prefixes and DICOM series prefixes (``listing.list_keys``).
 
 A scripted stand-in for obstore's ``list`` gives the failures a real store gives
 (status texts as obstore words them), so the retry and error mapping are pinned
@@ -13,9 +13,10 @@ import types
 import pytest
 
 from wsitool.errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError
-from wsitool.storage import objectstore
-from wsitool.storage.objectstore import BucketURL, list_keys
 from wsitool.storage.remote import RemoteOptions
+from wsitool.storage.remote.transports import listing, obstore_client
+from wsitool.storage.remote.transports.listing import list_keys
+from wsitool.storage.remote.transports.objectstore import BucketURL
 
 pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
 
@@ -51,7 +52,7 @@ def where():
 
 def _run(monkeypatch, failures, keys, where, **options):
     fake, calls = _fake_obstore(failures, keys)
-    monkeypatch.setattr(objectstore, "_obstore", lambda: fake)
+    monkeypatch.setattr(listing, "obstore_module", lambda: fake)
     opts = RemoteOptions.take({"backoff": 0, **options})
     return calls, lambda limit=None: list_keys(object(), where, opts, limit=limit)
 
@@ -110,7 +111,7 @@ def test_the_urls_a_listing_returns_round_trip_to_their_keys(where):
     ("request timed out after 403 ms", 0),
 ])
 def test_the_status_is_read_from_its_words_not_from_any_digits(text, status):
-    assert objectstore._status_of(text) == status
+    assert obstore_client.status_of(text) == status
 
 
 def test_a_refused_connection_whose_timing_reads_401_is_retried_not_denied(monkeypatch, where):
@@ -129,7 +130,7 @@ def test_a_refused_connection_whose_timing_reads_401_is_retried_not_denied(monke
     ("Generic S3 error: GET s3://bucket/a.svs failed", "Generic S3 error: GET s3://bucket/a.svs failed"),
 ])
 def test_obstore_texts_show_urls_without_secrets(text, shown):
-    assert objectstore._first_line(Exception(text)) == shown
+    assert obstore_client.first_line(Exception(text)) == shown
 
 
 def test_a_failure_without_a_status_says_its_kind():
@@ -139,6 +140,6 @@ def test_a_failure_without_a_status_says_its_kind():
     text = (f"Generic HTTP error: Error performing GET {url} in 1.001s - HTTP error: error "
             "sending request\n\nDebug source:\nGeneric {\n    inner: Http(\n        HttpError {\n"
             "            kind: Timeout,\n")
-    first = objectstore._first_line(text, 4000)
-    assert objectstore._cause(text, first) == "timed out (HTTP error: error sending request)"
-    assert objectstore._cause("status 503", "status 503") == "status 503"
+    first = obstore_client.first_line(text, 4000)
+    assert obstore_client._cause(text, first) == "timed out (HTTP error: error sending request)"
+    assert obstore_client._cause("status 503", "status 503") == "status 503"

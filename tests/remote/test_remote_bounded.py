@@ -15,7 +15,7 @@ import pytest
 import wsitool
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteUnavailableError
-from wsitool.storage.body import check_length, read_body
+from wsitool.storage.remote.body import check_length, read_body
 
 from helpers import NO_SHARED, SHARED_SAMPLES
 from remote_helpers import client_connections
@@ -105,7 +105,7 @@ def test_check_length_refuses_what_does_not_fit_the_range(declared, ok):
 
 @pytest.fixture(params=["obstore", "urllib3"])
 def http_client(request, monkeypatch):
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
 
     monkeypatch.setattr(HttpTransport, "force_client", request.param)
     return request.param
@@ -162,7 +162,7 @@ def test_an_s3_store_answering_more_than_asked_is_refused(scripted, data):
 
 _CHILD = textwrap.dedent("""
     import sys
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
     HttpTransport.force_client = sys.argv[1]
     from wsitool.cli import main
     main(["info", sys.argv[2], "--storage-option", "retries=1", "--storage-option", "operation_timeout=20"])

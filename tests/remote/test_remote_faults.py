@@ -26,7 +26,7 @@ SAMPLE = "aperio-cmu1-small-region-jpeg.svs"
 @pytest.fixture(params=["obstore", "urllib3"], autouse=True)
 def http_client(request, monkeypatch):
     """Every fault, through each HTTP client: obstore, and urllib3 (a forked child's)."""
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
 
     monkeypatch.setattr(HttpTransport, "force_client", request.param)
     return request.param

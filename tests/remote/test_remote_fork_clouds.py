@@ -127,7 +127,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 # ---------------------------------------------------------------------- gs:// and az://
 
 obstore = pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
-from wsitool.storage.objectstore import ObjectStoreTransport, store_config  # noqa: E402
+from wsitool.storage.remote.transports.objectstore import ObjectStoreTransport, store_config  # noqa: E402
 
 
 @pytest.mark.parametrize("url,protocol,root,key", [

@@ -100,7 +100,7 @@ def az():
 
 
 def _config(options: dict) -> dict:
-    from wsitool.storage.objectstore import store_config
+    from wsitool.storage.remote.transports.objectstore import store_config
     return store_config("az", options)[0]
 
 

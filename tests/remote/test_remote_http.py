@@ -263,8 +263,8 @@ def test_advised_ranges_of_a_small_slide_stay_within_their_budget(nginx_factory)
     sample = REPO / "samples" / "sample-aperio-jpeg.svs"
     srv = nginx_factory(sample.parent)
     with wsitool.open_slide(srv.url + sample.name) as s:
-        src = s._source
-        budget = src._extent_budget()
+        src = s._source.readahead
+        budget = src.budget()
         assert budget == max(src.EXTENT_FLOOR, 2 * src.size) < src.EXTENT_BYTES
         w0, h0 = s.dimensions
         rnd = random.Random(0)
@@ -275,13 +275,13 @@ def test_advised_ranges_of_a_small_slide_stay_within_their_budget(nginx_factory)
         def one(spot):
             x, y, w, h = spot
             s.read_region((x, y), 0, (w, h), mode="rgb")
-            seen.append(src._extent_bytes)
+            seen.append(src.held)
 
         with ThreadPoolExecutor(4) as ex:
             list(ex.map(one, spots))
         # (one advice may add its ranges before the trim that follows it)
         assert max(seen) <= budget + 4 * 1024 * 1024, (max(seen), budget)
-        assert src._extent_bytes <= budget
+        assert src.held <= budget
 
 
 def test_reads_inside_advised_ranges_are_bytes_of_the_file(nginx_factory):
@@ -308,8 +308,8 @@ def test_patch_batches_fetch_their_runs_together(nginx_factory, monkeypatch):
     merged into one request) and the next batch's while this one decodes, instead of one
     round trip per run as each decode starts: at most one request per batch here, where runs
     of two tiles make three runs of each tile row.  Pixels equal the local read's."""
-    from wsitool.read import patches
-    monkeypatch.setattr(patches, "RUN_TILES", 2)
+    from wsitool.read.patches import reader
+    monkeypatch.setattr(reader, "RUN_TILES", 2)
     sample = REPO / "samples" / "sample-aperio-jpeg.svs"
     srv = nginx_factory(sample.parent)
     with wsitool.open_slide(srv.url + sample.name) as remote, wsitool.open_slide(sample) as local:

@@ -14,7 +14,7 @@ import pytest
 
 import wsitool
 from wsitool.errors import RemoteUnavailableError
-from wsitool.storage.remote import RemoteSource
+from wsitool.storage.remote.readahead import ReadAhead
 
 from remote_helpers import remote_threads
 
@@ -49,8 +49,8 @@ def test_patch_read_ahead_beyond_the_byte_budget_fetches_nothing_twice(nginx_fac
         want = np.concatenate(list(local.read_patches(locs, (256, 256), batch_size=32, threads=2)))
     got, roomy = _patches(url, locs)
     np.testing.assert_array_equal(got, want)
-    monkeypatch.setattr(RemoteSource, "EXTENT_BYTES", 128 * 1024)
-    monkeypatch.setattr(RemoteSource, "EXTENT_FLOOR", 128 * 1024)
+    monkeypatch.setattr(ReadAhead, "EXTENT_BYTES", 128 * 1024)
+    monkeypatch.setattr(ReadAhead, "EXTENT_FLOOR", 128 * 1024)
     got, tight = _patches(url, locs)
     np.testing.assert_array_equal(got, want)
     assert tight <= 1.15 * roomy, (tight, roomy)
@@ -91,7 +91,7 @@ def test_a_read_whose_request_is_still_queued_says_so_when_it_times_out(scripted
             src.read(*ranges[-1])
         assert "operation_timeout" in str(err.value) and url.split("?")[0] in str(err.value)
         end = time.monotonic() + 10
-        while not all(t[3].done() for t in src._extents) and time.monotonic() < end:
+        while not all(t[3].done() for t in src.readahead.extents) and time.monotonic() < end:
             time.sleep(0.1)  # (the queue drains at 0.5 s a request)
         script.default = "hang"
         src.advise([(10_000, 100)])
@@ -192,7 +192,7 @@ def test_a_body_sent_slowly_is_cut_off_at_the_operation_timeout_by_urllib3(scrip
     1 KiB every 0.3 s, never silent for the 1 s read timeout, only until ``operation_timeout``
     (3 s): one error line then, as obstore gives; it read the 100 KB to the end (30 s)."""
     from wsitool.errors import RemoteUnavailableError
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
 
     monkeypatch.setattr(HttpTransport, "force_client", "urllib3")
     data = SAMPLE.read_bytes()
@@ -211,7 +211,7 @@ def test_many_open_slides_hold_the_process_budget_of_fetched_ranges(nginx_factor
     slides read least recently giving theirs up first, not each its own budget (8 MiB each
     for these, 64 MiB for a large slide: a server of many slides held that for every one
     it had served)."""
-    monkeypatch.setattr(RemoteSource, "PROCESS_EXTENT_BYTES", 2 * 1024 * 1024)
+    monkeypatch.setattr(ReadAhead, "PROCESS_EXTENT_BYTES", 2 * 1024 * 1024)
     url = nginx_factory(SAMPLE.parent).url + SAMPLE.name
     slides = [wsitool.open_slide(url) for _ in range(8)]
     try:
@@ -221,7 +221,7 @@ def test_many_open_slides_hold_the_process_budget_of_fetched_ranges(nginx_factor
             for x, y in ((0, 0), (w // 2, 0), (0, h // 2), (w // 2, h // 2)):
                 s.read_region((x, y), 0, (w // 2, h // 2))
             fetched += s._source.stats()["bytes"]
-        held = [s._source._extent_bytes for s in slides]
+        held = [s._source.readahead.held for s in slides]
         # (6.6 MB before: each slide its 0.83 MB; now the others keep their last region's ranges)
         assert fetched > 3 * sum(held) and sum(held) <= 2 * 1024 * 1024, (fetched, held)
         assert max(held[:-1]) < held[-1], held

@@ -55,7 +55,7 @@ def data():
 
 @pytest.fixture(params=["obstore", "urllib3"])
 def http_client(request, monkeypatch):
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
 
     monkeypatch.setattr(HttpTransport, "force_client", request.param)
     return request.param
@@ -84,21 +84,21 @@ def test_https_with_an_unknown_ca_fails_in_one_line(pki, scripted, data, http_cl
 @pytest.mark.parametrize("raw, want", [(True, True), (None, True), ("TRUE", True), (1, True),
                                        (False, False), ("false", False), ("0", False), (0, False)])
 def test_verify_values(raw, want):
-    from wsitool.storage.http import _verify
+    from wsitool.storage.remote.transports.http import verify_option as _verify
 
     assert _verify("u", raw) is want
 
 
 @pytest.mark.parametrize("raw", [2, 1.5, ["x"], {"a": 1}])
 def test_verify_other_types_are_refused(raw):
-    from wsitool.storage.http import _verify
+    from wsitool.storage.remote.transports.http import verify_option as _verify
 
     with pytest.raises(InvalidOptionError, match="verify"):
         _verify("u", raw)
 
 
 def test_verify_a_missing_or_non_pem_file_is_refused(tmp_path):
-    from wsitool.storage.http import _verify
+    from wsitool.storage.remote.transports.http import verify_option as _verify
 
     with pytest.raises(InvalidOptionError, match="cannot read the CA file"):
         _verify("u", str(tmp_path / "missing.pem"))

@@ -35,7 +35,7 @@ def test_counts_are_whole_and_times_finite(key, raw):
 def test_headers_that_are_not_name_text_pairs(raw):
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
     pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
 
     with pytest.raises(InvalidOptionError) as info:
         HttpTransport("http://127.0.0.1:1/x.svs", "http://127.0.0.1:1/x.svs", {"headers": raw})
@@ -45,7 +45,7 @@ def test_headers_that_are_not_name_text_pairs(raw):
 def test_header_numbers_become_text():
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
     pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
 
     t = HttpTransport("http://127.0.0.1:1/x.svs", "http://127.0.0.1:1/x.svs", {"headers": {"X-Test": 1}})
     assert t.headers == {"X-Test": "1"}
@@ -68,7 +68,7 @@ def test_a_bad_port_or_host_is_a_usage_error_without_the_query(url):
     'LocationParseError: 99999/x.svs?sig=SECRETVALUE'."""
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
     pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
-    from wsitool.storage.http import HttpTransport
+    from wsitool.storage.remote.transports.http import HttpTransport
     from wsitool.storage.urls import redact
 
     with pytest.raises(InvalidOptionError) as info:
@@ -97,7 +97,7 @@ def test_an_object_store_url_without_an_object_is_a_usage_error_shown_as_given()
     assert redact("s3:///x.svs") == "s3:///x.svs" and redact("s3://") == "s3://"
     assert redact("s3://u:PW@b/k.svs?sig=S#f") == "s3://***@b/k.svs?<redacted>"
     pytest.importorskip("obstore", reason="the remote extra (obstore) is not installed")
-    from wsitool.storage.objectstore import ObjectStoreTransport
+    from wsitool.storage.remote.transports.objectstore import ObjectStoreTransport
 
     for url in ("s3://bucket", "s3:///x.svs"):
         with pytest.raises(InvalidOptionError, match="names a bucket and an object"):
@@ -121,7 +121,7 @@ def test_cli_keeps_a_number_as_typed():
 def test_object_store_text_options_take_numbers_and_booleans(value, text):
     """obstore refused a number (TypeError: 'int' object is not an instance of 'str', exit 1);
     a boolean it takes as it is (its own text, "true")."""
-    from wsitool.storage.objectstore import store_config
+    from wsitool.storage.remote.transports.objectstore import store_config
 
     config, _ = store_config("s3", {"secret": value, "key": value, "region_name": value})
     assert config["aws_secret_access_key"] == text and config["aws_access_key_id"] == text
@@ -132,7 +132,7 @@ def test_object_store_text_options_take_numbers_and_booleans(value, text):
 @pytest.mark.parametrize("value,kind", [(None, "null"), ([1, "SECRETVALUE"], "a list"),
                                         ({"x": "SECRETVALUE"}, "an object")])
 def test_object_store_text_options_refuse_other_types(value, kind):
-    from wsitool.storage.objectstore import store_config
+    from wsitool.storage.remote.transports.objectstore import store_config
 
     with pytest.raises(InvalidOptionError, match=f"storage option secret: expected text, got {kind}") as info:
         store_config("s3", {"secret": value})
@@ -142,7 +142,7 @@ def test_object_store_text_options_refuse_other_types(value, kind):
 @pytest.mark.parametrize("raw,flag", [(True, True), ("TRUE", True), ("yes", True), (1, True), ("1", True),
                                       (False, False), ("false", False), ("No", False), (0, False)])
 def test_anon_is_a_yes_or_no(raw, flag):
-    from wsitool.storage.objectstore import store_config
+    from wsitool.storage.remote.transports.objectstore import store_config
 
     config, _ = store_config("s3", {"anon": raw})
     assert config.get("skip_signature", False) is flag
@@ -151,7 +151,7 @@ def test_anon_is_a_yes_or_no(raw, flag):
 @pytest.mark.parametrize("raw", ["maybe", 2, None, [True]])
 def test_anon_that_is_neither_is_refused(raw):
     """``anon=maybe`` (or ``anon=yes`` before) was read as false, silently."""
-    from wsitool.storage.objectstore import store_config
+    from wsitool.storage.remote.transports.objectstore import store_config
 
     with pytest.raises(InvalidOptionError, match="storage option anon: expected true or false"):
         store_config("s3", {"anon": raw})
@@ -186,7 +186,8 @@ def test_dicomweb_text_options_and_cache_size():
     pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
     import base64
 
-    from wsitool.storage.dicomweb import DicomWebClient, parse_series_url
+    from wsitool.formats.dicom.web import DicomWebClient
+    from wsitool.storage.urls import parse_series_url
 
     url = parse_series_url("dicomweb+http://127.0.0.1:1/dicom-web/studies/1.2/series/3.4")
     client = DicomWebClient(url, {"username": 42, "password": 1234})

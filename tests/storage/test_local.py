@@ -103,3 +103,37 @@ def test_messages_redact_every_scheme():
     for text, want in cases.items():
         assert redact_text(text) == want
         assert redact_text(want) == want
+
+
+def test_a_local_file_applies_its_own_advice_rule(tmp_path, monkeypatch):
+    """The storage policy of a local file: ``fadvise`` for each range advised, unless the advice
+    is fewer than ADVISE_MIN_RANGES ranges under ADVISE_MIN_BYTES (a few tiles: not worth the
+    calls) or read-ahead of a later batch.  A segment reads as its index entry says; a parser's
+    file is clamped to the file."""
+    from wsitool.storage import local
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 2048)
+    calls = []
+    monkeypatch.setattr(local.os, "posix_fadvise", lambda fd, off, n, advice: calls.append((off, n)),
+                        raising=False)
+    monkeypatch.setattr(local.os, "POSIX_FADV_WILLNEED", 3, raising=False)
+    with LocalFile(path) as src:
+        src.advise([(0, 1000)])
+        assert calls == []
+        src.advise([(0, local.ADVISE_MIN_BYTES)])
+        assert calls == [(0, local.ADVISE_MIN_BYTES)]
+        calls.clear()
+        src.advise([(0, 100), (5000, 10)])
+        assert calls == []
+        src.advise([(0, 100), (5000, 10), (9000, 10)])
+        assert calls == [(0, 100), (5000, 10), (9000, 10)]
+        calls.clear()
+        src.advise([(0, 100), (5000, 10), (9000, 10)], ahead=True)
+        assert calls == []
+        assert src.read_segment(256, 4) == (bytes([0, 1, 2, 3]), 4)
+        buf = bytearray(8)
+        assert src.read_segment_into(1, 3, lambda n: memoryview(buf)[:n]) == (3, 3) and buf[:3] == b"\x01\x02\x03"
+        with src.open_file() as fh:
+            fh.seek(src.size - 2)
+            assert fh.read(1 << 40) == bytes([254, 255])  # clamped to the file (BoundedFile)

@@ -165,7 +165,7 @@ def storage_options(items: list | None) -> dict | None:
 
     VALUE is JSON when it parses as JSON (``true``, ``30``, ``{"a": 1}``), else the text;
     a number stays text where JSON would write it otherwise (``1.50``, ``1e3``), so an option
-    that takes text (a secret, :func:`wsitool.storage.options.option_text`) gets what was typed.
+    that takes text (a secret, :func:`wsitool.storage.remote.options.option_text`) gets what was typed.
     A dotted KEY (``headers.Authorization``) makes nested dicts.  A malformed item
     raises the usage Exit (code 2).
     """

@@ -26,6 +26,7 @@ from ..distributed import dask_available, expand_sources, export_many
 from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
 from ..export.plan import background_color
+from ..ground.extras import install_hint
 from ..slide import open_slide
 from ..storage import redact
 from .batch import batch_progress, failure_code, usage_errors
@@ -339,7 +340,7 @@ def _export_batch(srcs: list[str], from_list: Path | None, output: Path, schedul
         raise fail(f"{output}: exists and is not a folder (several slides need an output folder)", 2)
     if scheduler is None and len(paths) > 1 and not dask_available():
         err_console.print(shown(f"Dask is not installed: exporting {len(paths)} slides one after another "
-                                '(pip install "wsitool[dask]" to run them in parallel)'), highlight=False)
+                                f"({install_hint('dask')} to run them in parallel)"), highlight=False)
     counts = {"ok": 0, "skipped": 0, "failed": 0}
     with batch_progress(quiet) as bar:
         task = bar.add_task("slides", total=len(paths))

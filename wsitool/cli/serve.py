@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from ..ground.extras import needs_extra
 from .console import STORAGE_OPTION_HELP, fail, handle_errors, storage_options
 from .group import app
 
@@ -75,14 +76,12 @@ def serve_cmd(
     under that prefix.  A URL not found is exit 9, access denied 16, a server failing 17.
     Needs the 'serve' extra.
     """
-    try:  # the optional web stack
+    with needs_extra("serve", "serve needs the web stack ({name}): ", lambda message: fail(message, 2)):
         importlib.import_module("starlette")
         importlib.import_module("uvicorn")
 
         from ..serve.config import DEFAULT_VIEWER_JS, ServeConfig
         from ..serve.runner import serve
-    except ImportError as exc:
-        raise fail(f"serve needs the web stack ({exc.name}): pip install 'wsitool[serve]'", 2) from None
     options: dict[str, Any] = dict(cache_mb=cache_mb, viewer_js=viewer_js or DEFAULT_VIEWER_JS, tile_size=tile_size,
                    follow_links=follow_links, allowed_hosts=tuple(allowed_host or ()), cors_origin=cors_origin,
                    max_open_files=max_open_files, max_connections=max_connections,

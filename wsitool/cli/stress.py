@@ -11,6 +11,7 @@ from rich.live import Live
 
 from .. import stress
 from ..ground import outputs as atomic
+from ..ground.extras import install_hint
 from ..storage import is_url
 from .console import STORAGE_OPTION_HELP, console, fail, fitted_console, handle_errors, shown, storage_options
 from .group import app
@@ -103,7 +104,7 @@ def _check_options(slide: str | Path, *, iterations: int | None, duration: float
         if plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise fail(f"{plot}: unknown plot extension {plot.suffix!r} (use .png, .svg or .pdf)", 2)
         if not stress.plot_available():
-            raise fail("--plot needs matplotlib: pip install 'wsitool[plot]'", 2)
+            raise fail("--plot needs matplotlib: " + install_hint("plot"), 2)
     for name, target in (("--report", report), ("--plot", plot)):
         if target is not None:  # checked before the run, not after the whole workload
             problem = _unwritable_output(target)

@@ -56,7 +56,6 @@ from ..errors import TileDecodeError
 from ..ground.bitstream import DCT_SOF_MARKERS, jpeg_frame_kind
 from ..ground.geometry import plan_tiles
 from ..model import PyramidLevel
-from ..storage import ByteSource
 from . import failures as reasons
 from . import libjpeg, strictjpeg
 from .failures import tile_failed
@@ -155,9 +154,9 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = Non
 
     That is: the loop is enabled and loaded; the level is JPEG decoded by
     nvImageCodec with no colour transform after decoding, one sample plane,
-    an open file, or a remote source the loop reads from memory (:func:`gathers`) whose
-    region the caller has advised (``advised``: else the Python path reads it, through
-    the source's block cache);
+    an open file, or a source that gathers a region's tiles into memory for the loop
+    (:attr:`wsitool.storage.ByteSource.gathers`) whose region the caller has advised
+    (``advised``: else the Python path reads it, through the source's block cache);
     ``mode`` is ``rgb``, ``raw`` or ``rgba``; ``out`` is a
     C-contiguous ``(h, w, 3)`` (``rgba``: ``(h, w, 4)``) uint8 numpy array; and
     neither switch of :class:`wsitool.codec.paths.DecodePaths` forces the scratch path.
@@ -170,7 +169,7 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = Non
         return False
     if lv.tiles.planes != 1 or mode not in ("rgb", "raw", "rgba"):
         return False
-    if lv.source.fileno() is None and not (advised and gathers(lv.source)):
+    if lv.source.fileno() is None and not (advised and lv.source.gathers):
         return False
     if not libjpeg_decodes(lv, hint):
         return False
@@ -181,13 +180,6 @@ def applies(lv: PyramidLevel, mode: str, out: np.ndarray, hint: int | None = Non
     if out.shape[2] != (4 if mode == "rgba" else 3) or not out.flags.c_contiguous:
         return False
     return _module is not None or _load() is not None
-
-
-def gathers(source: ByteSource) -> bool:
-    """True for a remote source whose fetched ranges the loop reads tiles from
-    (``gather``, :meth:`wsitool.storage.remote.RemoteSource.gather`): a slide over HTTP(S)
-    or from an object store; not DICOMweb frames (fetched by number, not by byte range)."""
-    return bool(source.remote and not source.framed and callable(getattr(source, "gather", None)))
 
 
 def libjpeg_decoder(lv: PyramidLevel):
@@ -352,7 +344,7 @@ class RegionJobs:
             if span is None:
                 return
             # a remote slide: the chunk's tiles from the fetched ranges (waiting for them)
-            extents = None if fd is not None else cast(Any, lv.source).gather(self._ranges(span, offsets, counts))
+            extents = None if fd is not None else lv.source.gather(self._ranges(span, offsets, counts))
             with state.lock:
                 dec = state.slot("jpegloop", new_decoder)
                 # The Python path takes the tiles this loop leaves (a one-column window at a

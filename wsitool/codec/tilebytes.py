@@ -14,8 +14,6 @@ segment's final RSTn marker becomes EOI.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
 import numpy as np
 
 from ..errors import TileDecodeError
@@ -23,9 +21,6 @@ from ..ground.bitstream import EOI, SOI, ends_with_restart
 from ..model import PyramidLevel
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
 from .pool import DecodeStats, ThreadState
-
-if TYPE_CHECKING:
-    from ..storage.dicomweb import FrameSource
 
 __all__ = ["read_tile_bytes", "read_tile_stream", "jpeg_stream"]
 
@@ -41,13 +36,11 @@ def read_tile_bytes(level: PyramidLevel, index: int, col: int, row: int, stats: 
     if where is None:
         return None
     offset, count = where
-    if level.source.framed:  # a frame fetched by number (DICOMweb): its length is what came
-        data = cast("FrameSource", level.source).read_frame(offset)
-        stats.bytes_read += len(data)
-        return data
-    data = level.source.read(offset, count)
-    _check_read(level, col, row, len(data), count, offset)
-    stats.bytes_read += count
+    # (a source of frames gives the frame whole: its length is the segment's, the index's
+    # count only an upper bound; ByteSource.read_segment)
+    data, length = level.source.read_segment(offset, count)
+    _check_read(level, col, row, len(data), length, offset)
+    stats.bytes_read += length
     return data
 
 
@@ -94,15 +87,15 @@ def read_tile_stream(level: PyramidLevel, index: int, col: int, row: int,
     prefix = enc.jpeg_prefix if jpeg else b""
     # a bare restart interval: the whole header goes in front; else the tile's SOI lands under the prefix's end
     start = len(prefix) if jpeg and enc.jpeg_scan_segments else (len(prefix) - 2 if prefix else 0)
-    if level.source.framed:  # a frame fetched by number (DICOMweb): copied in whole
-        frame = cast("FrameSource", level.source).read_frame(offset)
-        count = len(frame)
-        buf, view = state.read_buffer(start + count, slot)
-        view[start:start + count] = frame
-    else:
-        buf, view = state.read_buffer(start + count, slot)
-        got = level.source.readinto(offset, view[start:start + count])
-        _check_read(level, col, row, got, count, offset)
+    held: list = []
+
+    def into(length: int) -> memoryview:  # the thread's read buffer, the segment's length after the prefix
+        held[:] = state.read_buffer(start + length, slot)
+        return held[1][start:start + length]
+
+    got, count = level.source.read_segment_into(offset, count, into)  # (a frame: its own length)
+    _check_read(level, col, row, got, count, offset)
+    buf, view = held
     state.stats.bytes_read += count
     if jpeg and enc.jpeg_scan_segments:
         view[:start] = prefix

@@ -6,12 +6,11 @@ Raises:
 
 from __future__ import annotations
 
-try:
+from ..ground.extras import needs_extra
+
+with needs_extra("torch", "wsitool.datasets needs PyTorch ({exc}); install the optional extra: "):
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils.data import Dataset, IterableDataset, get_worker_info
-except ImportError as _exc:  # pragma: no cover - exercised only without torch
-    raise ImportError(f"wsitool.datasets needs PyTorch ({_exc}); install the optional extra: "
-                      "pip install 'wsitool[torch]'") from None
 
 __all__ = ["torch", "StorageWeakRef", "Dataset", "IterableDataset", "get_worker_info"]

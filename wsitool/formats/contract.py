@@ -38,8 +38,8 @@ from ..model import Pyramid
 from ..storage import ByteSource
 
 if TYPE_CHECKING:
-    from ..storage.dicomweb import SeriesUrl
     from ..storage.prefix import Prefix
+    from ..storage.urls import SeriesUrl
 
 __all__ = ["Format", "FolderFormat", "PrefixFormat", "SeriesFormat", "Place", "PlacedFormat"]
 

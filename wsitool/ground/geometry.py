@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 __all__ = ["best_level_for_downsample", "TileGrid", "TileJob", "level_rect", "level0_coordinate", "plan_tiles",
-           "inside_rect", "ScaledGrid", "scaled_grid"]
+           "tile_jobs", "inside_rect", "ScaledGrid", "scaled_grid"]
 
 
 class TileGrid(Protocol):
@@ -101,6 +101,13 @@ def plan_tiles(grid: TileGrid, rx: int, ry: int, w: int, h: int,
     inside = inside_rect(grid, rx, ry, w, h)
     if inside is None or not jobs:
         return inside, []
+    return inside, tile_jobs(grid, rx, ry, inside)
+
+
+def tile_jobs(grid: TileGrid, rx: int, ry: int, inside: tuple[int, int, int, int]) -> list[TileJob]:
+    """One :class:`TileJob` per tile of ``grid`` that ``inside`` (the part inside the level of
+    the region whose top-left corner is ``(rx, ry)``: :func:`inside_rect`) touches, in
+    row-major order."""
     cx0, cy0, cx1, cy1 = inside
     tw, th = grid.tile_width, grid.tile_height
     planned = []
@@ -112,7 +119,7 @@ def plan_tiles(grid: TileGrid, rx: int, ry: int, w: int, h: int,
             ox0, ox1 = max(tx0, cx0), min(tx0 + tw, cx1)
             planned.append(TileJob(col, row, (ox0 - tx0, oy0 - ty0, ox1 - tx0, oy1 - ty0),
                                    (ox0 - rx, oy0 - ry, ox1 - rx, oy1 - ry)))
-    return inside, planned
+    return planned
 
 
 class ScaledGrid(NamedTuple):

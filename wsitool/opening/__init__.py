@@ -2,7 +2,7 @@
 
 * :mod:`.location`: :func:`parse_location` sorts a path or URL once into a
   :class:`LocalFile`, :class:`LocalFolder`, :class:`ObjectUrl`, :class:`BucketPrefix` or
-  :class:`DicomWebSeries`, carrying the :class:`StorageOptions` it is read with; picklable,
+  :class:`DicomWebSeries`, carrying the :class:`LocationOptions` it is read with; picklable,
   and never showing a secret.
 * :mod:`.opener`: :func:`open_location` turns a location into an :class:`OpenedSlide` (the
   pyramid, the byte source, the identity) with the first registered format that reads it.
@@ -21,13 +21,13 @@ from .location import (
     LocalFile,
     LocalFolder,
     Location,
+    LocationOptions,
     ObjectUrl,
-    StorageOptions,
     location_from_wire,
     parse_location,
 )
 from .opener import OpenedSlide, file_stamp, open_location, register, slide_identity, unregister
 
 __all__ = ["Location", "FileLocation", "LocalFile", "LocalFolder", "ObjectUrl", "BucketPrefix", "DicomWebSeries",
-           "StorageOptions", "parse_location", "location_from_wire", "OpenedSlide", "open_location", "register",
+           "LocationOptions", "parse_location", "location_from_wire", "OpenedSlide", "open_location", "register",
            "unregister", "slide_identity", "file_stamp", "cached_slide", "read_chunk", "chunk_read_count"]

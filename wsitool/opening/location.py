@@ -10,7 +10,7 @@ the edge (:func:`wsitool.open_slide`, the command line):
 * :class:`BucketPrefix`: an object-store URL ending in ``/``, read as a folder
   (:mod:`wsitool.storage.prefix`);
 * :class:`DicomWebSeries`: ``http(s)://.../studies/{study}/series/{series}``, optionally
-  ``dicomweb+http(s)://`` (:mod:`wsitool.storage.dicomweb`).
+  ``dicomweb+http(s)://`` (:mod:`wsitool.formats.dicom.web`).
 
 A location is a frozen value: hashable (a key of the per-process slides,
 :mod:`.held`), picklable (Dask tasks, worker processes carry it instead of a
@@ -36,23 +36,26 @@ from typing import Any, ClassVar
 
 from ..errors import InvalidOptionError
 from ..storage import ByteSource, open_source, redact
-from ..storage.dicomweb import SeriesUrl, parse_series_url
 from ..storage.local import LocalFile as LocalSource
-from ..storage.objectstore import list_objects
 from ..storage.prefix import Prefix, is_prefix_url
-from ..storage.urls import check_url, scheme_of
+from ..storage.remote.options import StorageOptions
+from ..storage.remote.transports.listing import list_objects
+from ..storage.urls import SeriesUrl, check_url, parse_series_url, scheme_of
 
-__all__ = ["StorageOptions", "Location", "FileLocation", "LocalFile", "LocalFolder", "ObjectUrl", "BucketPrefix",
+__all__ = ["LocationOptions", "Location", "FileLocation", "LocalFile", "LocalFolder", "ObjectUrl", "BucketPrefix",
            "DicomWebSeries", "parse_location", "location_from_wire"]
 
 
-class StorageOptions(Mapping[str, Any]):
-    """The storage options of a remote location, frozen when the location is parsed.
+class LocationOptions(Mapping[str, Any]):
+    """The storage options of a remote location, frozen when the location is parsed (the generic
+    keys checked then: :meth:`wsitool.storage.remote.options.StorageOptions.parse`, so a bad value
+    fails at the edge, before any request).  What a location carries and compares; storage parses
+    them into its own :class:`~wsitool.storage.remote.options.StorageOptions` where it reads them.
 
     The keys are those :func:`wsitool.open_slide` documents (``timeout``, ``retries``,
     ``headers``, ``anon``, ``key``, ...); they are read by the storage layer
     (:func:`wsitool.storage.open_source`, :class:`~wsitool.storage.prefix.Prefix`,
-    :class:`~wsitool.storage.dicomweb.DicomWebClient`), which gets a fresh copy of them
+    :class:`~wsitool.formats.dicom.web.client.DicomWebClient`), which gets a fresh copy of them
     (:meth:`as_dict`).  Two option mappings equal as JSON text are equal (and hash alike).
     ``repr`` names the keys only: values may be secrets.  Pickled with their values (a
     task that reopens a slide elsewhere needs them; give workers credentials through their
@@ -84,27 +87,28 @@ class StorageOptions(Mapping[str, Any]):
         return len(self._data)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, StorageOptions) and other._key == self._key
+        return isinstance(other, LocationOptions) and other._key == self._key
 
     def __hash__(self) -> int:
         return hash(self._key)
 
     def __reduce__(self) -> tuple:
-        return (StorageOptions, (self._data,))
+        return (LocationOptions, (self._data,))
 
     def as_dict(self) -> dict[str, Any]:
         """A fresh (deep) copy, for a storage function that takes a dict of options."""
         return copy.deepcopy(self._data)
 
     def __repr__(self) -> str:
-        return f"StorageOptions({sorted(self._data)})"  # the names only, never a value
+        return f"LocationOptions({sorted(self._data)})"  # the names only, never a value
 
 
-def _frozen(options: Mapping[str, Any] | None) -> StorageOptions | None:
-    """``options`` as :class:`StorageOptions`; None for none or an empty mapping."""
-    if options is None or isinstance(options, StorageOptions):
+def _frozen(options: Mapping[str, Any] | None) -> LocationOptions | None:
+    """``options`` as :class:`LocationOptions`; None for none or an empty mapping."""
+    if options is None or isinstance(options, LocationOptions):
         return options or None
-    frozen = StorageOptions(options)
+    frozen = LocationOptions(options)
+    StorageOptions.parse(frozen.as_dict())  # (the generic keys' values: exit 2 now, not at the first request)
     return frozen or None
 
 
@@ -132,7 +136,7 @@ class Location:
     """
 
     target: str
-    options: StorageOptions | None = None
+    options: LocationOptions | None = None
     #: whether the kind's bytes come over a network (set by each kind)
     _REMOTE: ClassVar[bool] = False
 
@@ -268,7 +272,7 @@ class BucketPrefix(Location):
 
     def listed(self) -> list[str]:
         """The URLs of every object under the prefix, at any depth, sorted
-        (:func:`wsitool.storage.objectstore.list_objects`); :meth:`at` makes them locations.
+        (:func:`wsitool.storage.remote.transports.listing.list_objects`); :meth:`at` makes them locations.
 
         Raises:
             RemoteNotFoundError: no such bucket, or nothing under the prefix.

@@ -52,10 +52,10 @@ from io import BytesIO
 
 import numpy as np
 
-try:
+from ..ground.extras import needs_extra
+
+with needs_extra("openslide", "wsitool.openslide needs Pillow: "):
     from PIL import Image, ImageCms
-except ImportError as _exc:  # pragma: no cover - depends on the install
-    raise ImportError('wsitool.openslide needs Pillow: pip install "wsitool[openslide]"') from _exc
 
 from ..errors import UnsupportedFormatError, WsiError
 from ..read.cache import TileCache

@@ -2,7 +2,8 @@
 
 One read goes ``read.region.read_pyramid_region`` -> ``read.request`` (validation,
 the :class:`~wsitool.read.request.ReadRequest` carried down) ->
-``geometry.plan_tiles`` -> ``read.fill`` (threads, compiled loop or the Python
-path of ``read.worker``; ``read.cuda`` on a GPU) -> ``codec`` (decoders) ->
-the level's byte source.  ``read.lazy`` builds Dask arrays of levels.
+``read.fill`` (the region planned once by ``read.plan``, its tiles told to the byte
+source, then one route: threads, compiled loop or the Python path of ``read.worker``;
+``read.cuda`` on a GPU) -> ``codec`` (decoders) -> the level's byte source.
+``read.patches`` reads batches of patches; ``read.lazy`` builds Dask arrays of levels.
 """

@@ -449,6 +449,11 @@ class CacheScope:
         :attr:`wsitool.model.PyramidLevel.cache_key`) as read in ``mode``; ``load()`` decodes it on a miss."""
         return self.cache.get_or_load((self.token, level, col, row, mode), load)
 
+    def holds(self, level: Hashable, col: int, row: int, mode: str) -> bool:
+        """Whether tile ``(col, row)`` of ``level`` in ``mode`` is cached now (a read of it would
+        need no bytes; it may be evicted before that read)."""
+        return (self.token, level, col, row, mode) in self.cache
+
     def close(self) -> None:
         """Drop this scope's entries."""
         self.cache.discard(self.token)

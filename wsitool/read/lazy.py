@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DaskUnavailableError, InvalidRegionError
+from ..ground.extras import install_hint
 from ..ground.geometry import level0_coordinate
 from ..ground.integers import int_pair
 from ..model import PyramidLevel
@@ -23,7 +24,7 @@ from .request import level_index
 
 __all__ = ["INSTALL_HINT", "import_dask_array", "level_array"]
 
-INSTALL_HINT = 'install the optional Dask extra: pip install "wsitool[dask]"'
+INSTALL_HINT = "install the optional Dask extra: " + install_hint("dask")
 
 
 def import_dask_array() -> Any:

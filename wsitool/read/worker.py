@@ -257,7 +257,7 @@ def decode_tile(lv: PyramidLevel, col: int, row: int, mode: str, pool: DecoderPo
         out = np.empty((th, tw, lv.samples), lv.dtype)
     else:
         out = np.empty((th, tw, 4 if mode == "rgba" else 3), np.uint8)
-    if tw > 1 and jpegloop.applies(lv, mode, out):  # (a 1-column tile: see fill._ends_one_column_into_a_tile)
+    if tw > 1 and jpegloop.applies(lv, mode, out):  # (a 1-column tile: see plan.ends_one_column_into_a_tile)
         # the compiled loop, where it applies: the same pixels, checks and counters as the
         # Python path (tests/codec/test_jpegloop.py), a third of its time on a tile
         x0, y0 = col * lv.tile_width, row * lv.tile_height

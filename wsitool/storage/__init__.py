@@ -4,9 +4,10 @@
 read through; :class:`~wsitool.storage.local.LocalFile` implements it over a
 file descriptor (``pread`` / ``preadv``, ``posix_fadvise``).  A remote source
 (:class:`~wsitool.storage.remote.RemoteSource`: HTTP(S), S3, GCS and Azure
-range reads, :func:`open_source` picks it for a URL) implements the same interface; nothing
-above changes, except that the compiled JPEG loop
-applies only where :meth:`ByteSource.fileno` gives a descriptor.
+range reads, the package :mod:`wsitool.storage.remote`; :func:`open_source` picks it for a
+URL) implements the same interface, and so does a DICOMweb instance's frames
+(:mod:`wsitool.formats.dicom.web`).  Each source applies its own storage policy behind
+:meth:`ByteSource.advise`; nothing above branches on which kind of source it reads.
 """
 
 from .local import LocalFile

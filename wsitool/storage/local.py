@@ -6,12 +6,20 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from ..errors import UnsupportedFormatError
 from .source import ByteSource, CountedReads
+from .view import BoundedFile
 
-__all__ = ["LocalFile", "open_regular"]
+__all__ = ["LocalFile", "open_regular", "ADVISE_MIN_BYTES", "ADVISE_MIN_RANGES"]
+
+#: A local file's ``fadvise`` rule: advice of fewer than :data:`ADVISE_MIN_RANGES` ranges and
+#: fewer bytes than this (a few tiles of one or two rows) is not passed on: the first decode
+#: would wait for its bytes anyway, the kernel's own read-ahead serves a read that goes on, and
+#: the calls cost more than they save.
+ADVISE_MIN_BYTES = 128 * 1024
+ADVISE_MIN_RANGES = 3
 
 #: What a path that is not a regular file is, as messages name it.
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -75,14 +83,30 @@ class LocalFile(CountedReads, ByteSource):
         return os.preadv(self._fd, [buffer], offset)
 
     def advise(self, ranges: Iterable[tuple[int, int]], ahead: bool = False) -> None:
-        """``POSIX_FADV_WILLNEED`` for each ``(offset, count)`` range; errors are ignored."""
-        if self._fd < 0 or not hasattr(os, "posix_fadvise"):
+        """``POSIX_FADV_WILLNEED`` for each ``(offset, count)`` range, unless the advice is fewer
+        than :data:`ADVISE_MIN_RANGES` ranges of fewer than :data:`ADVISE_MIN_BYTES` bytes;
+        nothing for read-ahead of a later batch (``ahead``: each batch's own advice serves it).
+        The read-ahead runs while the first tiles decode, so a cold file's reads overlap the
+        decodes; on a cached file it costs one cheap call per range.  Errors are ignored."""
+        if ahead or self._fd < 0 or not hasattr(os, "posix_fadvise"):
+            return
+        spans = ranges if isinstance(ranges, list) else list(ranges)
+        if len(spans) < ADVISE_MIN_RANGES and sum(count for _, count in spans) < ADVISE_MIN_BYTES:
             return
         try:
-            for offset, count in ranges:
+            for offset, count in spans:
                 os.posix_fadvise(self._fd, offset, count, os.POSIX_FADV_WILLNEED)
         except (OSError, OverflowError):  # pragma: no cover - advisory only
             pass
+
+    def open_file(self, blank: Iterable[tuple[int, int]] = ()) -> BinaryIO:
+        """The file of :attr:`path` opened again, buffered, its reads clamped to its size
+        (:class:`~wsitool.storage.view.BoundedFile`; a local file is parsed eagerly: no ``blank``).
+
+        Raises:
+            OSError: the file cannot be opened.
+        """
+        return cast(BinaryIO, BoundedFile(self.path))
 
     def fileno(self) -> int | None:
         return self._fd if self._fd >= 0 else None
@@ -110,3 +134,4 @@ class LocalFile(CountedReads, ByteSource):
 
     def __repr__(self) -> str:
         return f"LocalFile({self.path!r}, {self.size} bytes)"
+

@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidOptionError, WsiError
 from .local import LocalFile
 from .source import ByteSource
 from .urls import redact, scheme_of
 
+if TYPE_CHECKING:  # (the remote stack is imported with the first URL)
+    from .remote import StorageOptions
+
 __all__ = ["open_source"]
 
 
-def open_source(location: str | os.PathLike, storage_options: dict | None = None) -> ByteSource:
+def open_source(location: str | os.PathLike,
+                storage_options: Mapping[str, Any] | StorageOptions | None = None) -> ByteSource:
     """The :class:`ByteSource` of a local path or a slide URL.
 
-    ``http://`` / ``https://`` URLs are read by :mod:`.http`; ``s3://``, ``gs://``
-    (``gcs://``), ``az://`` (``abfs://``, ``abfss://``, ``azure://``) by
-    :mod:`.objectstore`; both through :class:`~wsitool.storage.remote.RemoteSource`.
+    ``http://`` / ``https://`` URLs are read by :mod:`.remote.transports.http`; ``s3://``,
+    ``gs://`` (``gcs://``), ``az://`` (``abfs://``, ``abfss://``, ``azure://``) by
+    :mod:`.remote.transports.objectstore`; both through :class:`~wsitool.storage.remote.RemoteSource`.
     ``storage_options``: the generic keys of :class:`~wsitool.storage.remote.RemoteOptions`
     (``timeout``, ``operation_timeout``, ``retries``, ``concurrency``) and the
-    transport's own; only for URLs.
+    transport's own, as a mapping or already parsed (:class:`~wsitool.storage.remote.StorageOptions`);
+    only for URLs.
 
     Raises:
         FileNotFoundError, PermissionError, OSError: a local path, as ``os.open``.
@@ -36,20 +43,20 @@ def open_source(location: str | os.PathLike, storage_options: dict | None = None
     if scheme.startswith("dicomweb+"):
         raise WsiError(f"{redact(str(location))}: a DICOMweb series is opened with open_slide, "
                        "not as one file")
-    from .remote import RemoteOptions, RemoteSource, Transport
+    from .remote import RemoteSource, StorageOptions, Transport
 
     url = str(location)
     shown = redact(url)
-    options = dict(storage_options or {})
-    generic = RemoteOptions.take(options)
+    parsed = StorageOptions.parse(storage_options)
+    options, generic = parsed.transport_options(), parsed.remote
     transport: Transport
     if scheme in ("http", "https"):
-        from .http import HttpTransport
+        from .remote.transports.http import HttpTransport
 
         transport = HttpTransport(url, shown, options, maxsize=generic.concurrency + 8, timeout=generic.timeout,
                                   total=generic.operation_timeout)
     else:
-        from .objectstore import ObjectStoreTransport
+        from .remote.transports.objectstore import ObjectStoreTransport
 
         transport = ObjectStoreTransport(url, shown, options, timeout=generic.timeout,
                                          total=generic.operation_timeout)

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UnsupportedFormatError, WsiError
-from .objectstore import _SCHEMES, BucketURL, ObjectStoreTransport, list_keys, make_store
-from .remote import RemoteOptions, RemoteSource
+from .remote import RemoteSource, StorageOptions
+from .remote.transports.listing import list_keys
+from .remote.transports.objectstore import BUCKET_SCHEMES, BucketURL, ObjectStoreTransport, make_store
 from .urls import redact, scheme_of
 
 __all__ = ["MAX_OBJECTS", "MIN_OBJECT_BYTES", "Prefix", "PrefixObject", "is_prefix_url"]
@@ -51,7 +53,7 @@ def is_prefix_url(location: object) -> bool:
     """True when ``location`` is an ``s3://``, ``gs://`` or ``az://`` URL (or an alias)
     whose path ends in ``/``: a prefix, read as a folder."""
     scheme = scheme_of(location)
-    if scheme is None or scheme not in _SCHEMES:
+    if scheme is None or scheme not in BUCKET_SCHEMES:
         return False
     return urllib.parse.urlsplit(str(location)).path.endswith("/")
 
@@ -73,7 +75,8 @@ class Prefix:
     Args:
         url: ``s3://bucket/prefix/`` (``gs://``, ``az://`` and their aliases), ending in ``/``.
         storage_options: as for :func:`~wsitool.storage.open_source` (the generic keys
-            ``timeout``, ``operation_timeout``, ``retries``, ``concurrency`` and the store's own).
+            ``timeout``, ``operation_timeout``, ``retries``, ``concurrency`` and the store's own;
+            a mapping, or already parsed: :class:`~wsitool.storage.remote.StorageOptions`).
 
     Attributes:
         shown: the prefix URL as messages show it.
@@ -87,17 +90,18 @@ class Prefix:
         WsiError: not a prefix URL, a bad storage option, or obstore not installed.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | StorageOptions | None = None):
         self.shown = redact(url)
         if not is_prefix_url(url):
             raise WsiError(f"{self.shown}: not an s3://, gs:// or az:// prefix ending in '/'")
         self._where = BucketURL.parse(url, "bucket/prefix/")
         self.protocol = self._where.protocol
         self.key_prefix = self._where.key
-        options = dict(storage_options or {})
-        self.options = RemoteOptions.take(options)
-        self._transport_options = options
-        self._store: Any = make_store(self._where, options, self.options.timeout, self.options.operation_timeout)
+        parsed = StorageOptions.parse(storage_options)
+        self.options = parsed.remote
+        self._transport_options = parsed.own
+        self._store: Any = make_store(self._where, parsed.transport_options(), self.options.timeout,
+                                      self.options.operation_timeout)
         self.deeper = 0
         self.listed = 0
         self.list_requests = 0

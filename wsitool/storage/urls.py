@@ -1,10 +1,12 @@
-"""Slide URLs: which strings are URLs, and how they are shown without secrets (floor 1).
+"""Slide URLs: which strings are URLs, how they are shown without secrets, and which name a DICOMweb series (floor 1).
 
 A slide location is a URL when it starts with one of :data:`SCHEMES` followed
 by ``://``; anything else is a local path.  :func:`redact` is the only form of
 a URL that wsitool prints, logs or stores in a property: the user name and
 password of the authority and the whole query string (presigned URLs carry
-their signature and credential there) are replaced.
+their signature and credential there) are replaced.  :func:`parse_series_url`
+tells a DICOMweb series URL (read by :mod:`wsitool.formats.dicom.web`) from the
+URL of one object.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import os
 import re
 import urllib.parse
 
-from ..errors import InvalidOptionError
+from ..errors import InvalidOptionError, WsiError
 
-__all__ = ["SCHEMES", "is_url", "scheme_of", "redact", "redact_text", "check_url"]
+__all__ = ["SCHEMES", "is_url", "scheme_of", "redact", "redact_text", "check_url", "SeriesUrl", "parse_series_url"]
 
 #: URL schemes wsitool reads slides from (``gcs`` is an alias of ``gs``; ``abfs`` / ``abfss`` / ``azure`` of ``az``).
 SCHEMES = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "azure",
-           "dicomweb+http", "dicomweb+https")  # (a DICOMweb series, wsitool.storage.dicomweb)
+           "dicomweb+http", "dicomweb+https")  # (a DICOMweb series, wsitool.formats.dicom.web)
 
 
 def scheme_of(location: object) -> str | None:
@@ -93,3 +95,50 @@ def check_url(url: str) -> None:
         urllib.parse.urlsplit(url)
     except ValueError as exc:
         raise InvalidOptionError(f"{redact(url)}: not a valid URL ({exc})") from None
+
+
+_SERIES = re.compile(r"^(?P<base>.+?)/studies/(?P<study>[0-9.]+)/series/(?P<series>[0-9.]+)/?$")
+
+
+class SeriesUrl:
+    """A DICOMweb series URL taken apart: ``base`` (the service root), ``study``, ``series``."""
+
+    def __init__(self, base: str, study: str, series: str, given: str):
+        self.base = base
+        self.study = study
+        self.series = series
+        self.given = given
+
+    @property
+    def shown(self) -> str:
+        """The URL as messages show it (no user, password or query)."""
+        return redact(self.given.removeprefix("dicomweb+"))
+
+
+def parse_series_url(location: object) -> SeriesUrl | None:
+    """The :class:`SeriesUrl` of ``location`` when it is a DICOMweb series URL, else None.
+
+    A series URL is ``http(s)://host/.../studies/{StudyInstanceUID}/series/{SeriesInstanceUID}``
+    (UIDs are digits and dots), optionally with the scheme prefix ``dicomweb+``;
+    a ``dicomweb+`` URL that does not end so raises.
+
+    Raises:
+        WsiError: a ``dicomweb+`` URL that names no series.
+    """
+    if not isinstance(location, str):
+        return None
+    low = location[:16].lower()
+    prefixed = low.startswith("dicomweb+")
+    url = location[len("dicomweb+"):] if prefixed else location
+    if not url.lower().startswith(("http://", "https://")):
+        if prefixed:
+            raise WsiError(f"{redact(url)}: a dicomweb+ URL must be dicomweb+http(s)://")
+        return None
+    parts = urllib.parse.urlsplit(url)
+    m = _SERIES.match(parts.path)
+    if m is None:
+        if prefixed:
+            raise WsiError(f"{redact(url)}: not a DICOMweb series URL (.../studies/{{study}}/series/{{series}})")
+        return None
+    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, m.group("base"), "", ""))
+    return SeriesUrl(base, m.group("study"), m.group("series"), location)

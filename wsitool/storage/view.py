@@ -1,8 +1,10 @@
-"""A read-only file object over a byte source, for parsers that want one (floor 1).
+"""Read-only file objects over a slide's bytes, for parsers that want one (floor 1).
 
 tifffile parses a remote TIFF through :class:`SourceFile`: every ``read`` is a
 positional read of the source (so it comes from the remote source's block cache,
 never from a read-ahead of its own), clamped to the bytes the source holds.
+A local file is parsed through :class:`BoundedFile`, a buffered file of its path
+whose reads are clamped the same way (:meth:`wsitool.storage.ByteSource.open_file`).
 A view may be told ranges to *blank*: a read of exactly such a range gives
 zeros and fetches nothing (the tile tables of a remote TIFF, which tifffile
 parses at open but wsitool fetches when their level is first read:
@@ -14,11 +16,20 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
-from .source import ByteSource
+__all__ = ["SourceFile", "BoundedFile", "Readable"]
 
-__all__ = ["SourceFile"]
+
+class Readable(Protocol):
+    """What a :class:`SourceFile` reads: a :class:`~wsitool.storage.ByteSource`'s ``path``,
+    ``size`` and positional ``read``."""
+
+    path: str
+    size: int
+
+    def read(self, offset: int, count: int) -> bytes:
+        """Up to ``count`` bytes at ``offset``."""
 
 
 class SourceFile(io.RawIOBase):
@@ -34,7 +45,7 @@ class SourceFile(io.RawIOBase):
             the source).
     """
 
-    def __init__(self, source: ByteSource, blank: Iterable[tuple[int, int]] = ()):
+    def __init__(self, source: Readable, blank: Iterable[tuple[int, int]] = ()):
         super().__init__()
         self._source = source
         self._pos = 0
@@ -96,3 +107,35 @@ class SourceFile(io.RawIOBase):
 
     def readall(self) -> bytes:
         return self.read(-1)
+
+
+class BoundedFile(io.BufferedReader):
+    """A read-only buffered file whose ``read(n)`` asks for at most the bytes left in the file.
+
+    tifffile sizes some reads by values taken from the file: an NDPI page's JPEG header is
+    read as ``McuStarts[0]`` bytes (tag 65426), so a hostile start far past the end of the
+    file made the buffered reader allocate that many bytes up front (a ``MemoryError`` under
+    a memory cap, an out-of-memory kill without one).  What the file holds reads as before,
+    and the checks of the format layer then refuse the values that point past it.
+
+    Args:
+        path: the file to open (read-only, binary).
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        raw = io.FileIO(os.fspath(path), "rb")
+        try:
+            super().__init__(raw)
+            self._size = os.fstat(raw.fileno()).st_size
+        except BaseException:
+            raw.close()
+            raise
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes from the current position (all that is left for None or a negative size)."""
+        if size is not None and size > 0:
+            size = min(size, max(0, self._size - self.tell()))
+        return super().read(size)

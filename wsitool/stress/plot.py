@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ground import outputs as atomic
+from ..ground.extras import needs_extra
 from .report import report_sources
 from .results import StressReport
 
@@ -35,13 +36,11 @@ def write_plot(report: StressReport, path: str | os.PathLike) -> None:
     Raises:
         ImportError: matplotlib is missing (``pip install 'wsitool[plot]'``).
     """
-    try:
+    with needs_extra("plot", "plotting needs matplotlib: "):
         import matplotlib  # optional: the plot extra
 
         matplotlib.use("Agg", force=False)
         from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise ImportError("plotting needs matplotlib: pip install 'wsitool[plot]'") from exc
     mem = report.memory
     samples = mem["samples"]
     warm = mem["warmup_iterations"]

@@ -39,10 +39,10 @@ import numpy as np
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 from ...model import AssociatedImage, Channel, Pyramid, PyramidLevel, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
-from ...storage.dicomweb import DicomWebClient, SeriesUrl
 from ...storage.prefix import MIN_OBJECT_BYTES, Prefix, PrefixObject
 from ...storage.remote import HEAD_BYTES
 from ...storage.span import Span
+from ...storage.urls import SeriesUrl
 from .encoding import frame_encoding, is_encapsulated
 from .frames import frame_table
 from .instance import MAGIC_AT, Instance, is_dicom, read_instance
@@ -52,7 +52,7 @@ from .quickhash import KEY as QUICKHASH
 from .quickhash import series_quickhash
 from .series import Holder, dicom_files, one_series, series_of_file, series_of_folder
 from .tiling import GridNotes, Image, merge_parts, tile_grid
-from .web import frames_table, series_instances
+from .web import DicomWebClient, frames_table, series_instances
 
 __all__ = ["NAME", "READS_URLS", "sniff", "open_pyramid", "open_folder", "open_dicomweb", "open_prefix",
            "PHI_KEYWORDS", "is_phi"]
@@ -93,7 +93,7 @@ def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyrami
     """Describe the DICOMweb series ``url`` (QIDO-RS, WADO-RS metadata; frames fetched per
     region, :mod:`.web`) as the local reader describes a series folder.
 
-    ``storage_options``: as :class:`~wsitool.storage.dicomweb.DicomWebClient`.
+    ``storage_options``: as :class:`~wsitool.formats.dicom.web.client.DicomWebClient`.
 
     Raises:
         RemoteNotFoundError: no such series.  RemoteAccessError: access denied.

@@ -20,7 +20,8 @@ position; only the element's own 8- or 12-byte header (tag, VR, length;
 PS3.5 7.1.2) is read here.  A frame split over several fragments is not
 supported (its bytes are not contiguous in the file).
 
-Over a URL (an instance read through a remote source: a bucket prefix) walking
+Over a URL (an instance read through a remote source: a bucket prefix; its source defers
+metadata, :attr:`wsitool.storage.ByteSource.defer_metadata`) walking
 every item would fetch the whole object block by block, so a Basic Offset Table
 is trusted (:func:`_trusted_basic`); without any table the rest of the object is
 fetched first in a few large requests (up to :data:`REMOTE_WALK_BYTES`) and then
@@ -106,11 +107,12 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
             eot = _extended_table(inst)
             if eot is not None:
                 return _extended(inst, first, *eot)
-            if basic and inst.source is not None and inst.source.remote:
-                return _trusted_basic(inst, fp, first, basic)
-            if (inst.source is not None and inst.source.remote and inst.file_size > HEAD_BYTES
-                    and inst.file_size - first <= REMOTE_WALK_BYTES):  # (a smaller one came whole at open)
-                inst.source.advise([(first, inst.file_size - first)])  # the walk reads it all anyway
+            if inst.source is not None and inst.source.defer_metadata:  # (each read a request)
+                if basic:
+                    return _trusted_basic(inst, fp, first, basic)
+                if inst.file_size > HEAD_BYTES and inst.file_size - first <= REMOTE_WALK_BYTES:
+                    # the walk reads it all anyway (a smaller one came whole at open)
+                    inst.source.advise([(first, inst.file_size - first)])
             count, positions = parse_fragments(fp)
         except (ValueError, struct.error, EOFError, OSError) as exc:  # pydicom: OSError on bad items
             raise CorruptFileError(f"{inst.path}: unreadable encapsulated Pixel Data "

@@ -12,9 +12,10 @@ masks (NewSubfileType bit 2).  Vendor layouts first remove associated images
 (Aperio: every stripped IFD, see :mod:`.aperio`; NDPI: the macro, and the
 focus map, which is dropped, see :mod:`.ndpi`; OME-TIFF: the OME Images after
 the first, named by their ``Name``, see :mod:`.ome`); the rest go through the
-level rule of :mod:`.levels`.  tifffile reads the file through
-:class:`.bounded.BoundedFile`, so no value in the file makes it allocate more
-than the file holds.
+level rule of :mod:`.levels`.  tifffile reads the file through the file object its
+byte source gives (:meth:`~wsitool.storage.ByteSource.open_file`: a local file's
+:class:`~wsitool.storage.view.BoundedFile`, a view of a remote one), whose reads never ask
+for more than the file holds, so no value in the file makes it allocate more.
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from tifffile import FILETYPE
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
 from ...ground.oserrors import raise_if_os_resource
 from ...model import AssociatedImage, Pyramid, PyramidLevel, multichannel_level
-from ...storage import ByteSource, SourceFile
+from ...storage import ByteSource
 from . import aperio, ndpi, ndpi_scaled, ome, qptiff
-from .bounded import BoundedFile
 from .encoding import associated_from_page, icc_profile, level_from_page
 from .levels import choose_levels
 from .logcapture import tifffile_messages
@@ -68,11 +68,12 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     head = source.read(0, 4)
     if not sniff(head):
         raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
-    # a remote slide: tifffile reads through the source (its block cache), never by name,
-    # and its tile tables are fetched when their level is first read (.tables)
-    tables = scan(path, source) if source.remote else EAGER
+    # a source whose metadata reads are requests (remote) defers the tile tables to their
+    # level's first read (.tables); tifffile parses through the file its source gives (a
+    # remote one: a view of its block cache, never a read-ahead of its own)
+    tables = scan(path, source) if source.defer_metadata else EAGER
     with tifffile_messages() as messages:
-        fh = SourceFile(source, blank=tables.blank) if source.remote else BoundedFile(path)
+        fh = source.open_file(blank=tables.blank)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -5,7 +5,7 @@ an IFD when it parses the IFD (both are in its ``TIFF.TAG_LOAD`` list of values
 it does not delay-load).  Over the network that would fetch every level's table
 at open: a 100,000 x 100,000 level of 256 x 256 tiles has two arrays of 152,600
 entries, 1.2 MB in a classic TIFF and 2.4 MB in a BigTIFF.  So for a remote
-slide (:attr:`wsitool.storage.ByteSource.remote`):
+slide (a source that defers metadata: :attr:`wsitool.storage.ByteSource.defer_metadata`):
 
 1. :func:`scan` walks the IFD chain and the SubIFDs (tag 330) and notes, from
    the IFD entries, where each IFD's two arrays lie (offset, field type, count)

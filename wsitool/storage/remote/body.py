@@ -1,14 +1,14 @@
 """The body of a server's answer, read without trusting the server (floor 1).
 
 Every client of a remote slide reads the bodies of its answers here: obstore (HTTP(S),
-S3, GCS, Azure: :func:`~wsitool.storage.objectstore.ranged_get`), urllib3 (HTTP(S) in a
-forked process, :mod:`wsitool.storage.http`) and the DICOMweb client
-(:mod:`wsitool.storage.dicomweb`).  A server decides what it sends, so each read is given
+S3, GCS, Azure: :func:`~wsitool.storage.remote.transports.obstore_client.ranged_get`), urllib3 (HTTP(S) in a
+forked process, :mod:`wsitool.storage.remote.transports.http`) and the DICOMweb client
+(:mod:`wsitool.formats.dicom.web.client`).  A server decides what it sends, so each read is given
 the most bytes its request may bring (its *limit*):
 
 * a byte range: the range's length, exactly (``exact=True``): the read stops there;
 * an answer whose length is not known in advance (DICOMweb JSON, a multipart answer of
-  frames): a documented cap (:data:`~wsitool.storage.dicomweb.JSON_LIMIT`, a frame request's
+  frames): a documented cap (:data:`~wsitool.formats.dicom.web.client.JSON_LIMIT`, a frame request's
   bound computed from the frames' sizes).
 
 :func:`check_length` refuses a declared ``Content-Length`` that does not fit before any of
@@ -26,8 +26,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import RemoteUnavailableError
-from .remote import Transient
+from ...errors import RemoteUnavailableError
+from .status import Transient
 
 __all__ = ["check_length", "read_body", "too_long"]
 
@@ -55,7 +55,7 @@ def check_length(declared: str | None, limit: int, shown: str, what: str, *, exa
         shown: the URL as messages show it.
         what: what was asked, for the message (``"bytes 0-65535"``, ``"frames 1,2"``).
         exact: the answer must be ``limit`` bytes long (a byte range); a shorter one is
-            :class:`~wsitool.storage.remote.Transient` (a body cut short: worth a retry).
+            :class:`~wsitool.storage.remote.status.Transient` (a body cut short: worth a retry).
 
     Raises:
         RemoteUnavailableError: the length is not a number, or is above ``limit``.

@@ -1,4 +1,4 @@
-"""DICOMweb series read as slides: instances from WADO-RS metadata, frames fetched by number (floor 3).
+"""A DICOMweb series assembled as the local reader assembles a series folder (floor 3).
 
 A series URL (``.../studies/{study}/series/{series}``) is read as the local
 reader reads a series folder (:func:`wsitool.formats.dicom.open_dicomweb`):
@@ -6,7 +6,7 @@ QIDO-RS lists the series' instances, WADO-RS metadata gives each instance's
 header as DICOM JSON, which pydicom turns into a data set
 (``Dataset.from_json``; bulk data fetched by its URI), and the same code builds
 the levels, optical paths (channels), associated images and properties.  Each
-instance's frames come from a :class:`~wsitool.storage.dicomweb.FrameSource`:
+instance's frames come from a :class:`~wsitool.formats.dicom.web.frames.FrameSource`:
 frame ``k`` at address ``k * FRAME_STRIDE``, its byte count an upper bound
 (:data:`NOMINAL`); the region layer announces a region's frames and they come
 in one multipart request per instance.
@@ -24,21 +24,27 @@ that syntax explicitly.  None accepted -> :class:`~wsitool.errors.UnsupportedFor
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...errors import RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
-from ...storage.dicomweb import FRAME_STRIDE, MEDIA_TYPES, DicomWebClient, FrameSource, NotAcceptable
-from .instance import WSI_SOP_CLASS, Instance, instance_from_dataset
+from ....errors import RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
+from ....storage.remote.options import StorageOptions
+from ....storage.urls import SeriesUrl
+from ..instance import WSI_SOP_CLASS, Instance, instance_from_dataset
+from .client import MEDIA_TYPES, DicomWebClient, NotAcceptable
+from .frames import FRAME_STRIDE, FrameSource
 
 if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM slide is opened
     from pydicom.dataset import Dataset
 
 __all__ = ["NOMINAL", "series_instances", "frames_table", "upload"]
 
-#: The byte count a DICOMweb tile index gives every frame: an upper bound (frames are read whole).
+#: The byte count a DICOMweb tile index gives every frame: an upper bound (frames are read
+#: whole).  Half the address stride less one, so a tile row's entries join into one advised
+#: range only where their frame numbers follow each other
+#: (:func:`wsitool.read.plan.segment_ranges`; the range then holds just those frames).
 NOMINAL = (1 << 31) - 1
 
 _LOSSY = {"ISO_10918_1": ["1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51"],
@@ -100,7 +106,7 @@ def _candidates(ds: Dataset, stored: str | None, available: list[str]) -> list[s
 def _frame_bytes(ds: Dataset) -> int | None:
     """One frame's pixel bytes uncompressed (Rows x Columns x SamplesPerPixel x bytes per
     sample), or None where the header does not say: bounds each frames answer
-    (:func:`~wsitool.storage.dicomweb.frames_limit`)."""
+    (:func:`~wsitool.formats.dicom.web.client.frames_limit`)."""
     try:
         rows, cols = int(ds.get("Rows") or 0), int(ds.get("Columns") or 0)
         samples, bits = int(ds.get("SamplesPerPixel") or 1), int(ds.get("BitsAllocated") or 8)
@@ -172,7 +178,7 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
         except (RemoteAccessError, RemoteNotFoundError, WsiError):
             raise
         except Exception as exc:  # pydicom's ways of refusing a JSON value
-            from ...errors import CorruptFileError
+            from ....errors import CorruptFileError
 
             raise CorruptFileError(f"{path}: unreadable DICOM JSON metadata: {type(exc).__name__}: "
                                    f"{exc}") from None
@@ -212,7 +218,8 @@ def _decimal_strings(ds: Dataset) -> None:
             continue
 
 
-def upload(base_url: str, files: Iterable[str | os.PathLike[str]], storage_options: dict | None = None) -> int:
+def upload(base_url: str, files: Iterable[str | os.PathLike[str]],
+           options: Mapping[str, Any] | StorageOptions | None = None) -> int:
     """STOW-RS: store the DICOM files ``files`` (paths) on the DICOMweb service at ``base_url``
     (its root, e.g. ``http://host/dicom-web``) in one request; returns how many were sent.
 
@@ -220,13 +227,11 @@ def upload(base_url: str, files: Iterable[str | os.PathLike[str]], storage_optio
         RemoteAccessError: denied (401/403) or refused.  RemoteUnavailableError: the server failed.
         OSError: a file that cannot be read.
     """
-    from ...storage.dicomweb import SeriesUrl
-
     datas = []
     for name in files:
         with open(name, "rb") as fp:
             datas.append(fp.read())
-    client = DicomWebClient(SeriesUrl(base_url.rstrip("/"), "0", "0", base_url), storage_options)
+    client = DicomWebClient(SeriesUrl(base_url.rstrip("/"), "0", "0", base_url), options)
     try:
         client.store(datas)
     finally:

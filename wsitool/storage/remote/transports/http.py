@@ -2,7 +2,7 @@
 
 Requests go through obstore's ``HTTPStore`` (Rust's ``object_store`` over reqwest;
 ``pip install 'wsitool[remote]'``), as those of S3, GCS and Azure do
-(:mod:`wsitool.storage.objectstore`): one connection pool per slide, the GIL
+(:mod:`.objectstore`): one connection pool per slide, the GIL
 released for the whole request.  Chosen over urllib3, which this transport used
 before, on the remote benchmark (``scripts/bench_remote.py``): 1024 x 1024 JPEG
 regions at 0 ms over nginx, 8 threads, went from 0.59x to 0.86x of the local read's
@@ -19,21 +19,21 @@ requests", exit 17: retrying cannot help).  After the first answer each request
 carries ``If-Match`` with the pinned ETag when it is a strong one (``412`` then means
 the object changed).  ``timeout``: seconds to connect and that a request may wait for
 its next bytes; ``operation_timeout`` also bounds one whole request.  Statuses read as in
-:func:`~wsitool.storage.remote.status_error` by both clients (404/410 not found, 401/403
+:func:`~wsitool.storage.remote.status.status_error` by both clients (404/410 not found, 401/403
 denied, 412 changed, 408/425/429/500/502/503/504 retried, any other an unexpected answer).
 
 obstore's runtime does not survive ``fork()`` once it has made a request: in a process
-forked after that (:func:`~wsitool.storage.objectstore.runtime_usable` false) the same
+forked after that (:func:`~wsitool.storage.remote.transports.obstore_client.runtime_usable` false) the same
 requests go through urllib3 (:class:`_Urllib3Client`; one connection pool, up to 5
 redirects), with the same outcomes (the fault tests run both clients); so do those of a
 server whose answers obstore cannot read (chunked, without ``Content-Length``; a
 ``Last-Modified`` in an obsolete date form).  Last-Modified is pinned and compared in one
-form (:func:`~wsitool.storage.objectstore.http_date`) whichever client read it.
+form (:func:`~wsitool.storage.remote.transports.obstore_client.http_date`) whichever client read it.
 
 ``storage_options`` for HTTP(S): ``headers`` (a dict sent with every request,
 e.g. ``{"Authorization": "Bearer ..."}``; never printed), ``verify`` (False to
 skip TLS verification, or the path of a PEM file of CA certificates trusted besides the
-system's), plus the generic keys of :class:`~wsitool.storage.remote.RemoteOptions`.
+system's), plus the generic keys of :class:`~wsitool.storage.remote.options.RemoteOptions`.
 """
 
 from __future__ import annotations
@@ -48,28 +48,30 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ..errors import (
+from ....errors import (
     InvalidOptionError,
     RemoteAccessError,
     RemoteUnavailableError,
     WsiError,
 )
-from .body import check_length, read_body, too_long
-from .objectstore import (
+from ....ground.extras import optional_import
+from ..body import check_length, read_body, too_long
+from ..status import Transient, status_error
+from ..transport import Response, Transport
+from .obstore_client import (
     HeaderTrouble,
-    _failure,
-    _first_line,
-    _obstore,
     client_timeouts,
+    first_line,
     http_date,
     keep_inherited,
+    obstore_module,
+    raise_failure,
     ranged_get,
     runtime_usable,
     without_frames,
 )
-from .remote import Response, Transient, Transport, status_error
 
-__all__ = ["HttpTransport"]
+__all__ = ["HttpTransport", "BODY_PIECE", "verify_option", "failure_cause"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.I)
 #: Largest whole body accepted from a server that ignores Range.
@@ -79,12 +81,7 @@ BODY_PIECE = 256 * 1024
 
 
 def _urllib3() -> types.ModuleType:
-    try:
-        import urllib3
-    except ImportError:  # pragma: no cover - depends on the installation
-        raise WsiError("reading slides over HTTP(S) needs the optional extra: "
-                       "pip install 'wsitool[remote]'") from None
-    return urllib3
+    return optional_import("urllib3", "remote", "reading slides over HTTP(S) needs the optional extra: ", WsiError)
 
 
 def _headers(shown: str, raw: Any) -> dict:
@@ -111,9 +108,9 @@ def _headers(shown: str, raw: Any) -> dict:
 class HttpTransport(Transport):
     """Ranged GETs of one HTTP(S) URL: through obstore (:class:`_ObstoreClient`), or urllib3
     (:class:`_Urllib3Client`) in a process forked after obstore's runtime started, where
-    obstore would hang (:func:`~wsitool.storage.objectstore.runtime_usable`), and for a
+    obstore would hang (:func:`~wsitool.storage.remote.transports.obstore_client.runtime_usable`), and for a
     server whose answers obstore cannot read (a chunked answer without ``Content-Length``,
-    a ``Last-Modified`` in an obsolete form: :class:`~wsitool.storage.objectstore.HeaderTrouble`).
+    a ``Last-Modified`` in an obsolete form: :class:`~wsitool.storage.remote.transports.obstore_client.HeaderTrouble`).
 
     Args:
         url: the URL (with its query, e.g. a presigned URL's signature).
@@ -130,7 +127,7 @@ class HttpTransport(Transport):
 
     protocol = "http"
     #: "obstore" or "urllib3": the client every new transport takes (tests; None: as
-    #: :func:`~wsitool.storage.objectstore.runtime_usable` says).
+    #: :func:`~wsitool.storage.remote.transports.obstore_client.runtime_usable` says).
     force_client: str | None = None
 
     def __init__(self, url: str, shown: str, options: dict, maxsize: int = 16, timeout: float = 20.0,
@@ -138,7 +135,7 @@ class HttpTransport(Transport):
         self.url = url
         self.shown = shown
         self.headers = _headers(shown, options.pop("headers", None))
-        self.verify = _verify(shown, options.pop("verify", True))
+        self.verify = verify_option(shown, options.pop("verify", True))
         if options:
             raise InvalidOptionError(f"{shown}: unknown storage option(s) for HTTP(S): {', '.join(sorted(options))}")
         try:  # a bad port or host: a usage error now, not a "server failing" after the retries
@@ -196,14 +193,14 @@ class _ObstoreClient:
         elif isinstance(verify, str):
             options["root_certificate"] = _ca_bytes(shown, verify)
         try:
-            self._store: Any = _obstore().store.HTTPStore.from_url(
+            self._store: Any = obstore_module().store.HTTPStore.from_url(
                 url, client_options=options,
                 retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)})
         except WsiError:
             raise
         except Exception as exc:  # obstore refuses the URL, a header or the CA file
             raise InvalidOptionError(f"{shown}: not a valid URL, header or CA file for the HTTP client "
-                                     f"({_first_line(str(exc).replace(url, shown), 120)})") from None
+                                     f"({first_line(str(exc).replace(url, shown), 120)})") from None
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
         strong = pin.etag if pin is not None and pin.etag and not pin.etag.startswith("W/") else ""
@@ -212,7 +209,7 @@ class _ObstoreClient:
                 # (the store's URL is the slide's: its path "" is the URL itself, query and all)
                 return ranged_get(self._store, "", start, end, pin, self.shown, self.protocol, if_match=strong,
                                   url=self.url)
-            except _obstore().exceptions.NotSupportedError:  # a 200 answer: the server ignores Range
+            except obstore_module().exceptions.NotSupportedError:  # a 200 answer: the server ignores Range
                 return self._whole(start, end)
         except Exception as exc:
             raise without_frames(exc) from None
@@ -223,13 +220,13 @@ class _ObstoreClient:
 
         Raises:
             RemoteUnavailableError: any other range (retrying cannot help).
-            Transient, and the errors of :func:`~wsitool.storage.objectstore.ranged_get`.
+            Transient, and the errors of :func:`~wsitool.storage.remote.transports.obstore_client.ranged_get`.
         """
         refused = RemoteUnavailableError(f"{self.shown}: the server does not support HTTP range requests "
                                          f"(HTTP 200, the whole object, for bytes {start}-{end - 1})")
         if start != 0:
             raise refused
-        obstore = _obstore()
+        obstore = obstore_module()
         exc_mod = obstore.exceptions
         try:
             result = obstore.get(self._store, "")
@@ -242,7 +239,7 @@ class _ObstoreClient:
                                    "the whole object", exact=True))
             del result
         except (exc_mod.BaseError, OSError, TimeoutError, ConnectionError) as exc:
-            return _failure(exc, start, None, self.shown, self.protocol, self.url)
+            return raise_failure(exc, start, None, self.shown, self.protocol, self.url)
         if len(data) != size:
             raise Transient(f"the body was cut short ({len(data)} of {size} bytes)")
         return Response(data[:min(end, size)], size, meta.get("e_tag"), http_date(meta.get("last_modified")))
@@ -253,9 +250,9 @@ class _ObstoreClient:
 
 class _Urllib3Client:
     """The ranged GETs of :class:`HttpTransport` through urllib3: in a process forked after
-    obstore's runtime started (:func:`~wsitool.storage.objectstore.runtime_usable`), where an
+    obstore's runtime started (:func:`~wsitool.storage.remote.transports.obstore_client.runtime_usable`), where an
     obstore request would never return, and for a server whose answers obstore cannot read
-    (:class:`~wsitool.storage.objectstore.HeaderTrouble`).  One connection pool of ``maxsize``
+    (:class:`~wsitool.storage.remote.transports.obstore_client.HeaderTrouble`).  One connection pool of ``maxsize``
     connections; up to 5 redirects."""
 
     def __init__(self, url: str, shown: str, headers: dict, verify: bool | str, maxsize: int, total: float = 120.0):
@@ -296,7 +293,7 @@ class _Urllib3Client:
             r = self._pool.request("GET", self.url, headers=headers, preload_content=False,
                                    redirect=True, timeout=urllib3.Timeout(connect=timeout, read=timeout))
         except urllib3.exceptions.HTTPError as exc:  # timeouts, refused / reset connections, TLS
-            raise Transient(_cause(exc)) from None
+            raise Transient(failure_cause(exc)) from None
         try:
             response = self._answer(r, start, end, pin, deadline)
         except BaseException as exc:
@@ -314,7 +311,7 @@ class _Urllib3Client:
 
     def _answer(self, r: Any, start: int, end: int, pin: Response | None, deadline: float) -> Response:
         """The :class:`Response` of ``r`` (urllib3's answer to a GET of bytes ``start .. end - 1``),
-        its body read through :func:`~wsitool.storage.body.read_body` at most :data:`BODY_PIECE`
+        its body read through :func:`~wsitool.storage.remote.body.read_body` at most :data:`BODY_PIECE`
         bytes at a time until ``deadline`` (``time.monotonic()``: a server sending a byte now and
         then never trips the read timeout), never past the bytes asked for.
 
@@ -343,7 +340,7 @@ class _Urllib3Client:
         """Up to ``count`` bytes of ``r``'s body (fewer: the body ended early), never more.
 
         Raises:
-            RemoteUnavailableError: more than ``count`` bytes arrived (:func:`~wsitool.storage.body.read_body`).
+            RemoteUnavailableError: more than ``count`` bytes arrived (:func:`~wsitool.storage.remote.body.read_body`).
             Transient: the connection failed, or ``deadline`` passed before the body's end.
         """
         urllib3 = _urllib3()
@@ -354,11 +351,11 @@ class _Urllib3Client:
         except Transient as exc:
             raise Transient(f"the body took more than {self.total:g} s ({exc.reason})") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise Transient(f"the body was cut short ({_cause(exc)})") from None
+            raise Transient(f"the body was cut short ({failure_cause(exc)})") from None
 
     def _refusal(self, r: Any, status: int, start: int, end: int, pin: Response | None) -> Response | None:
         """Raise the error of a status that carries no bytes
-        (:func:`~wsitool.storage.remote.status_error`: not found, denied, changed, a retry
+        (:func:`~wsitool.storage.remote.status.status_error`: not found, denied, changed, a retry
         status, any other outside 2xx); the empty object's :class:`Response` for a 416 at open
         of a 0-byte object; None for 2xx.  The body of such an answer is not read (its
         connection is closed by the caller)."""
@@ -424,7 +421,7 @@ def _discard(r: Any) -> None:
     r.release_conn()
 
 
-def _verify(shown: str, raw: Any) -> bool | str:
+def verify_option(shown: str, raw: Any) -> bool | str:
     """The ``verify`` storage option as True (the system's CA certificates), False (no
     verification) or the path of a PEM file of CA certificates trusted besides the system's
     (checked readable now).  Takes booleans, ``0``/``1``, ``"true"``/``"false"`` (any case),
@@ -470,7 +467,7 @@ def _total(content_range: str) -> int | None:
     return int(m.group(3))
 
 
-def _cause(exc: BaseException) -> str:
+def failure_cause(exc: BaseException) -> str:
     """A short cause of a urllib3 failure, without the URL (it may carry tokens)."""
     name = type(exc).__name__
     reason = getattr(exc, "reason", None)
