@@ -19,12 +19,14 @@ class Response:
     """One ranged GET's result: the bytes and what the server said about the object.
 
     ``data``: ``bytes``, or a read-only byte ``memoryview`` of the client's own buffer (obstore's
-    body, uncopied): slice it and copy the slice where it is kept."""
+    body, uncopied): slice it and copy the slice where it is kept.  ``whole``: ``data`` is the
+    whole object, sent by a server that ignores ``Range`` (an HTTP ``200``), not the range asked."""
 
     data: bytes | memoryview
     size: int  # the object's total size (Content-Range total)
     etag: str | None = None
     modified: str | None = None
+    whole: bool = False
 
 
 class Transport(abc.ABC):

@@ -12,10 +12,12 @@ holding the GIL, and its threads contend for it: 110 context switches per region
 Each request is ``GET`` with ``Range: bytes=a-b`` (never ``HEAD``: a presigned
 URL is signed for GET only; its query string is sent as given); the object's size
 is the total of the ``Content-Range`` of a ``206`` answer.  Redirects are followed.
-A ``200`` answer (a server that ignores ranges) is accepted for a range at the start of
-an object of at most 64 MiB (the whole body is read once); any other is
-:class:`~wsitool.errors.RemoteUnavailableError` at once ("does not support HTTP range
-requests", exit 17: retrying cannot help).  After the first answer each request
+A ``200`` answer (a server that ignores ranges, such as ``python -m http.server``) whose
+declared ``Content-Length`` is at most :data:`WHOLE_OBJECT_LIMIT` (64 MiB) is read whole, once,
+through the bounded reader, and kept: every later range is served from it, without a request,
+and a :class:`~wsitool.errors.SlideWarning` says so in one line; a larger one, or one without a
+length, is :class:`~wsitool.errors.RemoteUnavailableError` at once, its body unread ("does not
+support HTTP range requests", exit 17: retrying cannot help).  After the first answer each request
 carries ``If-Match`` with the pinned ETag when it is a strong one (``412`` then means
 the object changed).  ``timeout``: seconds to connect and that a request may wait for
 its next bytes; ``operation_timeout`` also bounds one whole request.  Statuses read as in
@@ -42,9 +44,11 @@ import datetime
 import functools
 import re
 import ssl
+import threading
 import time
 import types
 import urllib.parse
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,7 @@ from ....errors import (
     InvalidOptionError,
     RemoteAccessError,
     RemoteUnavailableError,
+    SlideWarning,
     WsiError,
 )
 from ....ground.extras import optional_import
@@ -71,11 +76,11 @@ from .obstore_client import (
     without_frames,
 )
 
-__all__ = ["HttpTransport", "BODY_PIECE", "verify_option", "failure_cause"]
+__all__ = ["HttpTransport", "BODY_PIECE", "WHOLE_OBJECT_LIMIT", "verify_option", "failure_cause"]
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.I)
-#: Largest whole body accepted from a server that ignores Range.
-_WHOLE_BODY_LIMIT = 64 * 1024 * 1024
+#: Largest object read whole (and kept in memory) from a server that ignores Range.
+WHOLE_OBJECT_LIMIT = 64 * 1024 * 1024
 #: Most bytes of a body urllib3 reads at a time (the request's deadline is checked between them).
 BODY_PIECE = 256 * 1024
 
@@ -147,6 +152,9 @@ class HttpTransport(Transport):
             raise InvalidOptionError(f"{shown}: not a valid URL (check the host and the port)")
         self.maxsize, self.timeout, self.total = maxsize, timeout, total
         self._client: _ObstoreClient | _Urllib3Client = self._make_client()
+        #: the whole object, where the server ignores Range (:data:`WHOLE_OBJECT_LIMIT`)
+        self._whole: Response | None = None
+        self._lock = threading.Lock()
 
     def _make_client(self, which: str | None = None) -> _ObstoreClient | _Urllib3Client:
         which = which or self.force_client or ("obstore" if runtime_usable() else "urllib3")
@@ -156,16 +164,32 @@ class HttpTransport(Transport):
         return _Urllib3Client(self.url, self.shown, self.headers, self.verify, self.maxsize, self.total)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
-        client = self._client
-        try:
-            return client.get(start, end, pin, timeout)
-        except HeaderTrouble:
-            # a server obstore cannot read: this slide goes on through urllib3 (the answer again);
-            # the obstore client is not closed here (other threads may be reading through it):
-            # it goes when the last of them lets it go
-            if self._client is client:
-                self._client = self._make_client("urllib3")
-            return self._client.get(start, end, pin, timeout)
+        whole = self._whole
+        if whole is None:
+            client = self._client
+            try:
+                got = client.get(start, end, pin, timeout)
+            except HeaderTrouble:
+                # a server obstore cannot read: this slide goes on through urllib3 (the answer again);
+                # the obstore client is not closed here (other threads may be reading through it):
+                # it goes when the last of them lets it go
+                if self._client is client:
+                    self._client = self._make_client("urllib3")
+                got = self._client.get(start, end, pin, timeout)
+            if not got.whole:
+                return got
+            whole = self._keep_whole(got)
+        return Response(whole.data[start:min(end, whole.size)], whole.size, whole.etag, whole.modified)
+
+    def _keep_whole(self, got: Response) -> Response:
+        """Keep the whole object a server that ignores ``Range`` sent (one line says so, once)."""
+        with self._lock:
+            if self._whole is None:
+                self._whole = Response(bytes(got.data), got.size, got.etag, got.modified)
+                warnings.warn(f"{self.shown}: the server ignores HTTP range requests: the whole object "
+                              f"({got.size} bytes, at most {WHOLE_OBJECT_LIMIT >> 20} MiB are read so) was read "
+                              "once and is kept in memory", SlideWarning, stacklevel=2)
+            return self._whole
 
     def after_fork(self) -> None:
         keep_inherited(self._client)
@@ -215,24 +239,23 @@ class _ObstoreClient:
             raise without_frames(exc) from None
 
     def _whole(self, start: int, end: int) -> Response:
-        """The answer of a server that ignores ``Range``, where it serves (bytes at the start of
-        an object of at most :data:`_WHOLE_BODY_LIMIT`: one GET of the whole object).
+        """The whole object of a server that ignores ``Range`` (a :class:`Response` with ``whole``),
+        where its declared size is at most :data:`WHOLE_OBJECT_LIMIT`: one GET of it.
 
         Raises:
-            RemoteUnavailableError: any other range (retrying cannot help).
+            RemoteUnavailableError: a larger object (its body unread; retrying cannot help).
             Transient, and the errors of :func:`~wsitool.storage.remote.transports.obstore_client.ranged_get`.
         """
         refused = RemoteUnavailableError(f"{self.shown}: the server does not support HTTP range requests "
-                                         f"(HTTP 200, the whole object, for bytes {start}-{end - 1})")
-        if start != 0:
-            raise refused
+                                         f"(HTTP 200, the whole object, for bytes {start}-{end - 1}; an object of "
+                                         f"at most {WHOLE_OBJECT_LIMIT >> 20} MiB would be read whole)")
         obstore = obstore_module()
         exc_mod = obstore.exceptions
         try:
             result = obstore.get(self._store, "")
             meta = result.meta
             size = int(meta["size"])  # (its Content-Length: obstore refuses an answer without one)
-            if size > _WHOLE_BODY_LIMIT:
+            if size > WHOLE_OBJECT_LIMIT:
                 del result  # (its body unread: the connection is dropped)
                 raise refused
             data = bytes(read_body(result.stream(min_chunk_size=max(1, size)), size, self.shown,
@@ -242,7 +265,7 @@ class _ObstoreClient:
             return raise_failure(exc, start, None, self.shown, self.protocol, self.url)
         if len(data) != size:
             raise Transient(f"the body was cut short ({len(data)} of {size} bytes)")
-        return Response(data[:min(end, size)], size, meta.get("e_tag"), http_date(meta.get("last_modified")))
+        return Response(data, size, meta.get("e_tag"), http_date(meta.get("last_modified")), whole=True)
 
     def close(self) -> None:
         self._store = None  # (the pool and its connections go with the store)
@@ -330,11 +353,10 @@ class _Urllib3Client:
         check_length(r.headers.get("Content-Length"), want if status == 206 else total, self.shown, what,
                      exact=True)
         data = self._body(r, want if status == 206 else total, what, deadline)
-        if len(data) < want:
-            raise Transient(f"the body was cut short ({len(data)} of {want} bytes)")
-        if status == 200:
-            data = data[:want]
-        return Response(data, total, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")))
+        if len(data) < (want if status == 206 else total):
+            raise Transient(f"the body was cut short ({len(data)} of {want if status == 206 else total} bytes)")
+        return Response(data, total, r.headers.get("ETag"), http_date(r.headers.get("Last-Modified")),
+                        whole=status == 200)
 
     def _body(self, r: Any, count: int, what: str, deadline: float) -> bytes:
         """Up to ``count`` bytes of ``r``'s body (fewer: the body ended early), never more.
@@ -394,13 +416,14 @@ class _Urllib3Client:
         elif status == 200:
             length = r.headers.get("Content-Length")
             size = int(length) if length and length.isdigit() and length.isascii() else None
-            if start != 0 or size is None or size > _WHOLE_BODY_LIMIT:
+            if size is None or size > WHOLE_OBJECT_LIMIT:
                 # not a refusal (exit 16) but a server wsitool cannot read from: 17, without retries
                 # (and without reading the body: a server sending an endless one is not drained)
                 raise RemoteUnavailableError(f"{self.shown}: the server does not support HTTP range requests "
-                                             f"(HTTP 200, the whole object, for bytes {start}-{end - 1})")
+                                             f"(HTTP 200, the whole object, for bytes {start}-{end - 1}; an "
+                                             f"object of at most {WHOLE_OBJECT_LIMIT >> 20} MiB would be read whole)")
             total = size
-            want = min(end, total)
+            want = total  # (the whole object, kept by HttpTransport)
         else:  # (another 2xx: _refusal let it through)
             raise RemoteAccessError(f"{self.shown}: unexpected answer HTTP {status}")
         return want, total
