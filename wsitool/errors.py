@@ -34,7 +34,11 @@ want to handle differently:
 * :class:`RemoteChangedError` -- the object changed on the server while the
   slide was open (another size or ETag).
 
-Messages always name the file and, where it applies, the level and tile.
+Messages always name the file and, where it applies, the level and tile.  The layers below the
+facade raise without the name: they know bytes, not where they came from.  The facade
+(:class:`wsitool.Slide`) and the opener attach it in one place, as an error passes out of them
+(:mod:`wsitool.ground.naming`): ``str(error)`` then starts with the file, folder or URL
+(:attr:`WsiError.subject`).
 """
 
 from __future__ import annotations
@@ -65,7 +69,22 @@ __all__ = [
 
 
 class WsiError(Exception):
-    """Base class of every error wsitool raises on purpose."""
+    """Base class of every error wsitool raises on purpose.
+
+    Attributes:
+        subject: the file, folder or URL (without credentials) the error is about, or None
+            while it has not been named.  Attached by the facade or the opener
+            (:func:`wsitool.ground.naming.attach`) as the error leaves them; ``str(error)`` starts with it.
+    """
+
+    subject: str | None = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        subject = self.subject
+        if subject and not text.startswith(subject):
+            return f"{subject}: {text}"
+        return text
 
 
 class UnsupportedFormatError(WsiError):

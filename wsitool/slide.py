@@ -27,6 +27,7 @@ from . import model
 from .codec.associated import decode_associated
 from .errors import InvalidOptionError, InvalidRegionError, SlideWarning
 from .ground.geometry import best_level_for_downsample
+from .ground.naming import attach
 from .model import AssociatedImage, AssociatedImages, Level
 from .opening import Location, ObjectUrl, OpenedSlide, open_location, parse_location, read_chunk
 from .read.cache import CacheScope, TileCache
@@ -46,6 +47,32 @@ __all__ = ["Level", "Slide", "open_slide", "pyramid_levels"]
 Pair = Sequence[int]
 #: Channels of a multi-channel read: an index or name, or a sequence of them.
 ChannelSelection = int | str | Sequence[int | str]
+
+
+def _named(method):
+    """Name the slide in what ``method`` raises (:func:`wsitool.ground.naming.attach`): the layers below
+    the facade raise without it.  A method that returns an iterator gets one that names the slide
+    in what its iteration raises."""
+    @functools.wraps(method)
+    def named(self, *args, **kwargs):
+        try:
+            result = method(self, *args, **kwargs)
+        except BaseException as exc:
+            attach(exc, self.path)
+            raise
+        if isinstance(result, types.GeneratorType):
+            return _named_iteration(result, self.path)
+        return result
+    return named
+
+
+def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
+    """``batches``, with ``shown`` attached to what their iteration raises."""
+    try:
+        yield from batches
+    except BaseException as exc:
+        attach(exc, shown)
+        raise
 
 
 def _decode(path: str, source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
@@ -295,6 +322,7 @@ class Slide:
                     device: Literal["cuda"] | str, color: Color | None = None, downsample: int = 1,
                     channels: ChannelSelection | None = None) -> CupyArray: ...
 
+    @_named
     def read_region(self, location: Pair, level: int, size: Pair, *, out: np.ndarray | CupyArray | None = None,
                     mode: Mode = "rgba", threads: int | None = None, on_error: OnError = "raise",
                     device: Device | str = "cpu", color: Color | None = None, downsample: int = 1,
@@ -361,6 +389,7 @@ class Slide:
                      threads: int | None = None, on_error: OnError = "raise", device: Device | str = "cpu",
                      out: np.ndarray | CupyArray, channels: ChannelSelection | None = None) -> Any: ...
 
+    @_named
     def read_patches(self, locations: Sequence[Pair] | np.ndarray, size: Pair, *, level: int = 0,
                      read_size: Sequence[float] | None = None, batch_size: int = 64, mode: Mode = "rgb",
                      threads: int | None = None, on_error: OnError = "raise", device: Device | str = "cpu",
@@ -424,6 +453,7 @@ class Slide:
             return fill_all(req, out, self._tile_cache)
         return read_patch_batches(req, self._tile_cache)
 
+    @_named
     def to_dask(self, level: int = 0, *, chunks: Chunks = "tile", threads: int = 1) -> dask.array.Array:
         """Level ``level`` as a lazy ``dask.array.Array`` ``(height, width, 3)`` uint8.
 
@@ -447,6 +477,7 @@ class Slide:
                            functools.partial(read_chunk, opener=open_slide), stamp=self.identity, chunks=chunks,
                            threads=threads)
 
+    @_named
     def get_thumbnail(self, size: Pair, *, background: tuple[int, int, int] | None = None) -> np.ndarray:
         """An RGB thumbnail that fits within ``size = (width, height)``, aspect ratio kept.
 

@@ -42,6 +42,7 @@ from ..codec import library as nvlib
 from ..errors import InvalidOptionError, UnsupportedFormatError
 from ..formats import HEAD_BYTES, dicom, tiff
 from ..formats.contract import FolderFormat, Format, PlacedFormat, PrefixFormat, SeriesFormat
+from ..ground.naming import about
 from ..model import Pyramid
 from ..storage import ByteSource
 from .location import BucketPrefix, DicomWebSeries, FileLocation, LocalFolder, Location, ObjectUrl
@@ -151,7 +152,8 @@ def open_location(location: Location, format_options: Mapping[str, Any] | None =
             break
     else:
         raise TypeError(f"not a slide location: {location!r}")
-    pyramid, source, fmt = opens(location, options)
+    with about(location.shown):  # (the one place an open's errors get the slide's name)
+        pyramid, source, fmt = opens(location, options)
     try:
         if not with_nv:
             for lv in pyramid.levels:
