@@ -27,6 +27,7 @@ from wsitool import distributed as D
 from wsitool.cli import app
 from wsitool.distributed.regions_csv import check_name
 from wsitool.ground import outputs as atomic
+from wsitool.ground import partials
 
 from helpers import REPO_SAMPLES
 
@@ -149,9 +150,9 @@ def _plant(final: Path, victim: Path, monkeypatch) -> list[Path]:
     """Plant links to ``victim`` at the next temporary names of ``final`` (the tokens
     are forced) and at the old pid-only name; returns the links."""
     tokens = iter(f"{k:016x}" for k in range(10**6))
-    monkeypatch.setattr(atomic.secrets, "token_hex", lambda n: next(tokens))
+    monkeypatch.setattr(partials.secrets, "token_hex", lambda n: next(tokens))
     pid = os.getpid()
-    names = [f".{final.name}.partial-{atomic._host()}-{pid}-{k:016x}" for k in range(3)]
+    names = [f".{final.name}.partial-{partials._host()}-{pid}-{k:016x}" for k in range(3)]
     names.append(f".{final.name}.partial-{pid}")  # the old npz / stress name
     links = []
     for n in names:
@@ -357,7 +358,7 @@ def test_resume_redoes_changed_options_and_changed_sources(tmp_path):
 def test_next_run_removes_stale_partials_of_dead_processes_only(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    host = atomic._host()
+    host = partials._host()
     out = tmp_path / "out"
     out.mkdir()
     stale = out / f".sample-aperio-jpeg.tiff.partial-{host}-{proc.pid}-{'a' * 16}"

@@ -256,10 +256,10 @@ _INJECT = r'''
 import json, os, signal, sys, tempfile
 from pathlib import Path
 import numpy as np
-from wsitool.ground import outputs as atomic, signals
+from wsitool.ground import outputs as atomic, partials, signals
 from wsitool.distributed import pack
 
-TRACED = {os.path.realpath(atomic.__file__), os.path.realpath(pack.__file__)}
+TRACED = {os.path.realpath(m.__file__) for m in (atomic, partials, pack)}
 DATA, OLD = b"n" * 200_000, b"old"
 
 def listing(folder):

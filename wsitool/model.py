@@ -549,6 +549,12 @@ class Pyramid:
     color_profile: bytes | None = None
     identifying: frozenset[str] = frozenset()
 
+    def close(self) -> None:
+        """Call :attr:`release` once (later calls do nothing); the caller serialises concurrent calls."""
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+
 
 def level_properties(levels: Sequence[PyramidLevel]) -> dict[str, str]:
     """The format-neutral properties of a pyramid's levels, with OpenSlide's key names:

@@ -18,23 +18,24 @@ import os
 import threading
 import types
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import numpy as np
 
 from . import model
 from .codec.associated import decode_associated
 from .errors import InvalidOptionError, InvalidRegionError, SlideWarning
-from .ground.geometry import best_level_for_downsample
 from .ground.naming import attach
-from .model import AssociatedImage, AssociatedImages, Level
-from .opening import Location, ObjectUrl, OpenedSlide, open_location, parse_location, read_chunk
-from .read.cache import CacheScope, TileCache
+from .metadata import SlideMetadata
+from .model import AssociatedImage, Level
+from .opening import Location, OpenedSlide, open_location, parse_location, read_chunk
+from .read.cache import CacheScope, TileCache, scope_for
 from .read.icc import COLOR_MODES, IccTransform
 from .read.lazy import level_array
 from .read.patches import check_patch_request, fill_all, read_patch_batches
 from .read.region import read_pyramid_region
+from .read.thumbnail import compose_thumbnail, thumbnail_background, thumbnail_level
 from .storage import ByteSource
 from .types import Chunks, Color, CupyArray, Device, Mode, OnError
 
@@ -49,12 +50,15 @@ Pair = Sequence[int]
 ChannelSelection = int | str | Sequence[int | str]
 
 
-def _named(method):
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _named(method: _Method) -> _Method:
     """Name the slide in what ``method`` raises (:func:`wsitool.ground.naming.attach`): the layers below
     the facade raise without it.  A method that returns an iterator gets one that names the slide
     in what its iteration raises."""
     @functools.wraps(method)
-    def named(self, *args, **kwargs):
+    def named(self: Slide, *args: Any, **kwargs: Any) -> Any:
         try:
             result = method(self, *args, **kwargs)
         except BaseException as exc:
@@ -63,7 +67,7 @@ def _named(method):
         if isinstance(result, types.GeneratorType):
             return _named_iteration(result, self.path)
         return result
-    return named
+    return cast(_Method, named)
 
 
 def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
@@ -77,11 +81,13 @@ def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
 
 def _decode(path: str, source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
     """Decode the associated image ``image`` of the slide at ``path`` (a slide without a source of
-    its own, a DICOM folder, has images with their own); see :func:`~wsitool.codec.associated.decode_associated`."""
+    its own, a DICOM folder, has images with their own); see :func:`~wsitool.codec.associated.decode_associated`.
+    A slide's :class:`~wsitool.model.AssociatedImages` holds this function with the path, source and
+    lock bound, not the slide itself."""
     return decode_associated(path, image, cast(ByteSource, source), lock)
 
 
-class Slide:
+class Slide(SlideMetadata):
     """An open whole-slide image.  Use :func:`open_slide` to create one.
 
     Coordinates: ``location`` arguments are ``(x, y)`` of the top-left pixel in
@@ -101,12 +107,9 @@ class Slide:
             file or folder, ``(url, size, etag)`` of an object by URL, ``(url, total size,
             digest)`` of a bucket prefix or DICOMweb series
             (:func:`wsitool.opening.opener.slide_identity`).
-        vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``.
-        levels: read-only :class:`Level` views, largest first.
-        problems: what the parser reported while reading the structure (e.g.
-            "invalid page offset 828578": an IFD past the end of the file, i.e.
-            a truncated file); each is also emitted as a
-            :class:`~wsitool.errors.SlideWarning`.
+
+    Its metadata (``vendor``, ``levels``, ``properties``, ``mpp``, ``problems``, ...) is
+    :class:`~wsitool.metadata.SlideMetadata`'s.
 
     Raises:
         FileNotFoundError: (from the constructor, as all below) the path does not exist.
@@ -119,12 +122,7 @@ class Slide:
     def __init__(self, path: str | os.PathLike[str] | Location | OpenedSlide, cache: TileCache | int | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
         self._closed = False
-        self._tile_cache: CacheScope | None = None
-        if isinstance(cache, int) and not isinstance(cache, bool):
-            cache = TileCache(cache)  # a private cache of that many bytes
-        if cache is not None and not isinstance(cache, TileCache):
-            raise TypeError(f"cache must be a wsitool.TileCache, a byte budget or None, "
-                            f"got {type(cache).__name__}")
+        self._tile_cache: CacheScope | None = scope_for(cache)
         if isinstance(path, OpenedSlide):
             if storage_options:
                 raise InvalidOptionError(f"{path.location.shown}: the slide is open already; its location "
@@ -135,178 +133,20 @@ class Slide:
         self.location = opened.location
         self.identity = opened.identity
         self.path = opened.location.shown
-        self.problems: list[str] = []
         #: the file's byte source (None where the format opened its own: a folder, a prefix, a series)
         self._source: ByteSource | None = opened.source
-        self._pyramid: model.Pyramid | None = opened.pyramid
         #: requests and bytes the open took (a remote file)
         self._open_stats = opened.open_stats
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()
-        pyramid = opened.pyramid
-        if cache is not None:
-            self._tile_cache = cache.scope()
-        self.vendor = pyramid.vendor
+        super().__init__(opened.pyramid, functools.partial(_decode, self.path, self._source, self._lock))
         #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
-        self._levels: tuple[model.PyramidLevel, ...] = pyramid.levels
-        # (the decoder holds the path, source and lock, not the slide: model.AssociatedImages)
-        self._associated = AssociatedImages(pyramid.associated,
-                                            functools.partial(_decode, self.path, self._source, self._lock))
-        self._properties = types.MappingProxyType(pyramid.properties)
-        self._views = tuple(Level.of(lv, pyramid.levels[0], self.mpp) for lv in pyramid.levels)
+        self._levels: tuple[model.PyramidLevel, ...] = opened.pyramid.levels
         self._icc: IccTransform | None = None  # built on the first color="icc" read
-        for message in pyramid.problems:
-            self.problems.append(message)
-            kind = "DICOM series" if self.vendor == "dicom" else "TIFF structure"
+        kind = "DICOM series" if self.vendor == "dicom" else "TIFF structure"
+        for message in self.problems:
             warnings.warn(f"{self.path}: {kind}: {message} (opened anyway, with "
                           f"{self.level_count} level(s))", SlideWarning, stacklevel=3)
-
-    # ------------------------------------------------------------------ metadata
-
-    def _pyramid_open(self) -> model.Pyramid:
-        """The format's pyramid (set by the constructor, which raises rather than leave it unset)."""
-        assert self._pyramid is not None
-        return self._pyramid
-
-    @property
-    def levels(self) -> tuple[Level, ...]:
-        """The levels, largest first, as read-only :class:`Level` views (geometry, tiling,
-        compression, dtype, channels, mpp)."""
-        return self._views
-
-    @property
-    def remote(self) -> dict[str, Any] | None:
-        """Where a slide opened from a URL is read from, and what reading it cost; None for a local slide.
-
-        Keys: ``url`` (without credentials or query), ``protocol`` (``"http"``,
-        ``"s3"``, ``"gs"``, ``"az"``), ``size`` (bytes), ``etag`` and
-        ``last_modified`` (pinned at open; either may be None), ``open_requests``
-        and ``open_bytes`` (what opening took: the head fetch, the IFD chain, the
-        tile offsets), ``requests`` and ``bytes`` (so far, open included).
-        """
-        if not isinstance(self.location, ObjectUrl):
-            return None
-        src: Any = self._source  # a RemoteSource
-        now = src.stats()
-        opened = self._open_stats or now
-        return {"url": self.path, "protocol": src.protocol, "size": src.size, "etag": src.etag,
-                "last_modified": src.modified, "open_requests": opened["requests"],
-                "open_bytes": opened["bytes"], "requests": now["requests"], "bytes": now["bytes"]}
-
-    @property
-    def level_count(self) -> int:
-        """Number of pyramid levels."""
-        return len(self.levels)
-
-    @property
-    def dimensions(self) -> tuple[int, int]:
-        """``(width, height)`` of level 0 in pixels."""
-        return self.levels[0].dimensions
-
-    @property
-    def level_dimensions(self) -> tuple[tuple[int, int], ...]:
-        """``(width, height)`` of each level in pixels."""
-        return tuple(lv.dimensions for lv in self.levels)
-
-    @property
-    def level_downsamples(self) -> tuple[float, ...]:
-        """Downsample factor of each level relative to level 0."""
-        return tuple(lv.downsample for lv in self.levels)
-
-    @property
-    def channels(self) -> tuple[model.Channel, ...]:
-        """The :class:`~wsitool.model.Channel` s of a multi-channel (fluorescence) slide, in
-        the slide's order (name, description, wavelengths in nm, display colour); ``()``
-        for RGB and other single-image slides."""
-        return self.levels[0].channels
-
-    @property
-    def properties(self) -> Mapping[str, str]:
-        """Read-only metadata mapping.
-
-        OpenSlide-compatible keys: ``openslide.vendor``, ``openslide.mpp-x``,
-        ``openslide.mpp-y`` (micrometres per pixel), ``openslide.objective-power``,
-        ``openslide.level-count``, ``openslide.level[N].width|height|downsample|
-        tile-width|tile-height``; raw TIFF tags as ``tiff.<TagName>``; vendor
-        fields as ``aperio.<Key>`` or ``ome.<Attribute>``.  ``openslide.quickhash-1``
-        (OpenSlide's identity of the slide, :mod:`wsitool.formats.quickhash`) is
-        listed from the start but read from the file the first time its value is
-        asked for, which needs the slide open (else :class:`WsiError`).
-        """
-        return self._properties
-
-    @property
-    def identifying_properties(self) -> frozenset[str]:
-        """Names of :attr:`properties` that identify a patient, person, institution or
-        specimen (DICOM's PatientID, PatientName, AccessionNumber, ...: the Basic
-        Application Level Confidentiality Profile, PS3.15 E.1-1); empty for TIFF."""
-        return self._pyramid_open().identifying
-
-    @property
-    def mpp(self) -> tuple[float, float] | None:
-        """``(mpp_x, mpp_y)`` in micrometres per level-0 pixel, or None if unknown.
-
-        Sources, in order: Aperio ``MPP`` field of the ImageDescription; OME
-        ``PhysicalSizeX/Y`` (converted from their unit); TIFF XResolution /
-        YResolution rationals with ResolutionUnit centimetre (1e4 / res) or
-        inch (25400 / res) (TIFF 6.0, section 8).
-        """
-        x = self._properties.get("openslide.mpp-x")
-        y = self._properties.get("openslide.mpp-y")
-        return (float(x), float(y)) if x is not None and y is not None else None
-
-    @property
-    def mpp_x(self) -> float | None:
-        """Micrometres per level-0 pixel horizontally, or None."""
-        return self.mpp[0] if self.mpp else None
-
-    @property
-    def mpp_y(self) -> float | None:
-        """Micrometres per level-0 pixel vertically, or None."""
-        return self.mpp[1] if self.mpp else None
-
-    @property
-    def objective_power(self) -> float | None:
-        """Scanner objective magnification (e.g. 20.0), or None if unknown."""
-        v = self._properties.get("openslide.objective-power")
-        return float(v) if v is not None else None
-
-    @property
-    def associated_images(self) -> Mapping[str, np.ndarray]:
-        """Lazy mapping of associated image name (``label``, ``macro``,
-        ``thumbnail``) to a ``(height, width, 3)`` uint8 RGB array.
-
-        Each image is decoded on first access.  Reading an entry raises
-        ``KeyError`` for an unknown name, :class:`ResourceLimitError` for an
-        image over the region limits, :class:`UnsupportedFormatError` for
-        samples without an RGB conversion, :class:`CorruptFileError` or
-        :class:`WsiError` when it cannot be decoded."""
-        return self._associated
-
-    @property
-    def color_profile(self) -> bytes | None:
-        """The slide's embedded ICC profile (raw bytes), or None.
-
-        TIFF: tag 34675 ICCProfile of level 0's IFD (Aperio and generic TIFF; the
-        bytes OpenSlide 4 returns).  DICOM: ICC Profile (0028,2000) of the first
-        item of the Optical Path Sequence (0048,0105), PS3.3 C.8.12.5.  ``read_region(..., color="icc")`` converts
-        pixels from it to sRGB.  See :meth:`associated_color_profile` for the
-        associated images' own profiles."""
-        return self._pyramid_open().color_profile
-
-    def associated_color_profile(self, name: str) -> bytes | None:
-        """The ICC profile embedded with associated image ``name`` (its own IFD's
-        tag 34675), or None.  Raises ``KeyError`` for an unknown name."""
-        return self._pyramid_open().associated[name].color_profile
-
-    def get_best_level_for_downsample(self, downsample: float) -> int:
-        """Index of the largest level whose downsample is <= ``downsample``.
-
-        OpenSlide semantics: a value below level 0's downsample gives 0, one
-        above the last level's gives the last level
-        (:func:`wsitool.ground.geometry.best_level_for_downsample`).
-        """
-        return best_level_for_downsample(self.level_downsamples, downsample)
 
     # ------------------------------------------------------------------ reading
 
@@ -499,23 +339,9 @@ class Slide:
             ResourceLimitError: the level read is over the configured limits.
             TileDecodeError: a corrupt tile.
         """
-        try:
-            w, h = (int(v) for v in size)
-        except (TypeError, ValueError):
-            raise InvalidOptionError(f"{self.path}: thumbnail size must be (width, height), got {size!r}") from None
-        if w <= 0 or h <= 0:
-            raise InvalidOptionError(f"{self.path}: thumbnail size must be positive, got {w}x{h}")
-        from PIL import Image
-
-        downsample = max(d / s for d, s in zip(self.dimensions, (w, h), strict=True))
-        level = self.get_best_level_for_downsample(downsample)
-        region = Image.fromarray(self.read_region((0, 0), level, self.level_dimensions[level]), "RGBA")
-        if background is None:
-            background = thumbnail_background(self.properties)
-        thumb = Image.new("RGB", region.size, background)
-        thumb.paste(region, None, region)
-        thumb.thumbnail((w, h), Image.Resampling.LANCZOS)
-        return np.asarray(thumb)
+        wh, level = thumbnail_level(size, self.dimensions, self.level_downsamples)
+        rgba = self.read_region((0, 0), level, self.level_dimensions[level])
+        return compose_thumbnail(rgba, thumbnail_background(self.properties) if background is None else background, wh)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -539,9 +365,7 @@ class Slide:
         pyramid = getattr(self, "_pyramid", None)
         if pyramid is not None and pyramid.release is not None:
             with self._lock:
-                release, pyramid.release = pyramid.release, None
-                if release is not None:
-                    release()
+                pyramid.close()
 
     @property
     def closed(self) -> bool:
@@ -603,20 +427,6 @@ def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None
         WsiError: a URL without the ``wsitool[remote]`` extra installed.
     """
     return Slide(path, cache=cache, storage_options=storage_options)
-
-
-def thumbnail_background(properties: Mapping[str, str]) -> tuple[int, int, int]:
-    """The ``(r, g, b)`` behind a thumbnail's transparent pixels: the
-    ``openslide.background-color`` property (``RRGGBB`` hex), else white.
-
-    Raises:
-        ValueError: a property value Pillow cannot read as a colour.
-    """
-    from PIL import ImageColor
-
-    rgb = ImageColor.getcolor("#" + properties.get("openslide.background-color", "ffffff"), "RGB")
-    assert isinstance(rgb, tuple)  # an "RGB" colour is a triple (Pillow types it int | tuple)
-    return (rgb[0], rgb[1], rgb[2])
 
 
 def pyramid_levels(slide: Slide) -> tuple[model.PyramidLevel, ...]:

@@ -33,7 +33,9 @@ same way:
 Errors raised here name the user's path (the final name), never the
 temporary one.
 
-This module imports only the standard library and :mod:`wsitool.errors`.
+The partial names and the record of live partials are :mod:`wsitool.ground.partials`'s (its
+names are re-exported here).  This module imports only the standard library,
+:mod:`wsitool.errors` and that module.
 """
 
 from __future__ import annotations
@@ -42,17 +44,13 @@ import ctypes
 import errno
 import io
 import os
-import re
-import secrets
-import shutil
-import socket
-import stat
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import OutputExistsError, OutputIsSourceError
+from . import partials
+from .partials import clean_stale_partials, is_partial_name, live_partials, partial_name, remove_live_partials
 
 __all__ = [
     "Partial",
@@ -71,107 +69,7 @@ __all__ = [
     "remove_live_partials",
 ]
 
-#: The marker between the final name and the host/pid/token of a partial.
-PARTIAL_MARK = ".partial-"
-
-_PARTIAL_RE = re.compile(
-    r"^\.(?P<name>.+)\.partial-(?P<host>[A-Za-z0-9._-]+)-(?P<pid>[0-9]+)-(?P<token>[0-9a-f]{8,})$"
-)
-_HOST_BAD = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def _host() -> str:
-    """This host's name as it appears in partial names (``[A-Za-z0-9._-]``, at most 32 chars)."""
-    host = _HOST_BAD.sub("_", socket.gethostname() or "localhost")[:32]
-    return host or "localhost"
-
-
-# --------------------------------------------------------------------------- registry
-
-_live: set[str] = set()  # paths of this process's partial outputs (files or folders)
-_live_lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
-
-
-def _register(path: Path) -> None:
-    with _live_lock:
-        _live.add(os.fspath(path))
-
-
-def _unregister(path: Path) -> None:
-    with _live_lock:
-        _live.discard(os.fspath(path))
-
-
-def _forget(path: Path) -> None:
-    """Remove ``path`` (if it exists), then take it out of the registry: a signal between
-    the two leaves it registered, for :func:`remove_live_partials`."""
-    _remove(path)
-    _unregister(path)
-
-
-def _forget_after_fork() -> None:  # a forked child must not remove its parent's partials
-    _live.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def live_partials() -> list[Path]:
-    """The partials this process has created and not yet committed or removed."""
-    with _live_lock:
-        return [Path(p) for p in _live]
-
-
-def remove_live_partials() -> int:
-    """Remove every live partial of this process (for a signal handler or ``atexit``).
-
-    Safe to call from a signal handler in the main thread and from any thread;
-    never raises.  Returns the number of partials removed.
-    """
-    with _live_lock:
-        items = list(_live)
-    removed = 0
-    for path in items:
-        if _remove(Path(path)):
-            removed += 1
-        _unregister(Path(path))
-    return removed
-
-
-def _remove(path: Path) -> bool:
-    """Remove a file, link or folder tree at ``path`` without following links; never raises."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-            return not os.path.lexists(path)
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
-
-
 # --------------------------------------------------------------------------- names and checks
-
-
-def partial_name(final: str | os.PathLike) -> Path:
-    """A fresh temporary name for ``final`` in its folder: ``.<name>.partial-<host>-<pid>-<token>``.
-
-    ``token`` is 16 random hex digits, so the name cannot be guessed in
-    advance.  The name is not created (see :func:`create_file` /
-    :func:`create_dir`).
-    """
-    final = Path(os.fspath(final))
-    return final.with_name(f".{final.name}{PARTIAL_MARK}{_host()}-{os.getpid()}-{secrets.token_hex(8)}")
-
-
-def is_partial_name(name: str) -> bool:
-    """True when the file name ``name`` has the form :func:`partial_name` gives."""
-    return _PARTIAL_RE.match(name) is not None
 
 
 def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -290,14 +188,14 @@ class Partial:
             self.abort()
             raise
         self.done = True
-        _unregister(self.path)
+        partials.unregister(self.path)
 
     def abort(self) -> None:
         """Remove the partial (file or folder tree); never raises."""
         if not self.done:
-            _remove(self.path)
+            partials.remove(self.path)
             self.done = True
-        _unregister(self.path)
+        partials.unregister(self.path)
 
     def __enter__(self) -> Partial:
         return self
@@ -345,17 +243,17 @@ def create_file(final: str | os.PathLike, sources: Iterable = (), *, read: bool 
         flags = (flags & ~os.O_WRONLY) | os.O_RDWR
     for _ in range(8):
         tmp = partial_name(final)
-        _register(tmp)  # before the file exists: a signal at any step after it finds the name
+        partials.register(tmp)  # before the file exists: a signal at any step after it finds the name
         try:
             fd = os.open(tmp, flags, 0o666)
         except FileExistsError:  # a name taken (planted or a random clash): draw another
-            _unregister(tmp)
+            partials.unregister(tmp)
             continue
         except OSError as exc:
-            _unregister(tmp)
+            partials.unregister(tmp)
             raise user_error(exc, final) from None
         except BaseException:  # a signal as the file was made (it may exist): gone with it
-            _forget(tmp)
+            partials.forget(tmp)
             raise
         return Partial(final, tmp, False, sources), fd
     raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary file"), final)
@@ -373,17 +271,17 @@ def create_dir(final: str | os.PathLike, sources: Iterable = ()) -> Partial:
     final = Path(os.fspath(final))
     for _ in range(8):
         tmp = partial_name(final)
-        _register(tmp)  # before the folder exists (see create_file)
+        partials.register(tmp)  # before the folder exists (see create_file)
         try:
             os.mkdir(tmp, 0o777)
         except FileExistsError:
-            _unregister(tmp)
+            partials.unregister(tmp)
             continue
         except OSError as exc:
-            _unregister(tmp)
+            partials.unregister(tmp)
             raise user_error(exc, final) from None
         except BaseException:  # a signal as the folder was made
-            _forget(tmp)
+            partials.forget(tmp)
             raise
         return Partial(final, tmp, True, sources)
     raise user_error(FileExistsError(errno.EEXIST, "could not create a temporary folder"), final)
@@ -449,7 +347,7 @@ def anonymous_file(folder: str | os.PathLike, final: str | os.PathLike | None = 
         os.unlink(partial.path)
     finally:
         partial.done = True
-        _unregister(partial.path)
+        partials.unregister(partial.path)
     return os.fdopen(fd, "w+b")
 
 
@@ -539,76 +437,23 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike, *, overwrite: bool 
             os.replace(tmp, final)
             return
         old = partial_name(final)
-        _register(old)  # before the old folder moves there (see create_file)
+        partials.register(old)  # before the old folder moves there (see create_file)
         try:
             os.rename(final, old)
             os.rename(tmp, final)
         except BaseException:  # an error or a signal, before, between or after the two renames
             if os.path.lexists(old):
                 if os.path.lexists(final):
-                    _remove(old)  # both done: the new output is in place
+                    partials.remove(old)  # both done: the new output is in place
                 else:
                     os.rename(old, final)  # the new one is not: the old output back
-            _unregister(old)
+            partials.unregister(old)
             raise
-        _remove(old)
-        _unregister(old)
+        partials.remove(old)
+        partials.unregister(old)
     except (OutputExistsError, OutputIsSourceError):
         raise
     except OSError as exc:
         raise user_error(exc, final) from None
 
 
-# --------------------------------------------------------------------------- stale partials
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a process id we could judge: leave it
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (PermissionError: it exists, another user's)
-        return True
-    return True
-
-
-def clean_stale_partials(folder: str | os.PathLike) -> list[Path]:
-    """Remove partials in ``folder`` that this host's dead processes left.
-
-    A name is removed when it has the :func:`partial_name` form, carries this
-    host's name and the id of a process that no longer runs, and belongs to
-    the current user.  Partials of other hosts (shared file systems), of live
-    processes (including this one) and of other users are left alone, as is
-    anything else.  Never follows a link; never raises.
-
-    Returns:
-        The paths removed.
-    """
-    folder = Path(os.fspath(folder))
-    host = _host()
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    removed: list[Path] = []
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return removed
-    for entry in entries:
-        m = _PARTIAL_RE.match(entry.name)
-        if m is None or m.group("host") != host:
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if uid is not None and st.st_uid != uid:
-            continue
-        if _pid_alive(int(m.group("pid"))):
-            continue
-        path = folder / entry.name
-        if _remove(path):
-            removed.append(path)
-    return removed

@@ -125,9 +125,7 @@ class OpenedSlide:
         """Close the source, then release what the format opened (for an open no slide took over)."""
         if self.source is not None:
             self.source.close()
-        release, self.pyramid.release = self.pyramid.release, None
-        if release is not None:
-            release()
+        self.pyramid.close()
 
 
 def open_location(location: Location, format_options: Mapping[str, Any] | None = None) -> OpenedSlide:

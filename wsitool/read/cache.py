@@ -73,7 +73,7 @@ import numpy as np
 
 from ..errors import InvalidOptionError
 
-__all__ = ["TileCache", "CacheStats", "CacheScope", "entry_cost", "ENTRY_OVERHEAD"]
+__all__ = ["TileCache", "CacheStats", "CacheScope", "entry_cost", "ENTRY_OVERHEAD", "scope_for"]
 
 #: Bytes counted per entry beyond its pixels: the array's header and memory
 #: map object (~250), the key tuple and its ints (~150), the LRU dictionary's
@@ -457,3 +457,18 @@ class CacheScope:
     def close(self) -> None:
         """Drop this scope's entries."""
         self.cache.discard(self.token)
+
+
+def scope_for(cache: TileCache | int | None) -> CacheScope | None:
+    """The scope one slide reads through, for the ``cache`` argument of :func:`wsitool.open_slide`:
+    a new scope of a :class:`TileCache`, of a private cache of ``cache`` bytes (an int), or None.
+
+    Raises:
+        TypeError: ``cache`` is none of these.
+        InvalidOptionError: a negative byte budget.
+    """
+    if isinstance(cache, int) and not isinstance(cache, bool):
+        cache = TileCache(cache)  # a private cache of that many bytes
+    if cache is not None and not isinstance(cache, TileCache):
+        raise TypeError(f"cache must be a wsitool.TileCache, a byte budget or None, got {type(cache).__name__}")
+    return cache.scope() if cache is not None else None
