@@ -462,6 +462,18 @@ static void lj_emit_message(j_common_ptr c, int level)
     /* trace messages (level >= 0): nothing */
 }
 
+/* Route c's errors to err: libjpeg's message into msg (JMSG_LENGTH_MAX bytes, emptied here), then a
+ * longjmp to err->jump, which the caller set with setjmp (it must be the caller's: a jmp_buf is only
+ * valid while the frame that set it runs); warnings of corrupt data are errors (lj_emit_message). */
+static void lj_error_init(struct jpeg_decompress_struct* c, LjError* err, char* msg)
+{
+    c->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = lj_error_exit;
+    err->pub.emit_message = lj_emit_message;
+    err->msg = msg;
+    msg[0] = '\0';
+}
+
 /* Decode the rectangle [sx0, sx1) x [sy0, sy1) of the JPEG code stream data[0, n),
  * at scale 1 / 2**scale_log2 (0 to 3: libjpeg's DCT scaling, 8 x 8 blocks decoded as 4 x 4,
  * 2 x 2 or 1 x 1; the rectangle in pixels of that scale), as RGB into target (its pixel (sx0, sy0) first, rows stride bytes apart).  *row is a
@@ -475,11 +487,7 @@ static int lj_decode(const unsigned char* data, size_t n, int scale_log2, int64_
 {
     struct jpeg_decompress_struct c;
     LjError err;
-    c.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = lj_error_exit;
-    err.pub.emit_message = lj_emit_message;
-    err.msg = msg;
-    msg[0] = '\0';
+    lj_error_init(&c, &err, msg);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&c);
         return 0;
@@ -603,11 +611,7 @@ static PyObject* jl_load_libjpeg(PyObject* self, PyObject* args)
     struct jpeg_decompress_struct c;
     LjError err;
     char msg[JMSG_LENGTH_MAX];
-    c.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = lj_error_exit;
-    err.pub.emit_message = lj_emit_message;
-    err.msg = msg;
-    msg[0] = '\0';
+    lj_error_init(&c, &err, msg);
     if (setjmp(err.jump)) {
         PyErr_Format(PyExc_ImportError, "%s is not the libjpeg API %d this extension was built for: %s", path,
                      JPEG_LIB_VERSION, msg);
