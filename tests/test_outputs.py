@@ -26,7 +26,6 @@ import wsitool
 from wsitool import distributed as D
 from wsitool.cli import app
 from wsitool.distributed.regions_csv import check_name
-from wsitool.ground import outputs as atomic
 from wsitool.ground import partials
 
 from helpers import REPO_SAMPLES

@@ -53,6 +53,9 @@ def test_a_small_object_is_read_whole_once_and_every_range_served_from_it(http_c
                 got = remote.read_region(loc, 0, (400, 300), mode="rgb")
                 assert np.array_equal(got, local.read_region(loc, 0, (400, 300), mode="rgb"))
             assert len(script.log) == asked  # no request after the whole object came
+            # what the slide says it sent is what the server saw (ranges served from memory are no request)
+            assert remote.remote["requests"] == remote.remote["open_requests"] == asked
+            assert remote.remote["bytes"] == len(data)
     lines = [str(w.message) for w in caught if issubclass(w.category, SlideWarning)]
     assert len(lines) == 1 and "ignores HTTP range requests" in lines[0] and f"{len(data)} bytes" in lines[0]
     # obstore asks for the range, then for the whole object; urllib3 takes the 200 it was sent

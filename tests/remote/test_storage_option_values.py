@@ -177,7 +177,7 @@ def test_cli_numeric_secret_reads_on_exit_17_not_1():
     bad = subprocess.run([sys.executable, "-m", "wsitool.cli", "info", "s3://bucket/x.svs", "--storage-option",
                           "secret=[1]"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.splitlines() == [
-        "wsitool: error: storage option secret: expected text, got a list"], bad.stderr
+        "wsitool: error: s3://bucket/x.svs: storage option secret: expected text, got a list"], bad.stderr
 
 
 def test_dicomweb_text_options_and_cache_size():

@@ -105,7 +105,8 @@ class Fetcher:
                 self.stop.wait(pause)  # (cut short by close)
                 continue
             with self._counts:
-                self.bytes_fetched += len(response.data)
+                self.requests += response.requests - 1  # (0: served from memory; 2: asked twice)
+                self.bytes_fetched += len(response.data) if response.received is None else response.received
             self._check_pin(response, start, end)
             return response
 

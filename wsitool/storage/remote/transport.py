@@ -20,13 +20,18 @@ class Response:
 
     ``data``: ``bytes``, or a read-only byte ``memoryview`` of the client's own buffer (obstore's
     body, uncopied): slice it and copy the slice where it is kept.  ``whole``: ``data`` is the
-    whole object, sent by a server that ignores ``Range`` (an HTTP ``200``), not the range asked."""
+    whole object, sent by a server that ignores ``Range`` (an HTTP ``200``), not the range asked.
+    ``requests``: the requests this answer took (0: served from the whole object kept before;
+    2: obstore's ranged GET refused, then the whole object).  ``received``: the body bytes
+    received, where not ``len(data)`` (a range cut from the whole object just read; 0 when kept)."""
 
     data: bytes | memoryview
     size: int  # the object's total size (Content-Range total)
     etag: str | None = None
     modified: str | None = None
     whole: bool = False
+    requests: int = 1
+    received: int | None = None
 
 
 class Transport(abc.ABC):

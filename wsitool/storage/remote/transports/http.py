@@ -164,7 +164,7 @@ class HttpTransport(Transport):
         return _Urllib3Client(self.url, self.shown, self.headers, self.verify, self.maxsize, self.total)
 
     def get(self, start: int, end: int, pin: Response | None, timeout: float) -> Response:
-        whole = self._whole
+        whole, requests = self._whole, 0
         if whole is None:
             client = self._client
             try:
@@ -178,8 +178,9 @@ class HttpTransport(Transport):
                 got = self._client.get(start, end, pin, timeout)
             if not got.whole:
                 return got
-            whole = self._keep_whole(got)
-        return Response(whole.data[start:min(end, whole.size)], whole.size, whole.etag, whole.modified)
+            whole, requests = self._keep_whole(got), got.requests
+        return Response(whole.data[start:min(end, whole.size)], whole.size, whole.etag, whole.modified,
+                        requests=requests, received=len(whole.data) if requests else 0)
 
     def _keep_whole(self, got: Response) -> Response:
         """Keep the whole object a server that ignores ``Range`` sent (one line says so, once)."""
@@ -265,7 +266,8 @@ class _ObstoreClient:
             return raise_failure(exc, start, None, self.shown, self.protocol, self.url)
         if len(data) != size:
             raise Transient(f"the body was cut short ({len(data)} of {size} bytes)")
-        return Response(data, size, meta.get("e_tag"), http_date(meta.get("last_modified")), whole=True)
+        return Response(data, size, meta.get("e_tag"), http_date(meta.get("last_modified")), whole=True,
+                        requests=2)  # (the ranged GET the server answered with a 200, then this one)
 
     def close(self) -> None:
         self._store = None  # (the pool and its connections go with the store)
