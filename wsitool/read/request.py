@@ -4,7 +4,9 @@ Everything is checked before a byte is read: level index, integer location and
 positive integer size, mode, the caller's ``out`` buffer (type, shape, dtype,
 contiguity, writability) and the pixel / byte / tile limits of
 :mod:`wsitool.ground.limits` (raising :class:`~wsitool.errors.ResourceLimitError`
-before any allocation).
+before any allocation).  Messages name the request, not the slide: the facade
+(:class:`wsitool.Slide`) attaches the slide's name as an error leaves it
+(:mod:`wsitool.ground.naming`).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def output_shape(level: PyramidLevel, size: tuple[int, int], mode: str) -> tuple
 
 
 def level_index(level: Any, count: int) -> int:
-    """``level`` as an int index of a slide with ``count`` levels .
+    """``level`` as an int index of a slide with ``count`` levels.
 
     Raises:
         InvalidRegionError: not an integer, or not in ``0 .. count - 1``.
