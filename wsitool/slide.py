@@ -208,12 +208,12 @@ class Slide(SlideMetadata):
             raise InvalidRegionError(f"{self.path}: color must be None or 'icc', got {color!r}")
         if color is not None and (mode == "raw" or device != "cpu"):
             raise InvalidRegionError(f"{self.path}: color='icc' applies to mode 'rgb' / 'rgba' on the CPU")
-        region = read_pyramid_region(self._levels, self.path, location, level, size, out=out, mode=mode,
+        region = read_pyramid_region(self._levels, location, level, size, out=out, mode=mode,
                                      threads=threads, on_error=on_error, device=device,
                                      cache=self._tile_cache, downsample=downsample, channels=channels)
         if color == "icc" and self.color_profile is not None:
             if self._icc is None:
-                self._icc = IccTransform(self.color_profile, self.path)
+                self._icc = IccTransform(self.color_profile)
             self._icc.apply(region)
         return region
 
@@ -286,7 +286,7 @@ class Slide(SlideMetadata):
                 iteration that reaches it).
             DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
         """
-        req = check_patch_request(self._levels, self.path, locations, size, level=level, read_size=read_size,
+        req = check_patch_request(self._levels, locations, size, level=level, read_size=read_size,
                                   batch_size=batch_size, mode=mode, threads=threads, on_error=on_error,
                                   device=device, channels=channels)
         if out is not None:

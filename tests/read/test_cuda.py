@@ -59,7 +59,7 @@ def _env() -> dict:
 
 def _batched_host(slide, location, level, size, mode, on_error="raise", out=None):
     """Read a region through the batched path with numpy targets and the CPU decoder."""
-    req = region_request(pyramid_levels(slide), slide.path, location, level, size, mode=mode, on_error=on_error)
+    req = region_request(pyramid_levels(slide), location, level, size, mode=mode, on_error=on_error)
     lv, w, h = req.level, req.width, req.height
     shape = (h, w, {"rgba": 4, "rgb": 3}.get(mode, lv.samples))
     if out is None:
@@ -311,7 +311,7 @@ def test_colour_check_moves_a_disagreeing_level_to_the_cpu(cmu1, monkeypatch):
     with wsitool.open_slide(cmu1) as s:
         for loc in ((100, 50), (1000, 900)):  # the second read skips the check (cached)
             ref = s.read_region(loc, 0, (700, 500), mode="rgb")
-            req = region_request(pyramid_levels(s), s.path, loc, 0, (700, 500), mode="rgb")
+            req = region_request(pyramid_levels(s), loc, 0, (700, 500), mode="rgb")
             out = np.zeros((500, 700, 3), np.uint8)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -333,7 +333,7 @@ def test_colour_check_keeps_an_agreeing_level_on_the_device(cmu1, monkeypatch):
     arrays.check_colour, arrays.device_key = True, "fake-gpu"
     with wsitool.open_slide(cmu1) as s:
         ref = s.read_region((100, 50), 0, (700, 500), mode="rgb")
-        req = region_request(pyramid_levels(s), s.path, (100, 50), 0, (700, 500), mode="rgb")
+        req = region_request(pyramid_levels(s), (100, 50), 0, (700, 500), mode="rgb")
         out = np.zeros((500, 700, 3), np.uint8)
         gpu.fill_region_batched(req, out, pool, arrays)
     assert np.array_equal(out, ref)

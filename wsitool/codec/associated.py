@@ -21,6 +21,7 @@ from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatErro
 from ..ground.bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
 from ..ground.color import to_rgb8
 from ..ground.limits import get_limits
+from ..ground.naming import about
 from ..ground.oserrors import raise_if_os_resource
 from ..model import AssociatedImage
 from ..storage import ByteSource
@@ -115,7 +116,8 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
         except WsiError:  # a remote source's failure, named as such (its own exit code)
             raise
         except Exception as exc:
-            raise_if_os_resource(exc, path)
+            with about(path):
+                raise_if_os_resource(exc)
             raise WsiError(f"{path}: associated image {name!r} could not be decoded: {exc}") from None
     arr = np.asarray(arr)
     if arr.size != h * w * s:

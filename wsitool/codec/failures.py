@@ -87,7 +87,7 @@ def tile_failed(exc: TileDecodeError, on_error: str, stats) -> None:
     memory is not a bad tile: that raises the OSError (EMFILE, ENOMEM, ...)
     instead, whatever ``on_error`` says (see :func:`wsitool.ground.oserrors.descriptors_exhausted`).
     """
-    exhausted = descriptors_exhausted(getattr(exc, "path", None))
+    exhausted = descriptors_exhausted()  # (named by the facade, as it leaves the read)
     if exhausted is not None:
         raise exhausted from None
     stats.tiles_failed += 1

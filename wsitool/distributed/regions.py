@@ -246,9 +246,9 @@ def _check_requests(s: Slide, requests: list[RegionRequest], fmt: str, mode: str
             raise InvalidRegionError(f"{shown}: duplicate region name {r.name!r}")
         names.add(r.name)
         try:
-            lv, *_ = validate_request(pyramid_levels(s), s.path, (r.x, r.y), r.level, (r.width, r.height), mode)
+            lv, *_ = validate_request(pyramid_levels(s), (r.x, r.y), r.level, (r.width, r.height), mode)
         except WsiError as exc:
-            raise type(exc)(f"{exc} ({where}, #{i + 1})") from None
+            raise type(exc)(f"{s.path}: {exc} ({where}, #{i + 1})") from None
         if fmt == "png" and mode == "raw" and (lv.dtype != np.uint8 or lv.samples > 4):
             raise InvalidRegionError(
                 f"{shown}: level {lv.index} has {lv.samples} x {lv.dtype} samples; PNG cannot "

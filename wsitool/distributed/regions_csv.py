@@ -8,6 +8,7 @@ import io
 import os
 
 from ..errors import InvalidRegionError
+from ..ground.naming import about
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +58,15 @@ def check_name(name: str, where: str) -> str:
     return name
 
 
-def decode_text(data: bytes, path: str, what: str) -> str:
-    """``data`` decoded as UTF-8 (a BOM allowed), or InvalidRegionError naming the line."""
+def decode_text(data: bytes, what: str) -> str:
+    """``data`` decoded as UTF-8 (a BOM allowed), or InvalidRegionError naming the line (not the
+    file: the caller that read it attaches its name, :mod:`wsitool.ground.naming`)."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise InvalidRegionError(
-            f"{path}: line {line}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+            f"line {line}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x}); "
             "save it as UTF-8"
         ) from None
 
@@ -93,8 +95,8 @@ def load_regions_csv(path: str | os.PathLike) -> list[RegionRequest]:
     out: list[RegionRequest] = []
     seen: dict[str, int] = {}
 
-    with open(path, "rb") as fb:
-        text = decode_text(fb.read(), path, "the regions file")
+    with open(path, "rb") as fb, about(path):
+        text = decode_text(fb.read(), "the regions file")
     reader = csv.reader(io.StringIO(text, newline=""))
     header = None
     try:

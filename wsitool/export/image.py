@@ -20,6 +20,7 @@ import tifffile
 
 from ..errors import InvalidOptionError
 from ..ground import outputs as atomic
+from ..ground.naming import about
 
 #: File types :func:`write_image` writes, by extension.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".npy")
@@ -79,7 +80,8 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
             arr = arr[..., :3]
         data = imagecodecs.png_encode(np.ascontiguousarray(arr))  # encode before creating the file
     elif ext in (".jpg", ".jpeg", ".webp"):
-        data = _encode_8bit(path, np.asarray(array), ext, quality)
+        with about(os.fspath(path)):
+            data = _encode_8bit(np.asarray(array), ext, quality)
     partial, fh = atomic.open_file(path, sources)
     with partial:
         with fh:
@@ -98,14 +100,14 @@ def write_image(path: Path, array, *, overwrite: bool = True, sources=(),
 
 
 
-def _encode_8bit(path: Path, arr: np.ndarray, ext: str, quality: int) -> bytes:
-    """``arr`` as JPEG or WebP bytes (see the module notes); InvalidOptionError naming ``path``
-    for what the format cannot hold."""
+def _encode_8bit(arr: np.ndarray, ext: str, quality: int) -> bytes:
+    """``arr`` as JPEG or WebP bytes (see the module notes); InvalidOptionError (without the
+    file's name: :func:`write_image` attaches it) for what the format cannot hold."""
     kind = "WebP" if ext == ".webp" else "JPEG"
     if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) or not 1 <= quality <= 100:
-        raise InvalidOptionError(f"{path}: quality must be 1..100, got {quality!r}")
+        raise InvalidOptionError(f"quality must be 1..100, got {quality!r}")
     if arr.dtype != np.uint8:
-        raise InvalidOptionError(f"{path}: {kind} holds 8-bit samples, this region is {arr.dtype} "
+        raise InvalidOptionError(f"{kind} holds 8-bit samples, this region is {arr.dtype} "
                                  "(write .tif or .npy)")
     if arr.ndim == 2:
         arr = arr[..., None]
@@ -117,7 +119,7 @@ def _encode_8bit(path: Path, arr: np.ndarray, ext: str, quality: int) -> bytes:
             arr = ((rgb * a + 255 * (255 - a) + 127) // 255).astype(np.uint8)
             channels -= 1
         if channels not in (1, 3):
-            raise InvalidOptionError(f"{path}: JPEG holds 1 or 3 channels, this region has {channels}")
+            raise InvalidOptionError(f"JPEG holds 1 or 3 channels, this region has {channels}")
         sub = "444" if quality >= 90 else "420"
         # (cast: imagecodecs' stubs say bytes | bytearray, bytearray only when given one as out=)
         pixels = np.ascontiguousarray(arr if channels == 3 else arr[..., 0])
@@ -126,7 +128,7 @@ def _encode_8bit(path: Path, arr: np.ndarray, ext: str, quality: int) -> bytes:
         if channels == 1:
             arr = np.repeat(arr, 3, axis=2)
         else:
-            raise InvalidOptionError(f"{path}: WebP holds 3 or 4 channels, this region has {channels}")
+            raise InvalidOptionError(f"WebP holds 3 or 4 channels, this region has {channels}")
     if quality >= 100:
         return cast(bytes, imagecodecs.webp_encode(np.ascontiguousarray(arr), lossless=True))
     return cast(bytes, imagecodecs.webp_encode(np.ascontiguousarray(arr), level=int(quality)))

@@ -61,6 +61,7 @@ from ..codec.tilebytes import jpeg_stream, read_tile_bytes
 from ..errors import InvalidOptionError, InvalidRegionError, TileDecodeError, UnsupportedFormatError
 from ..ground.bitstream import SOI, jpeg_sof
 from ..ground.geometry import level0_coordinate
+from ..ground.naming import about
 from ..model import PyramidLevel
 from ..slide import pyramid_levels
 
@@ -253,7 +254,8 @@ def plan_copy(slide, L: int, rx: int, ry: int, w: int, h: int, fmt: str) -> Copy
     _copyable(lv)
     whole = (rx, ry, w, h) == (0, 0, lv.width, lv.height)
     if not whole:
-        _check_copy_region(slide.path, lv, L, (rx, ry, w, h))
+        with about(slide.path):
+            _check_copy_region(lv, L, (rx, ry, w, h))
     copied: list[CopiedLevel] = []
     base_rect = (rx, ry, w, h)
     for k in range(L, len(levels)):
@@ -272,18 +274,18 @@ def plan_copy(slide, L: int, rx: int, ry: int, w: int, h: int, fmt: str) -> Copy
     return CopyPlan(copied, base.index, base_rect, tile, reencode_for(base))
 
 
-def _check_copy_region(path: str, lv: PyramidLevel, L: int, rect: tuple[int, int, int, int]) -> None:
+def _check_copy_region(lv: PyramidLevel, L: int, rect: tuple[int, int, int, int]) -> None:
     """Raise :class:`InvalidRegionError` for a region (pixels of ``lv``, level ``L``) that is not inside
     the level or not on its tile grid."""
     rx, ry, w, h = rect
     tw, th = lv.tile_width, lv.tile_height
     if rx < 0 or ry < 0 or rx + w > lv.width or ry + h > lv.height:
         raise InvalidRegionError(
-            f"{path}: compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
+            f"compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
             f"inside the {lv.width}x{lv.height} level")
     if not (_aligned(rx, tw, rx + w, lv.width) and _aligned(ry, th, ry + h, lv.height)):
         raise InvalidRegionError(
-            f"{path}: compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
+            f"compression copy: region {rx},{ry} {w}x{h} (level {L} pixels) is not "
             f"on the {tw}x{th} tile grid (x, y, and the right/bottom edge unless at the level's "
             "edge, must be multiples of the tile size)")
 

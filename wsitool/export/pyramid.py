@@ -85,6 +85,7 @@ from ..ground import outputs as atomic
 from ..ground.geometry import level_rect
 from ..ground.integers import as_int
 from ..ground.limits import get_limits
+from ..ground.naming import about
 from ..opening import Location, parse_location
 from ..read.request import level_index
 from ..slide import Slide, open_slide
@@ -228,7 +229,8 @@ def _checked_region(slide: Slide, level, region: Sequence[int] | None,
             entirely outside the level.
         ResourceLimitError: ``w * h`` over ``max_pixels`` (default: the export limit).
     """
-    L = level_index(level, slide.level_count, slide.path)
+    with about(slide.path):
+        L = level_index(level, slide.level_count)
     lv = slide.levels[L]
     if region is None:
         x0, y0, w, h = 0, 0, lv.width, lv.height

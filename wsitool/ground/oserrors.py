@@ -37,12 +37,14 @@ _RESOURCE_HINTS = {
 }
 
 
-def os_resource_error(exc: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
+def os_resource_error(exc: BaseException) -> OSError | None:
     """An OSError naming the cause if ``exc`` is an operating-system resource
     failure (:data:`RESOURCE_ERRNOS`: EMFILE, ENFILE, ENOMEM, EIO, ...), else None.
 
     Such failures are the machine's, not the file's: callers raise the result
-    instead of reporting the slide as corrupt (the CLI exits 9, I/O error).
+    instead of reporting the slide as corrupt (the CLI exits 9, I/O error).  Its
+    ``filename`` is ``exc``'s (None when ``exc`` has none): the facade or the opener
+    names the slide as the error leaves them (:func:`wsitool.ground.naming.attach`).
     """
     code: int
     if isinstance(exc, MemoryError):
@@ -53,13 +55,13 @@ def os_resource_error(exc: BaseException, path: str | os.PathLike | None = None)
         return None
     hint = _RESOURCE_HINTS.get(code)
     text = os.strerror(code) + (f" ({hint})" if hint else "")
-    where = os.fspath(path) if path is not None else getattr(exc, "filename", None)
+    where = getattr(exc, "filename", None)
     return OSError(code, text, where) if where is not None else OSError(code, text)
 
 
-def raise_if_os_resource(exc: BaseException, path: str | os.PathLike | None = None) -> None:
+def raise_if_os_resource(exc: BaseException) -> None:
     """Raise :func:`os_resource_error` of ``exc`` when there is one (else return)."""
-    err = os_resource_error(exc, path)
+    err = os_resource_error(exc)
     if err is not None:
         raise err from None
 
@@ -70,7 +72,7 @@ def raise_if_os_resource(exc: BaseException, path: str | os.PathLike | None = No
 DECODER_DESCRIPTOR_HEADROOM = 4
 
 
-def descriptors_exhausted(path: str | os.PathLike | None = None) -> OSError | None:
+def descriptors_exhausted() -> OSError | None:
     """Probe whether this process can still open files: None if it can, else the
     OSError (EMFILE/ENFILE/ENOMEM) worded by :func:`os_resource_error`.
 
@@ -84,7 +86,7 @@ def descriptors_exhausted(path: str | os.PathLike | None = None) -> OSError | No
     try:
         fd = os.open(os.devnull, os.O_RDONLY)
     except OSError as exc:
-        return os_resource_error(exc, path)
+        return os_resource_error(exc)
     os.close(fd)
     try:
         soft = _resource.getrlimit(_resource.RLIMIT_NOFILE)[0] if _resource else None
@@ -93,5 +95,5 @@ def descriptors_exhausted(path: str | os.PathLike | None = None) -> OSError | No
     except (OSError, ValueError):
         soft = in_use = None
     if in_use is not None and soft not in (None, -1) and soft - in_use < DECODER_DESCRIPTOR_HEADROOM:
-        return os_resource_error(OSError(_errno.EMFILE, os.strerror(_errno.EMFILE)), path)
+        return os_resource_error(OSError(_errno.EMFILE, os.strerror(_errno.EMFILE)))
     return None

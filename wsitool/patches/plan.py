@@ -372,7 +372,7 @@ def _write_hdf5(plan: PatchPlan, path) -> None:
         f.create_dataset("tissue", data=plan.tissue.astype(np.float32))
 
 
-def _plans_from(meta: list[dict], columns: dict[str, np.ndarray], path) -> list[PatchPlan]:
+def _plans_from(meta: list[dict], columns: dict[str, np.ndarray]) -> list[PatchPlan]:
     plans = []
     for m in meta:
         sel = columns["slide"] == m["slide"]["path"] if "slide" in columns else slice(None)
@@ -402,7 +402,7 @@ def read_plans(path: str | os.PathLike) -> list[PatchPlan]:
             if raw is None:
                 raise PlanFileError(f"{os.fspath(path)}: not a wsitool patch plan (no wsitool metadata)")
             columns = {k: table.column(k).to_numpy(zero_copy_only=False) for k in table.column_names}
-            return _plans_from(json.loads(raw), columns, path)
+            return _plans_from(json.loads(raw), columns)
         import h5py  # optional: the patches extra
 
         with h5py.File(path, "r") as f:
@@ -411,7 +411,7 @@ def read_plans(path: str | os.PathLike) -> list[PatchPlan]:
             coords = f["coords"][()]
             meta = json.loads(f["coords"].attrs["wsitool"])
             tissue = f["tissue"][()] if "tissue" in f else np.full(len(coords), np.nan, np.float32)
-        return _plans_from([meta], {"x": coords[:, 0], "y": coords[:, 1], "tissue": tissue}, path)
+        return _plans_from([meta], {"x": coords[:, 0], "y": coords[:, 1], "tissue": tissue})
     except (OSError, ValueError, KeyError) as exc:
         if isinstance(exc, (PlanFileError, FileNotFoundError)):
             raise

@@ -29,7 +29,7 @@ from ..model import PyramidLevel
 __all__ = ["select_channels", "fill_channels", "composite", "to_8bit"]
 
 
-def select_channels(lv: PyramidLevel, channels: Any, path: str) -> PyramidLevel:
+def select_channels(lv: PyramidLevel, channels: Any) -> PyramidLevel:
     """``lv`` restricted to ``channels`` (None: all), by index or name, in the order given.
 
     Args:
@@ -48,30 +48,30 @@ def select_channels(lv: PyramidLevel, channels: Any, path: str) -> PyramidLevel:
     if channels is None:
         return lv
     if lv.planes is None:
-        raise InvalidRegionError(f"{path}: channels= applies to multi-channel slides; level {lv.index} "
+        raise InvalidRegionError(f"channels= applies to multi-channel slides; level {lv.index} "
                                  f"has {lv.samples} {lv.photometric} sample(s) without channels")
     items = [channels] if isinstance(channels, (int, str, np.integer)) else list(channels)
     if not items:
-        raise InvalidRegionError(f"{path}: channels= selects no channel")
+        raise InvalidRegionError("channels= selects no channel")
     names = [c.name for c in lv.channels]
     count = len(names)
     picked: list[int] = []
     for item in items:
         if isinstance(item, (bool, np.bool_)):
-            raise InvalidRegionError(f"{path}: channel {item!r} is neither an index nor a name")
+            raise InvalidRegionError(f"channel {item!r} is neither an index nor a name")
         if isinstance(item, (int, np.integer)):
             k = int(item)
             if not -count <= k < count:
-                raise InvalidRegionError(f"{path}: channel {k} out of range (the slide has {count} "
+                raise InvalidRegionError(f"channel {k} out of range (the slide has {count} "
                                          f"channel(s): 0..{count - 1})")
             picked.append(k % count)
         elif isinstance(item, str):
             found = _by_name(names, item)
             if found is None:
-                raise InvalidRegionError(f"{path}: no channel named {item!r} (channels: {', '.join(names)})")
+                raise InvalidRegionError(f"no channel named {item!r} (channels: {', '.join(names)})")
             picked.append(found)
         else:
-            raise InvalidRegionError(f"{path}: channel {item!r} is neither an index nor a name")
+            raise InvalidRegionError(f"channel {item!r} is neither an index nor a name")
     return lv.select(picked)
 
 

@@ -85,7 +85,7 @@ from ..codec.library import decode_params
 from ..codec.nvdecode import check_decoded, count_decoded, decode_into, plan_decode
 from ..codec.pool import DecoderPool, DecodeStats, ThreadState, get_pool
 from ..codec.tilebytes import read_tile_bytes
-from ..errors import DeviceUnavailableError, InvalidRegionError, ResourceLimitError, TileDecodeError
+from ..errors import InvalidRegionError, ResourceLimitError, TileDecodeError
 from ..ground.color import ycbcr_to_rgb
 from ..ground.device import cuda_device_id
 from ..ground.geometry import TileJob, plan_tiles
@@ -369,8 +369,8 @@ def _cpu_fallback(lv: PyramidLevel, t: _Tile, arrays: HostArrays) -> bool:
     return True
 
 
-def device_index(path: str, device: str) -> int:
-    """The CUDA device index of ``device`` (``"cuda"`` / ``"cuda:N"``) for a read of ``path``.
+def device_index(device: str) -> int:
+    """The CUDA device index of ``device`` (``"cuda"`` / ``"cuda:N"``).
 
     Raises:
         InvalidRegionError: ``device`` is not ``"cuda"`` or ``"cuda:N"``.
@@ -379,9 +379,7 @@ def device_index(path: str, device: str) -> int:
     try:
         return cuda_device_id(device)
     except ValueError as exc:
-        raise InvalidRegionError(f"{path}: {exc}") from None
-    except DeviceUnavailableError as exc:
-        raise DeviceUnavailableError(f"{path}: {exc}") from None
+        raise InvalidRegionError(str(exc)) from None
 
 
 def read_region_cuda(req: ReadRequest, *, out: Any = None) -> Any:
@@ -399,7 +397,7 @@ def read_region_cuda(req: ReadRequest, *, out: Any = None) -> Any:
             (CPU threads for levels decoded on the CPU, tifffile levels;
             nvImageCodec levels are decoded by one batched GPU call);
             ``on_error`` (as on the CPU); ``device`` (``"cuda"``: CuPy's current
-            device, or ``"cuda:N"``); ``path`` (named in messages).
+            device, or ``"cuda:N"``).
         out: optional ``cupy.ndarray`` on that device, C-contiguous, of the
             exact shape and dtype of the result; filled in place and returned.
 
@@ -413,8 +411,7 @@ def read_region_cuda(req: ReadRequest, *, out: Any = None) -> Any:
         ResourceLimitError: the GPU ran out of memory for the output or scratch.
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
     """
-    path = req.path
-    dev = device_index(path, req.device)
+    dev = device_index(req.device)
     import cupy
 
     shape, dtype = req.shape, req.dtype
@@ -423,10 +420,10 @@ def read_region_cuda(req: ReadRequest, *, out: Any = None) -> Any:
             if out is None:
                 out = cupy.empty(shape, dtype)
             else:
-                check_out(out, shape, dtype, path, cupy.ndarray, "cupy.ndarray")
+                check_out(out, shape, dtype, cupy.ndarray, "cupy.ndarray")
                 if out.device.id != dev:
                     raise InvalidRegionError(
-                        f"{path}: out is on cuda:{out.device.id}, the read is on cuda:{dev}"
+                        f"out is on cuda:{out.device.id}, the read is on cuda:{dev}"
                     )
             arrays = thread_arrays(dev)
             arrays.stream.wait_event(cupy.cuda.get_current_stream().record())
@@ -437,7 +434,7 @@ def read_region_cuda(req: ReadRequest, *, out: Any = None) -> Any:
                 arrays.stream.synchronize()
         except cupy.cuda.memory.OutOfMemoryError as exc:
             raise ResourceLimitError(
-                f"{path}: out of GPU memory on cuda:{dev} reading a {req.width}x{req.height} region ({exc})"
+                f"out of GPU memory on cuda:{dev} reading a {req.width}x{req.height} region ({exc})"
             ) from None
     return out
 

@@ -57,7 +57,6 @@ class IccTransform:
 
     Args:
         profile: the raw ICC profile bytes (an RGB-input profile).
-        path: the slide's path, named in messages.
 
     Raises:
         UnsupportedFormatError: imagecodecs has no LittleCMS, LittleCMS rejects
@@ -65,23 +64,22 @@ class IccTransform:
             bytes 16-19, ICC.1:2022 section 7.2.6).
     """
 
-    def __init__(self, profile: bytes, path: str = ""):
+    def __init__(self, profile: bytes):
         try:
             import imagecodecs
 
             if not imagecodecs.CMS.available:  # pragma: no cover - depends on the build
-                raise UnsupportedFormatError(f"{path}: color='icc' needs imagecodecs with LittleCMS")
+                raise UnsupportedFormatError("color='icc' needs imagecodecs with LittleCMS")
             imagecodecs.cms_profile_validate(profile)
         except UnsupportedFormatError:
             raise
         except Exception as exc:
-            raise UnsupportedFormatError(f"{path}: the embedded ICC profile is unusable: {exc}") from None
+            raise UnsupportedFormatError(f"the embedded ICC profile is unusable: {exc}") from None
         if bytes(profile[16:20]) != b"RGB ":
             raise UnsupportedFormatError(
-                f"{path}: color='icc' converts RGB profiles only; this profile's colour space is "
+                f"color='icc' converts RGB profiles only; this profile's colour space is "
                 f"{bytes(profile[16:20])!r}")
         self.profile = bytes(profile)
-        self.path = path
         self._srgb = _srgb_profile()
 
     def apply(self, arr: np.ndarray) -> np.ndarray:
@@ -105,7 +103,7 @@ class IccTransform:
             converted = imagecodecs.cms_transform(arr, self.profile, self._srgb, colorspace=space,
                                                   outcolorspace=space, flags=flags)
         except Exception as exc:
-            raise UnsupportedFormatError(f"{self.path}: ICC conversion failed: {exc}") from None
+            raise UnsupportedFormatError(f"ICC conversion failed: {exc}") from None
         arr[...] = converted
         if space == "rgba":
             arr[arr[..., 3] == 0] = 0  # transparent stays 0, 0, 0, 0

@@ -94,7 +94,7 @@ def level_array(levels: Sequence[PyramidLevel], location: Any, level: int, read_
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
-    level = level_index(level, len(levels), str(location))  # the rule read_region applies
+    level = level_index(level, len(levels))  # the rule read_region applies
     lv = levels[level]
     rows, cols = _chunk_shape(lv, chunks)
     ychunks = _axis_chunks(lv.height, rows)

@@ -26,7 +26,7 @@ from .request import ReadRequest, check_out, region_request
 __all__ = ["read_pyramid_region", "fill_request"]
 
 
-def read_pyramid_region(levels: Sequence[PyramidLevel], path: str, location: Any, level: Any, size: Any, *,
+def read_pyramid_region(levels: Sequence[PyramidLevel], location: Any, level: Any, size: Any, *,
                         out: Any = None, mode: str = "rgba", threads: int | None = None,
                         on_error: str = "raise", device: str = "cpu", cache: CacheScope | None = None,
                         downsample: int = 1, channels: Any = None) -> Any:
@@ -34,7 +34,6 @@ def read_pyramid_region(levels: Sequence[PyramidLevel], path: str, location: Any
 
     Args:
         levels: the pyramid's levels (their byte source is open).
-        path: the slide's path, named in messages.
         location: ``(x, y)`` of the top-left pixel in the level-0 reference
             frame; may be negative or beyond the slide.
         level: level index, ``0 <= level < slide.level_count``.
@@ -76,7 +75,7 @@ def read_pyramid_region(levels: Sequence[PyramidLevel], path: str, location: Any
         TileDecodeError: a corrupt tile, with ``on_error="raise"``.
         DeviceUnavailableError: ``device="cuda"`` without a usable GPU.
     """
-    req = region_request(levels, path, location, level, size, mode=mode, threads=threads,
+    req = region_request(levels, location, level, size, mode=mode, threads=threads,
                          on_error=on_error, device=device, downsample=downsample, channels=channels)
     if device != "cpu":
         with req.level.source.reading():
@@ -97,7 +96,7 @@ def fill_request(req: ReadRequest, out: np.ndarray | None = None, cache: CacheSc
     if out is None:
         out = np.empty(shape, dtype)
     else:
-        check_out(out, shape, dtype, req.path)
+        check_out(out, shape, dtype)
     with req.level.source.reading():
         if req.downsample > 1:
             fill_reduced(req, out, get_pool("cpu"))

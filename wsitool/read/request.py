@@ -4,7 +4,9 @@ Everything is checked before a byte is read: level index, integer location and
 positive integer size, mode, the caller's ``out`` buffer (type, shape, dtype,
 contiguity, writability) and the pixel / byte / tile limits of
 :mod:`wsitool.ground.limits` (raising :class:`~wsitool.errors.ResourceLimitError`
-before any allocation).
+before any allocation).  Messages name the request, not the slide: the facade
+(:class:`wsitool.Slide`) attaches the slide's name as an error leaves it
+(:mod:`wsitool.ground.naming`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ class ReadRequest:
     """A validated region read, built once (:func:`region_request`) and carried to the fill paths.
 
     Attributes:
-        path: the slide's path, named in messages.
         level: the :class:`~wsitool.model.PyramidLevel` read (for ``channels=``, the selection).
         x, y: top-left pixel of the region in pixels of ``level`` as read: the
             level's own pixels, or with ``downsample = k > 1`` those of the
@@ -52,7 +53,6 @@ class ReadRequest:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     """
 
-    path: str
     level: PyramidLevel
     x: int
     y: int
@@ -80,7 +80,7 @@ class ReadRequest:
         return dataclasses.replace(self, x=x, y=y, width=width, height=height, **changes)
 
 
-def region_request(levels: Sequence[PyramidLevel], path: str, location: Any, level: Any, size: Any, *,
+def region_request(levels: Sequence[PyramidLevel], location: Any, level: Any, size: Any, *,
                    mode: str = "rgba", threads: Any = None, on_error: str = "raise", device: str = "cpu",
                    downsample: Any = 1, channels: Any = None) -> ReadRequest:
     """Check a region read of the pyramid ``levels`` (see :func:`wsitool.read.region.read_pyramid_region`
@@ -94,18 +94,18 @@ def region_request(levels: Sequence[PyramidLevel], path: str, location: Any, lev
         UnsupportedFormatError, ResourceLimitError, WsiError: as :func:`validate_request`.
     """
     if on_error not in ("raise", "fill"):
-        raise InvalidRegionError(f"{path}: on_error must be 'raise' or 'fill', got {on_error!r}")
-    k = check_downsample(downsample, path, device)
-    lv, x, y, w, h = validate_request(levels, path, location, level, size, mode, channels)
-    threads = check_threads(threads, path)
+        raise InvalidRegionError(f"on_error must be 'raise' or 'fill', got {on_error!r}")
+    k = check_downsample(downsample, device)
+    lv, x, y, w, h = validate_request(levels, location, level, size, mode, channels)
+    threads = check_threads(threads)
     if device != "cpu" and lv.planes is not None:
-        raise InvalidRegionError(f"{path}: multi-channel levels read on the CPU only (device='cpu')")
+        raise InvalidRegionError("multi-channel levels read on the CPU only (device='cpu')")
     rx, ry = level_rect(lv if k == 1 else cast(TileGrid, scaled_grid(lv, k)), x, y)  # (Protocol: see reduced)
-    return ReadRequest(path=path, level=lv, x=rx, y=ry, width=w, height=h, mode=mode, on_error=on_error,
+    return ReadRequest(level=lv, x=rx, y=ry, width=w, height=h, mode=mode, on_error=on_error,
                        threads=threads, downsample=k, device=device)
 
 
-def check_threads(threads: Any, path: str) -> int | None:
+def check_threads(threads: Any) -> int | None:
     """``threads`` as an int >= 1, or None.
 
     Raises:
@@ -113,24 +113,24 @@ def check_threads(threads: Any, path: str) -> int | None:
     """
     if threads is None:
         return None
-    count = as_int(threads, "threads", path)
+    count = as_int(threads, "threads")
     if count < 1:
-        raise InvalidRegionError(f"{path}: threads must be >= 1, got {count}")
+        raise InvalidRegionError(f"threads must be >= 1, got {count}")
     return count
 
 
-def check_downsample(downsample: Any, path: str, device: str = "cpu") -> int:
+def check_downsample(downsample: Any, device: str = "cpu") -> int:
     """``downsample`` as an int of :data:`DOWNSAMPLES`.
 
     Raises:
         InvalidRegionError: not an integer, not one of :data:`DOWNSAMPLES`, or
             above 1 with a ``device`` other than ``"cpu"``.
     """
-    k = as_int(downsample, "downsample", path)
+    k = as_int(downsample, "downsample")
     if k not in DOWNSAMPLES:
-        raise InvalidRegionError(f"{path}: downsample must be one of {DOWNSAMPLES}, got {k}")
+        raise InvalidRegionError(f"downsample must be one of {DOWNSAMPLES}, got {k}")
     if k > 1 and device != "cpu":
-        raise InvalidRegionError(f"{path}: downsample={k} reads only on the CPU (device='cpu')")
+        raise InvalidRegionError(f"downsample={k} reads only on the CPU (device='cpu')")
     return k
 
 
@@ -142,21 +142,21 @@ def output_shape(level: PyramidLevel, size: tuple[int, int], mode: str) -> tuple
     return (h, w, 4 if mode == "rgba" else 3), np.dtype(np.uint8)
 
 
-def level_index(level: Any, count: int, path: str) -> int:
-    """``level`` as an int index of a slide with ``count`` levels (``path`` for the message).
+def level_index(level: Any, count: int) -> int:
+    """``level`` as an int index of a slide with ``count`` levels.
 
     Raises:
         InvalidRegionError: not an integer, or not in ``0 .. count - 1``.
     """
-    lvl = as_int(level, "level", path)
+    lvl = as_int(level, "level")
     if not 0 <= lvl < count:
         raise InvalidRegionError(
-            f"{path}: level {lvl} out of range (the slide has {count} level(s): 0..{count - 1})"
+            f"level {lvl} out of range (the slide has {count} level(s): 0..{count - 1})"
         )
     return lvl
 
 
-def validate_request(levels: Sequence[PyramidLevel], path: str, location: Any, level: Any, size: Any, mode: str,
+def validate_request(levels: Sequence[PyramidLevel], location: Any, level: Any, size: Any, mode: str,
                      channels: Any = None) -> tuple[PyramidLevel, int, int, int, int]:
     """Check a region request of a slide whose levels are ``levels``; return ``(PyramidLevel, x, y, w, h)``.
 
@@ -173,20 +173,20 @@ def validate_request(levels: Sequence[PyramidLevel], path: str, location: Any, l
         WsiError: the slide is closed.
     """
     if levels and levels[0].source.closed:
-        raise WsiError(f"{path}: slide is closed")
+        raise WsiError("slide is closed")
     if mode not in MODES:
-        raise InvalidRegionError(f"{path}: mode must be one of {MODES}, got {mode!r}")
-    lvl = level_index(level, len(levels), path)
-    x, y = int_pair(location, "location", path)
-    w, h = int_pair(size, "size", path)
+        raise InvalidRegionError(f"mode must be one of {MODES}, got {mode!r}")
+    lvl = level_index(level, len(levels))
+    x, y = int_pair(location, "location")
+    w, h = int_pair(size, "size")
     if w <= 0 or h <= 0:
-        raise InvalidRegionError(f"{path}: size must be positive, got {w}x{h}")
-    lv = select_channels(levels[lvl], channels, path)
+        raise InvalidRegionError(f"size must be positive, got {w}x{h}")
+    lv = select_channels(levels[lvl], channels)
     if lv.compression_problem:
-        raise UnsupportedFormatError(f"{path}: level {lvl}: {lv.compression_problem}")
+        raise UnsupportedFormatError(f"level {lvl}: {lv.compression_problem}")
     if mode != "raw" and lv.encoding.rgb_problem:
         raise UnsupportedFormatError(
-            f"{path}: level {lvl}: {lv.encoding.rgb_problem} (read it with mode='raw')"
+            f"level {lvl}: {lv.encoding.rgb_problem} (read it with mode='raw')"
         )
     shape, dtype = output_shape(lv, (w, h), mode)
     lim = get_limits()
@@ -194,30 +194,30 @@ def validate_request(levels: Sequence[PyramidLevel], path: str, location: Any, l
     nbytes = pixels * shape[2] * dtype.itemsize
     if pixels > lim.max_region_pixels:
         raise ResourceLimitError(
-            f"{path}: region {w}x{h} ({pixels} pixels) exceeds the max_region_pixels limit "
+            f"region {w}x{h} ({pixels} pixels) exceeds the max_region_pixels limit "
             f"{lim.max_region_pixels} (raise it with wsitool.set_limits or --max-pixels)"
         )
     if nbytes > lim.max_region_bytes:
         raise ResourceLimitError(
-            f"{path}: region {w}x{h} needs {nbytes} bytes, over the max_region_bytes limit "
+            f"region {w}x{h} needs {nbytes} bytes, over the max_region_bytes limit "
             f"{lim.max_region_bytes}"
         )
     check_tile_limit(lv)
     return lv, x, y, w, h
 
 
-def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, path: str, array_type: type[Any] = np.ndarray,
+def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, array_type: type[Any] = np.ndarray,
               type_name: str = "numpy.ndarray") -> Any:
     """Check a caller's ``out`` buffer (numpy, or CuPy for ``device="cuda"``)."""
     if not isinstance(out, array_type):
-        raise InvalidRegionError(f"{path}: out must be a {type_name}, got {type(out).__name__}")
+        raise InvalidRegionError(f"out must be a {type_name}, got {type(out).__name__}")
     if out.shape != shape or out.dtype != dtype:
         raise InvalidRegionError(
-            f"{path}: out has shape {out.shape} dtype {out.dtype}; expected {shape} {dtype}"
+            f"out has shape {out.shape} dtype {out.dtype}; expected {shape} {dtype}"
         )
     # CuPy arrays have no "writeable" flag (device memory is always writable).
     if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
-        raise InvalidRegionError(f"{path}: out must be C-contiguous and writeable")
+        raise InvalidRegionError("out must be C-contiguous and writeable")
     return out
 
 
@@ -233,13 +233,13 @@ def check_tile_limit(level: PyramidLevel) -> None:
     lim = get_limits()
     if pixels > lim.max_tile_pixels:
         raise ResourceLimitError(
-            f"{level.path}: level {level.index} has {level.tile_width}x{level.tile_height} "
+            f"level {level.index} has {level.tile_width}x{level.tile_height} "
             f"tiles ({pixels} pixels), over the max_tile_pixels limit {lim.max_tile_pixels}"
         )
     nbytes = pixels * level.samples * level.dtype.itemsize
     if nbytes > lim.max_region_bytes:
         raise ResourceLimitError(
-            f"{level.path}: level {level.index} tiles decode to {nbytes} bytes "
+            f"level {level.index} tiles decode to {nbytes} bytes "
             f"({level.tile_width}x{level.tile_height}x{level.samples} {level.dtype}), over the "
             f"max_region_bytes limit {lim.max_region_bytes}"
         )

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InvalidOptionError, InvalidRegionError
 from ..ground.device import cuda_device_id
+from ..ground.naming import about
 from ..opening import Location
 from ..read.request import output_shape
 from ..slide import open_slide, pyramid_levels
@@ -51,8 +52,9 @@ class RunPlan:
     child: dict
 
 
-def parse_levels(spec: str | Sequence[int] | None, level_count: int, path: str = "") -> list[int]:
-    """Level indices from ``"all"``, ``"0,2"`` or a sequence; None means all.
+def parse_levels(spec: str | Sequence[int] | None, level_count: int) -> list[int]:
+    """Level indices from ``"all"``, ``"0,2"`` or a sequence; None means all (messages without the
+    slide: :func:`probe_slide` names it).
 
     Raises:
         InvalidRegionError: a level is not an integer or out of range.
@@ -65,15 +67,15 @@ def parse_levels(spec: str | Sequence[int] | None, level_count: int, path: str =
         try:
             lv = int(str(item).strip())
         except ValueError:
-            raise InvalidRegionError(f"{path}: bad level {item!r} in --levels (use 'all' or e.g. '0,1')") from None
+            raise InvalidRegionError(f"bad level {item!r} in --levels (use 'all' or e.g. '0,1')") from None
         if not 0 <= lv < level_count:
             raise InvalidRegionError(
-                f"{path}: level {lv} out of range (the slide has {level_count} level(s): 0..{level_count - 1})"
+                f"level {lv} out of range (the slide has {level_count} level(s): 0..{level_count - 1})"
             )
         if lv not in out:
             out.append(lv)
     if not out:
-        raise InvalidRegionError(f"{path}: --levels selects no level")
+        raise InvalidRegionError("--levels selects no level")
     return out
 
 
@@ -187,7 +189,8 @@ def probe_slide(location: Location, levels: str | Sequence[int] | None, mode: st
     """
     shown = location.shown
     with open_slide(location) as probe:
-        level_ids = parse_levels(levels, probe.level_count, shown)
+        with about(shown):
+            level_ids = parse_levels(levels, probe.level_count)
         lv_info = [{"index": lv.index, "width": lv.width, "height": lv.height,
                     "downsample": lv.downsample} for lv in probe.levels if lv.index in level_ids]
         slide_info = {

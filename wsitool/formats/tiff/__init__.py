@@ -84,7 +84,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
             raise CorruptFileError(f"{path}: unreadable TIFF structure: {exc}") from None
         except MALFORMED as exc:
             fh.close()
-            raise_if_os_resource(exc, path)  # EMFILE, ENOMEM, EIO: the machine's, not the file's
+            raise_if_os_resource(exc)  # EMFILE, ENOMEM, EIO: the machine's, not the file's
             # tifffile trusts tag types and counts; a tag of the wrong type or
             # count surfaces as TypeError/ValueError/... deep inside it.
             raise CorruptFileError(
@@ -105,7 +105,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
             raise
         except MALFORMED as exc:
             release()
-            raise_if_os_resource(exc, path)
+            raise_if_os_resource(exc)
             raise CorruptFileError(f"{path}: malformed TIFF tags: {type(exc).__name__}: {exc}") from None
         except BaseException:
             release()

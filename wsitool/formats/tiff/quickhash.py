@@ -70,6 +70,7 @@ import tifffile
 from tifffile import DATATYPE
 
 from ...errors import CorruptFileError
+from ...ground.naming import about
 from ...ground.oserrors import raise_if_os_resource
 from ...storage import ByteSource
 from ..deferred import DeferredProperties
@@ -142,7 +143,8 @@ class QuickHash:
                     feed_string(hasher, name.encode("ascii"))
                     feed_string(hasher, None if where is None else self._read(source, *where))
             except OSError as exc:
-                raise_if_os_resource(exc, self.path)
+                with about(self.path):
+                    raise_if_os_resource(exc)
                 raise CorruptFileError(f"{self.path}: reading the bytes of {KEY} failed: {exc}") from None
         return hasher.hexdigest()
 

@@ -148,7 +148,7 @@ class PatchReader:
         pool = get_pool("cpu")
         for i in sorted(now):
             x, y = fp.corners[i].tolist()
-            one = ReadRequest(path=req.path, level=req.level, x=x, y=y, width=ww, height=wh, mode=req.mode,
+            one = ReadRequest(level=req.level, x=x, y=y, width=ww, height=wh, mode=req.mode,
                               on_error=req.on_error, threads=1)
             fill_region(one, dest[i], pool, self.cache)
 
@@ -258,7 +258,7 @@ class PatchReader:
                 return
             if task.fresh:
                 x0, y0, x1, y1 = task.run.rect
-                part = ReadRequest(path=req.path, level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
+                part = ReadRequest(level=lv, x=x0, y=y0, width=x1 - x0, height=y1 - y0,
                                    mode=req.mode, on_error="raise", threads=1)
                 fill_region(part, buf, pool, cache)
             for pieces, into in ((task.pieces, dest), (task.next_pieces, dest_next)):
@@ -340,7 +340,7 @@ def _fill_cuda(req: PatchRequest, locs: np.ndarray, out: Any) -> Any:
     w, h = req.size
     for i, (x, y) in enumerate(locs.tolist()):
         rx, ry = level_rect(req.level, x, y)
-        one = ReadRequest(path=req.path, level=req.level, x=rx, y=ry, width=w, height=h, mode=req.mode,
+        one = ReadRequest(level=req.level, x=rx, y=ry, width=w, height=h, mode=req.mode,
                           on_error=req.on_error, threads=req.threads, device=req.device)
         read_region_cuda(one, out=out[i])
     return out
@@ -353,7 +353,7 @@ def _new_batch(req: PatchRequest, n: int) -> Any:
 
     from ..cuda import device_index
 
-    with cupy.cuda.Device(device_index(req.path, req.device)):
+    with cupy.cuda.Device(device_index(req.device)):
         return cupy.empty((n, *req.shape), req.dtype)
 
 
@@ -382,11 +382,11 @@ def fill_all(req: PatchRequest, out: Any, cache: CacheScope | None = None) -> An
     """
     n = len(req.locations)
     if req.device == "cpu":
-        check_out(out, (n, *req.shape), req.dtype, req.path)
+        check_out(out, (n, *req.shape), req.dtype)
     else:
         import cupy  # optional dependency: device="cuda" only
 
-        check_out(out, (n, *req.shape), req.dtype, req.path, cupy.ndarray, "cupy.ndarray")
+        check_out(out, (n, *req.shape), req.dtype, cupy.ndarray, "cupy.ndarray")
     reader = PatchReader(req, cache)
     try:
         for j0, j1 in reader.spans():

@@ -29,7 +29,6 @@ class PatchRequest:
     """A validated batch request (everything checked before any tile is read).
 
     Attributes:
-        path: the slide's path, named in messages.
         level: the :class:`~wsitool.model.PyramidLevel` read.
         locations: ``(n, 2)`` int64, level-0 ``(x, y)`` of each patch's top-left corner.
         size: ``(width, height)`` of each output patch, pixels.
@@ -45,7 +44,6 @@ class PatchRequest:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
     """
 
-    path: str
     level: PyramidLevel
     locations: np.ndarray
     size: tuple[int, int]
@@ -60,51 +58,51 @@ class PatchRequest:
     device: str
 
 
-def _locations(locations: Any, path: str) -> np.ndarray:
+def _locations(locations: Any) -> np.ndarray:
     """``locations`` as an ``(n, 2)`` int64 array (integral floats allowed)."""
     try:
         arr = np.asarray(locations)
     except (TypeError, ValueError) as exc:
-        raise InvalidRegionError(f"{path}: locations must be (x, y) pairs: {exc}") from None
+        raise InvalidRegionError(f"locations must be (x, y) pairs: {exc}") from None
     if arr.size == 0:
         return np.empty((0, 2), np.int64)
     if arr.ndim != 2 or arr.shape[1] != 2:
-        raise InvalidRegionError(f"{path}: locations must be a sequence of (x, y) pairs or an (n, 2) array, "
+        raise InvalidRegionError(f"locations must be a sequence of (x, y) pairs or an (n, 2) array, "
                                  f"got shape {arr.shape}")
     if arr.dtype.kind in "iu":
         if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
-            raise InvalidRegionError(f"{path}: locations beyond the int64 range")
+            raise InvalidRegionError("locations beyond the int64 range")
         return arr.astype(np.int64, copy=False)
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all() or (arr != np.floor(arr)).any():
-            raise InvalidRegionError(f"{path}: locations must be whole level-0 pixels")
+            raise InvalidRegionError("locations must be whole level-0 pixels")
         if np.abs(arr).max() >= 2.0**62:
-            raise InvalidRegionError(f"{path}: locations beyond the int64 range")
+            raise InvalidRegionError("locations beyond the int64 range")
         return arr.astype(np.int64)
-    raise InvalidRegionError(f"{path}: locations must be integers, got dtype {arr.dtype}")
+    raise InvalidRegionError(f"locations must be integers, got dtype {arr.dtype}")
 
 
-def _positive_pair(value: Any, what: str, path: str, whole: bool) -> tuple[Any, Any]:
+def _positive_pair(value: Any, what: str, whole: bool) -> tuple[Any, Any]:
     try:
         a, b = value
     except (TypeError, ValueError):
-        raise InvalidRegionError(f"{path}: {what} must be a (width, height) pair, got {value!r}") from None
+        raise InvalidRegionError(f"{what} must be a (width, height) pair, got {value!r}") from None
     pair: tuple[float, float]
     if whole:
-        pair = (as_int(a, what, path), as_int(b, what, path))
+        pair = (as_int(a, what), as_int(b, what))
     else:
         try:
             if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (a, b)):
                 raise TypeError  # text and bytes too, which float() would take
             pair = (float(a), float(b))
         except (TypeError, ValueError):
-            raise InvalidRegionError(f"{path}: {what} must be two numbers, got {value!r}") from None
+            raise InvalidRegionError(f"{what} must be two numbers, got {value!r}") from None
     if not all(math.isfinite(v) and v > 0 for v in pair):
-        raise InvalidRegionError(f"{path}: {what} must be positive, got {value!r}")
+        raise InvalidRegionError(f"{what} must be positive, got {value!r}")
     return pair
 
 
-def check_patch_request(levels: Sequence[PyramidLevel], path: str, locations: Any, size: Any, *, level: Any = 0,
+def check_patch_request(levels: Sequence[PyramidLevel], locations: Any, size: Any, *, level: Any = 0,
                         read_size: Any = None, batch_size: Any = 64, mode: str = "rgb", threads: Any = None,
                         on_error: str = "raise", device: str = "cpu", channels: Any = None) -> PatchRequest:
     """Validate a batch request; see :meth:`wsitool.Slide.read_patches` for the arguments.
@@ -120,38 +118,38 @@ def check_patch_request(levels: Sequence[PyramidLevel], path: str, locations: An
             over the configured limits.
     """
     if on_error not in ("raise", "fill"):
-        raise InvalidRegionError(f"{path}: on_error must be 'raise' or 'fill', got {on_error!r}")
+        raise InvalidRegionError(f"on_error must be 'raise' or 'fill', got {on_error!r}")
     if device != "cpu":
         from ..cuda import device_index  # InvalidRegionError / DeviceUnavailableError before any decode
 
-        device_index(path, device)
-    w, h = _positive_pair(size, "size", path, whole=True)
-    read = None if read_size is None else _positive_pair(read_size, "read_size", path, whole=False)
+        device_index(device)
+    w, h = _positive_pair(size, "size", whole=True)
+    read = None if read_size is None else _positive_pair(read_size, "read_size", whole=False)
     window = (w, h) if read is None else (math.ceil(read[0]), math.ceil(read[1]))
     if read is not None and window[0] * window[1] > get_limits().max_region_pixels:
-        raise ResourceLimitError(f"{path}: read_size {read[0]:g}x{read[1]:g} exceeds the max_region_pixels "
+        raise ResourceLimitError(f"read_size {read[0]:g}x{read[1]:g} exceeds the max_region_pixels "
                                  f"limit {get_limits().max_region_pixels}")
     # level, mode, decoder and per-window limits: the checks of a region read of one window
-    lv = validate_request(levels, path, (0, 0), level, window, mode, channels)[0]
+    lv = validate_request(levels, (0, 0), level, window, mode, channels)[0]
     if lv.planes is not None and device != "cpu":
-        raise InvalidRegionError(f"{path}: multi-channel levels read on the CPU only (device='cpu')")
+        raise InvalidRegionError("multi-channel levels read on the CPU only (device='cpu')")
     shape, dtype = output_shape(lv, (w, h), mode)
     if read is not None:
         if dtype != np.uint8:
-            raise InvalidRegionError(f"{path}: read_size needs 8-bit samples (the area filter is for uint8); "
+            raise InvalidRegionError(f"read_size needs 8-bit samples (the area filter is for uint8); "
                                      f"level {lv.index} is {dtype}")
         if device != "cpu":
-            raise InvalidRegionError(f"{path}: read_size reads only on the CPU (device='cpu')")
-    b = as_int(batch_size, "batch_size", path)
+            raise InvalidRegionError("read_size reads only on the CPU (device='cpu')")
+    b = as_int(batch_size, "batch_size")
     if b < 1:
-        raise InvalidRegionError(f"{path}: batch_size must be >= 1, got {b}")
-    threads = check_threads(threads, path)
-    locs = _locations(locations, path)
+        raise InvalidRegionError(f"batch_size must be >= 1, got {b}")
+    threads = check_threads(threads)
+    locs = _locations(locations)
     b_eff = max(1, min(b, len(locs)))
     per_patch = shape[0] * shape[1] * shape[2] * dtype.itemsize
     per_window = 0 if read is None else window[0] * window[1] * shape[2]
     need = b_eff * (per_patch + per_window)
     if need > get_limits().max_region_bytes:
-        raise ResourceLimitError(f"{path}: a batch of {b_eff} patches needs {need} bytes, over the "
+        raise ResourceLimitError(f"a batch of {b_eff} patches needs {need} bytes, over the "
                                  f"max_region_bytes limit {get_limits().max_region_bytes} (lower batch_size)")
-    return PatchRequest(path, lv, locs, (w, h), read, window, mode, shape, dtype, b, threads, on_error, device)
+    return PatchRequest(lv, locs, (w, h), read, window, mode, shape, dtype, b, threads, on_error, device)
