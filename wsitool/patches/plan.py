@@ -39,11 +39,12 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import IO
 
 import numpy as np
 
 from ..errors import InvalidRegionError, WsiError
-from ..ground.outputs import check_output, create_file
+from ..ground.outputs import check_output, open_file
 from ..version import __version__
 from .tissue import TissueMask, TissueParams, detect_tissue, load_mask
 
@@ -326,17 +327,17 @@ def write_plans(plans: list[PatchPlan], path: str | os.PathLike, *, overwrite: b
                             f".h5 per slide")
     sources = [p.slide.path for p in plans]
     check_output(path, sources, overwrite)
-    partial, fd = create_file(path, sources)
-    os.close(fd)   # pyarrow and h5py open the partial by name
+    partial, fh = open_file(path, sources, read=True)  # (h5py reads back what it writes)
     with partial:
-        if kind == "parquet":
-            _write_parquet(plans, partial.path)
-        else:
-            _write_hdf5(plans[0], partial.path)
+        with fh:
+            if kind == "parquet":
+                _write_parquet(plans, fh)
+            else:
+                _write_hdf5(plans[0], fh)
         partial.commit(overwrite)
 
 
-def _write_parquet(plans: list[PatchPlan], path) -> None:
+def _write_parquet(plans: list[PatchPlan], fh: IO[bytes]) -> None:
     import pyarrow as pa  # optional: the patches extra
     import pyarrow.parquet as pq
 
@@ -349,13 +350,13 @@ def _write_parquet(plans: list[PatchPlan], path) -> None:
     arrays = {k: (np.concatenate(v) if v else np.empty(0, COLUMNS.get(k, object))) for k, v in cols.items()}
     table = pa.table({k: pa.array(v) for k, v in arrays.items()})
     meta = {b"wsitool": json.dumps([p.meta() for p in plans]).encode()}
-    pq.write_table(table.replace_schema_metadata(meta), path)
+    pq.write_table(table.replace_schema_metadata(meta), fh)
 
 
-def _write_hdf5(plan: PatchPlan, path) -> None:
+def _write_hdf5(plan: PatchPlan, fh: IO[bytes]) -> None:
     import h5py  # optional: the patches extra
 
-    with h5py.File(path, "w") as f:
+    with h5py.File(fh, "w") as f:
         coords = f.create_dataset("coords", data=plan.locations.astype(np.int64))
         coords.attrs["patch_level"] = plan.level
         coords.attrs["patch_size"] = int(round(plan.read_size))
