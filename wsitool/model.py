@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .ground.naming import attach
 from .storage import ByteSource
 
 __all__ = ["TileEncoding", "TileIndex", "Channel", "PyramidLevel", "LevelSizes", "Level", "AssociatedImage",
@@ -491,23 +492,31 @@ class AssociatedImages(Mapping[str, np.ndarray]):
     """Lazy read-only mapping of a pyramid's associated images: name -> ``(height, width, 3)``
     uint8 RGB array, each decoded on first access by ``decode(image)`` and kept.
 
-    The slide's ``decode`` holds what decoding needs (the path, byte source and lock), not the
+    The slide's ``decode`` holds what decoding needs (the byte source and lock), not the
     slide: a reference back would make the slide a reference cycle, whose levels and tile
     tables would then wait for a cyclic garbage collection after ``close`` (about 0.7 KiB per
     open and close of a small slide).  Reading an entry raises ``KeyError`` for an unknown
-    name, else what ``decode`` raises.
+    name, else what ``decode`` raises, with ``subject`` (the slide as messages name it)
+    attached (:func:`wsitool.ground.naming.attach`).
     """
 
-    def __init__(self, images: Mapping[str, AssociatedImage], decode: Callable[[AssociatedImage], np.ndarray]):
+    def __init__(self, images: Mapping[str, AssociatedImage], decode: Callable[[AssociatedImage], np.ndarray],
+                 subject: str | None = None):
         self._images = images
         self._decode = decode
+        self._subject = subject
         self._cache: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._images:
             raise KeyError(name)
         if name not in self._cache:
-            self._cache[name] = self._decode(self._images[name])
+            try:
+                self._cache[name] = self._decode(self._images[name])
+            except BaseException as exc:
+                if self._subject is not None:
+                    attach(exc, self._subject)
+                raise
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:

@@ -18,8 +18,8 @@ import os
 import threading
 import types
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import numpy as np
 
@@ -47,14 +47,15 @@ __all__ = ["Level", "Slide", "open_slide", "pyramid_levels"]
 Pair = Sequence[int]
 #: Channels of a multi-channel read: an index or name, or a sequence of them.
 ChannelSelection = int | str | Sequence[int | str]
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _named(method):
+def _named(method: _Method) -> _Method:
     """Name the slide in what ``method`` raises (:func:`wsitool.ground.naming.attach`): the layers below
     the facade raise without it.  A method that returns an iterator gets one that names the slide
     in what its iteration raises."""
     @functools.wraps(method)
-    def named(self, *args, **kwargs):
+    def named(self: Slide, *args: Any, **kwargs: Any) -> Any:
         try:
             result = method(self, *args, **kwargs)
         except BaseException as exc:
@@ -63,7 +64,7 @@ def _named(method):
         if isinstance(result, types.GeneratorType):
             return _named_iteration(result, self.path)
         return result
-    return named
+    return cast(_Method, named)
 
 
 def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
@@ -75,10 +76,11 @@ def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
         raise
 
 
-def _decode(path: str, source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
-    """Decode the associated image ``image`` of the slide at ``path`` (a slide without a source of
-    its own, a DICOM folder, has images with their own); see :func:`~wsitool.codec.associated.decode_associated`."""
-    return decode_associated(path, image, cast(ByteSource, source), lock)
+def _decode(source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
+    """Decode the associated image ``image`` of the slide whose source is ``source`` (a slide without a
+    source of its own, a DICOM folder, has images with their own); see
+    :func:`~wsitool.codec.associated.decode_associated`."""
+    return decode_associated(image, cast(ByteSource, source), lock)
 
 
 class Slide:
@@ -149,9 +151,9 @@ class Slide:
         self.vendor = pyramid.vendor
         #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
         self._levels: tuple[model.PyramidLevel, ...] = pyramid.levels
-        # (the decoder holds the path, source and lock, not the slide: model.AssociatedImages)
-        self._associated = AssociatedImages(pyramid.associated,
-                                            functools.partial(_decode, self.path, self._source, self._lock))
+        # (the decoder holds the source and lock, not the slide: model.AssociatedImages, which names the slide)
+        self._associated = AssociatedImages(pyramid.associated, functools.partial(_decode, self._source, self._lock),
+                                            subject=self.path)
         self._properties = types.MappingProxyType(pyramid.properties)
         self._views = tuple(Level.of(lv, pyramid.levels[0], self.mpp) for lv in pyramid.levels)
         self._icc: IccTransform | None = None  # built on the first color="icc" read

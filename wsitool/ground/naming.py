@@ -8,6 +8,8 @@ message still starts with the slide's name, as httpx attaches the request to an 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ..errors import WsiError
 
 __all__ = ["about", "attach"]
@@ -41,7 +43,7 @@ class about:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> Literal[False]:
         if exc is not None:
             attach(exc, self.subject)
         return False

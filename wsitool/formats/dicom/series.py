@@ -7,7 +7,9 @@ folder, "DICM" at byte 128) whose Series Instance UID is the file's.  Opening
 a folder opens the one series it holds; a folder holding several series is
 an error naming them.  Files beside that are not DICOM, not whole-slide images,
 or of other series are passed over; a sibling of the series whose header is
-unreadable is passed over and reported (``problems``).
+unreadable is passed over and reported (``problems``).  Each file's header is read in one
+place (:func:`_read`), which names the file in what the read raises; the caller names the
+slide (the opener: :func:`wsitool.ground.naming.about`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 from collections.abc import Callable
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...ground.naming import about
 from ...storage.local import open_regular
 from .instance import MAGIC_AT, Instance, is_dicom, read_instance
 
@@ -52,13 +55,24 @@ def _same(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
+def _read(path: str) -> Instance:
+    """The header of the DICOM file ``path`` (:func:`read_instance`), the one place a file of a
+    series is read: what it raises names ``path``.
+
+    Raises:
+        UnsupportedFormatError, CorruptFileError, OSError: as :func:`read_instance`.
+    """
+    with about(path):
+        return read_instance(path)
+
+
 def series_of_file(path: str) -> tuple[list[Instance], list[str]]:
     """The instances of the series ``path`` belongs to (``path``'s own first), and problems.
 
     Raises:
         UnsupportedFormatError, CorruptFileError: as :func:`read_instance` for ``path`` itself.
     """
-    own = read_instance(path)
+    own = _read(path)
     instances = [own]
     problems: list[str] = []
     folder = os.path.dirname(os.path.abspath(path))
@@ -66,10 +80,13 @@ def series_of_file(path: str) -> tuple[list[Instance], list[str]]:
         if _same(other, path):
             continue
         try:
-            inst = read_instance(other)
+            inst = _read(other)
         except UnsupportedFormatError:
             continue
-        except (CorruptFileError, OSError) as exc:
+        except CorruptFileError as exc:
+            problems.append(f"passed over {exc}")  # (it names the file)
+            continue
+        except OSError as exc:
             problems.append(f"passed over {other}: {exc}")
             continue
         if inst.series == own.series:
@@ -88,7 +105,7 @@ def series_of_folder(folder: str, files: list[str]) -> tuple[list[Instance], lis
     reads: list[tuple[str, Instance | WsiError]] = []
     for path in files:
         try:
-            reads.append((path, read_instance(path)))
+            reads.append((path, _read(path)))
         except (UnsupportedFormatError, CorruptFileError) as exc:
             reads.append((path, exc))
     return one_series(folder, reads, Holder("folder", lambda: _other_files(folder, files),
@@ -109,8 +126,8 @@ class Holder:
 def one_series(where: str, reads: list[tuple[str, Instance | WsiError]],
                holder: Holder) -> tuple[list[Instance], list[str]]:
     """The instances of the one WSI series among ``reads`` (each DICOM file of ``where``, a
-    folder or a bucket prefix, with its header or the error reading it), and problems: the
-    rule a folder and a prefix share.  Files that are not whole-slide images are passed
+    folder or a bucket prefix, with its header or the error reading it, which names the file),
+    and problems: the rule a folder and a prefix share.  Files that are not whole-slide images are passed
     over; unreadable ones are passed over and reported.
 
     Raises:
@@ -121,9 +138,9 @@ def one_series(where: str, reads: list[tuple[str, Instance | WsiError]],
     by_series: dict[str, list[Instance]] = {}
     problems: list[str] = []
     first_error: WsiError | None = None
-    for path, read in reads:
+    for _, read in reads:
         if isinstance(read, CorruptFileError):
-            problems.append(f"passed over {path}: {read}")
+            problems.append(f"passed over {read}")
             first_error = read if not isinstance(first_error, CorruptFileError) else first_error
             continue
         if isinstance(read, WsiError):
