@@ -92,7 +92,7 @@ def test_a_broken_sibling_is_passed_over_and_named_once(tmp_path):
     assert problem.startswith(f"passed over {broken}: ") and problem.count("broken.dcm") == 1
 
 
-def test_a_dicom_file_raises_without_the_path(tmp_path):
+def test_a_dicom_file_is_named_once_where_it_is_read(tmp_path):
     bad = tmp_path / "ct.dcm"
     path = write_instance(tmp_path / "x.dcm", IMG, TILE, series=generate_uid(), study=generate_uid())
     data = path.read_bytes().replace(b"1.2.840.10008.5.1.4.1.1.77.1.6", b"1.2.840.10008.5.1.4.1.1.2\0\0\0\0\0")
@@ -100,8 +100,9 @@ def test_a_dicom_file_raises_without_the_path(tmp_path):
     from wsitool.formats.dicom.instance import read_instance
 
     with pytest.raises(UnsupportedFormatError) as raw:
-        read_instance(str(bad))
-    assert "ct.dcm" not in str(raw.value)
+        read_instance(str(bad))  # (the one place a DICOM file is opened: it names the file)
+    assert raw.value.subject == str(bad) and str(raw.value).count("ct.dcm") == 1
+    assert raw.value.args[0].startswith("not a DICOM whole-slide image")  # (the check raised it bare)
     with pytest.raises(UnsupportedFormatError) as named:
         wsitool.open_slide(bad)
     assert str(named.value).startswith(f"{bad}: ") and str(named.value).count("ct.dcm") == 1

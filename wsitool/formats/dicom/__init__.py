@@ -188,8 +188,7 @@ def _read_objects(prefix: Prefix, objects: list[PrefixObject], sources: _ObjectS
             return
         sources.add(obj.shown, source)
         try:
-            with about(obj.shown):
-                inst = read_instance(obj.shown, source)
+            inst = read_instance(obj.shown, source)
         except (UnsupportedFormatError, CorruptFileError) as exc:
             reads[obj.shown] = exc
             return

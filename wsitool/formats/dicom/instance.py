@@ -6,8 +6,8 @@ Pixel Data element's tag, whose position is kept so that :mod:`.frames` finds
 the frames without reading them.  Everything the pyramid needs is taken from
 the header here, inside one guard, so a malformed attribute value (pydicom
 converts values lazily) becomes :class:`~wsitool.errors.CorruptFileError`,
-never a stray exception.  Errors do not name the file: the caller that opens it does
-(:func:`wsitool.ground.naming.about`).
+never a stray exception.  The checks raise without the file's name; :func:`read_instance`,
+which opens the file, attaches it (:func:`wsitool.ground.naming.about`).
 
 Facts used (PS3.3):
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is
     from pydicom.dataset import Dataset
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...ground.naming import about
 from ...storage import ByteSource, SourceFile
 from ...storage.local import open_regular
 
@@ -132,7 +133,8 @@ def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:
 def read_instance(path: str, source: ByteSource | None = None) -> Instance:
     """Read the header of the DICOM file ``path`` (pixel data not read); through ``source``
     where given (a remote object: ``path`` then only names it, as :attr:`Instance.path`), else
-    from the file.  Errors do not name ``path``: the caller names the file it opens.
+    from the file.  The one place a DICOM file of a slide is opened: its errors name ``path``
+    (:func:`wsitool.ground.naming.about`; the checks below raise without it).
 
     Raises:
         UnsupportedFormatError: not a DICOM file, or not a VL Whole Slide
@@ -143,7 +145,7 @@ def read_instance(path: str, source: ByteSource | None = None) -> Instance:
     """
     import pydicom  # loaded with the first DICOM file (DESIGN: the DICOM library is imported lazily)
 
-    with open_bytes(path, source) as fp:  # FileNotFoundError, PermissionError pass through
+    with about(path), open_bytes(path, source) as fp:  # FileNotFoundError, PermissionError pass through
         fp.seek(0, 2)
         file_size = fp.tell()
         fp.seek(0)

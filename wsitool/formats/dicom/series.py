@@ -7,9 +7,8 @@ folder, "DICM" at byte 128) whose Series Instance UID is the file's.  Opening
 a folder opens the one series it holds; a folder holding several series is
 an error naming them.  Files beside that are not DICOM, not whole-slide images,
 or of other series are passed over; a sibling of the series whose header is
-unreadable is passed over and reported (``problems``).  Each file's header is read in one
-place (:func:`_read`), which names the file in what the read raises; the caller names the
-slide (the opener: :func:`wsitool.ground.naming.about`).
+unreadable is passed over and reported (``problems``) by the error reading it, which names
+it (:func:`~.instance.read_instance`); the opener names the slide.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import os
 from collections.abc import Callable
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
-from ...ground.naming import about
 from ...storage.local import open_regular
 from .instance import MAGIC_AT, Instance, is_dicom, read_instance
 
@@ -55,24 +53,13 @@ def _same(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def _read(path: str) -> Instance:
-    """The header of the DICOM file ``path`` (:func:`read_instance`), the one place a file of a
-    series is read: what it raises names ``path``.
-
-    Raises:
-        UnsupportedFormatError, CorruptFileError, OSError: as :func:`read_instance`.
-    """
-    with about(path):
-        return read_instance(path)
-
-
 def series_of_file(path: str) -> tuple[list[Instance], list[str]]:
     """The instances of the series ``path`` belongs to (``path``'s own first), and problems.
 
     Raises:
         UnsupportedFormatError, CorruptFileError: as :func:`read_instance` for ``path`` itself.
     """
-    own = _read(path)
+    own = read_instance(path)
     instances = [own]
     problems: list[str] = []
     folder = os.path.dirname(os.path.abspath(path))
@@ -80,7 +67,7 @@ def series_of_file(path: str) -> tuple[list[Instance], list[str]]:
         if _same(other, path):
             continue
         try:
-            inst = _read(other)
+            inst = read_instance(other)
         except UnsupportedFormatError:
             continue
         except CorruptFileError as exc:
@@ -105,7 +92,7 @@ def series_of_folder(folder: str, files: list[str]) -> tuple[list[Instance], lis
     reads: list[tuple[str, Instance | WsiError]] = []
     for path in files:
         try:
-            reads.append((path, _read(path)))
+            reads.append((path, read_instance(path)))
         except (UnsupportedFormatError, CorruptFileError) as exc:
             reads.append((path, exc))
     return one_series(folder, reads, Holder("folder", lambda: _other_files(folder, files),
