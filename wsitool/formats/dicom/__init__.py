@@ -494,12 +494,14 @@ def _build_levels(kept: list[_Group], ids: list[str], channels: list[Channel],
             offsets, counts, grid = tile_grid(image, path_index)
             source = sources.of([p.path for p in image.parts])
             encoding, dtype = frame_encoding(head, _first_frame(source, offsets, counts))
-            planes.append(PyramidLevel(
+            plane = PyramidLevel(
                 index=index, width=head.width, height=head.height,
                 downsample=(w0 / head.width + h0 / head.height) / 2.0,
                 tile_width=head.frame_width, tile_height=head.frame_height, tiled=True,
                 samples=head.samples, dtype=dtype, encoding=encoding,
-                tiles=TileIndex(offsets, counts), source=source, path=head.path))
+                tiles=TileIndex(offsets, counts), source=source)
+            plane.path = head.path  # (its tile errors name the instance file, not the folder)
+            planes.append(plane)
             grids.append(grid)
         levels.append(multichannel_level(planes, channels) if ids else planes[0])
         if index == 0:

@@ -141,7 +141,7 @@ def level_from_page(source: ByteSource, index: int, page: tifffile.TiffPage,
                  downsample=(w0 / width + h0 / height) / 2.0,
                  tile_width=tile_width, tile_height=tile_height, tiled=tiled, samples=samples,
                  dtype=dtype, encoding=page_encoding(page, samples, planes, dtype),
-                 tiles=tables.index(page, planes), source=source, path="")  # (named by the opener)
+                 tiles=tables.index(page, planes), source=source)  # (its path: named by the opener)
 
 
 def associated_from_page(name: str, page: tifffile.TiffPage, tables: DeferredTables = EAGER) -> AssociatedImage:
