@@ -84,7 +84,7 @@ def layout(path: Path):
     from wsitool.formats.dicom.instance import read_instance
 
     inst = read_instance(str(path))
-    offsets, counts, _ = frame_table(inst, is_encapsulated(inst.transfer_syntax, inst.path))
+    offsets, counts, _ = frame_table(inst, is_encapsulated(inst.transfer_syntax))
     return inst.pixel_pos, [(int(o), int(c)) for o, c in zip(offsets, counts, strict=True)]
 
 

@@ -310,7 +310,7 @@ def fake_format() -> types.ModuleType:
     fmt = types.ModuleType("fake_format")
     fmt.NAME, fmt.READS_URLS, fmt.OPTIONS, fmt.calls = "FAKE", True, frozenset({"scene"}), []
 
-    def open_pyramid(path, source):
+    def open_pyramid(source):
         raise AssertionError("a placed format is opened with open_placed")
 
     def open_placed(place, source, options):
@@ -319,7 +319,7 @@ def fake_format() -> types.ModuleType:
             raise InvalidOptionError(f"{place.shown}: no scene {options['scene']}")
         data = place.open_sibling(source.read(len(FAKE_MAGIC), source.size).decode().strip())
         try:
-            pyramid = tiff.open_pyramid(data.path, data)  # (a local TIFF is read by its own name)
+            pyramid = tiff.open_pyramid(data)
         except BaseException:
             data.close()
             raise

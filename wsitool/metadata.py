@@ -45,13 +45,15 @@ class SlideMetadata:
     _properties: Mapping[str, str]
     _associated: AssociatedImages
 
-    def __init__(self, pyramid: model.Pyramid, decode: Callable[[AssociatedImage], np.ndarray]) -> None:
-        """Describe ``pyramid``; ``decode`` decodes one of its associated images (on first access)."""
+    def __init__(self, pyramid: model.Pyramid, decode: Callable[[AssociatedImage], np.ndarray],
+                 subject: str) -> None:
+        """Describe ``pyramid``; ``decode`` decodes one of its associated images (on first access),
+        whose errors name ``subject`` (the slide, as shown)."""
         self._pyramid = pyramid
         self.vendor = pyramid.vendor
         self.problems = list(pyramid.problems)
         self._properties = types.MappingProxyType(pyramid.properties)
-        self._associated = AssociatedImages(pyramid.associated, decode)
+        self._associated = AssociatedImages(pyramid.associated, decode, subject=subject)
         self._views = tuple(Level.of(lv, pyramid.levels[0], self.mpp) for lv in pyramid.levels)
 
     def _pyramid_open(self) -> model.Pyramid:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .ground.naming import attach
 from .storage import ByteSource
 
 __all__ = ["TileEncoding", "TileIndex", "Channel", "PyramidLevel", "LevelSizes", "Level", "AssociatedImage",
@@ -267,7 +268,10 @@ class PyramidLevel(LevelSizes):
         compression_problem: None, or why no decoder reads this level's tiles
             (``"unsupported compression 52479"``); reads then raise
             :class:`~wsitool.errors.UnsupportedFormatError`.
-        path: the slide's path (named in messages).
+        path: the file named in its tile errors (:class:`~wsitool.errors.TileDecodeError`):
+            ``""`` as a format makes it, then the slide as the opener names it
+            (:func:`wsitool.opening.open_location`), or the file a format names itself (a DICOM
+            level: its instance file).
         source: the :class:`~wsitool.storage.ByteSource` the tiles are read from.
         tiles: the :class:`TileIndex`; encoding: the :class:`TileEncoding`.
         channels: the :class:`Channel` s of a multi-channel (fluorescence) level,
@@ -286,7 +290,7 @@ class PyramidLevel(LevelSizes):
 
     def __init__(self, *, index: int, width: int, height: int, downsample: float,
                  tile_width: int, tile_height: int, tiled: bool, samples: int, dtype: np.dtype,
-                 encoding: TileEncoding, tiles: TileIndex, source: ByteSource, path: str,
+                 encoding: TileEncoding, tiles: TileIndex, source: ByteSource,
                  channels: tuple = (), planes: tuple | None = None, plane: int | None = None):
         self.index = index
         self.width = width
@@ -302,7 +306,7 @@ class PyramidLevel(LevelSizes):
         self.encoding = encoding
         self.tiles = tiles
         self.source = source
-        self.path = path
+        self.path = ""
         self.channels = tuple(channels)
         self.planes = None if planes is None else tuple(planes)
         self.plane = plane
@@ -323,12 +327,14 @@ class PyramidLevel(LevelSizes):
         order; checked by the caller): a new :class:`PyramidLevel` sharing the planes."""
         assert self.planes is not None
         planes = tuple(self.planes[k] for k in picked)
-        return PyramidLevel(index=self.index, width=self.width, height=self.height,
-                     downsample=self.downsample, tile_width=self.tile_width,
-                     tile_height=self.tile_height, tiled=self.tiled, samples=len(planes),
-                     dtype=self.dtype, encoding=self.encoding, tiles=planes[0].tiles,
-                     source=planes[0].source, path=self.path,
-                     channels=tuple(self.channels[k] for k in picked), planes=planes)
+        level = PyramidLevel(index=self.index, width=self.width, height=self.height,
+                             downsample=self.downsample, tile_width=self.tile_width,
+                             tile_height=self.tile_height, tiled=self.tiled, samples=len(planes),
+                             dtype=self.dtype, encoding=self.encoding, tiles=planes[0].tiles,
+                             source=planes[0].source, channels=tuple(self.channels[k] for k in picked),
+                             planes=planes)
+        level.path = self.path
+        return level
 
     def __repr__(self) -> str:
         return (
@@ -443,12 +449,13 @@ def multichannel_level(planes: Sequence[PyramidLevel], channels: Sequence[Channe
             raise ValueError(f"plane {p!r} differs from {first!r}")
     for k, p in enumerate(planes):
         p.plane = k
-    return PyramidLevel(index=first.index, width=first.width, height=first.height,
-                 downsample=first.downsample, tile_width=first.tile_width,
-                 tile_height=first.tile_height, tiled=first.tiled, samples=len(planes),
-                 dtype=first.dtype, encoding=dataclasses.replace(first.encoding, rgb_problem=None),
-                 tiles=first.tiles, source=first.source, path=first.path,
-                 channels=tuple(channels), planes=tuple(planes))
+    level = PyramidLevel(index=first.index, width=first.width, height=first.height,
+                         downsample=first.downsample, tile_width=first.tile_width,
+                         tile_height=first.tile_height, tiled=first.tiled, samples=len(planes),
+                         dtype=first.dtype, encoding=dataclasses.replace(first.encoding, rgb_problem=None),
+                         tiles=first.tiles, source=first.source, channels=tuple(channels), planes=tuple(planes))
+    level.path = first.path
+    return level
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -491,23 +498,31 @@ class AssociatedImages(Mapping[str, np.ndarray]):
     """Lazy read-only mapping of a pyramid's associated images: name -> ``(height, width, 3)``
     uint8 RGB array, each decoded on first access by ``decode(image)`` and kept.
 
-    The slide's ``decode`` holds what decoding needs (the path, byte source and lock), not the
+    The slide's ``decode`` holds what decoding needs (the byte source and lock), not the
     slide: a reference back would make the slide a reference cycle, whose levels and tile
     tables would then wait for a cyclic garbage collection after ``close`` (about 0.7 KiB per
     open and close of a small slide).  Reading an entry raises ``KeyError`` for an unknown
-    name, else what ``decode`` raises.
+    name, else what ``decode`` raises, with ``subject`` (the slide as messages name it)
+    attached (:func:`wsitool.ground.naming.attach`).
     """
 
-    def __init__(self, images: Mapping[str, AssociatedImage], decode: Callable[[AssociatedImage], np.ndarray]):
+    def __init__(self, images: Mapping[str, AssociatedImage], decode: Callable[[AssociatedImage], np.ndarray],
+                 subject: str | None = None):
         self._images = images
         self._decode = decode
+        self._subject = subject
         self._cache: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._images:
             raise KeyError(name)
         if name not in self._cache:
-            self._cache[name] = self._decode(self._images[name])
+            try:
+                self._cache[name] = self._decode(self._images[name])
+            except BaseException as exc:
+                if self._subject is not None:
+                    attach(exc, self._subject)
+                raise
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:

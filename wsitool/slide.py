@@ -48,8 +48,6 @@ __all__ = ["Level", "Slide", "open_slide", "pyramid_levels"]
 Pair = Sequence[int]
 #: Channels of a multi-channel read: an index or name, or a sequence of them.
 ChannelSelection = int | str | Sequence[int | str]
-
-
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
@@ -79,12 +77,11 @@ def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
         raise
 
 
-def _decode(path: str, source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
-    """Decode the associated image ``image`` of the slide at ``path`` (a slide without a source of
-    its own, a DICOM folder, has images with their own); see :func:`~wsitool.codec.associated.decode_associated`.
-    A slide's :class:`~wsitool.model.AssociatedImages` holds this function with the path, source and
-    lock bound, not the slide itself."""
-    return decode_associated(path, image, cast(ByteSource, source), lock)
+def _decode(source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
+    """Decode the associated image ``image`` of the slide whose source is ``source`` (a slide without a
+    source of its own, a DICOM folder, has images with their own); see
+    :func:`~wsitool.codec.associated.decode_associated`."""
+    return decode_associated(image, cast(ByteSource, source), lock)
 
 
 class Slide(SlideMetadata):
@@ -139,7 +136,8 @@ class Slide(SlideMetadata):
         self._open_stats = opened.open_stats
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()
-        super().__init__(opened.pyramid, functools.partial(_decode, self.path, self._source, self._lock))
+        # (the decoder holds the source and lock, not the slide; AssociatedImages names the slide)
+        super().__init__(opened.pyramid, functools.partial(_decode, self._source, self._lock), self.path)
         #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
         self._levels: tuple[model.PyramidLevel, ...] = opened.pyramid.levels
         self._icc: IccTransform | None = None  # built on the first color="icc" read

@@ -28,7 +28,7 @@ def test_dicom_and_unknown_files_are_refused_by_name(tmp_path):
 def test_tiff_pyramid_description(tmp_path, sample_jpeg):
     with LocalFile(sample_jpeg) as src:
         assert tiff.sniff(src.read(0, 4))
-        pyramid = tiff.open_pyramid(str(sample_jpeg), src)
+        pyramid = tiff.open_pyramid(src)
         try:
             assert isinstance(pyramid, Pyramid) and pyramid.vendor == "aperio"
             lv = pyramid.levels[0]
@@ -50,7 +50,7 @@ def test_planar_separate_level_has_one_segment_per_plane(tmp_path):
     img = np.random.default_rng(0).integers(0, 255, (3, 64, 96), np.uint8)
     tifffile.imwrite(path, img, tile=(32, 32), planarconfig="separate", photometric="rgb")
     with LocalFile(path) as src:
-        pyramid = tiff.open_pyramid(str(path), src)
+        pyramid = tiff.open_pyramid(src)
         lv = pyramid.levels[0]
         assert lv.tiles.planes == 3 and lv.encoding.codec == "generic"
         assert len(lv.tiles.offsets) == 3 * lv.tiles_across * lv.tiles_down

@@ -72,7 +72,7 @@ def test_deferred_tables_equal_what_tifffile_reads(path):
         pytest.skip(f"{path.name} is absent")
     source = LocalFile(path)
     try:
-        tables = scan(str(path), source)  # never raises for a broken file: tifffile's parse says why
+        tables = scan(source)  # never raises for a broken file: tifffile's parse says why
         try:
             tif, pages = _pages(path)
         except tifffile.TiffFileError:
@@ -94,7 +94,7 @@ def _same(image):
 
 def _pyramids(path):
     local, remote = LocalFile(path), RemoteLike(path)
-    eager, lazy = open_pyramid(str(path), local), open_pyramid(str(path), remote)
+    eager, lazy = open_pyramid(local), open_pyramid(remote)
     return local, remote, eager, lazy
 
 
@@ -106,7 +106,7 @@ def test_a_remote_parse_equals_the_local_one(path):
         local, remote, eager, lazy = _pyramids(path)
     except Exception as exc:  # a broken sample: the same error both ways
         with pytest.raises(type(exc)):
-            open_pyramid(str(path), RemoteLike(path))
+            open_pyramid(RemoteLike(path))
         return
     try:
         assert len(eager.levels) == len(lazy.levels)
@@ -143,11 +143,11 @@ def test_level_tables_load_on_first_use_only(tmp_path):
         tw.write(data, tile=(64, 64), subfiletype=0)
         tw.write(data[::2, ::2], tile=(64, 64), subfiletype=1)
     source = RemoteLike(path)
-    pyramid = open_pyramid(str(path), source)
+    pyramid = open_pyramid(source)
     try:
         levels = pyramid.levels
         assert [lv.tiles.loaded for lv in levels] == [False, False]
-        table = scan(str(path), source).table(levels[0].encoding.page.tags[324])
+        table = scan(source).table(levels[0].encoding.page.tags[324])
         assert table is not None and table.count == 32 * 32
         assert not _overlaps(source.log, table.offset, table.nbytes)  # level 0's offsets: never read
         before = len(source.log)
@@ -171,7 +171,7 @@ def test_subifds_bigtiff_and_byte_orders(tmp_path, bigtiff, order):
         tw.write(data[::4, ::4], tile=(32, 32), subfiletype=1, photometric="rgb")
     source = LocalFile(path)
     try:
-        tables = scan(str(path), source)
+        tables = scan(source)
         tif, pages = _pages(path)
         with tif:
             assert len(pages) == 3
@@ -199,7 +199,7 @@ def test_a_cyclic_chain_ends_the_walk(tmp_path):
     _chain_to_itself(path)
     source = LocalFile(path)
     try:
-        tables = scan(str(path), source)
+        tables = scan(source)
         assert len(tables) == 2  # offsets and byte counts of the one IFD, once
     finally:
         source.close()
@@ -210,26 +210,27 @@ def test_tables_past_the_end_and_ndpi_stay_eager(tmp_path):
     tifffile.imwrite(path, np.zeros((256, 256), np.uint8), tile=(16, 16))
     raw = path.read_bytes()
     cut = tmp_path / "cut.tif"
-    tables = scan(str(path), LocalFile(path))
+    tables = scan(LocalFile(path))
     first = min(t.offset for t in tables._tables.values())
     cut.write_bytes(raw[:first + 8])  # both tables now run past the end of the file
-    assert scan(str(cut), LocalFile(cut)) is EAGER
+    assert scan(LocalFile(cut)) is EAGER
     ndpi = tmp_path / "n.tif"
     tifffile.imwrite(ndpi, np.zeros((256, 256), np.uint8), tile=(16, 16), extratags=[(65420, 4, 1, 1, True)])
-    assert scan(str(ndpi), LocalFile(ndpi)) is EAGER
-    assert scan(str(path), LocalFile(tmp_path / "t.tif")) is not EAGER
+    assert scan(LocalFile(ndpi)) is EAGER
+    assert scan(LocalFile(tmp_path / "t.tif")) is not EAGER
 
 
 def test_a_table_cut_short_is_a_corrupt_file_error(tmp_path):
     path = tmp_path / "short.bin"
     path.write_bytes(bytes(100))
-    tables = DeferredTables("https://h/short.svs", LocalFile(path), {96: Table(96, "<u4", 4)})
+    tables = DeferredTables(LocalFile(path), {96: Table(96, "<u4", 4)})
 
     class Tag:
         code, valueoffset, count, dtype = 324, 96, 4, 4
 
-    with pytest.raises(CorruptFileError, match=r"https://h/short\.svs: tile table at byte 96"):
+    with pytest.raises(CorruptFileError, match=r"^tile table at byte 96") as raised:
         tables.values(Tag())
+    assert str(path) not in str(raised.value)  # (the facade that reads names the slide)
 
 
 def test_the_view_blanks_exactly_the_ranges_it_is_told(tmp_path):
@@ -278,9 +279,9 @@ def test_a_table_another_value_or_reading_shares_is_not_deferred(tmp_path):
     _classic_tiff(ok, [_tiled(1000, 1100)], {}, 4096)
     _classic_tiff(clash, [_tiled(1000, 1100, extra=[(270, 2, 16, 1000)])], {1000: b"a description\x00\x00\x00"}, 4096)
     _classic_tiff(mixed, [_tiled(1000, 1100), _tiled(1000, 1200, n=8, dtype=3)], {}, 4096)
-    assert {t.offset for t in scan(str(ok), LocalFile(ok))._tables.values()} == {1000, 1100}
-    assert {t.offset for t in scan(str(clash), LocalFile(clash))._tables.values()} == {1100}
-    assert {t.offset for t in scan(str(mixed), LocalFile(mixed))._tables.values()} == {1100, 1200}
+    assert {t.offset for t in scan(LocalFile(ok))._tables.values()} == {1000, 1100}
+    assert {t.offset for t in scan(LocalFile(clash))._tables.values()} == {1100}
+    assert {t.offset for t in scan(LocalFile(mixed))._tables.values()} == {1100, 1200}
 
 
 def test_many_subifd_lists_are_walked_in_bounded_memory(tmp_path):
@@ -294,7 +295,7 @@ def test_many_subifd_lists_are_walked_in_bounded_memory(tmp_path):
     path = tmp_path / "bomb.tif"
     _classic_tiff(path, [entries], {40000: struct.pack(f"<{n}I", *([8] * (n - 1) + [60000]))}, 80000)
     t = time.perf_counter()
-    scan(str(path), LocalFile(path))
+    scan(LocalFile(path))
     assert time.perf_counter() - t < 5
     walk = tables_mod._Walk(LocalFile(path), tables_mod._layout(path.read_bytes()[:16]))
     walk.run()
@@ -317,9 +318,9 @@ def test_a_tiled_associated_image_decodes_from_its_real_tables(tmp_path):
     try:
         assert "label" in eager.associated and "label" in lazy.associated
         import threading
-        got = decode_associated(str(path), lazy.associated["label"], remote, threading.Lock())
+        got = decode_associated(lazy.associated["label"], remote, threading.Lock())
         np.testing.assert_array_equal(np.asarray(got).reshape(label.shape), label)
-        np.testing.assert_array_equal(got, decode_associated(str(path), eager.associated["label"], local,
+        np.testing.assert_array_equal(got, decode_associated(eager.associated["label"], local,
                                                              threading.Lock()))
     finally:
         for p in (eager, lazy):

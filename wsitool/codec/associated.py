@@ -21,7 +21,6 @@ from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatErro
 from ..ground.bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
 from ..ground.color import to_rgb8
 from ..ground.limits import get_limits
-from ..ground.naming import about
 from ..ground.oserrors import raise_if_os_resource
 from ..model import AssociatedImage
 from ..storage import ByteSource
@@ -71,12 +70,11 @@ def _check_segments(where: str, image: AssociatedImage, source: ByteSource) -> N
             raise CorruptFileError(f"{where}: {problem}")
 
 
-def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
-                      lock: threading.Lock) -> np.ndarray:
-    """Decode ``image`` to a ``(height, width, 3)`` uint8 RGB array.
+def decode_associated(image: AssociatedImage, source: ByteSource, lock: threading.Lock) -> np.ndarray:
+    """Decode ``image`` to a ``(height, width, 3)`` uint8 RGB array.  Errors name the image,
+    not the slide: the caller does (the facade: :class:`~wsitool.model.AssociatedImages`).
 
     Args:
-        path: the slide's path (named in messages).
         image: the description from the format.
         source: the slide's byte source (the segment checks read through it);
             ``image.source`` instead where the image has its own.
@@ -93,22 +91,23 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
         WsiError: the image could not be decoded.
     """
     name = image.name
+    where = f"associated image {name!r}"
     enc = image.encoding
     if enc.rgb_problem:
-        raise UnsupportedFormatError(f"{path}: associated image {name!r}: {enc.rgb_problem}")
+        raise UnsupportedFormatError(f"{where}: {enc.rgb_problem}")
     h, w, s = image.height, image.width, image.samples
     lim = get_limits()
     if h * w > lim.max_region_pixels or h * w * s * image.itemsize > lim.max_region_bytes:
         raise ResourceLimitError(
-            f"{path}: associated image {name!r} is {w}x{h}x{s}, over the region limits "
+            f"{where} is {w}x{h}x{s}, over the region limits "
             f"({lim.max_region_pixels} pixels, {lim.max_region_bytes} bytes)"
         )
     source = image.source if image.source is not None else source
     if enc.page is None:  # each frame is checked as it is read (one read a frame)
-        arr = _decode_tiles(f"{path}: associated image {name!r}", image, source)
+        arr = _decode_tiles(where, image, source)
     else:
-        _check_segments(f"{path}: associated image {name!r}", image, source)
-        _check_page(path, name, enc.page, lim)
+        _check_segments(where, image, source)
+        _check_page(where, enc.page, lim)
         try:
             with lock, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -116,13 +115,12 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
         except WsiError:  # a remote source's failure, named as such (its own exit code)
             raise
         except Exception as exc:
-            with about(path):
-                raise_if_os_resource(exc)
-            raise WsiError(f"{path}: associated image {name!r} could not be decoded: {exc}") from None
+            raise_if_os_resource(exc)
+            raise WsiError(f"{where} could not be decoded: {exc}") from None
     arr = np.asarray(arr)
     if arr.size != h * w * s:
         raise CorruptFileError(
-            f"{path}: associated image {name!r} decoded to shape {arr.shape}, "
+            f"{where} decoded to shape {arr.shape}, "
             f"not the declared {w}x{h}x{s}"
         )
     arr = arr.reshape(s, h, w).transpose(1, 2, 0) if image.planar else arr.reshape(h, w, s)
@@ -130,19 +128,19 @@ def decode_associated(path: str, image: AssociatedImage, source: ByteSource,
     return np.ascontiguousarray(rgb)
 
 
-def _check_page(path: str, name: str, page, lim) -> None:
+def _check_page(where: str, page, lim) -> None:
     """Refuse what tifffile would decode as more than the one plane declared: a page with
     ImageDepth > 1 (SGI's tag 32997 for volumes: tifffile reads depth x height x width),
     or any page whose decoded array would pass the region limits."""
     depth = int(getattr(page, "imagedepth", 1) or 1)
     if depth != 1:
         raise UnsupportedFormatError(
-            f"{path}: associated image {name!r} declares ImageDepth {depth} (a volume); "
+            f"{where} declares ImageDepth {depth} (a volume); "
             "an associated image is one plane")
     nbytes = int(np.prod(page.shape, dtype=np.uint64)) * page.dtype.itemsize if page.dtype else 0
     if nbytes > lim.max_region_bytes:
         raise ResourceLimitError(
-            f"{path}: associated image {name!r} would decode to {nbytes} bytes, over the "
+            f"{where} would decode to {nbytes} bytes, over the "
             f"max_region_bytes limit ({lim.max_region_bytes})")
 
 

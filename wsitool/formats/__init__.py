@@ -2,7 +2,7 @@
 
 A format is a sub-package satisfying :class:`.contract.Format`: ``sniff(head:
 bytes) -> bool`` (its magic in the first :data:`HEAD_BYTES` bytes of the file)
-and ``open_pyramid(path, source) -> Pyramid``; it describes levels, tiles and
+and ``open_pyramid(source) -> Pyramid``; it describes levels, tiles and
 how each tile is encoded, and decodes nothing.  A format whose slides can be
 folders, bucket prefixes or DICOMweb series has the entry point of that kind too
 (:mod:`.contract`).  Which format opens a slide is the opener's choice

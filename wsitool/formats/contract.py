@@ -4,7 +4,8 @@ A format is a module (a sub-package of :mod:`wsitool.formats`) that the opener f
 registry (:mod:`wsitool.opening.opener`: :data:`~wsitool.opening.opener.BUILT_IN`, or
 :func:`~wsitool.opening.opener.register`) and that satisfies :class:`Format`: it recognises
 its files by their first bytes and describes one as a :class:`~wsitool.model.Pyramid`.  It
-decodes nothing.  The opener sorts the location once and calls, for each kind of location,
+decodes nothing, and raises without the slide's name (the opener attaches it to what leaves an
+entry point: :mod:`wsitool.ground.naming`).  The opener sorts the location once and calls, for each kind of location,
 the entry point that kind needs, of the first format that has it; a format has those of the
 kinds its slides come as:
 
@@ -63,9 +64,12 @@ class Format(Protocol):
         format's magic."""
         ...
 
-    def open_pyramid(self, path: str, source: ByteSource) -> Pyramid:
-        """The pyramid of the file ``path`` whose bytes ``source`` reads (``source`` stays
-        the caller's; what the format opens besides, ``Pyramid.release`` closes).
+    def open_pyramid(self, source: ByteSource) -> Pyramid:
+        """The pyramid of the file whose bytes ``source`` reads (``source`` stays the caller's;
+        what the format opens besides, ``Pyramid.release`` closes).  Its errors need not name
+        the file, nor its levels carry a ``path``: the opener names both
+        (:func:`wsitool.ground.naming.about`).  A format that finds more files beside it (a
+        DICOM series) takes the file's path from ``source.path``.
 
         Raises:
             UnsupportedFormatError: not this format after all, or a variant it does not read.

@@ -7,13 +7,16 @@ their key is present from the start (``in``, ``len()``, iteration and
 ``keys()`` read nothing), and the value is computed the first time it is asked
 for (``[key]``, ``get``, ``items()``, ``values()``, ``dict(...)``), once, under
 a lock, then kept.  A computation that fails raises to the caller and is tried
-again at the next access (nothing is cached).
+again at the next access (nothing is cached); its error names the slide (:attr:`~DeferredProperties.subject`,
+set by the opener: the format that computes it does not know the name).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
+
+from ..ground.naming import attach
 
 __all__ = ["DeferredProperties"]
 
@@ -25,7 +28,13 @@ class DeferredProperties(Mapping[str, str]):
         ready: the values known now (copied).
         deferred: key -> a function of no arguments returning that key's value;
             called on the first access of the key.  A key in both is deferred.
+
+    Attributes:
+        subject: the slide as messages name it, attached to what a computation raises
+            (:func:`wsitool.ground.naming.attach`); None: left as raised.
     """
+
+    subject: str | None = None
 
     def __init__(self, ready: Mapping[str, str], deferred: Mapping[str, Callable[[], str]]):
         self._values: dict[str, str] = {k: v for k, v in ready.items() if k not in deferred}
@@ -42,7 +51,12 @@ class DeferredProperties(Mapping[str, str]):
                 raise
         with self._lock:
             if key not in self._values:  # another thread may have computed it meanwhile
-                self._values[key] = self._pending[key]()
+                try:
+                    self._values[key] = self._pending[key]()
+                except BaseException as exc:
+                    if self.subject is not None:
+                        attach(exc, self.subject)
+                    raise
                 del self._pending[key]
             return self._values[key]
 

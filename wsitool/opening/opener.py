@@ -42,6 +42,7 @@ from ..codec import library as nvlib
 from ..errors import InvalidOptionError, UnsupportedFormatError
 from ..formats import HEAD_BYTES, dicom, tiff
 from ..formats.contract import FolderFormat, Format, PlacedFormat, PrefixFormat, SeriesFormat
+from ..formats.deferred import DeferredProperties
 from ..ground.naming import about
 from ..model import Pyramid
 from ..storage import ByteSource
@@ -153,6 +154,7 @@ def open_location(location: Location, format_options: Mapping[str, Any] | None =
     with about(location.shown):  # (the one place an open's errors get the slide's name)
         pyramid, source, fmt = opens(location, options)
     try:
+        _name(pyramid, location.shown)
         if not with_nv:
             for lv in pyramid.levels:
                 lv.encoding = nvlib.fallback_encoding(lv.encoding)
@@ -162,6 +164,18 @@ def open_location(location: Location, format_options: Mapping[str, Any] | None =
         OpenedSlide(location, pyramid, source, (), None, fmt).close()
         raise
     return OpenedSlide(location, pyramid, source, identity, stats, fmt)
+
+
+def _name(pyramid: Pyramid, shown: str) -> None:
+    """Name the slide ``shown`` in what the format left unnamed: the levels (and planes) without a
+    ``path`` of their own (tile errors name it: a DICOM level keeps its instance file's), and
+    the deferred properties (:attr:`wsitool.formats.deferred.DeferredProperties.subject`)."""
+    for lv in pyramid.levels:
+        for named in (lv, *(lv.planes or ())):
+            if not named.path:
+                named.path = shown
+    if isinstance(pyramid.properties, DeferredProperties):
+        pyramid.properties.subject = shown
 
 
 def _check_options(shown: str, what: str, accepted: frozenset[str], options: Mapping[str, Any]) -> None:
@@ -196,7 +210,7 @@ def _open_file(location: Location, options: dict[str, Any]) -> _Opened:
             _check_options(location.shown, f"the {fmt.NAME} format", accepted, options)
         if isinstance(fmt, PlacedFormat):
             return fmt.open_placed(location, source, options), source, fmt
-        return fmt.open_pyramid(location.shown, source), source, fmt
+        return fmt.open_pyramid(source), source, fmt
     except BaseException:
         source.close()
         raise

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...ground.naming import about
 from ...model import AssociatedImage, Channel, Pyramid, PyramidLevel, TileIndex, multichannel_level
 from ...storage import ByteSource, LocalFile
 from ...storage.prefix import MIN_OBJECT_BYTES, Prefix, PrefixObject
@@ -72,12 +73,13 @@ def sniff(head: bytes) -> bool:
     return is_dicom(head)
 
 
-def open_pyramid(path: str, source: ByteSource) -> Pyramid:
-    """Describe the DICOM WSI series that the file ``path`` (read by ``source``) belongs to.
+def open_pyramid(source: ByteSource) -> Pyramid:
+    """Describe the DICOM WSI series that the local file ``source.path`` (read by ``source``) belongs to.
 
-    ``source`` serves ``path``'s own instance and stays the caller's; the other
+    ``source`` serves the file's own instance and stays the caller's; the other
     instances of the series (found beside it) get sources of their own, closed
-    by the pyramid's ``release``.
+    by the pyramid's ``release``.  An error about one of those names its file; the
+    caller names the slide (:func:`wsitool.ground.naming.about`).
 
     Raises:
         UnsupportedFormatError: not a whole-slide image, no VOLUME instance, a
@@ -85,8 +87,8 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
         CorruptFileError: unreadable header, truncated Pixel Data, offset tables
             or Total Pixel Matrix inconsistent with the frames.
     """
-    instances, problems = series_of_file(path)
-    return _assemble(path, instances, problems, (path, source))
+    instances, problems = series_of_file(source.path)
+    return _assemble(instances, problems, source)
 
 
 def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyramid:
@@ -107,7 +109,7 @@ def open_dicomweb(url: SeriesUrl, storage_options: dict | None = None) -> Pyrami
     except BaseException:
         client.close()
         raise
-    return _assemble(url.shown, instances, problems, None, sources=sources, tables=frames_table)
+    return _assemble(instances, problems, None, sources=sources, tables=frames_table)
 
 
 def open_folder(path: str) -> Pyramid | None:
@@ -122,7 +124,7 @@ def open_folder(path: str) -> Pyramid | None:
     if not files:
         return None
     instances, problems = series_of_folder(path, files)
-    return _assemble(path, instances, problems, None)
+    return _assemble(instances, problems, None)
 
 
 def open_prefix(prefix: Prefix) -> Pyramid | None:
@@ -164,7 +166,7 @@ def open_prefix(prefix: Prefix) -> Pyramid | None:
             raise found
         return found if found is not None else _file_table(inst)
 
-    return _assemble(prefix.shown, instances, problems, None, sources=sources, tables=table)
+    return _assemble(instances, problems, None, sources=sources, tables=table)
 
 
 #: an object's frame table, or the error computing it raised (raised when the table is used)
@@ -224,8 +226,8 @@ class _SourcesLike(Protocol):
     files) or the DICOMweb reader's frame sources (:mod:`.web`)."""
 
     @property
-    def given(self) -> tuple[str, ByteSource] | None:
-        """``(path, source)`` of the file the caller opened (its source stays the caller's), or None."""
+    def given(self) -> ByteSource | None:
+        """The source of the file the caller opened (at its ``path``; it stays the caller's), or None."""
 
     def of(self, paths: list[str]) -> ByteSource:
         """The byte source of the instance at ``paths`` (the parts of a concatenation)."""
@@ -241,7 +243,7 @@ _Tables = Callable[[Instance], tuple[np.ndarray, np.ndarray, str]]
 class _Sources:
     """The byte sources of one pyramid: the caller's for its own file, new ones for the others."""
 
-    def __init__(self, given: tuple[str, ByteSource] | None):
+    def __init__(self, given: ByteSource | None):
         self.given = given
         self.opened: list[ByteSource] = []
         self._files: dict[str, ByteSource] = {}  # one source per file (channels share an instance)
@@ -256,10 +258,8 @@ class _Sources:
         return span
 
     def _one(self, path: str) -> ByteSource:
-        if self.given is not None:
-            gpath, gsource = self.given
-            if os.path.abspath(path) == os.path.abspath(gpath):
-                return gsource
+        if self.given is not None and os.path.abspath(path) == os.path.abspath(self.given.path):
+            return self.given
         key = os.path.abspath(path)
         if key in self._files:
             return self._files[key]
@@ -304,22 +304,23 @@ class _ObjectSources(_Sources):
 
 
 def _file_table(inst: Instance) -> tuple[np.ndarray, np.ndarray, str]:
-    """The frames of a local instance: :func:`frame_table` of its file."""
-    return frame_table(inst, is_encapsulated(inst.transfer_syntax, inst.path))
+    """The frames of a local instance: :func:`frame_table` of its file (its errors name it)."""
+    with about(inst.path):
+        return frame_table(inst, is_encapsulated(inst.transfer_syntax))
 
 
-def _assemble(path: str, instances: list[Instance], problems: list[str],
-              given: tuple[str, ByteSource] | None, sources: _SourcesLike | None = None,
-              tables: _Tables = _file_table) -> Pyramid:
-    """The pyramid of ``instances``.  ``sources`` (``.of(paths)``, ``.close()``, ``.given``)
-    and ``tables`` (instance -> ``(offsets, counts, table name)``) default to local files;
-    the DICOMweb reader (:mod:`.web`) gives its own (frames fetched by number)."""
+def _assemble(instances: list[Instance], problems: list[str], given: ByteSource | None,
+              sources: _SourcesLike | None = None, tables: _Tables = _file_table) -> Pyramid:
+    """The pyramid of ``instances`` (``given``: the source of the file the caller opened, or
+    None).  ``sources`` (``.of(paths)``, ``.close()``, ``.given``) and ``tables`` (instance ->
+    ``(offsets, counts, table name)``) default to local files; the DICOMweb reader (:mod:`.web`)
+    gives its own (frames fetched by number)."""
     if sources is None:
         sources = _Sources(given)
     try:
         with warnings.catch_warnings():  # pydicom's value-length warnings on lazy conversion
             warnings.simplefilter("ignore")
-            return _describe(path, instances, problems, sources, tables)
+            return _describe(instances, problems, sources, tables)
     except WsiError:
         sources.close()
         raise
@@ -328,7 +329,7 @@ def _assemble(path: str, instances: list[Instance], problems: list[str],
         raise
     except Exception as exc:  # a malformed attribute value pydicom converts late
         sources.close()
-        raise CorruptFileError(f"{path}: malformed DICOM attributes: {type(exc).__name__}: {exc}") from None
+        raise CorruptFileError(f"malformed DICOM attributes: {type(exc).__name__}: {exc}") from None
     except BaseException:
         sources.close()
         raise
@@ -356,16 +357,15 @@ def _path_ids(inst: Instance) -> list[str]:
     return [str(item.get("OpticalPathIdentifier", "")) for item in (inst.ds.get("OpticalPathSequence") or [])]
 
 
-def _pick_volumes(path: str, instances: list[Instance],
-                  given: tuple[str, ByteSource] | None) -> list[Instance]:
+def _pick_volumes(instances: list[Instance], given: ByteSource | None) -> list[Instance]:
     """The VOLUME instances of the pyramid read: the opened file's (else the largest's)
     Study and Pyramid UIDs, and its first optical path unless read as channels."""
     volumes = [i for i in instances if i.flavor == "VOLUME"]
     if not volumes:
         kinds = sorted({i.flavor for i in instances})
-        raise UnsupportedFormatError(f"{path}: the DICOM series has no VOLUME instance "
+        raise UnsupportedFormatError(f"the DICOM series has no VOLUME instance "
                                      f"(only {', '.join(kinds)})")
-    own = next((i for i in volumes if given is not None and i.path == given[0]), None)
+    own = next((i for i in volumes if given is not None and i.path == given.path), None)
     anchor = own or max(volumes, key=lambda i: i.width * i.height)
     # Frame of Reference UIDs are not compared: Google's wsi2dcm gives every
     # level its own (the shared CMU-1 series), and OpenSlide accepts that too.
@@ -403,16 +403,16 @@ def _first_frame(source: ByteSource, offsets: np.ndarray, counts: np.ndarray) ->
     return source.read(int(offsets[k]), min(int(counts[k]), 65536))
 
 
-def _describe(path: str, instances: list[Instance], problems: list[str], sources: _SourcesLike,
+def _describe(instances: list[Instance], problems: list[str], sources: _SourcesLike,
               tables: _Tables = _file_table) -> Pyramid:
     """The pyramid of the series' ``instances``: its levels (:func:`_pick_volumes`, one
     image per size, or per size and optical path for a series read as channels), the
     associated images and the properties."""
-    volumes = _pick_volumes(path, instances, sources.given)
+    volumes = _pick_volumes(instances, sources.given)
     images = sorted(_images(volumes, tables), key=lambda im: -(im.head.width * im.head.height))
     items = _path_items(images) if _multichannel(volumes) else []
     ids = [str(item.get("OpticalPathIdentifier", "")) for item in items]
-    kept = _level_groups(path, images, ids, problems)
+    kept = _level_groups(images, ids, problems)
     head0 = kept[0][0][0].head
     channels = path_channels(items, head0.bits_stored) if ids else []
     levels, notes = _build_levels(kept, ids, channels, sources)
@@ -435,7 +435,7 @@ def _describe(path: str, instances: list[Instance], problems: list[str], sources
 _Group = list[tuple[Image, int]]
 
 
-def _level_groups(path: str, images: list[Image], ids: list[str], problems: list[str]) -> list[_Group]:
+def _level_groups(images: list[Image], ids: list[str], problems: list[str]) -> list[_Group]:
     """Per size, largest first (``images`` are sorted so): the images of that size; each
     optical path of ``ids`` from the first image holding it (with no ``ids``: the first
     image).  Passed-over images, and levels without every optical path, are reported in
@@ -475,7 +475,7 @@ def _level_groups(path: str, images: list[Image], ids: list[str], problems: list
             problems.append(f"passed over the {size[0]}x{size[1]} level: {len(group)} of the "
                             f"{len(ids)} optical paths")
     if not complete:
-        raise UnsupportedFormatError(f"{path}: no level of the DICOM series holds all "
+        raise UnsupportedFormatError(f"no level of the DICOM series holds all "
                                      f"{len(ids)} optical paths")
     return complete
 
@@ -494,12 +494,14 @@ def _build_levels(kept: list[_Group], ids: list[str], channels: list[Channel],
             offsets, counts, grid = tile_grid(image, path_index)
             source = sources.of([p.path for p in image.parts])
             encoding, dtype = frame_encoding(head, _first_frame(source, offsets, counts))
-            planes.append(PyramidLevel(
+            plane = PyramidLevel(
                 index=index, width=head.width, height=head.height,
                 downsample=(w0 / head.width + h0 / head.height) / 2.0,
                 tile_width=head.frame_width, tile_height=head.frame_height, tiled=True,
                 samples=head.samples, dtype=dtype, encoding=encoding,
-                tiles=TileIndex(offsets, counts), source=source, path=head.path))
+                tiles=TileIndex(offsets, counts), source=source)
+            plane.path = head.path  # (its tile errors name the instance file, not the folder)
+            planes.append(plane)
             grids.append(grid)
         levels.append(multichannel_level(planes, channels) if ids else planes[0])
         if index == 0:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...errors import UnsupportedFormatError
 from ...ground.bitstream import ADOBE_RGB_MARKER, SOF_MARKERS, SOI, jpeg_segments
+from ...ground.naming import about
 from ...model import TileEncoding
 from .instance import Instance
 
@@ -65,7 +66,7 @@ _PHOTOMETRIC = {
 _JPEG_BASELINE = "1.2.840.10008.1.2.4.50"
 
 
-def is_encapsulated(transfer_syntax: str, path: str) -> bool:
+def is_encapsulated(transfer_syntax: str) -> bool:
     """True for a compressed (encapsulated) transfer syntax, False for native.
 
     Raises:
@@ -81,7 +82,7 @@ def is_encapsulated(transfer_syntax: str, path: str) -> bool:
         why = "a deflated data set cannot be read frame by frame"
     else:
         why = "unsupported transfer syntax"
-    raise UnsupportedFormatError(f"{path}: transfer syntax {transfer_syntax}: {why}")
+    raise UnsupportedFormatError(f"transfer syntax {transfer_syntax}: {why}")
 
 
 def jpeg_markers(frame: bytes) -> tuple[bool, int | None]:
@@ -111,7 +112,8 @@ def frame_encoding(inst: Instance, first_frame: bytes | None) -> tuple[TileEncod
         UnsupportedFormatError: a transfer syntax or sample layout wsitool does not read.
     """
     ts = inst.transfer_syntax
-    encapsulated = is_encapsulated(ts, inst.path)
+    with about(inst.path):
+        encapsulated = is_encapsulated(ts)
     bits = inst.bits_allocated
     if bits not in (8, 16, 32):
         raise UnsupportedFormatError(f"{inst.path}: {bits}-bit samples are not supported")

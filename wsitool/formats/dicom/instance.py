@@ -5,8 +5,9 @@ pydicom parses the data set with ``stop_before_pixels`` (PS3.10 7: preamble,
 Pixel Data element's tag, whose position is kept so that :mod:`.frames` finds
 the frames without reading them.  Everything the pyramid needs is taken from
 the header here, inside one guard, so a malformed attribute value (pydicom
-converts values lazily) becomes :class:`~wsitool.errors.CorruptFileError`
-naming the file, never a stray exception.
+converts values lazily) becomes :class:`~wsitool.errors.CorruptFileError`,
+never a stray exception.  The checks raise without the file's name; :func:`read_instance`,
+which opens the file, attaches it (:func:`wsitool.ground.naming.about`).
 
 Facts used (PS3.3):
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM file is
     from pydicom.dataset import Dataset
 
 from ...errors import CorruptFileError, UnsupportedFormatError, WsiError
+from ...ground.naming import about
 from ...storage import ByteSource, SourceFile
 from ...storage.local import open_regular
 
@@ -130,18 +132,20 @@ def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:
 
 def read_instance(path: str, source: ByteSource | None = None) -> Instance:
     """Read the header of the DICOM file ``path`` (pixel data not read); through ``source``
-    where given (a remote object: ``path`` then only names it), else from the file.
+    where given (a remote object: ``path`` then only names it, as :attr:`Instance.path`), else
+    from the file.  The one place a DICOM file of a slide is opened: its errors name ``path``
+    (:func:`wsitool.ground.naming.about`; the checks below raise without it).
 
     Raises:
         UnsupportedFormatError: not a DICOM file, or not a VL Whole Slide
             Microscopy image (another SOP class), or a pixel layout wsitool does
             not read (no Pixel Data element).
         CorruptFileError: the header is unreadable or an attribute the pyramid
-            needs is missing or malformed (message names the file and the cause).
+            needs is missing or malformed (message names the cause).
     """
     import pydicom  # loaded with the first DICOM file (DESIGN: the DICOM library is imported lazily)
 
-    with open_bytes(path, source) as fp:  # FileNotFoundError, PermissionError pass through
+    with about(path), open_bytes(path, source) as fp:  # FileNotFoundError, PermissionError pass through
         fp.seek(0, 2)
         file_size = fp.tell()
         fp.seek(0)
@@ -150,37 +154,38 @@ def read_instance(path: str, source: ByteSource | None = None) -> Instance:
                 warnings.simplefilter("ignore")
                 ds = pydicom.dcmread(fp, stop_before_pixels=True)
                 pixel_pos = fp.tell()
-                inst = _describe(path, ds, pixel_pos, file_size)
-                inst.source = source
-                return inst
-        except WsiError as exc:
-            message = str(exc)
-            if not message.startswith(path):
-                message = f"{path}: {message}"
-            raise type(exc)(message) from None
+                return Instance(path=path, ds=ds, pixel_pos=pixel_pos, file_size=file_size,
+                                source=source, **_describe(ds))
+        except WsiError:
+            raise
         except Exception as exc:  # pydicom's many ways (OSError included) of finding a header broken
-            raise CorruptFileError(
-                f"{path}: unreadable DICOM header: {type(exc).__name__}: {exc}"
-            ) from None
+            raise CorruptFileError(f"unreadable DICOM header: {type(exc).__name__}: {exc}") from None
 
 
 def instance_from_dataset(path: str, ds: Dataset, file_size: int) -> Instance:
     """The :class:`Instance` of a header that did not come from a file (DICOMweb metadata):
-    ``ds`` must carry ``file_meta.TransferSyntaxUID``; ``path`` names it in messages and
-    ``file_size`` is the size of the address space its frames are read from.
+    ``ds`` must carry ``file_meta.TransferSyntaxUID``; ``path`` names it (:attr:`Instance.path`)
+    and ``file_size`` is the size of the address space its frames are read from.  Errors do not
+    name it: the caller does.
 
     Raises:
         UnsupportedFormatError, CorruptFileError: as :func:`read_instance`.
     """
     try:
-        return _describe(path, ds, 0, file_size)
-    except WsiError as exc:
-        raise type(exc)(f"{path}: {exc}") from None
+        return Instance(path=path, ds=ds, pixel_pos=0, file_size=file_size, **_describe(ds))
+    except WsiError:
+        raise
     except Exception as exc:  # a malformed value pydicom converts late
-        raise CorruptFileError(f"{path}: malformed DICOM attributes: {type(exc).__name__}: {exc}") from None
+        raise CorruptFileError(f"malformed DICOM attributes: {type(exc).__name__}: {exc}") from None
 
 
-def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instance:
+def _describe(ds: Dataset) -> dict[str, Any]:
+    """The :class:`Instance` fields the data set ``ds`` gives (all but ``path``, ``ds``,
+    ``pixel_pos``, ``file_size`` and ``source``).
+
+    Raises:
+        UnsupportedFormatError, CorruptFileError: as :func:`read_instance`.
+    """
     meta = getattr(ds, "file_meta", None)
     sop = str(ds.get("SOPClassUID", "") or (meta.get("MediaStorageSOPClassUID", "") if meta else ""))
     if sop != WSI_SOP_CLASS:
@@ -213,9 +218,8 @@ def _describe(path: str, ds: Dataset, pixel_pos: int, file_size: int) -> Instanc
     if samples not in (1, 3, 4) or bits not in (1, 8, 16, 32):
         raise UnsupportedFormatError(f"{samples} samples of {bits} bits per pixel")
     concat = str(ds.get("ConcatenationUID", "") or "")
-    return Instance(
-        path=path, ds=ds, pixel_pos=pixel_pos, file_size=file_size, transfer_syntax=ts,
-        implicit_vr=bool(implicit), flavor=flavor,
+    return dict(
+        transfer_syntax=ts, implicit_vr=bool(implicit), flavor=flavor,
         has_image_type=bool(values), width=width, height=height, frame_width=cols,
         frame_height=rows, frames=frames, samples=samples, bits_allocated=bits,
         bits_stored=_int(ds, "BitsStored", bits), signed=_int(ds, "PixelRepresentation", 0) == 1,

@@ -7,7 +7,8 @@ folder, "DICM" at byte 128) whose Series Instance UID is the file's.  Opening
 a folder opens the one series it holds; a folder holding several series is
 an error naming them.  Files beside that are not DICOM, not whole-slide images,
 or of other series are passed over; a sibling of the series whose header is
-unreadable is passed over and reported (``problems``).
+unreadable is passed over and reported (``problems``) by the error reading it, which names
+it (:func:`~.instance.read_instance`); the opener names the slide.
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def series_of_file(path: str) -> tuple[list[Instance], list[str]]:
             inst = read_instance(other)
         except UnsupportedFormatError:
             continue
-        except (CorruptFileError, OSError) as exc:
+        except CorruptFileError as exc:
+            problems.append(f"passed over {exc}")  # (it names the file)
+            continue
+        except OSError as exc:
             problems.append(f"passed over {other}: {exc}")
             continue
         if inst.series == own.series:
@@ -109,8 +113,8 @@ class Holder:
 def one_series(where: str, reads: list[tuple[str, Instance | WsiError]],
                holder: Holder) -> tuple[list[Instance], list[str]]:
     """The instances of the one WSI series among ``reads`` (each DICOM file of ``where``, a
-    folder or a bucket prefix, with its header or the error reading it), and problems: the
-    rule a folder and a prefix share.  Files that are not whole-slide images are passed
+    folder or a bucket prefix, with its header or the error reading it, which names the file),
+    and problems: the rule a folder and a prefix share.  Files that are not whole-slide images are passed
     over; unreadable ones are passed over and reported.
 
     Raises:
@@ -121,9 +125,9 @@ def one_series(where: str, reads: list[tuple[str, Instance | WsiError]],
     by_series: dict[str, list[Instance]] = {}
     problems: list[str] = []
     first_error: WsiError | None = None
-    for path, read in reads:
+    for _, read in reads:
         if isinstance(read, CorruptFileError):
-            problems.append(f"passed over {path}: {read}")
+            problems.append(f"passed over {read}")
             first_error = read if not isinstance(first_error, CorruptFileError) else first_error
             continue
         if isinstance(read, WsiError):

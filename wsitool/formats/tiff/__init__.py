@@ -55,11 +55,13 @@ def sniff(head: bytes) -> bool:
     return head[:4] in _MAGIC
 
 
-def open_pyramid(path: str, source: ByteSource) -> Pyramid:
-    """Describe the TIFF at ``path`` (whose bytes ``source`` reads) as a :class:`~wsitool.model.Pyramid`.
+def open_pyramid(source: ByteSource) -> Pyramid:
+    """Describe the TIFF whose bytes ``source`` reads as a :class:`~wsitool.model.Pyramid`.
 
     What tifffile logs while parsing (an IFD offset past the end of the file, a
-    tag it could not read) becomes ``Pyramid.problems``.
+    tag it could not read) becomes ``Pyramid.problems``.  Errors do not name the file: the
+    opener attaches its name (:func:`wsitool.ground.naming.about`), and the levels' ``path``
+    (named in tile errors) is left empty for it to fill.
 
     Raises:
         UnsupportedFormatError: not a TIFF, or no image usable as a level.
@@ -67,11 +69,11 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     """
     head = source.read(0, 4)
     if not sniff(head):
-        raise UnsupportedFormatError(f"{path}: not a TIFF file (unsupported format; header {head[:4]!r})")
+        raise UnsupportedFormatError(f"not a TIFF file (unsupported format; header {head[:4]!r})")
     # a source whose metadata reads are requests (remote) defers the tile tables to their
     # level's first read (.tables); tifffile parses through the file its source gives (a
     # remote one: a view of its block cache, never a read-ahead of its own)
-    tables = scan(path, source) if source.defer_metadata else EAGER
+    tables = scan(source) if source.defer_metadata else EAGER
     with tifffile_messages() as messages:
         fh = source.open_file(blank=tables.blank)
         try:
@@ -81,14 +83,14 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
                 pages = list(tiff.pages)
         except tifffile.TiffFileError as exc:
             fh.close()
-            raise CorruptFileError(f"{path}: unreadable TIFF structure: {exc}") from None
+            raise CorruptFileError(f"unreadable TIFF structure: {exc}") from None
         except MALFORMED as exc:
             fh.close()
             raise_if_os_resource(exc)  # EMFILE, ENOMEM, EIO: the machine's, not the file's
             # tifffile trusts tag types and counts; a tag of the wrong type or
             # count surfaces as TypeError/ValueError/... deep inside it.
             raise CorruptFileError(
-                f"{path}: unreadable TIFF structure: {type(exc).__name__}: {exc}"
+                f"unreadable TIFF structure: {type(exc).__name__}: {exc}"
             ) from None
         except BaseException:
             fh.close()
@@ -99,14 +101,14 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
             fh.close()
 
         try:
-            pyramid = _describe(path, source, tiff, pages, tables)
+            pyramid = _describe(source, tiff, pages, tables)
         except WsiError:
             release()
             raise
         except MALFORMED as exc:
             release()
             raise_if_os_resource(exc)
-            raise CorruptFileError(f"{path}: malformed TIFF tags: {type(exc).__name__}: {exc}") from None
+            raise CorruptFileError(f"malformed TIFF tags: {type(exc).__name__}: {exc}") from None
         except BaseException:
             release()
             raise
@@ -115,7 +117,7 @@ def open_pyramid(path: str, source: ByteSource) -> Pyramid:
     return pyramid
 
 
-def _candidates(path: str, pages: list[Any]) -> list[tuple[tifffile.TiffPage, int]]:
+def _candidates(pages: list[Any]) -> list[tuple[tifffile.TiffPage, int]]:
     """Every IFD and SubIFD as ``(page, index of its top-level IFD)``."""
     candidates: list[tuple[tifffile.TiffPage, int]] = []
     for i, page in enumerate(pages):
@@ -130,11 +132,11 @@ def _candidates(path: str, pages: list[Any]) -> list[tuple[tifffile.TiffPage, in
                         if isinstance(sub, tifffile.TiffPage):
                             candidates.append((sub, i))
             except Exception as exc:
-                raise CorruptFileError(f"{path}: unreadable SubIFD: {exc}") from None
+                raise CorruptFileError(f"unreadable SubIFD: {exc}") from None
     return candidates
 
 
-def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
+def _describe(source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
               tables: DeferredTables) -> Pyramid:
     """The pyramid of the parsed TIFF ``tiff`` (its top-level ``pages``; the tile tables
     ``tables`` left unread): the vendor, then the levels and associated images its rules
@@ -142,12 +144,12 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     if not pages:
         # TIFF 6.0 section 2 requires at least one IFD; none readable means a
         # truncated file or a first-IFD offset pointing nowhere.
-        raise CorruptFileError(f"{path}: no readable image file directory (truncated or corrupt TIFF)")
+        raise CorruptFileError("no readable image file directory (truncated or corrupt TIFF)")
     first_desc = description(pages[0])
     vendor = _vendor(tiff, first_desc)
-    associated_pages, pool = _sort_pages(path, source, tiff, pages, vendor)
+    associated_pages, pool = _sort_pages(source, tiff, pages, vendor)
     problems: list[str] = []
-    base, levels = _levels(path, source, pool, vendor, problems, tables)
+    base, levels = _levels(source, pool, vendor, problems, tables)
     vendor_props: dict[str, str] = {}
     mpp_x, mpp_y, objective = _vendor_metadata(vendor, first_desc, tiff, pages, source, vendor_props)
     properties = build_properties(vendor, base, levels, vendor_props, (mpp_x, mpp_y), objective)
@@ -156,7 +158,7 @@ def _describe(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: lis
     _thumbnail_profile(vendor, associated, profile)
     _openslide_structure_properties(properties, profile, associated)
     return Pyramid(vendor=vendor, levels=levels, associated=associated,
-                   properties=with_quickhash(path, tiff, pages, source, properties, tables.values),  # read on first use
+                   properties=with_quickhash(tiff, pages, source, properties, tables.values),  # read on first use
                    color_profile=profile, problems=problems)
 
 
@@ -174,7 +176,7 @@ def _vendor(tiff: tifffile.TiffFile, first_desc: str) -> str:
     return "generic-tiff"
 
 
-def _sort_pages(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
+def _sort_pages(source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
                 vendor: str) -> tuple[dict[str, tifffile.TiffPage], list[tifffile.TiffPage]]:
     """``(associated images by name, the pages left for the level rule)`` of every IFD and
     SubIFD, after the checks of each (:func:`.tags.check_page`, NDPI's McuStarts); empty
@@ -184,16 +186,16 @@ def _sort_pages(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: l
         CorruptFileError: a broken IFD, or no level and an image of zero width or height.
         UnsupportedFormatError: no image usable as a slide level.
     """
-    candidates = _candidates(path, pages)
+    candidates = _candidates(pages)
     associated_pages: dict[str, tifffile.TiffPage] = {}
     pool: list[tifffile.TiffPage] = []
     ome_other = ome.other_images(tiff) if vendor == "ome-tiff" else {}
     for page, top_index in candidates:
         if vendor == "hamamatsu":
-            ndpi.check_page(path, page, source.size)  # first: tifffile made the segments of McuStarts
+            ndpi.check_page(page, source.size)  # first: tifffile made the segments of McuStarts
             if ndpi.is_map(page):  # the focus map: not shown by OpenSlide
                 continue
-        check_page(path, page, top_index)
+        check_page(page, top_index)
         if page.imagewidth <= 0 or page.imagelength <= 0:
             continue
         if int(page.subfiletype) & FILETYPE.MASK:  # transparency mask
@@ -211,21 +213,21 @@ def _sort_pages(path: str, source: ByteSource, tiff: tifffile.TiffFile, pages: l
             pool.append(page)
     if not pool:
         if any(p.imagewidth <= 0 or p.imagelength <= 0 for p, _ in candidates):
-            raise CorruptFileError(f"{path}: image has zero width or height")
-        raise UnsupportedFormatError(f"{path}: no image usable as a slide level")
+            raise CorruptFileError("image has zero width or height")
+        raise UnsupportedFormatError("no image usable as a slide level")
     return associated_pages, pool
 
 
-def _levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage], vendor: str,
+def _levels(source: ByteSource, pool: list[tifffile.TiffPage], vendor: str,
             problems: list[str], tables: DeferredTables) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
     """``(level 0's page, the levels)`` the level rule (:mod:`.levels`; QPTIFF's channel
     pages, :func:`_qptiff_levels`) picks from ``pool``, with NDPI's scaled levels."""
     if vendor == "qptiff":
-        return _qptiff_levels(path, source, pool, problems, tables)
+        return _qptiff_levels(source, pool, problems, tables)
     chosen = choose_levels(pool)
     base = chosen[0]
     base_size = (int(base.imagewidth), int(base.imagelength))
-    levels = tuple(level_from_page(path, source, i, page, base_size, tables) for i, page in enumerate(chosen))
+    levels = tuple(level_from_page(source, i, page, base_size, tables) for i, page in enumerate(chosen))
     if vendor == "hamamatsu":  # OpenSlide's levels made by scaled JPEG decoding (see .ndpi_scaled)
         levels = ndpi_scaled.with_scaled_levels(levels, base_size)
     return base, levels
@@ -257,7 +259,7 @@ def _thumbnail_profile(vendor: str, associated: dict[str, AssociatedImage], prof
         associated["thumbnail"] = dataclasses.replace(thumb, color_profile=profile)
 
 
-def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage], problems: list[str],
+def _qptiff_levels(source: ByteSource, pool: list[tifffile.TiffPage], problems: list[str],
                    tables: DeferredTables) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
     """``(level 0's page, levels)`` of a QPTIFF's channel pages (:mod:`.qptiff`): the pages of
     one size, in file order, are the channels of one level, largest size first; a size with
@@ -280,14 +282,14 @@ def _qptiff_levels(path: str, source: ByteSource, pool: list[tifffile.TiffPage],
                             f"{count} channel(s)")
             continue
         index = len(levels)
-        planes = [level_from_page(path, source, index, page, base_size, tables) for page in pages]
+        planes = [level_from_page(source, index, page, base_size, tables) for page in pages]
         if count == 1:
             levels.append(planes[0])
             continue
         first = planes[0]
         if any((p.samples, p.dtype, p.tile_width, p.tile_height) !=
                (1, first.dtype, first.tile_width, first.tile_height) for p in planes):
-            raise UnsupportedFormatError(f"{path}: QPTIFF channel pages of {size[0]}x{size[1]} differ in "
+            raise UnsupportedFormatError(f"QPTIFF channel pages of {size[0]}x{size[1]} differ in "
                                          "samples, sample type or tile size")
         levels.append(multichannel_level(planes, channels))
     return base, tuple(levels)

@@ -95,12 +95,12 @@ def page_encoding(page: tifffile.TiffPage, samples: int, planes: int, dtype: np.
     )
 
 
-def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.TiffPage,
+def level_from_page(source: ByteSource, index: int, page: tifffile.TiffPage,
                     base_size: tuple[int, int], tables: DeferredTables = EAGER) -> PyramidLevel:
     """The :class:`~wsitool.model.PyramidLevel` of one IFD.
 
     Args:
-        path: the slide's path (for messages); source: its byte source.
+        source: the slide's byte source.
         index: the level number; page: the IFD.
         base_size: ``(width, height)`` of level 0 in pixels.
         tables: the tile tables tifffile left unread (:mod:`.tables`): the level's
@@ -119,29 +119,29 @@ def level_from_page(path: str, source: ByteSource, index: int, page: tifffile.Ti
         rps = int(page.rowsperstrip or height)
         tile_width, tile_height = width, max(1, min(rps, height))
     if tile_width <= 0 or tile_height <= 0:
-        raise CorruptFileError(f"{path}: level {index} has a zero tile size")
+        raise CorruptFileError(f"level {index} has a zero tile size")
     samples = int(page.samplesperpixel)
     dtype = np.dtype(page.dtype).newbyteorder("=") if page.dtype is not None else None
     if dtype is None:
         raise UnsupportedFormatError(
-            f"{path}: level {index}: unsupported sample format "
+            f"level {index}: unsupported sample format "
             f"({page.bitspersample} bits, SampleFormat {page.sampleformat})"
         )
     if page.imagedepth > 1:
-        raise UnsupportedFormatError(f"{path}: level {index}: volumetric TIFF (ImageDepth > 1)")
+        raise UnsupportedFormatError(f"level {index}: volumetric TIFF (ImageDepth > 1)")
     planes = samples if (int(page.planarconfig) == PLANARCONFIG.SEPARATE and samples > 1) else 1
     # (a deferred table's length is its tag's count: tifffile's parse read zeros in its place)
     n_offsets, n_counts = len(page.dataoffsets), len(page.databytecounts)
     expected = planes * -(-width // tile_width) * -(-height // tile_height)
     if n_offsets < expected or n_counts < expected:
         raise CorruptFileError(
-            f"{path}: level {index}: {n_offsets} tile offsets for a grid of {expected} tiles"
+            f"level {index}: {n_offsets} tile offsets for a grid of {expected} tiles"
         )
     return PyramidLevel(index=index, width=width, height=height,
                  downsample=(w0 / width + h0 / height) / 2.0,
                  tile_width=tile_width, tile_height=tile_height, tiled=tiled, samples=samples,
                  dtype=dtype, encoding=page_encoding(page, samples, planes, dtype),
-                 tiles=tables.index(page, planes), source=source, path=path)
+                 tiles=tables.index(page, planes), source=source)  # (its path: named by the opener)
 
 
 def associated_from_page(name: str, page: tifffile.TiffPage, tables: DeferredTables = EAGER) -> AssociatedImage:

@@ -104,7 +104,7 @@ def description_metadata(first: tifffile.TiffPage, read: Callable[[int, int], by
     return None, None, (lens if positive_float(lens) else None)
 
 
-def check_page(path: str, page: tifffile.TiffPage, file_size: int) -> None:
+def check_page(page: tifffile.TiffPage, file_size: int) -> None:
     """Refuse an IFD whose McuStarts cannot describe restart intervals of its JPEG stream.
 
     Checked for every IFD that has McuStarts (tag 65426), against the
@@ -121,7 +121,7 @@ def check_page(path: str, page: tifffile.TiffPage, file_size: int) -> None:
     starts = page.tags.valueof(MCU_STARTS)
     if starts is None:
         return
-    where = f"{path}: NDPI IFD {page.index}"
+    where = f"NDPI IFD {page.index}"
     offsets = page.tags.valueof(STRIP_OFFSETS)
     counts = page.tags.valueof(STRIP_BYTE_COUNTS)
     if offsets is None or counts is None or len(np.atleast_1d(offsets)) != 1 or len(np.atleast_1d(counts)) != 1:

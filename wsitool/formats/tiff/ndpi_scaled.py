@@ -131,4 +131,4 @@ def _level(src: PyramidLevel, index: int, d: int, base_size: tuple[int, int]) ->
                  downsample=src.downsample if d == 1 else (w0 / width + h0 / height) / 2.0,
                  tile_width=src.tile_width // d, tile_height=src.tile_height // d,
                  tiled=src.tiled, samples=src.samples, dtype=src.dtype, encoding=encoding,
-                 tiles=src.tiles, source=src.source, path=src.path)
+                 tiles=src.tiles, source=src.source)  # (named by the opener)

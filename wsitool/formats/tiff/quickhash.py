@@ -70,7 +70,6 @@ import tifffile
 from tifffile import DATATYPE
 
 from ...errors import CorruptFileError
-from ...ground.naming import about
 from ...ground.oserrors import raise_if_os_resource
 from ...storage import ByteSource
 from ..deferred import DeferredProperties
@@ -103,13 +102,11 @@ class QuickHash:
     """What to hash for a slide's ``openslide.quickhash-1``, decided at open.
 
     Attributes:
-        path: the slide (named in messages).
         segments: ``(offset, count)`` byte ranges of the smallest level, in hash order.
         texts: ``(property name, (offset, count) or None)`` for each text tag
             (None: hashed as the empty string).
     """
 
-    path: str
     segments: tuple[tuple[int, int], ...]
     texts: tuple[tuple[str, tuple[int, int] | None], ...]
 
@@ -143,15 +140,14 @@ class QuickHash:
                     feed_string(hasher, name.encode("ascii"))
                     feed_string(hasher, None if where is None else self._read(source, *where))
             except OSError as exc:
-                with about(self.path):
-                    raise_if_os_resource(exc)
-                raise CorruptFileError(f"{self.path}: reading the bytes of {KEY} failed: {exc}") from None
+                raise_if_os_resource(exc)
+                raise CorruptFileError(f"reading the bytes of {KEY} failed: {exc}") from None
         return hasher.hexdigest()
 
     def _read(self, source: ByteSource, offset: int, count: int) -> bytes:
         data = source.read(offset, count)
         if len(data) != count:
-            raise CorruptFileError(f"{self.path}: {count} bytes at offset {offset} (for {KEY}) "
+            raise CorruptFileError(f"{count} bytes at offset {offset} (for {KEY}) "
                                    f"lie past the end of the file")
         return data
 
@@ -161,30 +157,30 @@ def _value(tag: Any) -> Any:
     return tag.value
 
 
-def with_quickhash(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
+def with_quickhash(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
                    properties: dict[str, str], values: Callable[[Any], Any] = _value) -> Mapping[str, str]:
     """``properties`` with ``openslide.quickhash-1`` added as a deferred value where
     OpenSlide's rule gives the slide one (see the module docstring); else ``properties``.
     ``values(tag)`` gives a tifffile tag's value (a remote TIFF's tile tables that the
     parse left unread are read by :meth:`.tables.DeferredTables.values`)."""
-    hashing = plan(path, tiff, pages, source, values)
+    hashing = plan(tiff, pages, source, values)
     if hashing is None:
         return properties
     return DeferredProperties(properties, {KEY: functools.partial(hashing.digest, source)})
 
 
-def plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
+def plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
          values: Callable[[Any], Any] = _value) -> QuickHash | None:
     """What OpenSlide hashes for the TIFF ``tiff`` (tifffile's, with its top-level ``pages``;
     ``values`` as for :func:`with_quickhash`), or None where it hashes nothing (or reads the
     file as a format wsitool does not follow)."""
     try:
-        return _plan(path, tiff, pages, source, values)
+        return _plan(tiff, pages, source, values)
     except MALFORMED:  # a tag of the wrong type or count: no hash, the slide opens as before
         return None
 
 
-def _plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
+def _plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
           values: Callable[[Any], Any]) -> QuickHash | None:
     if not pages or not all(hasattr(p, "tags") for p in pages):
         return None
@@ -198,7 +194,7 @@ def _plan(path: str, tiff: tifffile.TiffFile, pages: list[Any], source: ByteSour
     if segments is None:
         return None
     first = pages[0]
-    return QuickHash(path=path, segments=segments,
+    return QuickHash(segments=segments,
                      texts=tuple((name, texts.where(first, code)) for name, code in TEXT_TAGS))
 
 

@@ -74,13 +74,11 @@ class DeferredTables:
     """The deferred tile tables of one remote TIFF (none: :data:`EAGER`).
 
     Args:
-        path: the slide's URL as shown in messages.
-        source: its bytes.
+        source: the slide's bytes.
         tables: the deferred arrays by their byte offset.
     """
 
-    def __init__(self, path: str, source: ByteSource | None, tables: dict[int, Table]):
-        self._path = path
+    def __init__(self, source: ByteSource | None, tables: dict[int, Table]):
         self._source = source
         self._tables = dict(tables)
         self._read_once: dict[int, np.ndarray] = {}  # what values() read, for the level's index
@@ -157,7 +155,7 @@ class DeferredTables:
 
     def _keep(self, table: Table, data: bytes) -> np.ndarray:
         if len(data) != table.nbytes:
-            raise CorruptFileError(f"{self._path}: tile table at byte {table.offset} is cut short by the end "
+            raise CorruptFileError(f"tile table at byte {table.offset} is cut short by the end "
                                    "of the file")
         values = np.ascontiguousarray(np.frombuffer(data, table.dtype), dtype=np.uint64)
         values.flags.writeable = False
@@ -166,10 +164,10 @@ class DeferredTables:
 
 
 #: No deferred table: every table as tifffile parsed it (local slides, NDPI).
-EAGER = DeferredTables("", None, {})
+EAGER = DeferredTables(None, {})
 
 
-def scan(path: str, source: ByteSource) -> DeferredTables:
+def scan(source: ByteSource) -> DeferredTables:
     """The tile tables of the TIFF in ``source`` that tifffile's parse can leave unread
     (module docstring).  :data:`EAGER` where there are none, the file is an NDPI, or its
     structure cannot be walked (tifffile's parse then says why).  A table whose bytes
@@ -190,7 +188,7 @@ def scan(path: str, source: ByteSource) -> DeferredTables:
     found = walk.tables()
     if ndpi or not found:
         return EAGER
-    return DeferredTables(path, source, found)
+    return DeferredTables(source, found)
 
 
 def _layout(head: bytes) -> tuple[str, int, int] | None:

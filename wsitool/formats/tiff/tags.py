@@ -50,7 +50,7 @@ def is_uint(value: object, limit: int = 2**63) -> bool:
             and 0 <= int(value) < limit)
 
 
-def check_page(path: str, page: tifffile.TiffPage, ifd: int) -> None:
+def check_page(page: tifffile.TiffPage, ifd: int) -> None:
     """Refuse an IFD whose structural tags have the wrong type, count or range.
 
     Checked (TIFF 6.0 section 8, TIFF Technical Note 2): the scalar tags of
@@ -61,7 +61,7 @@ def check_page(path: str, page: tifffile.TiffPage, ifd: int) -> None:
     into one :class:`CorruptFileError` naming the IFD and the tag, instead of a
     TypeError deep inside tifffile or numpy.
     """
-    where = f"{path}: IFD {ifd}"
+    where = f"IFD {ifd}"
     for attr, tag in SCALAR_INT_TAGS:
         value = getattr(page, attr, 0)
         if not is_uint(value, 2**32 if attr not in ("imagewidth", "imagelength") else 2**63):

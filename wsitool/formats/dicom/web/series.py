@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ....errors import RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
+from ....errors import CorruptFileError, RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
+from ....ground.naming import about
 from ....storage.remote.options import StorageOptions
 from ....storage.urls import SeriesUrl
 from ..instance import WSI_SOP_CLASS, Instance, instance_from_dataset
@@ -116,7 +117,7 @@ def _frame_bytes(ds: Dataset) -> int | None:
     return size if size > 0 else None
 
 
-def _negotiate(client: DicomWebClient, sop: str, ds: Dataset, available: list[str], path: str) -> str:
+def _negotiate(client: DicomWebClient, sop: str, ds: Dataset, available: list[str]) -> str:
     """The transfer syntax the server sends ``sop``'s frames in (its first frame fetched and cached).
 
     Raises:
@@ -134,7 +135,7 @@ def _negotiate(client: DicomWebClient, sop: str, ds: Dataset, available: list[st
             continue
         client.cache.put((sop, 1), frame)
         return syntax
-    raise UnsupportedFormatError(f"{path}: the DICOMweb server sends the frames in none of the transfer "
+    raise UnsupportedFormatError("the DICOMweb server sends the frames in none of the transfer "
                                  f"syntaxes wsitool reads (tried {len(tried)}: {', '.join(tried)}; "
                                  f"last answer: {last})")
 
@@ -149,7 +150,6 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
         UnsupportedFormatError: no whole-slide image instance; no transfer syntax agreed.
         CorruptFileError: metadata that pydicom cannot read or a header missing attributes.
     """
-    import pydicom  # (the DICOM library is imported with the first DICOM slide)
     from pydicom.dataset import FileMetaDataset
     from pydicom.uid import UID
 
@@ -173,28 +173,38 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
             continue
         sop = _uid(item, "00080018")
         path = f"{client.shown}/instances/{sop}"
-        try:
-            ds = pydicom.Dataset.from_json(item, bulk_data_uri_handler=bulk)
-        except (RemoteAccessError, RemoteNotFoundError, WsiError):
-            raise
-        except Exception as exc:  # pydicom's ways of refusing a JSON value
-            from ....errors import CorruptFileError
-
-            raise CorruptFileError(f"{path}: unreadable DICOM JSON metadata: {type(exc).__name__}: "
-                                   f"{exc}") from None
-        _decimal_strings(ds)
-        syntax = _negotiate(client, sop, ds, available.get(sop, []), path)
-        ds.file_meta = FileMetaDataset()
-        ds.file_meta.TransferSyntaxUID = UID(syntax)
-        frames = int(ds.get("NumberOfFrames") or 1)
-        size = (frames + 1) * FRAME_STRIDE
-        inst = instance_from_dataset(path, ds, size)
+        with about(path):  # (the one place an instance's errors get its name)
+            ds = _dataset(item, bulk)
+            _decimal_strings(ds)
+            syntax = _negotiate(client, sop, ds, available.get(sop, []))
+            ds.file_meta = FileMetaDataset()
+            ds.file_meta.TransferSyntaxUID = UID(syntax)
+            frames = int(ds.get("NumberOfFrames") or 1)
+            size = (frames + 1) * FRAME_STRIDE
+            inst = instance_from_dataset(path, ds, size)
         instances.append(inst)
         by_path[path] = FrameSource(client, sop, inst.frames, syntax, path, _frame_bytes(ds))
     if not instances:
         raise UnsupportedFormatError(f"{client.shown}: the DICOMweb series holds no VL Whole Slide "
                                      "Microscopy image")
     return instances, problems, _Sources(client, by_path)
+
+
+def _dataset(item: dict, bulk: Any) -> Dataset:
+    """The pydicom data set of one instance's DICOM JSON metadata ``item`` (bulk data read by ``bulk``).
+
+    Raises:
+        CorruptFileError: metadata pydicom cannot read.
+        RemoteAccessError, RemoteNotFoundError, WsiError: reading its bulk data.
+    """
+    import pydicom  # (the DICOM library is imported with the first DICOM slide)
+
+    try:
+        return pydicom.Dataset.from_json(item, bulk_data_uri_handler=bulk)
+    except (RemoteAccessError, RemoteNotFoundError, WsiError):
+        raise
+    except Exception as exc:  # pydicom's ways of refusing a JSON value
+        raise CorruptFileError(f"unreadable DICOM JSON metadata: {type(exc).__name__}: {exc}") from None
 
 
 def _ds_text(value: Any) -> str:
