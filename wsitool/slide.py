@@ -80,7 +80,9 @@ def _named_iteration(batches: Iterator[Any], shown: str) -> Iterator[Any]:
 def _decode(source: ByteSource | None, lock: threading.Lock, image: AssociatedImage) -> np.ndarray:
     """Decode the associated image ``image`` of the slide whose source is ``source`` (a slide without a
     source of its own, a DICOM folder, has images with their own); see
-    :func:`~wsitool.codec.associated.decode_associated`."""
+    :func:`~wsitool.codec.associated.decode_associated`.  A slide's
+    :class:`~wsitool.model.AssociatedImages` holds it with the source and lock bound, not the slide,
+    and names the slide in its errors."""
     return decode_associated(image, cast(ByteSource, source), lock)
 
 
@@ -136,7 +138,6 @@ class Slide(SlideMetadata):
         self._open_stats = opened.open_stats
         #: held while a format's own decoder (tifffile) reads associated images
         self._lock = threading.Lock()
-        # (the decoder holds the source and lock, not the slide; AssociatedImages names the slide)
         super().__init__(opened.pyramid, functools.partial(_decode, self._source, self._lock), self.path)
         #: the pyramid's own levels (byte source, tile index, encoding): wsitool's, see pyramid_levels
         self._levels: tuple[model.PyramidLevel, ...] = opened.pyramid.levels

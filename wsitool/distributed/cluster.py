@@ -83,7 +83,7 @@ class ClientHandle:
             except BaseException:
                 if self.cluster is not None:
                     self.cluster.close()
-                rmtree_quiet(self._scratch)
+                shutil.rmtree(self._scratch, ignore_errors=True)
                 raise
         else:
             try:
@@ -111,11 +111,7 @@ class ClientHandle:
                     if exc_type is not None and self.partials_in is not None:
                         atomic.clean_stale_partials(self.partials_in)
                 if self._scratch is not None:
-                    rmtree_quiet(self._scratch)
-
-
-def rmtree_quiet(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+                    shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def is_client(obj) -> bool:

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
@@ -36,11 +35,6 @@ def dzi_paths(output: Path) -> tuple[Path, Path]:
         stem = output.name
         dzi = output.with_name(stem + ".dzi")
     return dzi, dzi.with_name(stem + "_files")
-
-
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 def write_dzi(tiles: TileStream, final: Path, files_dir: Path,
@@ -145,7 +139,7 @@ def _replace(tmp_files: Path, tmp_dzi: Path, files_dir: Path, final: Path, old: 
         if not tmp_files.exists() and files_dir.exists():
             shutil.rmtree(files_dir, ignore_errors=True)
         if not tmp_dzi.exists():
-            _unlink(final)
+            final.unlink(missing_ok=True)
         if old_files.exists():
             os.replace(old_files, files_dir)
         if old_dzi.exists():

@@ -26,15 +26,15 @@ class Span(ByteSource):
     """The byte sources ``parts`` end to end, as one source (it owns and closes them).
 
     Args:
-        parts: the sources, in order; at least one.
-        path: the name used in messages (default: the first part's path).
+        parts: the sources, in order; at least one.  Messages name the first part's path (the file
+            the concatenation's first instance is in).
     """
 
-    def __init__(self, parts: Sequence[ByteSource], path: str | None = None):
+    def __init__(self, parts: Sequence[ByteSource]):
         if not parts:
             raise ValueError("a Span needs at least one part")
         self.parts = tuple(parts)
-        self.path = path if path is not None else parts[0].path
+        self.path = parts[0].path
         self.bases: list[int] = []
         total = 0
         for part in self.parts:

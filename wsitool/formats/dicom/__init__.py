@@ -253,7 +253,7 @@ class _Sources:
         parts = [self._one(p) for p in paths]
         if len(parts) == 1:
             return parts[0]
-        span = Span(parts, path=paths[0])
+        span = Span(parts)  # (named as its first part: the file paths[0])
         self.opened.append(span)
         return span
 
