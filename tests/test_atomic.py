@@ -296,3 +296,20 @@ def test_atomic_imports_only_stdlib_and_errors():
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     assert a.name.split(".")[0] in sys.stdlib_module_names
+
+
+def test_check_output_refuses_a_folder_for_a_file_and_an_unwritable_folder(tmp_path, monkeypatch):
+    """A folder where a file goes is refused with or without overwrite (never "already exists:
+    add --overwrite", which could not help), and a folder this user cannot write in before any work."""
+    (tmp_path / "d").mkdir()
+    for overwrite in (False, True):
+        with pytest.raises(IsADirectoryError) as info:
+            atomic.check_output(tmp_path / "d", overwrite=overwrite)
+        assert info.value.filename == str(tmp_path / "d")
+    atomic.check_output(tmp_path / "d", kind="dir", overwrite=True)  # a folder for a folder: fine
+    real_access = os.access
+    monkeypatch.setattr(atomic.os, "access", lambda p, mode: False if os.fspath(p) == os.fspath(tmp_path)
+                        else real_access(p, mode))
+    with pytest.raises(PermissionError) as info:
+        atomic.check_output(tmp_path / "x.png")
+    assert info.value.filename == str(tmp_path / "x.png") and "not writable" in info.value.strerror

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 import typer
 from rich.live import Live
 
-from .. import stress
+from .. import errors, stress
 from ..ground import outputs as atomic
 from ..ground.extras import install_hint
 from ..storage import is_url
@@ -107,12 +106,14 @@ def _check_options(slide: str | Path, *, iterations: int | None, duration: float
             raise fail("--plot needs matplotlib: " + install_hint("plot"), 2)
     for name, target in (("--report", report), ("--plot", plot)):
         if target is not None:  # checked before the run, not after the whole workload
-            problem = _unwritable_output(target)
-            if problem:
-                raise fail(f"{target}: {problem} ({name})", 9)
             # the rule of every command that writes (wsitool.ground.outputs.check_output): never
-            # the slide itself, and an existing file only with --overwrite
-            atomic.check_output(target, [] if isinstance(slide, str) else [slide], overwrite)
+            # the slide itself, an existing file only with --overwrite, a folder there to write in
+            try:
+                atomic.check_output(target, [] if isinstance(slide, str) else [slide], overwrite)
+            except (errors.OutputExistsError, errors.OutputIsSourceError):
+                raise
+            except OSError as exc:
+                raise fail(f"{target}: {exc.strerror} ({name})", 9) from None
 
 
 def _run_live(slide: str | Path, **options: Any) -> stress.StressReport:
@@ -141,18 +142,3 @@ def _write_outputs(result: stress.StressReport, report: Path | None, plot: Path 
     if plot is not None:
         stress.write_plot(result, plot)
         console.print(f"wrote plot {shown(plot)}", highlight=False)
-
-
-def _unwritable_output(path: Path) -> str | None:
-    """Why a file cannot be written at ``path`` (its folder missing or read-only,
-    the path a folder), or None when it can."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        return "is a directory"
-    if not folder.is_dir():
-        return f"output folder {folder} does not exist"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"output folder {folder} is not writable"
-    return None
-
-

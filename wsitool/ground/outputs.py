@@ -107,25 +107,30 @@ def check_output(final: str | os.PathLike, sources: Iterable = (), overwrite: bo
 
     Raises:
         OutputIsSourceError: ``final`` is a source (a usage error, exit 2).
+        IsADirectoryError: ``kind`` is ``"file"`` and ``final`` is an existing folder (even
+            with ``overwrite``: a folder is never replaced by a file).
         OutputExistsError: ``final`` exists and ``overwrite`` is False (exit 9).
-        IsADirectoryError: ``kind`` is ``"file"`` and ``final`` is an existing folder.
         NotADirectoryError: ``kind`` is ``"dir"`` and ``final`` is an existing file.
         FileNotFoundError: the destination folder does not exist.
+        PermissionError: the destination folder is not writable (``os.access``: as this
+            process's user; root may write anywhere).
     """
     final = Path(os.fspath(final))
     src = _is_source(final, sources)
     if src is not None:
         raise OutputIsSourceError(final, src)
+    if kind == "file" and final.is_dir() and not final.is_symlink():
+        raise IsADirectoryError(errno.EISDIR, "output is an existing folder", str(final))
     if os.path.lexists(final):
         if not overwrite:
             raise OutputExistsError(final)
-        if kind == "file" and final.is_dir() and not final.is_symlink():
-            raise IsADirectoryError(errno.EISDIR, "output is an existing folder", str(final))
         if kind == "dir" and not final.is_dir() and not final.is_symlink():
             raise NotADirectoryError(errno.ENOTDIR, "output exists and is not a folder", str(final))
     parent = final.parent
     if not parent.is_dir():
         raise FileNotFoundError(errno.ENOENT, "output folder does not exist", str(final))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "output folder is not writable", str(final))
 
 
 def user_error(exc: OSError, final: str | os.PathLike) -> OSError:
