@@ -146,3 +146,12 @@ def test_storage_options_for_a_folder_are_a_usage_error_as_for_a_file(tmp_path):
         with pytest.raises(InvalidOptionError, match="storage options apply to URLs only") as info:
             wsitool.open_slide(where, storage_options={"anon": True})
         assert exit_code_for(info.value) == 2
+
+
+@pytest.mark.parametrize(("given", "stem"), [
+    ("/data/a.svs", "a"), ("x.ome.tiff", "x"), ("x.OME.TIF", "x"), ("/data/a.b.tif", "a.b"), (".svs", ".svs"),
+    ("s3://bucket/p/slide%20one.svs?X-Amz-Signature=s", "slide one"), ("s3://bucket/series/", "series"),
+    ("https://host/a%2F..%2Fb.svs", "b"),  # a decoded "/" splits the name: never a path of its own
+])
+def test_a_location_stem_is_the_name_outputs_are_made_from(given, stem):
+    assert parse_location(given).stem == stem

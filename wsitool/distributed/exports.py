@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import OutputExistsError
 from ..export import ExportResult, export_pyramid
 from ..ground import outputs as atomic
+from ..opening import parse_location
 from ..storage import is_url, redact
 from .cluster import (
     BatchOptionError,
@@ -37,7 +38,6 @@ from .cluster import (
     quiet_tifffile,
 )
 from .manifest import MANIFEST_NAME, Manifest, source_stamp
-from .regions import slide_stem
 
 FORMAT_SUFFIX = {"tiff": ".tiff", "ome-tiff": ".ome.tiff", "dzi": ".dzi"}
 
@@ -119,7 +119,7 @@ def export_output_path(source: str | os.PathLike, output_dir: str | os.PathLike,
     """
     if format not in FORMAT_SUFFIX:
         raise BatchOptionError(f"format must be one of {tuple(FORMAT_SUFFIX)}, got {format!r}")
-    return Path(output_dir) / (slide_stem(os.fspath(source)) + FORMAT_SUFFIX[format])
+    return Path(output_dir) / (parse_location(source).stem + FORMAT_SUFFIX[format])
 
 
 def _progress_forwarder(index: int, topic: str | None,

@@ -38,7 +38,6 @@ from ..ground import outputs as atomic
 from ..opening import Location
 from ..read.request import validate_request
 from ..slide import Slide, open_slide, pyramid_levels
-from ..storage import is_url
 from ..types import Mode, OnError
 from .cluster import BatchOptionError, ClientHandle, check_scheduler, error_record, import_distributed, quiet_tifffile
 from .held import cached_slide
@@ -117,19 +116,6 @@ class _RegionTask:
         write_image(dest, arr, overwrite=self.overwrite,
                     sources=() if self.location.remote else (self.location.target,))
         return RegionOutcome(req, "ok", path=str(dest), shape=arr.shape), None
-
-
-def slide_stem(path: str) -> str:
-    """The file name of ``path`` (a local path or a slide URL, without its query) without extension."""
-    if is_url(path):
-        import urllib.parse
-        path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
-    name = os.path.basename(path)
-    for suffix in (".ome.tiff", ".ome.tif"):
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    stem, _ext = os.path.splitext(name)
-    return stem or name
 
 
 def read_regions(slide: Slide | str | os.PathLike, regions: Iterable[RegionRequest] | str | os.PathLike,
@@ -260,7 +246,7 @@ def _prepare_outputs(src: _Source, requests: list[RegionRequest], out_dir: Path,
                      overwrite: bool) -> list[Path]:
     """The output paths, every one checked before anything is read or written (:mod:`wsitool.ground.outputs`):
     none may be the slide, existing ones only with ``overwrite``; the folder made, stale partials removed."""
-    dests = ([out_dir / f"{slide_stem(src.location.target)}-regions.{fmt}"] if pack
+    dests = ([out_dir / f"{src.location.stem}-regions.{fmt}"] if pack
              else [out_dir / f"{r.name}.{fmt}" for r in requests])
     if out_dir.is_dir():
         for dest in dests:

@@ -150,6 +150,21 @@ class Location:
         """The location as messages name it: the path; a URL without user, password or query."""
         return redact(self.target) if self.remote else self.target
 
+    @property
+    def stem(self) -> str:
+        """The slide's name without its extension, what output names are made from: the last part of
+        the path (of a URL's path, percent-decoded, without its query), a trailing ``/`` of a folder or
+        prefix left out, without ``.ome.tif`` / ``.ome.tiff`` (as one extension) or its last
+        extension; the name itself where that leaves nothing (``.svs`` stays ``.svs``)."""
+        path = self.target
+        if self.remote:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
+        name = posixpath.basename(path.replace(os.sep, "/").rstrip("/"))
+        for suffix in (".ome.tiff", ".ome.tif"):
+            if name.lower().endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)]
+        return os.path.splitext(name)[0] or name
+
     def options_dict(self) -> dict[str, Any] | None:
         """A fresh copy of :attr:`options` as a dict (what the storage layer's functions take), or None."""
         return None if self.options is None else self.options.as_dict()
