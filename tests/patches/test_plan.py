@@ -233,6 +233,22 @@ def test_a_preview_folder_given_with_a_slash_or_existing_is_a_folder(tmp_path, f
     assert (folder / "sample-aperio-jpeg-preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plan_files_of_slides_named_alike_but_for_an_inner_dot_do_not_collide(tmp_path):
+    """``scan.1.svs`` and ``scan.2.svs`` planned into a folder: one plan file and one preview each
+    (the name was cut at the first dot, so the second slide failed on "already exists")."""
+    slides = [tmp_path / "scan.1.svs", tmp_path / "scan.2.svs"]
+    for slide in slides:
+        slide.write_bytes(SAMPLE.read_bytes())
+    out, previews = tmp_path / "plans", tmp_path / "previews"
+    out.mkdir()
+    code = main_code(["patches", "plan", *map(str, slides), "--mpp", "0.5", "--size", "128", "--no-mask",
+                      "-o", str(out), "--preview", str(previews) + "/", "--quiet"])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["scan.1.parquet", "scan.2.parquet"]
+    assert sorted(p.name for p in previews.iterdir()) == ["scan.1-preview.png", "scan.2-preview.png"]
+    assert [read_plan(out / f"scan.{k}.parquet").slide.path for k in (1, 2)] == [str(s) for s in slides]
+
+
 def test_the_patches_commands_end_to_end(tmp_path, capsys):
     out = tmp_path / "plan.parquet"
     code = main_code(["patches", "plan", str(SAMPLE), "--mpp", "0.5", "--size", "128", "--no-mask",

@@ -11,6 +11,7 @@ import typer
 
 from .. import errors
 from ..ground.outputs import check_output
+from ..opening import Location, parse_location
 from ..patches.extract import extract_shards
 from ..patches.plan import PatchPlan, PlanFileError, plan_patches, read_plans, write_plans
 from ..patches.preview import save_preview
@@ -36,16 +37,10 @@ app.add_typer(patches_app, name="patches")
 _PLAN_EXTS = (".parquet", ".h5", ".hdf5")
 
 
-def _stem(slide: str) -> str:
-    """A file-name stem for ``slide`` (a path or a URL: its last part, before any query)."""
-    name = slide.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    return name.split(".")[0] or "slide"
-
-
-def _preview_path(preview: Path, slide: str, in_folder: bool) -> Path:
+def _preview_path(preview: Path, slide: Location, in_folder: bool) -> Path:
     """Where ``slide``'s preview goes: ``preview`` itself, or ``SLIDE-preview.png`` in the folder
-    ``preview`` (``in_folder``: :func:`_preview_is_folder`)."""
-    return preview / (_stem(slide) + "-preview.png") if in_folder else preview
+    ``preview`` (``in_folder``: :func:`_preview_is_folder`; SLIDE: :attr:`Location.stem`)."""
+    return preview / (slide.stem + "-preview.png") if in_folder else preview
 
 
 def _preview_is_folder(preview: str, many: bool) -> bool:
@@ -144,7 +139,7 @@ def plan_cmd(
         task = progress.add_task("planning", total=len(slides))
         for path in slides:
             try:
-                plans.append(_plan_slide(path, options, job))
+                plans.append(_plan_slide(parse_location(path, options), job))  # (named once, here)
             except (errors.WsiError, OSError) as exc:
                 if not many:
                     raise
@@ -187,9 +182,10 @@ def _prepare_plan_outputs(slides: list[str], output: Path, preview_folder: Path 
         check_output(output, [s for s in slides if "://" not in s], overwrite)
 
 
-def _plan_slide(path: str, options: dict | None, job: _PlanJob) -> PatchPlan:
-    """Plan one slide, write its own plan file and preview (if asked), print its summary line."""
-    with open_slide(path, storage_options=options) as slide:
+def _plan_slide(location: Location, job: _PlanJob) -> PatchPlan:
+    """Plan the slide at ``location``, write its own plan file (``STEM.parquet``, :attr:`Location.stem`)
+    and preview (if asked), print its summary line."""
+    with open_slide(location) as slide:
         if job.mpp_override is None and slide.mpp is None:
             raise errors.InvalidRegionError(
                 f"{slide.path}: the slide records no resolution (MPP); give --mpp-override UM "
@@ -199,9 +195,9 @@ def _plan_slide(path: str, options: dict | None, job: _PlanJob) -> PatchPlan:
                             mpp_tolerance=job.mpp_tolerance, mpp_override=job.mpp_override,
                             allow_upscale=job.allow_upscale, tissue=job.tissue, threads=job.threads)
         if job.folder is not None:
-            write_plans([plan], job.folder / f"{_stem(path)}.{job.fmt}", overwrite=job.overwrite)
+            write_plans([plan], job.folder / f"{location.stem}.{job.fmt}", overwrite=job.overwrite)
         if job.preview is not None:
-            save_preview(slide, plan, _preview_path(job.preview, str(path), job.preview_folder),
+            save_preview(slide, plan, _preview_path(job.preview, location, job.preview_folder),
                          overwrite=job.overwrite, threads=job.threads)
     console.print(f"{shown(slide.path)}: {len(plan)} patches at level {plan.level}, "
                   f"read {plan.read_size:g} px -> {plan.size} px, {plan.effective_mpp:.4g} um/px",
