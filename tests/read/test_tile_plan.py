@@ -45,6 +45,7 @@ class _Client:
         self.asked = []
         self.cache = types.SimpleNamespace(get=lambda key: None, put=lambda key, data: None)
         self.options = types.SimpleNamespace(operation_timeout=5)
+        self.shown = "https://pacs.example/dicomweb/studies/1/series/2"
 
     def frames(self, sop, numbers, syntax, frame_bytes=None):
         self.asked.append(list(numbers))
@@ -61,7 +62,7 @@ def test_frame_rows_join_only_where_their_numbers_follow_and_the_source_asks_for
     ranges = segment_ranges(lv, [(0, 2, 0, 1)])
     assert len(ranges) == 4 and ranges[0] == (FRAME_STRIDE, 2 * FRAME_STRIDE + NOMINAL)
     client = _Client()
-    src = FrameSource(client, "1.2.3", 10, "1.2.840.10008.1.2.4.50", "x")
+    src = FrameSource(client, "1.2.3", 10, "1.2.840.10008.1.2.4.50")
     src.advise(ranges)
     assert client.asked == [[1, 2, 3, 5, 7, 9]]
     assert src.read_segment(2 * FRAME_STRIDE, NOMINAL) == (b"frame2", 6)

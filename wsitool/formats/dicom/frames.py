@@ -37,7 +37,7 @@ import numpy as np
 
 from ...errors import CorruptFileError, UnsupportedFormatError
 from ...storage.remote import HEAD_BYTES
-from .instance import Instance, open_bytes
+from .instance import Instance
 
 __all__ = ["frame_table"]
 
@@ -89,7 +89,7 @@ def frame_table(inst: Instance, encapsulated: bool) -> tuple[np.ndarray, np.ndar
             tables that disagree with the items, fewer fragments than frames.
         UnsupportedFormatError: frames split over several fragments; float pixel data.
     """
-    with open_bytes(inst.path, inst.source) as fp:
+    with inst.open() as fp:
         start, length = _element_header(inst, fp)
         if not encapsulated:
             return _native(inst, start, length)

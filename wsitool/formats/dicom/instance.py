@@ -36,7 +36,7 @@ from ...ground.naming import about
 from ...storage import ByteSource, SourceFile
 from ...storage.local import open_regular
 
-__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "instance_from_dataset", "is_dicom", "open_bytes"]
+__all__ = ["WSI_SOP_CLASS", "Instance", "read_instance", "instance_from_dataset", "is_dicom"]
 
 #: VL Whole Slide Microscopy Image Storage (PS3.4 B.5).
 WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
@@ -107,18 +107,20 @@ class Instance:
     organization: str
     source: ByteSource | None = None
 
+    def open(self) -> BinaryIO:
+        """A binary file of the instance's bytes: a read-only view of :attr:`source` where there is
+        one (closing it leaves the source open), else the file at :attr:`path` opened for reading.
 
-def open_bytes(path: str, source: ByteSource | None = None) -> BinaryIO:
-    """A binary file of the instance's bytes: a read-only view of ``source`` where given
-    (closing it leaves the source open), else the file ``path`` opened for reading.
+        Raises:
+            UnsupportedFormatError: the file is a FIFO or a device (opening it could block for good).
+            FileNotFoundError, PermissionError, OSError: opening the file.
+        """
+        return _open(self.source) if self.source is not None else os.fdopen(open_regular(self.path), "rb")
 
-    Raises:
-        UnsupportedFormatError: ``path`` is a FIFO or a device (opening it could block for good).
-        FileNotFoundError, PermissionError, OSError: opening ``path``.
-    """
-    if source is not None:
-        return cast(BinaryIO, SourceFile(source))
-    return os.fdopen(open_regular(path), "rb")
+
+def _open(source: ByteSource) -> BinaryIO:
+    """A read-only binary file of ``source``'s bytes (closing it leaves the source open)."""
+    return cast(BinaryIO, SourceFile(source))
 
 
 def _int(ds: Dataset, keyword: str, default: int | None = None) -> int:
@@ -145,7 +147,7 @@ def read_instance(path: str, source: ByteSource | None = None) -> Instance:
     """
     import pydicom  # loaded with the first DICOM file (DESIGN: the DICOM library is imported lazily)
 
-    with about(path), open_bytes(path, source) as fp:  # FileNotFoundError, PermissionError pass through
+    with about(path), (_open(source) if source is not None else os.fdopen(open_regular(path), "rb")) as fp:
         fp.seek(0, 2)
         file_size = fp.tell()
         fp.seek(0)

@@ -21,7 +21,7 @@ from ....errors import RemoteUnavailableError, WsiError
 from ....storage import ByteSource
 from .client import DicomWebClient
 
-__all__ = ["HELD", "FRAME_STRIDE", "FrameSource"]
+__all__ = ["HELD", "FRAME_STRIDE", "FrameSource", "instance_url"]
 
 #: Frames a :class:`FrameSource` keeps from its recent requests beyond the cache (each region's
 #: frames stay readable until its reads took them, even with a cache budget of 0).
@@ -29,6 +29,12 @@ HELD = 512
 
 #: Distance between two frames' addresses in a :class:`FrameSource` (no frame is 4 GiB).
 FRAME_STRIDE = 1 << 32
+
+
+def instance_url(client: DicomWebClient, sop: str) -> str:
+    """The URL of instance ``sop`` of the client's series, as shown (without credentials): the name
+    its errors carry."""
+    return f"{client.shown}/instances/{sop}"
 
 
 class FrameSource(ByteSource):
@@ -45,14 +51,13 @@ class FrameSource(ByteSource):
     defer_metadata = True
     protocol = "dicomweb"
 
-    def __init__(self, client: DicomWebClient, sop: str, frames: int, syntax: str, path: str,
-                 frame_bytes: int | None = None):
+    def __init__(self, client: DicomWebClient, sop: str, frames: int, syntax: str, frame_bytes: int | None = None):
         self.client = client
         self.frame_bytes = frame_bytes  # (one frame's pixels, uncompressed: bounds each answer)
         self.sop = sop
         self.frames = frames
         self.syntax = syntax
-        self.path = path
+        self.path = instance_url(client, sop)  # (what its messages name)
         self.size = (frames + 1) * FRAME_STRIDE
         self._pending: dict[int, cf.Future] = {}
         self._lock = threading.Lock()

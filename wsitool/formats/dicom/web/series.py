@@ -35,7 +35,7 @@ from ....storage.remote.options import StorageOptions
 from ....storage.urls import SeriesUrl
 from ..instance import WSI_SOP_CLASS, Instance, instance_from_dataset
 from .client import MEDIA_TYPES, DicomWebClient, NotAcceptable
-from .frames import FRAME_STRIDE, FrameSource
+from .frames import FRAME_STRIDE, FrameSource, instance_url
 
 if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM slide is opened
     from pydicom.dataset import Dataset
@@ -172,7 +172,7 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
         if _uid(item, "00080016") != WSI_SOP_CLASS:
             continue
         sop = _uid(item, "00080018")
-        path = f"{client.shown}/instances/{sop}"
+        path = instance_url(client, sop)
         with about(path):  # (the one place an instance's errors get its name)
             ds = _dataset(item, bulk)
             _decimal_strings(ds)
@@ -183,7 +183,7 @@ def series_instances(client: DicomWebClient) -> tuple[list[Instance], list[str],
             size = (frames + 1) * FRAME_STRIDE
             inst = instance_from_dataset(path, ds, size)
         instances.append(inst)
-        by_path[path] = FrameSource(client, sop, inst.frames, syntax, path, _frame_bytes(ds))
+        by_path[path] = FrameSource(client, sop, inst.frames, syntax, _frame_bytes(ds))
     if not instances:
         raise UnsupportedFormatError(f"{client.shown}: the DICOMweb series holds no VL Whole Slide "
                                      "Microscopy image")
