@@ -186,7 +186,7 @@ def _read_objects(prefix: Prefix, objects: list[PrefixObject], sources: _ObjectS
         if not is_dicom(source.read(0, MAGIC_AT + 4)):
             source.close()
             return
-        sources.add(obj.shown, source)
+        sources.add(obj, source)
         try:
             inst = read_instance(obj.shown, source)
         except (UnsupportedFormatError, CorruptFileError) as exc:
@@ -286,10 +286,10 @@ class _ObjectSources(_Sources):
         super().__init__(None)
         self._lock = threading.Lock()
 
-    def add(self, path: str, source: ByteSource) -> None:
-        """Hold ``source``, the object ``path``'s (closed by :meth:`close`)."""
+    def add(self, obj: PrefixObject, source: ByteSource) -> None:
+        """Hold ``source``, the prefix object ``obj``'s, by its shown URL (closed by :meth:`close`)."""
         with self._lock:
-            self._files[path] = source
+            self._files[obj.shown] = source
             self.opened.append(source)
 
     def keep(self, paths: set[str]) -> None:
