@@ -27,7 +27,7 @@ class SlideMetadata:
     """The metadata of an open slide (the base of :class:`wsitool.Slide`; not made on its own).
 
     Attributes:
-        vendor: ``"aperio"``, ``"generic-tiff"``, ``"ome-tiff"``, ``"ndpi"``, ``"dicom"``, ...
+        vendor: ``"aperio"``, ``"hamamatsu"`` (NDPI), ``"generic-tiff"``, ``"ome-tiff"``, ``"qptiff"``, ``"dicom"``.
         problems: what the parser reported while reading the structure (e.g.
             "invalid page offset 828578": an IFD past the end of the file, i.e.
             a truncated file); each is also emitted as a
