@@ -115,6 +115,12 @@ def test_extraneous_bytes_in_a_tile_are_an_error(native):
     warns ("4 extraneous bytes before marker 0xd0") and nvImageCodec decodes it anyway; here it
     is the tile's error naming that, or with ``fill`` a warning, that tile background and its
     neighbours exact."""
+    check_extraneous_bytes(native)
+
+
+def check_extraneous_bytes(native: bool) -> None:
+    """B28's checks, through the compiled loop (``native``) or the Python tile path (also run with the
+    extension absent by test_strictjpeg)."""
     path = BUG_INPUTS / "B28_jpeg_restart_extraneous_bytes.tif"
     if not path.exists():
         pytest.skip(NO_BUGS)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_libjpeg import _hostile_streams, _jpeg_levels, _jpeg_slides, _read, _windows
+from test_libjpeg import _hostile_streams, _jpeg_levels, _jpeg_slides, _read, _windows, check_extraneous_bytes
 
 import wsitool
 from wsitool.codec import jpegloop, strictjpeg
 from wsitool.codec.backends import backend_report
 from wsitool.codec.paths import decode_paths
 
-from helpers import BUG_INPUTS, NO_BUGS, SHARED_SAMPLES, random_regions
+from helpers import SHARED_SAMPLES, random_regions
 
 pytest.importorskip("simplejpeg", reason="simplejpeg (a dependency) is not installed")
 
@@ -58,24 +58,7 @@ def test_corrupt_data_is_the_same_error_as_the_extensions(without_extension):
     """A tile with extraneous bytes before a restart marker (a fault users met): ``raise`` gives the
     tile's error in libjpeg-turbo's words, ``fill`` a warning and that tile background, as the
     extension; nvImageCodec (``libjpeg=False``) decodes it without a word."""
-    path = BUG_INPUTS / "B28_jpeg_restart_extraneous_bytes.tif"
-    if not path.exists():
-        pytest.skip(NO_BUGS)
-    with wsitool.open_slide(path) as slide:
-        from wsitool.slide import pyramid_levels
-
-        lv = pyramid_levels(slide)[0]
-        tw, th = lv.tile_width, lv.tile_height
-        col, row = 5 % lv.tiles_across, 5 // lv.tiles_across
-        loc, size = (col * tw - 16, row * th), (tw + 32, th)
-        err, _ = _read(slide, loc, 0, size, native=False, on_error="raise")
-        assert isinstance(err, wsitool.TileDecodeError) and (err.col, err.row) == (col, row), err
-        assert "Corrupt JPEG data: 4 extraneous bytes before marker 0xd0" in str(err)
-        got, warned = _read(slide, loc, 0, size, native=False)
-        assert len(warned) == 1 and "extraneous bytes" in warned[0]
-        assert not got[:, 16:16 + tw].any() and got[:, :16].any() and got[:, 16 + tw:].any()
-        silent, silent_warned = _read(slide, loc, 0, size, native=False, libjpeg=False)
-        assert not silent_warned and silent[:, 16:16 + tw].any()
+    check_extraneous_bytes(native=False)
 
 
 def test_a_scan_cut_short_is_an_error_not_pixels(without_extension):
