@@ -80,6 +80,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_serving(proc: subprocess.Popen, url: str, tries: int = 1200) -> None:
+    """Poll ``url/status`` every 50 ms until it answers 200 (at most ``tries`` times).
+
+    Raises:
+        SystemExit: the server exited first, or did not answer in time (its last stderr lines).
+    """
+    for _ in range(tries):
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(url + "/status", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise SystemExit(f"server did not start: {proc.stderr.read().decode()[-2000:]}")
+
+
 def workload(width: int, height: int, every: int, scales: list[int] | None,
              iiif2: bool = False) -> list[str]:
     """The image-request paths (after the id) of every tile at every scale factor.
@@ -121,14 +138,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
-        for _ in range(600):
-            try:
-                if httpx.get(self.url + "/status", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
-        else:
-            raise SystemExit(f"server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+        wait_until_serving(self.proc, self.url, tries=600)
         self.ps = psutil.Process(self.proc.pid)
         time.sleep(0.3)
         self.idle = self.rss()

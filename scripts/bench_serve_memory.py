@@ -53,6 +53,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from bench_serve import free_port, wait_until_serving
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared")) / "samples"
@@ -75,12 +76,6 @@ CASES = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """``wsitool serve`` of the three slides in a subprocess; idle RSS and the peak above it."""
 
@@ -93,16 +88,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                                      cwd=str(repo), start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
-        for _ in range(1200):
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/status", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
-        else:
-            raise SystemExit("server did not start")
+        wait_until_serving(self.proc, self.url)
         self.ps = psutil.Process(self.proc.pid)
         time.sleep(0.5)
         self.idle = self.ps.memory_info().rss
