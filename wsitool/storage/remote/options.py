@@ -30,7 +30,8 @@ from typing import Any
 
 from ...errors import InvalidOptionError
 
-__all__ = ["CONCURRENCY", "MAX_CONCURRENCY", "RemoteOptions", "StorageOptions", "option_text", "option_flag"]
+__all__ = ["CONCURRENCY", "MAX_CONCURRENCY", "RemoteOptions", "StorageOptions", "option_text", "option_flag",
+           "option_number"]
 
 #: Default number of requests in flight per slide for advised (tile) ranges.
 CONCURRENCY = 16
@@ -72,14 +73,7 @@ class RemoteOptions:
             if key not in options:
                 continue
             raw = options.pop(key)
-            try:
-                if isinstance(raw, bool):
-                    raise TypeError
-                value = float(raw)
-            except (TypeError, ValueError):
-                raise InvalidOptionError(f"storage option {key}: expected a number, got {raw!r}") from None
-            if not math.isfinite(value):
-                raise InvalidOptionError(f"storage option {key}: must be a finite number, got {raw!r}")
+            value = option_number(key, raw)
             if key in ("retries", "concurrency"):
                 if not value.is_integer():  # 1.5 retries was silently 1
                     raise InvalidOptionError(f"storage option {key}: expected a whole number, got {raw!r}")
@@ -144,6 +138,24 @@ def _kind(value: Any) -> str:
     if isinstance(value, dict):
         return "an object (KEY.NAME=VALUE)"
     return f"type {type(value).__name__}"
+
+
+def option_number(key: str, raw: Any) -> float:
+    """``raw``, the value of the number option ``key``, as a finite float (a number, or text that
+    reads as one; not a boolean).
+
+    Raises:
+        InvalidOptionError: not a number, or not finite (exit 2).
+    """
+    try:
+        if isinstance(raw, bool):
+            raise TypeError
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise InvalidOptionError(f"storage option {key}: expected a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise InvalidOptionError(f"storage option {key}: must be a finite number, got {raw!r}")
+    return value
 
 
 def option_text(key: str, value: Any) -> str:

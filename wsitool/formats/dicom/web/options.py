@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ....errors import InvalidOptionError
-from ....storage.remote.options import RemoteOptions, StorageOptions, option_text
+from ....storage.remote.options import RemoteOptions, StorageOptions, option_number, option_text
 from ....storage.remote.transports.http import verify_option
 from ....storage.urls import SeriesUrl
 
@@ -111,12 +111,7 @@ def _megabytes(raw: Any, name: str, default: int) -> int:
     """
     if raw is None:
         return default
-    try:
-        if isinstance(raw, bool):
-            raise TypeError
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise InvalidOptionError(f"storage option {name}: expected a number, got {raw!r}") from None
-    if not value > 0 or value == float("inf"):
+    value = option_number(name, raw)
+    if not value > 0:
         raise InvalidOptionError(f"storage option {name}: must be a positive number, got {raw!r}")
     return int(value * (1 << 20))
