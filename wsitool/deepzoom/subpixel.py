@@ -13,13 +13,18 @@ so the openslide-python drop-in's ``read_region`` and the Deep Zoom tiles
   (so a piece of an integer-positioned region may itself be fractional).
 * **Before the origin**: a negative coordinate is moved to 0 and the painting
   shifted by ``trunc(-x / ds)`` whole level pixels (the fraction is dropped).
-* **Offset**: the fraction of ``x / ds`` as a 16.16 fixed-point number (rounded),
-  of which the bilinear filter keeps the top 7 bits: weights ``w`` and ``128 - w``.
-* **Filter**: each output sample is ``floor(sum(wx * wy * p) / 2**14)`` over the
-  four neighbouring premultiplied pixels, with pixels outside the level
-  transparent.  Each stored tile is painted on its own (cairo's SATURATE
-  operator adds them), so where the four neighbours lie in different tiles
-  each tile's share is floored separately.
+* **Offset**: the level position's fraction, as cairo hands it to pixman in
+  16.16 fixed point (rounded).  Within 1/512 of a whole pixel on both axes
+  (cairo's 24.8 test) the stored pixels are copied, nearest.
+* **Filter**: otherwise pixman samples bilinearly in float32 (its wide path):
+  each 8-bit premultiplied sample times ``1/255``, the four neighbours weighted
+  ``(1 - fx)(1 - fy)``, ``fx (1 - fy)``, ``(1 - fx) fy``, ``fx fy`` and summed in
+  that order, stored back as ``trunc(v * 256)`` with 256 -> 255.  Pixels outside
+  the level are transparent.
+* **Seams**: each stored tile is painted on its own (bottom row of tiles first,
+  right to left), so where the four neighbours lie in different tiles each
+  tile's share is stored in 8 bits and added to what is there (cairo's
+  SATURATE operator, in float).
 * **Result**: premultiplied ARGB, which openslide-python un-premultiplies as
   ``255 * c // a``.
 
@@ -39,8 +44,10 @@ __all__ = ["read_openslide_rgba", "whole_pixel", "PIECE", "BLEND_BYTES_PER_PIXEL
 
 #: OpenSlide paints a region in pieces of at most PIECE x PIECE level pixels
 PIECE = 4096
-#: bytes a painted (fractional) pixel holds at most while it is blended (int32 RGBA, three arrays)
-BLEND_BYTES_PER_PIXEL = 56
+#: bytes a blended (fractional) pixel of a region holds at most while it is painted: the
+#: RGBA read (4), its float32 copy (16), the sum and one product (16 each), the 8-bit result
+#: and its conversion's temporaries (4 + 32)
+BLEND_BYTES_PER_PIXEL = 96
 _INV255 = np.float32(1) / np.float32(255)   # pixman's 8-bit -> float factor (float32)
 
 
@@ -153,13 +160,13 @@ def _shares(p, weights, rows, cols, shares) -> np.ndarray:
 
     Each share is composited with pixman's float SATURATE (``s * min(1, (1 - da) / sa) + d``,
     clamped to 1) onto the 8-bit result so far."""
-    dest = np.zeros(np.broadcast_shapes(rows.shape, cols.shape) + (4,), np.uint8)
+    dest = np.zeros((*np.broadcast_shapes(rows.shape, cols.shape), 4), np.uint8)
     one = np.float32(1)
     for share in shares:
-        s = None
-        for k in share:
-            term = p[rows + (k >> 1), cols + (k & 1)] * weights[k]
-            s = term if s is None else s + term
+        k = share[0]
+        s = p[rows + (k >> 1), cols + (k & 1)] * weights[k]
+        for k in share[1:]:
+            s = s + p[rows + (k >> 1), cols + (k & 1)] * weights[k]
         d = dest.astype(np.float32) * _INV255
         sa, da = s[..., 3:], d[..., 3:]
         with np.errstate(divide="ignore", invalid="ignore"):
