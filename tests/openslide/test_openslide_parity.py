@@ -199,8 +199,6 @@ def test_deepzoom_tiles(pair, tile, overlap):
                     real_tiles[level, addr] = b
                 assert b.mode == "RGB" and b.size == a.size, (level, addr)
                 d = _diff(a, b)
-                (x, y), slide_level, _ = coords
-                ds = o.level_downsamples[slide_level]
                 # both generators read through the drop-in's rule (OpenSlide's sub-pixel blend
                 # at fractional level positions, wsitool.deepzoom.subpixel): OpenSlide's tiles
                 assert d.max() <= tol, (type(gen).__module__, level, addr, coords, d.max())
