@@ -3,8 +3,9 @@
 ``read_region`` takes the nearest stored pixel of a level (a documented rule,
 ``docs/guides/reading.md``).  OpenSlide instead maps a level-0 location to
 ``location / downsample`` without rounding and paints the level's pixels at that
-fractional offset (cairo, bilinear); openslide-python's ``DeepZoomGenerator``
-then composites the RGBA result on the background colour.  The Deep Zoom tile
+fractional offset (cairo, bilinear: :mod:`wsitool.deepzoom.subpixel`, the rule the
+openslide-python drop-in's ``read_region`` follows too); openslide-python's
+``DeepZoomGenerator`` then composites the RGBA result on the background colour.  The Deep Zoom tile
 server and the openslide-python drop-in's generator, whose tiles are compared
 with OpenSlide's, read through :func:`read_blended`, and make their tiles
 with :func:`deepzoom_tile`.
@@ -12,11 +13,9 @@ with :func:`deepzoom_tile`.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..ground.geometry import level0_coordinate
+from .subpixel import read_openslide_rgba
 
 __all__ = ["read_blended"]
 
@@ -32,38 +31,20 @@ def read_blended(slide, location, level: int, size, background=(255, 255, 255),
         background: ``(r, g, b)`` 0..255 under transparent pixels (outside the slide).
         threads: decode threads of the read.
 
-    The region is read one pixel larger from the level pixel below the
-    fractional offset and interpolated bilinearly to that offset, in
-    premultiplied RGBA (pixels outside the slide are transparent), then
-    composited on ``background``.  At integer offsets (level 0, exact
-    downsamples) this is the plain read composited.
+    The region is OpenSlide's RGBA pixels (:func:`~wsitool.deepzoom.subpixel.read_openslide_rgba`:
+    blended at a fractional level position, the stored pixels at a whole one)
+    composited on ``background`` as openslide-python's generator does it with
+    Pillow (``Image.composite``: ``(c * a + bg * (255 - a)) / 255``, rounded).
 
     Raises:
         as :meth:`wsitool.slide.Slide.read_region`.
     """
-    ds = slide.level_downsamples[level]
-    w, h = size
-    lx, ly = location[0] / ds, location[1] / ds
-    x0, y0 = math.floor(lx), math.floor(ly)
-    fx, fy = lx - x0, ly - y0
-    start = (level0_coordinate(x0, ds), level0_coordinate(y0, ds))
-    bg = np.asarray(background, np.float32)
-    if fx < 1 / 512 and fy < 1 / 512:
-        rgba = slide.read_region(start, level, (w, h), mode="rgba", threads=threads)
-        if rgba[..., 3].min() == 255:
-            return np.ascontiguousarray(rgba[..., :3])
-        mixed = rgba.astype(np.float32)
-        alpha = mixed[..., 3:] / 255.0
-        out = mixed[..., :3] * alpha + bg * (1 - alpha)
-        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
-    rgba = slide.read_region(start, level, (w + 1, h + 1), mode="rgba", threads=threads).astype(np.float32)
-    alpha = rgba[..., 3:] / 255.0
-    rgba[..., :3] *= alpha            # premultiply
-    rgba[..., 3:] = alpha
-    top = rgba[:-1] * (1 - fy) + rgba[1:] * fy
-    mixed = top[:, :-1] * (1 - fx) + top[:, 1:] * fx
-    out = mixed[..., :3] + bg * (1 - mixed[..., 3:])
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    rgba = read_openslide_rgba(slide, location, level, size, threads=threads)
+    if rgba.size == 0 or rgba[..., 3].min() == 255:
+        return np.ascontiguousarray(rgba[..., :3])
+    a = rgba[..., 3:].astype(np.int32)
+    mixed = rgba[..., :3] * a + np.asarray(background, np.int32) * (255 - a) + 128
+    return (((mixed >> 8) + mixed) >> 8).astype(np.uint8)
 
 
 def deepzoom_tile(slide, tile, background=(255, 255, 255), threads: int | None = None) -> np.ndarray:

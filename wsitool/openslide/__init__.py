@@ -15,11 +15,9 @@ nothing of its own.  Needs Pillow: ``pip install "wsitool[openslide]"``.
 
 Deliberate differences from openslide-python (``docs/guides/openslide-migration.md``):
 
-* **Fractional level positions**: a ``location`` that falls between two pixels
-  of a level > 0 (``x / downsample`` not an integer) is read from the nearest
-  stored pixel (wsitool's rule, ``floor(x / downsample + 0.5)``, :func:`wsitool.ground.geometry.level_rect`), where
-  OpenSlide blends neighbouring pixels with a sub-pixel shift.  Regions at
-  integer level positions, and every level-0 region, are pixel-identical.
+* **Fractional level positions** are read as OpenSlide paints them (its
+  sub-pixel bilinear blend, :mod:`wsitool.deepzoom.subpixel`), not with
+  wsitool's nearest-pixel rule (:meth:`wsitool.Slide.read_region`).
 * **Vendor names** are wsitool's: an OME-TIFF pyramid is ``"ome-tiff"`` with
   all its levels (OpenSlide sees level 0 only, as ``"generic-tiff"``).
 * ``openslide.quickhash-1`` is OpenSlide's value for Aperio, NDPI, generic
@@ -57,6 +55,7 @@ from ..ground.extras import needs_extra
 with needs_extra("openslide", "wsitool.openslide needs Pillow: "):
     from PIL import Image, ImageCms
 
+from ..deepzoom.subpixel import read_openslide_rgba
 from ..errors import UnsupportedFormatError, WsiError
 from ..read.cache import TileCache
 from ..slide import Slide
@@ -409,9 +408,10 @@ class OpenSlide(AbstractSlide):
                 OpenSlide 4 does.
             size: ``(width, height)`` in pixels of ``level``; 0 allowed.
 
-        Pixels outside the slide are ``(0, 0, 0, 0)``.  Non-integer level
-        positions take the nearest stored pixel (wsitool's rule; OpenSlide
-        blends): see the module docstring.  ``info["icc_profile"]`` holds the
+        Pixels outside the slide are ``(0, 0, 0, 0)``.  A fractional level
+        position (``x / downsample`` not whole) gives OpenSlide's sub-pixel
+        blend (:func:`wsitool.deepzoom.subpixel.read_openslide_rgba`), not
+        wsitool's nearest stored pixel.  ``info["icc_profile"]`` holds the
         slide's ICC profile when it has one (pixels are not converted).
 
         Raises:
@@ -426,7 +426,7 @@ class OpenSlide(AbstractSlide):
             image = Image.new("RGBA", (w, h), (0, 0, 0, 0))
         else:
             with _mapped():
-                arr = slide.read_region(location, level, (w, h), mode="rgba")
+                arr = read_openslide_rgba(slide, location, level, (w, h))
             image = Image.frombuffer("RGBA", (w, h), arr, "raw", "RGBA", 0, 1)
         profile = slide.color_profile
         if profile is not None:

@@ -40,6 +40,7 @@ import asyncio
 import collections
 import math
 
+from ..deepzoom.subpixel import BLEND_BYTES_PER_PIXEL, whole_pixel
 from .render import WEBP_BYTES_PER_PIXEL, plan_read, render_bytes
 
 __all__ = ["RenderBudget", "dz_bytes", "decode_bytes", "area_within", "webp_area_within", "iiif_admits", "mib",
@@ -137,14 +138,12 @@ def dz_bytes(slide, tile) -> int:
     whole (RGBA, 4 bytes a pixel), as openslide-python's generator reads it: at a
     whole-pixel offset kept as RGB (3) and shrunk by Pillow (its 4-byte image and a
     reduced copy): 16 bytes a pixel read; at a fractional offset
-    (:func:`wsitool.deepzoom.tiles.read_blended`) blended in float32 first: 96 bytes a pixel
-    read.  Plus the tile itself and its encoding (``tile.size`` x 3, twice).
+    (:func:`wsitool.deepzoom.tiles.read_blended`) blended in float32 first:
+    :data:`~wsitool.deepzoom.subpixel.BLEND_BYTES_PER_PIXEL` a pixel read.  Plus the tile
+    itself and its encoding (``tile.size`` x 3, twice).
     """
     location, level, (rw, rh) = tile.read_args
-    ds = slide.level_downsamples[level]
-    lx, ly = location[0] / ds, location[1] / ds
-    whole = lx - math.floor(lx) < 1 / 512 and ly - math.floor(ly) < 1 / 512   # (read_blended's test)
-    per_pixel = 16 if whole else 96
+    per_pixel = 16 if whole_pixel(slide, location, level) else BLEND_BYTES_PER_PIXEL
     tw, th = tile.size
     return (rw + 1) * (rh + 1) * per_pixel + 3 * 3 * tw * th
 

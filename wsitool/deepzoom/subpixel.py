@@ -1,0 +1,194 @@
+"""Regions read as OpenSlide 4 paints them, sub-pixel offsets included (floor 6).
+
+wsitool's ``Slide.read_region`` takes the nearest stored pixel of a level (its
+documented rule).  OpenSlide instead maps a level-0 location ``x`` to the level
+position ``x / downsample`` without rounding and paints the level's tiles at
+that fractional offset with cairo, whose image backend samples them bilinearly
+(pixman).  :func:`read_openslide_rgba` reproduces that painting step by step,
+so the openslide-python drop-in's ``read_region`` and the Deep Zoom tiles
+(:func:`wsitool.deepzoom.tiles.read_blended`) both give OpenSlide's pixels:
+
+* **Pieces**: a region is painted in pieces of at most 4096 x 4096 level
+  pixels; piece ``k`` starts at the level-0 coordinate ``trunc(x + 4096 k ds)``
+  (so a piece of an integer-positioned region may itself be fractional).
+* **Before the origin**: a negative coordinate is moved to 0 and the painting
+  shifted by ``trunc(-x / ds)`` whole level pixels (the fraction is dropped).
+* **Offset**: the level position's fraction, as cairo hands it to pixman in
+  16.16 fixed point (rounded).  Within 1/512 of a whole pixel on both axes
+  (cairo's 24.8 test) the stored pixels are copied, nearest.
+* **Filter**: otherwise pixman samples bilinearly in float32 (its wide path):
+  each 8-bit premultiplied sample times ``1/255``, the four neighbours weighted
+  ``(1 - fx)(1 - fy)``, ``fx (1 - fy)``, ``(1 - fx) fy``, ``fx fy`` and summed in
+  that order, stored back as ``trunc(v * 256)`` with 256 -> 255.  Pixels outside
+  the level are transparent.
+* **Seams**: each stored tile is painted on its own (bottom row of tiles first,
+  right to left), so where the four neighbours lie in different tiles each
+  tile's share is stored in 8 bits and added to what is there (cairo's
+  SATURATE operator, in float).
+* **Result**: premultiplied ARGB, which openslide-python un-premultiplies as
+  ``255 * c // a``.
+
+At whole-pixel positions (every level-0 region, exact downsamples at locations
+that are multiples of them) the result is the plain read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ground.geometry import level0_coordinate
+
+__all__ = ["read_openslide_rgba", "whole_pixel", "PIECE", "BLEND_BYTES_PER_PIXEL"]
+
+#: OpenSlide paints a region in pieces of at most PIECE x PIECE level pixels
+PIECE = 4096
+#: bytes a blended (fractional) pixel of a region holds at most while it is painted: the
+#: RGBA read (4), its float32 copy (16), the sum and one product (16 each), the 8-bit result
+#: and its conversion's temporaries (4 + 32)
+BLEND_BYTES_PER_PIXEL = 96
+_INV255 = np.float32(1) / np.float32(255)   # pixman's 8-bit -> float factor (float32)
+
+
+def _offset(t: float) -> tuple[int, int]:
+    """``(pixel, fraction)``: the level pixel at or before ``t`` and the fraction past it
+    in 1/65536 (16.16 fixed point, rounded, as cairo hands a translation to pixman)."""
+    base = math.floor(t)
+    fixed = int(np.rint((t - base) * 65536.0))
+    if fixed >= 65536:
+        base, fixed = base + 1, 0
+    return base, fixed
+
+
+def _exact(t: float) -> bool:
+    """cairo samples without filtering (nearest) when a translation is whole in its
+    24.8 fixed point: within 1/512 of an integer."""
+    return int(np.rint(t * 256.0)) % 256 == 0
+
+
+def whole_pixel(slide, location, level: int) -> bool:
+    """Whether OpenSlide copies stored pixels (no blending) for a region at
+    ``location`` on ``level`` no wider or taller than :data:`PIECE`."""
+    ds = slide.level_downsamples[level]
+    return all(v < 0 or _exact(v / ds) for v in location[:2])
+
+
+def read_openslide_rgba(slide, location, level: int, size, threads: int | None = None) -> np.ndarray:
+    """``(h, w, 4)`` uint8 RGBA (not premultiplied): a region as OpenSlide 4 returns it
+    through openslide-python (see the module docstring for the rule).
+
+    Args:
+        slide: an open :class:`~wsitool.slide.Slide`.
+        location: ``(x, y)`` in level-0 pixels (integers; may lie outside the slide).
+        level: a level index of ``slide``.
+        size: ``(width, height)`` in pixels of ``level``, >= 0.
+        threads: decode threads of the reads.
+
+    Pixels outside the slide are ``(0, 0, 0, 0)``.
+
+    Raises:
+        as :meth:`wsitool.slide.Slide.read_region`.
+    """
+    ds = slide.level_downsamples[level]
+    x, y = int(location[0]), int(location[1])
+    w, h = int(size[0]), int(size[1])
+    if w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0:
+        return slide.read_region((x, y), level, (w, h), mode="rgba", threads=threads)
+    out = np.zeros((h, w, 4), np.uint8)
+    tiles = slide.levels[level]
+    grid = (tiles.tile_width, tiles.tile_height) if tiles.tiled else (0, 0)
+    for row in range(-(-h // PIECE)):
+        for col in range(-(-w // PIECE)):
+            sx, sy = int(x + col * PIECE * ds), int(y + row * PIECE * ds)
+            sw, sh = min(w - col * PIECE, PIECE), min(h - row * PIECE, PIECE)
+            tx = ty = 0
+            if sx < 0:
+                tx, sx = int(-sx / ds), 0
+                sw -= tx
+            if sy < 0:
+                ty, sy = int(-sy / ds), 0
+                sh -= ty
+            if sw > 0 and sh > 0:
+                oy, ox = row * PIECE + ty, col * PIECE + tx
+                out[oy:oy + sh, ox:ox + sw] = _paint(slide, sx / ds, sy / ds, level, sw, sh, grid, threads)
+    return out
+
+
+def _paint(slide, lx: float, ly: float, level: int, w: int, h: int, grid, threads) -> np.ndarray:
+    """``(h, w, 4)`` uint8 RGBA of the level painted at level position ``(lx, ly)``."""
+    ds = slide.level_downsamples[level]
+    if _exact(lx) and _exact(ly):  # nearest: the stored pixels
+        start = (level0_coordinate(math.floor(lx + 0.5), ds), level0_coordinate(math.floor(ly + 0.5), ds))
+        return slide.read_region(start, level, (w, h), mode="rgba", threads=threads)
+    (bx, fx), (by, fy) = _offset(lx), _offset(ly)
+    start = (level0_coordinate(bx, ds), level0_coordinate(by, ds))
+    src = slide.read_region(start, level, (w + 1, h + 1), mode="rgba", threads=threads)
+    p = src.astype(np.float32)
+    if src[..., 3].min() < 255:  # cairo's tiles are premultiplied
+        p[..., :3] = np.floor(p[..., :3] * p[..., 3:] / 255 + 0.5)
+    p *= _INV255
+    # pixman's float bilinear weights (float32): top-left, top-right, bottom-left, bottom-right
+    dx, dy = np.float32(fx / 65536), np.float32(fy / 65536)
+    one = np.float32(1)
+    weights = ((one - dx) * (one - dy), dx * (one - dy), (one - dx) * dy, dx * dy)
+    quads = ((slice(None, -1), slice(None, -1)), (slice(None, -1), slice(1, None)),
+             (slice(1, None), slice(None, -1)), (slice(1, None), slice(1, None)))
+    s = p[quads[0]] * weights[0]
+    for q, wq in zip(quads[1:], weights[1:], strict=True):
+        s += p[q] * wq
+    out = _unorm(s)
+    tw, th = grid
+    # Where the four neighbours lie in different stored tiles, OpenSlide paints each
+    # tile on its own (bottom row of tiles first, right to left): each tile's share is
+    # stored in 8 bits, then added to what is there (cairo's SATURATE operator).
+    cols = np.flatnonzero((bx + np.arange(w) + 1) % tw == 0) if tw and fx else np.empty(0, np.intp)
+    rows = np.flatnonzero((by + np.arange(h) + 1) % th == 0) if th and fy else np.empty(0, np.intp)
+    if cols.size:
+        out[:, cols] = _shares(p, weights, np.arange(h)[:, None], cols[None, :], ((1, 3), (0, 2)))
+    if rows.size:
+        out[rows, :] = _shares(p, weights, rows[:, None], np.arange(w)[None, :], ((2, 3), (0, 1)))
+    if cols.size and rows.size:
+        out[np.ix_(rows, cols)] = _shares(p, weights, rows[:, None], cols[None, :], ((3,), (2,), (1,), (0,)))
+    return _unpremultiply(out)
+
+
+def _shares(p, weights, rows, cols, shares) -> np.ndarray:
+    """uint8 premultiplied pixels at ``[rows, cols]`` (broadcast index arrays) painted one
+    tile's share at a time: ``shares`` lists, in painting order, the neighbours
+    (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right) each tile holds.
+
+    Each share is composited with pixman's float SATURATE (``s * min(1, (1 - da) / sa) + d``,
+    clamped to 1) onto the 8-bit result so far."""
+    dest = np.zeros((*np.broadcast_shapes(rows.shape, cols.shape), 4), np.uint8)
+    one = np.float32(1)
+    for share in shares:
+        k = share[0]
+        s = p[rows + (k >> 1), cols + (k & 1)] * weights[k]
+        for k in share[1:]:
+            s = s + p[rows + (k >> 1), cols + (k & 1)] * weights[k]
+        d = dest.astype(np.float32) * _INV255
+        sa, da = s[..., 3:], d[..., 3:]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fa = np.where(np.abs(sa) < np.finfo(np.float32).tiny, one, np.minimum(one, (one - da) / sa))
+        dest = _unorm(np.minimum(one, s * fa + d))
+    return dest
+
+
+def _unorm(v: np.ndarray) -> np.ndarray:
+    """pixman's float -> 8 bits: clamp to [0, 1], ``u = trunc(v * 256)``, ``u - (u >> 8)``."""
+    u = (np.clip(v, 0, 1) * np.float32(256)).astype(np.int32)
+    u -= u >> 8
+    return u.astype(np.uint8)
+
+
+def _unpremultiply(pm: np.ndarray) -> np.ndarray:
+    """openslide-python's conversion of premultiplied pixels: ``255 * c // a`` (truncated)."""
+    a = pm[..., 3:].astype(np.int32)
+    if a.min() == 255:
+        return pm
+    rgb = np.where(a == 255, pm[..., :3], (255 * pm[..., :3].astype(np.int32)) // np.maximum(a, 1))
+    out = np.empty(pm.shape, np.uint8)
+    out[..., :3] = np.where(a == 0, 0, np.minimum(rgb, 255))
+    out[..., 3:] = pm[..., 3:]
+    return out
