@@ -12,15 +12,15 @@ which format wins and which IFD each hashes; ``openslide-hash.c``):
    an NDPI: tag 65420 in the first IFD), Trestle (Software starts with
    ``MedScan``, an ImageDescription, every IFD tiled), Aperio (first IFD tiled,
    its ImageDescription starts with ``Aperio``), Huron (first IFD tiled, Make
-   starts with ``Huron``), Argos, Leica, Philips, Ventana, then generic TIFF
-   (first IFD tiled).  wsitool hashes as NDPI, Trestle, Aperio, Huron and
-   generic TIFF do.  A file carrying the mark Argos, Leica, Philips or Ventana
+   starts with ``Huron``), Argos, Leica, Philips (Software ``Philips`` with a
+   ``DPUfsImport`` description), Ventana, then generic TIFF
+   (first IFD tiled).  wsitool hashes as NDPI, Trestle, Aperio, Huron, Philips and
+   generic TIFF do.  A file carrying the mark Argos, Leica or Ventana
    detection looks for (an ``Argos.Scan.Metadata`` XML in tag 65000, a Leica
-   SCN namespace in the ImageDescription, Software ``Philips`` with a
-   ``DPUfsImport`` description, an ``iScan`` XMP packet) gets no hash: those
+   SCN namespace in the ImageDescription, an ``iScan`` XMP packet) gets no hash: those
    formats hash other IFDs or more text, which wsitool does not reproduce.  Nor
    does a TIFF whose first IFD is not tiled (no format of OpenSlide reads it).
-2. **The IFD hashed: the format's smallest level.**  Aperio, Huron and Trestle:
+2. **The IFD hashed: the format's smallest level.**  Aperio, Huron, Trestle and Philips:
    the last tiled IFD in file order (their levels are the tiled IFDs).  Generic TIFF: among the
    tiled IFDs that are the first one or carry the reduced-resolution bit of
    NewSubfileType, the one with the smallest ImageWidth (the last of equals in
@@ -218,7 +218,7 @@ def _openslide_format(is_ndpi: bool, pages: list[Any], texts: _Texts) -> str | N
         if any(texts.contains(first, 270, ns) for ns in _LEICA_NAMESPACES):
             return None  # Leica (hashes another image)
     if texts.starts(first, 305, b"Philips") and texts.contains(first, 270, b"DPUfsImport"):
-        return None  # Philips TIFF
+        return "philips"  # (wsitool opens it as Philips or refuses it: .philips)
     if texts.contains(first, _XMP, b"iScan"):
         return None  # Ventana (takes its text tags from another IFD)
     return "generic-tiff" if tiled else None
@@ -226,7 +226,7 @@ def _openslide_format(is_ndpi: bool, pages: list[Any], texts: _Texts) -> str | N
 
 def _hashed_page(fmt: str | None, pages: list[Any]) -> Any:
     """The IFD whose segments OpenSlide hashes for format ``fmt`` (module docstring, 2), or None."""
-    if fmt in ("aperio", "huron", "trestle"):  # their levels are the tiled IFDs, in file order
+    if fmt in ("aperio", "huron", "trestle", "philips"):  # their levels are the tiled IFDs, in file order
         tiled = [p for p in pages if _is_tiled(p)]
         return tiled[-1] if tiled else None
     if fmt == "generic-tiff":
