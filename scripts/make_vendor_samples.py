@@ -60,7 +60,7 @@ def philips_xml(levels: int, derivation: str, barcode: str, label: bytes | None,
            + _attr("DICOM_PIXEL_SPACING", f'"{SPACING_MM}" "{SPACING_MM}"', "IDoubleArray")
            + _attr("PIM_DP_IMAGE_TYPE", "WSI")
            + _attr("DICOM_LOSSY_IMAGE_COMPRESSION_METHOD", '"PHILIPS_DP_1_0"', "IStringArray")
-           + f'<Attribute Name="PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE" PMSVR="IDataObjectArray"><Array>'
+           + '<Attribute Name="PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE" PMSVR="IDataObjectArray"><Array>'
            + reps + "</Array></Attribute></DataObject>")
     images = [wsi]
     for kind, data in (("LABELIMAGE", label), ("MACROIMAGE", macro)):

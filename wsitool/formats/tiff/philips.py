@@ -93,7 +93,7 @@ class Layout:
 
     def spacings(self) -> list[str]:
         """The ``DICOM_PIXEL_SPACING`` texts of the WSI image's pixel-data representations."""
-        out = []
+        out: list[str] = []
         for attr in self.wsi.findall("Attribute"):
             if _name(attr) != _SEQUENCE:
                 continue
@@ -202,14 +202,16 @@ def fix_levels(levels: tuple[PyramidLevel, ...], layout: Layout) -> tuple[Pyrami
     spacings = layout.spacings()
     if len(spacings) != len(levels):
         raise CorruptFileError(f"Philips TIFF: {len(spacings)} pixel spacings for {len(levels)} levels")
-    parsed = [_spacing(s) for s in spacings]
-    for i, sp in enumerate(parsed):
+    parsed: list[tuple[float, float]] = []
+    for i, text in enumerate(spacings):
+        sp = _spacing(text)
         if sp is None:
-            raise CorruptFileError(f"Philips TIFF: level {i}: pixel spacing {spacings[i]!r} does not parse")
-    (w0, h0) = parsed[0]  # type: ignore[misc]
+            raise CorruptFileError(f"Philips TIFF: level {i}: pixel spacing {text!r} does not parse")
+        parsed.append(sp)
+    w0, h0 = parsed[0]
     base = levels[0]
     for i, level in enumerate(levels[1:], start=1):
-        w, h = parsed[i]  # type: ignore[misc]
+        w, h = parsed[i]
         try:
             mean = ((w / w0) + (h / h0)) / 2
         except ZeroDivisionError:
