@@ -38,7 +38,7 @@ from .properties import build_properties
 from .quickhash import with_quickhash
 from .tables import EAGER, DeferredTables, scan
 from .tags import MALFORMED, check_page, description
-from .vendors import Context, Vendor, detect
+from .vendors import VENDORS, Context, Vendor, detect
 
 __all__ = ["NAME", "READS_URLS", "sniff", "open_pyramid"]
 
@@ -158,8 +158,8 @@ def _describe(source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
     profile = icc_profile(base)
     vendor.finish(ctx, properties, associated, profile)
     _openslide_structure_properties(properties, profile, associated)
-    return Pyramid(vendor=vendor.name, levels=levels, associated=associated,
-                   properties=with_quickhash(tiff, pages, source, properties, tables.values),  # read on first use
+    hashed = with_quickhash(tiff, pages, source, properties, VENDORS, tables.values)  # read on first use
+    return Pyramid(vendor=vendor.name, levels=levels, associated=associated, properties=hashed,
                    color_profile=profile, problems=problems)
 
 

@@ -1,11 +1,18 @@
 """The table of TIFF vendor layouts: each vendor's rules behind one interface (floor 3).
 
-A layout is a :class:`Vendor`: how it is detected, which IFDs are its associated images,
-how its levels are made, what its own metadata gives, and what it changes at the end.
-The defaults are generic TIFF's.  :data:`VENDORS` lists them in the order detection tries
-them (the first whose :meth:`Vendor.detect` passes wins; generic TIFF takes the rest);
-a new vendor is a module with its rules and one entry here.  Which IFD OpenSlide hashes
-for ``openslide.quickhash-1`` follows :attr:`Vendor.hash_rule` (:mod:`.quickhash`).
+A layout is a :class:`Vendor`: how wsitool detects it (:meth:`Vendor.detect`), which IFDs
+are its associated images, how its levels are made, what its own metadata gives, what it
+changes at the end; and, for ``openslide.quickhash-1``, how OpenSlide detects it
+(:meth:`Vendor.openslide_mark`, on the raw tags: :class:`.quickhash.Marks`) and which IFD
+it hashes (:meth:`Vendor.hashed_page`).  The defaults are generic TIFF's.
+
+:data:`VENDORS` is the one table, in OpenSlide 4's detection order (``openslide.c``):
+NDPI, Trestle, Aperio, Huron, Argos, Leica, Philips, Ventana, then the layouts OpenSlide
+reads as generic TIFF (QPTIFF, OME-TIFF) and generic TIFF.  wsitool reads a file as the
+first entry whose :meth:`Vendor.detect` passes, and hashes it as the first whose
+:meth:`Vendor.openslide_mark` passes.  Entries wsitool does not read yet (Trestle, Huron,
+Argos, Leica, Ventana: :class:`OpenSlideOnly`) only say how OpenSlide hashes them; their
+files open as generic TIFF.  A new vendor is a module with its rules and its entry here.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from ...storage import ByteSource
 from . import aperio, ndpi, ndpi_scaled, ome, philips, qptiff
 from .encoding import level_from_page
 from .levels import choose_levels
+from .quickhash import Marks, generic_level, is_tiled, last_tiled, ndpi_level
 from .tables import DeferredTables
 from .tags import description
 
@@ -53,8 +61,16 @@ class Vendor:
     subifds = True
 
     def detect(self, ctx: Context) -> bool:
-        """True when the file is of this layout."""
+        """True when wsitool reads the file as this layout."""
         return True
+
+    def openslide_mark(self, marks: Marks) -> bool:
+        """True when OpenSlide's detection of this format passes (generic TIFF: a tiled first IFD)."""
+        return marks.tiled
+
+    def hashed_page(self, pages: list[Any]) -> Any:
+        """The IFD whose segments OpenSlide hashes for this format, or None (no hash)."""
+        return generic_level(pages)
 
     def prepare(self, ctx: Context) -> None:
         """Parse what the later steps need (into ``ctx.state``); raise CorruptFileError where
@@ -97,6 +113,12 @@ class Aperio(Vendor):
     def detect(self, ctx: Context) -> bool:
         return aperio.is_aperio(ctx.first_desc)
 
+    def openslide_mark(self, marks: Marks) -> bool:
+        return marks.tiled and marks.starts(270, b"Aperio")
+
+    def hashed_page(self, pages: list[Any]) -> Any:
+        return last_tiled(pages)
+
     def associated_name(self, ctx: Context, page: tifffile.TiffPage, top_index: int) -> str | None:
         return aperio.associated_name(page, top_index)
 
@@ -120,6 +142,12 @@ class Hamamatsu(Vendor):
 
     def detect(self, ctx: Context) -> bool:
         return ndpi.is_ndpi(ctx.tiff)
+
+    def openslide_mark(self, marks: Marks) -> bool:
+        return marks.ndpi
+
+    def hashed_page(self, pages: list[Any]) -> Any:
+        return ndpi_level(pages)
 
     def keep(self, ctx: Context, page: tifffile.TiffPage) -> bool:
         ndpi.check_page(page, ctx.source.size)  # first: tifffile made the segments of McuStarts
@@ -146,6 +174,13 @@ class Philips(Vendor):
 
     def detect(self, ctx: Context) -> bool:
         return philips.is_philips(ctx.tiff)
+
+    def openslide_mark(self, marks: Marks) -> bool:
+        # (OpenSlide also parses the XML: a file failing that wsitool refuses, see .philips)
+        return marks.starts(305, b"Philips") and marks.contains(270, b"DPUfsImport")
+
+    def hashed_page(self, pages: list[Any]) -> Any:
+        return last_tiled(pages)
 
     def prepare(self, ctx: Context) -> None:
         ctx.state["layout"] = philips.parse(ctx.first_desc)
@@ -180,6 +215,9 @@ class QPTiff(Vendor):
     def detect(self, ctx: Context) -> bool:
         return qptiff.is_qptiff(ctx.first_desc)
 
+    def openslide_mark(self, marks: Marks) -> bool:
+        return False  # OpenSlide reads it as generic TIFF
+
     def associated_name(self, ctx: Context, page: tifffile.TiffPage, top_index: int) -> str | None:
         return qptiff.associated_name(description(page))
 
@@ -199,6 +237,9 @@ class OmeTiff(Vendor):
     def detect(self, ctx: Context) -> bool:
         return bool(ctx.tiff.is_ome)
 
+    def openslide_mark(self, marks: Marks) -> bool:
+        return False  # OpenSlide reads it as generic TIFF
+
     def prepare(self, ctx: Context) -> None:
         ctx.state["other"] = ome.other_images(ctx.tiff)
 
@@ -212,8 +253,45 @@ class OmeTiff(Vendor):
         return ome.ome_metadata(ctx.tiff.ome_metadata or "", props)
 
 
-#: The layouts in detection order; the last (generic TIFF) always matches.
-VENDORS: tuple[Vendor, ...] = (Aperio(), Hamamatsu(), Philips(), QPTiff(), OmeTiff(), Vendor())
+class OpenSlideOnly(Vendor):
+    """A format OpenSlide reads and wsitool does not yet: never detected (its files open as
+    generic TIFF); its mark and hashed IFD are OpenSlide's (``hashed=None``: a hash wsitool
+    does not reproduce, so none)."""
+
+    def __init__(self, name: str, mark: Any, hashed: Any):
+        self.name, self._mark, self._hashed = name, mark, hashed
+
+    def detect(self, ctx: Context) -> bool:
+        return False
+
+    def openslide_mark(self, marks: Marks) -> bool:
+        return bool(self._mark(marks))
+
+    def hashed_page(self, pages: list[Any]) -> Any:
+        return None if self._hashed is None else self._hashed(pages)
+
+
+_LEICA_NAMESPACES = (b"http://www.leica-microsystems.com/scn/2010/03/10",
+                     b"http://www.leica-microsystems.com/scn/2010/10/01")
+
+#: The one table, in OpenSlide's detection order (module docstring); the last (generic TIFF)
+#: is read for every file no other entry claims.
+VENDORS: tuple[Vendor, ...] = (
+    Hamamatsu(),
+    OpenSlideOnly("trestle", lambda m: (m.starts(305, b"MedScan") and m.has(270)
+                                        and all(is_tiled(p) for p in m.pages)), last_tiled),
+    Aperio(),
+    OpenSlideOnly("huron", lambda m: m.tiled and m.starts(271, b"Huron"), last_tiled),
+    OpenSlideOnly("argos", lambda m: m.tiled and m.contains(65000, b"Argos.Scan.Metadata"),
+                  None),  # (hashes its XML too)
+    OpenSlideOnly("leica", lambda m: m.tiled and any(m.contains(270, ns) for ns in _LEICA_NAMESPACES),
+                  None),  # (hashes another image)
+    Philips(),
+    OpenSlideOnly("ventana", lambda m: m.contains(700, b"iScan"), None),  # (text tags of another IFD)
+    QPTiff(),
+    OmeTiff(),
+    Vendor(),
+)
 
 
 def detect(ctx: Context) -> Vendor:
