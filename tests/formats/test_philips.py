@@ -110,8 +110,9 @@ def test_sparse_tiles_are_transparent_as_in_openslide(made):
         w.close()
 
 
-def _rewrite(made, tmp_path, description: str, name: str = "bad.tiff"):
-    """The multi-level fixture with the first IFD's ImageDescription replaced (same pixels)."""
+def _rewrite(made, tmp_path, description: str, name: str = "bad.tiff", later: int = 1):
+    """The multi-level fixture with the first IFD's ImageDescription replaced (same pixels);
+    ``later``: NewSubfileType of the lower levels."""
     src = made["philips_multilevel"]
     out = tmp_path / name
     with tifffile.TiffFile(src) as tif, tifffile.TiffWriter(out, bigtiff=True) as dst:
@@ -119,7 +120,7 @@ def _rewrite(made, tmp_path, description: str, name: str = "bad.tiff"):
             if not page.is_tiled:
                 continue
             dst.write(page.asarray(), tile=(256, 256), compression="jpeg", photometric="rgb",
-                      subfiletype=0 if k == 0 else 1, description=description if k == 0 else None,
+                      subfiletype=0 if k == 0 else later, description=description if k == 0 else None,
                       software="Philips DP v1.0" if k == 0 else None, metadata=None)
     return out
 
@@ -150,6 +151,15 @@ def test_spacings_must_match_the_levels(made, tmp_path):
         wsitool.open_slide(bad)
 
 
+def test_levels_must_be_reduced_resolution(made, tmp_path):
+    with tifffile.TiffFile(made["philips_multilevel"]) as tif:
+        xml = tif.pages[0].description
+    with wsitool.open_slide(_rewrite(made, tmp_path, xml, "good.tiff")) as slide:
+        assert slide.vendor == "philips"
+    with pytest.raises(CorruptFileError, match="IFD 1 is not reduced-resolution"):
+        wsitool.open_slide(_rewrite(made, tmp_path, xml, later=0))
+
+
 def test_objective_and_spacing_rules():
     assert philips._objective("tiff-levels=40,20-q=1") == 40.0
     assert philips._objective("tiff-levels=10003,10002") is None
@@ -159,3 +169,11 @@ def test_objective_and_spacing_rules():
     assert philips._spacing('"0,00025" "0,00025"') == (0.00025, 0.00025)
     assert philips._spacing('"0.00025"  "0.00025"') is None  # two spaces: three fields
     assert philips._spacing('"x" "1"') is None
+
+
+def test_vendor_table_follows_openslide_detection_order():
+    from wsitool.formats.tiff.vendors import VENDORS
+
+    names = [v.name for v in VENDORS]
+    assert names[:8] == ["hamamatsu", "trestle", "aperio", "huron", "argos", "leica", "philips", "ventana"]
+    assert names[-1] == "generic-tiff"
