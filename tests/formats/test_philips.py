@@ -177,3 +177,15 @@ def test_vendor_table_follows_openslide_detection_order():
     names = [v.name for v in VENDORS]
     assert names[:8] == ["hamamatsu", "trestle", "aperio", "huron", "argos", "leica", "philips", "ventana"]
     assert names[-1] == "generic-tiff"
+
+
+def test_an_unreadable_xml_label_is_left_out():
+    """OpenSlide adds the XML's label and macro only where their JPEG header decodes."""
+    layout = philips.parse('<DataObject ObjectType="DPUfsImport"><Attribute Name="PIM_DP_SCANNED_IMAGES"><Array>'
+                           '<DataObject><Attribute Name="PIM_DP_IMAGE_TYPE">WSI</Attribute></DataObject>'
+                           '<DataObject><Attribute Name="PIM_DP_IMAGE_TYPE">LABELIMAGE</Attribute>'
+                           '<Attribute Name="PIM_DP_IMAGE_DATA">bm90IGEganBlZw==</Attribute></DataObject>'
+                           "</Array></Attribute></DataObject>")
+    assert layout.image_data("LABELIMAGE") == "bm90IGEganBlZw=="
+    assert philips.xml_associated(layout, set()) == {}
+    assert layout.properties() == {"philips.PIM_DP_IMAGE_TYPE": "WSI"}
