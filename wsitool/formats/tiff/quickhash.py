@@ -12,15 +12,17 @@ which format wins and which IFD each hashes; ``openslide-hash.c``):
    an NDPI: tag 65420 in the first IFD), Trestle (Software starts with
    ``MedScan``, an ImageDescription, every IFD tiled), Aperio (first IFD tiled,
    its ImageDescription starts with ``Aperio``), Huron (first IFD tiled, Make
-   starts with ``Huron``), Argos, Leica, Philips, Ventana, then generic TIFF
-   (first IFD tiled).  wsitool hashes as NDPI, Trestle, Aperio, Huron and
-   generic TIFF do.  A file carrying the mark Argos, Leica, Philips or Ventana
+   starts with ``Huron``), Argos, Leica, Philips (Software ``Philips`` with a
+   ``DPUfsImport`` description), Ventana, then generic TIFF
+   (first IFD tiled).  Each format's mark and hashed IFD are its entry in
+   :data:`wsitool.formats.tiff.vendors.VENDORS` (the table wsitool's own detection
+   uses), read through :class:`Marks`.  wsitool hashes as NDPI, Trestle, Aperio, Huron, Philips and
+   generic TIFF do.  A file carrying the mark Argos, Leica or Ventana
    detection looks for (an ``Argos.Scan.Metadata`` XML in tag 65000, a Leica
-   SCN namespace in the ImageDescription, Software ``Philips`` with a
-   ``DPUfsImport`` description, an ``iScan`` XMP packet) gets no hash: those
+   SCN namespace in the ImageDescription, an ``iScan`` XMP packet) gets no hash: those
    formats hash other IFDs or more text, which wsitool does not reproduce.  Nor
    does a TIFF whose first IFD is not tiled (no format of OpenSlide reads it).
-2. **The IFD hashed: the format's smallest level.**  Aperio, Huron and Trestle:
+2. **The IFD hashed: the format's smallest level.**  Aperio, Huron, Trestle and Philips:
    the last tiled IFD in file order (their levels are the tiled IFDs).  Generic TIFF: among the
    tiled IFDs that are the first one or carry the reduced-resolution bit of
    NewSubfileType, the one with the smallest ImageWidth (the last of equals in
@@ -62,7 +64,7 @@ import functools
 import hashlib
 import operator
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +79,8 @@ from ..quickhash import KEY, feed_string
 from . import ndpi
 from .tags import MALFORMED
 
-__all__ = ["LIMIT", "QuickHash", "plan", "with_quickhash"]
+__all__ = ["LIMIT", "QuickHash", "Marks", "plan", "with_quickhash", "last_tiled", "generic_level", "ndpi_level",
+           "is_tiled"]
 
 #: Most bytes of level data hashed; a smallest level larger than this gets no hash (OpenSlide's limit).
 LIMIT = 5 << 20
@@ -89,12 +92,10 @@ TEXT_TAGS = (("tiff.ImageDescription", 270), ("tiff.Make", 271), ("tiff.Model", 
 
 _TEXT_TYPES = (DATATYPE.BYTE, DATATYPE.ASCII, DATATYPE.UNDEFINED)  # the types OpenSlide reads as a string
 _ASCII = DATATYPE.ASCII
-_NEW_SUBFILE_TYPE, _XMP, _ARGOS_XML = 254, 700, 65000
+_NEW_SUBFILE_TYPE = 254
 _NDPI_FOCAL_PLANE = 65424
 _TILE_TAGS = (324, 325)   # TileOffsets, TileByteCounts
 _STRIP_TAGS = (273, 279)  # StripOffsets, StripByteCounts
-_LEICA_NAMESPACES = (b"http://www.leica-microsystems.com/scn/2010/03/10",
-                     b"http://www.leica-microsystems.com/scn/2010/10/01")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,36 +159,41 @@ def _value(tag: Any) -> Any:
 
 
 def with_quickhash(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
-                   properties: dict[str, str], values: Callable[[Any], Any] = _value) -> Mapping[str, str]:
+                   properties: dict[str, str], formats: Sequence[Any],
+                   values: Callable[[Any], Any] = _value) -> Mapping[str, str]:
     """``properties`` with ``openslide.quickhash-1`` added as a deferred value where
     OpenSlide's rule gives the slide one (see the module docstring); else ``properties``.
-    ``values(tag)`` gives a tifffile tag's value (a remote TIFF's tile tables that the
-    parse left unread are read by :meth:`.tables.DeferredTables.values`)."""
-    hashing = plan(tiff, pages, source, values)
+    ``formats`` as for :func:`plan`; ``values(tag)`` gives a tifffile tag's value (a remote
+    TIFF's tile tables that the parse left unread are read by
+    :meth:`.tables.DeferredTables.values`)."""
+    hashing = plan(tiff, pages, source, formats, values)
     if hashing is None:
         return properties
     return DeferredProperties(properties, {KEY: functools.partial(hashing.digest, source)})
 
 
-def plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
+def plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource, formats: Sequence[Any],
          values: Callable[[Any], Any] = _value) -> QuickHash | None:
     """What OpenSlide hashes for the TIFF ``tiff`` (tifffile's, with its top-level ``pages``;
     ``values`` as for :func:`with_quickhash`), or None where it hashes nothing (or reads the
-    file as a format wsitool does not follow)."""
+    file as a format wsitool does not follow).  ``formats``: OpenSlide's formats in its
+    detection order, each with ``openslide_mark(marks)`` and ``hashed_page(pages)``
+    (:data:`wsitool.formats.tiff.vendors.VENDORS`)."""
     try:
-        return _plan(tiff, pages, source, values)
+        return _plan(tiff, pages, source, values, formats)
     except MALFORMED:  # a tag of the wrong type or count: no hash, the slide opens as before
         return None
 
 
 def _plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
-          values: Callable[[Any], Any]) -> QuickHash | None:
+          values: Callable[[Any], Any], formats: Sequence[Any]) -> QuickHash | None:
     if not pages or not all(hasattr(p, "tags") for p in pages):
         return None
-    is_ndpi = bool(tiff.is_ndpi)
-    texts = _Texts(source, is_ndpi)
-    fmt = _openslide_format(is_ndpi, pages, texts)
-    page = _hashed_page(fmt, pages)
+    marks = Marks(source, pages, bool(tiff.is_ndpi))
+    fmt = next((f for f in formats if f.openslide_mark(marks)), None)
+    if fmt is None:
+        return None  # no format of OpenSlide reads it
+    page = fmt.hashed_page(pages)
     if page is None:
         return None
     segments = _segments(page, source.size, values)
@@ -195,58 +201,66 @@ def _plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
         return None
     first = pages[0]
     return QuickHash(segments=segments,
-                     texts=tuple((name, texts.where(first, code)) for name, code in TEXT_TAGS))
+                     texts=tuple((name, marks.texts.where(first, code)) for name, code in TEXT_TAGS))
 
 
-def _openslide_format(is_ndpi: bool, pages: list[Any], texts: _Texts) -> str | None:
-    """The format OpenSlide reads the file as, when it is one whose hash wsitool follows;
-    None for the others and for files no format of OpenSlide reads (module docstring, 1)."""
-    if is_ndpi:
-        return "hamamatsu"
-    first = pages[0]
-    if (texts.starts(first, 305, b"MedScan") and texts.where(first, 270) is not None
-            and all(_is_tiled(p) for p in pages)):
-        return "trestle"
-    tiled = _is_tiled(first)
-    if tiled:
-        if texts.starts(first, 270, b"Aperio"):
-            return "aperio"
-        if texts.starts(first, 271, b"Huron"):
-            return "huron"
-        if texts.contains(first, _ARGOS_XML, b"Argos.Scan.Metadata"):
-            return None  # Argos (hashes its XML too)
-        if any(texts.contains(first, 270, ns) for ns in _LEICA_NAMESPACES):
-            return None  # Leica (hashes another image)
-    if texts.starts(first, 305, b"Philips") and texts.contains(first, 270, b"DPUfsImport"):
-        return None  # Philips TIFF
-    if texts.contains(first, _XMP, b"iScan"):
-        return None  # Ventana (takes its text tags from another IFD)
-    return "generic-tiff" if tiled else None
+class Marks:
+    """What OpenSlide's format detection looks at in a TIFF (module docstring, 1): the first
+    IFD's tags, read raw, whether it is tiled, and whether tifffile found an NDPI.
+
+    Attributes:
+        pages: the top-level IFDs; first: the first of them; tiled: it is tiled;
+        ndpi: the file is an NDPI; texts: the raw text reader.
+    """
+
+    def __init__(self, source: ByteSource, pages: list[Any], ndpi: bool):
+        self.pages, self.first, self.ndpi = pages, pages[0], ndpi
+        self.tiled = is_tiled(pages[0])
+        self.texts = _Texts(source, ndpi)
+
+    def starts(self, code: int, prefix: bytes) -> bool:
+        """The first IFD's text tag ``code`` starts with ``prefix``."""
+        return self.texts.starts(self.first, code, prefix)
+
+    def contains(self, code: int, needle: bytes) -> bool:
+        """The first IFD's text tag ``code`` holds ``needle``."""
+        return self.texts.contains(self.first, code, needle)
+
+    def has(self, code: int) -> bool:
+        """The first IFD has a text tag ``code`` with a value inside the file."""
+        return self.texts.where(self.first, code) is not None
 
 
-def _hashed_page(fmt: str | None, pages: list[Any]) -> Any:
-    """The IFD whose segments OpenSlide hashes for format ``fmt`` (module docstring, 2), or None."""
-    if fmt in ("aperio", "huron", "trestle"):  # their levels are the tiled IFDs, in file order
-        tiled = [p for p in pages if _is_tiled(p)]
-        return tiled[-1] if tiled else None
-    if fmt == "generic-tiff":
-        levels = [p for i, p in enumerate(pages) if _is_tiled(p) and (i == 0 or _is_reduced(p))]
-        # the smallest width; of equals the last in file order (a stable sort, largest first)
-        return min(reversed(levels), key=lambda p: int(p.imagewidth)) if levels else None
-    if fmt == "hamamatsu":
-        levels = []
-        for p in pages:
-            lens = ndpi.source_lens(p)
-            if lens is None:
-                return None  # OpenSlide refuses an NDPI IFD without SourceLens
-            if lens > 0:
-                plane = _tag(p, _NDPI_FOCAL_PLANE)
-                if plane is None:
-                    return None  # ... and a level without a focal plane
-                if int(np.atleast_1d(plane.value)[0]) == 0:
-                    levels.append(p)
-        return min(levels, key=lambda p: int(p.imagewidth)) if levels else None  # first of equals
-    return None
+def last_tiled(pages: list[Any]) -> Any:
+    """The last tiled IFD in file order (Aperio, Huron, Trestle, Philips: their levels are the
+    tiled IFDs), or None."""
+    tiled = [p for p in pages if is_tiled(p)]
+    return tiled[-1] if tiled else None
+
+
+def generic_level(pages: list[Any]) -> Any:
+    """Generic TIFF's smallest level: of the tiled IFDs that are the first or reduced-resolution,
+    the narrowest (the last of equals in file order), or None."""
+    levels = [p for i, p in enumerate(pages) if is_tiled(p) and (i == 0 or _is_reduced(p))]
+    # the smallest width; of equals the last in file order (a stable sort, largest first)
+    return min(reversed(levels), key=lambda p: int(p.imagewidth)) if levels else None
+
+
+def ndpi_level(pages: list[Any]) -> Any:
+    """NDPI's smallest level: of the IFDs with SourceLens above 0 and focal plane 0, the
+    narrowest (the first of equals); None where OpenSlide would refuse an IFD."""
+    levels = []
+    for p in pages:
+        lens = ndpi.source_lens(p)
+        if lens is None:
+            return None  # OpenSlide refuses an NDPI IFD without SourceLens
+        if lens > 0:
+            plane = _tag(p, _NDPI_FOCAL_PLANE)
+            if plane is None:
+                return None  # ... and a level without a focal plane
+            if int(np.atleast_1d(plane.value)[0]) == 0:
+                levels.append(p)
+    return min(levels, key=lambda p: int(p.imagewidth)) if levels else None  # first of equals
 
 
 def _tag(page: Any, code: int) -> Any:
@@ -256,7 +270,7 @@ def _tag(page: Any, code: int) -> Any:
     return found[-1] if found else None
 
 
-def _is_tiled(page: Any) -> bool:
+def is_tiled(page: Any) -> bool:
     """TileWidth and TileLength both present with values (OpenSlide's test of a tiled IFD)."""
     tags = page.tags
     width, length = tags.get(322), tags.get(323)

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Write small vendor-layout TIFFs (Philips TIFF) from the real pixels of the shared CMU SVS.
+
+Usage::
+
+    python scripts/make_vendor_samples.py OUTDIR [--source ../shared/samples/aperio-cmu1-small-region-jpeg.svs]
+
+No real Philips file is small enough to fetch; these follow the layout OpenSlide 4.0.1's
+Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips`):
+
+* ``philips-multilevel.tiff`` (BigTIFF): three tiled JPEG levels (256 x 256 tiles, downsamples
+  1, 2, 4) cut from the SVS's level 0; each lower level's stored size padded to whole tiles,
+  as Philips writes it, its true size given by the XML's pixel spacings.  The first IFD's
+  Software is ``Philips DP v1.0``, its ImageDescription the ``DataObject ObjectType=
+  "DPUfsImport"`` XML: barcode (base64), derivation description (``levels=40,...``: the
+  objective), the WSI image with its pixel spacing and pixel-data representation sequence,
+  and the label and macro as base64 JPEG (``PIM_DP_IMAGE_DATA`` of ``LABELIMAGE`` /
+  ``MACROIMAGE`` images).
+* ``philips-sparse.tiff`` (classic TIFF): two levels whose TileByteCounts (and TileOffsets)
+  are 0 for a block of tiles (a scan of several regions of interest); the label and macro as
+  stripped JPEG IFDs whose ImageDescription starts with ``Label`` / ``Macro``; a derivation
+  description whose first level number is no objective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+from pathlib import Path
+
+import imagecodecs
+import numpy as np
+import tifffile
+from PIL import Image
+
+SOURCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "samples" / "aperio-cmu1-small-region-jpeg.svs"
+TILE = 256
+SPACING_MM = 0.000499  # level 0's pixel spacing (mm), the SVS's MPP
+
+
+def _attr(name: str, value: str, pmsvr: str = "IString") -> str:
+    return f'<Attribute Name="{name}" Group="0x0000" Element="0x0000" PMSVR="{pmsvr}">{value}</Attribute>'
+
+
+def _representation(k: int, spacing: float) -> str:
+    return ('<DataObject ObjectType="PixelDataRepresentation">'
+            + _attr("DICOM_PIXEL_SPACING", f'"{spacing:.9g}" "{spacing:.9g}"', "IDoubleArray")
+            + _attr("PIIM_PIXEL_DATA_REPRESENTATION_NUMBER", str(k), "IUInt16")
+            + "</DataObject>")
+
+
+def philips_xml(levels: int, derivation: str, barcode: str, label: bytes | None,
+                macro: bytes | None) -> str:
+    """The ``DPUfsImport`` XML of a slide of ``levels`` levels (downsamples ``2**k``); ``label`` /
+    ``macro``: JPEG bytes carried as base64, or None."""
+    reps = "".join(_representation(k, SPACING_MM * 2 ** k) for k in range(levels))
+    wsi = ('<DataObject ObjectType="DPScannedImage">'
+           + _attr("DICOM_DERIVATION_DESCRIPTION", derivation)
+           + _attr("DICOM_PIXEL_SPACING", f'"{SPACING_MM}" "{SPACING_MM}"', "IDoubleArray")
+           + _attr("PIM_DP_IMAGE_TYPE", "WSI")
+           + _attr("DICOM_LOSSY_IMAGE_COMPRESSION_METHOD", '"PHILIPS_DP_1_0"', "IStringArray")
+           + '<Attribute Name="PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE" PMSVR="IDataObjectArray"><Array>'
+           + reps + "</Array></Attribute></DataObject>")
+    images = [wsi]
+    for kind, data in (("LABELIMAGE", label), ("MACROIMAGE", macro)):
+        if data is not None:
+            images.append('<DataObject ObjectType="DPScannedImage">'
+                          + _attr("PIM_DP_IMAGE_TYPE", kind)
+                          + _attr("PIM_DP_IMAGE_DATA", base64.b64encode(data).decode("ascii"))
+                          + "</DataObject>")
+    return ('<?xml version="1.0" encoding="UTF-8" ?>\n<DataObject ObjectType="DPUfsImport">'
+            + _attr("DICOM_MANUFACTURER", "PHILIPS")
+            + _attr("DICOM_SOFTWARE_VERSIONS", '"1.6.6186" "20150402_R48"', "IStringArray")
+            + _attr("PIM_DP_UFS_BARCODE", base64.b64encode(barcode.encode()).decode("ascii"))
+            + _attr("PIM_DP_UFS_INTERFACE_VERSION", "3.0")
+            + '<Attribute Name="PIM_DP_SCANNED_IMAGES" PMSVR="IDataObjectArray"><Array>'
+            + "".join(images) + "</Array></Attribute></DataObject>")
+
+
+def _pixels(source: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(level 0, label, macro)`` RGB arrays of the SVS."""
+    with tifffile.TiffFile(source) as tif:
+        return tif.pages[0].asarray(), tif.pages[2].asarray(), tif.pages[3].asarray()
+
+
+def _level(base: np.ndarray, k: int) -> np.ndarray:
+    """Level ``k``: level 0 reduced ``2**k`` times; a lower level padded with white to whole
+    tiles (its stored size; the XML gives its true one)."""
+    if k == 0:
+        return base
+    h, w = base.shape[:2]
+    lw, lh = -(-w // 2 ** k), -(-h // 2 ** k)
+    img = np.asarray(Image.fromarray(base).resize((lw, lh), Image.Resampling.BOX))
+    pw, ph = -(-lw // TILE) * TILE, -(-lh // TILE) * TILE
+    out = np.full((ph, pw, 3), 255, np.uint8)
+    out[:lh, :lw] = img
+    return out
+
+
+def _jpeg(rgb: np.ndarray) -> bytes:
+    return bytes(imagecodecs.jpeg8_encode(rgb, level=90))
+
+
+def _write_levels(tif: tifffile.TiffWriter, arrays: list[np.ndarray], xml: str) -> None:
+    for k, arr in enumerate(arrays):
+        tif.write(arr, tile=(TILE, TILE), compression="jpeg", compressionargs={"level": 90},
+                  photometric="rgb", subfiletype=0 if k == 0 else 1,
+                  description=xml if k == 0 else f"level={k} mag={40 >> k} quality=90",
+                  software="Philips DP v1.0" if k == 0 else None, metadata=None)
+
+
+def philips_multilevel(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``philips-multilevel.tiff`` into the folder ``out`` (module docstring); its path."""
+    base, label, macro = _pixels(source)
+    base = base[:1500, :1100]
+    xml = philips_xml(3, 'tiff-useBigTIFF=1-useRgb=0-levels=40,20,10-processing=0-q80=-1-sourceFilename="T-1"',
+                      "PHILIPS-TEST-1", _jpeg(label), _jpeg(macro))
+    path = out / "philips-multilevel.tiff"
+    with tifffile.TiffWriter(path, bigtiff=True) as tif:
+        _write_levels(tif, [_level(base, k) for k in range(3)], xml)
+    return path
+
+
+def philips_sparse(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``philips-sparse.tiff`` into the folder ``out`` (module docstring); its path."""
+    base, label, macro = _pixels(source)
+    base = base[:1200, :1000]
+    xml = philips_xml(2, "tiff-useBigTIFF=0-useRgb=0-levels=10003,10002-processing=0", "PHILIPS-SPARSE",
+                      None, None)
+    path = out / "philips-sparse.tiff"
+    with tifffile.TiffWriter(path) as tif:
+        _write_levels(tif, [_level(base, k) for k in range(2)], xml)
+        for name, img in (("Label", label), ("Macro", macro)):
+            tif.write(img, compression="jpeg", compressionargs={"level": 90}, photometric="rgb",
+                      rowsperstrip=img.shape[0], description=f"{name} image", metadata=None)
+    _drop_tiles(path, {0: [(1, 1), (1, 2), (2, 1), (2, 2), (4, 0)], 1: [(1, 1)]})
+    return path
+
+
+def _drop_tiles(path: Path, drop: dict[int, list[tuple[int, int]]]) -> None:
+    """Zero the TileOffsets and TileByteCounts entries of the ``(row, col)`` tiles of each IFD."""
+    with tifffile.TiffFile(path) as tif:
+        edits = []
+        for index, cells in drop.items():
+            page = tif.pages[index]
+            across = -(-page.imagewidth // page.tilewidth)
+            for code in (324, 325):
+                tag = page.tags[code]
+                size = tifffile.TIFF.DATA_FORMATS[tag.dtype]
+                width = int(np.dtype(tif.byteorder + size[-1]).itemsize)
+                for row, col in cells:
+                    edits.append((tag.valueoffset + (row * across + col) * width, width))
+    with open(path, "r+b") as fh:
+        for offset, width in edits:
+            fh.seek(offset)
+            fh.write(b"\0" * width)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--source", type=Path, default=SOURCE)
+    args = parser.parse_args(argv)
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    for make in (philips_multilevel, philips_sparse):
+        print(make(args.outdir, args.source))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
