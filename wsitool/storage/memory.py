@@ -18,11 +18,14 @@ __all__ = ["MemorySource"]
 
 
 class MemorySource(ByteSource):
-    """The bytes ``data`` as a :class:`~wsitool.storage.ByteSource`; ``path`` names them in messages."""
+    """The bytes ``data`` as a :class:`~wsitool.storage.ByteSource`.  Its :attr:`path` is
+    ``"<memory>"``: what it holds is named by the error's context (the opener and the facade
+    attach the slide's name; an associated image's errors name the image)."""
 
-    def __init__(self, data: bytes, path: str):
+    path = "<memory>"
+
+    def __init__(self, data: bytes):
         self._data = bytes(data)
-        self.path = path
         self.size = len(self._data)
         self._closed = False
 

@@ -305,4 +305,4 @@ def _jpeg_image(name: str, data: bytes, size: tuple[int, int]) -> AssociatedImag
     return AssociatedImage(name=name, width=w, height=h, samples=3, itemsize=1, planar=False,
                            encoding=encoding, offsets=(1,), bytecounts=(len(data),), max_segment=(w, h),
                            # (at offset 1: a segment at offset 0 counts as missing)
-                           source=MemorySource(b"\0" + data, f"<{name} in the XML>"), tile_size=(w, h))
+                           source=MemorySource(b"\0" + data), tile_size=(w, h))
