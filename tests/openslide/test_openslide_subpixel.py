@@ -114,3 +114,40 @@ def test_known_fractional_regions(name, level, location, size, tol):
         a, b = np.asarray(o.read_region(location, level, size)), np.asarray(w.read_region(location, level, size))
         assert a[..., 3].max() == 255  # the region holds slide pixels
         assert _diff(a, b) <= tol, _diff(a, b)
+
+
+@pytest.mark.parametrize(("band_rows", "blend_rows"), [(1, 7), (300, 128), (512, 1 << 20)])
+def test_a_tall_region_is_blended_band_by_band_with_openslides_pixels(monkeypatch, band_rows, blend_rows):
+    """Regions taller than a band: read in bands of whole tile rows and blended a few rows at a time
+    (peak memory one band's), every band, blend and tile seam as OpenSlide paints it (1: one tile
+    row a band)."""
+    from wsitool.deepzoom import subpixel
+
+    monkeypatch.setattr(subpixel, "BAND_ROWS", band_rows)
+    monkeypatch.setattr(subpixel, "BLEND_ROWS", blend_rows)
+    path = str(shared_sample("generic-bigtiff-zstd-5level-10000x5000.tiff"))
+    with real.OpenSlide(path) as o, ws.OpenSlide(path) as w:
+        for level, location, size in ((1, (1001, 333), (150, 1300)), (2, (555, -1501), (90, 1000))):
+            assert not whole_pixel(w._slide, location, level)
+            a = np.asarray(o.read_region(location, level, size))
+            b = np.asarray(w.read_region(location, level, size))
+            assert a[..., 3].max() == 255 and _diff(a, b) == 0, (level, location, _diff(a, b))
+
+
+def test_a_large_fractional_read_holds_a_few_times_its_output():
+    """A 2000 x 2000 region at a fractional position: the float work is done a band at a time, so
+    the traced peak stays a small multiple of the 16 MB output (the whole region at once: 19x)."""
+    import tracemalloc
+
+    path = str(shared_sample("generic-bigtiff-zstd-5level-10000x5000.tiff"))
+    with ws.OpenSlide(path) as w:
+        assert not whole_pixel(w._slide, (1001, 333), 1)
+        w.read_region((1001, 333), 1, (64, 64))  # (imports and decoders first)
+        tracemalloc.start()
+        try:
+            region = w.read_region((1001, 333), 1, (2000, 2000))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert region.size == (2000, 2000)
+        assert peak < 8 * 2000 * 2000 * 4, peak / 1e6

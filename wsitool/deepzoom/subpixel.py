@@ -34,6 +34,7 @@ that are multiples of them) the result is the plain read.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -48,6 +49,10 @@ PIECE = 4096
 #: RGBA read (4), its float32 copy (16), the sum and one product (16 each), the 8-bit result
 #: and its conversion's temporaries (4 + 32)
 BLEND_BYTES_PER_PIXEL = 96
+#: level rows of a region read at once (rounded down to whole tile rows, at least one)
+BAND_ROWS = 512
+#: output rows whose float work (``BLEND_BYTES_PER_PIXEL`` a pixel at most) is done at once
+BLEND_ROWS = 128
 _INV255 = np.float32(1) / np.float32(255)   # pixman's 8-bit -> float factor (float32)
 
 
@@ -122,8 +127,34 @@ def _paint(slide, lx: float, ly: float, level: int, w: int, h: int, grid, thread
         start = (level0_coordinate(math.floor(lx + 0.5), ds), level0_coordinate(math.floor(ly + 0.5), ds))
         return slide.read_region(start, level, (w, h), mode="rgba", threads=threads)
     (bx, fx), (by, fy) = _offset(lx), _offset(ly)
-    start = (level0_coordinate(bx, ds), level0_coordinate(by, ds))
-    src = slide.read_region(start, level, (w + 1, h + 1), mode="rgba", threads=threads)
+    # The level rows by .. by + h (one more than the output: the bottom neighbours) are read in
+    # bands whose later starts fall on tile rows (each tile decoded once); a band's output rows
+    # are painted once the band below has given their bottom neighbours, BLEND_ROWS at a time.
+    # Peak memory: the output, one band's RGBA and the float work of BLEND_ROWS x (w + 1) pixels.
+    th = grid[1] or 1
+    step = max(th, BAND_ROWS // th * th)
+    edges = [0, *range(step - by % step, h + 1, step), h + 1]
+    out = np.empty((h, w, 4), np.uint8)
+    carry: np.ndarray | None = None  # the last level row read, the top of the next block
+    for r0, r1 in itertools.pairwise(edges):
+        if r1 <= r0:
+            continue
+        band = slide.read_region((level0_coordinate(bx, ds), level0_coordinate(by + r0, ds)), level,
+                                 (w + 1, r1 - r0), mode="rgba", threads=threads)
+        block = band if carry is None else np.concatenate((carry, band))
+        top = r0 - (0 if carry is None else 1)  # the output row of the block's first row
+        carry = band[-1:]
+        rows = min(r1 - 1, h) - top
+        for i in range(0, rows, BLEND_ROWS):  # (the float work of BLEND_ROWS rows at a time)
+            n = min(BLEND_ROWS, rows - i)
+            out[top + i:top + i + n] = _blend(block[i:i + n + 1], bx, by + top + i, fx, fy, grid)
+    return out
+
+
+def _blend(src: np.ndarray, bx: int, by: int, fx: int, fy: int, grid) -> np.ndarray:
+    """``(h - 1, w - 1, 4)`` uint8 RGBA: the ``(h, w, 4)`` level pixels ``src`` (whose top-left is
+    level pixel ``(bx, by)``) sampled at the offset ``(fx, fy)`` / 65536, as pixman does."""
+    h, w = src.shape[0] - 1, src.shape[1] - 1
     p = src.astype(np.float32)
     if src[..., 3].min() < 255:  # cairo's tiles are premultiplied
         p[..., :3] = np.floor(p[..., :3] * p[..., 3:] / 255 + 0.5)
@@ -135,9 +166,11 @@ def _paint(slide, lx: float, ly: float, level: int, w: int, h: int, grid, thread
     quads = ((slice(None, -1), slice(None, -1)), (slice(None, -1), slice(1, None)),
              (slice(1, None), slice(None, -1)), (slice(1, None), slice(1, None)))
     s = p[quads[0]] * weights[0]
+    tmp = np.empty_like(s)  # (one product at a time, in place: the band's memory is p, s and tmp)
     for q, wq in zip(quads[1:], weights[1:], strict=True):
-        s += p[q] * wq
-    out = _unorm(s)
+        s += np.multiply(p[q], wq, out=tmp)
+    del tmp
+    out = _unorm(s, inplace=True)
     tw, th = grid
     # Where the four neighbours lie in different stored tiles, OpenSlide paints each
     # tile on its own (bottom row of tiles first, right to left): each tile's share is
@@ -175,9 +208,15 @@ def _shares(p, weights, rows, cols, shares) -> np.ndarray:
     return dest
 
 
-def _unorm(v: np.ndarray) -> np.ndarray:
-    """pixman's float -> 8 bits: clamp to [0, 1], ``u = trunc(v * 256)``, ``u - (u >> 8)``."""
-    u = (np.clip(v, 0, 1) * np.float32(256)).astype(np.int32)
+def _unorm(v: np.ndarray, inplace: bool = False) -> np.ndarray:
+    """pixman's float -> 8 bits: clamp to [0, 1], ``u = trunc(v * 256)``, ``u - (u >> 8)``
+    (``inplace``: ``v``, float32, is used as the scratch)."""
+    if inplace:
+        np.clip(v, 0, 1, out=v)
+        v *= np.float32(256)
+        u = v.astype(np.int32)
+    else:
+        u = (np.clip(v, 0, 1) * np.float32(256)).astype(np.int32)
     u -= u >> 8
     return u.astype(np.uint8)
 
