@@ -213,7 +213,7 @@ class Marks:
         ndpi: the file is an NDPI; texts: the raw text reader.
     """
 
-    def __init__(self, source: ByteSource, pages: list[Any], ndpi: bool):
+    def __init__(self, source: ByteSource, pages: list[tifffile.TiffPage], ndpi: bool):
         self.pages, self.first, self.ndpi = pages, pages[0], ndpi
         self.tiled = is_tiled(pages[0])
         self.texts = _Texts(source, ndpi)

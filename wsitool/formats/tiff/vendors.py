@@ -18,7 +18,7 @@ files open as generic TIFF.  A new vendor is a module with its rules and its ent
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
 
 import tifffile
 
@@ -41,11 +41,11 @@ class Context:
     source and deferred tables, and what the vendor keeps between its steps (``state``)."""
 
     tiff: tifffile.TiffFile
-    pages: list[Any]
+    pages: list[tifffile.TiffPage]
     first_desc: str
     source: ByteSource
     tables: DeferredTables
-    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+    state: dict = dataclasses.field(default_factory=dict)  # (values of the vendor's own types)
 
 
 class Vendor:
@@ -68,7 +68,7 @@ class Vendor:
         """True when OpenSlide's detection of this format passes (generic TIFF: a tiled first IFD)."""
         return marks.tiled
 
-    def hashed_page(self, pages: list[Any]) -> Any:
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
         """The IFD whose segments OpenSlide hashes for this format, or None (no hash)."""
         return generic_level(pages)
 
@@ -116,7 +116,7 @@ class Aperio(Vendor):
     def openslide_mark(self, marks: Marks) -> bool:
         return marks.tiled and marks.starts(270, b"Aperio")
 
-    def hashed_page(self, pages: list[Any]) -> Any:
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
         return last_tiled(pages)
 
     def associated_name(self, ctx: Context, page: tifffile.TiffPage, top_index: int) -> str | None:
@@ -146,7 +146,7 @@ class Hamamatsu(Vendor):
     def openslide_mark(self, marks: Marks) -> bool:
         return marks.ndpi
 
-    def hashed_page(self, pages: list[Any]) -> Any:
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
         return ndpi_level(pages)
 
     def keep(self, ctx: Context, page: tifffile.TiffPage) -> bool:
@@ -179,7 +179,7 @@ class Philips(Vendor):
         # (OpenSlide also parses the XML: a file failing that wsitool refuses, see .philips)
         return marks.starts(305, b"Philips") and marks.contains(270, b"DPUfsImport")
 
-    def hashed_page(self, pages: list[Any]) -> Any:
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
         return last_tiled(pages)
 
     def prepare(self, ctx: Context) -> None:
@@ -258,7 +258,8 @@ class OpenSlideOnly(Vendor):
     generic TIFF); its mark and hashed IFD are OpenSlide's (``hashed=None``: a hash wsitool
     does not reproduce, so none)."""
 
-    def __init__(self, name: str, mark: Any, hashed: Any):
+    def __init__(self, name: str, mark: Callable[[Marks], bool],
+                 hashed: Callable[[list[tifffile.TiffPage]], tifffile.TiffPage | None] | None):
         self.name, self._mark, self._hashed = name, mark, hashed
 
     def detect(self, ctx: Context) -> bool:
@@ -267,7 +268,7 @@ class OpenSlideOnly(Vendor):
     def openslide_mark(self, marks: Marks) -> bool:
         return bool(self._mark(marks))
 
-    def hashed_page(self, pages: list[Any]) -> Any:
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
         return None if self._hashed is None else self._hashed(pages)
 
 
