@@ -207,3 +207,23 @@ def test_cli_batch_fails_the_slide_unless_fill_and_summarises_painted(tmp_path):
            "tile(s) painted in 1 slide(s)" in " ".join(res.output.split())
     with wsitool.open_slide(out2 / "cmu1-zeroed.tiff") as s:
         assert painted_tiles(s) == len(ZEROED)
+
+
+def test_an_unnamed_error_raised_while_exporting_names_the_slide(tmp_path, monkeypatch):
+    """The layers below raise without the file's name (a tile table found cut short when the
+    export first reads it, a codec's failure): the export names the slide once, as the facade
+    does, and leaves no output."""
+    from wsitool.errors import CorruptFileError
+    from wsitool.export import pyramid
+
+    from helpers import REPO_SAMPLES
+
+    def cut_short(*args, **kwargs):
+        raise CorruptFileError("tile table at byte 4096 is cut short by the end of the file")
+
+    monkeypatch.setattr(pyramid, "_export_reencoded", cut_short)
+    slide = REPO_SAMPLES / "sample-aperio-jpeg.svs"
+    with pytest.raises(CorruptFileError) as info:
+        export_pyramid(slide, tmp_path / "out.tiff")
+    assert str(info.value) == f"{slide}: tile table at byte 4096 is cut short by the end of the file"
+    assert list(tmp_path.iterdir()) == []

@@ -168,7 +168,8 @@ def export_pyramid(
     out = _checked_output(where, output, options)
     slide = open_slide(where) if isinstance(where, Location) else where
     try:
-        return _export_slide(slide, out, options, level, region, progress, t_start)
+        with about(slide.path):  # (what the reads below raise is named as the facade names it)
+            return _export_slide(slide, out, options, level, region, progress, t_start)
     finally:
         if slide is not source:
             slide.close()
