@@ -163,3 +163,6 @@ def test_tile_joint_numbering_and_metadata_rules():
         ventana._tile_position(area, 7)
     assert ventana.metadata({"ventana.Magnification": "40", "ventana.ScanRes": "0.2325"}) == (0.2325, 0.2325, 40.0)
     assert ventana.metadata({"ventana.Magnification": "40.5", "ventana.ScanRes": "x"}) == (None, None, None)
+    # OpenSlide's C parsers skip leading white space, not trailing
+    assert ventana.metadata({"ventana.Magnification": " 40", "ventana.ScanRes": " 0.5"}) == (0.5, 0.5, 40.0)
+    assert ventana.metadata({"ventana.Magnification": "40 ", "ventana.ScanRes": "0.5 "}) == (None, None, None)

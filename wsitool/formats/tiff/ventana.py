@@ -46,7 +46,9 @@ from .tags import description
 __all__ = ["is_ventana", "xmp", "iscan_properties", "level_info", "associated_name", "Bif", "parse_bif",
            "fix_levels", "metadata"]
 
-_DOUBLE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_SPACE = "[ \t\n\v\f\r]*"  # what C's strtod and strtoll skip before a number
+_DOUBLE = re.compile(_SPACE + r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_INT = re.compile(_SPACE + r"[+-]?[0-9]+")
 _ASSOCIATED = {"Label Image": "macro", "Label_Image": "macro", "Thumbnail": "thumbnail"}
 
 
@@ -311,7 +313,7 @@ def fix_levels(levels: tuple[PyramidLevel, ...], downsamples: list[float], bif: 
 def metadata(props: dict[str, str]) -> tuple[float | None, float | None, float | None]:
     """``(mpp_x, mpp_y, objective power)`` from the ``ventana.*`` properties (module docstring)."""
     mag = props.get("ventana.Magnification", "")
-    objective = float(int(mag)) if re.fullmatch(r"[+-]?[0-9]+", mag) else None
+    objective = float(int(mag)) if _INT.fullmatch(mag) else None
     res = props.get("ventana.ScanRes", "")
     mpp = float(res) if _DOUBLE.fullmatch(res) else None
     return mpp, mpp, objective
