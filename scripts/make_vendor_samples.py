@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write small vendor-layout TIFFs (Philips TIFF) from the real pixels of the shared CMU SVS.
+"""Write small vendor-layout TIFFs (Philips TIFF, Ventana BIF and TIFF) from the real pixels of the shared CMU SVS.
 
 Usage::
 
@@ -20,6 +20,17 @@ Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips
   are 0 for a block of tiles (a scan of several regions of interest); the label and macro as
   stripped JPEG IFDs whose ImageDescription starts with ``Label`` / ``Macro``; a derivation
   description whose first level number is no objective.
+* ``ventana-tiff.tif``: a Ventana TIFF (OpenSlide 4.0.1's Ventana reader,
+  :mod:`wsitool.formats.tiff.ventana`): the first IFD the ``Label Image`` (stripped JPEG)
+  carrying the ``iScan`` XMP packet (tag 700: scan resolution, magnification, barcode),
+  then the ``Thumbnail``, then three tiled JPEG levels described ``level=N mag=M
+  quality=90`` (mag 40, 20, 10) of sizes not whole tiles; no XMP in level 0 (no tile map).
+* ``ventana-bif.bif``: a BIF: the same, with level 0's XMP an ``EncodeInfo`` tile map of
+  one area of interest (4 x 6 tiles of 256, at tile 0, 0; ``Pos-Y`` counted from below)
+  whose tile joints (right and up, numbered from the bottom row in a serpentine) overlap by
+  0; the stored levels larger than the area (OpenSlide shows the area's extent).
+* ``ventana-overlap.bif``: that BIF with joints overlapping by 3 pixels (read by OpenSlide
+  at fractional tile steps; refused by wsitool).
 """
 
 from __future__ import annotations
@@ -157,13 +168,89 @@ def _drop_tiles(path: Path, drop: dict[int, list[tuple[int, int]]]) -> None:
             fh.write(b"\0" * width)
 
 
+VENTANA_ISCAN = ('<?xml version="1.0" encoding="utf-8"?><iScan Magnification="40" ScanRes="0.499" '
+                 'BarCode1D="VENTANA-TEST" UnitNumber="BI10N0001" Mode="Brightfield" ZLayers="1" '
+                 'Empty="" BuildVersion="3.3.1.1"></iScan>')
+
+
+def _joints(across: int, down: int, overlap: float) -> str:
+    """The TileJointInfo elements of an area: tiles numbered from 1 along the bottom row, every
+    second row from the bottom right to left; one RIGHT joint per neighbour pair, one UP."""
+    number = {}
+    for r in range(down):  # r: row from the bottom
+        for c in range(across):
+            col = c if r % 2 == 0 else across - 1 - c
+            number[(col, down - 1 - r)] = r * across + c + 1
+    out = []
+    for (col, row), n in sorted(number.items(), key=lambda kv: kv[1]):
+        if col + 1 < across:
+            out.append(f'<TileJointInfo FlagJoined="1" Confidence="95" Direction="RIGHT" Tile1="{n}" '
+                       f'Tile2="{number[(col + 1, row)]}" OverlapX="{overlap}" OverlapY="0"/>')
+        if row > 0:
+            out.append(f'<TileJointInfo FlagJoined="1" Confidence="90" Direction="UP" Tile1="{n}" '
+                       f'Tile2="{number[(col, row - 1)]}" OverlapX="0" OverlapY="{overlap}"/>')
+    return "".join(out)
+
+
+def encode_info(across: int, down: int, overlap: float) -> str:
+    """Level 0's ``EncodeInfo`` XMP: one scanned area of ``across`` x ``down`` tiles at tile 0, 0."""
+    return ('<?xml version="1.0" encoding="utf-8"?><EncodeInfo Ver="2"><SlideInfo/>'
+            '<AoiOrigin><AOI0 OriginX="0" OriginY="0"/></AoiOrigin><SlideStitchInfo>'
+            f'<ImageInfo AOIScanned="1" AOIIndex="0" Width="{TILE}" Height="{TILE}" NumRows="{down}" '
+            f'NumCols="{across}" Pos-X="0" Pos-Y="1234">{_joints(across, down, overlap)}</ImageInfo>'
+            '</SlideStitchInfo></EncodeInfo>')
+
+
+def _xmp(text: str) -> list[tuple[int, int, int, bytes, bool]]:
+    data = text.encode("utf-8")
+    return [(700, 1, len(data), data, True)]
+
+
+def _ventana(path: Path, source: Path, size: tuple[int, int], level0_xmp: str | None,
+             descriptions: list[str] | None = None) -> Path:
+    base, label, _macro = _pixels(source)
+    base = base[:size[1], :size[0]]
+    descs = descriptions or [f"level={k} mag={40 >> k} quality=90" for k in range(3)]
+    with tifffile.TiffWriter(path) as tif:
+        tif.write(label, compression="jpeg", compressionargs={"level": 90}, photometric="rgb",
+                  rowsperstrip=label.shape[0], description="Label Image", extratags=_xmp(VENTANA_ISCAN),
+                  software="ScanOutputManager 1.1.0.15854", metadata=None)
+        thumb = np.asarray(Image.fromarray(base).resize((base.shape[1] // 8, base.shape[0] // 8),
+                                                        Image.Resampling.BOX))
+        tif.write(thumb, compression="jpeg", compressionargs={"level": 90}, photometric="rgb",
+                  rowsperstrip=16, description="Thumbnail", metadata=None)
+        for k, desc in enumerate(descs):
+            img = base if k == 0 else np.asarray(Image.fromarray(base).resize(
+                (-(-base.shape[1] // 2 ** k), -(-base.shape[0] // 2 ** k)), Image.Resampling.BOX))
+            extra = _xmp(level0_xmp) if k == 0 and level0_xmp is not None else []
+            tif.write(img, tile=(TILE, TILE), compression="jpeg", compressionargs={"level": 90},
+                      photometric="rgb", description=desc, extratags=extra, metadata=None,
+                      software="ScanOutputManager 1.1.0.15854", datetime="2026:01:02 03:04:05")
+    return path
+
+
+def ventana_tiff(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``ventana-tiff.tif`` into the folder ``out`` (module docstring); its path."""
+    return _ventana(out / "ventana-tiff.tif", source, (1100, 1500), None)
+
+
+def ventana_bif(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``ventana-bif.bif`` into the folder ``out`` (module docstring); its path."""
+    return _ventana(out / "ventana-bif.bif", source, (1100, 1600), encode_info(4, 6, 0))
+
+
+def ventana_overlap(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``ventana-overlap.bif`` into the folder ``out`` (module docstring); its path."""
+    return _ventana(out / "ventana-overlap.bif", source, (1100, 1600), encode_info(4, 6, 3))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--source", type=Path, default=SOURCE)
     args = parser.parse_args(argv)
     args.outdir.mkdir(parents=True, exist_ok=True)
-    for make in (philips_multilevel, philips_sparse):
+    for make in (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap):
         print(make(args.outdir, args.source))
     return 0
 

@@ -121,9 +121,9 @@ def test_tiff_formats_equal_openslide(tmp_path, name, first_page, vendor):
 
 
 def test_format_not_followed_has_none(tmp_path):
-    """A TIFF that OpenSlide would read as Ventana (an iScan XMP packet) gets no property."""
-    path = tmp_path / "ventana-like.tif"
-    _pyramid(path, {"extratags": [(700, "B", 0, b"<iScan/>", True)]})
+    """A TIFF that OpenSlide would read as Argos (its XML in tag 65000) gets no property."""
+    path = tmp_path / "argos-like.tif"
+    _pyramid(path, {"extratags": [(65000, "s", 0, "<Argos.Scan.Metadata/>", True)]})
     with Slide(path) as slide:
         assert KEY not in slide.properties
 

@@ -49,7 +49,7 @@ def build_properties(vendor: str, base: tifffile.TiffPage, levels: Sequence[Pyra
         props["tiff.ResolutionUnit"] = unit
     props.update(vendor_props)
     mpp_x, mpp_y = vendor_mpp
-    if mpp_x is None and vendor not in ("aperio", "philips") and res is not None:
+    if mpp_x is None and vendor not in ("aperio", "philips", "ventana") and res is not None:
         mpp_x, mpp_y = res[3], res[4]
     if mpp_x is not None and mpp_y is not None:
         props["openslide.mpp-x"] = repr(float(mpp_x))

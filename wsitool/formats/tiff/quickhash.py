@@ -16,17 +16,18 @@ which format wins and which IFD each hashes; ``openslide-hash.c``):
    ``DPUfsImport`` description), Ventana, then generic TIFF
    (first IFD tiled).  Each format's mark and hashed IFD are its entry in
    :data:`wsitool.formats.tiff.vendors.VENDORS` (the table wsitool's own detection
-   uses), read through :class:`Marks`.  wsitool hashes as NDPI, Trestle, Aperio, Huron, Philips and
-   generic TIFF do.  A file carrying the mark Argos, Leica or Ventana
+   uses), read through :class:`Marks`.  wsitool hashes as NDPI, Trestle, Aperio, Huron, Philips,
+   Ventana (an ``iScan`` XMP packet) and generic TIFF do.  A file carrying the mark Argos or Leica
    detection looks for (an ``Argos.Scan.Metadata`` XML in tag 65000, a Leica
-   SCN namespace in the ImageDescription, an ``iScan`` XMP packet) gets no hash: those
+   SCN namespace in the ImageDescription) gets no hash: those
    formats hash other IFDs or more text, which wsitool does not reproduce.  Nor
    does a TIFF whose first IFD is not tiled (no format of OpenSlide reads it).
 2. **The IFD hashed: the format's smallest level.**  Aperio, Huron, Trestle and Philips:
    the last tiled IFD in file order (their levels are the tiled IFDs).  Generic TIFF: among the
    tiled IFDs that are the first one or carry the reduced-resolution bit of
    NewSubfileType, the one with the smallest ImageWidth (the last of equals in
-   file order).  NDPI: among the IFDs with SourceLens (tag 65421) above 0 and
+   file order).  Ventana: the narrowest of the IFDs whose ImageDescription holds
+   ``level=``.  NDPI: among the IFDs with SourceLens (tag 65421) above 0 and
    focal plane (tag 65424) 0, the smallest ImageWidth (the first of equals).
    Only top-level IFDs count (no SubIFDs).
 3. **Its bytes.**  The IFD's segments: TileOffsets / TileByteCounts when
@@ -37,7 +38,7 @@ which format wins and which IFD each hashes; ``openslide-hash.c``):
    no ``openslide.quickhash-1`` (it keeps open fast on non-pyramidal or
    huge-top-level files).  Otherwise the stored bytes of each segment, in the
    order of the tag, compressed as they are, go into one SHA-256.
-4. **Then nine text tags of the first IFD**, in this order: ImageDescription,
+4. **Then nine text tags of the first IFD** (Ventana: of level 0's IFD), in this order: ImageDescription,
    Make, Model, Software, DateTime, Artist, HostComputer, Copyright,
    DocumentName: for each, the property name (``tiff.ImageDescription``, ...)
    and then the tag's value, both as text (:func:`wsitool.formats.quickhash.feed_string`:
@@ -199,7 +200,7 @@ def _plan(tiff: tifffile.TiffFile, pages: list[Any], source: ByteSource,
     segments = _segments(page, source.size, values)
     if segments is None:
         return None
-    first = pages[0]
+    first = fmt.hashed_text_page(pages)
     return QuickHash(segments=segments,
                      texts=tuple((name, marks.texts.where(first, code)) for name, code in TEXT_TAGS))
 

@@ -11,7 +11,7 @@ NDPI, Trestle, Aperio, Huron, Argos, Leica, Philips, Ventana, then the layouts O
 reads as generic TIFF (QPTIFF, OME-TIFF) and generic TIFF.  wsitool reads a file as the
 first entry whose :meth:`Vendor.detect` passes, and hashes it as the first whose
 :meth:`Vendor.openslide_mark` passes.  Entries wsitool does not read yet (Trestle, Huron,
-Argos, Leica, Ventana: :class:`OpenSlideOnly`) only say how OpenSlide hashes them; their
+Argos, Leica: :class:`OpenSlideOnly`) only say how OpenSlide hashes them; their
 files open as generic TIFF.  A new vendor is a module with its rules and its entry here.
 """
 
@@ -25,7 +25,7 @@ import tifffile
 from ...errors import UnsupportedFormatError
 from ...model import AssociatedImage, PyramidLevel, multichannel_level
 from ...storage import ByteSource
-from . import aperio, ndpi, ndpi_scaled, ome, philips, qptiff
+from . import aperio, ndpi, ndpi_scaled, ome, philips, qptiff, ventana
 from .encoding import level_from_page
 from .levels import choose_levels
 from .quickhash import Marks, generic_level, is_tiled, last_tiled, ndpi_level
@@ -71,6 +71,10 @@ class Vendor:
     def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
         """The IFD whose segments OpenSlide hashes for this format, or None (no hash)."""
         return generic_level(pages)
+
+    def hashed_text_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage:
+        """The IFD whose text tags OpenSlide hashes after the level's bytes (most formats: the first)."""
+        return pages[0]
 
     def prepare(self, ctx: Context) -> None:
         """Parse what the later steps need (into ``ctx.state``); raise CorruptFileError where
@@ -207,6 +211,60 @@ class Philips(Vendor):
         associated.update(philips.xml_associated(ctx.state["layout"], set(associated)))
 
 
+class Ventana(Vendor):
+    """:mod:`.ventana`: Ventana TIFF, and BIF where its tile map is the stored grid."""
+
+    name = "ventana"
+    subifds = False
+
+    def detect(self, ctx: Context) -> bool:
+        return ventana.is_ventana(ctx.tiff)
+
+    def openslide_mark(self, marks: Marks) -> bool:
+        # (OpenSlide also parses the XMP: a file failing that wsitool refuses, see .ventana)
+        return marks.contains(700, b"iScan")
+
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
+        levels = [p for p in pages if "level=" in description(p)]
+        # the smallest level: the last of OpenSlide's levels sorted by width, largest first
+        return min(reversed(levels), key=lambda p: int(p.imagewidth)) if levels else None
+
+    def hashed_text_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage:
+        levels = [p for p in pages if "level=" in description(p)]
+        return max(levels, key=lambda p: int(p.imagewidth)) if levels else pages[0]
+
+    def prepare(self, ctx: Context) -> None:
+        ctx.state["props"] = ventana.iscan_properties(ctx.pages[0])
+
+    def associated_name(self, ctx: Context, page: tifffile.TiffPage, top_index: int) -> str | None:
+        return ventana.associated_name(page)
+
+    def levels(self, ctx: Context, pool: list[tifffile.TiffPage],
+               problems: list[str]) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
+        checked = ventana.check_levels(pool)
+        base = checked[0][0]
+        tile_w, tile_h = int(base.tilewidth), int(base.tilelength)
+        packet = ventana.xmp(base)
+        bif = ventana.parse_bif(packet, tile_w, tile_h) if packet is not None else None
+        ctx.state["bif"], ctx.state["tile_size"] = bif, (tile_w, tile_h)
+        ordered = sorted(checked, key=lambda pd: -int(pd[0].imagewidth))  # OpenSlide: by width
+        levels = _plain_levels(ctx, [p for p, _ in ordered])
+        return ordered[0][0], ventana.fix_levels(levels, [d for _, d in ordered], bif, tile_w, tile_h)
+
+    def metadata(self, ctx: Context, props: dict[str, str]) -> tuple[float | None, float | None, float | None]:
+        own = ctx.state["props"]
+        props.update(own)
+        return ventana.metadata(own)
+
+    def finish(self, ctx: Context, props: dict[str, str], associated: dict[str, AssociatedImage],
+               profile: bytes | None) -> None:
+        bif = ctx.state["bif"]
+        if bif is not None:
+            for key in [k for k in props if k.startswith("openslide.level[") and "].tile-" in k]:
+                del props[key]  # OpenSlide gives a BIF's levels no tile size hint
+            props.update(ventana.region_properties(bif, *ctx.state["tile_size"]))
+
+
 class QPTiff(Vendor):
     """:mod:`.qptiff`: a level's channel pages."""
 
@@ -288,7 +346,7 @@ VENDORS: tuple[Vendor, ...] = (
     OpenSlideOnly("leica", lambda m: m.tiled and any(m.contains(270, ns) for ns in _LEICA_NAMESPACES),
                   None),  # (hashes another image)
     Philips(),
-    OpenSlideOnly("ventana", lambda m: m.contains(700, b"iScan"), None),  # (text tags of another IFD)
+    Ventana(),
     QPTiff(),
     OmeTiff(),
     Vendor(),
