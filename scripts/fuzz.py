@@ -5,8 +5,9 @@ Usage::
 
     python scripts/fuzz.py --minutes 20 [--seed S] [--out DIR] [--files A.tif B.svs ...]
 
-It takes real slides (``../shared/samples``) and the field-fault files
-(``../shared/bug-inputs``) as seeds, mutates their bytes where it matters and
+It takes real slides (``../shared/samples``), the field-fault files
+(``../shared/bug-inputs``) and the vendor-layout fixtures (``scripts/make_vendor_samples.py``:
+Philips, Ventana) as seeds, mutates their bytes where it matters and
 hands each mutated file to a *worker child process* that opens it and reads
 metadata, associated images and random regions of every level.  The only
 exceptions allowed out of wsitool are its documented ones
@@ -347,10 +348,20 @@ def save_fault(out_dir: Path, n: int, recipe: dict, result: dict, data: bytes) -
     return inp
 
 
+def vendor_seeds(folder: Path) -> list[Path]:
+    """The vendor-layout fixtures of ``scripts/make_vendor_samples.py`` (Philips, Ventana), written
+    into ``folder`` from the shared CMU slide (kept beside the faults, so a fault's recipe
+    replays); none where that slide is absent."""
+    from make_vendor_samples import SOURCE, write_all
+
+    return write_all(folder) if SOURCE.is_file() else []
+
+
 def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = None,
          timeout: float = 30.0, log=print) -> dict:
-    """Run the fuzz loop for ``minutes``; return a summary dict."""
-    files = files or seed_files()
+    """Run the fuzz loop for ``minutes``; return a summary dict.  Without ``files``, the seeds are
+    the shared slides and bug inputs plus the vendor-layout fixtures (:func:`vendor_seeds`)."""
+    files = files or seed_files() + vendor_seeds(out_dir / "vendor-seeds")
     if not files:
         raise SystemExit(f"no seed files found under {', '.join(map(str, SEED_DIRS))}")
     rng = random.Random(seed)
@@ -577,7 +588,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--out", type=Path, default=None, help="where faults are saved (default: a new temp dir)")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per input before it counts as a hang")
-    ap.add_argument("--files", type=Path, nargs="*", help="seed files (default: ../shared samples + bug inputs)")
+    ap.add_argument("--files", type=Path, nargs="*",
+                    help="seed files (default: ../shared samples + bug inputs + vendor fixtures)")
     ap.add_argument("--replay", type=Path, help="re-run one saved fault .json and print the result")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.add_argument("--cli-batch", action="store_true",

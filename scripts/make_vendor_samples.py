@@ -249,10 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--source", type=Path, default=SOURCE)
     args = parser.parse_args(argv)
-    args.outdir.mkdir(parents=True, exist_ok=True)
-    for make in (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap):
-        print(make(args.outdir, args.source))
+    for path in write_all(args.outdir, args.source):
+        print(path)
     return 0
+
+
+#: Every fixture this script writes, in order.
+MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap)
+
+
+def write_all(outdir: Path, source: Path = SOURCE) -> list[Path]:
+    """Write every fixture (:data:`MAKERS`) into ``outdir`` (made where missing); their paths."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    return [make(outdir, source) for make in MAKERS]
 
 
 if __name__ == "__main__":

@@ -191,3 +191,24 @@ def test_fuzz_script_cli(tmp_path):
     assert summary["counts"]["tried"] > len(seeds)
     assert summary["faults"] == 0, summary["distinct_faults"]
     assert proc.returncode == 0
+
+
+def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
+    """Without ``--files`` the fuzzer also mutates the Philips and Ventana layouts
+    (``scripts/make_vendor_samples.py``), written beside its faults so their recipes replay."""
+    import make_vendor_samples
+
+    if not make_vendor_samples.SOURCE.is_file():
+        pytest.skip(f"the shared CMU slide is absent: {make_vendor_samples.SOURCE}")
+    import wsitool
+
+    seeds = fuzz.vendor_seeds(tmp_path / "vendor-seeds")
+    assert [p.parent for p in seeds] == [tmp_path / "vendor-seeds"] * len(make_vendor_samples.MAKERS)
+    vendors = set()
+    for path in seeds:
+        try:
+            with wsitool.open_slide(path) as slide:
+                vendors.add(slide.vendor)
+        except wsitool.UnsupportedFormatError:  # (the overlapping BIF: refused, still a seed)
+            vendors.add("refused")
+    assert vendors == {"philips", "ventana", "refused"}
