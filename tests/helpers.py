@@ -346,3 +346,46 @@ def fake_slide_files(folder: Path) -> tuple[Path, Path]:
     shutil.copyfile(svs, folder / "slide" / "Data 0000.tif")
     (folder / "slide.fake").write_bytes(FAKE_MAGIC + b"slide/Data 0000.tif\n")
     return svs, folder / "slide.fake"
+
+
+@contextlib.contextmanager
+def openslide_pair(path: Path):
+    """``(OpenSlide, wsitool.openslide.OpenSlide)`` of ``path``, closed afterwards; the test
+    skips where the two detect different formats (the parity tests compare like with like)."""
+    import warnings
+
+    import openslide as real
+
+    import wsitool.openslide as ws
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fmt, ours = real.OpenSlide.detect_format(str(path)), ws.OpenSlide.detect_format(str(path))
+        if fmt is None or fmt != ours:
+            pytest.skip(f"{path.name}: OpenSlide detects {fmt}, wsitool.openslide {ours}: not the same format")
+        o, w = real.OpenSlide(str(path)), ws.OpenSlide(str(path))
+    try:
+        yield o, w
+    finally:
+        o.close()
+        w.close()
+
+
+def assert_reads_equal_openslide(o, w, seed: int = 50, regions: int = 12) -> None:
+    """``read_region`` RGBA of ``w`` (wsitool's drop-in) equal to OpenSlide's ``o`` on every level:
+    a region before the origin, one past the far corner, the whole level and ``regions`` random
+    ones (level-0 locations on the level's grid), then the associated images' pixels."""
+    rng = np.random.default_rng(seed)
+    for level, (width, height) in enumerate(o.level_dimensions):
+        ds = int(o.level_downsamples[level])
+        boxes = [((-37, -11), (120, 90)), ((width - 60, height - 50), (200, 170)), ((0, 0), (width, height))]
+        for _ in range(regions):
+            boxes.append(((int(rng.integers(-80, width)), int(rng.integers(-80, height))),
+                          (int(rng.integers(1, 380)), int(rng.integers(1, 380)))))
+        for (x, y), size in boxes:
+            a = np.asarray(o.read_region((x * ds, y * ds), level, size))
+            b = np.asarray(w.read_region((x * ds, y * ds), level, size))
+            assert np.array_equal(a, b), (level, x, y, size)
+    assert sorted(w.associated_images) == sorted(o.associated_images)
+    for image in o.associated_images:
+        assert np.array_equal(np.asarray(w.associated_images[image]), np.asarray(o.associated_images[image]))

@@ -9,7 +9,6 @@ wsitool slide and from wsitool's own generator.
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ import openslide.deepzoom as real_dz
 import wsitool.openslide as ws
 import wsitool.openslide.deepzoom as ws_dz
 
-from helpers import SHARED_SAMPLES, openslide_samples, repo_samples
+from helpers import SHARED_SAMPLES, openslide_pair, openslide_samples, repo_samples
 
 # The files OpenSlide opens, as tests/region_hashes.json records them (nothing is opened at
 # import), OME-TIFF aside (OpenSlide sees a generic TIFF there, wsitool.openslide an OME one);
@@ -55,18 +54,8 @@ def _tolerance(path: Path) -> int:
 
 @pytest.fixture(params=SLIDES, ids=IDS)
 def pair(request):
-    path = request.param
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fmt = real.OpenSlide.detect_format(str(path))
-        if fmt is None or fmt != ws.OpenSlide.detect_format(str(path)):
-            pytest.skip(f"{path.name}: OpenSlide detects {fmt}, wsitool.openslide "
-                        f"{ws.OpenSlide.detect_format(str(path))}: not the same format")
-        o = real.OpenSlide(str(path))
-        w = ws.OpenSlide(str(path))
-    yield path, o, w
-    o.close()
-    w.close()
+    with openslide_pair(request.param) as (o, w):
+        yield request.param, o, w
 
 
 def test_some_slides_are_compared():

@@ -8,7 +8,6 @@ multiples of the downsample, regions partly outside the slide included.
 
 from __future__ import annotations
 
-import warnings
 import zlib
 
 import numpy as np
@@ -21,7 +20,7 @@ import openslide as real
 import wsitool.openslide as ws
 from wsitool.deepzoom.subpixel import whole_pixel
 
-from helpers import openslide_samples, repo_samples, shared_sample
+from helpers import openslide_pair, openslide_samples, repo_samples, shared_sample
 
 # The slides OpenSlide reads (tests/region_hashes.json), TIFF, NDPI and DICOM, and the repo's
 # own samples; OME-TIFF aside (OpenSlide reads a generic TIFF there) and the Orientation-6
@@ -41,16 +40,8 @@ def _diff(a, b) -> int:
 
 @pytest.fixture(params=SLIDES, ids=[p.name for p in SLIDES])
 def pair(request):
-    path = request.param
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fmt = real.OpenSlide.detect_format(str(path))
-        if fmt is None or fmt != ws.OpenSlide.detect_format(str(path)):
-            pytest.skip(f"{path.name}: OpenSlide detects {fmt}, wsitool.openslide another format")
-        o, w = real.OpenSlide(str(path)), ws.OpenSlide(str(path))
-    yield path, o, w
-    o.close()
-    w.close()
+    with openslide_pair(request.param) as (o, w):
+        yield request.param, o, w
 
 
 def _off_grid(rng, low: int, high: int, ds: float) -> int:

@@ -1,0 +1,17 @@
+"""Fixtures shared by the vendor-layout tests (tests/formats/test_philips.py, test_ventana.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import script_module, shared_sample
+
+
+@pytest.fixture(scope="session")
+def made(tmp_path_factory):
+    """Every vendor-layout fixture of ``scripts/make_vendor_samples.py`` (its ``MAKERS``), written
+    once from the shared CMU SVS into a temporary folder: maker name -> path."""
+    src = shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    gen = script_module("make_vendor_samples")
+    out = tmp_path_factory.mktemp("vendor")
+    return {make.__name__: make(out, src) for make in gen.MAKERS}
