@@ -45,7 +45,7 @@ from ....storage.remote.transports.http import BODY_PIECE, failure_cause
 from ....storage.urls import SeriesUrl, redact
 from .client import JSON_LIMIT, make_pool, urllib3_module
 from .options import ClientOptions
-from .stow_answer import judge_answer, parse_answer
+from .stow_answer import StowInstance, judge_answer, parse_answer
 
 __all__ = ["BATCH_MB", "BATCH_FILES", "PIECE", "StowInstance", "StowReport", "stow", "upload", "stow_target",
            "dicom_files", "batches"]
@@ -59,30 +59,6 @@ BATCH_FILES = 64
 PIECE = 1 << 20
 #: The media type of a STOW-RS request (its boundary added).
 _STOW_TYPE = 'multipart/related; type="application/dicom"'
-
-
-@dataclasses.dataclass
-class StowInstance:
-    """One file sent (or to send) and what the server said of it.
-
-    Attributes:
-        path: the file, as given or found in a folder.
-        sop: its SOP Instance UID (the key the server's answer is matched by).
-        study: its Study Instance UID.
-        size: its size in bytes.
-        stored: True once the server's answer lists it as stored; False where it lists
-            it as failed, or leaves it out; None before its batch was answered.
-        reason: why it was not stored (None when stored or not yet sent).
-        warning: the server's warning for a stored instance (Warning Reason, 0008,1196), or None.
-    """
-
-    path: str
-    sop: str
-    study: str
-    size: int
-    stored: bool | None = None
-    reason: str | None = None
-    warning: str | None = None
 
 
 @dataclasses.dataclass

@@ -4,7 +4,8 @@ A DICOMweb server answers a STOW-RS request with the Store Instances Response Mo
 JSON (PS3.18 10.5.3): ReferencedSOPSequence (0008,1199) lists the instances stored (each with
 its Referenced SOP Instance UID (0008,1155) and, where stored with a warning, Warning Reason
 (0008,1196)), FailedSOPSequence (0008,1198) those not stored, each with its Failure Reason
-(0008,1197).  :func:`parse_answer` reads the answer's JSON, :func:`judge_answer` marks each
+(0008,1197).  :class:`StowInstance` is one file sent and what the answer said of it;
+:func:`parse_answer` reads the answer's JSON, :func:`judge_answer` marks each
 instance of the request: stored only where the answer lists it as stored (a failure listed
 wins), so an answer that leaves an instance out (an HTTP 200 listing fewer than were sent)
 leaves it not stored, with the reason said.
@@ -12,14 +13,12 @@ leaves it not stored, with the reason said.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .stow import StowInstance
-
-__all__ = ["REFERENCED", "FAILED", "FAILURE_REASONS", "parse_answer", "judge_answer", "reason_text"]
+__all__ = ["StowInstance", "REFERENCED", "FAILED", "FAILURE_REASONS", "parse_answer", "judge_answer", "reason_text"]
 
 #: ReferencedSOPSequence, FailedSOPSequence (DICOM JSON keys).
 REFERENCED, FAILED = "00081199", "00081198"
@@ -35,6 +34,30 @@ FAILURE_REASONS = {
     0xB000: "coercion of data elements", 0xB006: "elements discarded", 0xB007: "data set does not match SOP class",
     0xC000: "cannot understand", 0xC122: "referenced transfer syntax not supported",
 }
+
+
+@dataclasses.dataclass
+class StowInstance:
+    """One file sent (or to send) and what the server said of it.
+
+    Attributes:
+        path: the file, as given or found in a folder.
+        sop: its SOP Instance UID (the key the server's answer is matched by).
+        study: its Study Instance UID.
+        size: its size in bytes.
+        stored: True once the server's answer lists it as stored; False where it lists
+            it as failed, or leaves it out; None before its batch was answered.
+        reason: why it was not stored (None when stored or not yet sent).
+        warning: the server's warning for a stored instance (Warning Reason, 0008,1196), or None.
+    """
+
+    path: str
+    sop: str
+    study: str
+    size: int
+    stored: bool | None = None
+    reason: str | None = None
+    warning: str | None = None
 
 
 def reason_text(code: Any) -> str:
