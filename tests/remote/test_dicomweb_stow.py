@@ -96,7 +96,8 @@ class StowScript:
     (then ``default``): "ok" (200 listing every SOP Instance UID of :attr:`sops`), "fewer" (200
     listing all but the last), "partial" (202: the first listed as failed, 0xA700), "conflict"
     (409: every one failed, 0xA900), an HTTP status (an empty body), "endless" (200, chunked,
-    without end), "hang" (no answer for 30 s, or until the test ends).  The request's body is
+    without end), "hang" (no answer for 30 s, or until the test ends), "early" (413 before the
+    body is read).  The request's body is
     read and kept in :attr:`bodies` where ``keep``, else only counted."""
 
     def __init__(self, sops: list[str], keep: bool = True):
@@ -155,8 +156,15 @@ def _stow_handler(script: StowScript):
 
         def do_POST(self):
             script.seen.append({k.lower(): v for k, v in self.headers.items()})
-            self._read_body()
             act = script.next()
+            if act == "early":  # 413 at once, the body never read, the connection closed
+                self.send_response(413)
+                self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                return
+            self._read_body()
             if act == "hang":
                 script.stop.wait(30)
                 self.close_connection = True
@@ -285,6 +293,18 @@ def test_a_refusal_without_failures_listed_is_16(stow_server):
     assert exit_code_for(info.value) == 16
 
 
+def test_a_refusal_before_the_body_is_read_is_16(stow_server, tmp_path):
+    """A server answering 413 while 32 MiB are still being sent, then closing: its answer is read
+    (not a connection reset retried)."""
+    url, script, _files = stow_server
+    script.default = "early"
+    big = tmp_path / "big.dcm"
+    _write_dicom(big, 32 << 20)
+    with pytest.raises(RemoteAccessError, match=r"refused the upload \(HTTP 413"):
+        stow([big], url, {"retries": 1, "backoff": 0})
+    assert len(script.seen) == 1
+
+
 def test_202_with_a_failure_is_reported_per_instance(stow_server):
     url, script, files = stow_server
     script.default = "partial"
@@ -360,29 +380,40 @@ def test_the_cli_refuses_bad_inputs_before_sending(stow_server, tmp_path):
 
 
 _CHILD = textwrap.dedent("""
-    import sys
+    import atexit, sys
+
+    def peak():  # this process's own peak (VmHWM), not the parent's pages it started from
+        with open("/proc/self/status") as fp:
+            line = next(line for line in fp if line.startswith("VmHWM:"))
+        with open(sys.argv[3], "w") as out:
+            out.write(line.split()[1])
+
+    atexit.register(peak)
     from wsitool.cli import main
     main(["stow", sys.argv[1], sys.argv[2], "--batch-mb", "1024"])
 """)
 
 
-def _peak_rss(folder: Path, url: str) -> tuple[int, int, str]:
+def _peak_rss(folder: Path, url: str, tmp_path: Path) -> tuple[int, int, str]:
     """``(exit code, peak RSS in bytes, stderr)`` of ``wsitool stow folder url`` in a child
-    process (its own peak: ``os.wait4``'s resource usage of that child alone)."""
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder), url], stdout=subprocess.DEVNULL,
+    process: its VmHWM as it exits (``os.wait4``'s ``ru_maxrss`` would count the pages of this
+    process it was forked from)."""
+    out = tmp_path / f"peak-{folder.name}.txt"
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder), url, str(out)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     killer = threading.Timer(300, proc.kill)  # (a bound on the wait, not a speed target)
     killer.start()
     try:
         err = proc.stderr.read().decode(errors="replace")
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status, _usage = os.wait4(proc.pid, 0)
     finally:
         killer.cancel()
         proc.stderr.close()
     proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait again)
-    return proc.returncode, usage.ru_maxrss * 1024, err
+    return proc.returncode, int(out.read_text()) << 10, err
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc (Linux)")
 def test_files_stream_from_disk_with_bounded_memory(stow_server, tmp_path):
     """Three files of 64 MiB in one request: the child's peak RSS within 32 MiB of the same
     command's sending one small file (the body is never held whole)."""
@@ -393,10 +424,10 @@ def test_files_stream_from_disk_with_bounded_memory(stow_server, tmp_path):
     script.keep = False
     script.sops = [_write_dicom(small / "a.dcm")]
     small_size = (small / "a.dcm").stat().st_size
-    code, base, err = _peak_rss(small, url)
+    code, base, err = _peak_rss(small, url, tmp_path)
     assert code == 0, err
     script.sops = [_write_dicom(big / f"b{k}.dcm", 64 << 20) for k in range(3)]
-    code, peak, err = _peak_rss(big, url)
+    code, peak, err = _peak_rss(big, url, tmp_path)
     assert code == 0, err
     assert script.received[-1] > 3 * (64 << 20)
     print(f"peak RSS: {base >> 20} MiB sending {small_size} bytes, {peak >> 20} MiB sending "

@@ -1,6 +1,6 @@
 """``wsitool stow``: send DICOM files to a DICOMweb service with STOW-RS (floor 9).
 
-A thin layer over :func:`wsitool.formats.dicom.web.stow.stow`: the files are streamed from
+A thin layer over :func:`wsitool.formats.dicom.web.store.stow`: the files are streamed from
 disk in batches; the report is one line (or JSON), each instance the server did not store
 one more line on stderr, and then the error line of
 :class:`~wsitool.errors.RemoteStoreError` (exit 19).
@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from ..formats.dicom.web.stow import BATCH_FILES, BATCH_MB, StowReport, stow
+from ..formats.dicom.web.store import BATCH_FILES, BATCH_MB, StowReport, stow
 from .console import console, err_console, handle_errors, shown, storage_options
 from .group import app
 

@@ -3,7 +3,7 @@
 :class:`DicomWebClient` talks to one DICOMweb service for one series: QIDO-RS
 (the series' instances), WADO-RS metadata (``application/dicom+json``), frames
 (``multipart/related``, many frame numbers in one request); STOW-RS (upload) is
-:mod:`.stow`'s, with the same options and :func:`make_pool`.  Every request has the
+:mod:`.store`'s, with the same options and :func:`make_pool`.  Every request has the
 timeouts, retries with back-off and ``Retry-After``, and error classes of the other remote sources
 (:mod:`wsitool.storage.remote`): 404 -> :class:`~wsitool.errors.RemoteNotFoundError`,
 401/403 -> :class:`~wsitool.errors.RemoteAccessError`, a timeout, a 5xx after

@@ -13,7 +13,7 @@ credentials are sent, never shown: every message names the URL as
 
 The server's answer (DICOM JSON: ReferencedSOPSequence (0008,1199), FailedSOPSequence
 (0008,1198) with FailureReason (0008,1197)) is read within ``metadata_limit_mb`` and
-judged per instance (:mod:`.stow_answer`): an instance is stored only where the answer
+judged per instance (:mod:`.store_answer`): an instance is stored only where the answer
 lists it as stored, so a server answering 200 while listing fewer instances than it was
 sent is caught.  The result is a :class:`StowReport`; :meth:`StowReport.raise_for_failures`
 turns instances not stored into :class:`~wsitool.errors.RemoteStoreError` (exit 19).
@@ -45,7 +45,7 @@ from ....storage.remote.transports.http import BODY_PIECE, failure_cause
 from ....storage.urls import SeriesUrl, redact
 from .client import JSON_LIMIT, make_pool, urllib3_module
 from .options import ClientOptions
-from .stow_answer import StowInstance, judge_answer, parse_answer
+from .store_answer import StowInstance, judge_answer, parse_answer
 
 __all__ = ["BATCH_MB", "BATCH_FILES", "PIECE", "StowInstance", "StowReport", "stow", "upload", "stow_target",
            "dicom_files", "batches"]
@@ -432,8 +432,11 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
         InvalidOptionError: a bad URL, option or batch size; a file of another study than the URL's.
         UnsupportedFormatError: a file given by name that is not a DICOM Part-10 file; a folder without one.
         OSError: a file that cannot be read (before or while it is sent).
-        RemoteNotFoundError, RemoteAccessError, RemoteUnavailableError: as
-            :meth:`_Poster.send`; batches sent before stay stored (the message counts them).
+        RemoteNotFoundError: HTTP 404/410 (no STOW-RS service at the URL).
+        RemoteAccessError: HTTP 401/403; another 4xx or a redirect with no failed instance listed.
+        RemoteUnavailableError: timeouts, resets, HTTP 408/429/5xx after the retries; an answer
+            longer than ``metadata_limit_mb``.  Batches sent before stay stored (the message
+            counts them).
     """
     if isinstance(batch_mb, bool) or not (isinstance(batch_mb, (int, float)) and 0 < batch_mb < 2**40):
         raise InvalidOptionError(f"batch_mb: expected a positive number of MiB, got {batch_mb!r}")
