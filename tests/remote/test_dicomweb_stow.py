@@ -265,6 +265,15 @@ def test_a_bearer_token_and_headers_are_sent_and_batches_are_bounded(stow_server
     assert [len(_parts(b, h["content-type"])) for b, h in zip(script.bodies, script.seen, strict=True)] == [2, 1]
 
 
+def test_progress_counts_every_body_byte(stow_server):
+    url, script, files = stow_server
+    calls = []
+    stow(files, url, batch_files=2, progress=lambda sent, total: calls.append((sent, total)))
+    total = sum(script.received)
+    assert calls[-1] == (total, total)
+    assert all(b[1] == total for b in calls) and [c[0] for c in calls] == sorted(c[0] for c in calls)
+
+
 def test_a_failing_server_is_17_after_the_retries_without_credentials(stow_server):
     url, script, files = stow_server
     script.default = 500

@@ -1,8 +1,8 @@
 """``wsitool stow``: send DICOM files to a DICOMweb service with STOW-RS (floor 9).
 
 A thin layer over :func:`wsitool.formats.dicom.web.store.stow`: the files are streamed from
-disk in batches; the report is one line (or JSON), each instance the server did not store
-one more line on stderr, and then the error line of
+disk in batches (a progress bar on a terminal's stderr); the report is one line (or JSON),
+each instance the server did not store one more line on stderr, and then the error line of
 :class:`~wsitool.errors.RemoteStoreError` (exit 19).
 """
 
@@ -12,6 +12,7 @@ import json
 import sys
 
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ..formats.dicom.web.store import BATCH_FILES, BATCH_MB, StowReport, stow
 from .console import console, err_console, handle_errors, shown, storage_options
@@ -45,9 +46,19 @@ def stow_cmd(
     the server refuses the upload, 17 when it fails, hangs or answers past the
     bound, 9 when there is no STOW-RS service at the URL.
     """
-    report = stow(paths, url, storage_options(storage_option), batch_mb=batch_mb, batch_files=batch_files)
+    with _progress() as bar:
+        task = bar.add_task("stow", total=None)
+        report = stow(paths, url, storage_options(storage_option), batch_mb=batch_mb, batch_files=batch_files,
+                      progress=lambda sent, total: bar.update(task, completed=sent, total=total))
     _print_report(report, as_json)
     report.raise_for_failures()
+
+
+def _progress() -> Progress:
+    """The bytes sent, on stderr where it is a terminal (nothing otherwise: a pipe or a log keeps one line)."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True),
+                    TransferSpeedColumn(), TimeRemainingColumn(), console=err_console,
+                    disable=not err_console.is_terminal, transient=True)
 
 
 def _print_report(report: StowReport, as_json: bool) -> None:

@@ -409,7 +409,7 @@ class _Poster:
 
 def stow(paths: Iterable[str | os.PathLike[str]], url: str,
          options: Mapping[str, Any] | StorageOptions | None = None, *, batch_mb: float = BATCH_MB,
-         batch_files: int = BATCH_FILES, progress: Callable[[int], None] | None = None) -> StowReport:
+         batch_files: int = BATCH_FILES, progress: Callable[[int, int], None] | None = None) -> StowReport:
     """Store DICOM Part-10 files on a DICOMweb service with STOW-RS, streamed from disk.
 
     Args:
@@ -422,7 +422,9 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
             ``retries``, ``backoff``, ``metadata_limit_mb``).
         batch_mb: most MiB of files per request (a larger file goes alone).
         batch_files: most files per request.
-        progress: called with each count of body bytes handed to the connection.
+        progress: called as ``progress(sent, total)`` as the bodies are handed to the
+            connection: body bytes sent so far (a retry sends its batch again; at most
+            ``total``) and in all the requests (bytes).
 
     Returns:
         The :class:`StowReport`: each instance stored or not, and why.  Instances the server
@@ -452,10 +454,12 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
                     raise InvalidOptionError(f"{inst.path}: of study {inst.study or '(none)'}, not the study "
                                              f"of {poster.shown}")
         report = StowReport(poster.shown, instances, skipped=skipped)
+        runs = list(batches(instances, int(batch_mb * (1 << 20)), batch_files))
+        tick = _ticker(progress, sum(_Body(run, None).length for run in runs))
         done = 0
-        for batch in batches(instances, int(batch_mb * (1 << 20)), batch_files):
+        for batch in runs:
             try:
-                poster.send(batch, progress)
+                poster.send(batch, tick)
             except (RemoteAccessError, RemoteUnavailableError) as exc:
                 if done:
                     raise type(exc)(f"{exc} ({done} of {len(instances)} instance(s) sent before)") from None
@@ -466,6 +470,20 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
         return report
     finally:
         poster.close()
+
+
+def _ticker(progress: Callable[[int, int], None] | None, total: int) -> Callable[[int], None] | None:
+    """A callback of each piece's size that calls ``progress(sent, total)``; None without ``progress``."""
+    if progress is None:
+        return None
+    sent = 0
+
+    def tick(size: int) -> None:
+        nonlocal sent
+        sent += size
+        progress(min(sent, total), total)
+
+    return tick
 
 
 def upload(base_url: str, files: Iterable[str | os.PathLike[str]],
