@@ -382,6 +382,9 @@ def test_the_cli_refuses_bad_inputs_before_sending(stow_server, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "wsitool", "stow", *args], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == code and words in proc.stderr, (args, proc.stderr)
+    for bad in ({"batch_mb": 0}, {"batch_mb": float("nan")}, {"batch_files": 0}, {"batch_files": 1.5}):
+        with pytest.raises(wsitool.InvalidOptionError, match="batch_"):
+            stow(files, url, **bad)
     assert not script.seen
 
 

@@ -440,10 +440,7 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
             longer than ``metadata_limit_mb``.  Batches sent before stay stored (the message
             counts them).
     """
-    if isinstance(batch_mb, bool) or not (isinstance(batch_mb, (int, float)) and 0 < batch_mb < 2**40):
-        raise InvalidOptionError(f"batch_mb: expected a positive number of MiB, got {batch_mb!r}")
-    if isinstance(batch_files, bool) or not isinstance(batch_files, int) or batch_files < 1:
-        raise InvalidOptionError(f"batch_files: expected a positive whole number, got {batch_files!r}")
+    batch_bytes = _batch_bytes(batch_mb, batch_files)
     target, path, study = stow_target(url)
     poster = _Poster(target, path, options)
     try:
@@ -454,7 +451,7 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
                     raise InvalidOptionError(f"{inst.path}: of study {inst.study or '(none)'}, not the study "
                                              f"of {poster.shown}")
         report = StowReport(poster.shown, instances, skipped=skipped)
-        runs = list(batches(instances, int(batch_mb * (1 << 20)), batch_files))
+        runs = list(batches(instances, batch_bytes, batch_files))
         tick = _ticker(progress, sum(_Body(run, None).length for run in runs))
         done = 0
         for batch in runs:
@@ -470,6 +467,19 @@ def stow(paths: Iterable[str | os.PathLike[str]], url: str,
         return report
     finally:
         poster.close()
+
+
+def _batch_bytes(batch_mb: float, batch_files: int) -> int:
+    """``batch_mb`` in bytes, both batch bounds checked.
+
+    Raises:
+        InvalidOptionError: not a positive number of MiB (below 2**40), or of files.
+    """
+    if isinstance(batch_mb, bool) or not (isinstance(batch_mb, (int, float)) and 0 < batch_mb < 2**40):
+        raise InvalidOptionError(f"batch_mb: expected a positive number of MiB, got {batch_mb!r}")
+    if isinstance(batch_files, bool) or not isinstance(batch_files, int) or batch_files < 1:
+        raise InvalidOptionError(f"batch_files: expected a positive whole number, got {batch_files!r}")
+    return max(1, int(batch_mb * (1 << 20)))
 
 
 def _ticker(progress: Callable[[int, int], None] | None, total: int) -> Callable[[int], None] | None:
