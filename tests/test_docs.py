@@ -20,7 +20,7 @@ import wsitool
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 COMMANDS = [None, "info", "read-region", "read-regions", "export-pyramid", "export-many", "stress", "serve", "patches",
-            "patches plan"]
+            "patches plan", "stow"]
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,7 @@ __all__ = [
     "RemoteAccessError",
     "RemoteUnavailableError",
     "RemoteChangedError",
+    "RemoteStoreError",
     "printable",
 ]
 
@@ -226,6 +227,13 @@ class RemoteUnavailableError(WsiError):
     (without tokens), the last cause and the attempts made.  Also raised at once,
     without retries, for a server that cannot serve the reads at all: an HTTP(S)
     server that does not support range requests (``200`` with the whole object)."""
+
+
+class RemoteStoreError(WsiError):
+    """A DICOMweb server did not store every instance sent to it (STOW-RS): it listed them as
+    failed, or left them out of its answer.  The message names the service URL (without
+    credentials), how many were not stored, and the first one's file, SOP Instance UID and
+    reason (exit 19)."""
 
 
 class RemoteChangedError(WsiError):

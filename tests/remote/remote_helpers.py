@@ -29,6 +29,31 @@ def _servers():
 servers = _servers()
 
 
+def dicomweb_servers():
+    """``scripts/dicomweb_servers.py`` (Orthanc with its DICOMweb plugin), imported once."""
+    name = "wsitool_test_dicomweb_servers"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "scripts" / "dicomweb_servers.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def orthanc_server():
+    """An empty Orthanc with its DICOMweb plugin on a free port of 127.0.0.1, for one test module
+    (``root``: ``http://127.0.0.1:PORT/dicom-web``; ``load(paths)``: STOW-RS of files, their series
+    URLs); stopped after the module.  Skips where Orthanc or its plugin is not installed."""
+    module = dicomweb_servers()
+    why = module.missing()
+    if why:
+        pytest.skip(why)
+    with module.orthanc() as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def nginx_factory():
     """``nginx_factory(root)`` -> a started nginx over ``root`` (stopped at the end of the session)."""

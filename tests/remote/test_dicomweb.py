@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import warnings
 from pathlib import Path
 
@@ -18,19 +16,6 @@ from helpers import NO_SHARED, SHARED_SAMPLES, present, shared_names
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
 pytest.importorskip("pydicom", reason="pydicom is not installed")
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _servers():
-    name = "wsitool_test_dicomweb_servers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "dicomweb_servers.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _series_samples() -> list[Path]:
     """Each DICOM series among the shared samples: a folder, or a single-file series."""
     return [SHARED_SAMPLES / name for name in shared_names("dicom-")]
@@ -41,20 +26,16 @@ def _files(sample: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def orthanc():
-    """One Orthanc for the module, every shared DICOM series stored in it: ``(server, {sample: url})``."""
-    servers = _servers()
-    why = servers.missing()
-    if why:
-        pytest.skip(why)
+def orthanc(orthanc_server):
+    """The module's Orthanc (``orthanc_server``) with every shared DICOM series stored:
+    ``(server, {sample: url})``."""
     if not SHARED_SAMPLES.is_dir():
         pytest.skip(NO_SHARED)
-    with servers.orthanc() as server:
-        urls = {}
-        for sample in present(_series_samples()):
-            (url,) = server.load(_files(sample))
-            urls[sample.name] = url
-        yield server, urls
+    urls = {}
+    for sample in present(_series_samples()):
+        (url,) = orthanc_server.load(_files(sample))
+        urls[sample.name] = url
+    return orthanc_server, urls
 
 
 def _open(location, **kw):

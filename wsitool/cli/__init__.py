@@ -15,6 +15,7 @@ Exit codes:
     16 remote access denied (HTTP 401/403, expired credentials or presigned URL, 416);
     17 remote source failing after retries (timeout, 5xx, reset, truncated body; no HTTP range support);
     18 remote slide changed on the server while open (size or ETag);
+    19 ``stow``: the DICOMweb server did not store every instance sent;
     130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP (wsitool.ground.signals).
     ``wsitool stress`` adds its own verdict codes (see its help).
 """
@@ -25,7 +26,7 @@ import logging
 import warnings
 
 from ..ground import signals
-from . import export, info, patches, read, serve, stress  # noqa: F401  (each registers its command on app)
+from . import export, info, patches, read, serve, stow, stress  # noqa: F401  (each registers its command on app)
 from .console import EXIT_CODES, exit_code_for, fail, handle_errors, show_warning
 from .group import app
 

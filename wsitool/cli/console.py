@@ -73,6 +73,7 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (errors.RemoteAccessError, 16),  # denied, expired credentials or presigned URL
     (errors.RemoteUnavailableError, 17),  # the remote source failed after its retries
     (errors.RemoteChangedError, 18),  # the object changed on the server while open
+    (errors.RemoteStoreError, 19),  # a DICOMweb server did not store every instance sent (STOW-RS)
     (errors.WsiError, 1),
     (FileNotFoundError, 9),
     (OSError, 9),

@@ -2,9 +2,9 @@
 
 :class:`DicomWebClient` talks to one DICOMweb service for one series: QIDO-RS
 (the series' instances), WADO-RS metadata (``application/dicom+json``), frames
-(``multipart/related``, many frame numbers in one request) and STOW-RS
-(upload).  Every request has the timeouts, retries with back-off and
-``Retry-After``, and error classes of the other remote sources
+(``multipart/related``, many frame numbers in one request); STOW-RS (upload) is
+:mod:`.store`'s, with the same options and :func:`make_pool`.  Every request has the
+timeouts, retries with back-off and ``Retry-After``, and error classes of the other remote sources
 (:mod:`wsitool.storage.remote`): 404 -> :class:`~wsitool.errors.RemoteNotFoundError`,
 401/403 -> :class:`~wsitool.errors.RemoteAccessError`, a timeout, a 5xx after
 the retries or a multipart body cut short -> :class:`~wsitool.errors.RemoteUnavailableError`.
@@ -25,8 +25,7 @@ import threading
 import time
 import types
 import urllib.parse
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ....errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, WsiError
@@ -39,7 +38,8 @@ from ....storage.urls import SeriesUrl
 from .multipart import header_param, parse_multipart
 from .options import ClientOptions
 
-__all__ = ["DicomWebClient", "FrameCache", "NotAcceptable", "MEDIA_TYPES", "JSON_LIMIT", "frames_limit"]
+__all__ = ["DicomWebClient", "FrameCache", "NotAcceptable", "MEDIA_TYPES", "JSON_LIMIT", "frames_limit", "make_pool",
+           "urllib3_module"]
 
 #: Frame transfer syntax -> the media type WADO-RS names it with (PS3.18 8.7.3.5.2).
 MEDIA_TYPES = {
@@ -76,7 +76,12 @@ class NotAcceptable(Exception):
     """The server will not send frames in the transfer syntax asked for (HTTP 400/406/415/500/501)."""
 
 
-def _urllib3() -> types.ModuleType:
+def urllib3_module() -> types.ModuleType:
+    """urllib3, imported when first needed.
+
+    Raises:
+        WsiError: the remote extra (urllib3) is not installed.
+    """
     return optional_import("urllib3", "remote", "reading DICOMweb series needs the optional extra: ", WsiError)
 
 
@@ -107,6 +112,24 @@ class FrameCache:
                 self.used -= len(old)
 
 
+def make_pool(settings: ClientOptions, size: int) -> Any:
+    """A urllib3 pool manager for the service of ``settings`` (its TLS verification: ``verify``),
+    ``size`` connections per host, no retries of its own (the callers retry).
+
+    Raises:
+        WsiError: urllib3 not installed.
+    """
+    urllib3 = urllib3_module()
+    kw = {}
+    if settings.base.lower().startswith("https://"):
+        if settings.verify is False:
+            kw["cert_reqs"] = "CERT_NONE"
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        elif isinstance(settings.verify, str):
+            kw["ca_certs"] = settings.verify
+    return urllib3.PoolManager(num_pools=2, maxsize=size, block=False, retries=False, **kw)
+
+
 class DicomWebClient:
     """Requests to one DICOMweb service about one series.
 
@@ -134,16 +157,7 @@ class DicomWebClient:
         self._headers = settings.headers
         self.cache = FrameCache(settings.frame_cache_bytes)
         self.json_limit = settings.json_limit
-        urllib3 = _urllib3()
-        kw = {}
-        if self.base.lower().startswith("https://"):
-            if settings.verify is False:
-                kw["cert_reqs"] = "CERT_NONE"
-                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            elif isinstance(settings.verify, str):
-                kw["ca_certs"] = settings.verify
-        self._pool = urllib3.PoolManager(num_pools=2, maxsize=self.options.concurrency + 4,
-                                         block=False, retries=False, **kw)
+        self._pool = make_pool(settings, self.options.concurrency + 4)
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
@@ -193,7 +207,7 @@ class DicomWebClient:
 
     def _once(self, method: str, url: str, accept: str, body: bytes | None, content_type: str | None,
               not_acceptable: bool, limit: int, deadline: float) -> tuple[bytes, dict]:
-        urllib3 = _urllib3()
+        urllib3 = urllib3_module()
         headers = dict(self._headers)
         headers["Accept"] = accept
         headers.setdefault("Accept-Encoding", "identity")
@@ -364,21 +378,6 @@ class DicomWebClient:
                 time.sleep(retry_pause(attempt, self.options.backoff, low=1.0, spread=0.0))
                 continue
             return [body for _, body in parts]
-
-    def store(self, files: Iterable[bytes]) -> dict:
-        """STOW-RS of DICOM files (their bytes) to the study root in one request; the answer's JSON."""
-        boundary = uuid.uuid4().hex
-        chunks = []
-        for data in files:
-            chunks += [f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode(), data, b"\r\n"]
-        chunks.append(f"--{boundary}--\r\n".encode())
-        body, _ = self.request("POST", f"{self.base}/studies", "application/dicom+json",
-                               body=b"".join(chunks), retry=False,
-                               content_type=f'multipart/related; type="application/dicom"; boundary={boundary}')
-        try:
-            return json.loads(body) if body.strip() else {}
-        except ValueError:
-            return {}
 
     def stats(self) -> dict:
         """``{"requests", "frame_requests", "bytes"}`` so far."""

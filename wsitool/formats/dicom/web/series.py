@@ -23,16 +23,12 @@ that syntax explicitly.  None accepted -> :class:`~wsitool.errors.UnsupportedFor
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ....errors import CorruptFileError, RemoteAccessError, RemoteNotFoundError, UnsupportedFormatError, WsiError
 from ....ground.naming import about
-from ....storage.remote.options import StorageOptions
-from ....storage.urls import SeriesUrl
 from ..instance import WSI_SOP_CLASS, Instance, instance_from_dataset
 from .client import MEDIA_TYPES, DicomWebClient, NotAcceptable
 from .frames import FRAME_STRIDE, FrameSource, instance_url
@@ -40,7 +36,7 @@ from .frames import FRAME_STRIDE, FrameSource, instance_url
 if TYPE_CHECKING:  # pragma: no cover - pydicom is imported when a DICOM slide is opened
     from pydicom.dataset import Dataset
 
-__all__ = ["NOMINAL", "series_instances", "frames_table", "upload"]
+__all__ = ["NOMINAL", "series_instances", "frames_table"]
 
 #: The byte count a DICOMweb tile index gives every frame: an upper bound (frames are read
 #: whole).  Half the address stride less one, so a tile row's entries join into one advised
@@ -226,24 +222,3 @@ def _decimal_strings(ds: Dataset) -> None:
                 elem.value = _ds_text(elem.value)
         except (TypeError, ValueError, OverflowError):
             continue
-
-
-def upload(base_url: str, files: Iterable[str | os.PathLike[str]],
-           options: Mapping[str, Any] | StorageOptions | None = None) -> int:
-    """STOW-RS: store the DICOM files ``files`` (paths) on the DICOMweb service at ``base_url``
-    (its root, e.g. ``http://host/dicom-web``) in one request; returns how many were sent.
-
-    Raises:
-        RemoteAccessError: denied (401/403) or refused.  RemoteUnavailableError: the server failed.
-        OSError: a file that cannot be read.
-    """
-    datas = []
-    for name in files:
-        with open(name, "rb") as fp:
-            datas.append(fp.read())
-    client = DicomWebClient(SeriesUrl(base_url.rstrip("/"), "0", "0", base_url), options)
-    try:
-        client.store(datas)
-    finally:
-        client.close()
-    return len(datas)
