@@ -33,11 +33,17 @@ or 12-bit JPEG, JPEG-LS, a JP2 file wrapper, 33003) cannot pass through: the
 export fails before writing, with one line naming the level
 (:class:`~wsitool.errors.UnsupportedFormatError`, exit 4).
 
-Re-encoding (``jpeg``, ``jpeg2000``): the tiles of the export's encoder
-(:mod:`wsitool.export.encode`): JPEG baseline from libjpeg-turbo (JFIF YCbCr,
-chroma subsampled 2x1 as ``YBR_FULL_422`` says, PS3.3 C.7.6.3.1.2), JPEG 2000
-from OpenJPEG with the colour transform: ``YBR_ICT`` under .91 (lossy, the
-target PSNR), ``YBR_RCT`` under .90 (lossless, ``psnr=0``).
+Re-encoding (``jpeg``, ``jpeg2000``), with the export's encoders (libjpeg-turbo
+and OpenJPEG through imagecodecs, as :mod:`wsitool.export.encode`): JPEG
+baseline at quality 90 and above without chroma subsampling, as the TIFF export
+(subsampling costs up to 60-110 grey levels at saturated edges, e.g. the
+shared NDPI's fluorescence), which DICOM readers take only untransformed:
+RGB samples with an Adobe APP14 marker (transform 0), photometric ``RGB``
+(OpenSlide's DICOM reader decodes JPEG as ``RGB`` or ``YBR_FULL_422`` only,
+not ``YBR_FULL``); below quality 90 JFIF YCbCr subsampled 2x1, as
+``YBR_FULL_422`` says (PS3.3 C.7.6.3.1.2).  JPEG 2000 with the colour
+transform: ``YBR_ICT`` under .91 (lossy, the target PSNR), ``YBR_RCT`` under
+.90 (lossless, ``psnr=0``).
 """
 
 from __future__ import annotations
@@ -187,11 +193,16 @@ def j2k_transform(stream: bytes) -> tuple[bool | None, bool]:
     return None, False
 
 
-def reencode_coding(compression: str, psnr: float | None) -> FrameCoding:
+#: JPEG quality from which re-encoded frames are not chroma subsampled (RGB samples; module notes)
+RGB_JPEG_QUALITY = 90
+
+
+def reencode_coding(compression: str, psnr: float | None, quality: int = 90) -> FrameCoding:
     """The :class:`FrameCoding` of re-encoded frames (``compression`` ``jpeg`` or ``jpeg2000``;
-    ``psnr`` 0: lossless JPEG 2000)."""
+    ``psnr`` 0: lossless JPEG 2000; ``quality``: JPEG's, which decides RGB or YCbCr, module notes)."""
     if compression == "jpeg":
-        return FrameCoding(JPEG_BASELINE, "YBR_FULL_422", True, "ISO_10918_1")
+        return FrameCoding(JPEG_BASELINE, "RGB" if quality >= RGB_JPEG_QUALITY else "YBR_FULL_422", True,
+                           "ISO_10918_1")
     if compression == "jpeg2000":
         if psnr is not None and float(psnr) <= 0:
             return FrameCoding(J2K_LOSSLESS, "YBR_RCT", False, "")
@@ -203,7 +214,8 @@ def reencode_coding(compression: str, psnr: float | None) -> FrameCoding:
 class FrameEncoder:
     """Encodes ``(h, w, 3)`` uint8 tiles as frames of a :func:`reencode_coding` (any thread).
 
-    JPEG: libjpeg-turbo baseline at ``quality``, 4:2:2 chroma subsampling (``YBR_FULL_422``).
+    JPEG: libjpeg-turbo baseline at ``quality``: RGB samples (Adobe marker, transform 0) from quality 90,
+    else YCbCr with 4:2:2 chroma subsampling (``YBR_FULL_422``).
     JPEG 2000: OpenJPEG code streams with the colour transform, at ``psnr`` dB (0: lossless 5-3).
     """
 
@@ -221,6 +233,9 @@ class FrameEncoder:
         tile = np.ascontiguousarray(tile)
         try:
             if self.compression == "jpeg":
+                if self.quality >= RGB_JPEG_QUALITY:
+                    return bytes(imagecodecs.jpeg8_encode(tile, level=self.quality, colorspace="RGB",
+                                                          outcolorspace="RGB", subsampling="444"))
                 return bytes(imagecodecs.jpeg8_encode(tile, level=self.quality, subsampling="422"))
             if self.psnr > 0:
                 return bytes(imagecodecs.jpeg2k_encode(

@@ -18,7 +18,7 @@ tiles (offset or byte count 0) is written TILED_SPARSE, with a position for
 each frame, others TILED_FULL.  Otherwise each level is read from its own
 source level, strip by strip (:class:`~wsitool.export.source.StripSource`),
 and encoded in ``tile_size`` frames (edge frames padded with the background).
-The associated images are single JPEG frames (quality ``quality``).
+The associated images are single JPEG frames (quality ``quality``, coded as the levels' re-encoded frames).
 
 The folder is made as a partial (:mod:`wsitool.ground.outputs`) and renamed
 into place when every instance is written: on any error nothing is left.
@@ -94,7 +94,7 @@ def export_dicom(slide: Slide, final: Path, L: int, rect: tuple[int, int, int, i
     meta = output_metadata(slide, L)
     mpp = options.mpp if options.mpp is not None else meta["mpp"]
     if not mpp:
-        raise InvalidOptionError(f"{slide.path}: the slide has no pixel spacing (MPP), which every DICOM WSI "
+        raise InvalidOptionError("the slide has no pixel spacing (MPP), which every DICOM WSI "
                                  "instance carries: give it with --mpp")
     if isinstance(mpp, (int, float)):
         mpp = (float(mpp), float(mpp))
@@ -105,8 +105,8 @@ def export_dicom(slide: Slide, final: Path, L: int, rect: tuple[int, int, int, i
     plans = [_plan_level(slide, lv, options, k) for k, lv in enumerate(levels)]  # refusals before writing
     extra = _added_dims(plans[-1], options)
     associated = _associated(slide, options)
-    total = sum(p.frames for p in plans) + sum(-(-w // options.tile_size) * -(-h // options.tile_size)
-                                               for w, h in extra)
+    T = _added_tile(plans[-1], options)
+    total = sum(p.frames for p in plans) + sum(-(-w // T) * -(-h // T) for w, h in extra)
     counter = TileCounter(total, progress)
     partial = atomic.create_dir(final, sources)
     with partial:
@@ -168,7 +168,7 @@ def _plan_level(slide: Slide, lv: PyramidLevel, options: ExportOptions, k: int) 
     if options.compression != "copy":
         T = options.tile_size
         n = -(-lv.width // T) * -(-lv.height // T)
-        coding = reencode_coding(options.compression, options.psnr)
+        coding = reencode_coding(options.compression, options.psnr, options.quality)
         return _LevelPlan(slide, lv, coding, (T, T), None, n, 0, n * (6 * T * T + 4096))
     present = _present(lv)
     coding = passthrough_coding(lv, _first_tile(lv, present))
@@ -188,7 +188,14 @@ def _added_dims(last: _LevelPlan, options: ExportOptions) -> list[tuple[int, int
     """The levels ``add_levels`` computes below the smallest source level (none without it)."""
     if not options.add_levels:
         return []
-    return pyramid_dimensions(last.level.width, last.level.height, options.tile_size)[1:]
+    return pyramid_dimensions(last.level.width, last.level.height, _added_tile(last, options))[1:]
+
+
+def _added_tile(last: _LevelPlan, options: ExportOptions) -> int:
+    """Frame size of the ``add_levels`` levels: the passed-through levels' own (square) tile size, as every
+    level of a pyramid has one frame size for readers such as wsidicom; else ``tile_size``."""
+    tw, th = last.tile
+    return tw if options.compression == "copy" and tw == th else options.tile_size
 
 
 def _write_level(folder: Path, facts: SeriesFacts, plan: _LevelPlan, k: int, options: ExportOptions,
@@ -230,11 +237,11 @@ def _write_added(folder: Path, slide: Slide, facts: SeriesFacts, last: _LevelPla
     """The ``add_levels`` levels: one pass over the smallest source level, every computed level's frames
     spilled to an anonymous file beside the output, then written instance after instance."""
     lv = last.level
-    T = options.tile_size
+    T = _added_tile(last, options)
     kind = options.compression
     if kind == "copy":  # the source's kind of codec
         kind = "jpeg" if last.coding.transfer_syntax == JPEG_BASELINE else "jpeg2000"
-    coding = reencode_coding(kind, options.psnr)
+    coding = reencode_coding(kind, options.psnr, options.quality)
     encoder = _Encoder(options, kind)
     src = StripSource(slide, lv.index, 0, 0, lv.width, lv.height, T, options.thread_count,
                       options.background_rgb, options.on_error)
@@ -284,7 +291,7 @@ def _write_associated(folder: Path, facts: SeriesFacts, name: str, flavor: str, 
                       options: ExportOptions) -> int:
     """One associated image as a single-frame JPEG instance."""
     h, w = image.shape[:2]
-    coding = reencode_coding("jpeg", None)
+    coding = reencode_coding("jpeg", None, options.quality)
     frame = FrameEncoder("jpeg", options.quality, None).encode(image)
     ds = instance_dataset(facts, ImageGeometry(flavor, w, h, w, h, 1, number), coding)
     return write_instance(folder / f"{name}.dcm", ds, coding.transfer_syntax, [frame], 1,
