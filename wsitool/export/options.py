@@ -248,7 +248,7 @@ def _check_tile_size(o: ExportOptions) -> None:
             raise InvalidOptionError(f"tile_size must be >= 1, got {T}")
     elif T < 16 or T % 16:
         raise InvalidOptionError(
-            f"tile_size must be a positive multiple of 16 for TIFF and DICOM (TIFF 6.0 section 15), got {T}")
+            f"tile_size must be a positive multiple of 16 for TIFF (TIFF 6.0 section 15), got {T}")
     if T * T > get_limits().max_tile_pixels:
         raise ResourceLimitError(f"tile_size {T} exceeds the max_tile_pixels limit {get_limits().max_tile_pixels}")
     o._set("tile_size", T)

@@ -108,18 +108,10 @@ def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterab
     """
     ds.file_meta = file_meta(ds, transfer_syntax)
     extended = table == "extended"
-    offsets = np.zeros(count, np.uint64)
-    lengths = np.zeros(count, np.uint64)
     with open(path, "x+b") as fh:
         dcmwrite(fh, ds, enforce_file_format=True)
         eot_at = fh.tell()
-        ratio_at = -1
-        if "LossyImageCompressionRatio" in ds:
-            fh.seek(0)
-            ratio_at = fh.read(eot_at).rfind(_RATIO_ELEMENT)
-            if ratio_at < 0:  # pragma: no cover - pydicom writes the element as set
-                raise WsiError(f"{path.name}: no place for the Lossy Image Compression Ratio")
-            fh.seek(eot_at)
+        ratio_at = _ratio_position(fh, path, eot_at) if "LossyImageCompressionRatio" in ds else -1
         if extended:
             for element in (0x0001, 0x0002):
                 fh.write(_element_header(0x7FE0, element, b"OV", 8 * count))
@@ -129,26 +121,7 @@ def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterab
         fh.write(_item(bot_len))
         bot_at = fh.tell()
         fh.write(bytes(bot_len))
-        pos = 0
-        n = 0
-        for data in frames:
-            if n >= count:
-                raise WsiError(f"{path.name}: more frames than the {count} announced")
-            if not data:
-                raise WsiError(f"{path.name}: frame {n + 1} is empty")
-            odd = len(data) & 1
-            if not extended and pos >= BASIC_TABLE_LIMIT:
-                raise WsiError(f"{path.name}: frames past 4 GiB need the Extended Offset Table")
-            offsets[n] = pos
-            lengths[n] = len(data) + odd
-            fh.write(_item(len(data) + odd))
-            fh.write(data)
-            if odd:
-                fh.write(b"\0")
-            pos += 8 + len(data) + odd
-            n += 1
-        if n != count:
-            raise WsiError(f"{path.name}: {n} frames written, {count} announced")
+        offsets, lengths = _write_frames(fh, path, frames, count, extended)
         fh.write(struct.pack("<HHI", 0xFFFE, _DELIMITER, 0))
         end = fh.tell()
         if ratio_at >= 0:
@@ -163,3 +136,40 @@ def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterab
             fh.seek(bot_at)
             fh.write(offsets.astype("<u4").tobytes())
     return end
+
+
+def _ratio_position(fh, path: Path, end: int) -> int:
+    """Where the Lossy Image Compression Ratio element starts in the header written so far."""
+    fh.seek(0)
+    at = fh.read(end).rfind(_RATIO_ELEMENT)
+    if at < 0:  # pragma: no cover - pydicom writes the element as set
+        raise WsiError(f"{path.name}: no place for the Lossy Image Compression Ratio")
+    fh.seek(end)
+    return at
+
+
+def _write_frames(fh, path: Path, frames: Iterable[bytes], count: int,
+                  extended: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Write the frames' items; their offsets (from the first frame's item tag) and item lengths."""
+    offsets = np.zeros(count, np.uint64)
+    lengths = np.zeros(count, np.uint64)
+    pos = n = 0
+    for data in frames:
+        if n >= count:
+            raise WsiError(f"{path.name}: more frames than the {count} announced")
+        if not data:
+            raise WsiError(f"{path.name}: frame {n + 1} is empty")
+        odd = len(data) & 1
+        if not extended and pos >= BASIC_TABLE_LIMIT:
+            raise WsiError(f"{path.name}: frames past 4 GiB need the Extended Offset Table")
+        offsets[n] = pos
+        lengths[n] = len(data) + odd
+        fh.write(_item(len(data) + odd))
+        fh.write(data)
+        if odd:
+            fh.write(b"\0")
+        pos += 8 + len(data) + odd
+        n += 1
+    if n != count:
+        raise WsiError(f"{path.name}: {n} frames written, {count} announced")
+    return offsets, lengths
