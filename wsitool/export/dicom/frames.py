@@ -88,9 +88,13 @@ class FrameCoding:
 
     def frame(self, tile: bytes) -> bytes:
         """The frame for one passed-through tile (``tile`` unchanged, or ``prefix`` + ``tile[2:]``)."""
+        return b"".join(self.frame_parts(tile))
+
+    def frame_parts(self, tile: bytes) -> tuple[bytes | memoryview, ...]:
+        """:meth:`frame` as pieces laid end to end, without copying the tile."""
         if self.prefix and tile.startswith(SOI):
-            return self.prefix + tile[2:]
-        return tile
+            return self.prefix, memoryview(tile)[2:]
+        return (tile,)
 
 
 def _refuse(lv: PyramidLevel, why: str) -> UnsupportedFormatError:

@@ -209,14 +209,14 @@ def _write_level(folder: Path, facts: SeriesFacts, plan: _LevelPlan, k: int, opt
                           raw_bytes=plan.frames * plan.tile[0] * plan.tile[1] * 3)
 
 
-def _frames(plan: _LevelPlan, options: ExportOptions, counter: TileCounter) -> Iterator[bytes]:
+def _frames(plan: _LevelPlan, options: ExportOptions, counter: TileCounter) -> Iterator:
     lv = plan.level
     if options.compression == "copy":
         cl = CopiedLevel(lv, lv.width, lv.height, 0, 0, lv.tiles_across, lv.tiles_down, {}, "")
         for data in copied_tiles(plan.slide, cl, on_error="raise", verify=options.verify,
                                  threads=options.thread_count, failed=plan.failed, counter=counter):
             if data:
-                yield plan.coding.frame(data)
+                yield plan.coding.frame_parts(data)
         return
     T = options.tile_size
     src = StripSource(plan.slide, lv.index, 0, 0, lv.width, lv.height, T, options.thread_count,

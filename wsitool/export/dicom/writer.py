@@ -26,6 +26,7 @@ frame).
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -87,7 +88,7 @@ def ratio_text(raw_bytes: int, coded_bytes: int) -> bytes:
 _RATIO_ELEMENT = b"\x28\x00\x12\x21DS\x10\x00"
 
 
-def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterable[bytes], count: int,
+def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterable, count: int,
                    table: str, raw_bytes: int = 0) -> int:
     """Write the instance ``ds`` with ``count`` encapsulated ``frames`` to the new file ``path``; returns its size.
 
@@ -95,7 +96,7 @@ def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterab
         path: the file, created exclusively (``FileExistsError`` if it exists).
         ds: every attribute but the pixel data (``NumberOfFrames`` included).
         transfer_syntax: an encapsulated Transfer Syntax UID.
-        frames: the frames in order, each a complete compressed frame.
+        frames: the frames in order, each a complete compressed frame (bytes, or a tuple of pieces).
         count: how many ``frames`` yields.
         table: ``"basic"`` or ``"extended"`` (:func:`offset_table`).
         raw_bytes: the frames' uncompressed size: where ``ds`` has a Lossy Image Compression Ratio
@@ -148,28 +149,53 @@ def _ratio_position(fh, path: Path, end: int) -> int:
     return at
 
 
-def _write_frames(fh, path: Path, frames: Iterable[bytes], count: int,
-                  extended: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Write the frames' items; their offsets (from the first frame's item tag) and item lengths."""
+def _write_frames(fh, path: Path, frames: Iterable, count: int, extended: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Write the frames' items (a frame: bytes, or a tuple of byte strings / memoryviews laid end to end) with
+    ``os.writev`` in batches of up to :data:`_BATCH` pieces; their offsets (from the first frame's item tag)
+    and item lengths."""
     offsets = np.zeros(count, np.uint64)
     lengths = np.zeros(count, np.uint64)
+    fh.flush()
+    fd = fh.fileno()
+    pending: list = []
     pos = n = 0
     for data in frames:
+        parts = data if isinstance(data, tuple) else (data,)
+        size = sum(len(p) for p in parts)
         if n >= count:
             raise WsiError(f"{path.name}: more frames than the {count} announced")
-        if not data:
+        if not size:
             raise WsiError(f"{path.name}: frame {n + 1} is empty")
-        odd = len(data) & 1
+        odd = size & 1
         if not extended and pos >= BASIC_TABLE_LIMIT:
             raise WsiError(f"{path.name}: frames past 4 GiB need the Extended Offset Table")
         offsets[n] = pos
-        lengths[n] = len(data) + odd
-        fh.write(_item(len(data) + odd))
-        fh.write(data)
+        lengths[n] = size + odd
+        pending.append(_item(size + odd))
+        pending.extend(parts)
         if odd:
-            fh.write(b"\0")
-        pos += 8 + len(data) + odd
+            pending.append(b"\0")
+        pos += 8 + size + odd
         n += 1
+        if len(pending) >= _BATCH:
+            _writev(fd, pending)
+    _writev(fd, pending)
+    fh.seek(0, os.SEEK_END)  # the buffered file object's position after the raw writes
     if n != count:
         raise WsiError(f"{path.name}: {n} frames written, {count} announced")
     return offsets, lengths
+
+
+#: pieces written by one ``os.writev`` (below the usual IOV_MAX of 1024)
+_BATCH = 960
+
+
+def _writev(fd: int, pending: list) -> None:
+    """Write ``pending`` (and empty it) with ``os.writev``, resuming after short writes."""
+    while pending:
+        done = os.writev(fd, pending)
+        while pending and done >= len(pending[0]):
+            done -= len(pending[0])
+            pending.pop(0)
+        if done:
+            pending[0] = memoryview(pending[0])[done:]
