@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pydicom
@@ -18,7 +20,7 @@ from wsitool.export import export_pyramid
 from wsitool.export.dicom import EQUIPMENT_DEFAULTS, offset_table, writer
 from wsitool.export.dicom.frames import j2k_transform
 
-from helpers import shared_sample
+from helpers import shared_sample, with_byte_count
 
 runner = CliRunner()
 
@@ -236,3 +238,40 @@ def test_export_many_writes_a_folder_per_slide(tmp_path, cmu):
     again = runner.invoke(app, ["export-many", str(cmu), str(raw), str(out), "--format", "dicom", "-c", "jpeg",
                                 "--scheduler", "sequential", "--quiet", "--no-label"])
     assert again.exit_code == 0 and "2 skipped" in again.output, again.output
+
+
+def test_missing_tiles_make_a_sparse_instance(tmp_path, cmu):
+    """A passed-through level with a missing tile is TILED_SPARSE: a frame per present tile with its
+    position; wsitool and OpenSlide read the same pixels as from the source (the missing tile transparent).
+    dciodvfy (20260927) reports one error, Number of Frames against the full tile grid: its check counts
+    every tile even for TILED_SPARSE, which PS3.3 C.7.6.17.3 lets leave tiles out; nothing else."""
+    src = with_byte_count(cmu, tmp_path, 14, 0)
+    out = tmp_path / "s"
+    result = export_pyramid(src, out, format="dicom", compression="copy", label=False)
+    assert result.tiles_missing == 1
+    ds = pydicom.dcmread(out / "level-0.dcm", stop_before_pixels=True)
+    assert ds.DimensionOrganizationType == "TILED_SPARSE" and int(ds.NumberOfFrames) == 129
+    positions = [(int(f.PlanePositionSlideSequence[0].ColumnPositionInTotalImagePixelMatrix),
+                  int(f.PlanePositionSlideSequence[0].RowPositionInTotalImagePixelMatrix))
+                 for f in ds.PerFrameFunctionalGroupsSequence]
+    assert len(positions) == 129 and (14 * 240 % 2220 + 1, 14 // 10 * 240 + 1) not in positions
+    assert positions[0] == (1, 1) and positions[-1] == (9 * 240 + 1, 12 * 240 + 1)
+    tool = shutil.which("dciodvfy")
+    if tool is not None:
+        run = subprocess.run([tool, "-new", str(out / "level-0.dcm")], capture_output=True, text=True, timeout=120)
+        errors = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith("Error")]
+        assert len(errors) <= 1 and all("NumberOfFrames does not match expected value" in e for e in errors), errors
+    with wsitool.open_slide(out) as d, wsitool.open_slide(src) as s:
+        assert d.levels[0].tile_width == 240
+        for loc in ((4 * 240 - 50, 240 - 50), (1000, 1500)):  # around the missing tile (4, 1), and elsewhere
+            assert np.array_equal(d.read_region(loc, 0, (300, 200)), s.read_region(loc, 0, (300, 200)))
+    openslide = pytest.importorskip("openslide")
+    o = openslide.OpenSlide(str(out / "level-0.dcm"))
+    try:
+        with wsitool.open_slide(src) as s:
+            got = np.asarray(o.read_region((1000, 1500), 0, (300, 200)))
+            assert np.array_equal(got[..., :3], s.read_region((1000, 1500), 0, (300, 200), mode="rgb"))
+            hole = np.asarray(o.read_region((4 * 240, 240), 0, (240, 240)))
+            assert (hole[..., 3] == 0).all()  # the missing tile: transparent, as OpenSlide reads the source
+    finally:
+        o.close()

@@ -106,7 +106,7 @@ def export_dicom(slide: Slide, final: Path, L: int, rect: tuple[int, int, int, i
     extra = _added_dims(plans[-1], options)
     associated = _associated(slide, options)
     T = _added_tile(plans[-1], options)
-    total = sum(p.frames for p in plans) + sum(-(-w // T) * -(-h // T) for w, h in extra)
+    total = sum(p.counted for p in plans) + sum(-(-w // T) * -(-h // T) for w, h in extra)
     counter = TileCounter(total, progress)
     partial = atomic.create_dir(final, sources)
     with partial:
@@ -125,7 +125,7 @@ def export_dicom(slide: Slide, final: Path, L: int, rect: tuple[int, int, int, i
         tiles_missing=sum(p.missing for p in plans), tiles_failed=sum(len(p.failed) for p in plans),
         seconds=time.perf_counter() - t_start, tile_size=plans[0].tile[0], compression=options.compression,
         bytes_written=nbytes, memory_bound=_bound(plans, options, associated),
-        tiles_copied=sum(p.frames for p in plans) if copy else 0,
+        tiles_copied=sum(p.counted for p in plans) if copy else 0,
         source_levels=[p.level.index for p in plans] + [plans[-1].level.index] * len(extra))
 
 
@@ -143,6 +143,8 @@ class _LevelPlan:
         self.missing = missing
         self.bound = bound
         self.failed: set = set()
+        #: tiles the progress counter counts (passthrough: every tile of the grid, missing ones too)
+        self.counted = frames + missing
 
 
 def _present(lv: PyramidLevel) -> np.ndarray:
