@@ -275,3 +275,18 @@ def test_missing_tiles_make_a_sparse_instance(tmp_path, cmu):
             assert (hole[..., 3] == 0).all()  # the missing tile: transparent, as OpenSlide reads the source
     finally:
         o.close()
+
+
+def test_region_and_fill_with_copy_refused(tmp_path, cmu):
+    """A DICOM export writes whole levels (exit 5 for --region); --on-error fill never paints a passed-through
+    tile (a usage error); nothing is written."""
+    from wsitool.errors import InvalidRegionError
+
+    with pytest.raises(InvalidRegionError, match="whole levels"):
+        export_pyramid(cmu, tmp_path / "s", format="dicom", compression="copy", region=(0, 0, 480, 480))
+    with pytest.raises(InvalidOptionError, match="on_error fill"):
+        export_pyramid(cmu, tmp_path / "s", format="dicom", compression="copy", on_error="fill")
+    result = runner.invoke(app, ["export-pyramid", str(cmu), str(tmp_path / "s"), "--format", "dicom",
+                                 "--region", "0", "0", "480", "480", "--quiet"])
+    assert result.exit_code == 5, result.output
+    assert not (tmp_path / "s").exists() and not _leftovers(tmp_path)

@@ -13,7 +13,7 @@ acquisition time); :func:`instance_dataset` builds one instance's data set
   ``SLIDE_CORNER``), Multi-Resolution Pyramid (one Pyramid UID for the
   VOLUME instances).
 * General Image / Whole Slide Microscopy Image (PS3.3 C.8.12.4): Image Type
-  ``ORIGINAL`` (the level the export starts from) or ``DERIVED`` (the others),
+  ``ORIGINAL`` (the level the export starts from, passed through) or ``DERIVED`` (the others, and re-encoded ones),
   ``PRIMARY``, the flavour (``VOLUME``, ``THUMBNAIL``, ``LABEL``,
   ``OVERVIEW``), ``NONE`` or ``RESAMPLED`` (levels below the first); the Total
   Pixel Matrix (its origin at the slide's corner), Image Orientation (Slide)

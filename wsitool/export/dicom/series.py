@@ -204,7 +204,8 @@ def _write_level(folder: Path, facts: SeriesFacts, plan: _LevelPlan, k: int, opt
                  counter: TileCounter) -> int:
     lv = plan.level
     geometry = ImageGeometry("VOLUME", lv.width, lv.height, plan.tile[0], plan.tile[1], plan.frames, k + 1,
-                             original=k == 0, resampled=k > 0, positions=plan.positions)
+                             original=k == 0 and options.compression == "copy", resampled=k > 0,
+                             positions=plan.positions)
     ds = instance_dataset(facts, geometry, plan.coding)
     return write_instance(folder / f"level-{k}.dcm", ds, plan.coding.transfer_syntax, _frames(plan, options, counter),
                           plan.frames, offset_table(plan.frames, plan.bound),
