@@ -38,9 +38,9 @@ def test_frozen():
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(format="png"), "format must be one of ('tiff', 'ome-tiff', 'dzi'), got 'png'"),
-    (dict(compression="LZW"), "compression must be one of ('jpeg', 'jpeg2000', 'deflate', 'none', 'copy'), "
-                              "got 'lzw'"),
+    (dict(format="png"), "format must be one of ('tiff', 'ome-tiff', 'dzi', 'dicom'), got 'png'"),
+    (dict(compression="LZW"), "compression must be one of ('jpeg', 'jpeg2000', 'jpeg2000-lossless', 'deflate', "
+                              "'none', 'copy'), got 'lzw'"),
     (dict(format="dzi", compression="jpeg2000"), "Deep Zoom tiles are JPEG or PNG"),
     (dict(format="dzi", from_source_levels=True), "from_source_levels applies to tiff and ome-tiff"),
     (dict(format="dzi", compression="copy"), "compression copy writes TIFF formats"),

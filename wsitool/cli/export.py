@@ -51,13 +51,16 @@ _SOURCES = typer.Argument(
     show_default=False)
 _FORMAT = typer.Option(
     None, "--format", "-f",
-    help="tiff (Aperio-style SVS), ome-tiff or dzi (default: from OUTPUT's extension; tiff for a folder).")
-_FORMAT_MANY = typer.Option(None, "--format", "-f", help="tiff (Aperio-style SVS; the default), ome-tiff or dzi.")
+    help=("tiff (Aperio-style SVS), ome-tiff, dzi or dicom (OUTPUT: a new folder holding one DICOM WSI series) "
+          "(default: from OUTPUT's extension; tiff for a folder)."))
+_FORMAT_MANY = typer.Option(None, "--format", "-f",
+                            help="tiff (Aperio-style SVS; the default), ome-tiff, dzi or dicom (a folder per slide).")
 _TILE_SIZE = typer.Option(256, "--tile-size", help="Output tile size in pixels (multiple of 16 for TIFF).")
 _COMPRESSION = typer.Option(
     "jpeg", "--compression", "-c",
-    help=("jpeg, jpeg2000 (TIFF only), deflate or none (dzi: PNG); copy (TIFF only): copy the source's compressed "
-          "tiles byte for byte, with its tile size and levels (a --region must be on the tile grid)."))
+    help=("jpeg, jpeg2000, jpeg2000-lossless (TIFF, DICOM), deflate or none (TIFF; dzi: PNG); copy (TIFF, DICOM): "
+          "copy the source's compressed tiles byte for byte, with its tile size and levels (a --region must be on "
+          "the tile grid)."))
 _QUALITY = typer.Option(90, "--quality", "-q", metavar="1..100", help="JPEG quality.")
 _PSNR = typer.Option(
     None, "--psnr", metavar="DB",
@@ -99,6 +102,18 @@ _VERIFY = typer.Option(
     help=("With --compression copy: also decode every copied tile (a tile that does not decode fails the export, "
           "exit 7, or with --on-error fill is written as missing)."))
 _STORAGE_OPTION = typer.Option(None, "--storage-option", metavar="KEY=VALUE", help=STORAGE_OPTION_HELP)
+_NO_OVERVIEW = typer.Option(
+    False, "--no-overview", help="dicom: leave out the overview (macro) image; --no-label leaves out both.")
+_ADD_LEVELS = typer.Option(
+    False, "--add-levels", help="dicom: also write levels below the smallest source level, halved down to one tile.")
+_MPP = typer.Option(
+    None, "--mpp", metavar="UM", help="dicom: micrometres per pixel of the exported level, where the source has none.")
+_DICOM_METADATA = typer.Option(
+    None, "--dicom-metadata", metavar="FILE",
+    help="dicom: a DICOM JSON file (PS3.18 F.2) of patient, study, series, specimen and equipment attributes.")
+_DICOM_ATTRIBUTE = typer.Option(
+    None, "--dicom-attribute", metavar="KEYWORD=VALUE",
+    help="dicom: one attribute (e.g. PatientID=P-1, Manufacturer=...), after --dicom-metadata; repeatable.")
 
 #: the line export-pyramid prints (stderr) when given the batch form, for one release
 DEPRECATED_BATCH = "export-pyramid with several sources is deprecated; use export-many"
@@ -119,9 +134,11 @@ def export_pyramid_cmd(
     from_list: Path | None = _FROM_LIST, scheduler: str | None = _SCHEDULER,
     on_error: Literal["raise", "fill"] = _ON_ERROR, no_label: bool = _NO_LABEL,
     no_associated: bool = _NO_ASSOCIATED, from_source_levels: bool = _FROM_SOURCE_LEVELS, verify: bool = _VERIFY,
-    storage_option: list[str] | None = _STORAGE_OPTION,
+    storage_option: list[str] | None = _STORAGE_OPTION, no_overview: bool = _NO_OVERVIEW,
+    add_levels: bool = _ADD_LEVELS, mpp: float | None = _MPP, dicom_metadata: Path | None = _DICOM_METADATA,
+    dicom_attribute: list[str] | None = _DICOM_ATTRIBUTE,
 ) -> None:
-    """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
+    """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF, Deep Zoom or a DICOM WSI series.
 
     An undecodable source tile stops the export with exit 7 unless --on-error
     fill, which paints it, warns and records the count in the output.  The
@@ -130,14 +147,17 @@ def export_pyramid_cmd(
     """
     srcs = list(sources or [])
     out = _output_arg(output, "OUTPUT")
-    batch = (from_list is not None or len(srcs) != 1 or out.is_dir() or scheduler is not None
-             or str(out).endswith(os.sep))
+    folder_output = (fmt or "").lower() == "dicom"  # the output is a folder of its own
+    batch = (from_list is not None or len(srcs) != 1 or scheduler is not None
+             or (not folder_output and (out.is_dir() or str(out).endswith(os.sep))))
     fmt = _resolve_format(fmt, None if batch else out)
     options = _export_options(
         fmt, tile_size=tile_size, compression=compression, quality=quality, psnr=psnr, region=region, level=level,
         overlap=overlap, threads=threads, overwrite=overwrite, background=background, max_pixels=max_pixels,
         on_error=on_error, no_label=no_label, no_associated=no_associated, from_source_levels=from_source_levels,
-        verify=verify, storage_option=storage_option)
+        verify=verify, storage_option=storage_option, dicom=_dicom_options(
+            fmt, no_overview=no_overview, add_levels=add_levels, mpp=mpp, dicom_metadata=dicom_metadata,
+            dicom_attribute=dicom_attribute))
     if batch:
         err_console.print(f"[yellow]wsitool: warning:[/] {DEPRECATED_BATCH}", highlight=False, soft_wrap=True)
         _export_batch(srcs, from_list, out, scheduler, quiet, options)
@@ -162,7 +182,9 @@ def export_many_cmd(
     from_list: Path | None = _FROM_LIST, scheduler: str | None = _SCHEDULER,
     on_error: Literal["raise", "fill"] = _ON_ERROR, no_label: bool = _NO_LABEL,
     no_associated: bool = _NO_ASSOCIATED, from_source_levels: bool = _FROM_SOURCE_LEVELS, verify: bool = _VERIFY,
-    storage_option: list[str] | None = _STORAGE_OPTION,
+    storage_option: list[str] | None = _STORAGE_OPTION, no_overview: bool = _NO_OVERVIEW,
+    add_levels: bool = _ADD_LEVELS, mpp: float | None = _MPP, dicom_metadata: Path | None = _DICOM_METADATA,
+    dicom_attribute: list[str] | None = _DICOM_ATTRIBUTE,
 ) -> None:
     """Export several slides into a folder, one Dask task per slide (resumable).
 
@@ -176,7 +198,9 @@ def export_many_cmd(
         _resolve_format(fmt, None), tile_size=tile_size, compression=compression, quality=quality, psnr=psnr,
         region=region, level=level, overlap=overlap, threads=threads, overwrite=overwrite, background=background,
         max_pixels=max_pixels, on_error=on_error, no_label=no_label, no_associated=no_associated,
-        from_source_levels=from_source_levels, verify=verify, storage_option=storage_option)
+        from_source_levels=from_source_levels, verify=verify, storage_option=storage_option,
+        dicom=_dicom_options(_resolve_format(fmt, None), no_overview=no_overview, add_levels=add_levels, mpp=mpp,
+                             dicom_metadata=dicom_metadata, dicom_attribute=dicom_attribute))
     _export_batch(list(sources or []), from_list, _output_arg(output_dir, "OUTPUT_DIR"), scheduler, quiet, options)
 
 
@@ -196,7 +220,7 @@ def _resolve_format(fmt: str | None, output: Path | None) -> str:
         fmt = fmt.lower()
         if fmt not in FORMATS:
             raise fail(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", 2)
-    if output is not None:
+    if output is not None and fmt != "dicom":
         implied = format_for_output(output)
         if implied is None:
             raise fail(f"{output}: unknown output extension (use .svs/.tif/.tiff for tiff, "
@@ -211,7 +235,7 @@ def _export_options(fmt: str, *, tile_size: int, compression: str, quality: int,
                     region: tuple[int, int, int, int] | None, level: int, overlap: int, threads: int | None,
                     overwrite: bool, background: str, max_pixels: int | None, on_error: str, no_label: bool,
                     no_associated: bool, from_source_levels: bool, verify: bool,
-                    storage_option: list[str] | None) -> dict[str, Any]:
+                    storage_option: list[str] | None, dicom: dict[str, Any] | None = None) -> dict[str, Any]:
     """The keywords of :func:`~wsitool.export.export_pyramid` from the command's options, after
     the checks between options the API leaves to the export (usage errors, exit 2)."""
     comp = compression.lower()
@@ -243,7 +267,39 @@ def _export_options(fmt: str, *, tile_size: int, compression: str, quality: int,
         if comp != "copy":
             raise fail("--verify applies to --compression copy only", 2)
         options["verify"] = True
+    options.update(dicom or {})
     return options
+
+
+def _dicom_options(fmt: str, *, no_overview: bool, add_levels: bool, mpp: float | None,
+                   dicom_metadata: Path | None, dicom_attribute: list[str] | None) -> dict[str, Any]:
+    """The DICOM export's keywords (only those given); usage errors (exit 2) for them with another format
+    and for a ``--dicom-attribute`` without ``=``."""
+    given = {"--no-overview": no_overview, "--add-levels": add_levels, "--mpp": mpp is not None,
+             "--dicom-metadata": dicom_metadata is not None, "--dicom-attribute": bool(dicom_attribute)}
+    if fmt != "dicom":
+        for name, on in given.items():
+            if on:
+                raise fail(f"{name} applies to --format dicom only", 2)
+        return {}
+    out: dict[str, Any] = {}
+    if no_overview:
+        out["overview"] = False
+    if add_levels:
+        out["add_levels"] = True
+    if mpp is not None:
+        out["mpp"] = mpp
+    if dicom_metadata is not None:
+        out["dicom_metadata"] = str(dicom_metadata)
+    pairs: dict[str, str] = {}
+    for text in dicom_attribute or ():
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise fail(f"--dicom-attribute must be KEYWORD=VALUE, got {text!r}", 2)
+        pairs[key.strip()] = value
+    if pairs:
+        out["dicom_attributes"] = pairs
+    return out
 
 
 def format_for_output(output: Path) -> str | None:

@@ -39,7 +39,7 @@ from .cluster import (
 )
 from .manifest import MANIFEST_NAME, Manifest, source_stamp
 
-FORMAT_SUFFIX = {"tiff": ".tiff", "ome-tiff": ".ome.tiff", "dzi": ".dzi"}
+FORMAT_SUFFIX = {"tiff": ".tiff", "ome-tiff": ".ome.tiff", "dzi": ".dzi", "dicom": ""}
 
 
 @dataclasses.dataclass
@@ -115,7 +115,8 @@ def export_output_path(source: str | os.PathLike, output_dir: str | os.PathLike,
 
     ``stem`` is the file name without its extension (and without ``.ome``
     for ``.ome.tif[f]``); ``suffix`` is ``.tiff``, ``.ome.tiff`` or ``.dzi``
-    for the formats ``tiff``, ``ome-tiff`` and ``dzi``.
+    for the formats ``tiff``, ``ome-tiff`` and ``dzi``, and none for ``dicom`` (the
+    series' folder is ``<output_dir>/<stem>``).
     """
     if format not in FORMAT_SUFFIX:
         raise BatchOptionError(f"format must be one of {tuple(FORMAT_SUFFIX)}, got {format!r}")

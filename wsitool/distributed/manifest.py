@@ -23,7 +23,13 @@ UNRECORDED_OPTIONS = ("threads", "overwrite", "progress", "max_pixels", "storage
 
 def output_size(output: Path, format: str) -> int | None:
     """Size in bytes of a complete-looking output (for Deep Zoom the ``.dzi`` file,
-    with its ``_files`` folder present), or None when absent or incomplete."""
+    with its ``_files`` folder present; for DICOM the files of the series' folder), or None
+    when absent or incomplete."""
+    if format == "dicom":
+        if not output.is_dir() or output.is_symlink():
+            return None
+        with os.scandir(output) as entries:
+            return sum(e.stat(follow_symlinks=False).st_size for e in entries if e.is_file(follow_symlinks=False))
     if format == "dzi":
         output, files = dzi_paths(output)
         if not files.is_dir() or files.is_symlink():

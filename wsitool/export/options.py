@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidOptionError, ResourceLimitError
 from ..ground.integers import as_int
 from ..ground.limits import get_limits
-from .plan import COMPRESSIONS, FORMATS, ON_ERROR, background_color
+from .plan import COMPRESSIONS, DICOM_COMPRESSIONS, FORMATS, ON_ERROR, background_color
 
 __all__ = ["ExportOptions"]
 
@@ -101,6 +102,20 @@ class ExportOptions:
             The scanner's own lower levels are then kept (re-encoded once)
             rather than recomputed; each source level read costs its decode.
             ``compression="copy"`` always uses the source's levels.
+        overview: (``dicom``) carry the source's macro over as the OVERVIEW
+            instance (it usually shows the label; ``label=False`` leaves it
+            out too).
+        add_levels: (``dicom``) also write the levels below the smallest
+            source level, each half the one above, down to one tile, computed
+            from that level.
+        mpp: (``dicom``) micrometres per pixel of the exported level, one
+            number or ``(x, y)``, for sources that do not say (every DICOM WSI
+            instance carries a pixel spacing); None: the source's.
+        dicom_metadata: (``dicom``) path of a DICOM JSON file (PS3.18 F.2)
+            of patient, study, series, specimen and equipment attributes
+            (:mod:`wsitool.export.dicom.metadata`).
+        dicom_attributes: (``dicom``) ``{keyword: value}`` attributes, applied
+            after ``dicom_metadata``; stored as a tuple of pairs.
 
     Raises:
         InvalidOptionError: an invalid option (format, compression and the
@@ -125,9 +140,15 @@ class ExportOptions:
     associated: bool = True
     verify: bool = False
     from_source_levels: bool = False
+    overview: bool = True
+    add_levels: bool = False
+    mpp: float | tuple[float, float] | None = None
+    dicom_metadata: str | os.PathLike | None = None
+    dicom_attributes: Any = None
 
     def __post_init__(self) -> None:
         _check_names(self)
+        _check_dicom(self)
         _check_tile_size(self)
         _check_quality(self)
         _check_overlap(self)
@@ -140,7 +161,7 @@ class ExportOptions:
             self._set("max_pixels", limit)
         if self.on_error not in ON_ERROR:
             raise InvalidOptionError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
-        for name in ("overwrite", "label", "associated", "verify", "from_source_levels"):
+        for name in ("overwrite", "label", "associated", "verify", "from_source_levels", "overview", "add_levels"):
             self._set(name, bool(getattr(self, name)))
 
     def _set(self, name: str, value: object) -> None:
@@ -171,16 +192,52 @@ def _check_names(o: ExportOptions) -> None:
     compression = str(o.compression).lower()
     if compression not in COMPRESSIONS:
         raise InvalidOptionError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if fmt == "dicom" and compression not in DICOM_COMPRESSIONS:
+        raise InvalidOptionError(f"DICOM frames are JPEG or JPEG 2000: compression must be one of "
+                                 f"{DICOM_COMPRESSIONS}, got {compression!r}")
+    if compression == "jpeg2000-lossless":
+        if o.psnr not in (None, 0, 0.0):
+            raise InvalidOptionError("compression jpeg2000-lossless takes no psnr (it is psnr 0)")
+        compression = "jpeg2000"
+        o._set("psnr", 0.0)
     if fmt == "dzi" and compression == "jpeg2000":
         raise InvalidOptionError("Deep Zoom tiles are JPEG or PNG: use compression jpeg, deflate or none")
     if o.from_source_levels and fmt == "dzi":
         raise InvalidOptionError("from_source_levels applies to tiff and ome-tiff: Deep Zoom level sizes "
                                  "are fixed by halving the full size")
+    if o.from_source_levels and fmt == "dicom":
+        raise InvalidOptionError("from_source_levels applies to tiff and ome-tiff: a DICOM export always reads "
+                                 "each level from its own source level")
     if fmt == "dzi" and compression == "copy":
         raise InvalidOptionError("compression copy writes TIFF formats (tiff, ome-tiff); Deep Zoom tiles are "
                                  "re-encoded: use compression jpeg, deflate or none")
     o._set("format", fmt)
     o._set("compression", compression)
+
+
+def _check_dicom(o: ExportOptions) -> None:
+    """The DICOM-only options: refused for the other formats; mpp positive; the attributes as pairs."""
+    given = [name for name, default in (("add_levels", False), ("mpp", None), ("dicom_metadata", None),
+                                        ("dicom_attributes", None), ("overview", True))
+             if getattr(o, name) not in (default, ()) and getattr(o, name) != {}]
+    if o.format != "dicom":
+        if given:
+            raise InvalidOptionError(f"{given[0]} applies to format dicom only")
+        return
+    if o.mpp is not None:
+        values = o.mpp if isinstance(o.mpp, (tuple, list)) else (o.mpp, o.mpp)
+        try:
+            mx, my = (float(v) for v in values)
+        except (TypeError, ValueError):
+            raise InvalidOptionError(f"mpp must be a number of micrometres per pixel or (x, y), got {o.mpp!r}") \
+                from None
+        if not (0 < mx < 1e6 and 0 < my < 1e6):
+            raise InvalidOptionError(f"mpp must be positive micrometres per pixel, got {o.mpp!r}")
+        o._set("mpp", (mx, my))
+    if o.dicom_metadata is not None:
+        o._set("dicom_metadata", os.fspath(o.dicom_metadata))
+    pairs = dict(o.dicom_attributes or {})
+    o._set("dicom_attributes", tuple((str(k), str(v)) for k, v in pairs.items()))
 
 
 def _check_tile_size(o: ExportOptions) -> None:

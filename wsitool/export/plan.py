@@ -51,12 +51,16 @@ from ..deepzoom.geometry import deepzoom_level_dimensions
 from ..errors import InvalidOptionError
 from . import omexml
 
-#: Output formats.
-FORMATS = ("tiff", "ome-tiff", "dzi")
+#: Output formats (``dicom``: a folder holding one DICOM WSI series, :mod:`wsitool.export.dicom`).
+FORMATS = ("tiff", "ome-tiff", "dzi", "dicom")
 
 
-#: Tile compressions; ``"copy"`` copies the source's compressed tiles (:mod:`.passthrough`).
-COMPRESSIONS = ("jpeg", "jpeg2000", "deflate", "none", "copy")
+#: Tile compressions; ``"copy"`` copies the source's compressed tiles (:mod:`.passthrough`);
+#: ``"jpeg2000-lossless"`` is ``"jpeg2000"`` with ``psnr=0``.
+COMPRESSIONS = ("jpeg", "jpeg2000", "jpeg2000-lossless", "deflate", "none", "copy")
+
+#: The compressions of a DICOM export's frames.
+DICOM_COMPRESSIONS = ("jpeg", "jpeg2000", "jpeg2000-lossless", "copy")
 
 
 #: What an export does with an undecodable source tile: stop with its error, or paint it.
@@ -73,7 +77,8 @@ class ExportResult:
     Attributes:
         output: the output file (for ``dzi`` the ``.dzi`` file; its tiles are
             in the ``<name>_files`` folder beside it).
-        format: ``"tiff"``, ``"ome-tiff"`` or ``"dzi"``.
+        format: ``"tiff"``, ``"ome-tiff"``, ``"dzi"`` or ``"dicom"`` (``output`` is then the
+            series' folder).
         level_dimensions: ``(width, height)`` in pixels of every output level,
             full resolution first (for Deep Zoom this is the reverse of its
             own numbering, which starts at 1 x 1).

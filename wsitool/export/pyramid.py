@@ -91,6 +91,7 @@ from ..read.request import level_index
 from ..slide import Slide, open_slide
 from .associated import LevelImage, associated_for_export, thumbnail_level
 from .channels import export_channels
+from .dicom import export_dicom
 from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
 from .encode import TileCodec, TileCounter, TileStream, encoded_tiles
@@ -116,6 +117,8 @@ def export_pyramid(
     background: Sequence[int] = (255, 255, 255), progress: Callable[[int, int], None] | None = None,
     max_pixels: int | None = None, on_error: str = "raise", label: bool = True, associated: bool = True,
     verify: bool = False, from_source_levels: bool = False, storage_options: dict | None = None,
+    overview: bool = True, add_levels: bool = False, mpp: float | tuple[float, float] | None = None,
+    dicom_metadata: str | os.PathLike | None = None, dicom_attributes: dict[str, str] | None = None,
 ) -> ExportResult:
     """Write a slide, or a region of it, as a new tiled pyramid (the steps: the module notes).
 
@@ -124,7 +127,8 @@ def export_pyramid(
             ``az://``; the output stays local), a :class:`~wsitool.opening.Location`, or an open
             :class:`~wsitool.slide.Slide` (left open).
         output: ``tiff`` / ``ome-tiff``: the file (``out.svs``, ``out.ome.tif``); ``dzi``:
-            ``NAME.dzi`` (or ``NAME``, to which ``.dzi`` is added), tiles in ``NAME_files/``.
+            ``NAME.dzi`` (or ``NAME``, to which ``.dzi`` is added), tiles in ``NAME_files/``;
+            ``dicom``: the folder of the series (:mod:`wsitool.export.dicom`), made by the export.
         region: ``(x, y, w, h)``: ``x, y`` the top-left in level-0 pixels, ``w, h`` the size in
             pixels of ``level``; default the whole level.  Parts outside the slide become
             background; it must overlap the slide.
@@ -134,7 +138,8 @@ def export_pyramid(
 
     The other keywords (``format``, ``tile_size``, ``compression``, ``quality``, ``psnr``,
     ``overlap``, ``threads``, ``overwrite``, ``background``, ``max_pixels``, ``on_error``,
-    ``label``, ``associated``, ``verify``, ``from_source_levels``) are the fields of
+    ``label``, ``associated``, ``verify``, ``from_source_levels``, and for ``dicom`` ``overview``,
+    ``add_levels``, ``mpp``, ``dicom_metadata``, ``dicom_attributes``) are the fields of
     :class:`~wsitool.export.options.ExportOptions` (each documented there), checked before the
     source is opened.
 
@@ -163,7 +168,8 @@ def export_pyramid(
         format=format, tile_size=tile_size, compression=compression, quality=quality, psnr=psnr,
         overlap=overlap, threads=threads, overwrite=overwrite, background=background,
         max_pixels=max_pixels, on_error=on_error, label=label, associated=associated, verify=verify,
-        from_source_levels=from_source_levels)
+        from_source_levels=from_source_levels, overview=overview, add_levels=add_levels, mpp=mpp,
+        dicom_metadata=dicom_metadata, dicom_attributes=dicom_attributes)
     where = source if isinstance(source, Slide) else parse_location(source, storage_options)
     out = _checked_output(where, output, options)
     slide = open_slide(where) if isinstance(where, Location) else where
@@ -199,7 +205,7 @@ def _checked_output(where: Slide | Location, output, options: ExportOptions) -> 
         # the source first: with the arguments swapped, the error names the missing slide,
         # not the existing one given as the output
         raise FileNotFoundError(errno.ENOENT, "source slide not found", sources[0])
-    atomic.check_output(final, sources, options.overwrite)
+    atomic.check_output(final, sources, options.overwrite, kind="dir" if options.format == "dicom" else "file")
     if files_dir is not None:
         atomic.check_output(files_dir, sources, options.overwrite, kind="dir")
     atomic.clean_stale_partials(final.parent)
@@ -212,8 +218,11 @@ def _export_slide(slide: Slide, out: _Output, options: ExportOptions, level, reg
     region checked, then the multi-channel, copy or re-encoding export."""
     if slide.remote is None:
         out.sources.append(slide.path)
-    atomic.check_output(out.final, out.sources, options.overwrite)
+    kind = "dir" if options.format == "dicom" else "file"
+    atomic.check_output(out.final, out.sources, options.overwrite, kind=kind)
     L, rect = _checked_region(slide, level, region, options.max_pixels)
+    if options.format == "dicom":
+        return export_dicom(slide, out.final, L, rect, options, out.sources, progress, t_start)
     if options.format == "ome-tiff" and slide.channels:  # every channel kept, named and coloured
         return export_channels(slide, out.final, L, rect, options, out.sources, progress=progress)
     if options.compression == "copy":
