@@ -88,6 +88,36 @@ def test_the_cli_stows_one_file_to_a_study_url(orthanc_server):
         _assert_same_slide(remote, local)
 
 
+def test_export_dicom_with_stow_sends_the_series_it_wrote(orthanc_server, tmp_path):
+    """``export-pyramid SLIDE OUT --format dicom --compression copy --stow URL``: the series is
+    written, then sent; read back over DICOMweb it equals the folder on disk and the source."""
+    src = shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    out = tmp_path / "series"
+    args = ["export-pyramid", str(src), str(out), "--format", "dicom", "--compression", "copy", "--quiet",
+            "--stow", orthanc_server.root, "--stow-option", "timeout=60"]
+    proc = subprocess.run([sys.executable, "-m", "wsitool", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(out.glob("*.dcm"))
+    assert files and f"{len(files)} of {len(files)} instance(s) stored" in proc.stdout
+    with (_open("dicomweb+" + _series_url(orthanc_server.root, out)) as remote, _open(out) as local,
+          _open(src) as source):
+        _assert_same_slide(remote, local)
+        w, h = source.dimensions
+        assert np.array_equal(remote.read_region((w // 3, h // 3), 0, (300, 200)),
+                              source.read_region((w // 3, h // 3), 0, (300, 200)))
+
+
+def test_stow_on_export_is_refused_where_it_cannot_apply(tmp_path):
+    """``--stow`` with a TIFF export, or ``--stow-option`` alone: exit 2 before any work, no output."""
+    src = shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    for extra, out in ((["--stow", "http://127.0.0.1:9/"], tmp_path / "a.tiff"),
+                       (["--format", "dicom", "--stow-option", "timeout=5"], tmp_path / "b")):
+        proc = subprocess.run([sys.executable, "-m", "wsitool", "export-pyramid", str(src), str(out), *extra],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "--stow" in proc.stderr and not out.exists()
+
+
 # ------------------------------------------------------------------ a scripted STOW-RS server
 
 

@@ -32,6 +32,7 @@ from ..storage import redact
 from .batch import batch_progress, failure_code, usage_errors
 from .console import STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
 from .group import app
+from .stow import send
 
 
 def _parse_background(text: str) -> tuple[int, int, int]:
@@ -115,6 +116,14 @@ _DICOM_ATTRIBUTE = typer.Option(
     None, "--dicom-attribute", metavar="KEYWORD=VALUE",
     help="dicom: one attribute (e.g. PatientID=P-1, Manufacturer=...), after --dicom-metadata; repeatable.")
 
+_STOW = typer.Option(
+    None, "--stow", metavar="URL",
+    help="dicom: then send the series to this DICOMweb service with STOW-RS, as wsitool stow does.")
+_STOW_OPTION = typer.Option(
+    None, "--stow-option", metavar="KEY=VALUE",
+    help="With --stow: a DICOMweb option for the upload (token=..., username=..., password=..., headers.NAME=...), "
+         "repeatable.")
+
 #: the line export-pyramid prints (stderr) when given the batch form, for one release
 DEPRECATED_BATCH = "export-pyramid with several sources is deprecated; use export-many"
 
@@ -136,7 +145,8 @@ def export_pyramid_cmd(
     no_associated: bool = _NO_ASSOCIATED, from_source_levels: bool = _FROM_SOURCE_LEVELS, verify: bool = _VERIFY,
     storage_option: list[str] | None = _STORAGE_OPTION, no_overview: bool = _NO_OVERVIEW,
     add_levels: bool = _ADD_LEVELS, mpp: float | None = _MPP, dicom_metadata: Path | None = _DICOM_METADATA,
-    dicom_attribute: list[str] | None = _DICOM_ATTRIBUTE,
+    dicom_attribute: list[str] | None = _DICOM_ATTRIBUTE, stow_url: str | None = _STOW,
+    stow_option: list[str] | None = _STOW_OPTION,
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF, Deep Zoom or a DICOM WSI series.
 
@@ -158,11 +168,18 @@ def export_pyramid_cmd(
         verify=verify, storage_option=storage_option, dicom=_dicom_options(
             fmt, no_overview=no_overview, add_levels=add_levels, mpp=mpp, dicom_metadata=dicom_metadata,
             dicom_attribute=dicom_attribute))
+    if (stow_url is not None or stow_option) and (fmt != "dicom" or batch):
+        raise fail("--stow applies to one slide exported with --format dicom (a batch: export-many, "
+                   "then wsitool stow)", 2)
+    if stow_option and stow_url is None:
+        raise fail("--stow-option needs --stow URL", 2)
     if batch:
         err_console.print(f"[yellow]wsitool: warning:[/] {DEPRECATED_BATCH}", highlight=False, soft_wrap=True)
         _export_batch(srcs, from_list, out, scheduler, quiet, options)
     else:
         _export_single(srcs[0], out, quiet, options)
+        if stow_url is not None:  # (the series is complete on disk first: a failed upload leaves it there)
+            send([str(out)], stow_url, stow_option)
 
 
 @app.command("export-many")

@@ -46,6 +46,19 @@ def stow_cmd(
     the server refuses the upload, 17 when it fails, hangs or answers past the
     bound, 9 when there is no STOW-RS service at the URL.
     """
+    send(paths, url, storage_option, batch_mb=batch_mb, batch_files=batch_files, as_json=as_json)
+
+
+def send(paths: list[str], url: str, storage_option: list[str] | None, *, batch_mb: float = BATCH_MB,
+         batch_files: int = BATCH_FILES, as_json: bool = False) -> None:
+    """Send ``paths`` to ``url`` with a progress bar, print the report: ``wsitool stow``, and
+    ``export-pyramid --format dicom --stow URL`` after its export.
+
+    Raises:
+        RemoteStoreError: some instances were not stored (each named on stderr first).
+        InvalidOptionError, RemoteAccessError, RemoteUnavailableError, RemoteNotFoundError: as
+            :func:`~wsitool.formats.dicom.web.store.stow`.
+    """
     with _progress() as bar:
         task = bar.add_task("stow", total=None)
         report = stow(paths, url, storage_options(storage_option), batch_mb=batch_mb, batch_files=batch_files,

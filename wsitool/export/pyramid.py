@@ -91,7 +91,6 @@ from ..read.request import level_index
 from ..slide import Slide, open_slide
 from .associated import LevelImage, associated_for_export, thumbnail_level
 from .channels import export_channels
-from .dicom import export_dicom
 from .downsample import PyramidBuilder
 from .dzi import dzi_paths, write_dzi
 from .encode import TileCodec, TileCounter, TileStream, encoded_tiles
@@ -222,6 +221,8 @@ def _export_slide(slide: Slide, out: _Output, options: ExportOptions, level, reg
     atomic.check_output(out.final, out.sources, options.overwrite, kind=kind)
     L, rect = _checked_region(slide, level, region, options.max_pixels)
     if options.format == "dicom":
+        from .dicom import export_dicom  # (pydicom's writer: loaded by a DICOM export only, not every command)
+
         return export_dicom(slide, out.final, L, rect, options, out.sources, progress, t_start)
     if options.format == "ome-tiff" and slide.channels:  # every channel kept, named and coloured
         return export_channels(slide, out.final, L, rect, options, out.sources, progress=progress)
