@@ -389,3 +389,47 @@ def assert_reads_equal_openslide(o, w, seed: int = 50, regions: int = 12) -> Non
     assert sorted(w.associated_images) == sorted(o.associated_images)
     for image in o.associated_images:
         assert np.array_equal(np.asarray(w.associated_images[image]), np.asarray(o.associated_images[image]))
+
+
+#: put before a child's code by :func:`child_peak_rss`: at exit, the child writes its own peak RSS
+#: (VmHWM, KiB) to the file named by its last argument
+_PEAK_PROLOGUE = '''
+import atexit as _atexit, sys as _sys
+_peak_file = _sys.argv.pop()
+
+def _write_peak():
+    with open("/proc/self/status") as fp:
+        line = next(line for line in fp if line.startswith("VmHWM:"))
+    with open(_peak_file, "w") as out:
+        out.write(line.split()[1])
+
+_atexit.register(_write_peak)
+'''
+
+
+def child_peak_rss(code: str, args: list[str], folder: Path, timeout: float = 120.0) -> tuple[int, int, str]:
+    """Run ``python -c code args...``; return ``(exit code, its peak RSS in bytes, stderr)``.
+
+    The peak is the child's own high-water mark (``VmHWM`` of ``/proc/self/status``, read as it
+    exits), not ``os.wait4``'s ``ru_maxrss``: that counts the pages of the process it was
+    started from (a child started by a 400 MB test process would show 400 MB however little it
+    used itself).  Linux only (callers skip elsewhere).  The child is killed past ``timeout``
+    seconds (a bound on the wait, not a speed target): exit code -9, and the test says so.
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(dir=folder, prefix="peak-", suffix=".txt", delete=False) as fp:
+        peak_file = Path(fp.name)
+    proc = subprocess.Popen([sys.executable, "-c", _PEAK_PROLOGUE + code, *args, str(peak_file)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    text = peak_file.read_text().strip()
+    peak_file.unlink()
+    assert text, f"the child wrote no peak (exit {proc.returncode}): {err.decode(errors='replace')[-500:]}"
+    return proc.returncode, int(text) << 10, err.decode(errors="replace")

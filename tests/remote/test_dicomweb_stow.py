@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import http.server
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,7 +21,7 @@ import wsitool
 from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteStoreError, RemoteUnavailableError
 
-from helpers import shared_sample
+from helpers import child_peak_rss, shared_sample
 from remote_helpers import endless
 
 pydicom = pytest.importorskip("pydicom", reason="pydicom is not installed")
@@ -422,15 +421,7 @@ def test_the_cli_refuses_bad_inputs_before_sending(stow_server, tmp_path):
 
 
 _CHILD = textwrap.dedent("""
-    import atexit, sys
-
-    def peak():  # this process's own peak (VmHWM), not the parent's pages it started from
-        with open("/proc/self/status") as fp:
-            line = next(line for line in fp if line.startswith("VmHWM:"))
-        with open(sys.argv[3], "w") as out:
-            out.write(line.split()[1])
-
-    atexit.register(peak)
+    import sys
     from wsitool.cli import main
     main(["stow", sys.argv[1], sys.argv[2], "--batch-mb", "1024"])
 """)
@@ -438,21 +429,8 @@ _CHILD = textwrap.dedent("""
 
 def _peak_rss(folder: Path, url: str, tmp_path: Path) -> tuple[int, int, str]:
     """``(exit code, peak RSS in bytes, stderr)`` of ``wsitool stow folder url`` in a child
-    process: its VmHWM as it exits (``os.wait4``'s ``ru_maxrss`` would count the pages of this
-    process it was forked from)."""
-    out = tmp_path / f"peak-{folder.name}.txt"
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(folder), url, str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    killer = threading.Timer(300, proc.kill)  # (a bound on the wait, not a speed target)
-    killer.start()
-    try:
-        err = proc.stderr.read().decode(errors="replace")
-        _, status, _usage = os.wait4(proc.pid, 0)
-    finally:
-        killer.cancel()
-        proc.stderr.close()
-    proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait again)
-    return proc.returncode, int(out.read_text()) << 10, err
+    process: its own peak (:func:`helpers.child_peak_rss`)."""
+    return child_peak_rss(_CHILD, [str(folder), url], tmp_path, timeout=300)
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc (Linux)")

@@ -4,11 +4,9 @@ bounded memory (a child process's peak RSS)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +15,7 @@ from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteUnavailableError
 from wsitool.storage.remote.body import check_length, read_body
 
-from helpers import NO_SHARED, SHARED_SAMPLES
+from helpers import NO_SHARED, SHARED_SAMPLES, child_peak_rss
 from remote_helpers import client_connections
 
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
@@ -169,37 +167,26 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _peak_rss(client: str, url: str) -> tuple[int, int, str]:
-    """``(exit code, peak RSS in bytes, stderr)`` of ``wsitool info url`` in a child process
-    (its own peak: ``os.wait4``'s resource usage of that child alone)."""
-    import threading
-
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, client, url], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    killer = threading.Timer(120, proc.kill)  # (a bound on the wait, not a speed target)
-    killer.start()
-    try:
-        err = proc.stderr.read().decode(errors="replace")
-        _, status, usage = os.wait4(proc.pid, 0)
-    finally:
-        killer.cancel()
-        proc.stderr.close()
-    proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait again)
-    assert proc.returncode != -9, f"wsitool info {url} did not end in 120 s against a hostile server"
-    return proc.returncode, usage.ru_maxrss * 1024, err
+def _peak_rss(client: str, url: str, folder: Path) -> tuple[int, int, str]:
+    """``(exit code, peak RSS in bytes, stderr)`` of ``wsitool info url`` in a child process:
+    its own peak (:func:`helpers.child_peak_rss`)."""
+    code, peak, err = child_peak_rss(_CHILD, [client, url], folder)
+    assert code != -9, f"wsitool info {url} did not end in 120 s against a hostile server"
+    return code, peak, err
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc (Linux)")
 @pytest.mark.parametrize("fault", ["overlong", "endless"])
 def test_a_hostile_server_costs_the_reader_no_more_memory_than_an_honest_one(fault, http_client, scripted,
-                                                                             data):
+                                                                             data, tmp_path):
     """``wsitool info URL``: against a server declaring 10 GiB and sending without end (or a
     200 answer without end), one line and exit 17, the child's peak RSS within 64 MiB of the
     same command's against an honest server (it was 1.5 GB after 3 s)."""
     url, script = scripted(data)
-    code, honest, err = _peak_rss(http_client, url)
+    code, honest, err = _peak_rss(http_client, url, tmp_path)
     assert code == 0, err
     script.default = fault
-    code, hostile, err = _peak_rss(http_client, url)
+    code, hostile, err = _peak_rss(http_client, url, tmp_path)
     assert code == 17, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("wsitool: error: http://127.0.0.1:"), err
