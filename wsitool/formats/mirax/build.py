@@ -7,6 +7,7 @@ The order and the checks are OpenSlide 4.0.1's ``mirax_open`` / ``process_indexf
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -23,7 +24,7 @@ from ...storage import ByteSource
 from ..deferred import DeferredProperties
 from ..quickhash import KEY as QUICKHASH
 from . import index as index_file
-from .layout import ZoomLevel, base_size, level_params, place_level
+from .layout import Grid, ZoomLevel, base_size, level_params, place_level
 from .slidedat import KeyFile, finite
 
 __all__ = ["build_pyramid", "read_all", "MAX_POSITIONS", "MAX_LEVEL_PIXELS", "TILE"]
@@ -103,11 +104,28 @@ def _zoom(kf: KeyFile, group: str, first: bool) -> ZoomLevel:
     return ZoomLevel(exp, z.overlap_x, z.overlap_y, z.mpp_x, z.mpp_y, z.fill_bgr, FORMATS[fmt], z.image_w, z.image_h)
 
 
-def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
-    """The pyramid (module docstring); ``sibling(name, what)`` opens a file of the slide's folder.
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """What Slidedat.ini says, checked as OpenSlide checks it (:func:`read_header`)."""
+
+    slide_id: str
+    images_x: int
+    images_y: int
+    divisions: int
+    index_name: str
+    data_names: list[str]
+    zooms: list[ZoomLevel]
+    position_buffer: int      # non-hierarchical record numbers, -1 where absent
+    stitching: int
+    associated: dict[str, int]
+
+
+def read_header(kf: KeyFile) -> Header:
+    """The :class:`Header` of a parsed Slidedat.ini.
 
     Raises:
-        CorruptFileError, ResourceLimitError: see :func:`wsitool.formats.mirax.open_placed`.
+        CorruptFileError: a group, key or value OpenSlide needs is missing or bad.
+        ResourceLimitError: camera images larger than 65536 pixels a side.
     """
     if not kf.has(GENERAL):
         raise CorruptFileError(f"Slidedat.ini: Can't find {GENERAL} group")
@@ -131,15 +149,15 @@ def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
         raise CorruptFileError("Slidedat.ini: Slide zoom level not HIER_0")
     index_name = kf.value(HIER, "INDEXFILE")
     nlevels = _positive(kf.integer(HIER, "HIER_0_COUNT"), "zoom_levels")
-    groups = [kf.value(HIER, f"HIER_0_VAL_{i}_SECTION") for i in range(min(nlevels, 64))]
     if nlevels > 64:
         raise CorruptFileError(f"Slidedat.ini: {nlevels} zoom levels")
+    groups = [kf.value(HIER, f"HIER_0_VAL_{i}_SECTION") for i in range(nlevels)]
     if not kf.has(DATAFILE):
         raise CorruptFileError(f"Slidedat.ini: Can't find {DATAFILE} group")
     nfiles = _positive(kf.integer(DATAFILE, "FILE_COUNT"), "datafile_count")
-    names = [kf.value(DATAFILE, f"FILE_{i}") for i in range(min(nfiles, 1 << 16))]
     if nfiles > 1 << 16:
         raise CorruptFileError(f"Slidedat.ini: {nfiles} data files")
+    names = [kf.value(DATAFILE, f"FILE_{i}") for i in range(nfiles)]
     zooms = [_zoom(kf, g, i == 0) for i, g in enumerate(groups)]
     vim, _ = _nonhier_offset(kf, nonhier_count, POSITION_BUFFER)
     stitch = _nonhier_offset(kf, nonhier_count, STITCHING)[0] if vim == -1 else -1
@@ -151,6 +169,19 @@ def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
             if fmt != "JPEG":
                 raise CorruptFileError(f"Slidedat.ini: Unsupported associated image format: {fmt[:40]}")
             assoc[name] = rec
+    return Header(slide_id, images_x, images_y, divisions, index_name, names, zooms, vim, stitch, assoc)
+
+
+def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
+    """The pyramid (module docstring); ``sibling(name, what)`` opens a file of the slide's folder.
+
+    Raises:
+        CorruptFileError, ResourceLimitError: see :func:`wsitool.formats.mirax.open_placed`.
+    """
+    hd = read_header(kf)
+    images_x, images_y, divisions, zooms = hd.images_x, hd.images_y, hd.divisions, hd.zooms
+    vim, stitch = hd.position_buffer, hd.stitching
+    index_name, names, nfiles, slide_id = hd.index_name, hd.data_names, len(hd.data_names), hd.slide_id
     idx_src = sibling(index_name, "index file")
     if idx_src.size > index_file.MAX_BYTES:
         raise ResourceLimitError(f"Index.dat: {idx_src.size} bytes (at most {index_file.MAX_BYTES})")
@@ -167,13 +198,14 @@ def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
     base_w, base_h = base_size(images_x, images_y, divisions, zooms[0])
     if base_w * base_h > MAX_LEVEL_PIXELS or base_w < 1 or base_h < 1:
         raise ResourceLimitError(f"MIRAX level 0 of {base_w}x{base_h} pixels")
-    associated = {n: _associated(n, idx.nonhier(r), data) for n, r in assoc.items()}
+    associated = {n: _associated(n, idx.nonhier(r), data) for n, r in hd.associated.items()}
+    grid = Grid(images_x, images_y, divisions, zooms[0], position, npos)
     levels: list = []
     active: set[int] = set()
     bounds0, last = None, None
     for k, (z, lp) in enumerate(zip(zooms, params, strict=True)):
         recs = idx.level_records(k)
-        placed = place_level(recs, lp, zooms[0], k, images_x, images_y, divisions, position, npos, active)
+        placed = place_level(recs, lp, k, grid, active)
         b = MosaicBuilder()
         srcs = [b.source(s) for s in data]
         for (col, row), (r, x, y, sx, sy) in sorted(placed.cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):

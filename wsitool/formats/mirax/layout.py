@@ -37,7 +37,7 @@ import numpy as np
 
 from ...errors import CorruptFileError
 
-__all__ = ["ZoomLevel", "LevelParams", "level_params", "base_size", "place_level", "Placed"]
+__all__ = ["ZoomLevel", "LevelParams", "Grid", "level_params", "base_size", "place_level", "Placed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +126,20 @@ class Placed:
     bounds: tuple[float, float, float, float] | None
 
 
-def place_level(records: np.ndarray, lp: LevelParams, zero: ZoomLevel, level: int, images_x: int,
-                images_y: int, divisions: int, position: Callable[[int], tuple[int, int]],
-                npositions: int, active: set[int]) -> Placed:
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The slide's camera grid: images across and down at level 0, divisions per photo side,
+    level 0's section, the photos' positions (``position(photo) -> (x, y)``) and their count."""
+
+    images_x: int
+    images_y: int
+    divisions: int
+    zero: ZoomLevel
+    position: Callable[[int], tuple[int, int]]
+    npositions: int
+
+
+def place_level(records: np.ndarray, lp: LevelParams, level: int, grid: Grid, active: set[int]) -> Placed:
     """Place the images of one level (``records``: its ``(n, 4)`` index records) as OpenSlide
     does; level 0 fills ``active`` (the photos that have an image), the others read it.
 
@@ -136,6 +147,8 @@ def place_level(records: np.ndarray, lp: LevelParams, zero: ZoomLevel, level: in
         CorruptFileError: an image index outside the level's grid or not a multiple of its
             concatenation, or a photo outside the position table.
     """
+    images_x, images_y, divisions, zero = grid.images_x, grid.images_y, grid.divisions, grid.zero
+    position, npositions = grid.position, grid.npositions
     cells: dict[tuple[int, int], tuple[int, float, float, float, float]] = {}
     left = top = math.inf
     right = bottom = -math.inf
