@@ -25,7 +25,8 @@ The slide is cut from the SVS's level 0 as a microscope would photograph it: cam
 ``divisions`` x ``divisions`` images at stitched positions (a nominal step less the overlap,
 plus a small displacement each), each higher level's images made from 2 x 2 images of the
 level below reduced by 2 (per image, as the scanner concatenates them), so overlapping photos
-and level images that hold several photos place as OpenSlide places them.  One photo is left
+and level images that hold several photos place as OpenSlide places them (no photo reaches past
+the level's size: OpenSlide paints that part, wsitool's levels end at their size).  One photo is left
 out (its area is transparent; OpenSlide skips its part of the higher levels too).
 
 Fixtures (:data:`MAKERS`):
@@ -97,6 +98,9 @@ def photo_positions(lay: Layout) -> np.ndarray:
         dx = dy = 0
         if lay.displacement:  # (the first photo moved too: OpenSlide's bounds start past 0)
             dx, dy = (int(v) * lay.displacement for v in ((1, 2) if p == 0 else rng.integers(0, 3, 2)))
+            # the last column and row moved back: no photo reaches past the level's size (OpenSlide
+            # paints such a photo's part beyond the level; wsitool's levels end at their size)
+            dx, dy = (-dx if px == across - 1 else dx), (-dy if py == down - 1 else dy)
         out[p] = (px * step[0] + dx, py * step[1] + dy)
     return out
 
