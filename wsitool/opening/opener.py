@@ -9,14 +9,15 @@ location                            what the opener does
 ==================================  ===============================================================
 :class:`~.location.LocalFile`,      opens its byte source, reads its first
 :class:`~.location.ObjectUrl`       :data:`~wsitool.formats.HEAD_BYTES` and gives it to the first
-                                    format that recognises them (``sniff``): ``open_placed``
-                                    (with the format options) or ``open_pyramid``
+                                    format that recognises them (``sniff``), else to the first
+                                    that claims the file's name (``claims``: MIRAX ``.mrxs``):
+                                    ``open_placed`` (with the format options) or ``open_pyramid``
 :class:`~.location.LocalFolder`     ``open_folder`` of each folder format until one finds its slide
 :class:`~.location.BucketPrefix`    ``open_prefix`` likewise, through one listing of the prefix
 :class:`~.location.DicomWebSeries`  ``open_dicomweb`` of the first series format
 ==================================  ===============================================================
 
-The formats are :data:`BUILT_IN` (TIFF, then DICOM) and those added with
+The formats are :data:`BUILT_IN` (TIFF, DICOM, then MIRAX) and those added with
 :func:`register`: a new format is a module satisfying the contract, registered here, never a
 branch.  The opener also loads the decoders' library before the slide's files open (under a
 tight descriptor limit a later load would lose its CPU codecs, tests/test_os_resources.py;
