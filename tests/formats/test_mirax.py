@@ -244,3 +244,25 @@ def test_a_mirax_url_opens_its_folder_under_the_same_base(nginx_factory, mirax_m
         for level in range(local.level_count):
             np.testing.assert_array_equal(remote.read_region((800, 600), level, (300, 260)),
                                           local.read_region((800, 600), level, (300, 260)))
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_deep_zoom_tiles_equal_openslide_and_patches_equal_regions(mirax_made, name):
+    """The drop-in's Deep Zoom tiles are OpenSlide's; ``read_patches`` gives ``read_region``'s pixels."""
+    from openslide.deepzoom import DeepZoomGenerator
+
+    from wsitool.openslide.deepzoom import DeepZoomGenerator as Ours
+
+    path = str(mirax_made[name])
+    with openslide.OpenSlide(path) as o, wo.OpenSlide(path) as w:
+        theirs, ours = DeepZoomGenerator(o), Ours(w)
+        for level in range(theirs.level_count):
+            cols, rows = theirs.level_tiles[level]
+            for address in ((0, 0), (cols // 2, rows // 2), (cols - 1, rows - 1)):
+                assert np.array_equal(np.asarray(ours.get_tile(level, address)),
+                                      np.asarray(theirs.get_tile(level, address))), (level, address)
+    with wsitool.open_slide(path) as slide:
+        locations = [(0, 0), (700, 900), (1500, 1800), (333, 1234)]
+        patches = np.concatenate(list(slide.read_patches(locations, level=0, size=(300, 280), mode="rgba")))
+        for (x, y), patch in zip(locations, patches, strict=True):
+            assert np.array_equal(patch, slide.read_region((x, y), 0, (300, 280)))
