@@ -266,3 +266,19 @@ def test_deep_zoom_tiles_equal_openslide_and_patches_equal_regions(mirax_made, n
         patches = np.concatenate(list(slide.read_patches(locations, level=0, size=(300, 280), mode="rgba")))
         for (x, y), patch in zip(locations, patches, strict=True):
             assert np.array_equal(patch, slide.read_region((x, y), 0, (300, 280)))
+
+
+def test_serve_lists_a_mirax_slide_of_a_folder_and_opens_it(mirax_made, tmp_path):
+    """``serve FOLDER`` lists the .mrxs (named, not sniffed: its bytes are a JPEG) and not the files
+    of its folder; its descriptor budget counts them; the slide opens as MIRAX."""
+    from wsitool.serve.registry import SlideRegistry
+
+    path = _copy(mirax_made, "mirax_stitching", tmp_path)
+    registry = SlideRegistry([tmp_path], wsitool.open_slide)
+    try:
+        entries = list(registry)
+        assert [e.id for e in entries] == [path.name] and not registry.skipped
+        assert entries[0].files == 1 + len(list(path.with_suffix("").iterdir()))
+        assert entries[0].slide.vendor == "mirax"
+    finally:
+        registry.close()

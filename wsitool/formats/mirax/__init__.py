@@ -99,6 +99,7 @@ def open_placed(place: Place, source: ByteSource, options: Mapping[str, Any], /)
         if ini_src.size > slidedat.MAX_BYTES:
             raise CorruptFileError(f"Slidedat.ini: {ini_src.size} bytes, more than a key file holds")
         ini_bytes = read_all(ini_src, "Slidedat.ini")
+        ini_src.close()  # (read whole: only the data files stay open)
         pyramid = build_pyramid(slidedat.parse(ini_bytes), ini_bytes, lambda n, w: sibling(_safe(n), w))
     except BaseException:
         for src in opened:

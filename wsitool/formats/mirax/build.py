@@ -186,6 +186,7 @@ def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
     if idx_src.size > index_file.MAX_BYTES:
         raise ResourceLimitError(f"Index.dat: {idx_src.size} bytes (at most {index_file.MAX_BYTES})")
     idx = index_file.Index(read_all(idx_src, "Index.dat"), slide_id, nfiles)
+    idx_src.close()
     data = [sibling(n, "data file") for n in names]
     if images_x > 1 << 20 or images_y > 1 << 20:
         raise ResourceLimitError(f"Slidedat.ini: {images_x}x{images_y} camera images")
