@@ -149,6 +149,10 @@ def place_level(records: np.ndarray, lp: LevelParams, level: int, grid: Grid, ac
     """
     images_x, images_y, divisions, zero = grid.images_x, grid.images_y, grid.divisions, grid.zero
     position, npositions = grid.position, grid.npositions
+    room = -(-images_x // lp.concat) * -(-images_y // lp.concat)
+    if len(records) > room:  # (bounds the work an index can ask for)
+        raise CorruptFileError(f"Index.dat: zoom level {level} lists {len(records)} images, more than its "
+                               f"grid of {room} holds")
     cells: dict[tuple[int, int], tuple[int, float, float, float, float]] = {}
     left = top = math.inf
     right = bottom = -math.inf
