@@ -159,7 +159,7 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
         MosaicImageError: the image lies past the end of its file, the read is short, the
             decoder failed or gave another size.
     """
-    cached = mosaic.decoded.get(k)
+    cached = mosaic.cached(k)
     if cached is not None:
         return cached
     source = mosaic.sources[int(mosaic.image_source[k])]
@@ -187,7 +187,7 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
         raise MosaicImageError(f"{where}: {type(exc).__name__}: {exc}") from None
     if arr.shape != (height, width, mosaic.samples):
         raise MosaicImageError(f"{where}: decoded shape {arr.shape}, expected {(height, width, mosaic.samples)}")
-    mosaic.decoded.put(k, arr)
+    mosaic.keep(k, arr)
     return arr
 
 

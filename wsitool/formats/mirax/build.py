@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import CorruptFileError, ResourceLimitError
 from ...ground.bitstream import jpeg_frame_size
 from ...model import AssociatedImage, Pyramid, TileEncoding, level_properties
-from ...mosaic import MosaicBuilder, mosaic_level
+from ...mosaic import DecodedImages, MosaicBuilder, mosaic_level
 from ...storage import ByteSource
 from ..deferred import DeferredProperties
 from ..quickhash import KEY as QUICKHASH
@@ -204,10 +204,11 @@ def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
     levels: list = []
     active: set[int] = set()
     bounds0, last = None, None
+    decoded = DecodedImages()  # (one cache of decoded camera images for all the levels)
     for k, (z, lp) in enumerate(zip(zooms, params, strict=True)):
         recs = idx.level_records(k)
         placed = place_level(recs, lp, k, grid, active)
-        b = MosaicBuilder()
+        b = MosaicBuilder(decoded=decoded)
         srcs = [b.source(s) for s in data]
         for (col, row), (r, x, y, sx, sy) in sorted(placed.cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             _idx, off, length, fileno = (int(v) for v in recs[r])
