@@ -32,6 +32,7 @@ from .errors import (
     SlideWarning,
     TileDecodeError,
     TileWarning,
+    TruncatedDataError,
     UnsupportedFormatError,
     WsiError,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "InvalidRegionError",
     "ResourceLimitError",
     "TileDecodeError",
+    "TruncatedDataError",
     "DeviceUnavailableError",
     "DaskUnavailableError",
     "OutputExistsError",

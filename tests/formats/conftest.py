@@ -1,4 +1,4 @@
-"""Fixtures shared by the vendor-layout tests (tests/formats/test_philips.py, test_ventana.py)."""
+"""Fixtures shared by the vendor-layout tests (tests/formats/test_philips.py, test_ventana.py, test_mirax.py)."""
 
 from __future__ import annotations
 
@@ -14,4 +14,14 @@ def made(tmp_path_factory):
     src = shared_sample("aperio-cmu1-small-region-jpeg.svs")
     gen = script_module("make_vendor_samples")
     out = tmp_path_factory.mktemp("vendor")
+    return {make.__name__: make(out, src) for make in gen.MAKERS}
+
+
+@pytest.fixture(scope="session")
+def mirax_made(tmp_path_factory):
+    """Every MIRAX fixture of ``scripts/make_mirax_samples.py`` (its ``MAKERS``), written once from
+    the shared CMU SVS: maker name -> ``.mrxs`` path."""
+    src = shared_sample("aperio-cmu1-small-region-jpeg.svs")
+    gen = script_module("make_mirax_samples")
+    out = tmp_path_factory.mktemp("mirax")
     return {make.__name__: make(out, src) for make in gen.MAKERS}
