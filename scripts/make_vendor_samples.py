@@ -45,6 +45,12 @@ Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips
 * ``leica-fluorescence.scn``: a brightfield macro and one fluorescence main image (three
   channels, the SVS's red, green and blue, 8-bit Deflate tiles): one IFD per channel per
   resolution (``c`` and ``r`` attributes).  OpenSlide refuses it; Bio-Formats reads it.
+
+``--large-philips WxH`` writes instead ``philips-large.tiff``, a large Philips TIFF for the read
+benchmark (``scripts/bench_vendor.py``): the encoded tissue tiles of the shared CMU SVS
+(``scripts/make_bench_slide.py``'s, 240 x 240 JPEG, shared JPEGTables) copied, not re-encoded,
+into a level-0 grid drawn at random (``--seed``), with lower levels at downsamples 2 and 4 of the
+same tiles; not among :data:`MAKERS` (no test writes it).
 """
 
 from __future__ import annotations
@@ -372,11 +378,61 @@ def leica_fluorescence(out: Path, source: Path = SOURCE) -> Path:
     return _write_leica(out / "leica-fluorescence.scn", xml, ifds)
 
 
+def bench_tiles(source: Path = SOURCE) -> tuple[list[bytes], bytes | None, tuple[int, int]]:
+    """``(encoded tissue tiles, their JPEGTables, (tile width, height))`` of the SVS's level 0
+    (:func:`make_bench_slide.tissue_tiles`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_bench_slide import tissue_tiles
+
+    tiles, page, tables, _pixels, _white = tissue_tiles(source)
+    return tiles, tables, (int(page.tilewidth), int(page.tilelength))
+
+
+def bench_grid(count: int, across: int, down: int, seed: int) -> np.ndarray:
+    """``(down, across)`` tile numbers (of ``count`` tiles) drawn with ``seed``: the same draw
+    for the Philips file and its Aperio twin (``scripts/bench_vendor.py``)."""
+    return np.random.default_rng(seed).integers(0, count, size=(down, across))
+
+
+def write_copied_tiles(tif: tifffile.TiffWriter, tiles: list[bytes], grid: np.ndarray, shape: tuple[int, int],
+                       tile: tuple[int, int], tables: bytes | None, **tags) -> None:
+    """One tiled JPEG IFD of ``shape`` (width, height) whose tiles are ``tiles[grid]``, copied."""
+    tif.write((tiles[k] for k in grid.ravel()), shape=(shape[1], shape[0], 3), dtype=np.uint8,
+              tile=(tile[1], tile[0]), compression=7, photometric="rgb",
+              compressionargs={"outcolorspace": "rgb"}, jpegtables=tables, metadata=None, **tags)
+
+
+def philips_large(out: Path, source: Path = SOURCE, size: tuple[int, int] = (20000, 15000), seed: int = 0) -> Path:
+    """Write ``philips-large.tiff`` (module docstring) into ``out``; its path."""
+    tiles, tables, (tw, th) = bench_tiles(source)
+    xml = philips_xml(3, 'tiff-useBigTIFF=1-useRgb=0-levels=40,20,10-processing=0-q80=-1-sourceFilename="B"',
+                      "PHILIPS-BENCH", None, None)
+    path = out / "philips-large.tiff"
+    with tifffile.TiffWriter(path, bigtiff=True) as tif:
+        for k in range(3):
+            w, h = -(-size[0] // 2 ** k), -(-size[1] // 2 ** k)
+            across, down = -(-w // tw), -(-h // th)
+            grid = bench_grid(len(tiles), across, down, seed + k)
+            # (a lower level's stored size is whole tiles, as Philips writes it)
+            write_copied_tiles(tif, tiles, grid, (w if k == 0 else across * tw, h if k == 0 else down * th),
+                               (tw, th), tables, description=xml if k == 0 else None,
+                               software="Philips DP v1.0" if k == 0 else None, subfiletype=0 if k == 0 else 1)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--source", type=Path, default=SOURCE)
+    parser.add_argument("--large-philips", metavar="WxH", default=None,
+                        help="write only philips-large.tiff of this level-0 size (benchmarks)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --large-philips's tile draw")
     args = parser.parse_args(argv)
+    if args.large_philips:
+        w, _, h = args.large_philips.partition("x")
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        print(philips_large(args.outdir, args.source, (int(w), int(h)), args.seed))
+        return 0
     for path in write_all(args.outdir, args.source):
         print(path)
     return 0

@@ -305,10 +305,11 @@ def nm_per_pixel(image: Image, dim: Dimension) -> float:
     """Nanometres per pixel of a dimension: the view's width over the dimension's.
 
     Raises:
-        CorruptFileError: a width of 0.
+        CorruptFileError: a width or view width of 0 or less.
     """
-    if dim.width <= 0:
-        raise CorruptFileError(f"Leica SCN: IFD {dim.ifd}: dimension width {dim.width}")
+    if dim.width <= 0 or image.nm_across <= 0:
+        raise CorruptFileError(f"Leica SCN: IFD {dim.ifd}: dimension width {dim.width}, view width "
+                               f"{image.nm_across} nm")
     return image.nm_across / dim.width
 
 
