@@ -30,7 +30,7 @@ import numpy as np
 import tifffile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_vendor_samples import SOURCE, bench_grid, bench_tiles, philips_large, write_copied_tiles  # noqa: E402
+from make_vendor_samples import SOURCE, bench_grid, bench_tiles, philips_large, write_copied_tiles
 
 
 def aperio_twin(out: Path, size: tuple[int, int], seed: int, source: Path = SOURCE) -> Path:
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         b = aps.read_region((x, y), 0, (args.region, args.region), mode="rgb")
         assert np.array_equal(a, b), "the two files do not hold the same pixels"
         slides = {"philips": ps, "aperio": aps}
-        for name, slide in slides.items():
+        for slide in slides.values():
             one_pass(slide, corners, args.region, args.threads)  # warm
         for r in range(args.rounds):
             order = list(slides) if r % 2 == 0 else list(reversed(slides))

@@ -286,12 +286,17 @@ class PyramidLevel(LevelSizes):
             are its first plane's (for what only describes the level).
         plane: in a plane of a multi-channel level, its channel index (the
             decoded-tile cache keys it apart from the other planes); else None.
+        areas: for a level OpenSlide paints as separate images at whole-pixel positions
+            (a Leica SCN's main images), ``(x, y, width, height)`` of each in level pixels,
+            in painting order (:func:`wsitool.deepzoom.subpixel.read_openslide_rgba`);
+            ``()`` for every other level.
     """
 
     def __init__(self, *, index: int, width: int, height: int, downsample: float,
                  tile_width: int, tile_height: int, tiled: bool, samples: int, dtype: np.dtype,
                  encoding: TileEncoding, tiles: TileIndex, source: ByteSource,
-                 channels: tuple = (), planes: tuple | None = None, plane: int | None = None):
+                 channels: tuple = (), planes: tuple | None = None, plane: int | None = None,
+                 areas: tuple[tuple[int, int, int, int], ...] = ()):
         self.index = index
         self.width = width
         self.height = height
@@ -310,6 +315,7 @@ class PyramidLevel(LevelSizes):
         self.channels = tuple(channels)
         self.planes = None if planes is None else tuple(planes)
         self.plane = plane
+        self.areas = tuple(areas)
 
     # the encoding's facts, read through (one place holds them)
     compression = property(lambda self: self.encoding.compression)

@@ -75,6 +75,22 @@ def test_read_region_and_associated_images_equal_openslide(pair):
     assert_reads_equal_openslide(o, w, regions=20)
 
 
+def test_drop_in_paints_each_main_image_at_openslides_whole_pixel_at_any_location(pair):
+    """OpenSlide's Leica reader never blends: a main image is painted at ``trunc(x / ds - offset)``,
+    so a region starting before it (fractional level position) sees it one pixel later."""
+    _, o, w = pair
+    rng = np.random.default_rng(51)
+    width, height = o.dimensions
+    for level in range(o.level_count):
+        boxes = [((1021, 1023), (300, 200)), ((2045, 2047), (80, 60))]  # before the image, fractional
+        boxes += [((int(rng.integers(-300, width)), int(rng.integers(-300, height))),
+                   (int(rng.integers(1, 300)), int(rng.integers(1, 300)))) for _ in range(25)]
+        for location, size in boxes:
+            a = np.asarray(o.read_region(location, level, size))
+            b = np.asarray(w.read_region(location, level, size))
+            assert np.array_equal(a, b), (level, location, size)
+
+
 def test_quickhash_follows_openslides_choice_of_ifd(made):
     """One main image and one macro: the main image's smallest dimension (legacy); two main
     images: the macro's smallest dimension."""

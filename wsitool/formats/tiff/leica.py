@@ -379,7 +379,8 @@ def canvas_level(index: int, width: int, height: int, areas: list[Area]) -> Pyra
 
     return PyramidLevel(index=index, width=width, height=height, downsample=1.0, tile_width=tw,
                         tile_height=th, tiled=True, samples=first.samples, dtype=first.dtype,
-                        encoding=first.encoding, tiles=TileIndex(None, None, load=load), source=first.source)
+                        encoding=first.encoding, tiles=TileIndex(None, None, load=load), source=first.source,
+                        areas=tuple((a.x, a.y, a.level.width, a.level.height) for a in areas))
 
 
 def _encoding_key(lv: PyramidLevel) -> tuple:

@@ -28,8 +28,9 @@ which format wins and which IFD each hashes; ``openslide-hash.c``):
    NewSubfileType, the one with the smallest ImageWidth (the last of equals in
    file order).  Ventana: the narrowest of the IFDs whose ImageDescription holds
    ``level=``.  Leica: the IFD its SCN XML names (:func:`.leica.hashed_ifds`: the main
-   image's or the macro's smallest dimension; its text tags those of level 0's first IFD).  NDPI: among the IFDs with SourceLens (tag 65421) above 0 and
-   focal plane (tag 65424) 0, the smallest ImageWidth (the first of equals).
+   image's or the macro's smallest dimension; its text tags those of level 0's first IFD).
+   NDPI: among the IFDs with SourceLens (tag 65421) above 0 and focal plane (tag 65424) 0,
+   the smallest ImageWidth (the first of equals).
    Only top-level IFDs count (no SubIFDs).
 3. **Its bytes.**  The IFD's segments: TileOffsets / TileByteCounts when
    TileOffsets holds values, else StripOffsets / StripByteCounts (an NDPI
