@@ -378,6 +378,9 @@ class Level(LevelSizes):
         channels: the :class:`~wsitool.Channel` s of a multi-channel level, else ``()``.
         mpp: ``(mpp_x, mpp_y)`` micrometres per pixel of this level (level 0's times
             ``W0 / width`` and ``H0 / height``), or None where the slide gives none.
+        areas: ``(x, y, width, height)`` in level pixels of each image the level is composed
+            of where OpenSlide paints them one by one (a Leica SCN's main images), in painting
+            order; ``()`` for every other level.
     """
 
     index: int
@@ -397,6 +400,7 @@ class Level(LevelSizes):
     compression_problem: str | None
     channels: tuple[Channel, ...]
     mpp: tuple[float, float] | None
+    areas: tuple[tuple[int, int, int, int], ...] = ()
 
     @classmethod
     def of(cls, lv: PyramidLevel, level0: PyramidLevel, mpp: tuple[float, float] | None) -> Level:
@@ -406,7 +410,8 @@ class Level(LevelSizes):
                    tile_width=lv.tile_width, tile_height=lv.tile_height, tiles_across=lv.tiles_across,
                    tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
                    compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
-                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled)
+                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled,
+                   areas=lv.areas)
 
 
 def wavelength_color(nm: float) -> tuple[int, int, int]:

@@ -31,12 +31,11 @@ so the openslide-python drop-in's ``read_region`` and the Deep Zoom tiles
 At whole-pixel positions (every level-0 region, exact downsamples at locations
 that are multiples of them) the result is the plain read.
 
-A level whose pyramid level lists ``areas`` (a Leica SCN's main images,
-:attr:`wsitool.model.PyramidLevel.areas`) is painted as OpenSlide's Leica reader paints it:
-each area on its own, in order, at the whole level pixel ``trunc(x / ds - ax) + ax`` (``ax``
-the area's offset: the fraction dropped toward the area's origin, so a region starting
-before an area sees it one pixel later than one starting inside it), never blended; pixels
-outside every area are transparent.
+A level that lists ``areas`` (a Leica SCN's main images, :attr:`wsitool.Level.areas`) is
+painted as OpenSlide's Leica reader paints it: each area on its own, in order, at the whole
+level pixel ``trunc(x / ds - ax) + ax`` (``ax`` the area's offset: the fraction dropped toward
+the area's origin, so a region starting before an area sees it one pixel later than one
+starting inside it), never blended; pixels outside every area are transparent.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
     ds = slide.level_downsamples[level]
     x, y = int(location[0]), int(location[1])
     w, h = int(size[0]), int(size[1])
-    areas = _pyramid_levels(slide)[level].areas
+    areas = slide.levels[level].areas
     if (w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0
             and not areas):
         return slide.read_region((x, y), level, (w, h), mode="rgba", threads=threads)
@@ -129,12 +128,6 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
                     _paint(slide, sx / ds, sy / ds, level, sw, sh, grid, threads)
                 out[oy:oy + sh, ox:ox + sw] = paint
     return out
-
-
-def _pyramid_levels(slide):
-    from ..slide import pyramid_levels  # (the pyramid's own levels: their areas)
-
-    return pyramid_levels(slide)
 
 
 def _paint_areas(slide, lx: float, ly: float, level: int, w: int, h: int, areas, threads) -> np.ndarray:
