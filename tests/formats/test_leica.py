@@ -49,6 +49,22 @@ def test_openslide_reads_every_brightfield_fixture_as_leica(made, name):
         assert np.asarray(o.associated_images["macro"])[..., :3].std() > 0
 
 
+def test_no_icc_profile_as_in_openslide(tmp_path, monkeypatch):
+    """OpenSlide's Leica reader reports no ICC profile, for the slide or its macro, even where
+    the IFDs carry one."""
+    from PIL import ImageCms
+
+    gen = script_module("make_vendor_samples")
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    monkeypatch.setattr(gen, "_JPEG", {**gen._JPEG, "extratags": [(34675, 7, len(icc), icc, True)]})
+    path = gen.leica_brightfield(tmp_path, gen.SOURCE)
+    assert tifffile.TiffFile(path).pages[2].tags[34675].value == icc
+    with openslide.OpenSlide(str(path)) as o, wo.OpenSlide(str(path)) as w:
+        assert o.color_profile is None and w.color_profile is None
+        assert not [k for k in w.properties if "icc" in k] and not [k for k in o.properties if "icc" in k]
+        assert dict(w.properties) == dict(o.properties)
+
+
 def test_openslide_refuses_the_fluorescence_fixture(made):
     with pytest.raises(openslide.OpenSlideError, match="main image"):
         openslide.OpenSlide(str(made["leica_fluorescence"]))

@@ -156,7 +156,7 @@ def _describe(source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
     mpp_x, mpp_y, objective = vendor.metadata(ctx, vendor_props)
     properties = build_properties(vendor.name, base, levels, vendor_props, (mpp_x, mpp_y), objective)
     associated = {name: associated_from_page(name, page, tables) for name, page in associated_pages.items()}
-    profile = icc_profile(base)
+    profile = icc_profile(base) if vendor.icc else None
     vendor.finish(ctx, properties, associated, profile)
     _openslide_structure_properties(properties, profile, associated)
     hashed = with_quickhash(tiff, pages, source, properties, VENDORS, tables.values)  # read on first use

@@ -28,7 +28,8 @@ Source: OpenSlide 4.0.1's Leica reader (``openslide-vendor-leica.c``), in wsitoo
   the first main image ``leica.aperture``, ``leica.creation-date``, ``leica.device-model``,
   ``leica.device-version``, ``leica.illumination-source``, ``leica.objective``, and
   ``openslide.objective-power`` where the objective is an integer.  MPP from level 0's first
-  IFD's resolution tags; its ``tiff.*`` tags are the slide's, without the XML.
+  IFD's resolution tags; its ``tiff.*`` tags are the slide's, without the XML.  No ICC profile,
+  for the slide or the macro, whatever the IFDs carry.
 - **Quickhash.** With one brightfield main image, at most one macro and no other image: the
   main image's smallest dimension; otherwise the brightfield macro's smallest dimension
   (none: OpenSlide refuses the slide).  The text tags hashed are level 0's first IFD's.

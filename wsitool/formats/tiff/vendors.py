@@ -55,10 +55,13 @@ class Vendor:
         name: ``openslide.vendor`` of its slides.
         subifds: whether SubIFDs are candidates (OpenSlide's Philips reader walks the top
             level only).
+        icc: whether the slide reports level 0's ICC profile (OpenSlide's Leica reader
+            reports none).
     """
 
     name = "generic-tiff"
     subifds = True
+    icc = True
 
     def detect(self, ctx: Context) -> bool:
         """True when wsitool reads the file as this layout."""
@@ -271,6 +274,7 @@ class Leica(Vendor):
 
     name = "leica"
     subifds = False
+    icc = False  # OpenSlide 4.0.1 gives a Leica slide and its macro no ICC profile (checked)
 
     def detect(self, ctx: Context) -> bool:
         return leica.is_leica(ctx.first_desc)
@@ -359,6 +363,8 @@ class Leica(Vendor):
     def finish(self, ctx: Context, props: dict[str, str], associated: dict[str, AssociatedImage],
                profile: bytes | None) -> None:
         props.pop("tiff.ImageDescription", None)  # the XML is no property (OpenSlide)
+        for name, image in associated.items():
+            associated[name] = dataclasses.replace(image, color_profile=None)
         if ctx.state["main"]:
             for key in [k for k in props if k.startswith("openslide.level[") and "].tile-" in k]:
                 del props[key]  # OpenSlide gives a Leica level (its areas' grids) no tile size hint
