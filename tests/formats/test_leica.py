@@ -219,6 +219,19 @@ def test_a_main_image_off_the_tile_grid_is_refused_not_misplaced(made, tmp_path)
     assert str(moved) in str(info.value)
 
 
+@pytest.mark.parametrize("nm", [
+    ("500000000", "1000000000"),  # level 0 alone over the limit (10^12 pixels)
+    ("119680000", "119680000"),  # each level under it (level 0: 3.5 M tiles), all together over
+])
+def test_a_collection_too_large_for_the_tile_tables_is_refused(made, tmp_path, nm):
+    """The canvas's tile tables are sized by the XML: a collection claiming more tiles than
+    :data:`leica.MAX_CANVAS_TILES` is refused before any table is made (OpenSlide would show it)."""
+    huge = _with_xml(made, tmp_path, lambda x: x.replace('sizeX="1024000" sizeY="1280000"',
+                                                          f'sizeX="{nm[0]}" sizeY="{nm[1]}"'))
+    with pytest.raises(UnsupportedFormatError, match="limit"):
+        wsitool.open_slide(huge)
+
+
 def test_cli_info_and_read_region_on_a_leica_fixture(made, tmp_path):
     path = made["leica_brightfield"]
     info = subprocess.run([sys.executable, "-m", "wsitool", "info", str(path)], capture_output=True, text=True,

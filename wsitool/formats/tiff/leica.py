@@ -69,8 +69,8 @@ __all__ = ["NAMESPACES", "Dimension", "Image", "Collection", "is_leica", "parse"
 NAMESPACES = ("http://www.leica-microsystems.com/scn/2010/03/10",
               "http://www.leica-microsystems.com/scn/2010/10/01")
 BRIGHTFIELD = "brightfield"
-#: Most tiles a level's canvas grid may hold (its tables: 16 bytes a tile); a collection
-#: claiming more is refused, so no file sets how much memory the tables take.
+#: Most tiles the levels' canvas grids may hold together (their tables: 16 bytes a tile); a
+#: collection claiming more is refused, so no file sets how much memory the tables take.
 MAX_CANVAS_TILES = 1 << 22
 
 

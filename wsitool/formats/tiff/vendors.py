@@ -349,6 +349,8 @@ class Leica(Vendor):
             if k == 0:
                 ctx.state["areas0"] = areas
             levels.append(leica.canvas_level(k, width, height, areas))
+            if sum(lv.tiles_across * lv.tiles_down for lv in levels) > leica.MAX_CANVAS_TILES:
+                raise UnsupportedFormatError("Leica SCN levels of more tiles than wsitool's limit")
         w0, h0 = levels[0].width, levels[0].height
         for lv in levels:
             lv.downsample = (w0 / lv.width + h0 / lv.height) / 2.0
