@@ -7,7 +7,7 @@ Usage::
 
 It takes real slides (``../shared/samples``), the field-fault files
 (``../shared/bug-inputs``), the vendor-layout fixtures (``scripts/make_vendor_samples.py``:
-Philips, Ventana) and the files of the MIRAX fixtures' folders (``scripts/make_mirax_samples.py``:
+Philips, Ventana, Leica SCN) and the files of the MIRAX fixtures' folders (``scripts/make_mirax_samples.py``:
 each mutated inside a copy of its slide, the ``.mrxs`` opened) as seeds, mutates their bytes where it matters and
 hands each mutated file to a *worker child process* that opens it and reads
 metadata, associated images and random regions of every level.  The only
@@ -350,7 +350,7 @@ def save_fault(out_dir: Path, n: int, recipe: dict, result: dict, data: bytes) -
 
 
 def vendor_seeds(folder: Path) -> list[Path]:
-    """The vendor-layout fixtures of ``scripts/make_vendor_samples.py`` (Philips, Ventana), written
+    """The vendor-layout fixtures of ``scripts/make_vendor_samples.py`` (Philips, Ventana, Leica), written
     into ``folder`` from the shared CMU slide (kept beside the faults, so a fault's recipe
     replays); none where that slide is absent."""
     from make_vendor_samples import SOURCE, write_all

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write small vendor-layout TIFFs (Philips TIFF, Ventana BIF and TIFF) from the real pixels of the shared CMU SVS.
+"""Write small vendor-layout TIFFs (Philips, Ventana BIF and TIFF, Leica SCN) from the shared CMU SVS's real pixels.
 
 Usage::
 
@@ -31,6 +31,26 @@ Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips
   0; the stored levels larger than the area (OpenSlide shows the area's extent).
 * ``ventana-overlap.bif``: that BIF with joints overlapping by 3 pixels (read by OpenSlide
   at fractional tile steps; refused by wsitool).
+* ``leica-brightfield.scn`` (BigTIFF; OpenSlide 4.0.1's Leica reader,
+  :mod:`wsitool.formats.tiff.leica`): the first IFD's ImageDescription the SCN XML
+  (``.../scn/2010/10/01``: collection 2048 x 2560 pixels of 500 nm, a base64 ``barcode``
+  element); IFDs 0-1 the brightfield macro (view = the whole collection; 2 tiled
+  dimensions), IFDs 2-4 the one main image (1024 x 1536 pixels at 500 nm, dimensions of
+  downsample 1, 2, 4, 128 x 128 JPEG tiles) at the view offset 512, 512 pixels; level 0's
+  resolution tags give 0.5 um per pixel.  OpenSlide shows the collection (2048 x 2560) with the
+  main image placed in it, ``openslide.bounds-*`` its extent.
+* ``leica-two-main.scn``: the ``.../scn/2010/03/10`` namespace (barcode as an attribute) and two
+  brightfield main images (1024 x 1024 at 512, 512; 1024 x 512 at 512, 2048): both composited
+  on one canvas; the quickhash is the macro's smallest dimension.
+* ``leica-fluorescence.scn``: a brightfield macro and one fluorescence main image (three
+  channels, the SVS's red, green and blue, 8-bit Deflate tiles): one IFD per channel per
+  resolution (``c`` and ``r`` attributes).  OpenSlide refuses it; Bio-Formats reads it.
+
+``--large-philips WxH`` writes instead ``philips-large.tiff``, a large Philips TIFF for the read
+benchmark (``scripts/bench_vendor.py``): the encoded tissue tiles of the shared CMU SVS
+(``scripts/make_bench_slide.py``'s, 240 x 240 JPEG, shared JPEGTables) copied, not re-encoded,
+into a level-0 grid drawn at random (``--seed``), with lower levels at downsamples 2 and 4 of the
+same tiles; not among :data:`MAKERS` (no test writes it).
 """
 
 from __future__ import annotations
@@ -244,18 +264,183 @@ def ventana_overlap(out: Path, source: Path = SOURCE) -> Path:
     return _ventana(out / "ventana-overlap.bif", source, (1100, 1600), encode_info(4, 6, 3))
 
 
+LEICA_NS = {"new": "http://www.leica-microsystems.com/scn/2010/10/01",
+            "old": "http://www.leica-microsystems.com/scn/2010/03/10"}
+LEICA_TILE = 128
+LEICA_NM = 500  # nm per pixel of level 0
+
+
+def _leica_image(name: str, view: tuple[int, int, int, int], dims: list[tuple[int, int, int, int, int]],
+                 illumination: str = "brightfield", objective: str = "20") -> str:
+    """An SCN ``image`` element: ``view`` (sizeX, sizeY, offsetX, offsetY in nm), ``dims``
+    (sizeX, sizeY, ifd, c, r) of its dimension elements."""
+    w, h, ox, oy = view
+    dim_xml = "".join(f'<dimension sizeX="{dw}" sizeY="{dh}" r="{r}" c="{c}" ifd="{ifd}"/>'
+                      for dw, dh, ifd, c, r in dims)
+    return (f'<image name="{name}" uuid="urn:uuid:{name}">'
+            '<creationDate>2026-01-02T03:04:05.00Z</creationDate>'
+            '<device model="Leica SCN400;Leica SCN" version="1.4.0.10003 2011/06/20 10:28:40;1.4.0.10106"/>'
+            f'<pixels sizeX="{dims[0][0]}" sizeY="{dims[0][1]}">{dim_xml}</pixels>'
+            f'<view sizeX="{w}" sizeY="{h}" offsetX="{ox}" offsetY="{oy}" spacingZ="0"/>'
+            f'<scanSettings><objectiveSettings><objective>{objective}</objective></objectiveSettings>'
+            '<illuminationSettings><numericalAperture>0.4</numericalAperture>'
+            f'<illuminationSource>{illumination}</illuminationSource></illuminationSettings></scanSettings>'
+            '</image>')
+
+
+def leica_xml(ns: str, canvas: tuple[int, int], barcode: str, images: list[str]) -> str:
+    """The SCN XML of a collection ``canvas`` pixels (of :data:`LEICA_NM`) holding ``images``."""
+    cw, ch = canvas[0] * LEICA_NM, canvas[1] * LEICA_NM
+    code = (f"<barcode>{base64.b64encode(barcode.encode()).decode('ascii')}</barcode>" if ns == "new" else "")
+    attr = f' barcode="{barcode}"' if ns == "old" else ""
+    return (f'<?xml version="1.0" encoding="utf-8"?>\n<scn xmlns="{LEICA_NS[ns]}">'
+            f'<collection name="test" uuid="urn:uuid:test" sizeX="{cw}" sizeY="{ch}"{attr}>{code}'
+            + "".join(images) + "</collection></scn>")
+
+
+def _reduce(img: np.ndarray, k: int) -> np.ndarray:
+    if k == 0:
+        return img
+    h, w = img.shape[:2]
+    return np.asarray(Image.fromarray(img).resize((-(-w // 2 ** k), -(-h // 2 ** k)), Image.Resampling.BOX))
+
+
+def _leica_macro(macro: np.ndarray, canvas: tuple[int, int]) -> tuple[list[np.ndarray], str]:
+    """The macro's two dimensions (the SVS macro scaled to the canvas's shape) and its image XML (IFDs 0, 1)."""
+    w, h = canvas[0] // 4, canvas[1] // 4
+    big = np.asarray(Image.fromarray(macro).resize((w, h), Image.Resampling.BILINEAR))
+    arrays = [big, _reduce(big, 1)]
+    dims = [(a.shape[1], a.shape[0], k, 0, k) for k, a in enumerate(arrays)]
+    xml = _leica_image("macro", (canvas[0] * LEICA_NM, canvas[1] * LEICA_NM, 0, 0), dims, objective="0.5")
+    return arrays, xml
+
+
+def _write_leica(path: Path, xml: str, ifds: list[tuple[np.ndarray, dict]]) -> Path:
+    """Write the IFDs (array, tifffile keywords) of an SCN, the XML in the first."""
+    with tifffile.TiffWriter(path, bigtiff=True) as tif:
+        for k, (arr, kw) in enumerate(ifds):
+            tif.write(arr, tile=(LEICA_TILE, LEICA_TILE), description=xml if k == 0 else None, metadata=None, **kw)
+    return path
+
+
+_JPEG = {"compression": "jpeg", "compressionargs": {"level": 90}, "photometric": "rgb"}
+_RES = {"resolution": (1e7 / LEICA_NM, 1e7 / LEICA_NM), "resolutionunit": "CENTIMETER"}
+
+
+def _main_levels(img: np.ndarray, first_ifd: int, offset: tuple[int, int]) -> tuple[list[tuple[np.ndarray, dict]], str]:
+    """A brightfield main image at ``offset`` (level-0 pixels): three dimensions and its XML."""
+    arrays = [_reduce(img, k) for k in range(3)]
+    dims = [(a.shape[1], a.shape[0], first_ifd + k, 0, k) for k, a in enumerate(arrays)]
+    view = (img.shape[1] * LEICA_NM, img.shape[0] * LEICA_NM, offset[0] * LEICA_NM, offset[1] * LEICA_NM)
+    ifds = [(a, {**_JPEG, **(_RES if k == 0 else {}), "software": "Leica SCN" if k == 0 else None})
+            for k, a in enumerate(arrays)]
+    return ifds, _leica_image(f"main{first_ifd}", view, dims)
+
+
+def leica_brightfield(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``leica-brightfield.scn`` into the folder ``out`` (module docstring); its path."""
+    base, _label, macro = _pixels(source)
+    canvas = (2048, 2560)
+    macro_arrays, macro_xml = _leica_macro(macro, canvas)
+    main_ifds, main_xml = _main_levels(base[:1536, :1024], 2, (512, 512))
+    xml = leica_xml("new", canvas, "LEICA-TEST-1", [macro_xml, main_xml])
+    return _write_leica(out / "leica-brightfield.scn", xml, [(a, _JPEG) for a in macro_arrays] + main_ifds)
+
+
+def leica_two_main(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``leica-two-main.scn`` into the folder ``out`` (module docstring); its path."""
+    base, _label, macro = _pixels(source)
+    canvas = (2048, 2560)
+    macro_arrays, macro_xml = _leica_macro(macro, canvas)
+    first_ifds, first_xml = _main_levels(base[:1024, :1024], 2, (512, 512))
+    second_ifds, second_xml = _main_levels(base[1536:2048, 1024:2048], 5, (512, 2048))
+    xml = leica_xml("old", canvas, "LEICA-TEST-2", [macro_xml, first_xml, second_xml])
+    return _write_leica(out / "leica-two-main.scn", xml,
+                        [(a, _JPEG) for a in macro_arrays] + first_ifds + second_ifds)
+
+
+def leica_fluorescence(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``leica-fluorescence.scn`` into the folder ``out`` (module docstring); its path."""
+    base, _label, macro = _pixels(source)
+    canvas = (2048, 2560)
+    macro_arrays, macro_xml = _leica_macro(macro, canvas)
+    img = base[:1024, :768]
+    ifds: list[tuple[np.ndarray, dict]] = [(a, _JPEG) for a in macro_arrays]
+    dims = []
+    for r in range(2):
+        level = _reduce(img, r)
+        for c in range(3):
+            dims.append((level.shape[1], level.shape[0], len(ifds), c, r))
+            ifds.append((np.ascontiguousarray(level[..., c]),
+                         {"compression": "adobe_deflate", "photometric": "minisblack", **(_RES if r == 0 else {})}))
+    view = (img.shape[1] * LEICA_NM, img.shape[0] * LEICA_NM, 512 * LEICA_NM, 512 * LEICA_NM)
+    xml = leica_xml("new", canvas, "LEICA-FLUO", [macro_xml, _leica_image("fluo", view, dims, "fluorescence")])
+    return _write_leica(out / "leica-fluorescence.scn", xml, ifds)
+
+
+def bench_tiles(source: Path = SOURCE) -> tuple[list[bytes], bytes | None, tuple[int, int]]:
+    """``(encoded tissue tiles, their JPEGTables, (tile width, height))`` of the SVS's level 0
+    (:func:`make_bench_slide.tissue_tiles`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_bench_slide import tissue_tiles
+
+    tiles, page, tables, _pixels, _white = tissue_tiles(source)
+    return tiles, tables, (int(page.tilewidth), int(page.tilelength))
+
+
+def bench_grid(count: int, across: int, down: int, seed: int) -> np.ndarray:
+    """``(down, across)`` tile numbers (of ``count`` tiles) drawn with ``seed``: the same draw
+    for the Philips file and its Aperio twin (``scripts/bench_vendor.py``)."""
+    return np.random.default_rng(seed).integers(0, count, size=(down, across))
+
+
+def write_copied_tiles(tif: tifffile.TiffWriter, tiles: list[bytes], grid: np.ndarray, shape: tuple[int, int],
+                       tile: tuple[int, int], tables: bytes | None, **tags) -> None:
+    """One tiled JPEG IFD of ``shape`` (width, height) whose tiles are ``tiles[grid]``, copied."""
+    tif.write((tiles[k] for k in grid.ravel()), shape=(shape[1], shape[0], 3), dtype=np.uint8,
+              tile=(tile[1], tile[0]), compression=7, photometric="rgb",
+              compressionargs={"outcolorspace": "rgb"}, jpegtables=tables, metadata=None, **tags)
+
+
+def philips_large(out: Path, source: Path = SOURCE, size: tuple[int, int] = (20000, 15000), seed: int = 0) -> Path:
+    """Write ``philips-large.tiff`` (module docstring) into ``out``; its path."""
+    tiles, tables, (tw, th) = bench_tiles(source)
+    xml = philips_xml(3, 'tiff-useBigTIFF=1-useRgb=0-levels=40,20,10-processing=0-q80=-1-sourceFilename="B"',
+                      "PHILIPS-BENCH", None, None)
+    path = out / "philips-large.tiff"
+    with tifffile.TiffWriter(path, bigtiff=True) as tif:
+        for k in range(3):
+            w, h = -(-size[0] // 2 ** k), -(-size[1] // 2 ** k)
+            across, down = -(-w // tw), -(-h // th)
+            grid = bench_grid(len(tiles), across, down, seed + k)
+            # (a lower level's stored size is whole tiles, as Philips writes it)
+            write_copied_tiles(tif, tiles, grid, (w if k == 0 else across * tw, h if k == 0 else down * th),
+                               (tw, th), tables, description=xml if k == 0 else None,
+                               software="Philips DP v1.0" if k == 0 else None, subfiletype=0 if k == 0 else 1)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--source", type=Path, default=SOURCE)
+    parser.add_argument("--large-philips", metavar="WxH", default=None,
+                        help="write only philips-large.tiff of this level-0 size (benchmarks)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --large-philips's tile draw")
     args = parser.parse_args(argv)
+    if args.large_philips:
+        w, _, h = args.large_philips.partition("x")
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        print(philips_large(args.outdir, args.source, (int(w), int(h)), args.seed))
+        return 0
     for path in write_all(args.outdir, args.source):
         print(path)
     return 0
 
 
 #: Every fixture this script writes, in order.
-MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap)
+MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap, leica_brightfield,
+          leica_two_main, leica_fluorescence)
 
 
 def write_all(outdir: Path, source: Path = SOURCE) -> list[Path]:

@@ -194,7 +194,7 @@ def test_fuzz_script_cli(tmp_path):
 
 
 def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
-    """Without ``--files`` the fuzzer also mutates the Philips and Ventana layouts
+    """Without ``--files`` the fuzzer also mutates the Philips, Ventana and Leica layouts
     (``scripts/make_vendor_samples.py``), written beside its faults so their recipes replay."""
     import make_vendor_samples
 
@@ -211,7 +211,7 @@ def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
                 vendors.add(slide.vendor)
         except wsitool.UnsupportedFormatError:  # (the overlapping BIF: refused, still a seed)
             vendors.add("refused")
-    assert vendors == {"philips", "ventana", "refused"}
+    assert vendors == {"philips", "ventana", "leica", "refused"}
 
 
 def test_the_mirax_fixtures_are_seeds_mutated_inside_a_copy_of_their_slide(tmp_path):

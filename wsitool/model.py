@@ -288,12 +288,17 @@ class PyramidLevel(LevelSizes):
             decoded-tile cache keys it apart from the other planes); else None.
         mosaic: a :class:`wsitool.mosaic.Mosaic` (placed images) whose virtual tiles this
             level reads (:func:`wsitool.mosaic.mosaic_level`), else None.
+        areas: for a level OpenSlide paints as separate images at whole-pixel positions
+            (a Leica SCN's main images), ``(x, y, width, height)`` of each in level pixels,
+            in painting order (:func:`wsitool.deepzoom.subpixel.read_openslide_rgba`);
+            ``()`` for every other level.
     """
 
     def __init__(self, *, index: int, width: int, height: int, downsample: float,
                  tile_width: int, tile_height: int, tiled: bool, samples: int, dtype: np.dtype,
                  encoding: TileEncoding, tiles: TileIndex, source: ByteSource,
-                 channels: tuple = (), planes: tuple | None = None, plane: int | None = None):
+                 channels: tuple = (), planes: tuple | None = None, plane: int | None = None,
+                 areas: tuple[tuple[int, int, int, int], ...] = ()):
         self.index = index
         self.width = width
         self.height = height
@@ -313,6 +318,7 @@ class PyramidLevel(LevelSizes):
         self.planes = None if planes is None else tuple(planes)
         self.plane = plane
         self.mosaic: Any = None
+        self.areas = tuple(areas)
 
     # the encoding's facts, read through (one place holds them)
     compression = property(lambda self: self.encoding.compression)
@@ -375,6 +381,9 @@ class Level(LevelSizes):
         channels: the :class:`~wsitool.Channel` s of a multi-channel level, else ``()``.
         mpp: ``(mpp_x, mpp_y)`` micrometres per pixel of this level (level 0's times
             ``W0 / width`` and ``H0 / height``), or None where the slide gives none.
+        areas: ``(x, y, width, height)`` in level pixels of each image the level is composed
+            of where OpenSlide paints them one by one (a Leica SCN's main images), in painting
+            order; ``()`` for every other level.
     """
 
     index: int
@@ -394,6 +403,7 @@ class Level(LevelSizes):
     compression_problem: str | None
     channels: tuple[Channel, ...]
     mpp: tuple[float, float] | None
+    areas: tuple[tuple[int, int, int, int], ...] = ()
 
     @classmethod
     def of(cls, lv: PyramidLevel, level0: PyramidLevel, mpp: tuple[float, float] | None) -> Level:
@@ -403,7 +413,8 @@ class Level(LevelSizes):
                    tile_width=lv.tile_width, tile_height=lv.tile_height, tiles_across=lv.tiles_across,
                    tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
                    compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
-                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled)
+                   compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled,
+                   areas=lv.areas)
 
 
 def wavelength_color(nm: float) -> tuple[int, int, int]:

@@ -30,6 +30,12 @@ so the openslide-python drop-in's ``read_region`` and the Deep Zoom tiles
 
 At whole-pixel positions (every level-0 region, exact downsamples at locations
 that are multiples of them) the result is the plain read.
+
+A level that lists ``areas`` (a Leica SCN's main images, :attr:`wsitool.Level.areas`) is
+painted as OpenSlide's Leica reader paints it: each area on its own, in order, at the whole
+level pixel ``trunc(x / ds - ax) + ax`` (``ax`` the area's offset: the fraction dropped toward
+the area's origin, so a region starting before an area sees it one pixel later than one
+starting inside it), never blended; pixels outside every area are transparent.
 """
 
 from __future__ import annotations
@@ -98,7 +104,9 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
     ds = slide.level_downsamples[level]
     x, y = int(location[0]), int(location[1])
     w, h = int(size[0]), int(size[1])
-    if w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0:
+    areas = slide.levels[level].areas
+    if (w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0
+            and not areas):
         return slide.read_region((x, y), level, (w, h), mode="rgba", threads=threads)
     out = np.zeros((h, w, 4), np.uint8)
     tiles = slide.levels[level]
@@ -116,7 +124,27 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
                 sh -= ty
             if sw > 0 and sh > 0:
                 oy, ox = row * PIECE + ty, col * PIECE + tx
-                out[oy:oy + sh, ox:ox + sw] = _paint(slide, sx / ds, sy / ds, level, sw, sh, grid, threads)
+                paint = _paint_areas(slide, sx / ds, sy / ds, level, sw, sh, areas, threads) if areas else \
+                    _paint(slide, sx / ds, sy / ds, level, sw, sh, grid, threads)
+                out[oy:oy + sh, ox:ox + sw] = paint
+    return out
+
+
+def _paint_areas(slide, lx: float, ly: float, level: int, w: int, h: int, areas, threads) -> np.ndarray:
+    """``(h, w, 4)`` uint8 RGBA of a level painted area by area at whole pixels (module docstring)."""
+    ds = slide.level_downsamples[level]
+    out = np.zeros((h, w, 4), np.uint8)
+    for ax, ay, aw, ah in areas:
+        tx, ty = math.trunc(lx - ax) + ax, math.trunc(ly - ay) + ay  # (as C converts a double to int64)
+        i0, i1 = max(0, ax - tx), min(w, ax + aw - tx)
+        j0, j1 = max(0, ay - ty), min(h, ay + ah - ty)
+        if i1 <= i0 or j1 <= j0:
+            continue
+        part = slide.read_region((level0_coordinate(tx + i0, ds), level0_coordinate(ty + j0, ds)), level,
+                                 (i1 - i0, j1 - j0), mode="rgba", threads=threads)
+        dest = out[j0:j1, i0:i1]
+        painted = part[..., 3] > 0
+        dest[painted] = part[painted]
     return out
 
 

@@ -1,9 +1,9 @@
-"""TIFF-based slides: Aperio SVS, Hamamatsu NDPI, Philips, Ventana, QPTIFF, generic tiled TIFF, OME-TIFF (floor 3).
+"""TIFF-based slides: Aperio SVS, Hamamatsu NDPI, Leica SCN, Philips, Ventana, QPTIFF, generic TIFF, OME-TIFF (floor 3).
 
 tifffile parses the structure (IFDs, SubIFDs, tags); this package decides which
 images are pyramid levels (:mod:`.levels`) and which are associated images
 (vendor rules: the table of :mod:`.vendors`, over :mod:`.aperio`, :mod:`.ndpi`,
-:mod:`.philips`, :mod:`.ventana`, :mod:`.qptiff`, :mod:`.ome`), describes how their segments are encoded
+:mod:`.leica`, :mod:`.philips`, :mod:`.ventana`, :mod:`.qptiff`, :mod:`.ome`), describes how their segments are encoded
 (:mod:`.encoding`) and gathers the metadata (:mod:`.properties`, :mod:`.ome`).
 It decodes nothing.
 
@@ -14,7 +14,8 @@ masks (NewSubfileType bit 2).  Vendor layouts first remove associated images
 focus map, which is dropped, see :mod:`.ndpi`; OME-TIFF: the OME Images after
 the first, named by their ``Name``, see :mod:`.ome`; Philips: stripped IFDs, and only
 top-level IFDs count, see :mod:`.philips`; Ventana: the ``Label Image`` and ``Thumbnail``
-IFDs, and only top-level IFDs described ``level=`` are levels, see :mod:`.ventana`); the rest go through the
+IFDs, and only top-level IFDs described ``level=`` are levels, see :mod:`.ventana`; Leica: the IFDs its
+SCN XML names, see :mod:`.leica`); the rest go through the
 level rule of :mod:`.levels`.  tifffile reads the file through the file object its
 byte source gives (:meth:`~wsitool.storage.ByteSource.open_file`: a local file's
 :class:`~wsitool.storage.view.BoundedFile`, a view of a remote one), whose reads never ask
@@ -156,7 +157,7 @@ def _describe(source: ByteSource, tiff: tifffile.TiffFile, pages: list[Any],
     mpp_x, mpp_y, objective = vendor.metadata(ctx, vendor_props)
     properties = build_properties(vendor.name, base, levels, vendor_props, (mpp_x, mpp_y), objective)
     associated = {name: associated_from_page(name, page, tables) for name, page in associated_pages.items()}
-    profile = icc_profile(base)
+    profile = icc_profile(base) if vendor.icc else None
     vendor.finish(ctx, properties, associated, profile)
     _openslide_structure_properties(properties, profile, associated)
     hashed = with_quickhash(tiff, pages, source, properties, VENDORS, tables.values)  # read on first use

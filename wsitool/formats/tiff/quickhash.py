@@ -16,19 +16,21 @@ which format wins and which IFD each hashes; ``openslide-hash.c``):
    ``DPUfsImport`` description), Ventana, then generic TIFF
    (first IFD tiled).  Each format's mark and hashed IFD are its entry in
    :data:`wsitool.formats.tiff.vendors.VENDORS` (the table wsitool's own detection
-   uses), read through :class:`Marks`.  wsitool hashes as NDPI, Trestle, Aperio, Huron, Philips,
-   Ventana (an ``iScan`` XMP packet) and generic TIFF do.  A file carrying the mark Argos or Leica
-   detection looks for (an ``Argos.Scan.Metadata`` XML in tag 65000, a Leica
-   SCN namespace in the ImageDescription) gets no hash: those
-   formats hash other IFDs or more text, which wsitool does not reproduce.  Nor
+   uses), read through :class:`Marks`.  wsitool hashes as NDPI, Trestle, Aperio, Huron, Leica
+   (a Leica SCN namespace in the ImageDescription), Philips, Ventana (an ``iScan`` XMP packet)
+   and generic TIFF do.  A file carrying the mark Argos detection looks for (an
+   ``Argos.Scan.Metadata`` XML in tag 65000) gets no hash: Argos hashes more
+   text, which wsitool does not reproduce.  Nor
    does a TIFF whose first IFD is not tiled (no format of OpenSlide reads it).
 2. **The IFD hashed: the format's smallest level.**  Aperio, Huron, Trestle and Philips:
    the last tiled IFD in file order (their levels are the tiled IFDs).  Generic TIFF: among the
    tiled IFDs that are the first one or carry the reduced-resolution bit of
    NewSubfileType, the one with the smallest ImageWidth (the last of equals in
    file order).  Ventana: the narrowest of the IFDs whose ImageDescription holds
-   ``level=``.  NDPI: among the IFDs with SourceLens (tag 65421) above 0 and
-   focal plane (tag 65424) 0, the smallest ImageWidth (the first of equals).
+   ``level=``.  Leica: the IFD its SCN XML names (:func:`.leica.hashed_ifds`: the main
+   image's or the macro's smallest dimension; its text tags those of level 0's first IFD).
+   NDPI: among the IFDs with SourceLens (tag 65421) above 0 and focal plane (tag 65424) 0,
+   the smallest ImageWidth (the first of equals).
    Only top-level IFDs count (no SubIFDs).
 3. **Its bytes.**  The IFD's segments: TileOffsets / TileByteCounts when
    TileOffsets holds values, else StripOffsets / StripByteCounts (an NDPI

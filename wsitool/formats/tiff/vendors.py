@@ -11,7 +11,7 @@ NDPI, Trestle, Aperio, Huron, Argos, Leica, Philips, Ventana, then the layouts O
 reads as generic TIFF (QPTIFF, OME-TIFF) and generic TIFF.  wsitool reads a file as the
 first entry whose :meth:`Vendor.detect` passes, and hashes it as the first whose
 :meth:`Vendor.openslide_mark` passes.  Entries wsitool does not read yet (Trestle, Huron,
-Argos, Leica: :class:`OpenSlideOnly`) only say how OpenSlide hashes them; their
+Argos: :class:`OpenSlideOnly`) only say how OpenSlide hashes them; their
 files open as generic TIFF.  A new vendor is a module with its rules and its entry here.
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 import tifffile
 
-from ...errors import UnsupportedFormatError
-from ...model import AssociatedImage, PyramidLevel, multichannel_level
+from ...errors import CorruptFileError, UnsupportedFormatError
+from ...model import AssociatedImage, Channel, PyramidLevel, channel_color, multichannel_level
 from ...storage import ByteSource
-from . import aperio, ndpi, ndpi_scaled, ome, philips, qptiff, ventana
+from . import aperio, leica, ndpi, ndpi_scaled, ome, philips, qptiff, ventana
 from .encoding import level_from_page
 from .levels import choose_levels
 from .quickhash import Marks, generic_level, is_tiled, last_tiled, ndpi_level
@@ -55,10 +55,13 @@ class Vendor:
         name: ``openslide.vendor`` of its slides.
         subifds: whether SubIFDs are candidates (OpenSlide's Philips reader walks the top
             level only).
+        icc: whether the slide reports level 0's ICC profile (OpenSlide's Leica reader
+            reports none).
     """
 
     name = "generic-tiff"
     subifds = True
+    icc = True
 
     def detect(self, ctx: Context) -> bool:
         """True when wsitool reads the file as this layout."""
@@ -265,6 +268,111 @@ class Ventana(Vendor):
             props.update(ventana.region_properties(bif, *ctx.state["tile_size"]))
 
 
+class Leica(Vendor):
+    """:mod:`.leica`: the brightfield main images composited on the collection's canvas, or a
+    fluorescence image's channels."""
+
+    name = "leica"
+    subifds = False
+    icc = False  # OpenSlide 4.0.1 gives a Leica slide and its macro no ICC profile (checked)
+
+    def detect(self, ctx: Context) -> bool:
+        return leica.is_leica(ctx.first_desc)
+
+    def openslide_mark(self, marks: Marks) -> bool:
+        # (OpenSlide also parses the XML: a file failing that wsitool refuses, see .leica)
+        return marks.tiled and any(marks.contains(270, ns.encode()) for ns in leica.NAMESPACES)
+
+    def _hashed(self, pages: list[tifffile.TiffPage]) -> tuple[int, int] | None:
+        try:
+            found = leica.hashed_ifds(leica.parse(leica.first_description(pages)))
+        except (CorruptFileError, RecursionError):
+            return None
+        if found is None or not all(0 <= i < len(pages) for i in found):
+            return None
+        return found
+
+    def hashed_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage | None:
+        found = self._hashed(pages)
+        return None if found is None else pages[found[0]]
+
+    def hashed_text_page(self, pages: list[tifffile.TiffPage]) -> tifffile.TiffPage:
+        found = self._hashed(pages)
+        return pages[0] if found is None else pages[found[1]]
+
+    def prepare(self, ctx: Context) -> None:
+        coll = leica.parse(ctx.first_desc)
+        main = coll.main_images()
+        macro = coll.macro()
+        fluo = coll.fluorescence() if not main else None
+        if not main and fluo is None:
+            raise CorruptFileError("Leica SCN: can't find main image")
+        if main:
+            leica.check_main_images(main)
+            used = {d.ifd for image in main for d in image.dims}
+        else:
+            assert fluo is not None
+            used = {d.ifd for d in fluo.dims}
+        for ifd in used:
+            leica.page(ctx.pages, ifd)
+        macro_ifd = None
+        if macro is not None and macro.dims:
+            macro_ifd = macro.dims[0].ifd
+            leica.page(ctx.pages, macro_ifd)
+        ctx.state.update(coll=coll, main=main, fluo=fluo, used=used, macro=macro_ifd)
+
+    def associated_name(self, ctx: Context, page: tifffile.TiffPage, top_index: int) -> str | None:
+        if page is not ctx.pages[top_index]:
+            return ""
+        if top_index == ctx.state["macro"]:
+            return "macro"
+        return None if top_index in ctx.state["used"] else ""
+
+    def levels(self, ctx: Context, pool: list[tifffile.TiffPage],
+               problems: list[str]) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
+        if ctx.state["main"]:
+            return self._brightfield(ctx)
+        return _leica_fluorescence(ctx, ctx.state["fluo"])
+
+    def _brightfield(self, ctx: Context) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
+        coll, main = ctx.state["coll"], ctx.state["main"]
+        levels: list[PyramidLevel] = []
+        for k in range(len(main[0].dims)):
+            _nm, width, height, offsets = leica.level_geometry(coll, main, k)
+            areas = []
+            for image, (x, y) in zip(main, offsets, strict=True):
+                dim = image.dims[k]
+                page = leica.page(ctx.pages, dim.ifd)
+                leica.check_dimension(page, dim)
+                stored = level_from_page(ctx.source, k, page, (width, height), ctx.tables)
+                areas.append(leica.Area(stored, x, y))
+            if k == 0:
+                ctx.state["areas0"] = areas
+            levels.append(leica.canvas_level(k, width, height, areas))
+            if sum(lv.tiles_across * lv.tiles_down for lv in levels) > leica.MAX_CANVAS_TILES:
+                raise UnsupportedFormatError("Leica SCN levels of more tiles than wsitool's limit")
+        w0, h0 = levels[0].width, levels[0].height
+        for lv in levels:
+            lv.downsample = (w0 / lv.width + h0 / lv.height) / 2.0
+        return ctx.pages[main[0].dims[0].ifd], tuple(levels)
+
+    def metadata(self, ctx: Context, props: dict[str, str]) -> tuple[float | None, float | None, float | None]:
+        image = ctx.state["main"][0] if ctx.state["main"] else ctx.state["fluo"]
+        own, objective = leica.properties(ctx.state["coll"], image)
+        props.update(own)
+        return None, None, objective  # MPP: level 0's resolution tags
+
+    def finish(self, ctx: Context, props: dict[str, str], associated: dict[str, AssociatedImage],
+               profile: bytes | None) -> None:
+        props.pop("tiff.ImageDescription", None)  # the XML is no property (OpenSlide)
+        for name, image in associated.items():
+            associated[name] = dataclasses.replace(image, color_profile=None)
+        if ctx.state["main"]:
+            for key in [k for k in props if k.startswith("openslide.level[") and "].tile-" in k]:
+                del props[key]  # OpenSlide gives a Leica level (its areas' grids) no tile size hint
+            props.update(leica.bounds_properties(ctx.state["areas0"]))
+
+
 class QPTiff(Vendor):
     """:mod:`.qptiff`: a level's channel pages."""
 
@@ -330,9 +438,6 @@ class OpenSlideOnly(Vendor):
         return None if self._hashed is None else self._hashed(pages)
 
 
-_LEICA_NAMESPACES = (b"http://www.leica-microsystems.com/scn/2010/03/10",
-                     b"http://www.leica-microsystems.com/scn/2010/10/01")
-
 #: The one table, in OpenSlide's detection order (module docstring); the last (generic TIFF)
 #: is read for every file no other entry claims.
 VENDORS: tuple[Vendor, ...] = (
@@ -343,8 +448,7 @@ VENDORS: tuple[Vendor, ...] = (
     OpenSlideOnly("huron", lambda m: m.tiled and m.starts(271, b"Huron"), last_tiled),
     OpenSlideOnly("argos", lambda m: m.tiled and m.contains(65000, b"Argos.Scan.Metadata"),
                   None),  # (hashes its XML too)
-    OpenSlideOnly("leica", lambda m: m.tiled and any(m.contains(270, ns) for ns in _LEICA_NAMESPACES),
-                  None),  # (hashes another image)
+    Leica(),
     Philips(),
     Ventana(),
     QPTiff(),
@@ -392,3 +496,47 @@ def _qptiff_levels(ctx: Context, pool: list[tifffile.TiffPage],
                                          "samples, sample type or tile size")
         levels.append(multichannel_level(planes, channels))
     return base, tuple(levels)
+
+
+def _leica_fluorescence(ctx: Context, image: leica.Image) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
+    """``(level 0's page, levels)`` of a Leica fluorescence image (:mod:`.leica`): its dimensions
+    by ``r`` (resolution), each level the channels' IFDs in ``c`` order, at their own size.
+
+    Raises:
+        CorruptFileError: a resolution without every channel, or channel IFDs of several sizes.
+        UnsupportedFormatError: channel IFDs that are not single-sample, or differ in sample
+            type or tile size.
+    """
+    by_r: dict[int, dict[int, leica.Dimension]] = {}
+    for dim in image.dims:
+        by_r.setdefault(dim.r, {}).setdefault(dim.c, dim)
+    count = len(by_r.get(0, {}))
+    names = [f"C{c}" for c in sorted(by_r.get(0, {}))]
+    channels = [Channel(name=n, color=channel_color(k, count)[0], color_source="default")
+                for k, n in enumerate(names)]
+    levels: list[PyramidLevel] = []
+    base_page = None
+    base_size = (0, 0)
+    for r in sorted(by_r):
+        dims = [by_r[r][c] for c in sorted(by_r[r])]
+        if [f"C{d.c}" for d in dims] != names:
+            raise CorruptFileError(f"Leica SCN: resolution {r} of the fluorescence image lacks a channel")
+        pages = [leica.page(ctx.pages, d.ifd) for d in dims]
+        for p, d in zip(pages, dims, strict=True):
+            leica.check_dimension(p, d)
+        sizes = {(int(p.imagewidth), int(p.imagelength)) for p in pages}
+        if len(sizes) != 1:
+            raise CorruptFileError(f"Leica SCN: the channel IFDs of resolution {r} differ in size")
+        if base_page is None:
+            base_page, base_size = pages[0], sizes.pop()
+        index = len(levels)
+        planes = [level_from_page(ctx.source, index, p, base_size, ctx.tables) for p in pages]
+        first = planes[0]
+        if any((p.samples, p.dtype, p.tile_width, p.tile_height) != (1, first.dtype, first.tile_width,
+                                                                      first.tile_height) for p in planes):
+            raise UnsupportedFormatError(f"Leica SCN fluorescence resolution {r}: channel IFDs differ in "
+                                         "samples, sample type or tile size")
+        levels.append(planes[0] if count == 1 else multichannel_level(planes, channels))
+    if base_page is None:
+        raise CorruptFileError("Leica SCN: the fluorescence image has no dimension")
+    return base_page, tuple(levels)
