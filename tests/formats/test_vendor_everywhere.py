@@ -20,8 +20,19 @@ from typer.testing import CliRunner
 import wsitool
 from wsitool.cli import app
 
-#: one fixture per vendor layout (makers of scripts/make_vendor_samples.py)
-VENDOR_FIXTURES = ["philips_multilevel", "philips_sparse", "ventana_bif"]
+#: the fixtures, by maker: scripts/make_vendor_samples.py's (the ``made`` fixture) and
+#: scripts/make_mirax_samples.py's (``mirax_made``)
+VENDOR_FIXTURES = ["philips_multilevel", "philips_sparse", "ventana_bif", "leica_brightfield", "leica_two_main",
+                   "mirax_vimslide", "mirax_stitching"]
+
+
+@pytest.fixture
+def fixture_path(request):
+    """``fixture_path(name)``: the path of the fixture the maker ``name`` wrote."""
+    def find(name: str):
+        made = request.getfixturevalue("mirax_made" if name.startswith("mirax_") else "made")
+        return made[name]
+    return find
 
 
 def _cli(*args: str):
@@ -30,8 +41,8 @@ def _cli(*args: str):
 
 
 @pytest.mark.parametrize("name", VENDOR_FIXTURES)
-def test_info_names_the_vendor_and_levels(made, name):
-    path = made[name]
+def test_info_names_the_vendor_and_levels(fixture_path, name):
+    path = fixture_path(name)
     result = _cli("info", str(path), "--json")
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
@@ -42,8 +53,8 @@ def test_info_names_the_vendor_and_levels(made, name):
 
 
 @pytest.mark.parametrize("name", VENDOR_FIXTURES)
-def test_read_region_cli_and_read_patches_equal_the_library_read(made, name, tmp_path):
-    path = made[name]
+def test_read_region_cli_and_read_patches_equal_the_library_read(fixture_path, name, tmp_path):
+    path = fixture_path(name)
     out = tmp_path / "region.png"
     with wsitool.open_slide(path) as slide:
         level = slide.level_count - 1
@@ -72,8 +83,8 @@ def _on_white(rgba: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", VENDOR_FIXTURES)
-def test_tiff_export_reads_back_as_the_source(made, name, tmp_path):
-    path = made[name]
+def test_tiff_export_reads_back_as_the_source(fixture_path, name, tmp_path):
+    path = fixture_path(name)
     out = tmp_path / "out.tiff"
     result = _cli("export-pyramid", str(path), str(out), "--compression", "deflate", "--quiet", "--threads", "2")
     assert result.exit_code == 0, result.output
@@ -87,12 +98,12 @@ def test_tiff_export_reads_back_as_the_source(made, name, tmp_path):
 
 
 @pytest.mark.parametrize("name", VENDOR_FIXTURES)
-def test_deep_zoom_tiles_equal_openslides_generator(made, name, serve_slides):
+def test_deep_zoom_tiles_equal_openslides_generator(fixture_path, name, serve_slides):
     httpx = pytest.importorskip("httpx")
     openslide = pytest.importorskip("openslide")
     from openslide.deepzoom import DeepZoomGenerator
 
-    path = made[name]
+    path = fixture_path(name)
     with openslide.OpenSlide(str(path)) as osr:
         gen = DeepZoomGenerator(osr)
         with (
@@ -115,9 +126,9 @@ def test_deep_zoom_tiles_equal_openslides_generator(made, name, serve_slides):
 
 
 @pytest.mark.parametrize("name", VENDOR_FIXTURES)
-def test_stress_runs_clean(made, name, tmp_path):
+def test_stress_runs_clean(fixture_path, name, tmp_path):
     report = tmp_path / "stress.json"
-    result = _cli("stress", str(made[name]), "--workers", "4", "--iterations", "2000", "--region-size", "128",
+    result = _cli("stress", str(fixture_path(name)), "--workers", "4", "--iterations", "2000", "--region-size", "128",
                   "--verify-every", "5", "--report", str(report))
     # 0 ok, or 15 where a run this short is too short for a memory verdict on a loaded machine
     assert result.exit_code in (0, 15), result.output

@@ -41,7 +41,8 @@ class StripSource:
         self.on_error = on_error
         self.failed: set[tuple[int, int]] = set()
         self.first_error: str | None = None  # message of the first tile painted over
-        self.alpha = any(code in (1, 2) for code in self.lv.encoding.extrasamples)
+        # (a mosaic level's painted tiles are transparent between its images: composited as alpha is)
+        self.alpha = lv.mosaic is not None or any(code in (1, 2) for code in self.lv.encoding.extrasamples)
         self._rgba = np.empty((min(self.strip, h), w, 4), np.uint8) if self.alpha else None
         self._missing = self._missing_grid()
 
