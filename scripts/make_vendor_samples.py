@@ -45,6 +45,12 @@ Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips
 * ``leica-fluorescence.scn``: a brightfield macro and one fluorescence main image (three
   channels, the SVS's red, green and blue, 8-bit Deflate tiles): one IFD per channel per
   resolution (``c`` and ``r`` attributes).  OpenSlide refuses it; Bio-Formats reads it.
+* ``leica-offgrid.scn``: as SCN400 writes it, one main image (1000 x 1300 pixels at 500 nm, so
+  not whole 128-pixel tiles) at the view offset 300, 437 pixels (no tile boundary; 218.5 and
+  109.25 pixels at the lower levels, which OpenSlide truncates), its tiles YCbCr JPEG (2 x 2
+  chroma subsampling) whose quantisation and Huffman tables are shared in the JPEGTables tag.
+* ``leica-overlap.scn``: that main image and a second one (803 x 601 at 901, 1501) overlapping
+  its lower right corner (OpenSlide paints the first in front).
 
 ``--large-philips WxH`` writes instead ``philips-large.tiff``, a large Philips TIFF for the read
 benchmark (``scripts/bench_vendor.py``): the encoded tissue tiles of the shared CMU SVS
@@ -378,6 +384,77 @@ def leica_fluorescence(out: Path, source: Path = SOURCE) -> Path:
     return _write_leica(out / "leica-fluorescence.scn", xml, ifds)
 
 
+def _abbreviated_jpeg_tiles(img: np.ndarray) -> tuple[list[bytes], bytes, tuple[int, int]]:
+    """``(tiles, JPEGTables, (h, v) chroma subsampling)`` of ``img`` cut into :data:`LEICA_TILE`
+    tiles (edge tiles padded by repeating the edge), each a YCbCr JPEG (quality 90, standard
+    Huffman tables) whose tables are moved into one shared JPEGTables stream, as SCN400 writes
+    them (TIFF Technical Note #2: a tile is SOI, SOF, SOS, scan, EOI)."""
+    from wsitool.ground.bitstream import jpeg_segments
+
+    t = LEICA_TILE
+    h, w = img.shape[:2]
+    padded = np.pad(img, ((0, -h % t), (0, -w % t), (0, 0)), mode="edge")
+    tiles, tables = [], None
+    for r in range(0, padded.shape[0], t):
+        for c in range(0, padded.shape[1], t):
+            full = bytes(imagecodecs.jpeg8_encode(np.ascontiguousarray(padded[r:r + t, c:c + t]), level=90,
+                                                  optimize=False))
+            segs = list(jpeg_segments(full))
+            shared = b"".join(full[s - 4:e] for m, s, e in segs if m in (0xDB, 0xC4))
+            own = b"".join(full[s - 4:e] for m, s, e in segs if m in (0xC0, 0xDA))
+            sos_end = segs[-1][2]
+            if tables is None:
+                tables = shared
+                sof = next(full[s:e] for m, s, e in segs if m == 0xC0)
+                sampling = (sof[7] >> 4, sof[7] & 15)
+            assert shared == tables, "tiles of other tables"
+            tiles.append(b"\xff\xd8" + own + full[sos_end:])
+    assert tables is not None
+    return tiles, b"\xff\xd8" + tables + b"\xff\xd9", sampling
+
+
+def _write_leica_jpegtables(tif: tifffile.TiffWriter, img: np.ndarray, **tags) -> None:
+    """One tiled IFD of ``img`` stored as :func:`_abbreviated_jpeg_tiles` (YCbCr, JPEGTables)."""
+    tiles, tables, sampling = _abbreviated_jpeg_tiles(img)
+    tif.write(iter(tiles), shape=img.shape, dtype=np.uint8, tile=(LEICA_TILE, LEICA_TILE), compression=7,
+              photometric="ycbcr", subsampling=sampling, jpegtables=tables, metadata=None, **tags)
+
+
+def _offgrid(out: Path, source: Path, name: str, mains: list[tuple[np.ndarray, tuple[int, int]]]) -> Path:
+    """An SCN400-like file: the macro, then each main image (array, level-0 offset) of three
+    dimensions stored as YCbCr JPEG tiles with shared JPEGTables."""
+    _base, _label, macro = _pixels(source)
+    canvas = (2048, 2560)
+    macro_arrays, macro_xml = _leica_macro(macro, canvas)
+    ifd, images, xmls = len(macro_arrays), [], [macro_xml]
+    for img, offset in mains:
+        ifds, xml = _main_levels(img, ifd, offset)
+        images += [a for a, _ in ifds]
+        xmls.append(xml)
+        ifd += len(ifds)
+    xml = leica_xml("new", canvas, f"LEICA-{name.upper()}", xmls)
+    path = out / f"leica-{name}.scn"
+    with tifffile.TiffWriter(path, bigtiff=True) as tif:
+        for k, arr in enumerate(macro_arrays):
+            tif.write(arr, tile=(LEICA_TILE, LEICA_TILE), description=xml if k == 0 else None, metadata=None, **_JPEG)
+        for k, arr in enumerate(images):
+            _write_leica_jpegtables(tif, arr, **(_RES if k == 0 else {}), software="Leica SCN" if k == 0 else None)
+    return path
+
+
+def leica_offgrid(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``leica-offgrid.scn`` into the folder ``out`` (module docstring); its path."""
+    base, _label, _macro = _pixels(source)
+    return _offgrid(out, source, "offgrid", [(base[100:1400, 200:1200], (300, 437))])
+
+
+def leica_overlap(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``leica-overlap.scn`` into the folder ``out`` (module docstring); its path."""
+    base, _label, _macro = _pixels(source)
+    return _offgrid(out, source, "overlap", [(base[100:1400, 200:1200], (300, 437)),
+                                             (base[1500:2101, 1000:1803], (901, 1501))])
+
+
 def bench_tiles(source: Path = SOURCE) -> tuple[list[bytes], bytes | None, tuple[int, int]]:
     """``(encoded tissue tiles, their JPEGTables, (tile width, height))`` of the SVS's level 0
     (:func:`make_bench_slide.tissue_tiles`)."""
@@ -440,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
 
 #: Every fixture this script writes, in order.
 MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap, leica_brightfield,
-          leica_two_main, leica_fluorescence)
+          leica_two_main, leica_fluorescence, leica_offgrid, leica_overlap)
 
 
 def write_all(outdir: Path, source: Path = SOURCE) -> list[Path]:

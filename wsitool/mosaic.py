@@ -109,7 +109,11 @@ class Mosaic:
     Attributes (numpy arrays; ``n`` images, ``m`` placements, in paint order):
         sources: the :class:`~wsitool.storage.ByteSource` objects images are read from
             (the format opens and releases them).
-        codecs: the codec names images use (:data:`wsitool.codec.mosaic.CODECS`).
+        codecs: the codec names images use (:data:`wsitool.codec.mosaic.CODECS`; a name may
+            repeat with another prefix).
+        prefixes: per entry of ``codecs``, bytes that replace each image's leading SOI
+            before it is decoded (a TIFF's shared JPEGTables merged into abbreviated JPEG
+            tiles, as :attr:`wsitool.model.TileEncoding.jpeg_prefix`); ``b""``: none.
         image_source, image_codec: ``(n,)`` int32 indices into ``sources`` and ``codecs``.
         image_offset, image_length: ``(n,)`` int64 byte offset and length of each image.
         image_width, image_height: ``(n,)`` int32 decoded size in pixels.
@@ -128,9 +132,11 @@ class Mosaic:
     """
 
     def __init__(self, *, sources: Sequence[Any], codecs: Sequence[str], images: dict[str, np.ndarray],
-                 places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages):
+                 places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages,
+                 prefixes: Sequence[bytes] = ()):
         self.sources = tuple(sources)
         self.codecs = tuple(codecs)
+        self.prefixes = tuple(prefixes) or (b"",) * len(self.codecs)
         self.image_source = images["source"]
         self.image_codec = images["codec"]
         self.image_offset = images["offset"]
@@ -330,7 +336,7 @@ class MosaicBuilder:
         self.decoded = decoded
         self._sources: list[Any] = []
         self._source_ids: dict[int, int] = {}
-        self._codecs: list[str] = []
+        self._codecs: list[tuple[str, bytes]] = []
         self._images: list[tuple[int, int, int, int, int, int]] = []
         self._places: list[tuple[float, float, int, int, int, int, int, float]] = []
 
@@ -342,7 +348,8 @@ class MosaicBuilder:
             self._sources.append(source)
         return self._source_ids[key]
 
-    def image(self, source: int, offset: int, length: int, width: int, height: int, codec: str) -> int:
+    def image(self, source: int, offset: int, length: int, width: int, height: int, codec: str,
+              prefix: bytes = b"") -> int:
         """Add an encoded image; returns its index.
 
         Args:
@@ -350,6 +357,9 @@ class MosaicBuilder:
             offset, length: where its bytes are in that source.
             width, height: its decoded size in pixels (a decode of another size is an error).
             codec: a name of :data:`wsitool.codec.mosaic.CODECS` (``"jpeg"``, ``"png"``, ...).
+            prefix: bytes that replace the image's leading SOI marker before it is decoded
+                (e.g. ``TileEncoding.jpeg_prefix``: a TIFF's JPEGTables made part of each
+                abbreviated tile stream); ``b""``: the bytes are decoded as they are.
 
         Raises:
             ValueError: a negative offset or length, a size below 1, an unknown source.
@@ -357,9 +367,10 @@ class MosaicBuilder:
         if offset < 0 or length < 0 or width < 1 or height < 1 or not 0 <= source < len(self._sources):
             raise ValueError(f"bad image: source {source}, offset {offset}, length {length}, "
                              f"size {width}x{height}")
-        if codec not in self._codecs:
-            self._codecs.append(codec)
-        self._images.append((source, self._codecs.index(codec), offset, length, width, height))
+        key = (codec, bytes(prefix))
+        if key not in self._codecs:
+            self._codecs.append(key)
+        self._images.append((source, self._codecs.index(key), offset, length, width, height))
         return len(self._images) - 1
 
     def place(self, image: int, x: float, y: float, rect: tuple[int, int, int, int] | None = None,
@@ -397,6 +408,7 @@ class MosaicBuilder:
         places = {"x": xy[:, 0].copy(), "y": xy[:, 1].copy(), "sx": ints[:, 0].astype(np.int32),
                   "sy": ints[:, 1].astype(np.int32), "w": ints[:, 2].astype(np.int32),
                   "h": ints[:, 3].astype(np.int32), "image": ints[:, 4].copy()}
-        return Mosaic(sources=self._sources, codecs=self._codecs, images=images, places=places,
+        return Mosaic(sources=self._sources, codecs=[name for name, _ in self._codecs],
+                      prefixes=[prefix for _, prefix in self._codecs], images=images, places=places,
                       samples=self.samples, dtype=self.dtype,
                       decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes))

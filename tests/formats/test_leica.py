@@ -23,9 +23,11 @@ openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
 
 BRIGHTFIELD = ("leica_brightfield", "leica_two_main")
+#: main images off the stored tile grid (read as mosaic levels, :mod:`wsitool.formats.tiff.leica_mosaic`)
+OFFGRID = ("leica_offgrid", "leica_overlap")
 
 
-@pytest.fixture(params=BRIGHTFIELD)
+@pytest.fixture(params=BRIGHTFIELD + OFFGRID)
 def pair(request, made):
     path = made[request.param]
     o, w = openslide.OpenSlide(str(path)), wo.OpenSlide(str(path))
@@ -47,6 +49,48 @@ def test_openslide_reads_every_brightfield_fixture_as_leica(made, name):
             assert inside.any() and not inside.all() and region[inside][:, :3].std() > 0
         assert list(o.associated_images) == ["macro"]
         assert np.asarray(o.associated_images["macro"])[..., :3].std() > 0
+
+
+@pytest.mark.parametrize("name", OFFGRID)
+def test_openslide_reads_every_offgrid_fixture_as_leica(made, name):
+    """As SCN400 writes them: abbreviated YCbCr JPEG tiles with shared JPEGTables, main images at
+    offsets that are no tile boundary, of sizes that are not whole tiles."""
+    with tifffile.TiffFile(made[name]) as tif:
+        main = tif.pages[2]
+        assert main.jpegtables is not None and main.photometric == tifffile.PHOTOMETRIC.YCBCR
+        assert (main.imagewidth, main.imagelength) == (1000, 1300) and main.tilewidth == 128
+    with openslide.OpenSlide(str(made[name])) as o:
+        assert o.properties["openslide.vendor"] == "leica"
+        assert (o.properties["openslide.region[0].x"], o.properties["openslide.region[0].y"]) == ("300", "437")
+        for level, (width, height) in enumerate(o.level_dimensions):
+            region = np.asarray(o.read_region((0, 0), level, (width, height)))
+            inside = region[..., 3] > 0
+            assert inside.any() and not inside.all() and region[inside][:, :3].std() > 0
+        assert list(o.associated_images) == ["macro"]
+
+
+def test_offgrid_levels_are_mosaics_and_ongrid_levels_tile_grids(made):
+    """Off the stored grid every level is a mosaic of the stored tiles, keeping the areas the
+    drop-in paints; on the grid the levels stay the stored JPEG tile grid (the faster path)."""
+    with wsitool.open_slide(made["leica_overlap"]) as slide:
+        assert [lv.compression for lv in slide.levels] == ["MOSAIC"] * 3
+        assert slide.levels[0].areas == ((300, 437, 1000, 1300), (901, 1501, 803, 601))
+        assert slide.levels[1].areas[0] == (150, 218, 500, 650)  # 218.5 truncated, as OpenSlide
+    with wsitool.open_slide(made["leica_brightfield"]) as slide:
+        assert [lv.compression for lv in slide.levels] == ["JPEG"] * 3
+
+
+def test_the_first_main_image_stays_in_front_where_they_overlap(made):
+    """OpenSlide paints with cairo's SATURATE operator: the first main image's pixels stay."""
+    base = tifffile.imread(script_module("make_vendor_samples").SOURCE, key=0)
+    with openslide.OpenSlide(str(made["leica_overlap"])) as o, wo.OpenSlide(str(made["leica_overlap"])) as w:
+        a = np.asarray(o.read_region((901, 1501), 0, (399, 236)))  # inside both
+        b = np.asarray(w.read_region((901, 1501), 0, (399, 236)))
+    assert np.array_equal(a, b)
+    first = base[100 + 1501 - 437:100 + 1501 - 437 + 236, 200 + 901 - 300:200 + 901 - 300 + 399].astype(int)
+    second = base[1500:1736, 1000:1399].astype(int)
+    ours = b[..., :3].astype(int)
+    assert np.abs(ours - first).mean() < 8 < np.abs(ours - second).mean()  # (JPEG: close, not equal)
 
 
 def test_no_icc_profile_as_in_openslide(tmp_path, monkeypatch):
@@ -81,7 +125,7 @@ def test_geometry_metadata_and_associated_equal_openslide(pair):
     if name == "leica_brightfield":
         assert props["leica.barcode"] == "LEICA-TEST-1"  # the base64 element, decoded
         assert (props["openslide.bounds-x"], props["openslide.bounds-height"]) == ("512", "1536")
-    else:  # the 2010/03/10 attribute, as it is; bounds: the union of both main images
+    elif name == "leica_two_main":  # the 2010/03/10 attribute, as it is; bounds: the union of both main images
         assert props["leica.barcode"] == "LEICA-TEST-2"
         assert props["openslide.region[1].y"] == "2048" and props["openslide.bounds-height"] == "2048"
 
@@ -209,14 +253,30 @@ def test_dissimilar_main_images_are_refused_as_openslide_does(made, tmp_path):
         wsitool.open_slide(bad)
 
 
-def test_a_main_image_off_the_tile_grid_is_refused_not_misplaced(made, tmp_path):
-    """OpenSlide places it at 500 nm x 100 = 100 pixels; wsitool reads only tile-aligned placements."""
+def test_a_main_image_off_the_tile_grid_is_read_where_openslide_places_it(made, tmp_path):
+    """OpenSlide places it at 500 nm x 100 = 100 pixels (25 at level 2): wsitool reads it there,
+    as a mosaic of its stored tiles (it refused the file before)."""
     moved = _with_xml(made, tmp_path, lambda x: x.replace('offsetX="256000"', 'offsetX="50000"'))
-    with openslide.OpenSlide(str(moved)) as o:
+    with openslide.OpenSlide(str(moved)) as o, wo.OpenSlide(str(moved)) as w:
         assert o.properties["openslide.bounds-x"] == "100"
-    with pytest.raises(UnsupportedFormatError, match="off the tile grid") as info:
+        assert dict(w.properties) == dict(o.properties)
+        assert_reads_equal_openslide(o, w, regions=12)
+
+
+def test_an_offgrid_main_image_not_jpeg_is_refused_with_one_line(made, tmp_path, monkeypatch):
+    """Off the grid only JPEG tiles are read (what Leica scanners write): Deflate tiles are
+    refused by name, exit 3, rather than painted wrongly."""
+    gen = script_module("make_vendor_samples")
+    monkeypatch.setattr(gen, "_JPEG", {"compression": "adobe_deflate", "photometric": "rgb"})
+    src = gen.leica_brightfield(tmp_path, gen.SOURCE)
+    moved = _with_xml({"leica_brightfield": src}, tmp_path, lambda x: x.replace('offsetX="256000"', 'offsetX="50000"'))
+    with pytest.raises(UnsupportedFormatError, match="off the tile grid stored as ADOBE_DEFLATE") as info:
         wsitool.open_slide(moved)
     assert str(moved) in str(info.value)
+    proc = subprocess.run([sys.executable, "-m", "wsitool", "info", str(moved)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("nm", [

@@ -35,7 +35,8 @@ A level that lists ``areas`` (a Leica SCN's main images, :attr:`wsitool.Level.ar
 painted as OpenSlide's Leica reader paints it: each area on its own, in order, at the whole
 level pixel ``trunc(x / ds - ax) + ax`` (``ax`` the area's offset: the fraction dropped toward
 the area's origin, so a region starting before an area sees it one pixel later than one
-starting inside it), never blended; pixels outside every area are transparent.
+starting inside it), never blended; where areas overlap the first painted stays (cairo's
+SATURATE operator); pixels outside every area are transparent.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def _paint_areas(slide, lx: float, ly: float, level: int, w: int, h: int, areas,
         part = slide.read_region((level0_coordinate(tx + i0, ds), level0_coordinate(ty + j0, ds)), level,
                                  (i1 - i0, j1 - j0), mode="rgba", threads=threads)
         dest = out[j0:j1, i0:i1]
-        painted = part[..., 3] > 0
+        painted = (part[..., 3] > 0) & (dest[..., 3] == 0)  # (cairo SATURATE: the first painted stays)
         dest[painted] = part[painted]
     return out
 

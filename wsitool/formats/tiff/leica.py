@@ -34,12 +34,15 @@ Source: OpenSlide 4.0.1's Leica reader (``openslide-vendor-leica.c``), in wsitoo
   main image's smallest dimension; otherwise the brightfield macro's smallest dimension
   (none: OpenSlide refuses the slide).  The text tags hashed are level 0's first IFD's.
 
-wsitool reads the layouts where that placement is the stored tile grid itself: every area's
-offset at every level a whole number of tiles, and its width and height whole tiles (or
-reaching the level's edge), the areas' tiles apart; each level is then one tile grid in which
-the tiles outside the areas are missing (transparent).  Other placements are refused
-(:class:`~wsitool.errors.UnsupportedFormatError`) rather than drawn where OpenSlide does not
-draw them.
+wsitool reads every such placement.  Where it is the stored tile grid itself (every area's
+offset at a level a whole number of tiles, its width and height whole tiles or reaching the
+level's edge, the areas apart) the level is one tile grid in which the tiles outside the areas
+are missing (transparent), read as any tiled level.  Elsewhere (a main image at any other
+offset, of a size not whole tiles, overlapping another) the level is a mosaic of the areas'
+stored tiles, each at its whole-pixel place and clipped to its image, the first image in front
+where they overlap (:mod:`.leica_mosaic`; JPEG tiles only).  Both keep the areas
+(:attr:`wsitool.model.PyramidLevel.areas`) for the drop-in, which paints each at OpenSlide's
+whole pixel.
 
 **Fluorescence.** OpenSlide reads no slide without a brightfield main image.  wsitool reads
 the first main image of another illumination as a fluorescence slide, as Bio-Formats lists
@@ -61,6 +64,8 @@ import tifffile
 
 from ...errors import CorruptFileError, UnsupportedFormatError
 from ...model import PyramidLevel, TileIndex
+from ...mosaic import DecodedImages
+from .leica_mosaic import mosaic_canvas_level
 from .tags import description
 
 __all__ = ["NAMESPACES", "Dimension", "Image", "Collection", "is_leica", "parse", "hashed_ifds",
@@ -328,43 +333,28 @@ def level_geometry(coll: Collection, main: list[Image], k: int) -> tuple[float, 
     return nm, width, height, offsets
 
 
-def canvas_level(index: int, width: int, height: int, areas: list[Area]) -> PyramidLevel:
-    """Level ``index``, ``width`` x ``height``, whose tile grid is the areas' stored tiles placed
-    at their offsets, tiles elsewhere missing (module docstring); its tables are composed
-    when first read.
+def canvas_level(index: int, width: int, height: int, areas: list[Area],
+                 decoded: DecodedImages | None = None) -> PyramidLevel:
+    """Level ``index``, ``width`` x ``height``, of the main images' areas (module docstring).
+
+    Where every area lies on the stored tile grid (offsets whole tiles, sizes whole tiles or
+    reaching the level's edge, the areas apart, one tile size and encoding), the level is one
+    tile grid of the areas' stored tiles placed at their offsets, tiles elsewhere missing; its
+    tables are composed when first read.  Otherwise it is a mosaic of the areas' stored tiles
+    (:func:`.leica_mosaic.mosaic_canvas_level`, sharing ``decoded``).
 
     Raises:
-        UnsupportedFormatError: areas off the stored tile grid, overlapping, of other tile
-            sizes or encodings than the first, planar, stripped, or a grid too large.
+        UnsupportedFormatError: a planar or stripped area, an off-grid level whose tiles are
+            not JPEG, or a grid too large.
     """
     first = areas[0].level
     tw, th = first.tile_width, first.tile_height
     across, down = -(-width // tw), -(-height // th)
     if across * down > MAX_CANVAS_TILES:
         raise UnsupportedFormatError(f"Leica SCN level {index} of {across}x{down} tiles (over wsitool's limit)")
-    cells: list[tuple[int, int, int, int, TileIndex, int]] = []
-    seen: set[tuple[int, int]] = set()
-    for area in areas:
-        lv = area.level
-        if not lv.tiled or lv.tiles.planes != 1:
-            raise UnsupportedFormatError(f"Leica SCN level {index}: a stripped or planar main image")
-        if ((lv.tile_width, lv.tile_height, lv.samples, lv.dtype) != (tw, th, first.samples, first.dtype)
-                or _encoding_key(lv) != _encoding_key(first)):
-            raise UnsupportedFormatError(f"Leica SCN level {index}: main images stored differently (not read yet)")
-        whole_x = lv.width % tw == 0 or area.x + lv.width >= width
-        whole_y = lv.height % th == 0 or area.y + lv.height >= height
-        if area.x % tw or area.y % th or area.x < 0 or area.y < 0 or not (whole_x and whole_y):
-            raise UnsupportedFormatError(
-                f"Leica SCN level {index}: a main image off the tile grid (at {area.x}, {area.y}; "
-                f"{lv.width}x{lv.height}, tiles {tw}x{th}; not read yet)")
-        c0, r0 = area.x // tw, area.y // th
-        for row in range(min(lv.tiles_down, down - r0)):
-            for col in range(min(lv.tiles_across, across - c0)):
-                if (c0 + col, r0 + row) in seen:
-                    raise UnsupportedFormatError(f"Leica SCN level {index}: main images overlap (not read yet)")
-                seen.add((c0 + col, r0 + row))
-        cells.append((c0, r0, min(lv.tiles_across, across - c0), min(lv.tiles_down, down - r0),
-                      lv.tiles, lv.tiles_across))
+    cells = _grid_cells(index, width, height, areas)
+    if cells is None:
+        return mosaic_canvas_level(index, width, height, areas, decoded)
 
     def load() -> tuple[np.ndarray, np.ndarray]:
         offsets = np.zeros(across * down, np.uint64)
@@ -382,6 +372,42 @@ def canvas_level(index: int, width: int, height: int, areas: list[Area]) -> Pyra
                         tile_height=th, tiled=True, samples=first.samples, dtype=first.dtype,
                         encoding=first.encoding, tiles=TileIndex(None, None, load=load), source=first.source,
                         areas=tuple((a.x, a.y, a.level.width, a.level.height) for a in areas))
+
+
+def _grid_cells(index: int, width: int, height: int,
+                areas: list[Area]) -> list[tuple[int, int, int, int, TileIndex, int]] | None:
+    """Where each area's stored tiles go on the canvas's grid (``(first column, first row,
+    columns, rows, tile index, stored tiles across)``), or None where the areas are off that
+    grid (an offset not whole tiles, a size not whole tiles inside the level, overlapping
+    areas, another tile size or encoding than the first's).
+
+    Raises:
+        UnsupportedFormatError: a stripped or planar area.
+    """
+    first = areas[0].level
+    tw, th = first.tile_width, first.tile_height
+    across, down = -(-width // tw), -(-height // th)
+    cells: list[tuple[int, int, int, int, TileIndex, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for area in areas:
+        lv = area.level
+        if not lv.tiled or lv.tiles.planes != 1:
+            raise UnsupportedFormatError(f"Leica SCN level {index}: a stripped or planar main image")
+        if ((lv.tile_width, lv.tile_height, lv.samples, lv.dtype) != (tw, th, first.samples, first.dtype)
+                or _encoding_key(lv) != _encoding_key(first)):
+            return None
+        whole_x = lv.width % tw == 0 or area.x + lv.width >= width
+        whole_y = lv.height % th == 0 or area.y + lv.height >= height
+        if area.x % tw or area.y % th or area.x < 0 or area.y < 0 or not (whole_x and whole_y):
+            return None
+        c0, r0 = area.x // tw, area.y // th
+        n_cols, n_rows = min(lv.tiles_across, across - c0), min(lv.tiles_down, down - r0)
+        mine = {(c0 + col, r0 + row) for row in range(n_rows) for col in range(n_cols)}
+        if mine & seen:
+            return None
+        seen |= mine
+        cells.append((c0, r0, n_cols, n_rows, lv.tiles, lv.tiles_across))
+    return cells
 
 
 def _encoding_key(lv: PyramidLevel) -> tuple:

@@ -24,6 +24,7 @@ import tifffile
 
 from ...errors import CorruptFileError, UnsupportedFormatError
 from ...model import AssociatedImage, Channel, PyramidLevel, channel_color, multichannel_level
+from ...mosaic import DecodedImages
 from ...storage import ByteSource
 from . import aperio, leica, ndpi, ndpi_scaled, ome, philips, qptiff, ventana
 from .encoding import level_from_page
@@ -337,6 +338,7 @@ class Leica(Vendor):
     def _brightfield(self, ctx: Context) -> tuple[tifffile.TiffPage, tuple[PyramidLevel, ...]]:
         coll, main = ctx.state["coll"], ctx.state["main"]
         levels: list[PyramidLevel] = []
+        decoded = DecodedImages()  # (off-grid levels: one decoded-image cache for the slide)
         for k in range(len(main[0].dims)):
             _nm, width, height, offsets = leica.level_geometry(coll, main, k)
             areas = []
@@ -348,7 +350,7 @@ class Leica(Vendor):
                 areas.append(leica.Area(stored, x, y))
             if k == 0:
                 ctx.state["areas0"] = areas
-            levels.append(leica.canvas_level(k, width, height, areas))
+            levels.append(leica.canvas_level(k, width, height, areas, decoded))
             if sum(lv.tiles_across * lv.tiles_down for lv in levels) > leica.MAX_CANVAS_TILES:
                 raise UnsupportedFormatError("Leica SCN levels of more tiles than wsitool's limit")
         w0, h0 = levels[0].width, levels[0].height
