@@ -134,6 +134,36 @@ def test_codecs_decode_to_the_stored_pixels(tmp_path, codec):
     assert {"jpeg", "jpegxr", "zstd"} <= set(CODECS)
 
 
+def test_a_prefix_makes_abbreviated_jpeg_streams_whole(tmp_path):
+    """Two abbreviated JPEG streams (their tables moved out, as a TIFF's JPEGTables holds them)
+    decode with the tables as their codec entry's prefix; the same codec without it is another
+    entry, and the bare stream does not decode."""
+    from wsitool.ground.bitstream import jpeg_segments
+
+    arrs = [_pixels(16, 8, k) for k in range(2)]
+    fulls = [bytes(imagecodecs.jpeg8_encode(a, level=90, optimize=False)) for a in arrs]
+    segs = [list(jpeg_segments(f)) for f in fulls]
+    tables = b"".join(fulls[0][s - 4:e] for m, s, e in segs[0] if m in (0xDB, 0xC4))
+    bare = [b"\xff\xd8" + b"".join(f[s - 4:e] for m, s, e in g if m in (0xC0, 0xDA)) + f[g[-1][2]:]
+            for f, g in zip(fulls, segs, strict=True)]
+    path = tmp_path / "data.bin"
+    path.write_bytes(bare[0] + bare[1])
+    with LocalFile(str(path)) as src:
+        b = MosaicBuilder()
+        s = b.source(src)
+        ks = [b.image(s, 0, len(bare[0]), 16, 8, "jpeg", b"\xff\xd8" + tables),
+              b.image(s, len(bare[0]), len(bare[1]), 16, 8, "jpeg", b"\xff\xd8" + tables),
+              b.image(s, 0, len(bare[0]), 16, 8, "jpeg")]
+        for k in ks:
+            b.place(k, 0, 0)
+        m = b.build()
+        assert m.codecs == ("jpeg", "jpeg") and m.prefixes == (b"\xff\xd8" + tables, b"")
+        for k, full in zip(ks, fulls, strict=False):
+            assert np.array_equal(decode_image(m, k), np.asarray(imagecodecs.jpeg8_decode(full)))
+        with pytest.raises(Exception, match="image 2"):
+            decode_image(m, 2)
+
+
 def test_a_truncated_data_file_is_a_tile_error_or_fill(tmp_path, scene):
     level, _expect, _ = scene
     m: Mosaic = level.mosaic
