@@ -32,6 +32,7 @@ as on a small one.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 from collections import OrderedDict
@@ -337,8 +338,13 @@ class MosaicBuilder:
         self._sources: list[Any] = []
         self._source_ids: dict[int, int] = {}
         self._codecs: list[tuple[str, bytes]] = []
-        self._images: list[tuple[int, int, int, int, int, int]] = []
-        self._places: list[tuple[float, float, int, int, int, int, int, float]] = []
+        self._images: list[tuple[int, int, int, int, int, int]] = []  # (not yet in _image_rows)
+        self._places: list[tuple[float, float, int, int, int, int, int, float]] = []  # (not in _place_rows)
+        self._image_rows: list[np.ndarray] = []  # (n, 6) int64: source, codec, offset, length, width, height
+        self._place_rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (xy, ints, z) as build() takes
+        self._image_starts: list[int] = []  # the first image index of each of _image_rows
+        self._flushed_images = 0
+        self._flushed_places = 0
 
     def source(self, source: Any) -> int:
         """The index of byte source ``source`` (added on first use)."""
@@ -367,11 +373,79 @@ class MosaicBuilder:
         if offset < 0 or length < 0 or width < 1 or height < 1 or not 0 <= source < len(self._sources):
             raise ValueError(f"bad image: source {source}, offset {offset}, length {length}, "
                              f"size {width}x{height}")
+        self._images.append((source, self._codec(codec, prefix), offset, length, width, height))
+        return self._flushed_images + len(self._images) - 1
+
+    def _codec(self, codec: str, prefix: bytes) -> int:
         key = (codec, bytes(prefix))
         if key not in self._codecs:
             self._codecs.append(key)
-        self._images.append((source, self._codecs.index(key), offset, length, width, height))
-        return len(self._images) - 1
+        return self._codecs.index(key)
+
+    def _flush(self) -> None:
+        """Move the images and placements added one by one into the row arrays."""
+        if self._images:
+            self._image_starts.append(self._flushed_images)
+            self._image_rows.append(np.array(self._images, np.int64).reshape(-1, 6))
+            self._flushed_images += len(self._images)
+            self._images = []
+        if self._places:
+            self._place_rows.append((np.array([p[:2] for p in self._places], np.float64).reshape(-1, 2),
+                                     np.array([p[2:7] for p in self._places], np.int64).reshape(-1, 5),
+                                     np.array([p[7] for p in self._places], np.float64)))
+            self._flushed_places += len(self._places)
+            self._places = []
+
+    def _image_size(self, image: int) -> tuple[int, int]:
+        if image >= self._flushed_images:
+            _s, _c, _o, _l, iw, ih = self._images[image - self._flushed_images]
+            return iw, ih
+        seg = bisect.bisect_right(self._image_starts, image) - 1
+        row = self._image_rows[seg][image - self._image_starts[seg]]
+        return int(row[4]), int(row[5])
+
+    def place_images(self, source: int, offsets: Any, lengths: Any, width: int, height: int, codec: str, *,
+                     x: Any, y: Any, w: Any, h: Any, z: float | None = None, prefix: bytes = b"") -> np.ndarray:
+        """Add ``n`` images of ``width x height`` pixels, each placed once: :meth:`image` and
+        :meth:`place` for many at a time (a grid of stored tiles), without a Python object per image.
+
+        Args:
+            source, width, height, codec, prefix: as :meth:`image`, for all of them.
+            offsets, lengths: ``(n,)`` integers, where each image's bytes are.
+            x, y: ``(n,)`` level positions of their top-left corners.
+            w, h: ``(n,)`` the painted part of each, ``(0, 0, w, h)`` of the decoded image.
+            z: the paint order of all of them (None: after everything added so far, in order).
+
+        Returns:
+            ``(n,)`` int64 indices of the images.
+
+        Raises:
+            ValueError: arrays of other lengths, a negative offset or length, a size below 1,
+                a painted part outside the image, an unknown source.
+        """
+        cols = [np.asarray(a).reshape(-1) for a in (offsets, lengths, x, y, w, h)]
+        n = len(cols[0])
+        if any(len(c) != n for c in cols) or width < 1 or height < 1 or not 0 <= source < len(self._sources):
+            raise ValueError(f"bad images: source {source}, size {width}x{height}, {[len(c) for c in cols]} values")
+        offs, lens, ws, hs = (c.astype(np.int64) for c in (cols[0], cols[1], cols[4], cols[5]))
+        if n and (offs.min() < 0 or lens.min() < 0 or ws.min() < 1 or hs.min() < 1
+                  or ws.max() > width or hs.max() > height):
+            raise ValueError("bad images: a negative offset or length, or a painted part outside an image")
+        self._flush()
+        rows = np.empty((n, 6), np.int64)
+        rows[:, 0], rows[:, 1] = source, self._codec(codec, prefix)
+        rows[:, 2], rows[:, 3], rows[:, 4], rows[:, 5] = offs, lens, width, height
+        first = self._flushed_images
+        self._image_starts.append(first)
+        self._image_rows.append(rows)
+        self._flushed_images += n
+        ints = np.zeros((n, 5), np.int64)
+        ints[:, 2], ints[:, 3], ints[:, 4] = ws, hs, np.arange(first, first + n)
+        order = (np.arange(n, dtype=np.float64) + self._flushed_places) if z is None else np.full(n, float(z))
+        xy = np.stack([cols[2].astype(np.float64), cols[3].astype(np.float64)], axis=1)
+        self._place_rows.append((xy, ints, order))
+        self._flushed_places += n
+        return ints[:, 4].copy()
 
     def place(self, image: int, x: float, y: float, rect: tuple[int, int, int, int] | None = None,
               z: float | None = None) -> None:
@@ -382,25 +456,26 @@ class MosaicBuilder:
         Raises:
             ValueError: an unknown image, or a rectangle outside the image or empty.
         """
-        if not 0 <= image < len(self._images):
+        if not 0 <= image < self._flushed_images + len(self._images):
             raise ValueError(f"no image {image}")
-        _s, _c, _o, _l, iw, ih = self._images[image]
+        iw, ih = self._image_size(image)
         sx, sy, w, h = (0, 0, iw, ih) if rect is None else rect
         if w < 1 or h < 1 or sx < 0 or sy < 0 or sx + w > iw or sy + h > ih:
             raise ValueError(f"rectangle {(sx, sy, w, h)} outside image {image} of {iw}x{ih}")
-        order = float(len(self._places)) if z is None else float(z)
+        order = float(self._flushed_places + len(self._places)) if z is None else float(z)
         self._places.append((float(x), float(y), sx, sy, w, h, image, order))
 
     def build(self) -> Mosaic:
         """The :class:`Mosaic` (placements sorted by ``z``, stably)."""
-        imgs = np.array(self._images, np.int64).reshape(-1, 6)
+        self._flush()
+        imgs = np.concatenate(self._image_rows) if self._image_rows else np.zeros((0, 6), np.int64)
         images: dict[str, np.ndarray] = {"source": imgs[:, 0].astype(np.int32), "codec": imgs[:, 1].astype(np.int32),
-                  "offset": imgs[:, 2], "length": imgs[:, 3],
+                  "offset": imgs[:, 2].copy(), "length": imgs[:, 3].copy(),
                   "width": imgs[:, 4].astype(np.int32), "height": imgs[:, 5].astype(np.int32)}
-        if self._places:
-            xy = np.array([p[:2] for p in self._places], np.float64)
-            ints = np.array([p[2:7] for p in self._places], np.int64)
-            z = np.array([p[7] for p in self._places], np.float64)
+        if self._place_rows:
+            xy = np.concatenate([p[0] for p in self._place_rows])
+            ints = np.concatenate([p[1] for p in self._place_rows])
+            z = np.concatenate([p[2] for p in self._place_rows])
         else:
             xy, ints, z = np.zeros((0, 2)), np.zeros((0, 5), np.int64), np.zeros(0)
         order = np.argsort(z, kind="stable")

@@ -292,6 +292,19 @@ def test_a_collection_too_large_for_the_tile_tables_is_refused(made, tmp_path, n
         wsitool.open_slide(huge)
 
 
+def test_an_offgrid_level_of_too_many_stored_tiles_is_refused(made, monkeypatch):
+    """The mosaic's arrays are sized by the file's tile tables: over
+    :data:`leica_mosaic.MAX_PLACED_TILES` tiles in a level, the slide is refused."""
+    from wsitool.formats.tiff import leica_mosaic
+
+    monkeypatch.setattr(leica_mosaic, "MAX_PLACED_TILES", 79)  # level 0: 8 x 11 = 88 stored tiles
+    with pytest.raises(UnsupportedFormatError, match="limit"):
+        wsitool.open_slide(made["leica_offgrid"])
+    monkeypatch.setattr(leica_mosaic, "MAX_PLACED_TILES", 88)
+    with wsitool.open_slide(made["leica_offgrid"]) as slide:
+        assert slide.levels[0].compression == "MOSAIC"
+
+
 def test_cli_info_and_read_region_on_a_leica_fixture(made, tmp_path):
     path = made["leica_brightfield"]
     info = subprocess.run([sys.executable, "-m", "wsitool", "info", str(path)], capture_output=True, text=True,

@@ -164,6 +164,38 @@ def test_a_prefix_makes_abbreviated_jpeg_streams_whole(tmp_path):
             decode_image(m, 2)
 
 
+def test_place_images_equals_image_and_place_one_by_one():
+    """The bulk call gives the same mosaic as one image() and place() per image, interleaved
+    with single ones (indices and default paint order continue across both)."""
+    def build(bulk: bool) -> Mosaic:
+        b = MosaicBuilder()
+        s = b.source(object())
+        assert b.image(s, 0, 5, 8, 8, "raw") == 0
+        b.place(0, 1, 1)
+        if bulk:
+            got = b.place_images(s, [10, 20, 30], [5, 6, 7], 8, 8, "raw", x=[4, 9, 2.5], y=[0, 3, 7],
+                                 w=[8, 3, 8], h=[2, 8, 8])
+            assert got.tolist() == [1, 2, 3]
+        else:
+            for off, n, x, y, w, h in zip([10, 20, 30], [5, 6, 7], [4, 9, 2.5], [0, 3, 7], [8, 3, 8], [2, 8, 8],
+                                          strict=True):
+                b.place(b.image(s, off, n, 8, 8, "raw"), x, y, rect=(0, 0, w, h))
+        b.place(b.image(s, 40, 5, 8, 8, "raw"), 0, 0, z=1.5)  # between the bulk ones
+        b.place(2, 30, 30, rect=(1, 1, 2, 2))  # a bulk image placed again
+        return b.build()
+
+    one, many = build(False), build(True)
+    for name in ("image_offset", "image_length", "image_width", "x", "y", "sx", "sy", "w", "h", "image"):
+        assert np.array_equal(getattr(one, name), getattr(many, name)), name
+    assert many.image.tolist() == [0, 1, 4, 2, 3, 2]
+    b = MosaicBuilder()
+    s = b.source(object())
+    for bad in (dict(w=[9]), dict(offsets=[-1]), dict(x=[0, 1])):
+        args = dict(offsets=[0], lengths=[1], x=[0], y=[0], w=[1], h=[1]) | bad
+        with pytest.raises(ValueError):
+            b.place_images(s, width=8, height=8, codec="raw", **args)
+
+
 def test_a_truncated_data_file_is_a_tile_error_or_fill(tmp_path, scene):
     level, _expect, _ = scene
     m: Mosaic = level.mosaic
