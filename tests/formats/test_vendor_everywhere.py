@@ -23,7 +23,7 @@ from wsitool.cli import app
 #: the fixtures, by maker: scripts/make_vendor_samples.py's (the ``made`` fixture) and
 #: scripts/make_mirax_samples.py's (``mirax_made``)
 VENDOR_FIXTURES = ["philips_multilevel", "philips_sparse", "ventana_bif", "leica_brightfield", "leica_two_main",
-                   "leica_offgrid",
+                   "leica_offgrid", "leica_overlap",
                    "mirax_vimslide", "mirax_stitching"]
 
 
