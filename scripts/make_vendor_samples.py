@@ -212,13 +212,17 @@ def _joints(across: int, down: int, overlap: float) -> str:
     return "".join(out)
 
 
-def encode_info(across: int, down: int, overlap: float) -> str:
-    """Level 0's ``EncodeInfo`` XMP: one scanned area of ``across`` x ``down`` tiles at tile 0, 0."""
+def encode_info(across: int, down: int, overlap: float,
+                areas: list[tuple[int, int, int, int, float, float]] | None = None) -> str:
+    """Level 0's ``EncodeInfo`` XMP: one scanned area of ``across`` x ``down`` tiles at tile 0, 0,
+    or ``areas``: ``(first column, first row, across, down, Pos-X, Pos-Y)`` each."""
+    areas = areas or [(0, 0, across, down, 0, 1234)]
+    origins = "".join(f'<AOI{i} OriginX="{c * TILE}" OriginY="{r * TILE}"/>' for i, (c, r, *_) in enumerate(areas))
+    infos = "".join(f'<ImageInfo AOIScanned="1" AOIIndex="{i}" Width="{TILE}" Height="{TILE}" NumRows="{d}" '
+                    f'NumCols="{a}" Pos-X="{x}" Pos-Y="{y}">{_joints(a, d, overlap)}</ImageInfo>'
+                    for i, (_, _, a, d, x, y) in enumerate(areas))
     return ('<?xml version="1.0" encoding="utf-8"?><EncodeInfo Ver="2"><SlideInfo/>'
-            '<AoiOrigin><AOI0 OriginX="0" OriginY="0"/></AoiOrigin><SlideStitchInfo>'
-            f'<ImageInfo AOIScanned="1" AOIIndex="0" Width="{TILE}" Height="{TILE}" NumRows="{down}" '
-            f'NumCols="{across}" Pos-X="0" Pos-Y="1234">{_joints(across, down, overlap)}</ImageInfo>'
-            '</SlideStitchInfo></EncodeInfo>')
+            f'<AoiOrigin>{origins}</AoiOrigin><SlideStitchInfo>{infos}</SlideStitchInfo></EncodeInfo>')
 
 
 def _xmp(text: str) -> list[tuple[int, int, int, bytes, bool]]:
@@ -262,6 +266,12 @@ def ventana_bif(out: Path, source: Path = SOURCE) -> Path:
 def ventana_overlap(out: Path, source: Path = SOURCE) -> Path:
     """Write ``ventana-overlap.bif`` into the folder ``out`` (module docstring); its path."""
     return _ventana(out / "ventana-overlap.bif", source, (1100, 1600), encode_info(4, 6, 3))
+
+
+def ventana_areas(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``ventana-areas.bif`` into the folder ``out`` (module docstring); its path."""
+    areas = [(0, 0, 2, 6, 0, 1234), (2, 1, 2, 4, 530.0, 1200)]
+    return _ventana(out / "ventana-areas.bif", source, (1100, 1600), encode_info(0, 0, 2, areas))
 
 
 LEICA_NS = {"new": "http://www.leica-microsystems.com/scn/2010/10/01",

@@ -125,10 +125,13 @@ class Mosaic:
             own, or one shared with the other levels of its slide); use :meth:`cached` /
             :meth:`keep`, which key the images apart from other mosaics'.
         samples, dtype: what an image decodes to (``(h, w, samples)`` of ``dtype``).
+        jpeg_prefix: bytes put in place of each ``"jpeg"`` image's SOI before decoding (the
+            JPEGTables of TIFF tiles placed as images); empty: the images are complete streams.
     """
 
     def __init__(self, *, sources: Sequence[Any], codecs: Sequence[str], images: dict[str, np.ndarray],
-                 places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages):
+                 places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages,
+                 jpeg_prefix: bytes = b""):
         self.sources = tuple(sources)
         self.codecs = tuple(codecs)
         self.image_source = images["source"]
@@ -147,6 +150,7 @@ class Mosaic:
         self.samples = samples
         self.dtype = np.dtype(dtype)
         self.decoded = decoded
+        self.jpeg_prefix = jpeg_prefix
         self._token = next(_TOKENS)
         self._build_index()
 
@@ -312,6 +316,9 @@ class MosaicBuilder:
         samples, dtype: what every image decodes to (3, uint8 for RGB).
         cache_bytes: the size of the mosaic's own decoded-image cache (:data:`DECODED_CACHE_BYTES`);
         decoded: a :class:`DecodedImages` to share instead (one per slide, for all its levels).
+        jpeg_prefix: for ``"jpeg"`` images that are TIFF tiles sharing a JPEGTables tag: the
+            bytes that replace each one's SOI (:func:`wsitool.ground.bitstream.jpeg_with_prefix`;
+            a TIFF level's ``encoding.jpeg_prefix``).
 
     Example (a format)::
 
@@ -323,8 +330,9 @@ class MosaicBuilder:
     """
 
     def __init__(self, samples: int = 3, dtype: Any = np.uint8, cache_bytes: int = DECODED_CACHE_BYTES,
-                 decoded: DecodedImages | None = None):
+                 decoded: DecodedImages | None = None, jpeg_prefix: bytes = b""):
         self.samples = samples
+        self.jpeg_prefix = jpeg_prefix
         self.dtype = np.dtype(dtype)
         self.cache_bytes = cache_bytes
         self.decoded = decoded
@@ -399,4 +407,5 @@ class MosaicBuilder:
                   "h": ints[:, 3].astype(np.int32), "image": ints[:, 4].copy()}
         return Mosaic(sources=self._sources, codecs=self._codecs, images=images, places=places,
                       samples=self.samples, dtype=self.dtype,
-                      decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes))
+                      decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes),
+                      jpeg_prefix=self.jpeg_prefix)

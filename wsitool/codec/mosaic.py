@@ -32,7 +32,7 @@ import imagecodecs
 import numpy as np
 
 from ..errors import TileDecodeError, TruncatedDataError
-from ..ground.bitstream import jpeg_frame_size
+from ..ground.bitstream import jpeg_frame_size, jpeg_with_prefix
 from ..model import PyramidLevel
 from ..mosaic import Mosaic
 from .pool import ThreadState
@@ -179,8 +179,11 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
     decoder = CODECS.get(name)
     if decoder is None:
         raise MosaicImageError(f"{where}: no image codec named {name!r}")
+    data = bytes(data)
+    if name == "jpeg" and mosaic.jpeg_prefix:
+        data = jpeg_with_prefix(mosaic.jpeg_prefix, data)  # (TIFF tiles: the level's JPEGTables)
     try:
-        arr = decoder(bytes(data), width, height, mosaic.samples, mosaic.dtype)
+        arr = decoder(data, width, height, mosaic.samples, mosaic.dtype)
     except MosaicImageError as exc:
         raise MosaicImageError(f"{where}: {exc}") from None
     except Exception as exc:  # a decoder's own failure on bad bytes
