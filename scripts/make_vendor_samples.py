@@ -29,8 +29,12 @@ Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips
   one area of interest (4 x 6 tiles of 256, at tile 0, 0; ``Pos-Y`` counted from below)
   whose tile joints (right and up, numbered from the bottom row in a serpentine) overlap by
   0; the stored levels larger than the area (OpenSlide shows the area's extent).
-* ``ventana-overlap.bif``: that BIF with joints overlapping by 3 pixels (read by OpenSlide
-  at fractional tile steps; refused by wsitool).
+* ``ventana-overlap.bif``: that BIF with joints overlapping by 3 pixels (OpenSlide places the
+  tiles at steps of 253 pixels: 126.5 and 63.25 on levels 1 and 2).
+* ``ventana-areas.bif``: that BIF with two areas of interest and joints overlapping by 2: 2 x 6
+  tiles at tile 0, 0 and 2 x 4 tiles at tile 2, 1 whose ``Pos-X`` / ``Pos-Y`` put it 22 pixels
+  right and 288 down of its stored place (a gap between the areas; steps of 254 pixels, 63.5
+  on level 2).
 * ``leica-brightfield.scn`` (BigTIFF; OpenSlide 4.0.1's Leica reader,
   :mod:`wsitool.formats.tiff.leica`): the first IFD's ImageDescription the SCN XML
   (``.../scn/2010/10/01``: collection 2048 x 2560 pixels of 500 nm, a base64 ``barcode``
@@ -449,8 +453,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Every fixture this script writes, in order.
-MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap, leica_brightfield,
-          leica_two_main, leica_fluorescence)
+MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap, ventana_areas,
+          leica_brightfield, leica_two_main, leica_fluorescence)
 
 
 def write_all(outdir: Path, source: Path = SOURCE) -> list[Path]:
