@@ -201,3 +201,37 @@ def test_mosaics_sharing_a_decoded_cache_keep_their_images_apart(tmp_path):
         for m, (arr, _c) in zip(mosaics, imgs, strict=True):
             assert np.array_equal(m.cached(0), arr)
         assert shared.nbytes == 2 * 8 * 8 * 3
+
+
+def test_jpeg_images_sharing_tables_decode_with_the_builders_prefix(tmp_path):
+    """TIFF tiles placed as images (Ventana BIF) hold no tables of their own: the builder's
+    ``jpeg_prefix`` (SOI + the JPEGTables' segments, a TIFF level's ``encoding.jpeg_prefix``)
+    replaces each one's SOI, as :func:`wsitool.ground.bitstream.jpeg_with_prefix` does for every read."""
+    from wsitool.ground.bitstream import SOI, jpeg_with_prefix
+
+    arr = _pixels(16, 16, 3)
+    whole = bytes(imagecodecs.jpeg8_encode(arr, level=95))
+    tables, rest, i = [], [SOI], 2
+    while whole[i + 1] != 0xDA:  # the header's segments up to SOS: DQT and DHT to the shared tables
+        end = i + 2 + int.from_bytes(whole[i + 2:i + 4], "big")
+        (tables if whole[i + 1] in (0xDB, 0xC4) else rest).append(whole[i:end])
+        i = end
+    bare = b"".join(rest) + whole[i:]
+    assert tables and len(bare) < len(whole)
+    prefix = SOI + b"".join(tables)
+    assert jpeg_with_prefix(prefix, bare) != bare and jpeg_with_prefix(b"", bare) == bare
+    path = tmp_path / "tiles.bin"
+    path.write_bytes(bare)
+    with LocalFile(str(path)) as src:
+        decoded = []
+        for pre in (prefix, b""):
+            b = MosaicBuilder(jpeg_prefix=pre)
+            b.place(b.image(b.source(src), 0, len(bare), 16, 16, "jpeg"), 0, 0)
+            lv = mosaic_level(b.build(), index=0, width=16, height=16, downsample=1.0)
+            try:
+                decoded.append(read_pyramid_region([lv], (0, 0), 0, (16, 16), threads=1)[..., :3])
+            except TileDecodeError:
+                decoded.append(None)
+    want = np.asarray(imagecodecs.jpeg8_decode(whole))
+    assert np.array_equal(decoded[0], want)
+    assert decoded[1] is None or not np.array_equal(decoded[1], want)
