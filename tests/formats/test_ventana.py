@@ -159,12 +159,17 @@ def test_fractional_positions_within_a_documented_tolerance(made, name):
             assert 0 < np.abs(a - b)[..., :3][opaque].mean() < 4, level
 
 
-def test_an_area_past_the_stored_tiles_is_a_corrupt_file(tmp_path):
-    """OpenSlide opens it and fails reading there; wsitool says so at open (exit 4)."""
+@pytest.mark.parametrize("areas, why", [
+    ([(0, 0, 6, 5, 0, 1234)], "reaches past level 0's stored tiles"),  # 6 columns, 5 stored
+    ([(0, 0, 5, 7, 0, 1234)] * 2, "more tiles than level 0 stores"),  # (the same tiles twice)
+])
+def test_an_area_past_the_stored_tiles_is_a_corrupt_file(tmp_path, areas, why):
+    """OpenSlide opens it and fails reading there; wsitool says so at open (exit 4); and areas
+    holding more tiles than are stored (which cost work without bound) are refused alike."""
     gen = script_module("make_vendor_samples")
     bad = gen._ventana(tmp_path / "past.bif", shared_sample("aperio-cmu1-small-region-jpeg.svs"), (1100, 1600),
-                       gen.encode_info(0, 0, 3, [(0, 0, 6, 6, 0, 1234)]))  # 6 columns, 5 stored
-    with pytest.raises(CorruptFileError, match="reaches past level 0's stored tiles") as info:
+                       gen.encode_info(0, 0, 3, areas))
+    with pytest.raises(CorruptFileError, match=why) as info:
         wsitool.open_slide(bad)
     assert str(bad) in str(info.value)
     proc = subprocess.run([sys.executable, "-m", "wsitool", "info", str(bad)], capture_output=True,

@@ -55,8 +55,12 @@ def mosaic_levels(levels: tuple[PyramidLevel, ...], downsamples: list[float], bi
         UnsupportedFormatError: a level that is not 8-bit RGB JPEG, a downsample that is not
             a whole number, or a share of a level-0 tile that is not whole pixels.
         CorruptFileError: an area reaching past a level's stored tiles (OpenSlide fails
-            reading there).
+            reading there), or areas holding more tiles together than level 0 stores (areas
+            that overlap: the work they would cost is bounded by the stored tiles instead).
     """
+    stored = levels[0].tiles_across * levels[0].tiles_down
+    if sum(a.across * a.down for a in bif.areas) > stored:
+        raise CorruptFileError(f"Ventana: the areas of interest hold more tiles than level 0 stores ({stored})")
     decoded = DecodedImages(DECODED_CACHE_BYTES)  # one decoded-tile cache for the slide
     return tuple(_level(lv, ds, bif, tile_w, tile_h, decoded) for lv, ds in zip(levels, downsamples, strict=True))
 
