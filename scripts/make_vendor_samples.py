@@ -29,8 +29,12 @@ Philips reader and its format notes describe (:mod:`wsitool.formats.tiff.philips
   one area of interest (4 x 6 tiles of 256, at tile 0, 0; ``Pos-Y`` counted from below)
   whose tile joints (right and up, numbered from the bottom row in a serpentine) overlap by
   0; the stored levels larger than the area (OpenSlide shows the area's extent).
-* ``ventana-overlap.bif``: that BIF with joints overlapping by 3 pixels (read by OpenSlide
-  at fractional tile steps; refused by wsitool).
+* ``ventana-overlap.bif``: that BIF with joints overlapping by 3 pixels (OpenSlide places the
+  tiles at steps of 253 pixels: 126.5 and 63.25 on levels 1 and 2).
+* ``ventana-areas.bif``: that BIF with two areas of interest and joints overlapping by 2: 2 x 6
+  tiles at tile 0, 0 and 2 x 4 tiles at tile 2, 1 whose ``Pos-X`` / ``Pos-Y`` put it 22 pixels
+  right and 288 down of its stored place (a gap between the areas; steps of 254 pixels, 63.5
+  on level 2).
 * ``leica-brightfield.scn`` (BigTIFF; OpenSlide 4.0.1's Leica reader,
   :mod:`wsitool.formats.tiff.leica`): the first IFD's ImageDescription the SCN XML
   (``.../scn/2010/10/01``: collection 2048 x 2560 pixels of 500 nm, a base64 ``barcode``
@@ -218,13 +222,17 @@ def _joints(across: int, down: int, overlap: float) -> str:
     return "".join(out)
 
 
-def encode_info(across: int, down: int, overlap: float) -> str:
-    """Level 0's ``EncodeInfo`` XMP: one scanned area of ``across`` x ``down`` tiles at tile 0, 0."""
+def encode_info(across: int, down: int, overlap: float,
+                areas: list[tuple[int, int, int, int, float, float]] | None = None) -> str:
+    """Level 0's ``EncodeInfo`` XMP: one scanned area of ``across`` x ``down`` tiles at tile 0, 0,
+    or ``areas``: ``(first column, first row, across, down, Pos-X, Pos-Y)`` each."""
+    areas = areas or [(0, 0, across, down, 0, 1234)]
+    origins = "".join(f'<AOI{i} OriginX="{c * TILE}" OriginY="{r * TILE}"/>' for i, (c, r, *_) in enumerate(areas))
+    infos = "".join(f'<ImageInfo AOIScanned="1" AOIIndex="{i}" Width="{TILE}" Height="{TILE}" NumRows="{d}" '
+                    f'NumCols="{a}" Pos-X="{x}" Pos-Y="{y}">{_joints(a, d, overlap)}</ImageInfo>'
+                    for i, (_, _, a, d, x, y) in enumerate(areas))
     return ('<?xml version="1.0" encoding="utf-8"?><EncodeInfo Ver="2"><SlideInfo/>'
-            '<AoiOrigin><AOI0 OriginX="0" OriginY="0"/></AoiOrigin><SlideStitchInfo>'
-            f'<ImageInfo AOIScanned="1" AOIIndex="0" Width="{TILE}" Height="{TILE}" NumRows="{down}" '
-            f'NumCols="{across}" Pos-X="0" Pos-Y="1234">{_joints(across, down, overlap)}</ImageInfo>'
-            '</SlideStitchInfo></EncodeInfo>')
+            f'<AoiOrigin>{origins}</AoiOrigin><SlideStitchInfo>{infos}</SlideStitchInfo></EncodeInfo>')
 
 
 def _xmp(text: str) -> list[tuple[int, int, int, bytes, bool]]:
@@ -268,6 +276,12 @@ def ventana_bif(out: Path, source: Path = SOURCE) -> Path:
 def ventana_overlap(out: Path, source: Path = SOURCE) -> Path:
     """Write ``ventana-overlap.bif`` into the folder ``out`` (module docstring); its path."""
     return _ventana(out / "ventana-overlap.bif", source, (1100, 1600), encode_info(4, 6, 3))
+
+
+def ventana_areas(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``ventana-areas.bif`` into the folder ``out`` (module docstring); its path."""
+    areas = [(0, 0, 2, 6, 0, 1234), (2, 1, 2, 4, 530.0, 1200)]
+    return _ventana(out / "ventana-areas.bif", source, (1100, 1600), encode_info(0, 0, 2, areas))
 
 
 LEICA_NS = {"new": "http://www.leica-microsystems.com/scn/2010/10/01",
@@ -516,8 +530,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: Every fixture this script writes, in order.
-MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap, leica_brightfield,
-          leica_two_main, leica_fluorescence, leica_offgrid, leica_overlap)
+MAKERS = (philips_multilevel, philips_sparse, ventana_tiff, ventana_bif, ventana_overlap, ventana_areas,
+          leica_brightfield, leica_two_main, leica_fluorescence, leica_offgrid, leica_overlap)
 
 
 def write_all(outdir: Path, source: Path = SOURCE) -> list[Path]:

@@ -110,11 +110,7 @@ class Mosaic:
     Attributes (numpy arrays; ``n`` images, ``m`` placements, in paint order):
         sources: the :class:`~wsitool.storage.ByteSource` objects images are read from
             (the format opens and releases them).
-        codecs: the codec names images use (:data:`wsitool.codec.mosaic.CODECS`; a name may
-            repeat with another prefix).
-        prefixes: per entry of ``codecs``, bytes that replace each image's leading SOI
-            before it is decoded (a TIFF's shared JPEGTables merged into abbreviated JPEG
-            tiles, as :attr:`wsitool.model.TileEncoding.jpeg_prefix`); ``b""``: none.
+        codecs: the codec names images use (:data:`wsitool.codec.mosaic.CODECS`).
         image_source, image_codec: ``(n,)`` int32 indices into ``sources`` and ``codecs``.
         image_offset, image_length: ``(n,)`` int64 byte offset and length of each image.
         image_width, image_height: ``(n,)`` int32 decoded size in pixels.
@@ -130,14 +126,15 @@ class Mosaic:
             own, or one shared with the other levels of its slide); use :meth:`cached` /
             :meth:`keep`, which key the images apart from other mosaics'.
         samples, dtype: what an image decodes to (``(h, w, samples)`` of ``dtype``).
+        jpeg_prefix: bytes put in place of each ``"jpeg"`` image's SOI before decoding (the
+            JPEGTables of TIFF tiles placed as images); empty: the images are complete streams.
     """
 
     def __init__(self, *, sources: Sequence[Any], codecs: Sequence[str], images: dict[str, np.ndarray],
                  places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages,
-                 prefixes: Sequence[bytes] = ()):
+                 jpeg_prefix: bytes = b""):
         self.sources = tuple(sources)
         self.codecs = tuple(codecs)
-        self.prefixes = tuple(prefixes) or (b"",) * len(self.codecs)
         self.image_source = images["source"]
         self.image_codec = images["codec"]
         self.image_offset = images["offset"]
@@ -154,6 +151,7 @@ class Mosaic:
         self.samples = samples
         self.dtype = np.dtype(dtype)
         self.decoded = decoded
+        self.jpeg_prefix = jpeg_prefix
         self._token = next(_TOKENS)
         self._build_index()
 
@@ -319,6 +317,9 @@ class MosaicBuilder:
         samples, dtype: what every image decodes to (3, uint8 for RGB).
         cache_bytes: the size of the mosaic's own decoded-image cache (:data:`DECODED_CACHE_BYTES`);
         decoded: a :class:`DecodedImages` to share instead (one per slide, for all its levels).
+        jpeg_prefix: for ``"jpeg"`` images that are TIFF tiles sharing a JPEGTables tag: the
+            bytes that replace each one's SOI (:func:`wsitool.ground.bitstream.jpeg_with_prefix`;
+            a TIFF level's ``encoding.jpeg_prefix``).
 
     Example (a format)::
 
@@ -330,14 +331,15 @@ class MosaicBuilder:
     """
 
     def __init__(self, samples: int = 3, dtype: Any = np.uint8, cache_bytes: int = DECODED_CACHE_BYTES,
-                 decoded: DecodedImages | None = None):
+                 decoded: DecodedImages | None = None, jpeg_prefix: bytes = b""):
         self.samples = samples
+        self.jpeg_prefix = jpeg_prefix
         self.dtype = np.dtype(dtype)
         self.cache_bytes = cache_bytes
         self.decoded = decoded
         self._sources: list[Any] = []
         self._source_ids: dict[int, int] = {}
-        self._codecs: list[tuple[str, bytes]] = []
+        self._codecs: list[str] = []
         self._images: list[tuple[int, int, int, int, int, int]] = []  # (not yet in _image_rows)
         self._places: list[tuple[float, float, int, int, int, int, int, float]] = []  # (not in _place_rows)
         self._image_rows: list[np.ndarray] = []  # (n, 6) int64: source, codec, offset, length, width, height
@@ -354,8 +356,7 @@ class MosaicBuilder:
             self._sources.append(source)
         return self._source_ids[key]
 
-    def image(self, source: int, offset: int, length: int, width: int, height: int, codec: str,
-              prefix: bytes = b"") -> int:
+    def image(self, source: int, offset: int, length: int, width: int, height: int, codec: str) -> int:
         """Add an encoded image; returns its index.
 
         Args:
@@ -363,9 +364,6 @@ class MosaicBuilder:
             offset, length: where its bytes are in that source.
             width, height: its decoded size in pixels (a decode of another size is an error).
             codec: a name of :data:`wsitool.codec.mosaic.CODECS` (``"jpeg"``, ``"png"``, ...).
-            prefix: bytes that replace the image's leading SOI marker before it is decoded
-                (e.g. ``TileEncoding.jpeg_prefix``: a TIFF's JPEGTables made part of each
-                abbreviated tile stream); ``b""``: the bytes are decoded as they are.
 
         Raises:
             ValueError: a negative offset or length, a size below 1, an unknown source.
@@ -373,14 +371,13 @@ class MosaicBuilder:
         if offset < 0 or length < 0 or width < 1 or height < 1 or not 0 <= source < len(self._sources):
             raise ValueError(f"bad image: source {source}, offset {offset}, length {length}, "
                              f"size {width}x{height}")
-        self._images.append((source, self._codec(codec, prefix), offset, length, width, height))
+        self._images.append((source, self._codec(codec), offset, length, width, height))
         return self._flushed_images + len(self._images) - 1
 
-    def _codec(self, codec: str, prefix: bytes) -> int:
-        key = (codec, bytes(prefix))
-        if key not in self._codecs:
-            self._codecs.append(key)
-        return self._codecs.index(key)
+    def _codec(self, codec: str) -> int:
+        if codec not in self._codecs:
+            self._codecs.append(codec)
+        return self._codecs.index(codec)
 
     def _flush(self) -> None:
         """Move the images and placements added one by one into the row arrays."""
@@ -405,12 +402,12 @@ class MosaicBuilder:
         return int(row[4]), int(row[5])
 
     def place_images(self, source: int, offsets: Any, lengths: Any, width: int, height: int, codec: str, *,
-                     x: Any, y: Any, w: Any, h: Any, z: float | None = None, prefix: bytes = b"") -> np.ndarray:
+                     x: Any, y: Any, w: Any, h: Any, z: float | None = None) -> np.ndarray:
         """Add ``n`` images of ``width x height`` pixels, each placed once: :meth:`image` and
         :meth:`place` for many at a time (a grid of stored tiles), without a Python object per image.
 
         Args:
-            source, width, height, codec, prefix: as :meth:`image`, for all of them.
+            source, width, height, codec: as :meth:`image`, for all of them.
             offsets, lengths: ``(n,)`` integers, where each image's bytes are.
             x, y: ``(n,)`` level positions of their top-left corners.
             w, h: ``(n,)`` the painted part of each, ``(0, 0, w, h)`` of the decoded image.
@@ -433,7 +430,7 @@ class MosaicBuilder:
             raise ValueError("bad images: a negative offset or length, or a painted part outside an image")
         self._flush()
         rows = np.empty((n, 6), np.int64)
-        rows[:, 0], rows[:, 1] = source, self._codec(codec, prefix)
+        rows[:, 0], rows[:, 1] = source, self._codec(codec)
         rows[:, 2], rows[:, 3], rows[:, 4], rows[:, 5] = offs, lens, width, height
         first = self._flushed_images
         self._image_starts.append(first)
@@ -483,7 +480,7 @@ class MosaicBuilder:
         places = {"x": xy[:, 0].copy(), "y": xy[:, 1].copy(), "sx": ints[:, 0].astype(np.int32),
                   "sy": ints[:, 1].astype(np.int32), "w": ints[:, 2].astype(np.int32),
                   "h": ints[:, 3].astype(np.int32), "image": ints[:, 4].copy()}
-        return Mosaic(sources=self._sources, codecs=[name for name, _ in self._codecs],
-                      prefixes=[prefix for _, prefix in self._codecs], images=images, places=places,
+        return Mosaic(sources=self._sources, codecs=self._codecs, images=images, places=places,
                       samples=self.samples, dtype=self.dtype,
-                      decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes))
+                      decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes),
+                      jpeg_prefix=self.jpeg_prefix)

@@ -134,36 +134,6 @@ def test_codecs_decode_to_the_stored_pixels(tmp_path, codec):
     assert {"jpeg", "jpegxr", "zstd"} <= set(CODECS)
 
 
-def test_a_prefix_makes_abbreviated_jpeg_streams_whole(tmp_path):
-    """Two abbreviated JPEG streams (their tables moved out, as a TIFF's JPEGTables holds them)
-    decode with the tables as their codec entry's prefix; the same codec without it is another
-    entry, and the bare stream does not decode."""
-    from wsitool.ground.bitstream import jpeg_segments
-
-    arrs = [_pixels(16, 8, k) for k in range(2)]
-    fulls = [bytes(imagecodecs.jpeg8_encode(a, level=90, optimize=False)) for a in arrs]
-    segs = [list(jpeg_segments(f)) for f in fulls]
-    tables = b"".join(fulls[0][s - 4:e] for m, s, e in segs[0] if m in (0xDB, 0xC4))
-    bare = [b"\xff\xd8" + b"".join(f[s - 4:e] for m, s, e in g if m in (0xC0, 0xDA)) + f[g[-1][2]:]
-            for f, g in zip(fulls, segs, strict=True)]
-    path = tmp_path / "data.bin"
-    path.write_bytes(bare[0] + bare[1])
-    with LocalFile(str(path)) as src:
-        b = MosaicBuilder()
-        s = b.source(src)
-        ks = [b.image(s, 0, len(bare[0]), 16, 8, "jpeg", b"\xff\xd8" + tables),
-              b.image(s, len(bare[0]), len(bare[1]), 16, 8, "jpeg", b"\xff\xd8" + tables),
-              b.image(s, 0, len(bare[0]), 16, 8, "jpeg")]
-        for k in ks:
-            b.place(k, 0, 0)
-        m = b.build()
-        assert m.codecs == ("jpeg", "jpeg") and m.prefixes == (b"\xff\xd8" + tables, b"")
-        for k, full in zip(ks, fulls, strict=False):
-            assert np.array_equal(decode_image(m, k), np.asarray(imagecodecs.jpeg8_decode(full)))
-        with pytest.raises(Exception, match="image 2"):
-            decode_image(m, 2)
-
-
 def test_place_images_equals_image_and_place_one_by_one():
     """The bulk call gives the same mosaic as one image() and place() per image, interleaved
     with single ones (indices and default paint order continue across both)."""
@@ -263,3 +233,37 @@ def test_mosaics_sharing_a_decoded_cache_keep_their_images_apart(tmp_path):
         for m, (arr, _c) in zip(mosaics, imgs, strict=True):
             assert np.array_equal(m.cached(0), arr)
         assert shared.nbytes == 2 * 8 * 8 * 3
+
+
+def test_jpeg_images_sharing_tables_decode_with_the_builders_prefix(tmp_path):
+    """TIFF tiles placed as images (Ventana BIF) hold no tables of their own: the builder's
+    ``jpeg_prefix`` (SOI + the JPEGTables' segments, a TIFF level's ``encoding.jpeg_prefix``)
+    replaces each one's SOI, as :func:`wsitool.ground.bitstream.jpeg_with_prefix` does for every read."""
+    from wsitool.ground.bitstream import SOI, jpeg_with_prefix
+
+    arr = _pixels(16, 16, 3)
+    whole = bytes(imagecodecs.jpeg8_encode(arr, level=95))
+    tables, rest, i = [], [SOI], 2
+    while whole[i + 1] != 0xDA:  # the header's segments up to SOS: DQT and DHT to the shared tables
+        end = i + 2 + int.from_bytes(whole[i + 2:i + 4], "big")
+        (tables if whole[i + 1] in (0xDB, 0xC4) else rest).append(whole[i:end])
+        i = end
+    bare = b"".join(rest) + whole[i:]
+    assert tables and len(bare) < len(whole)
+    prefix = SOI + b"".join(tables)
+    assert jpeg_with_prefix(prefix, bare) != bare and jpeg_with_prefix(b"", bare) == bare
+    path = tmp_path / "tiles.bin"
+    path.write_bytes(bare)
+    with LocalFile(str(path)) as src:
+        decoded = []
+        for pre in (prefix, b""):
+            b = MosaicBuilder(jpeg_prefix=pre)
+            b.place(b.image(b.source(src), 0, len(bare), 16, 16, "jpeg"), 0, 0)
+            lv = mosaic_level(b.build(), index=0, width=16, height=16, downsample=1.0)
+            try:
+                decoded.append(read_pyramid_region([lv], (0, 0), 0, (16, 16), threads=1)[..., :3])
+            except TileDecodeError:
+                decoded.append(None)
+    want = np.asarray(imagecodecs.jpeg8_decode(whole))
+    assert np.array_equal(decoded[0], want)
+    assert decoded[1] is None or not np.array_equal(decoded[1], want)

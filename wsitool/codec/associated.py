@@ -18,7 +18,7 @@ import numpy as np
 import tifffile
 
 from ..errors import CorruptFileError, ResourceLimitError, UnsupportedFormatError, WsiError
-from ..ground.bitstream import SOI, j2k_main_header, jpeg_frame_size, jpegls_frame_size, lzw_problem
+from ..ground.bitstream import j2k_main_header, jpeg_frame_size, jpeg_with_prefix, jpegls_frame_size, lzw_problem
 from ..ground.color import to_rgb8
 from ..ground.limits import get_limits
 from ..ground.oserrors import raise_if_os_resource
@@ -187,8 +187,8 @@ def _decode_tiles(where: str, image: AssociatedImage, source: ByteSource) -> np.
         if size is not None and size != (tw, th):
             raise CorruptFileError(f"{where}: frame {k} declares {size[0]}x{size[1]} pixels, "
                                    f"not the {tw}x{th} frame size")
-        if enc.stream == "jpeg" and enc.jpeg_prefix and data.startswith(SOI):
-            data = enc.jpeg_prefix + data[2:]
+        if enc.stream == "jpeg":
+            data = jpeg_with_prefix(enc.jpeg_prefix, data)
         try:
             arr = decode_frame(enc.imagecodec or "", data, th, tw, image.samples, dtype)
         except FrameError as exc:

@@ -15,9 +15,6 @@ The codecs of the images, by name (:data:`CODECS`; a format picks one per image)
 * ``"zstd"``, ``"zstd-bgr"``: a zstd frame holding ``"raw"`` / ``"raw-bgr"`` samples;
 * ``"jpegxr"``, ``"jpegxr-bgr"``: a JPEG XR stream (jxrlib through imagecodecs).
 
-An image whose codec entry has a prefix (:attr:`wsitool.mosaic.Mosaic.prefixes`) gets it in
-place of its leading SOI before it is decoded: abbreviated JPEG tiles of a TIFF whose tables
-are shared in the JPEGTables tag become complete streams, as the tiled read path makes them.
 More can be added with :func:`register_codec`.  Every image's declared size is checked before
 its decoder allocates anything where the stream states one (JPEG, PNG, BMP), and its decoded
 shape always: an image of another size is a :class:`~wsitool.errors.TileDecodeError`, as a
@@ -35,7 +32,7 @@ import imagecodecs
 import numpy as np
 
 from ..errors import TileDecodeError, TruncatedDataError
-from ..ground.bitstream import SOI, jpeg_frame_size
+from ..ground.bitstream import jpeg_frame_size, jpeg_with_prefix
 from ..model import PyramidLevel
 from ..mosaic import Mosaic
 from .pool import ThreadState
@@ -169,7 +166,6 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
     offset, length = int(mosaic.image_offset[k]), int(mosaic.image_length[k])
     width, height = int(mosaic.image_width[k]), int(mosaic.image_height[k])
     name = mosaic.codecs[int(mosaic.image_codec[k])]
-    prefix = mosaic.prefixes[int(mosaic.image_codec[k])]
     shown = posixpath.basename((source.path or "").split("?")[0]) or "its file"  # (never a URL's secrets)
     where = f"image {k} ({name}, {length} bytes at offset {offset} of {shown})"
     if offset + length > source.size:
@@ -183,7 +179,9 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
     decoder = CODECS.get(name)
     if decoder is None:
         raise MosaicImageError(f"{where}: no image codec named {name!r}")
-    data = prefix + bytes(data)[2:] if prefix and bytes(data[:2]) == SOI else bytes(data)
+    data = bytes(data)
+    if name == "jpeg" and mosaic.jpeg_prefix:
+        data = jpeg_with_prefix(mosaic.jpeg_prefix, data)  # (TIFF tiles: the level's JPEGTables)
     try:
         arr = decoder(data, width, height, mosaic.samples, mosaic.dtype)
     except MosaicImageError as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TileDecodeError
-from ..ground.bitstream import EOI, SOI, ends_with_restart
+from ..ground.bitstream import EOI, SOI, ends_with_restart, jpeg_with_prefix
 from ..model import PyramidLevel
 from .failures import not_soi_reason, past_eof_reason, short_read_reason
 from .pool import DecodeStats, ThreadState
@@ -127,7 +127,6 @@ def jpeg_stream(level: PyramidLevel, data: bytes, col: int, row: int) -> bytes:
         return enc.jpeg_prefix + (data[:-2] + EOI if ends_with_restart(data) else data)
     if not data.startswith(SOI):
         raise TileDecodeError(level.path, level.index, col, row, not_soi_reason(data[:2]))
-    prefix = level.encoding.jpeg_prefix
-    return prefix + data[2:] if prefix else data
+    return jpeg_with_prefix(level.encoding.jpeg_prefix, data)
 
 

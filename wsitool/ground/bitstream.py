@@ -17,6 +17,7 @@ __all__ = [
     "ADOBE_RGB_MARKER",
     "jpegls_frame_size",
     "SOI",
+    "jpeg_with_prefix",
     "EOI",
     "ends_with_restart",
     "SOF_MARKERS",
@@ -43,6 +44,15 @@ EOI = b"\xff\xd9"
 
 #: the frame-header markers (SOF0..SOF15 but DHT, JPG and DAC; ITU-T T.81 table B.1)
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_with_prefix(prefix: bytes, tile: bytes) -> bytes:
+    """A complete JPEG stream from a tile whose tables live elsewhere (TIFF JPEGTables, TIFF
+    Technical Note 2): ``prefix`` (SOI, the tables' segments, markers) in place of the tile's
+    SOI; the tile unchanged where ``prefix`` is empty or the tile does not start with SOI."""
+    if prefix and tile[:2] == SOI:
+        return prefix + tile[2:]
+    return tile
 
 
 def ends_with_restart(data) -> bool:

@@ -54,7 +54,7 @@ import imagecodecs
 import numpy as np
 
 from ...errors import UnsupportedFormatError, WsiError
-from ...ground.bitstream import SOI, jpeg_frame_kind, jpeg_segments
+from ...ground.bitstream import SOI, jpeg_frame_kind, jpeg_segments, jpeg_with_prefix
 from ...model import PyramidLevel
 from ..encode import DEFAULT_PSNR
 
@@ -134,7 +134,7 @@ def _jpeg_coding(lv: PyramidLevel, first: bytes | None) -> FrameCoding:
     enc = lv.encoding
     prefix = enc.jpeg_prefix or b""
     if first is not None:
-        whole = prefix + first[2:] if prefix and first.startswith(SOI) else first
+        whole = jpeg_with_prefix(prefix, first)
         kind = jpeg_frame_kind(whole)
         if kind is None or kind[0] != 0xC0 or kind[1] != 8 or kind[2] != 3:
             what = "no frame header" if kind is None else f"SOF{kind[0] - 0xC0} {kind[1]}-bit {kind[2]} components"

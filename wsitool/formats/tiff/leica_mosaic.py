@@ -10,10 +10,11 @@ inside the canvas, overlapping images), wsitool describes the level as a mosaic
 ``(offset + column * tile width, offset + row * tile height)``, cropped to the image's size,
 the earlier main images in front.  A tile whose byte count is 0 is not placed (transparent).
 
-Only JPEG tiles are read this way (what Leica scanners write); their shared JPEGTables
-become part of each tile's stream (the level's ``jpeg_prefix``, as the tiled read path
-merges them).  Other compressions off the grid are refused
-(:class:`~wsitool.errors.UnsupportedFormatError`).
+Only 8-bit RGB JPEG tiles are read this way (what Leica scanners write); their shared
+JPEGTables become part of each tile's stream (the stored level's ``jpeg_prefix``, the
+mosaic's, as the tiled read path merges them), so a level's main images must share their
+tables.  Other compressions off the grid, or main images of different tables at one level,
+are refused (:class:`~wsitool.errors.UnsupportedFormatError`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ _JPEG = 7
 MAX_PLACED_TILES = 1 << 20
 
 
-def _codec(index: int, lv: PyramidLevel) -> tuple[str, bytes]:
-    """``(mosaic codec, prefix)`` of a main image's stored level.
+def _jpeg_prefix(index: int, lv: PyramidLevel) -> bytes:
+    """The JPEGTables prefix (``encoding.jpeg_prefix``) of a main image's stored JPEG level.
 
     Raises:
-        UnsupportedFormatError: tiles that are not JPEG streams.
+        UnsupportedFormatError: tiles that are not 8-bit RGB JPEG streams.
     """
     enc = lv.encoding
     if (enc.compression_code != _JPEG or enc.stream != "jpeg" or enc.jpeg_scan_segments
@@ -47,7 +48,7 @@ def _codec(index: int, lv: PyramidLevel) -> tuple[str, bytes]:
         raise UnsupportedFormatError(
             f"Leica SCN level {index}: a main image off the tile grid stored as {enc.compression} "
             f"({lv.samples} x {lv.dtype} samples; only 8-bit RGB JPEG tiles are read off the grid)")
-    return "jpeg", enc.jpeg_prefix or b""
+    return enc.jpeg_prefix or b""
 
 
 def mosaic_canvas_level(index: int, width: int, height: int, areas: Sequence,
@@ -61,17 +62,22 @@ def mosaic_canvas_level(index: int, width: int, height: int, areas: Sequence,
         decoded: a decoded-image cache shared by the slide's levels (None: the level's own).
 
     Raises:
-        UnsupportedFormatError: a main image stripped, planar or not JPEG, or more stored
-            tiles than :data:`MAX_PLACED_TILES`.
+        UnsupportedFormatError: a main image stripped, planar or not JPEG, main images of
+            different JPEG tables, or more stored tiles than :data:`MAX_PLACED_TILES`.
     """
     if sum(a.level.tiles_across * a.level.tiles_down for a in areas) > MAX_PLACED_TILES:
         raise UnsupportedFormatError(f"Leica SCN level {index}: main images of more tiles than wsitool's limit")
-    b = MosaicBuilder(decoded=decoded)
+    prefixes = set()
+    for area in areas:
+        if not area.level.tiled or area.level.tiles.planes != 1:
+            raise UnsupportedFormatError(f"Leica SCN level {index}: a stripped or planar main image")
+        prefixes.add(_jpeg_prefix(index, area.level))
+    if len(prefixes) > 1:
+        raise UnsupportedFormatError(f"Leica SCN level {index}: main images off the tile grid with different "
+                                     "JPEG tables (not read yet)")
+    b = MosaicBuilder(decoded=decoded, jpeg_prefix=prefixes.pop())
     for n, area in enumerate(areas):
         lv = area.level
-        if not lv.tiled or lv.tiles.planes != 1:
-            raise UnsupportedFormatError(f"Leica SCN level {index}: a stripped or planar main image")
-        codec, prefix = _codec(index, lv)
         src = b.source(lv.source)
         tw, th = lv.tile_width, lv.tile_height
         count = lv.tiles_across * lv.tiles_down
@@ -82,10 +88,10 @@ def mosaic_canvas_level(index: int, width: int, height: int, areas: Sequence,
         rows, cols = np.divmod(present, lv.tiles_across)
         # edge tiles clipped to the image; SATURATE: the first image painted stays, so the
         # earlier images are placed in front (higher z)
-        b.place_images(src, offsets[present], lengths[present], tw, th, codec,
+        b.place_images(src, offsets[present], lengths[present], tw, th, "jpeg",
                        x=area.x + cols * tw, y=area.y + rows * th,
                        w=np.minimum(tw, lv.width - cols * tw), h=np.minimum(th, lv.height - rows * th),
-                       z=-n, prefix=prefix)
+                       z=-n)
     first = areas[0].level  # (decoded to RGB whatever the tiles' photometric)
     level = mosaic_level(b.build(), index=index, width=width, height=height, downsample=1.0,
                          tile_width=first.tile_width, tile_height=first.tile_height)

@@ -26,7 +26,7 @@ from ...errors import CorruptFileError, UnsupportedFormatError
 from ...model import AssociatedImage, Channel, PyramidLevel, channel_color, multichannel_level
 from ...mosaic import DecodedImages
 from ...storage import ByteSource
-from . import aperio, leica, ndpi, ndpi_scaled, ome, philips, qptiff, ventana
+from . import aperio, leica, ndpi, ndpi_scaled, ome, philips, qptiff, ventana, ventana_mosaic
 from .encoding import level_from_page
 from .levels import choose_levels
 from .quickhash import Marks, generic_level, is_tiled, last_tiled, ndpi_level
@@ -216,7 +216,8 @@ class Philips(Vendor):
 
 
 class Ventana(Vendor):
-    """:mod:`.ventana`: Ventana TIFF, and BIF where its tile map is the stored grid."""
+    """:mod:`.ventana`: Ventana TIFF, and BIF (its tile map the stored grid, or mosaic levels:
+    :mod:`.ventana_mosaic`)."""
 
     name = "ventana"
     subifds = False
@@ -253,7 +254,10 @@ class Ventana(Vendor):
         ctx.state["bif"], ctx.state["tile_size"] = bif, (tile_w, tile_h)
         ordered = sorted(checked, key=lambda pd: -int(pd[0].imagewidth))  # OpenSlide: by width
         levels = _plain_levels(ctx, [p for p, _ in ordered])
-        return ordered[0][0], ventana.fix_levels(levels, [d for _, d in ordered], bif, tile_w, tile_h)
+        downsamples = [d for _, d in ordered]
+        if bif is not None and not ventana.on_stored_grid(bif, levels, downsamples, tile_w, tile_h):
+            return ordered[0][0], ventana_mosaic.mosaic_levels(levels, downsamples, bif, tile_w, tile_h)
+        return ordered[0][0], ventana.fix_levels(levels, downsamples, bif, tile_w, tile_h)
 
     def metadata(self, ctx: Context, props: dict[str, str]) -> tuple[float | None, float | None, float | None]:
         own = ctx.state["props"]

@@ -22,12 +22,12 @@ Source: OpenSlide 4.0.1's Ventana reader (``openslide-vendor-ventana.c``), in ws
   ``Confidence``).  OpenSlide places every tile of an area at a step of the tile size less
   the mean overlap, which may be fractional, and sizes each level to cover them all; it
   reports each area as ``openslide.region[i].x|y|width|height`` and sets no
-  ``openslide.bounds-*``.  wsitool reads the layouts in which that placement is the stored
-  tile grid itself: tiles that abut (mean overlap 0), areas whose origins are whole tiles
-  and every level's tile share of a level-0 tile whole; each level then is its stored
-  image cut to the areas' extent.  Other BIFs (overlapping tiles, areas apart from the
-  stored grid) are refused (:class:`~wsitool.errors.UnsupportedFormatError`) rather than
-  shown with tiles where OpenSlide does not put them.
+  ``openslide.bounds-*``.  Where that placement is the stored tile grid itself (tiles that
+  abut, one area at the origin, every level's share of a level-0 tile whole and inside the
+  stored image: :func:`on_stored_grid`), each level is its stored image cut to the area's
+  extent (:func:`fix_levels`).  Other BIFs (overlapping tiles, several or offset areas)
+  become mosaic levels of the stored tiles at OpenSlide's positions
+  (:mod:`.ventana_mosaic`).
 """
 
 from __future__ import annotations
@@ -129,12 +129,16 @@ def associated_name(page: tifffile.TiffPage) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Area:
-    """One scanned area of interest: its first tile column and row, tiles across and down."""
+    """One scanned area of interest: its first tile column and row, tiles across and down, and
+    (``x``, ``y``) its position in level-0 pixels (``Pos-X``, and ``Pos-Y`` turned to count
+    from the top, as whole numbers as OpenSlide keeps them)."""
 
     start_col: int
     start_row: int
     across: int
     down: int
+    x: int = 0
+    y: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +164,7 @@ def parse_bif(text: str, tile_w: int, tile_h: int) -> Bif:
 
     Raises:
         CorruptFileError: broken or inconsistent area metadata (OpenSlide refuses the file).
-        UnsupportedFormatError: overlapping tiles or areas off the stored grid (module docstring).
+        UnsupportedFormatError: no tile joint in a direction (OpenSlide's tile step is no number).
     """
     root = _parse(text, "level 0's XMP packet")
     infos = root.findall("./SlideStitchInfo/ImageInfo") if root.tag == "EncodeInfo" else []
@@ -192,9 +196,16 @@ def parse_bif(text: str, tile_w: int, tile_h: int) -> Bif:
         # OpenSlide divides by the total confidence: no joint in a direction gives a tile step
         # that is no number, and no pixels where it would put them
         raise UnsupportedFormatError("Ventana BIF without tile joints in both directions")
-    bif = Bif(tuple(a for a, _, _ in areas), tile_w + total["x"] / weight["x"], tile_h + total["y"] / weight["y"])
-    _check_on_grid(bif, areas, tile_w, tile_h)
-    return bif
+    advance_x, advance_y = tile_w + total["x"] / weight["x"], tile_h + total["y"] / weight["y"]
+    # OpenSlide keeps positions as whole numbers (C truncation); Pos-Y counts from below all
+    # areas: turned to count from the top of the highest one
+    heights = [int((a.down - 1) * advance_y + tile_h) for a, _, _ in areas]
+    top = 0
+    for (_, _, y), h in zip(areas, heights, strict=True):
+        top = max(top, int(y) + h)
+    placed = tuple(dataclasses.replace(a, x=int(x), y=top - int(y) - h)
+                   for (a, x, y), h in zip(areas, heights, strict=True))
+    return Bif(placed, advance_x, advance_y)
 
 
 def _joint(joint: ET.Element, area: Area, total: dict[str, float], weight: dict[str, int]) -> None:
@@ -227,16 +238,23 @@ def _tile_position(area: Area, number: int) -> tuple[int, int]:
     return col, area.down - row - 1
 
 
-def _check_on_grid(bif: Bif, areas: list[tuple[Area, float, float]], tile_w: int, tile_h: int) -> None:
-    """Refuse a map whose tiles OpenSlide places off the stored grid (module docstring)."""
-    if bif.advance_x != tile_w or bif.advance_y != tile_h:
-        raise UnsupportedFormatError("Ventana BIF with overlapping tiles (not read yet)")
-    heights = [(a.down - 1) * bif.advance_y + tile_h for a, _, _ in areas]
-    top = max(max(y + h for (_, _, y), h in zip(areas, heights, strict=True)), 0)
-    for (area, x, y), h in zip(areas, heights, strict=True):
-        fixed_y = int(top - y - h)  # OpenSlide's Pos-Y counts from below all areas
-        if int(x) != area.start_col * tile_w or fixed_y != area.start_row * tile_h:
-            raise UnsupportedFormatError("Ventana BIF with an area off the stored tile grid (not read yet)")
+def on_stored_grid(bif: Bif, levels: tuple[PyramidLevel, ...], downsamples: list[float],
+                   tile_w: int, tile_h: int) -> bool:
+    """True where OpenSlide's placement of the BIF's tiles is the stored tile grid (module
+    docstring): tiles that abut, one area at the origin, and on every level a whole share of
+    a level-0 tile and the area inside the stored image."""
+    if bif.advance_x != tile_w or bif.advance_y != tile_h or len(bif.areas) != 1:
+        return False
+    area = bif.areas[0]
+    if (area.start_col, area.start_row, area.x, area.y) != (0, 0, 0, 0):
+        return False
+    for level, ds in zip(levels, downsamples, strict=True):
+        sub_w, sub_h = tile_w / ds, tile_h / ds
+        if not (sub_w.is_integer() and sub_h.is_integer() and float(ds).is_integer()):
+            return False
+        if math.ceil(area.across * sub_w) > level.width or math.ceil(area.down * sub_h) > level.height:
+            return False
+    return True
 
 
 def region_properties(bif: Bif, tile_w: int, tile_h: int) -> dict[str, str]:
