@@ -398,9 +398,9 @@ def leica_fluorescence(out: Path, source: Path = SOURCE) -> Path:
     return _write_leica(out / "leica-fluorescence.scn", xml, ifds)
 
 
-def _abbreviated_jpeg_tiles(img: np.ndarray) -> tuple[list[bytes], bytes, tuple[int, int]]:
+def _abbreviated_jpeg_tiles(img: np.ndarray, quality: int = 90) -> tuple[list[bytes], bytes, tuple[int, int]]:
     """``(tiles, JPEGTables, (h, v) chroma subsampling)`` of ``img`` cut into :data:`LEICA_TILE`
-    tiles (edge tiles padded by repeating the edge), each a YCbCr JPEG (quality 90, standard
+    tiles (edge tiles padded by repeating the edge), each a YCbCr JPEG (``quality``, standard
     Huffman tables) whose tables are moved into one shared JPEGTables stream, as SCN400 writes
     them (TIFF Technical Note #2: a tile is SOI, SOF, SOS, scan, EOI)."""
     from wsitool.ground.bitstream import jpeg_segments
@@ -411,7 +411,7 @@ def _abbreviated_jpeg_tiles(img: np.ndarray) -> tuple[list[bytes], bytes, tuple[
     tiles, tables = [], None
     for r in range(0, padded.shape[0], t):
         for c in range(0, padded.shape[1], t):
-            full = bytes(imagecodecs.jpeg8_encode(np.ascontiguousarray(padded[r:r + t, c:c + t]), level=90,
+            full = bytes(imagecodecs.jpeg8_encode(np.ascontiguousarray(padded[r:r + t, c:c + t]), level=quality,
                                                   optimize=False))
             segs = list(jpeg_segments(full))
             shared = b"".join(full[s - 4:e] for m, s, e in segs if m in (0xDB, 0xC4))

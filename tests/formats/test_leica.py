@@ -292,6 +292,26 @@ def test_a_collection_too_large_for_the_tile_tables_is_refused(made, tmp_path, n
         wsitool.open_slide(huge)
 
 
+def test_offgrid_main_images_of_different_jpeg_tables_are_refused(tmp_path, monkeypatch):
+    """One mosaic level merges one JPEGTables into its tiles: a second main image whose tables
+    differ (another quality) is refused with one line rather than decoded with the wrong ones."""
+    gen = script_module("make_vendor_samples")
+    calls = []
+    plain = gen._abbreviated_jpeg_tiles
+
+    def second_at_70(img, quality=90):
+        calls.append(img.shape)
+        return plain(img, 70 if len(calls) > 3 else quality)  # (IFDs 5-7: the second main image)
+
+    monkeypatch.setattr(gen, "_abbreviated_jpeg_tiles", second_at_70)
+    path = gen.leica_overlap(tmp_path, gen.SOURCE)
+    with openslide.OpenSlide(str(path)) as o:
+        assert o.level_count == 3  # (OpenSlide decodes each IFD with its own tables)
+    with pytest.raises(UnsupportedFormatError, match="different JPEG tables") as info:
+        wsitool.open_slide(path)
+    assert str(path) in str(info.value)
+
+
 def test_an_offgrid_level_of_too_many_stored_tiles_is_refused(made, monkeypatch):
     """The mosaic's arrays are sized by the file's tile tables: over
     :data:`leica_mosaic.MAX_PLACED_TILES` tiles in a level, the slide is refused."""
