@@ -5,6 +5,7 @@ Usage::
 
     python scripts/bench_export.py SLIDE [--format passthrough|tiff|tiff-source-levels|ome-tiff|dzi|all] [--tile-size N]
                                          [--quality Q] [--threads N] [--repeat N] [--json]
+                                         [--baseline DIR]
 
 Each export runs in its own fresh Python subprocess, so that its peak resident
 memory (``ru_maxrss``) is its own.  For every format both tools write the same
@@ -32,9 +33,17 @@ ratios come from one interleaved run on a shared machine.
 
 JPEG quality, tile size and thread count are the same for both (libvips threads
 via ``VIPS_CONCURRENCY``).  Printed per format: wall time of the export
-alone (best of ``--repeat``), peak RSS of the process and the peak minus the RSS
-after imports, and the ratios wsitool / pyvips (below 1: wsitool is faster or
-smaller).  Timing figures are for comparison on one machine, not pass/fail.
+alone (best of ``--repeat``), its CPU seconds (user + system of all the child's
+threads during the export, the least of ``--repeat``; each run's pair is printed
+too), peak RSS of the process and the peak minus the RSS after imports, and the
+ratios wsitool / pyvips (below 1: wsitool is faster or smaller).  On a loaded
+machine the wall ratio drifts with the other work; the CPU ratio does not.
+
+``--baseline DIR``: a third tool, ``baseline``, the wsitool of another checkout
+(``DIR`` holds its ``wsitool`` package with the compiled helpers built, e.g.
+``git archive HEAD wsitool | tar -x -C DIR`` plus the ``.so`` files), run in the
+same rounds, so that a change is measured before/after in one interleaved run.
+Timing figures are for comparison on one machine, not pass/fail.
 
 If pyvips or libvips is missing (``pip install pyvips pyvips-binary``), or libvips
 cannot read the slide (for example Aperio JPEG 2000 tiles, which libtiff does not
@@ -53,6 +62,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,20 +75,27 @@ def _rss_now() -> int:
     return 0
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system, all threads) this process has used so far."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _child(args: argparse.Namespace) -> None:
     """Run one export in this process and print a JSON line with the figures."""
     out_dir = Path(args.out_dir)
-    if args.tool == "wsitool":
-        sys.path.insert(0, str(REPO))
+    if args.tool in ("wsitool", "baseline"):
+        sys.path.insert(0, str(REPO if args.tool == "wsitool" else Path(args.baseline)))
         from wsitool.export import export_pyramid
 
         base = _rss_now()
         name = {"tiff": "out.svs", "ome-tiff": "out.ome.tif", "dzi": "out.dzi",
                 "passthrough": "out.svs", "tiff-source-levels": "out.svs"}[args.format]
         fmt = "tiff" if args.format in ("passthrough", "tiff-source-levels") else args.format
-        extra = {"compression": "copy"} if args.format == "passthrough" else {}
+        extra: dict[str, Any] = {"compression": "copy"} if args.format == "passthrough" else {}
         if args.format == "tiff-source-levels":
             extra = {"from_source_levels": True}
+        c0 = _cpu()
         t0 = time.perf_counter()
         export_pyramid(args.slide, out_dir / name, format=fmt, tile_size=args.tile_size,
                        quality=args.quality, overlap=1 if args.format == "dzi" else 0,
@@ -89,6 +106,7 @@ def _child(args: argparse.Namespace) -> None:
         import pyvips
 
         base = _rss_now()
+        c0 = _cpu()
         t0 = time.perf_counter()
         image = pyvips.Image.new_from_file(args.slide, access="sequential")
         if image.bands == 4:
@@ -101,9 +119,10 @@ def _child(args: argparse.Namespace) -> None:
                            Q=args.quality, tile_width=args.tile_size, tile_height=args.tile_size,
                            subifd=args.format == "ome-tiff", bigtiff=False)
         seconds = time.perf_counter() - t0
+    cpu = _cpu() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     size = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
-    print(json.dumps({"seconds": seconds, "peak_rss": peak, "base_rss": base, "bytes": size}))
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_rss": peak, "base_rss": base, "bytes": size}))
 
 
 def _run(tool: str, slide: str, fmt: str, opts: argparse.Namespace) -> dict:
@@ -112,6 +131,8 @@ def _run(tool: str, slide: str, fmt: str, opts: argparse.Namespace) -> dict:
         cmd = [sys.executable, __file__, "--child", tool, slide, "--format", fmt,
                "--tile-size", str(opts.tile_size), "--quality", str(opts.quality),
                "--threads", str(opts.threads), "--out-dir", str(out_dir)]
+        if tool == "baseline":
+            cmd += ["--baseline", opts.baseline]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
         if proc.returncode != 0:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
@@ -130,6 +151,8 @@ def _best(runs: list[dict]) -> dict:
         return runs[0]
     best = dict(min(ok, key=lambda r: r["seconds"]))
     best["peak_rss"] = max(r["peak_rss"] for r in ok)
+    best["cpu"] = min(r["cpu"] for r in ok)  # (the least CPU of the runs, as the least wall time)
+    best["runs"] = [(round(r["seconds"], 2), round(r["cpu"], 2)) for r in ok]
     return best
 
 
@@ -166,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--work-dir", default=None, help="folder for the temporary outputs")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    p.add_argument("--baseline", default=None, metavar="DIR",
+                   help="also run the wsitool of another checkout (its compiled helpers built), "
+                        "interleaved, as the tool 'baseline': a before/after comparison in one run")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -192,18 +218,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cpus {os.cpu_count()}  load average before {_load()}  libvips shrinks from level 0; so does "
           "wsitool except tiff-source-levels (the source's own 2**k levels) and passthrough")
     results = {}
-    header = f"{'format':18} {'tool':8} {'seconds':>8} {'peak RSS MB':>12} {'above import MB':>16} {'output MB':>10}"
+    header = (f"{'format':18} {'tool':8} {'seconds':>8} {'CPU s':>7} {'peak RSS MB':>12} "
+              f"{'above import MB':>16} {'output MB':>10}")
     print(header)
     for fmt in formats:
         opts = argparse.Namespace(**vars(args))
         opts.tile_size = args.tile_size or (254 if fmt == "dzi" else 256)
-        row = _interleaved(["wsitool", "pyvips"] if have_vips else ["wsitool"], args.slide, fmt, opts)
+        tools = ["wsitool"] + (["baseline"] if args.baseline else []) + (["pyvips"] if have_vips else [])
+        row = _interleaved(tools, args.slide, fmt, opts)
         for tool, r in row.items():
             if "error" in r:
                 print(f"{fmt:18} {tool:8} failed: {r['error']}")
             else:
-                print(f"{fmt:18} {tool:8} {r['seconds']:8.2f} {r['peak_rss'] / 1e6:12.1f} "
-                      f"{(r['peak_rss'] - r['base_rss']) / 1e6:16.1f} {r['bytes'] / 1e6:10.2f}")
+                print(f"{fmt:18} {tool:8} {r['seconds']:8.2f} {r['cpu']:7.2f} {r['peak_rss'] / 1e6:12.1f} "
+                      f"{(r['peak_rss'] - r['base_rss']) / 1e6:16.1f} {r['bytes'] / 1e6:10.2f}  "
+                      f"runs (s, CPU s): {r['runs']}")
         w, v = row["wsitool"], row.get("pyvips")
         if v and "error" not in v and "error" not in w:
             row["ratios"] = {
@@ -212,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                 "rss_above_import": (w["peak_rss"] - w["base_rss"]) / max(1, v["peak_rss"] - v["base_rss"]),
             }
             r = row["ratios"]
+            r["cpu"] = w["cpu"] / v["cpu"]
             print(f"{fmt:18} ratio wsitool/pyvips: time {r['time']:.2f}x (target <= {TARGETS[fmt]}x)  "
+                  f"CPU {r['cpu']:.2f}x  "
                   f"peak RSS {r['peak_rss']:.2f}x  RSS above imports {r['rss_above_import']:.2f}x "
                   "(target <= 1.0x)")
         results[fmt] = row
