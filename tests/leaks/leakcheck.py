@@ -333,6 +333,36 @@ def path_scaled_pillow(rng, stack):
     return _levels_reader(NDPI, rng, stack, (4, 5, 6), (8, 60)), "wsitool.codec.generic:decode_scaled"
 
 
+def _script(name: str):
+    """The module ``scripts/<name>.py`` (fixture generators)."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    return importlib.import_module(name)
+
+
+def _no_decoded_cache(stack) -> None:
+    """Keep no decoded mosaic image (every read decodes again: the path's decoder runs each step)."""
+    from wsitool.mosaic import DecodedImages
+
+    put = DecodedImages.put
+    DecodedImages.put = lambda self, key, arr: None
+    stack.callback(setattr, DecodedImages, "put", put)
+
+
+def path_mosaic_mirax(rng, stack):
+    """MIRAX camera images (JPEG, PNG and BMP levels of ``scripts/make_mirax_samples.py``'s
+    stitching fixture) painted into mosaic levels' tiles, the decoded-image cache off."""
+    gen = _script("make_mirax_samples")
+    source = SHARED_SAMPLES / "aperio-cmu1-small-region-jpeg.svs"
+    if not source.is_file():
+        raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {source.name})")
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="leak-mirax-")))
+    path = gen.mirax_stitching(folder, source)
+    _no_decoded_cache(stack)
+    return _levels_reader(path, rng, stack, levels=(0, 1, 2), sizes=(48, 256)), "wsitool.codec.mosaic:decode_image"
+
+
 def path_associated(rng, stack):
     """Associated images (thumbnail, label, macro), decoded anew on each step."""
     import wsitool
@@ -534,6 +564,7 @@ PATHS = {
     "export": path_export,
     "serve": path_serve,
     "openslide": path_openslide,
+    "mosaic-mirax": path_mosaic_mirax,
 }
 
 
