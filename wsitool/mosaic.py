@@ -131,7 +131,7 @@ class Mosaic:
 
     def __init__(self, *, sources: Sequence[Any], codecs: Sequence[str], images: dict[str, np.ndarray],
                  places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages,
-                 jpeg_prefix: bytes = b""):
+                 jpeg_prefix: bytes = b"", rgb24_whole: bool = False):
         self.sources = tuple(sources)
         self.codecs = tuple(codecs)
         self.image_source = images["source"]
@@ -151,6 +151,7 @@ class Mosaic:
         self.dtype = np.dtype(dtype)
         self.decoded = decoded
         self.jpeg_prefix = jpeg_prefix
+        self.rgb24_whole = rgb24_whole
         self._token = next(_TOKENS)
         self._build_index()
 
@@ -330,8 +331,9 @@ class MosaicBuilder:
     """
 
     def __init__(self, samples: int = 3, dtype: Any = np.uint8, cache_bytes: int = DECODED_CACHE_BYTES,
-                 decoded: DecodedImages | None = None, jpeg_prefix: bytes = b""):
+                 decoded: DecodedImages | None = None, jpeg_prefix: bytes = b"", rgb24_whole: bool = False):
         self.samples = samples
+        self.rgb24_whole = rgb24_whole
         self.jpeg_prefix = jpeg_prefix
         self.dtype = np.dtype(dtype)
         self.cache_bytes = cache_bytes
@@ -408,4 +410,4 @@ class MosaicBuilder:
         return Mosaic(sources=self._sources, codecs=self._codecs, images=images, places=places,
                       samples=self.samples, dtype=self.dtype,
                       decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes),
-                      jpeg_prefix=self.jpeg_prefix)
+                      jpeg_prefix=self.jpeg_prefix, rgb24_whole=self.rgb24_whole)
