@@ -383,8 +383,8 @@ class Level(LevelSizes):
         areas: ``(x, y, width, height)`` in level pixels of each image the level is composed
             of where OpenSlide paints them one by one (a Leica SCN's main images), in painting
             order; ``()`` for every other level.
-        mosaic: a mosaic level's :class:`wsitool.mosaic.Mosaic` (placed images: MIRAX, Ventana), which the
-            drop-in and Deep Zoom paint as OpenSlide does (:mod:`wsitool.codec.mosaic_blend`); else None.
+        _mosaic: internal: a mosaic level's :class:`wsitool.mosaic.Mosaic`, which the drop-in and Deep
+            Zoom paint as OpenSlide does (:mod:`wsitool.codec.mosaic_blend`); else None.
     """
 
     index: int
@@ -405,7 +405,7 @@ class Level(LevelSizes):
     channels: tuple[Channel, ...]
     mpp: tuple[float, float] | None
     areas: tuple[tuple[int, int, int, int], ...] = ()
-    mosaic: Any = dataclasses.field(default=None, repr=False, compare=False)
+    _mosaic: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, lv: PyramidLevel, level0: PyramidLevel, mpp: tuple[float, float] | None) -> Level:
@@ -416,7 +416,7 @@ class Level(LevelSizes):
                    tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
                    compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
                    compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled,
-                   areas=lv.areas, mosaic=lv.mosaic)
+                   areas=lv.areas, _mosaic=lv.mosaic)
 
 
 def wavelength_color(nm: float) -> tuple[int, int, int]:

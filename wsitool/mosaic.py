@@ -118,7 +118,9 @@ class Mosaic:
         sx, sy, w, h: ``(m,)`` int32 the painted rectangle of the decoded image.
         image: ``(m,)`` int64 the image each placement paints.
         fractional: True when some placement lies at a fractional position (painted at the
-            nearest pixel: OpenSlide blends there, so pixels may differ from its own).
+            nearest pixel; OpenSlide blends there, as the drop-in does: :mod:`wsitool.codec.mosaic_blend`).
+        rgb24_whole: True where OpenSlide paints a placement that shows its whole image from an
+            opaque RGB24 surface (MIRAX), which pixman may sample on its 8-bit path.
         bounds: ``(x0, y0, x1, y1)`` level pixels covered by some placement (the union's
             bounding box; the exact float extent is :meth:`float_bounds`), or None when empty.
         decoded: the :class:`DecodedImages` cache this mosaic keeps its decoded images in (its
@@ -320,6 +322,8 @@ class MosaicBuilder:
         jpeg_prefix: for ``"jpeg"`` images that are TIFF tiles sharing a JPEGTables tag: the
             bytes that replace each one's SOI (:func:`wsitool.ground.bitstream.jpeg_with_prefix`;
             a TIFF level's ``encoding.jpeg_prefix``).
+        rgb24_whole: OpenSlide paints whole images from opaque RGB24 surfaces (MIRAX; only the
+            drop-in's OpenSlide painting reads it, :attr:`Mosaic.rgb24_whole`).
 
     Example (a format)::
 

@@ -17,10 +17,19 @@ pixel).  Here each image is painted on its own:
   fills the alpha left, ``s * min(1, (1 - da) / sa) + d`` in float, stored back in 8 bits).  The
   mosaic's paint order puts that first-painted image on top, so the placements are painted in
   reverse paint order.
+* **8-bit path**: a MIRAX photo painted whole is an opaque RGB24 surface
+  (:attr:`wsitool.mosaic.Mosaic.rgb24_whole`); where every sample of the box cairo composites
+  (the photo's extents padded by 1/2 and rounded half up, within the destination surface) lies
+  inside the photo, pixman samples it on its 8-bit path instead: 7-bit weights
+  (``f >> 9``), each row ``l * (128 - wx) + r * wx``, then ``(top + ((bottom - top) * wy >> 7)) >> 7``,
+  composited with the 8-bit SATURATE.  A photo whose box reaches an edge of it (or a sub-tile
+  copy, ARGB32) takes the float path.
 * **Result**: premultiplied ARGB un-premultiplied as openslide-python does (``255 * c // a``).
 
-Every placement of a mosaic level is painted so, integer positions included, whenever the mosaic
-has a fractional placement (:attr:`wsitool.mosaic.Mosaic.fractional`).
+Every region of a mosaic level is painted so, except a whole-pixel region of a level whose images
+all lie at whole pixels (the plain read, :attr:`wsitool.mosaic.Mosaic.fractional` False).  Pixels
+OpenSlide would paint before the origin of a region that starts there (an image at negative level
+coordinates) are left transparent.
 """
 
 from __future__ import annotations
@@ -41,8 +50,10 @@ _TINY = np.finfo(np.float32).tiny
 
 def paint_openslide(level, lx: float, ly: float, w: int, h: int, margin: tuple[int, int] = (0, 0)) -> np.ndarray:
     """``(h, w, 4)`` uint8 RGBA (not premultiplied): mosaic level ``level`` (a
-    :class:`~wsitool.model.Level` whose ``mosaic`` is set, 3-sample uint8) painted at level
-    position ``(lx, ly)`` (floats) as OpenSlide paints it (module docstring); ``w``, ``h`` >= 0.
+    :class:`~wsitool.model.Level` whose ``_mosaic`` is set, 3-sample uint8) painted at level
+    position ``(lx, ly)`` (floats) as OpenSlide paints it (module docstring); ``w``, ``h`` >= 0;
+    ``margin``: the ``(x, y)`` pixels of OpenSlide's destination surface before this part (a region
+    starting before the origin), which bound the box it composites.
 
     Pixels no image reaches are ``(0, 0, 0, 0)``.  Memory: the output plus, per image, the float
     work of :data:`~wsitool.deepzoom.subpixel.BLEND_ROWS` rows of its overlap with the region.
@@ -51,7 +62,7 @@ def paint_openslide(level, lx: float, ly: float, w: int, h: int, margin: tuple[i
         TruncatedDataError: an image lies past the end of its file.
         TileDecodeError: an image could not be read or decoded.
     """
-    mosaic = level.mosaic
+    mosaic = level._mosaic
     x0, y0 = math.floor(lx), math.floor(ly)
     hits = mosaic.query(x0 - 2, y0 - 2, x0 + w + 2, y0 + h + 2)
     dest = np.zeros((h, w, 4), np.uint8)  # premultiplied, as cairo's surface
@@ -65,7 +76,7 @@ def paint_openslide(level, lx: float, ly: float, w: int, h: int, margin: tuple[i
 
 def _crop(level, p: int) -> np.ndarray:
     """The painted rectangle of placement ``p`` (``(h, w, 3)`` uint8)."""
-    mosaic = level.mosaic
+    mosaic = level._mosaic
     try:
         img = decode_image(mosaic, int(mosaic.image[p]))
     except MosaicImageError as exc:

@@ -31,7 +31,7 @@ so the openslide-python drop-in's ``read_region`` and the Deep Zoom tiles
 At whole-pixel positions (every level-0 region, exact downsamples at locations
 that are multiples of them) the result is the plain read.
 
-A mosaic level (:attr:`wsitool.Level.mosaic`: MIRAX, overlapping Ventana tiles) is painted image
+A mosaic level (:mod:`wsitool.mosaic`: MIRAX, overlapping Ventana tiles) is painted image
 by image, each at its own offset from the piece (both may be fractional), the rule above per
 image (:mod:`wsitool.codec.mosaic_blend`, set with :func:`set_mosaic_painter`); whole-pixel
 regions of a level whose images all lie at whole pixels are the plain read.
@@ -74,8 +74,8 @@ _mosaic_painter: Callable[..., np.ndarray] | None = None
 
 def set_mosaic_painter(painter: Callable[..., np.ndarray] | None) -> None:
     """Set what paints a piece of a mosaic level with fractional placements:
-    ``painter(level, lx, ly, w, h)`` with ``level`` a :class:`~wsitool.model.Level` whose
-    ``mosaic`` is set, ``(lx, ly)`` the piece's level position (floats) and ``(w, h)`` its size,
+    ``painter(level, lx, ly, w, h, margin)`` with ``level`` a :class:`~wsitool.model.Level` whose
+    ``_mosaic`` is set, ``(lx, ly)`` the piece's level position (floats) and ``(w, h)`` its size,
     returning ``(h, w, 4)`` uint8 RGBA (:func:`wsitool.codec.mosaic_blend.paint_openslide`,
     set by :mod:`wsitool.slide`; the lower floors cannot import the decoders)."""
     global _mosaic_painter
@@ -126,7 +126,7 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
     w, h = int(size[0]), int(size[1])
     view = slide.levels[level]
     areas = view.areas
-    mosaic = getattr(view, "mosaic", None)
+    mosaic = getattr(view, "_mosaic", None)
     rgb = mosaic is not None and mosaic.samples == 3 and mosaic.dtype == np.uint8
     placed = _mosaic_painter if rgb else None
     if (w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0
