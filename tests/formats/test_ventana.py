@@ -12,6 +12,7 @@ import pytest
 import tifffile
 
 import wsitool
+from wsitool.deepzoom.subpixel import whole_pixel
 from wsitool.errors import CorruptFileError
 from wsitool.formats.tiff import ventana
 
@@ -164,6 +165,8 @@ def test_the_native_read_keeps_the_nearest_pixel_on_fractional_levels(made):
         blended = np.asarray(w.read_region((0, 0), 2, (lv.width, lv.height)))
         assert set(np.unique(native[..., 3]).tolist()) <= {0, 255}
         assert not np.array_equal(native, blended)
+        # (a Deep Zoom tile there is blended, and its memory bound counts it so)
+        assert not whole_pixel(slide, (0, 0), 2) and whole_pixel(slide, (0, 0), 0)
 
 
 @pytest.mark.parametrize("areas, why", [

@@ -100,7 +100,11 @@ def _exact(t: float) -> bool:
 
 def whole_pixel(slide, location, level: int) -> bool:
     """Whether OpenSlide copies stored pixels (no blending) for a region at
-    ``location`` on ``level`` no wider or taller than :data:`PIECE`."""
+    ``location`` on ``level`` no wider or taller than :data:`PIECE` (never on a mosaic level
+    with images at fractional positions: each is blended)."""
+    mosaic = getattr(slide.levels[level], "_mosaic", None)
+    if mosaic is not None and mosaic.fractional:
+        return False
     ds = slide.level_downsamples[level]
     return all(v < 0 or _exact(v / ds) for v in location[:2])
 
