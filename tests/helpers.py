@@ -391,6 +391,26 @@ def assert_reads_equal_openslide(o, w, seed: int = 50, regions: int = 12) -> Non
         assert np.array_equal(np.asarray(w.associated_images[image]), np.asarray(o.associated_images[image]))
 
 
+def assert_offgrid_reads_equal_openslide(o, w, seed: int = 60, regions: int = 16) -> None:
+    """``read_region`` RGBA of ``w`` (wsitool's drop-in) equal to OpenSlide's ``o`` on every level
+    at level-0 locations off the level's grid (fractional level offsets, which OpenSlide samples
+    bilinearly): before the origin, across the far corner, the whole level and ``regions`` random
+    ones."""
+    rng = np.random.default_rng(seed)
+    for level, (width, height) in enumerate(o.level_dimensions):
+        ds = o.level_downsamples[level]
+        far_x, far_y = int((width - 60) * ds) + 1, int((height - 50) * ds) + 1
+        boxes = [((-37, -11), (120, 90)), ((-int(3 * ds) - 1, 3), (width + 9, 40)), ((far_x, far_y), (200, 170)),
+                 ((1, 1), (width, height))]
+        for _ in range(regions):
+            boxes.append(((int(rng.integers(-90, int(width * ds))), int(rng.integers(-90, int(height * ds)))),
+                          (int(rng.integers(1, 380)), int(rng.integers(1, 380)))))
+        for (x, y), size in boxes:
+            a = np.asarray(o.read_region((x, y), level, size))
+            b = np.asarray(w.read_region((x, y), level, size))
+            assert np.array_equal(a, b), (level, x, y, size, int(np.abs(a.astype(int) - b).max()))
+
+
 #: put before a child's code by :func:`child_peak_rss`: at exit, the child writes its own peak RSS
 #: (VmHWM, KiB) to the file named by its last argument
 _PEAK_PROLOGUE = '''

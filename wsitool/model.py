@@ -353,8 +353,7 @@ class PyramidLevel(LevelSizes):
         )
 
 
-#: ``(wavelength nm, (r, g, b))`` anchors of :func:`wavelength_color`, linearly
-#: interpolated between them (violet, blue, cyan, green, yellow, red; red above).
+#: ``(nm, (r, g, b))`` anchors of :func:`wavelength_color`, linear between them (violet .. red; red above).
 _SPECTRUM = ((380.0, (130, 0, 200)), (440.0, (0, 0, 255)), (490.0, (0, 255, 255)),
              (510.0, (0, 255, 0)), (580.0, (255, 255, 0)), (645.0, (255, 0, 0)))
 
@@ -384,6 +383,8 @@ class Level(LevelSizes):
         areas: ``(x, y, width, height)`` in level pixels of each image the level is composed
             of where OpenSlide paints them one by one (a Leica SCN's main images), in painting
             order; ``()`` for every other level.
+        _mosaic: internal: a mosaic level's :class:`wsitool.mosaic.Mosaic`, which the drop-in and Deep
+            Zoom paint as OpenSlide does (:mod:`wsitool.codec.mosaic_blend`); else None.
     """
 
     index: int
@@ -404,6 +405,7 @@ class Level(LevelSizes):
     channels: tuple[Channel, ...]
     mpp: tuple[float, float] | None
     areas: tuple[tuple[int, int, int, int], ...] = ()
+    _mosaic: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, lv: PyramidLevel, level0: PyramidLevel, mpp: tuple[float, float] | None) -> Level:
@@ -414,7 +416,7 @@ class Level(LevelSizes):
                    tiles_down=lv.tiles_down, tiled=lv.tiled, samples=lv.samples, dtype=np.dtype(lv.dtype),
                    compression=lv.compression, photometric=lv.photometric, decoder=lv.decoder,
                    compression_problem=lv.compression_problem, channels=tuple(lv.channels), mpp=scaled,
-                   areas=lv.areas)
+                   areas=lv.areas, _mosaic=lv.mosaic)
 
 
 def wavelength_color(nm: float) -> tuple[int, int, int]:
@@ -433,10 +435,9 @@ def wavelength_color(nm: float) -> tuple[int, int, int]:
 
 def channel_color(index: int, count: int, emission_nm: float | None = None,
                   excitation_nm: float | None = None) -> tuple[tuple[int, int, int], str]:
-    """``(colour, source)`` of channel ``index`` of ``count`` that has no colour of its own:
-    from its emission wavelength, else its excitation wavelength
-    (:func:`wavelength_color`; source ``"wavelength"``), else white for a single channel
-    or :data:`DEFAULT_CHANNEL_COLORS` in order, white past its end (``"default"``)."""
+    """``(colour, source)`` of channel ``index`` of ``count`` that has no colour of its own: from its
+    emission wavelength, else its excitation wavelength (:func:`wavelength_color`; source ``"wavelength"``),
+    else white for a single channel or :data:`DEFAULT_CHANNEL_COLORS` in order, white past its end (``"default"``)."""
     for nm in (emission_nm, excitation_nm):
         if nm is not None and nm > 0:
             return wavelength_color(nm), "wavelength"
@@ -450,9 +451,8 @@ def multichannel_level(planes: Sequence[PyramidLevel], channels: Sequence[Channe
     index, size, tile size and dtype; their ``plane`` is set here), described by ``channels``.
 
     Raises:
-        ValueError: no planes, a plane count other than the channel count, planes of
-            several sizes, tile sizes or dtypes, or a plane of more than one sample
-            (a format bug, not a file problem: formats check first).
+        ValueError: no planes, a plane count other than the channel count, planes of several sizes,
+            tile sizes or dtypes, or a plane of more than one sample (a format bug: formats check first).
     """
     if not planes or len(planes) != len(channels):
         raise ValueError(f"{len(planes)} plane(s) for {len(channels)} channel(s)")

@@ -119,7 +119,9 @@ class Mosaic:
         sx, sy, w, h: ``(m,)`` int32 the painted rectangle of the decoded image.
         image: ``(m,)`` int64 the image each placement paints.
         fractional: True when some placement lies at a fractional position (painted at the
-            nearest pixel: OpenSlide blends there, so pixels may differ from its own).
+            nearest pixel; OpenSlide blends there, as the drop-in does: :mod:`wsitool.codec.mosaic_blend`).
+        rgb24_whole: True where OpenSlide paints a placement that shows its whole image from an
+            opaque RGB24 surface (MIRAX), which pixman may sample on its 8-bit path.
         bounds: ``(x0, y0, x1, y1)`` level pixels covered by some placement (the union's
             bounding box; the exact float extent is :meth:`float_bounds`), or None when empty.
         decoded: the :class:`DecodedImages` cache this mosaic keeps its decoded images in (its
@@ -132,7 +134,7 @@ class Mosaic:
 
     def __init__(self, *, sources: Sequence[Any], codecs: Sequence[str], images: dict[str, np.ndarray],
                  places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages,
-                 jpeg_prefix: bytes = b""):
+                 jpeg_prefix: bytes = b"", rgb24_whole: bool = False):
         self.sources = tuple(sources)
         self.codecs = tuple(codecs)
         self.image_source = images["source"]
@@ -152,6 +154,7 @@ class Mosaic:
         self.dtype = np.dtype(dtype)
         self.decoded = decoded
         self.jpeg_prefix = jpeg_prefix
+        self.rgb24_whole = rgb24_whole
         self._token = next(_TOKENS)
         self._build_index()
 
@@ -320,6 +323,8 @@ class MosaicBuilder:
         jpeg_prefix: for ``"jpeg"`` images that are TIFF tiles sharing a JPEGTables tag: the
             bytes that replace each one's SOI (:func:`wsitool.ground.bitstream.jpeg_with_prefix`;
             a TIFF level's ``encoding.jpeg_prefix``).
+        rgb24_whole: OpenSlide paints whole images from opaque RGB24 surfaces (MIRAX; only the
+            drop-in's OpenSlide painting reads it, :attr:`Mosaic.rgb24_whole`).
 
     Example (a format)::
 
@@ -331,8 +336,9 @@ class MosaicBuilder:
     """
 
     def __init__(self, samples: int = 3, dtype: Any = np.uint8, cache_bytes: int = DECODED_CACHE_BYTES,
-                 decoded: DecodedImages | None = None, jpeg_prefix: bytes = b""):
+                 decoded: DecodedImages | None = None, jpeg_prefix: bytes = b"", rgb24_whole: bool = False):
         self.samples = samples
+        self.rgb24_whole = rgb24_whole
         self.jpeg_prefix = jpeg_prefix
         self.dtype = np.dtype(dtype)
         self.cache_bytes = cache_bytes
@@ -483,4 +489,4 @@ class MosaicBuilder:
         return Mosaic(sources=self._sources, codecs=self._codecs, images=images, places=places,
                       samples=self.samples, dtype=self.dtype,
                       decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes),
-                      jpeg_prefix=self.jpeg_prefix)
+                      jpeg_prefix=self.jpeg_prefix, rgb24_whole=self.rgb24_whole)

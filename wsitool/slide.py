@@ -25,6 +25,8 @@ import numpy as np
 
 from . import model
 from .codec.associated import decode_associated
+from .codec.mosaic_blend import paint_openslide
+from .deepzoom.subpixel import set_mosaic_painter
 from .errors import InvalidOptionError, InvalidRegionError, SlideWarning
 from .ground.naming import attach
 from .metadata import SlideMetadata
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     import dask.array
 
 __all__ = ["Level", "Slide", "open_slide", "pyramid_levels"]
+
+set_mosaic_painter(paint_openslide)  # (the drop-in's and Deep Zoom's OpenSlide painting of mosaic levels)
 
 #: ``(x, y)`` or ``(width, height)``: two integers.
 Pair = Sequence[int]

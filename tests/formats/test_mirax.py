@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import wsitool
+from wsitool.codec import mosaic as codec_mosaic
 from wsitool.errors import CorruptFileError, TileDecodeError, TruncatedDataError, UnsupportedFormatError
 from wsitool.formats.mirax import slidedat
 from wsitool.storage.local import LocalFile
 
-from helpers import assert_reads_equal_openslide
+from helpers import assert_offgrid_reads_equal_openslide, assert_reads_equal_openslide
 
 openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
@@ -85,21 +86,39 @@ def test_regions_on_every_level_equal_openslide(mirax_made, name):
         assert_reads_equal_openslide(o, w, seed=51, regions=10)
 
 
-def test_fractional_positions_within_a_documented_tolerance(mirax_made):
-    """``mirax-nominal`` level 2 places photos at half pixels: OpenSlide samples them bilinearly,
-    wsitool paints them at the nearest pixel (a mosaic's rule): the same coverage, pixels close
-    (mean absolute difference under 8 of 255; measured 4.2); levels 0 and 1 are exact."""
-    path = str(mirax_made["mirax_nominal"])
+@pytest.mark.parametrize("name", FIXTURES)
+def test_regions_at_fractional_offsets_equal_openslide(mirax_made, name):
+    """Regions at level-0 locations off each level's grid, on every level (``mirax-nominal``'s level
+    2 places its photos at half pixels, too): OpenSlide's cairo painting, exactly: each photo
+    sampled bilinearly at its own offset (pixman's float path, or its 8-bit one where a whole
+    photo's samples all lie inside it: ``mirax-vimslide`` level 1), the first painted kept."""
+    path = str(mirax_made[name])
     with openslide.OpenSlide(path) as o, wo.OpenSlide(path) as w:
-        for level, (width, height) in enumerate(o.level_dimensions):
-            a = np.asarray(o.read_region((0, 0), level, (width, height))).astype(int)
-            b = np.asarray(w.read_region((0, 0), level, (width, height))).astype(int)
-            assert np.array_equal(a[..., 3], b[..., 3])
-            diff = np.abs(a - b)[..., :3]
-            if level < 2:
-                assert not diff.any(), level
-            else:
-                assert 0 < diff.mean() < 8
+        assert_offgrid_reads_equal_openslide(o, w, seed=61)
+
+
+def test_the_native_read_paints_fractional_positions_at_the_nearest_pixel(mirax_made):
+    """``Slide.read_region`` keeps its documented rule on ``mirax-nominal`` level 2 (photos at half
+    pixels): each placement's pixels copied at ``floor(x + 0.5)``, no blending (the drop-in blends)."""
+    path = str(mirax_made["mirax_nominal"])
+    with wsitool.open_slide(path) as slide, wo.OpenSlide(path) as w:
+        lv = wsitool.slide.pyramid_levels(slide)[2]
+        mosaic = lv.mosaic
+        assert mosaic.fractional
+        native = slide.read_region((0, 0), 2, (lv.width, lv.height), mode="rgba")
+        frac = np.flatnonzero((mosaic.x != mosaic.px) | (mosaic.y != mosaic.py))
+        p = int(frac[-1])  # (the last painted at a fractional position: its visible part checked)
+        px, py, sx, sy = (int(v[p]) for v in (mosaic.px, mosaic.py, mosaic.sx, mosaic.sy))
+        pw, ph = min(int(mosaic.w[p]), lv.width - px), min(int(mosaic.h[p]), lv.height - py)
+        seen = np.ones((ph, pw), bool)
+        for q in range(p + 1, len(mosaic.x)):  # (what later placements cover)
+            qx, qy = int(mosaic.px[q]) - px, int(mosaic.py[q]) - py
+            seen[max(0, qy):max(0, qy + int(mosaic.h[q])), max(0, qx):max(0, qx + int(mosaic.w[q]))] = False
+        assert seen.sum() > 100
+        image = codec_mosaic.decode_image(mosaic, int(mosaic.image[p]))[sy:sy + ph, sx:sx + pw]
+        assert np.array_equal(native[py:py + ph, px:px + pw, :3][seen], image[seen])
+        blended = np.asarray(w.read_region((0, 0), 2, (lv.width, lv.height)))
+        assert not np.array_equal(blended[py:py + ph, px:px + pw, :3][seen], image[seen])
 
 
 def test_slidedat_parser_follows_glib_as_openslide_reads_it(mirax_made, tmp_path):
@@ -246,7 +265,7 @@ def test_a_mirax_url_opens_its_folder_under_the_same_base(nginx_factory, mirax_m
                                           local.read_region((800, 600), level, (300, 260)))
 
 
-@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("name", FIXTURES)
 def test_deep_zoom_tiles_equal_openslide_and_patches_equal_regions(mirax_made, name):
     """The drop-in's Deep Zoom tiles are OpenSlide's; ``read_patches`` gives ``read_region``'s pixels."""
     from openslide.deepzoom import DeepZoomGenerator

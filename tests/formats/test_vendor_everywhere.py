@@ -24,11 +24,6 @@ from wsitool.cli import app
 #: scripts/make_mirax_samples.py's (``mirax_made``)
 VENDOR_FIXTURES = ["philips_multilevel", "philips_sparse", "ventana_bif", "ventana_overlap", "leica_brightfield",
                    "leica_two_main", "leica_offgrid", "leica_overlap", "mirax_vimslide", "mirax_stitching"]
-#: left out of the Deep Zoom comparison: levels whose images lie at fractional positions, which
-#: OpenSlide resamples and wsitool paints at the nearest pixel (test_ventana.py bounds that
-#: difference): on the four largest Deep Zoom levels a tile differs by a mean of up to 6.2 (0.6 on
-#: average), over this test's 2
-FRACTIONAL = {"ventana_overlap"}
 
 
 @pytest.fixture
@@ -102,7 +97,7 @@ def test_tiff_export_reads_back_as_the_source(fixture_path, name, tmp_path):
             assert np.array_equal(a, b), xy
 
 
-@pytest.mark.parametrize("name", [n for n in VENDOR_FIXTURES if n not in FRACTIONAL])
+@pytest.mark.parametrize("name", VENDOR_FIXTURES)
 def test_deep_zoom_tiles_equal_openslides_generator(fixture_path, name, serve_slides):
     httpx = pytest.importorskip("httpx")
     openslide = pytest.importorskip("openslide")

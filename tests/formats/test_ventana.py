@@ -12,10 +12,11 @@ import pytest
 import tifffile
 
 import wsitool
+from wsitool.deepzoom.subpixel import whole_pixel
 from wsitool.errors import CorruptFileError
 from wsitool.formats.tiff import ventana
 
-from helpers import assert_reads_equal_openslide, script_module, shared_sample
+from helpers import assert_offgrid_reads_equal_openslide, assert_reads_equal_openslide, script_module, shared_sample
 
 openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
@@ -138,25 +139,34 @@ def test_whole_pixel_levels_read_exactly_as_openslide(made, name):
 
 
 @pytest.mark.parametrize("name", MOSAICS)
-def test_fractional_positions_within_a_documented_tolerance(made, name):
-    """Levels whose tile step is fractional (126.5 and 63.25 px; 63.5): OpenSlide's cairo
-    resamples the tiles there, wsitool paints them at the nearest pixel (a mosaic's rule). The
-    coverage is OpenSlide's (alpha equal wherever OpenSlide's is 0 or 255; partial only along the
-    fractional edges of the areas) and the pixels close: mean absolute difference under 4 of 255
-    where both are opaque (measured 2.3, 1.7 and 1.2)."""
+def test_fractional_levels_equal_openslide_exactly(made, name):
+    """Levels whose tile step is fractional (126.5 and 63.25 px; 63.5), and regions off every
+    level's grid: the drop-in paints each tile at its own fractional offset as OpenSlide's cairo
+    does (bilinear, pixman's float path, the first painted tile kept, partial alpha along the
+    areas' fractional edges): OpenSlide's pixels, exactly."""
     _, exact = MOSAICS[name]
     path = str(made[name])
     with openslide.OpenSlide(path) as o, wo.OpenSlide(path) as w:
         for level, (width, height) in enumerate(o.level_dimensions):
-            if level in exact:
-                continue
-            a = np.asarray(o.read_region((0, 0), level, (width, height))).astype(int)
-            b = np.asarray(w.read_region((0, 0), level, (width, height))).astype(int)
-            full = (a[..., 3] == 0) | (a[..., 3] == 255)
-            assert np.array_equal(a[..., 3][full], b[..., 3][full]), level
-            assert 0 < (~full).sum() < 2 * (width + height), level
-            opaque = (a[..., 3] == 255) & (b[..., 3] == 255)
-            assert 0 < np.abs(a - b)[..., :3][opaque].mean() < 4, level
+            a = np.asarray(o.read_region((0, 0), level, (width, height)))
+            assert np.array_equal(a, np.asarray(w.read_region((0, 0), level, (width, height)))), level
+            partial = (a[..., 3] > 0) & (a[..., 3] < 255)
+            assert partial.any() == (level not in exact), level
+        assert_offgrid_reads_equal_openslide(o, w, seed=62)
+
+
+def test_the_native_read_keeps_the_nearest_pixel_on_fractional_levels(made):
+    """``Slide.read_region`` paints a fractional level's tiles at the nearest pixel (its documented
+    mosaic rule): fully opaque or transparent, where the drop-in blends the fractional edges."""
+    path = str(made["ventana_overlap"])
+    with wsitool.open_slide(path) as slide, wo.OpenSlide(path) as w:
+        lv = slide.levels[2]
+        native = slide.read_region((0, 0), 2, (lv.width, lv.height), mode="rgba")
+        blended = np.asarray(w.read_region((0, 0), 2, (lv.width, lv.height)))
+        assert set(np.unique(native[..., 3]).tolist()) <= {0, 255}
+        assert not np.array_equal(native, blended)
+        # (a Deep Zoom tile there is blended, and its memory bound counts it so)
+        assert not whole_pixel(slide, (0, 0), 2) and whole_pixel(slide, (0, 0), 0)
 
 
 @pytest.mark.parametrize("areas, why", [

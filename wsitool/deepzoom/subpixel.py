@@ -31,6 +31,11 @@ so the openslide-python drop-in's ``read_region`` and the Deep Zoom tiles
 At whole-pixel positions (every level-0 region, exact downsamples at locations
 that are multiples of them) the result is the plain read.
 
+A mosaic level (:mod:`wsitool.mosaic`: MIRAX, overlapping Ventana tiles) is painted image
+by image, each at its own offset from the piece (both may be fractional), the rule above per
+image (:mod:`wsitool.codec.mosaic_blend`, set with :func:`set_mosaic_painter`); whole-pixel
+regions of a level whose images all lie at whole pixels are the plain read.
+
 A level that lists ``areas`` (a Leica SCN's main images, :attr:`wsitool.Level.areas`) is
 painted as OpenSlide's Leica reader paints it: each area on its own, in order, at the whole
 level pixel ``trunc(x / ds - ax) + ax`` (``ax`` the area's offset: the fraction dropped toward
@@ -43,12 +48,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from ..ground.geometry import level0_coordinate
 
-__all__ = ["read_openslide_rgba", "whole_pixel", "PIECE", "BLEND_BYTES_PER_PIXEL"]
+__all__ = ["read_openslide_rgba", "whole_pixel", "set_mosaic_painter", "PIECE", "BLEND_BYTES_PER_PIXEL"]
 
 #: OpenSlide paints a region in pieces of at most PIECE x PIECE level pixels
 PIECE = 4096
@@ -61,6 +67,20 @@ BAND_ROWS = 512
 #: output rows whose float work (``BLEND_BYTES_PER_PIXEL`` a pixel at most) is done at once
 BLEND_ROWS = 128
 _INV255 = np.float32(1) / np.float32(255)   # pixman's 8-bit -> float factor (float32)
+
+
+#: paints a mosaic level's piece: ``(level view, lx, ly, w, h) -> (h, w, 4) uint8 RGBA``
+_mosaic_painter: Callable[..., np.ndarray] | None = None
+
+
+def set_mosaic_painter(painter: Callable[..., np.ndarray] | None) -> None:
+    """Set what paints a piece of a mosaic level with fractional placements:
+    ``painter(level, lx, ly, w, h, margin)`` with ``level`` a :class:`~wsitool.model.Level` whose
+    ``_mosaic`` is set, ``(lx, ly)`` the piece's level position (floats) and ``(w, h)`` its size,
+    returning ``(h, w, 4)`` uint8 RGBA (:func:`wsitool.codec.mosaic_blend.paint_openslide`,
+    set by :mod:`wsitool.slide`; the lower floors cannot import the decoders)."""
+    global _mosaic_painter
+    _mosaic_painter = painter
 
 
 def _offset(t: float) -> tuple[int, int]:
@@ -81,7 +101,11 @@ def _exact(t: float) -> bool:
 
 def whole_pixel(slide, location, level: int) -> bool:
     """Whether OpenSlide copies stored pixels (no blending) for a region at
-    ``location`` on ``level`` no wider or taller than :data:`PIECE`."""
+    ``location`` on ``level`` no wider or taller than :data:`PIECE` (never on a mosaic level
+    with images at fractional positions: each is blended)."""
+    mosaic = getattr(slide.levels[level], "_mosaic", None)
+    if mosaic is not None and mosaic.fractional:
+        return False
     ds = slide.level_downsamples[level]
     return all(v < 0 or _exact(v / ds) for v in location[:2])
 
@@ -105,9 +129,13 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
     ds = slide.level_downsamples[level]
     x, y = int(location[0]), int(location[1])
     w, h = int(size[0]), int(size[1])
-    areas = slide.levels[level].areas
+    view = slide.levels[level]
+    areas = view.areas
+    mosaic = getattr(view, "_mosaic", None)
+    rgb = mosaic is not None and mosaic.samples == 3 and mosaic.dtype == np.uint8
+    placed = _mosaic_painter if rgb else None
     if (w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0
-            and not areas):
+            and not areas and (mosaic is None or not mosaic.fractional or placed is None)):
         return slide.read_region((x, y), level, (w, h), mode="rgba", threads=threads)
     out = np.zeros((h, w, 4), np.uint8)
     tiles = slide.levels[level]
@@ -125,8 +153,12 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
                 sh -= ty
             if sw > 0 and sh > 0:
                 oy, ox = row * PIECE + ty, col * PIECE + tx
-                paint = _paint_areas(slide, sx / ds, sy / ds, level, sw, sh, areas, threads) if areas else \
-                    _paint(slide, sx / ds, sy / ds, level, sw, sh, grid, threads)
+                if placed is not None:
+                    paint = placed(view, sx / ds, sy / ds, sw, sh, (tx, ty))
+                elif areas:
+                    paint = _paint_areas(slide, sx / ds, sy / ds, level, sw, sh, areas, threads)
+                else:
+                    paint = _paint(slide, sx / ds, sy / ds, level, sw, sh, grid, threads)
                 out[oy:oy + sh, ox:ox + sw] = paint
     return out
 

@@ -208,7 +208,7 @@ def build_pyramid(kf: KeyFile, ini: bytes, sibling: Sibling) -> Pyramid:
     for k, (z, lp) in enumerate(zip(zooms, params, strict=True)):
         recs = idx.level_records(k)
         placed = place_level(recs, lp, k, grid, active)
-        b = MosaicBuilder(decoded=decoded)
+        b = MosaicBuilder(decoded=decoded, rgb24_whole=True)  # (OpenSlide paints whole images as RGB24)
         srcs = [b.source(s) for s in data]
         for (col, row), (r, x, y, sx, sy) in sorted(placed.cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             _idx, off, length, fileno = (int(v) for v in recs[r])
