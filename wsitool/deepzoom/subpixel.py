@@ -133,7 +133,9 @@ def read_openslide_rgba(slide, location, level: int, size, threads: int | None =
     areas = view.areas
     mosaic = getattr(view, "_mosaic", None)
     rgb = mosaic is not None and mosaic.samples == 3 and mosaic.dtype == np.uint8
-    placed = _mosaic_painter if rgb else None
+    # (a level with areas, a Leica SCN's main images, is painted by its areas' rule even where they
+    # are a mosaic's tiles: OpenSlide never blends them)
+    placed = _mosaic_painter if rgb and not areas else None
     if (w <= PIECE and h <= PIECE and whole_pixel(slide, (x, y), level) and x >= 0 and y >= 0
             and not areas and (mosaic is None or not mosaic.fractional or placed is None)):
         return slide.read_region((x, y), level, (w, h), mode="rgba", threads=threads)
