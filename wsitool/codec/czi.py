@@ -1,0 +1,141 @@
+"""Decoding a Zeiss CZI subblock: its segment's bytes to pixels (floor 3).
+
+A CZI level is a mosaic (:mod:`wsitool.mosaic`) whose images are subblocks; each image's bytes
+are its whole ``ZISRAWSUBBLOCK`` segment (from its 32-byte segment header up to the next
+segment the file lists), so that where the pixel data starts (after the fixed fields, the
+directory entry padded to 256 bytes and the subblock's own metadata) is read from the bytes
+of the one read that fetches it, never at open.  The decoders, by codec name
+(:data:`CZI_CODECS`, ``czi-<compression>`` with ``-bgr`` where the colour samples are
+stored blue first, ``Bgr24`` and ``Bgr48``, reversed here to RGB order, or ``-bgra``:
+``Bgra32``, reversed and its alpha dropped, 3 samples):
+
+* ``czi-raw``: uncompressed little-endian samples, pixel-interleaved;
+* ``czi-zstd0``: a zstd frame holding them;
+* ``czi-zstd1``: a header (its length ``n`` in the first byte, 1 or 3; with 3, chunk type 1
+  and a flag byte whose bit 0 is *hi-lo packing*: the low byte of every 16-bit sample
+  stored first, then all the high bytes), then a zstd frame;
+* ``czi-jpegxr``: a JPEG XR stream (jxrlib through imagecodecs, whose format converter gives
+  a ``24bppBGR`` / ``32bppBGRA`` stream in RGB order: no ``-bgr`` variant);
+* ``czi-jpeg``: a JPEG stream (libjpeg-turbo through imagecodecs, RGB order; its frame header
+  is checked against the subblock's size first).
+
+Every decoder refuses a payload whose size disagrees with the subblock's (a zstd frame is
+never decompressed to more than the subblock's bytes) and raises :class:`ValueError` naming
+the problem.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import imagecodecs
+import numpy as np
+
+from ..ground.bitstream import jpeg_frame_size
+
+__all__ = ["CZI_CODECS", "payload", "unpack_hilo"]
+
+_SEGMENT = struct.Struct("<16sqq")
+
+
+def payload(segment: bytes) -> bytes:
+    """The pixel data of a ``ZISRAWSUBBLOCK`` segment's bytes (``segment``, from its header on).
+
+    Raises:
+        ValueError: not a subblock segment, cut short, or sizes that leave it.
+    """
+    if len(segment) < _SEGMENT.size + 48 or segment[:16].rstrip(b"\0") != b"ZISRAWSUBBLOCK":
+        raise ValueError("not a ZISRAWSUBBLOCK segment")
+    meta, attach, data = struct.unpack_from("<iiq", segment, _SEGMENT.size)
+    ndims = struct.unpack_from("<i", segment, _SEGMENT.size + 16 + 28)[0]
+    if not 0 <= ndims <= 64:
+        raise ValueError(f"subblock header lists {ndims} dimensions")
+    start = _SEGMENT.size + 16 + max(240, 32 + 20 * ndims) + meta
+    if meta < 0 or attach < 0 or data <= 0 or start + data > len(segment):
+        raise ValueError(f"subblock declares {data} data bytes after {meta} metadata bytes; the segment "
+                         f"holds {len(segment)}")
+    return segment[start:start + data]
+
+
+def unpack_hilo(data: bytes) -> bytes:
+    """Undo hi-lo packing: ``data`` is the low bytes of its 16-bit samples, then the high bytes.
+
+    Raises:
+        ValueError: an odd byte count.
+    """
+    if len(data) % 2:
+        raise ValueError(f"hi-lo packed data of an odd byte count ({len(data)})")
+    half = len(data) // 2
+    out = np.empty((half, 2), np.uint8)
+    out[:, 0] = np.frombuffer(data, np.uint8, half)
+    out[:, 1] = np.frombuffer(data, np.uint8, half, half)
+    return out.tobytes()
+
+
+def _samples(raw: bytes, width: int, height: int, samples: int, dtype: np.dtype, order: str) -> np.ndarray:
+    stored = 4 if order == "bgra" else samples
+    need = width * height * stored * dtype.itemsize
+    if len(raw) != need:
+        raise ValueError(f"{len(raw)} bytes of samples, {need} expected for {width}x{height}x{stored} {dtype}")
+    arr = np.frombuffer(raw, dtype.newbyteorder("<"), width * height * stored).reshape(height, width, stored)
+    if order:  # blue, green, red (, alpha): to red, green, blue
+        arr = arr[:, :, 2::-1]
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _zstd(data: bytes, need: int) -> bytes:
+    try:
+        return bytes(imagecodecs.zstd_decode(data, out=need))
+    except Exception as exc:
+        raise ValueError(f"zstd decode failed: {type(exc).__name__}: {exc}") from None
+
+
+Decoder = Callable[[bytes, int, int, int, np.dtype], np.ndarray]
+
+
+def _codec(kind: str, order: str) -> Decoder:
+    def decode(segment: bytes, width: int, height: int, samples: int, dtype: np.dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        data = payload(segment)
+        need = width * height * (4 if order == "bgra" else samples) * dtype.itemsize
+        if kind == "raw":
+            return _samples(data, width, height, samples, dtype, order)
+        if kind == "zstd0":
+            return _samples(_zstd(data, need), width, height, samples, dtype, order)
+        if kind == "zstd1":
+            size = data[0] if data else 0
+            if size not in (1, 3) or len(data) < size:
+                raise ValueError(f"zstd1 header of length {size}")
+            hilo = False
+            if size == 3:
+                if data[1] != 1:
+                    raise ValueError(f"zstd1 chunk type {data[1]}, 1 expected")
+                hilo = bool(data[2] & 1)
+            raw = _zstd(data[size:], need)
+            return _samples(unpack_hilo(raw) if hilo else raw, width, height, samples, dtype, order)
+        if kind == "jpeg":
+            size = jpeg_frame_size(data)
+            if size != (width, height):
+                raise ValueError(f"JPEG stream declares {size}, the subblock is {width}x{height}")
+        try:
+            arr = np.asarray(imagecodecs.jpeg8_decode(data) if kind == "jpeg" else imagecodecs.jpegxr_decode(data))
+        except Exception as exc:
+            raise ValueError(f"{kind} decode failed: {type(exc).__name__}: {exc}") from None
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if arr.shape[2] == 4 and samples == 3:  # (Bgra32: the alpha dropped)
+            arr = arr[:, :, :3]
+        if arr.shape != (height, width, samples) or arr.dtype != dtype:
+            raise ValueError(f"{kind} stream decodes to {arr.shape} {arr.dtype}, the subblock is "
+                             f"{(height, width, samples)} {dtype}")
+        return np.ascontiguousarray(arr)  # (jxrlib's and libjpeg's output is in RGB order already)
+    return decode
+
+
+#: The subblock decoders by codec name (module notes): ``decoder(segment bytes, width, height,
+#: samples, dtype) -> (height, width, samples) array of dtype``.
+CZI_CODECS: dict[str, Decoder] = {
+    **{f"czi-{kind}{'-' if order else ''}{order}": _codec(kind, order)
+       for kind in ("raw", "zstd0", "zstd1") for order in ("", "bgr", "bgra")},
+    "czi-jpegxr": _codec("jpegxr", ""), "czi-jpeg": _codec("jpeg", "")}
