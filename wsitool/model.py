@@ -286,6 +286,8 @@ class PyramidLevel(LevelSizes):
             are its first plane's (for what only describes the level).
         plane: in a plane of a multi-channel level, its channel index (the
             decoded-tile cache keys it apart from the other planes); else None.
+        mosaic: a :class:`wsitool.mosaic.Mosaic` (placed images) whose virtual tiles this
+            level reads (:func:`wsitool.mosaic.mosaic_level`), else None.
     """
 
     def __init__(self, *, index: int, width: int, height: int, downsample: float,
@@ -310,6 +312,7 @@ class PyramidLevel(LevelSizes):
         self.channels = tuple(channels)
         self.planes = None if planes is None else tuple(planes)
         self.plane = plane
+        self.mosaic: Any = None
 
     # the encoding's facts, read through (one place holds them)
     compression = property(lambda self: self.encoding.compression)

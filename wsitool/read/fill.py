@@ -33,7 +33,7 @@ from ..ground.geometry import TileJob
 from ..model import PyramidLevel
 from .cache import CacheScope
 from .channels import fill_channels
-from .plan import TilePlan
+from .plan import TilePlan, advise_mosaic
 from .request import ReadRequest
 from .threads import batch_size, run_jobs, run_threads, thread_count
 from .worker import BATCH_TILES, TileWorker, decode_tile
@@ -162,7 +162,11 @@ def _fill_cached(req: ReadRequest, plan: TilePlan, out: np.ndarray, pool: Decode
     lv, mode, on_error = req.level, req.mode, req.on_error
     jobs = plan.jobs()
     index = lv.cache_key  # the level's index, or (index, plane) for a channel's plane
-    if lv.tiles.planes == 1:
+    if lv.mosaic is not None:
+        tw, th = lv.tile_width, lv.tile_height
+        advise_mosaic(lv, [(j.col * tw, j.row * th, (j.col + 1) * tw, (j.row + 1) * th) for j in jobs
+                           if not cache.holds(index, j.col, j.row, mode)])
+    elif lv.tiles.planes == 1:
         offsets, counts, across = lv.tiles.offsets, lv.tiles.bytecounts, lv.tiles_across
         missing = [(int(offsets[k]), int(counts[k])) for k in (job.row * across + job.col for job in jobs
                                                                if not cache.holds(index, job.col, job.row, mode))

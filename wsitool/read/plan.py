@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from ..ground.geometry import TileJob, inside_rect, tile_jobs
 from ..model import PyramidLevel
 
-__all__ = ["TilePlan", "segment_ranges", "advise_blocks", "ends_one_column_into_a_tile"]
+__all__ = ["TilePlan", "segment_ranges", "advise_blocks", "advise_mosaic", "ends_one_column_into_a_tile"]
 
 
 class TilePlan:
@@ -139,3 +141,15 @@ def advise_blocks(lv: PyramidLevel, blocks: Iterable[tuple[int, int, int, int]],
     ranges = segment_ranges(lv, blocks)
     if ranges:
         lv.source.advise(ranges, ahead)
+
+
+def advise_mosaic(lv: PyramidLevel, rects: Iterable[tuple[int, int, int, int]], ahead: bool = False) -> None:
+    """Advise each byte source of mosaic level ``lv`` of the images the ``(x0, y0, x1, y1)``
+    rectangles (level pixels) need and its decoded-image cache does not hold.  Advisory only."""
+    mosaic = lv.mosaic
+    found = [mosaic.images_in(*r) for r in rects]
+    if not found:
+        return
+    images = [k for k in np.unique(np.concatenate(found)).tolist() if mosaic.decoded.get(k) is None]
+    for source, ranges in mosaic.ranges(np.asarray(images, np.int64)).items():
+        mosaic.sources[source].advise(sorted(ranges), ahead)

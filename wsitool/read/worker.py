@@ -33,6 +33,7 @@ from ..codec.failures import tile_failed
 from ..codec.generic import decode_array
 from ..codec.jpegloop import libjpeg_decoder
 from ..codec.library import decode_params, nv
+from ..codec.mosaic import paint
 from ..codec.nvdecode import check_decoded, count_decoded, decode_checked, decode_into, plan_decode
 from ..codec.paths import get_decode_paths
 from ..codec.pool import DecoderPool, ThreadState
@@ -191,6 +192,9 @@ class TileWorker:
         lv = self.lv
         col, row, src, (dx0, dy0, dx1, dy1) = job
         dst = self.out[dy0:dy1, dx0:dx1]
+        if lv.mosaic is not None:
+            self._mosaic(job, dst, state)
+            return
         if lv.encoding.codec == "nv":
             data = read_tile_stream(lv, row * lv.tiles_across + col, col, row, state)
             if data is None:
@@ -237,6 +241,25 @@ class TileWorker:
         dst[..., :3] = rgb
         if self.mode == "rgba":
             dst[..., 3] = 255 if alpha is None else alpha
+
+
+    def _mosaic(self, job: TileJob, dst: np.ndarray, state: ThreadState) -> None:
+        """A job of a mosaic level: its window painted from the placed images
+        (:func:`wsitool.codec.mosaic.paint`); unpainted pixels transparent (0, alpha 0)."""
+        lv = self.lv
+        painted = paint(lv, job.col, job.row, job.src, state)
+        if painted is None:
+            dst[...] = 0
+            return
+        pixels, covered = painted
+        if self.mode == "raw":
+            dst[...] = pixels
+            return
+        enc = lv.encoding
+        rgb, _alpha = to_rgb8(pixels, enc.photometric_code, enc.bits, enc.colormap, enc.extrasamples)
+        dst[..., :3] = rgb
+        if self.mode == "rgba":
+            dst[..., 3] = 255 if covered is None else covered * np.uint8(255)
 
 
 def decode_tile(lv: PyramidLevel, col: int, row: int, mode: str, pool: DecoderPool) -> np.ndarray:
