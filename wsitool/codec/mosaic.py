@@ -34,6 +34,7 @@ from ..errors import TileDecodeError
 from ..ground.bitstream import jpeg_frame_size
 from ..model import PyramidLevel
 from ..mosaic import Mosaic
+from .czi import CZI_CODECS
 from .pool import ThreadState
 from .strictjpeg import decode_jpeg
 
@@ -135,6 +136,7 @@ def _jpegxr(bgr: bool) -> Decoder:
 CODECS: dict[str, Decoder] = {
     "jpeg": _jpeg, "png": _png, "bmp": _bmp, "raw": _raw(False), "raw-bgr": _raw(True),
     "zstd": _zstd(False), "zstd-bgr": _zstd(True), "jpegxr": _jpegxr(False), "jpegxr-bgr": _jpegxr(True),
+    **CZI_CODECS,  # Zeiss CZI subblocks (their whole segment: :mod:`.czi`)
 }
 
 

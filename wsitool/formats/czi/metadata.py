@@ -101,6 +101,13 @@ def _double(text: str | None) -> float | None:
     return float(canonical) if _DOUBLE.fullmatch(canonical) else None
 
 
+def _text(value: float) -> str:
+    """A number as OpenSlide 4.0.1 writes these (GLib's shortest text that reads back the same:
+    ``20``, ``0.499``)."""
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
+
+
 def parse(xml: bytes) -> Metadata:
     """The :class:`Metadata` of the XML ``xml``.
 
@@ -124,12 +131,12 @@ def parse(xml: bytes) -> Metadata:
     for axis in ("x", "y"):
         mpp = _double(props.get(f"zeiss.Scaling.Items.{axis.upper()}.Value"))
         if mpp is not None:
-            props[f"openslide.mpp-{axis}"] = repr(mpp * 1e6)
+            props[f"openslide.mpp-{axis}"] = _text(mpp * 1e6)
     ref = props.get("zeiss.Information.Image.ObjectiveSettings.ObjectiveRef.Id")
     if ref is not None:
         power = _double(props.get(f"zeiss.Information.Instrument.Objectives.{ref}.NominalMagnification"))
         if power is not None:
-            props["openslide.objective-power"] = repr(power)
+            props["openslide.objective-power"] = _text(power)
     for info in root.iterfind("Metadata/AttachmentInfos/AttachmentInfo"):
         content = info.find("Label/Barcodes/Barcode/Content")
         if content is not None and content.text is not None:

@@ -190,17 +190,17 @@ def _directory(source: ByteSource, fh: BinaryIO, pos: int) -> tuple[Subblock, ..
     count = _count(source, start, used, _DIR_ENTRY_MIN, "ZISRAWDIRECTORY")
     if count > MAX_SUBBLOCKS:
         raise CorruptFileError(f"CZI: {count} subblocks, more than wsitool reads ({MAX_SUBBLOCKS})")
-    segment = _parsed(fh, pos, "subblock directory")
-    entries = getattr(segment, "entries", ())
+    parsed = _parsed(fh, pos, "subblock directory")
+    entries = getattr(parsed, "entries", ())
     return tuple(_entry(k, e) for k, e in enumerate(entries))
 
 
 def _attachments(source: ByteSource, fh: BinaryIO, pos: int) -> tuple[Attachment, ...]:
     start, used = segment(source, pos, "ZISRAWATTDIR")
     _count(source, start, used, _ATT_ENTRY, "ZISRAWATTDIR")
-    segment = _parsed(fh, pos, "attachment directory")
+    parsed = _parsed(fh, pos, "attachment directory")
     return tuple(Attachment(str(e.name), str(e.content_file_type), int(e.file_position))
-                 for e in getattr(segment, "entries", ()))
+                 for e in getattr(parsed, "entries", ()))
 
 
 def _metadata(source: ByteSource, pos: int) -> bytes:
