@@ -204,7 +204,9 @@ def _xml(size: tuple[int, int], scenes: int, pixel_type: str, channels: str = ""
         <ObjectiveSettings><ObjectiveRef Id="Objective:1" /></ObjectiveSettings>
       </Image>
       <Instrument>
-        <Microscopes><Microscope Id="Microscope:1" Name="Axioscan 7"><System>Axioscan 7</System></Microscope></Microscopes>
+        <Microscopes>
+          <Microscope Id="Microscope:1" Name="Axioscan 7"><System>Axioscan 7</System></Microscope>
+        </Microscopes>
         <Objectives>
           <Objective Id="Objective:1" Name="Plan-Apochromat 20x/0.8 M27">
             <NominalMagnification>20</NominalMagnification>

@@ -195,7 +195,9 @@ def test_fuzz_script_cli(tmp_path):
 
 def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
     """Without ``--files`` the fuzzer also mutates the Philips and Ventana layouts
-    (``scripts/make_vendor_samples.py``), written beside its faults so their recipes replay."""
+    (``scripts/make_vendor_samples.py``) and the Zeiss CZI ones (``scripts/make_czi_samples.py``),
+    written beside its faults so their recipes replay."""
+    import make_czi_samples
     import make_vendor_samples
 
     if not make_vendor_samples.SOURCE.is_file():
@@ -203,7 +205,8 @@ def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
     import wsitool
 
     seeds = fuzz.vendor_seeds(tmp_path / "vendor-seeds")
-    assert [p.parent for p in seeds] == [tmp_path / "vendor-seeds"] * len(make_vendor_samples.MAKERS)
+    count = len(make_vendor_samples.MAKERS) + len(make_czi_samples.MAKERS)
+    assert [p.parent for p in seeds] == [tmp_path / "vendor-seeds"] * count
     vendors = set()
     for path in seeds:
         try:
@@ -211,4 +214,4 @@ def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
                 vendors.add(slide.vendor)
         except wsitool.UnsupportedFormatError:  # (the overlapping BIF: refused, still a seed)
             vendors.add("refused")
-    assert vendors == {"philips", "ventana", "refused"}
+    assert vendors == {"philips", "ventana", "zeiss", "refused"}

@@ -128,8 +128,7 @@ class Slide(SlideMetadata):
                                          "carries its storage and format options")
             opened = path
         else:
-            fmt = None if scene is None else {"scene": scene}
-            opened = open_location(parse_location(path, storage_options, fmt))
+            opened = open_location(parse_location(path, storage_options, scene_options(scene)))
         self.location = opened.location
         self.identity = opened.identity
         self.path = opened.location.shown
@@ -387,6 +386,11 @@ class Slide(SlideMetadata):
 
     def __repr__(self) -> str:
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
+
+
+def scene_options(scene: int | None) -> dict[str, Any] | None:
+    """The format options of ``scene`` (:func:`open_slide`): ``{"scene": scene}``, or None."""
+    return None if scene is None else {"scene": scene}
 
 
 def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None = None,

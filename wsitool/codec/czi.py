@@ -14,7 +14,8 @@ stored blue first, ``Bgr24`` and ``Bgr48``, reversed here to RGB order, or ``-bg
 * ``czi-zstd1``: a header (its length ``n`` in the first byte, 1 or 3; with 3, chunk type 1
   and a flag byte whose bit 0 is *hi-lo packing*: the low byte of every 16-bit sample
   stored first, then all the high bytes), then a zstd frame;
-* ``czi-jpegxr``: a JPEG XR stream (jxrlib through imagecodecs, whose format converter gives
+* ``czi-jpegxr``: a JPEG XR stream (jxrlib through imagecodecs, after its container's declared
+  size is checked against the subblock's, :func:`jpegxr_size`; the format converter gives
   a ``24bppBGR`` / ``32bppBGRA`` stream in RGB order: no ``-bgr`` variant);
 * ``czi-jpeg``: a JPEG stream (libjpeg-turbo through imagecodecs, RGB order; its frame header
   is checked against the subblock's size first).
@@ -34,7 +35,7 @@ import numpy as np
 
 from ..ground.bitstream import jpeg_frame_size
 
-__all__ = ["CZI_CODECS", "payload", "unpack_hilo"]
+__all__ = ["CZI_CODECS", "payload", "unpack_hilo", "jpegxr_size"]
 
 _SEGMENT = struct.Struct("<16sqq")
 
@@ -56,6 +57,25 @@ def payload(segment: bytes) -> bytes:
         raise ValueError(f"subblock declares {data} data bytes after {meta} metadata bytes; the segment "
                          f"holds {len(segment)}")
     return segment[start:start + data]
+
+
+def jpegxr_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` a JPEG XR stream's container declares (ITU-T T.832 annex A: ``II``,
+    0xBC, version, the IFD offset; tags 0xBC80 ImageWidth and 0xBC81 ImageHeight), or None."""
+    if len(data) < 8 or data[:3] != b"II\xbc":
+        return None
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    if ifd + 2 > len(data):
+        return None
+    count = struct.unpack_from("<H", data, ifd)[0]
+    found: dict[int, int] = {}
+    for k in range(min(count, (len(data) - ifd - 2) // 12)):
+        tag, kind, _n, value = struct.unpack_from("<HHII", data, ifd + 2 + 12 * k)
+        if tag in (0xBC80, 0xBC81):
+            found[tag] = value & 0xFFFF if kind == 3 else value
+    if len(found) != 2:
+        return None
+    return found[0xBC80], found[0xBC81]
 
 
 def unpack_hilo(data: bytes) -> bytes:
@@ -104,20 +124,19 @@ def _codec(kind: str, order: str) -> Decoder:
         if kind == "zstd0":
             return _samples(_zstd(data, need), width, height, samples, dtype, order)
         if kind == "zstd1":
-            size = data[0] if data else 0
-            if size not in (1, 3) or len(data) < size:
-                raise ValueError(f"zstd1 header of length {size}")
+            head = data[0] if data else 0
+            if head not in (1, 3) or len(data) < head:
+                raise ValueError(f"zstd1 header of length {head}")
             hilo = False
-            if size == 3:
+            if head == 3:
                 if data[1] != 1:
                     raise ValueError(f"zstd1 chunk type {data[1]}, 1 expected")
                 hilo = bool(data[2] & 1)
-            raw = _zstd(data[size:], need)
+            raw = _zstd(data[head:], need)
             return _samples(unpack_hilo(raw) if hilo else raw, width, height, samples, dtype, order)
-        if kind == "jpeg":
-            size = jpeg_frame_size(data)
-            if size != (width, height):
-                raise ValueError(f"JPEG stream declares {size}, the subblock is {width}x{height}")
+        size = jpeg_frame_size(data) if kind == "jpeg" else jpegxr_size(data)
+        if size != (width, height):  # (before the decoder allocates for what the stream declares)
+            raise ValueError(f"{kind} stream declares {size}, the subblock is {width}x{height}")
         try:
             arr = np.asarray(imagecodecs.jpeg8_decode(data) if kind == "jpeg" else imagecodecs.jpegxr_decode(data))
         except Exception as exc:

@@ -151,8 +151,8 @@ class PlacedFormat(Format, Protocol):
     ``Data*.dat`` in a folder beside the ``.mrxs``) or takes options of its own (a CZI scene).
 
     The opener calls :meth:`open_placed` instead of ``open_pyramid``; an option the caller gives
-    that is not in :attr:`OPTIONS` is refused before the format is called.  Internal until a
-    format uses it (no shipped format does yet).
+    that is not in :attr:`OPTIONS` is refused before the format is called.  Zeiss CZI
+    (:mod:`wsitool.formats.czi`: the ``scene`` option) is one.
 
     Attributes:
         OPTIONS: the names of the options it takes.

@@ -16,7 +16,7 @@ location                            what the opener does
 :class:`~.location.DicomWebSeries`  ``open_dicomweb`` of the first series format
 ==================================  ===============================================================
 
-The formats are :data:`BUILT_IN` (TIFF, then DICOM) and those added with
+The formats are :data:`BUILT_IN` (TIFF, DICOM, then Zeiss CZI) and those added with
 :func:`register`: a new format is a module satisfying the contract, registered here, never a
 branch.  The opener also loads the decoders' library before the slide's files open (under a
 tight descriptor limit a later load would lose its CPU codecs, tests/test_os_resources.py;

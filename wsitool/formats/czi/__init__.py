@@ -24,7 +24,8 @@ from ...errors import InvalidOptionError
 from ...model import Pyramid, level_properties
 from ...storage import ByteSource
 from ..contract import Place
-from ..quickhash import KEY as QUICKHASH, feed_string
+from ..quickhash import KEY as QUICKHASH
+from ..quickhash import feed_string
 from . import layout, metadata, segments
 from .attachments import associated
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -149,11 +150,12 @@ def codec_name(sub: Subblock) -> str:
 def _extents(source: ByteSource, starts: Sequence[int]) -> dict[int, int]:
     """Each segment start's distance to the next start (or the end of the file)."""
     ordered = sorted(set(starts) | {source.size})
-    return {a: b - a for a, b in zip(ordered, ordered[1:], strict=False)}
+    return {a: b - a for a, b in pairwise(ordered)}
 
 
 def _mosaic_level(source: ByteSource, subs: Sequence[Subblock], index: int, ds: int, cv: Canvas,
-                  extents: Mapping[int, int], samples: int, dtype: np.dtype, photometric: tuple[str, int]) -> PyramidLevel:
+                  extents: Mapping[int, int], samples: int, dtype: np.dtype,
+                  photometric: tuple[str, int]) -> PyramidLevel:
     builder = MosaicBuilder(samples=samples, dtype=dtype)
     src = builder.source(source)
     ox, oy = cv.origin
