@@ -95,7 +95,7 @@ def sniffed(head: bytes) -> Format | None:
 
 def not_a_slide(shown: str, head: bytes) -> str:
     """The message for a file no format recognises: ``"<shown>: not a slide wsitool reads
-    (neither TIFF nor DICOM; header b'GIF8')"``."""
+    (neither TIFF nor DICOM nor CZI; header b'GIF8')"``."""
     names = " nor ".join(fmt.NAME for fmt in formats())
     return f"{shown}: not a slide wsitool reads (neither {names}; header {head[:4]!r})"
 
