@@ -312,3 +312,16 @@ def test_jpegxr_and_jpeg_subblocks_decode_through_imagecodecs():
 
 def test_sniff():
     assert czi.sniff(b"ZISRAWFILE\0\0") and not czi.sniff(b"II*\0")
+
+
+def test_a_huge_declared_size_is_refused_before_any_table_is_made(made_czi, tmp_path):
+    """The XML's SizeX x SizeY sets the level's virtual tile grid: 1.28e9 x 5.44e5 pixels would be
+    2.7e9 tile entries; refused at open."""
+    src = made_czi[PYRAMID]
+    old, new = b"<SizeX>1280</SizeX>\n        <SizeY>544</SizeY>", b"<SizeX>1280000000</SizeX><SizeY>544000</SizeY>"
+    assert len(old) == len(new)  # (the XML keeps its length)
+    data = src.read_bytes().replace(old, new)
+    bad = tmp_path / "huge.czi"
+    bad.write_bytes(data)
+    with pytest.raises(wsitool.UnsupportedFormatError, match="more than wsitool reads"):
+        wsitool.open_slide(bad)

@@ -46,6 +46,9 @@ __all__ = ["Canvas", "canvas", "scenes", "levels", "codec_name", "TILE"]
 
 #: The virtual tile size of a CZI level (pixels).
 TILE = 512
+#: The largest level 0 read (pixels; 2**38, e.g. 640,000 x 430,000): the XML's size sets the
+#: virtual tile grid, whose tables hold one entry per tile (a million at this size).
+MAX_PIXELS = 1 << 38
 _GREY = {0, 1}  # Gray8, Gray16
 _BGR = {3, 4, 9}  # Bgr24, Bgr48, Bgra32
 _CODEC = {0: "raw", 5: "zstd0", 6: "zstd1", 4: "jpegxr", 1: "jpeg"}
@@ -100,6 +103,7 @@ def canvas(subblocks: Sequence[Subblock], size: tuple[int, int], scenes: int, sc
     Raises:
         CorruptFileError: no subblocks, or a scene without subblocks at downsample 1.
         InvalidOptionError: ``scene`` is not a scene of the file.
+        UnsupportedFormatError: a canvas of more than :data:`MAX_PIXELS` pixels.
     """
     subs = _planes(subblocks, problems)
     if not subs:
@@ -115,6 +119,10 @@ def canvas(subblocks: Sequence[Subblock], size: tuple[int, int], scenes: int, sc
             raise CorruptFileError(f"CZI: scene {k} has no full-resolution subblocks")
         x, y, w, h = _bounds(base)
         regions[k] = (x - gx, y - gy, w, h)
+    width, height = size if scene is None else regions[scene][2:] if scene in regions else (1, 1)
+    if width * height > MAX_PIXELS:
+        raise UnsupportedFormatError(f"CZI: a level 0 of {width}x{height} pixels, more than wsitool reads "
+                                     f"({MAX_PIXELS} pixels)")
     if scene is None:
         top = min(max(s.downsample for s in members) for members in by_scene.values())
         downs = sorted({s.downsample for s in subs if s.downsample <= top})

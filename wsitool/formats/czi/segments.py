@@ -38,9 +38,9 @@ __all__ = ["MAGIC", "segment", "Subblock", "Attachment", "CziFile", "read_file",
 MAGIC = b"ZISRAWFILE"
 #: The largest metadata XML read (bytes): a real Axioscan slide's is well under 1 MiB.
 MAX_XML_BYTES = 64 << 20
-#: The most subblocks a directory may list (a 100,000 x 100,000 pixel slide of 1024² subblocks
-#: with 8 channels and its pyramid has about 100,000).
-MAX_SUBBLOCKS = 4_000_000
+#: The most subblocks a directory may list (a 200,000 x 100,000 pixel slide of 512² subblocks with
+#: 4 channels and its pyramid has about 400,000).
+MAX_SUBBLOCKS = 1_000_000
 
 _SEGMENT = struct.Struct("<16sqq")
 _DIR_ENTRY_MIN = 32  # a DV entry without dimensions
