@@ -325,3 +325,22 @@ def test_a_huge_declared_size_is_refused_before_any_table_is_made(made_czi, tmp_
     bad.write_bytes(data)
     with pytest.raises(wsitool.UnsupportedFormatError, match="more than wsitool reads"):
         wsitool.open_slide(bad)
+
+
+def test_colour_channels_among_several_read_as_three_samples_each(tmp_path):
+    """Brightfield beside polarised light (two Bgr24 channels, written by pylibCZIrw): each is its
+    red, green and blue; the first three composed are its RGB image."""
+    pylibczirw = pytest.importorskip("pylibCZIrw.czi")
+    base = tifffile.imread(shared_sample("aperio-cmu1-small-region-jpeg.svs"))
+    plain, polarised = base[100:420, 200:600], 255 - base[500:820, 700:1100]
+    path = tmp_path / "pol.czi"
+    with pylibczirw.create_czi(str(path)) as out:
+        out.write(np.ascontiguousarray(plain[:, :, ::-1]), plane={"C": 0})
+        out.write(np.ascontiguousarray(polarised[:, :, ::-1]), plane={"C": 1})
+    with wsitool.open_slide(path) as slide:
+        assert [c.name for c in slide.channels] == [f"C{k} {p}" for k in (0, 1) for p in ("red", "green", "blue")]
+        raw = slide.read_region((0, 0), 0, (400, 320), mode="raw")
+        assert np.array_equal(raw[:, :, :3], plain) and np.array_equal(raw[:, :, 3:], polarised)
+        assert np.array_equal(slide.read_region((0, 0), 0, (400, 320), mode="rgb", channels=[0, 1, 2]), plain)
+    with pylibczirw.open_czi(str(path)) as ref:
+        assert np.array_equal(ref.read(plane={"C": 1})[:, :, ::-1], raw[:, :, 3:])

@@ -152,9 +152,22 @@ def _codec(kind: str, order: str) -> Decoder:
     return decode
 
 
-#: The subblock decoders by codec name (module notes): ``decoder(segment bytes, width, height,
-#: samples, dtype) -> (height, width, samples) array of dtype``.
-CZI_CODECS: dict[str, Decoder] = {
+def _one(decoder: Decoder, k: int) -> Decoder:
+    """``decoder`` of a colour subblock giving sample ``k`` (0 red, 1 green, 2 blue) alone."""
+    def decode(segment: bytes, width: int, height: int, samples: int, dtype: np.dtype) -> np.ndarray:
+        if samples != 1:
+            raise ValueError(f"one sample of a colour subblock, not {samples}")
+        return np.ascontiguousarray(decoder(segment, width, height, 3, dtype)[:, :, k:k + 1])
+    return decode
+
+
+_WHOLE: dict[str, Decoder] = {
     **{f"czi-{kind}{'-' if order else ''}{order}": _codec(kind, order)
        for kind in ("raw", "zstd0", "zstd1") for order in ("", "bgr", "bgra")},
     "czi-jpegxr": _codec("jpegxr", ""), "czi-jpeg": _codec("jpeg", "")}
+
+#: The subblock decoders by codec name (module notes): ``decoder(segment bytes, width, height,
+#: samples, dtype) -> (height, width, samples) array of dtype``; a name with ``.r``, ``.g`` or
+#: ``.b`` gives that sample of a colour subblock alone (a colour channel among several).
+CZI_CODECS: dict[str, Decoder] = {
+    **_WHOLE, **{f"{name}.{c}": _one(dec, k) for name, dec in _WHOLE.items() for k, c in enumerate("rgb")}}

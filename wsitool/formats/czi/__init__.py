@@ -82,7 +82,7 @@ def _open(source: ByteSource, scene: int | None) -> Pyramid:
     cv = layout.canvas(czi.subblocks, (meta.width, meta.height), meta.scenes, scene, problems)
     count = len({s.dim("C") for s in cv.subblocks})
     grey = any(s.pixel_type in (0, 1) for s in cv.subblocks)
-    chans = metadata.channels(meta.root, count) if count > 1 or grey else ()
+    chans = metadata.channels(meta.root, count, layout.colour_channels(cv.subblocks)) if count > 1 or grey else ()
     starts = [a.position for a in czi.attachments]
     levels = layout.levels(source, cv, starts, chans)
     images = associated(source, czi.attachments)

@@ -23,7 +23,9 @@ wsitool's own additions (OpenSlide refuses such files):
 - **A scene** (the ``scene`` option): only that scene's subblocks, on a canvas of its
   bounds (``openslide.region[s]``), with every downsample that scene has.
 - **Channels** (``C`` > 0, or grey pixel types): one single-sample mosaic per channel,
-  read through the channel API (:func:`wsitool.model.multichannel_level`).
+  read through the channel API (:func:`wsitool.model.multichannel_level`); a colour channel
+  among several (brightfield under polarised light beside the plain one) is three of them,
+  its red, green and blue samples.
 - **Other dimensions** (``T``, ``Z``, ...): plane 0 of each is read; subblocks of others
   are left out (a line in ``Pyramid.problems``).
 """
@@ -163,13 +165,13 @@ def _extents(source: ByteSource, starts: Sequence[int]) -> dict[int, int]:
 
 def _mosaic_level(source: ByteSource, subs: Sequence[Subblock], index: int, ds: int, cv: Canvas,
                   extents: Mapping[int, int], samples: int, dtype: np.dtype,
-                  photometric: tuple[str, int]) -> PyramidLevel:
+                  photometric: tuple[str, int], part: str = "") -> PyramidLevel:
     builder = MosaicBuilder(samples=samples, dtype=dtype)
     src = builder.source(source)
     ox, oy = cv.origin
     # paint order: the higher M first (behind), then ascending y, x (the later on top)
     for s in sorted(subs, key=lambda s: (-s.dim("M"), s.y, s.x, s.index)):
-        k = builder.image(src, s.position, extents.get(s.position, 0), s.width, s.height, codec_name(s))
+        k = builder.image(src, s.position, extents.get(s.position, 0), s.width, s.height, codec_name(s) + part)
         builder.place(k, (s.x - ox) / ds, (s.y - oy) / ds)
     return mosaic_level(builder.build(), index=index, width=max(1, cv.width // ds), height=max(1, cv.height // ds),
                         downsample=float(ds), tile_width=TILE, tile_height=TILE, photometric=photometric[0],
@@ -191,13 +193,14 @@ def _kind(subs: Sequence[Subblock]) -> tuple[int, np.dtype]:
 def levels(source: ByteSource, cv: Canvas, starts: Sequence[int],
            channels: Sequence[Channel]) -> tuple[PyramidLevel, ...]:
     """The pyramid levels of canvas ``cv``, largest first: one mosaic level per downsample, or
-    for several channels (``channels``: one per ``C`` value 0, 1, ...) one multi-channel level of
-    a mosaic per channel.  ``starts``: every segment position the file lists (bounds each
-    subblock's bytes).
+    for several channels (``channels``: one per ``C`` value 0, 1, ..., three for a colour one:
+    its red, green and blue) one multi-channel level of a mosaic per channel (three for a colour
+    one, each decoding one sample).  ``starts``: every segment position the file lists (bounds
+    each subblock's bytes).
 
     Raises:
         UnsupportedFormatError: a compression or pixel type wsitool does not read, several pixel
-            types in one plane, colour channels among several.
+            types in one plane.
     """
     extents = _extents(source, [*starts, *(s.position for s in cv.subblocks)])
     out = []
@@ -215,8 +218,13 @@ def levels(source: ByteSource, cv: Canvas, starts: Sequence[int],
             if not mine:
                 raise CorruptFileError(f"CZI: channel {c} has no subblocks at downsample {ds}")
             samples, dtype = _kind(mine)
-            if samples != 1:
-                raise UnsupportedFormatError("CZI: colour (Bgr) channels among several are not supported")
-            planes.append(_mosaic_level(source, mine, index, ds, cv, extents, 1, dtype, ("MINISBLACK", 1)))
+            for part in ("",) if samples == 1 else (".r", ".g", ".b"):  # a colour channel: 3 planes
+                planes.append(_mosaic_level(source, mine, index, ds, cv, extents, 1, dtype, ("MINISBLACK", 1),
+                                            part))
         out.append(multichannel_level(planes, list(channels)))
     return tuple(out)
+
+
+def colour_channels(subblocks: Sequence[Subblock]) -> set[int]:
+    """The ``C`` values whose subblocks are colour (Bgr) ones."""
+    return {s.dim("C") for s in subblocks if s.pixel_type in _BGR}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Collection
 
 from ...errors import CorruptFileError
 from ...model import Channel, channel_color
@@ -154,11 +155,12 @@ def _argb(text: str | None) -> tuple[int, int, int] | None:
     return (value >> 16) & 255, (value >> 8) & 255, value & 255
 
 
-def channels(root: ET.Element, count: int) -> tuple[Channel, ...]:
-    """The ``count`` channels (``C`` 0, 1, ...) as the XML describes them: name from
+def channels(root: ET.Element, count: int, colour: Collection[int] = ()) -> tuple[Channel, ...]:
+    """The channels of ``C`` 0 .. ``count - 1`` as the XML describes them: name from
     ``Information/Image/Dimensions/Channels/Channel`` (else ``DisplaySetting``'s, else
     ``C<k>``), wavelengths from the former, colour (``#AARRGGBB``) from the latter (else
-    from the wavelength or the defaults, :func:`wsitool.model.channel_color`)."""
+    from the wavelength or the defaults, :func:`wsitool.model.channel_color`).  A ``C`` in
+    ``colour`` (a colour channel) is three: ``<name> red``, ``green``, ``blue``, in those colours."""
     info = root.findall("Metadata/Information/Image/Dimensions/Channels/Channel")
     display = root.findall("Metadata/DisplaySetting/Channels/Channel")
     out = []
@@ -170,6 +172,10 @@ def channels(root: ET.Element, count: int) -> tuple[Channel, ...]:
         em = _double(i.findtext("EmissionWavelength")) if i is not None else None
         ex = ex if ex and ex > 0 else None
         em = em if em and em > 0 else None
+        if k in colour:
+            out += [Channel(name=f"{name} {part}", color=rgb, color_source="default")
+                    for part, rgb in (("red", (255, 0, 0)), ("green", (0, 255, 0)), ("blue", (0, 0, 255)))]
+            continue
         color = _argb(d.findtext("Color")) if d is not None else None
         if color is not None:
             out.append(Channel(name=name, excitation_nm=ex, emission_nm=em, color=color, color_source="file"))
