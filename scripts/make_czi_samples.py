@@ -30,6 +30,10 @@ metadata, pixel data), the subblock directory (``ZISRAWDIRECTORY``), the metadat
   level 0 (zstd1 with hi-lo byte packing) and one pyramid subblock per channel at
   downsample 2 (uncompressed).  OpenSlide refuses it (``Nonzero subblock channel 1``); the
   tests check it against pylibCZIrw.
+* ``czi-jpegxr.czi``: Bgr24, a 2 x 2 mosaic of abutting JPEG XR tiles (lossless, pixel format
+  24bppBGR as ZEN writes them) and one JPEG XR pyramid subblock at downsample 2.  OpenSlide
+  4.0.1 refuses it (``JPEG XR compression is not supported``); the tests check it against
+  pylibCZIrw.
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ from PIL import Image
 SOURCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "samples" / "aperio-cmu1-small-region-jpeg.svs"
 MPP_M = 0.499e-6  # the SVS's pixel size, in metres as CZI stores it
 BGR24, GRAY16 = 3, 1
-NONE, ZSTD0, ZSTD1 = 0, 5, 6
+NONE, JPEGXR, ZSTD0, ZSTD1 = 0, 4, 5, 6
+#: JPEG XR pixel format GUIDs (jxrlib's GUID_PKPixelFormat24bppRGB / 24bppBGR, as stored: little-endian)
+_JXR_RGB = uuid.UUID("6fddc324-4e03-4bfe-b185-3d77768dc90d").bytes_le
+_JXR_BGR = uuid.UUID("6fddc324-4e03-4bfe-b185-3d77768dc90c").bytes_le
 
 
 @dataclass
@@ -75,7 +82,18 @@ def _segment(sid: bytes, body: bytes) -> bytes:
     return struct.pack("<16sqq", sid, len(padded), len(body)) + padded
 
 
+def _jpegxr_bgr(bgr: np.ndarray) -> bytes:
+    """A lossless JPEG XR stream of pixel format 24bppBGR (as ZEN writes Bgr24 subblocks) holding
+    the BGR pixels ``bgr``: imagecodecs encodes their RGB order as 24bppRGB, the format GUID then
+    says BGR (the coded planes are the same; a decoder hands them out in BGR order)."""
+    stream = bytes(imagecodecs.jpegxr_encode(np.ascontiguousarray(bgr[:, :, ::-1]), level=1.0))
+    assert stream.count(_JXR_RGB) == 1
+    return stream.replace(_JXR_RGB, _JXR_BGR)
+
+
 def _payload(sub: Sub) -> bytes:
+    if sub.compression == JPEGXR:
+        return _jpegxr_bgr(sub.pixels)
     raw = np.ascontiguousarray(sub.pixels).tobytes()
     if sub.hilo:  # low bytes of every 16-bit sample first, then the high bytes
         pairs = np.frombuffer(raw, np.uint8).reshape(-1, 2)
@@ -283,8 +301,20 @@ def fluorescence(out: Path, source: Path = SOURCE) -> Path:
     return path
 
 
+def jpegxr(out: Path, source: Path = SOURCE) -> Path:
+    """Write ``czi-jpegxr.czi`` into the folder ``out`` (module docstring); its path."""
+    base = _pixels(source)[0][900:1412, 300:812]
+    subs = [Sub(c * 256, r * 256, base[r * 256:(r + 1) * 256, c * 256:(c + 1) * 256, ::-1], BGR24, JPEGXR,
+                dims={"C": 0, "S": 0, "M": r * 2 + c}) for r in range(2) for c in range(2)]
+    subs.append(Sub(0, 0, _reduce(base, 2)[:, :, ::-1], BGR24, JPEGXR, logical=(512, 512), pyramid=2,
+                    dims={"C": 0, "S": 0, "M": 4}))
+    path = out / "czi-jpegxr.czi"
+    path.write_bytes(zisraw(subs, _xml((512, 512), 1, "Bgr24")))
+    return path
+
+
 #: Every fixture this script writes, in order; the brightfield ones OpenSlide reads.
-MAKERS = (two_scene_pyramid, fluorescence)
+MAKERS = (two_scene_pyramid, fluorescence, jpegxr)
 BRIGHTFIELD = ("czi-2scene-pyramid.czi",)
 
 

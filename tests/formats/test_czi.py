@@ -344,3 +344,21 @@ def test_colour_channels_among_several_read_as_three_samples_each(tmp_path):
         assert np.array_equal(slide.read_region((0, 0), 0, (400, 320), mode="rgb", channels=[0, 1, 2]), plain)
     with pylibczirw.open_czi(str(path)) as ref:
         assert np.array_equal(ref.read(plane={"C": 1})[:, :, ::-1], raw[:, :, 3:])
+
+
+def test_jpegxr_fixture_equals_pylibczirw(made_czi):
+    """JPEG XR subblocks (24bppBGR, as ZEN writes them): OpenSlide 4.0.1 refuses them; wsitool's
+    pixels equal libCZI's (pylibCZIrw, in BGR order) and the stored pyramid subblock."""
+    pylibczirw = pytest.importorskip("pylibCZIrw.czi")
+    path = made_czi["czi-jpegxr.czi"]
+    with pytest.raises(openslide.OpenSlideError, match="JPEG XR compression is not supported"):
+        openslide.OpenSlide(str(path))
+    base = tifffile.imread(shared_sample("aperio-cmu1-small-region-jpeg.svs"))[900:1412, 300:812]
+    with wsitool.open_slide(path) as slide:
+        assert [lv.dimensions for lv in slide.levels] == [(512, 512), (256, 256)]
+        ours = slide.read_region((0, 0), 0, (512, 512), mode="rgb")
+        small = slide.read_region((0, 0), 1, (256, 256), mode="rgb")
+    with pylibczirw.open_czi(str(path)) as ref:
+        assert np.array_equal(ours, ref.read()[:, :, ::-1])
+    assert np.array_equal(ours, base)  # (lossless)
+    assert np.array_equal(small, script_module("make_czi_samples")._reduce(base, 2))
