@@ -362,3 +362,4 @@ def test_jpegxr_fixture_equals_pylibczirw(made_czi):
         assert np.array_equal(ours, ref.read()[:, :, ::-1])
     assert np.array_equal(ours, base)  # (lossless)
     assert np.array_equal(small, script_module("make_czi_samples")._reduce(base, 2))
+
