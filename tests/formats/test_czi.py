@@ -363,3 +363,18 @@ def test_jpegxr_fixture_equals_pylibczirw(made_czi):
     assert np.array_equal(ours, base)  # (lossless)
     assert np.array_equal(small, script_module("make_czi_samples")._reduce(base, 2))
 
+
+
+def test_bgr48_reads_as_16_bit_rgb(tmp_path):
+    """``Bgr48`` (written by pylibCZIrw): ``raw`` is the 16-bit samples in RGB order; ``rgb`` is
+    wsitool's 16- to 8-bit scaling, within 1 of the high byte OpenSlide takes."""
+    pylibczirw = pytest.importorskip("pylibCZIrw.czi")
+    samples = np.random.default_rng(1).integers(0, 65535, (100, 120, 3), dtype=np.uint16)
+    path = tmp_path / "bgr48.czi"
+    with pylibczirw.create_czi(str(path)) as out:
+        out.write(samples, plane={"C": 0})
+    with wsitool.open_slide(path) as slide:
+        assert slide.levels[0].samples == 3 and slide.levels[0].dtype == np.uint16 and not slide.channels
+        assert np.array_equal(slide.read_region((0, 0), 0, (120, 100), mode="raw"), samples[:, :, ::-1])
+        rgb = slide.read_region((0, 0), 0, (120, 100), mode="rgb")
+    assert np.abs(rgb.astype(int) - (samples[:, :, ::-1] >> 8)).max() <= 1
