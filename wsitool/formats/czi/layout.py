@@ -13,7 +13,8 @@ wsitool's words:
   subblocks of that downsample or a larger one (a scene with a shallower pyramid limits the
   levels).  A subblock of level ``d`` is painted at ``(x / d, y / d)``, stored size.
 - **Paint order.** Where subblocks overlap, the one with the *lower* ``M`` (mosaic index) is
-  in front, as OpenSlide 4.0.1 shows them (libCZI and ZEN put the higher index in front).
+  in front, as OpenSlide 4.0.1 shows them (libCZI and ZEN put the higher index in front); of
+  equal ``M`` (or none), the one with the larger ``Y``, then the larger ``X``.
 - **Pixels.** ``Bgr24`` and ``Bgr48`` (OpenSlide reads those two; wsitool also ``Bgra32``, its
   alpha dropped) read as RGB; uncompressed, zstd0 and zstd1 (OpenSlide), JPEG XR and JPEG
   (wsitool only).
