@@ -6,8 +6,9 @@ Usage::
     python scripts/fuzz.py --minutes 20 [--seed S] [--out DIR] [--files A.tif B.svs ...]
 
 It takes real slides (``../shared/samples``), the field-fault files
-(``../shared/bug-inputs``) and the vendor-layout fixtures (``scripts/make_vendor_samples.py``:
-Philips, Ventana) as seeds, mutates their bytes where it matters and
+(``../shared/bug-inputs``), the vendor-layout fixtures (``scripts/make_vendor_samples.py``:
+Philips, Ventana) and the files of the MIRAX fixtures' folders (``scripts/make_mirax_samples.py``:
+each mutated inside a copy of its slide, the ``.mrxs`` opened) as seeds, mutates their bytes where it matters and
 hands each mutated file to a *worker child process* that opens it and reads
 metadata, associated images and random regions of every level.  The only
 exceptions allowed out of wsitool are its documented ones
@@ -362,11 +363,55 @@ def vendor_seeds(folder: Path) -> list[Path]:
     return write_all(folder) + make_czi_samples.write_all(folder)
 
 
+#: The files of a MIRAX slide's folder the fuzzer mutates (one at a time, the others intact).
+MIRAX_MEMBERS = ("Slidedat.ini", "Index.dat", "Data0002.dat")
+
+
+def mirax_seeds(folder: Path) -> list[Path]:
+    """The MIRAX fixtures of ``scripts/make_mirax_samples.py``, written into ``folder`` (beside the
+    faults, so recipes replay): a MIRAX slide is several files, so its seeds are the members of its
+    folder (:data:`MIRAX_MEMBERS`: the key file, the index, the data file of the higher levels and
+    records); :func:`stage` puts a mutated member back in a copy of its slide.  None where the
+    shared CMU slide is absent."""
+    from make_mirax_samples import SOURCE, write_all
+
+    if not SOURCE.is_file():
+        return []
+    return [mrxs.with_suffix("") / name for mrxs in write_all(folder) for name in MIRAX_MEMBERS]
+
+
+def _mirax_slide(seed_file: Path) -> Path | None:
+    """The ``.mrxs`` whose folder holds ``seed_file``, or None (a file seed)."""
+    mrxs = seed_file.parent.with_suffix(".mrxs")
+    return mrxs if mrxs.is_file() and seed_file.parent.is_dir() else None
+
+
+def stage(work: Path, seed_file: str, data: bytes) -> Path:
+    """Write the mutated ``data`` of ``seed_file`` into ``work`` and return the path to check: the
+    file itself, or for a member of a MIRAX folder a copy of its slide (in ``work``, made once)
+    with that member replaced and the others as generated."""
+    seed = Path(seed_file)
+    mrxs = _mirax_slide(seed)
+    if mrxs is None:
+        path = work / ("input" + seed.suffix)
+        path.write_bytes(data)
+        return path
+    folder = work / seed.parent.name
+    if not folder.is_dir():
+        shutil.copytree(seed.parent, folder)
+        shutil.copyfile(mrxs, work / mrxs.name)
+    for member in MIRAX_MEMBERS:  # (the member mutated last time restored)
+        shutil.copyfile(seed.parent / member, folder / member)
+    (folder / seed.name).write_bytes(data)
+    return work / mrxs.name
+
+
 def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = None,
          timeout: float = 30.0, log=print) -> dict:
     """Run the fuzz loop for ``minutes``; return a summary dict.  Without ``files``, the seeds are
-    the shared slides and bug inputs plus the vendor-layout fixtures (:func:`vendor_seeds`)."""
-    files = files or seed_files() + vendor_seeds(out_dir / "vendor-seeds")
+    the shared slides and bug inputs plus the vendor-layout fixtures (:func:`vendor_seeds`) and the
+    members of the MIRAX fixtures' folders (:func:`mirax_seeds`)."""
+    files = files or seed_files() + vendor_seeds(out_dir / "vendor-seeds") + mirax_seeds(out_dir / "mirax-seeds")
     if not files:
         raise SystemExit(f"no seed files found under {', '.join(map(str, SEED_DIRS))}")
     rng = random.Random(seed)
@@ -388,8 +433,7 @@ def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = No
             while time.monotonic() < deadline:
                 recipe = queue.pop(0) if queue else make_recipe(targets[str(rng.choice(files))], rng)
                 data = apply_recipe(recipe)
-                path = work / ("input" + Path(recipe["seed_file"]).suffix)
-                path.write_bytes(data)
+                path = stage(work, recipe["seed_file"], data)
                 case_seed = rng.getrandbits(32)
                 recipe["case_seed"] = case_seed
                 res = worker.check(str(path), case_seed)
@@ -417,9 +461,7 @@ def fuzz(minutes: float, seed: int, out_dir: Path, files: list[Path] | None = No
             log("interrupted")
     finally:
         worker.close()
-        for p in work.iterdir():
-            p.unlink()
-        work.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
     summary = {
         "minutes": round((time.monotonic() - start) / 60, 2),
         "seed": seed,
@@ -440,8 +482,7 @@ def replay(json_path: Path, timeout: float = 30.0) -> dict:
     recipe = info["recipe"]
     data = apply_recipe(recipe)
     with tempfile.TemporaryDirectory(prefix="wsitool-fuzz-replay-") as d:
-        path = Path(d) / ("input" + Path(recipe["seed_file"]).suffix)
-        path.write_bytes(data)
+        path = stage(Path(d), recipe["seed_file"], data)
         w = Worker(timeout=timeout)
         try:
             return w.check(str(path), recipe.get("case_seed", 0))

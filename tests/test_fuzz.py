@@ -215,3 +215,27 @@ def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
         except wsitool.UnsupportedFormatError:  # (the overlapping BIF: refused, still a seed)
             vendors.add("refused")
     assert vendors == {"philips", "ventana", "zeiss", "refused"}
+
+
+def test_the_mirax_fixtures_are_seeds_mutated_inside_a_copy_of_their_slide(tmp_path):
+    """A MIRAX slide is several files: its folder's members are the seeds, and a mutated member is
+    checked inside a copy of its slide (the .mrxs opened; the member mutated before restored)."""
+    import make_mirax_samples
+
+    if not make_mirax_samples.SOURCE.is_file():
+        pytest.skip(f"the shared CMU slide is absent: {make_mirax_samples.SOURCE}")
+    import wsitool
+
+    seeds = fuzz.mirax_seeds(tmp_path / "mirax-seeds")
+    assert len(seeds) == len(make_mirax_samples.MAKERS) * len(fuzz.MIRAX_MEMBERS)
+    ini, index = seeds[0], seeds[1]
+    assert (ini.name, index.name) == ("Slidedat.ini", "Index.dat")
+    work = tmp_path / "work"
+    work.mkdir()
+    path = fuzz.stage(work, str(index), b"01.02" + b"\0" * 40)
+    assert path == work / (ini.parent.name + ".mrxs")
+    with pytest.raises(wsitool.CorruptFileError, match="slide identifier"):
+        wsitool.open_slide(path)
+    path = fuzz.stage(work, str(ini), ini.read_bytes())
+    with wsitool.open_slide(path) as slide:
+        assert slide.vendor == "mirax" and slide.level_count == 4

@@ -31,6 +31,7 @@ from .errors import (
     SlideWarning,
     TileDecodeError,
     TileWarning,
+    TruncatedDataError,
     UnsupportedFormatError,
     WsiError,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "InvalidRegionError",
     "ResourceLimitError",
     "TileDecodeError",
+    "TruncatedDataError",
     "DeviceUnavailableError",
     "DaskUnavailableError",
     "OutputExistsError",

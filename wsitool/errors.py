@@ -18,7 +18,8 @@ want to handle differently:
   or byte limit (see :func:`wsitool.set_limits`); raised *before* any
   allocation or decode.
 * :class:`TileDecodeError` -- one tile could not be decoded; carries the file,
-  level, tile column and row.
+  level, tile column and row.  :class:`TruncatedDataError`, one whose data lies past the
+  end of a data file of a slide of several files (MIRAX), is also a :class:`CorruptFileError`.
 * :class:`DeviceUnavailableError` -- a CUDA device was requested but none is
   usable.
 * :class:`OutputIsSourceError` -- a command would write over one of its own
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidRegionError",
     "ResourceLimitError",
     "TileDecodeError",
+    "TruncatedDataError",
     "DeviceUnavailableError",
     "SlideWarning",
     "TileWarning",
@@ -139,6 +141,12 @@ class TileDecodeError(WsiError):
 
     def __reduce__(self):  # keep picklable across processes (stress, dask)
         return (type(self), (self.path, self.level, self.col, self.row, self.reason))
+
+
+class TruncatedDataError(TileDecodeError, CorruptFileError):
+    """A tile needs data past the end of a slide file the slide consists of besides its own (a
+    MIRAX data file cut short): a :class:`TileDecodeError` (``on_error="fill"`` fills the tile)
+    that is also a :class:`CorruptFileError` (the CLI's exit code 4)."""
 
 
 class DaskUnavailableError(WsiError):

@@ -118,7 +118,7 @@ class TileEncoding:
             return "nvimagecodec"
         if self.codec == SCALED_JPEG:
             return "pillow"
-        return "imagecodecs" if self.page is None and self.imagecodec else "tifffile"
+        return "imagecodecs" if (self.page is None and self.imagecodec) or self.codec == "mosaic" else "tifffile"
 
 
 class TileIndex:

@@ -32,9 +32,10 @@ as on a small one.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,19 +62,19 @@ class DecodedImages:
 
     def __init__(self, max_bytes: int = DECODED_CACHE_BYTES):
         self.max_bytes = max_bytes
-        self._items: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: int) -> np.ndarray | None:
-        """The decoded image ``key`` (an image index), or None."""
+    def get(self, key: Hashable) -> np.ndarray | None:
+        """The decoded image ``key`` (a mosaic's key for one of its images), or None."""
         with self._lock:
             arr = self._items.get(key)
             if arr is not None:
                 self._items.move_to_end(key)
             return arr
 
-    def put(self, key: int, arr: np.ndarray) -> None:
+    def put(self, key: Hashable, arr: np.ndarray) -> None:
         """Keep ``arr`` as image ``key`` (dropping the least recently used to make room)."""
         if arr.nbytes > self.max_bytes:
             return
@@ -99,6 +100,9 @@ class DecodedImages:
             self._bytes = 0
 
 
+_TOKENS = itertools.count()
+
+
 class Mosaic:
     """The placed images of one level (build it with :class:`MosaicBuilder`).
 
@@ -117,12 +121,14 @@ class Mosaic:
             nearest pixel: OpenSlide blends there, so pixels may differ from its own).
         bounds: ``(x0, y0, x1, y1)`` level pixels covered by some placement (the union's
             bounding box; the exact float extent is :meth:`float_bounds`), or None when empty.
-        decoded: the :class:`DecodedImages` cache of this mosaic.
+        decoded: the :class:`DecodedImages` cache this mosaic keeps its decoded images in (its
+            own, or one shared with the other levels of its slide); use :meth:`cached` /
+            :meth:`keep`, which key the images apart from other mosaics'.
         samples, dtype: what an image decodes to (``(h, w, samples)`` of ``dtype``).
     """
 
     def __init__(self, *, sources: Sequence[Any], codecs: Sequence[str], images: dict[str, np.ndarray],
-                 places: dict[str, np.ndarray], samples: int, dtype: Any, cache_bytes: int):
+                 places: dict[str, np.ndarray], samples: int, dtype: Any, decoded: DecodedImages):
         self.sources = tuple(sources)
         self.codecs = tuple(codecs)
         self.image_source = images["source"]
@@ -140,8 +146,17 @@ class Mosaic:
         self.fractional = bool(np.any(self.px != self.x) or np.any(self.py != self.y))
         self.samples = samples
         self.dtype = np.dtype(dtype)
-        self.decoded = DecodedImages(cache_bytes)
+        self.decoded = decoded
+        self._token = next(_TOKENS)
         self._build_index()
+
+    def cached(self, k: int) -> np.ndarray | None:
+        """Decoded image ``k`` from :attr:`decoded`, or None."""
+        return self.decoded.get((self._token, k))
+
+    def keep(self, k: int, arr: np.ndarray) -> None:
+        """Keep decoded image ``k`` in :attr:`decoded`."""
+        self.decoded.put((self._token, k), arr)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -295,7 +310,8 @@ class MosaicBuilder:
 
     Args:
         samples, dtype: what every image decodes to (3, uint8 for RGB).
-        cache_bytes: the mosaic's decoded-image cache (:data:`DECODED_CACHE_BYTES`).
+        cache_bytes: the size of the mosaic's own decoded-image cache (:data:`DECODED_CACHE_BYTES`);
+        decoded: a :class:`DecodedImages` to share instead (one per slide, for all its levels).
 
     Example (a format)::
 
@@ -306,10 +322,12 @@ class MosaicBuilder:
         mosaic = b.build()
     """
 
-    def __init__(self, samples: int = 3, dtype: Any = np.uint8, cache_bytes: int = DECODED_CACHE_BYTES):
+    def __init__(self, samples: int = 3, dtype: Any = np.uint8, cache_bytes: int = DECODED_CACHE_BYTES,
+                 decoded: DecodedImages | None = None):
         self.samples = samples
         self.dtype = np.dtype(dtype)
         self.cache_bytes = cache_bytes
+        self.decoded = decoded
         self._sources: list[Any] = []
         self._source_ids: dict[int, int] = {}
         self._codecs: list[str] = []
@@ -380,4 +398,5 @@ class MosaicBuilder:
                   "sy": ints[:, 1].astype(np.int32), "w": ints[:, 2].astype(np.int32),
                   "h": ints[:, 3].astype(np.int32), "image": ints[:, 4].copy()}
         return Mosaic(sources=self._sources, codecs=self._codecs, images=images, places=places,
-                      samples=self.samples, dtype=self.dtype, cache_bytes=self.cache_bytes)
+                      samples=self.samples, dtype=self.dtype,
+                      decoded=self.decoded if self.decoded is not None else DecodedImages(self.cache_bytes))

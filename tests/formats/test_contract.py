@@ -5,14 +5,17 @@ from __future__ import annotations
 import pytest
 
 from wsitool.errors import UnsupportedFormatError
-from wsitool.formats import czi, dicom, tiff
-from wsitool.formats.contract import FolderFormat, Format, PlacedFormat, PrefixFormat, SeriesFormat
+from wsitool.formats import czi, dicom, mirax, tiff
+from wsitool.formats.contract import FolderFormat, Format, NamedFormat, PlacedFormat, PrefixFormat, SeriesFormat
 from wsitool.opening import LocalFile, LocalFolder, open_location
 from wsitool.opening import opener as registry
 
 
 def test_registered_formats_provide_the_contract():
-    assert registry.BUILT_IN == (tiff, dicom, czi) and registry.formats() == (tiff, dicom, czi)
+    assert registry.BUILT_IN == (tiff, dicom, czi, mirax)
+    assert registry.formats() == (tiff, dicom, czi, mirax)
+    assert isinstance(mirax, PlacedFormat) and isinstance(mirax, NamedFormat) and not mirax.sniff(b"\xff\xd8")
+    assert mirax.claims("slide.mrxs") and not mirax.claims("slide.MRXS") and not mirax.claims(".mrxs")
     assert all(isinstance(fmt, Format) for fmt in registry.formats())
     assert isinstance(dicom, FolderFormat) and not isinstance(tiff, FolderFormat)
     assert isinstance(dicom, PrefixFormat) and isinstance(dicom, SeriesFormat)

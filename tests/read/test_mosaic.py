@@ -11,7 +11,7 @@ from PIL import Image
 
 from wsitool.codec.mosaic import CODECS, decode_image
 from wsitool.errors import TileDecodeError
-from wsitool.mosaic import Mosaic, MosaicBuilder, mosaic_level
+from wsitool.mosaic import DecodedImages, Mosaic, MosaicBuilder, mosaic_level
 from wsitool.read.cache import TileCache, scope_for
 from wsitool.read.region import read_pyramid_region
 from wsitool.storage import LocalFile
@@ -183,3 +183,21 @@ def test_a_region_reads_only_the_images_it_needs(tmp_path):
         assert get_pool("cpu").stats().bytes_read - before == where[0][1]
     offsets, counts = lv.tiles.offsets, lv.tiles.bytecounts
     assert offsets.size == 36 and int(offsets.min()) == 1 and int(counts[0]) == where[0][1]
+
+
+def test_mosaics_sharing_a_decoded_cache_keep_their_images_apart(tmp_path):
+    imgs = [(_pixels(8, 8, k), "raw") for k in range(2)]
+    path, where = _write(tmp_path, imgs)
+    shared = DecodedImages(1 << 20)
+    with LocalFile(path) as src:
+        mosaics = []
+        for (off, n) in where:  # image 0 of each mosaic is a different stored image
+            b = MosaicBuilder(decoded=shared)
+            b.place(b.image(b.source(src), off, n, 8, 8, "raw"), 0, 0)
+            mosaics.append(b.build())
+        assert mosaics[0].decoded is mosaics[1].decoded is shared
+        for m, (arr, _c) in zip(mosaics, imgs, strict=True):
+            assert np.array_equal(decode_image(m, 0), arr)
+        for m, (arr, _c) in zip(mosaics, imgs, strict=True):
+            assert np.array_equal(m.cached(0), arr)
+        assert shared.nbytes == 2 * 8 * 8 * 3

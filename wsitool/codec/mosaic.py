@@ -18,7 +18,8 @@ The codecs of the images, by name (:data:`CODECS`; a format picks one per image)
 More can be added with :func:`register_codec`.  Every image's declared size is checked before
 its decoder allocates anything where the stream states one (JPEG, PNG, BMP), and its decoded
 shape always: an image of another size is a :class:`~wsitool.errors.TileDecodeError`, as a
-short read or an image past the end of its file (a truncated data file) is.
+short read is; an image past the end of its file (a truncated data file) is a
+:class:`~wsitool.errors.TruncatedDataError` (a tile error that is also a corrupt file).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable
 import imagecodecs
 import numpy as np
 
-from ..errors import TileDecodeError
+from ..errors import TileDecodeError, TruncatedDataError
 from ..ground.bitstream import jpeg_frame_size
 from ..model import PyramidLevel
 from ..mosaic import Mosaic
@@ -43,6 +44,10 @@ __all__ = ["CODECS", "MosaicImageError", "register_codec", "decode_image", "pain
 
 class MosaicImageError(Exception):
     """An image could not be read or decoded; ``str()`` is the reason."""
+
+
+class TruncatedImage(MosaicImageError):
+    """An image lies past the end of its file (a truncated data file)."""
 
 
 #: ``decoder(data, width, height, samples, dtype) -> (height, width, samples) array``.
@@ -93,7 +98,7 @@ def _bmp(data: bytes, width: int, height: int, samples: int, dtype: np.dtype) ->
     if len(data) < 26 or data[:2] != b"BM":
         raise MosaicImageError("not a BMP stream")
     w, h = struct.unpack("<ii", data[18:26])
-    _declared("BMP", (w, abs(h)), width, height)
+    _declared("BMP", (w, h), width, height)  # (bottom-up rows only, as OpenSlide reads BMP)
     return _samples(np.asarray(imagecodecs.bmp_decode(data)), samples, dtype)
 
 
@@ -156,7 +161,7 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
         MosaicImageError: the image lies past the end of its file, the read is short, the
             decoder failed or gave another size.
     """
-    cached = mosaic.decoded.get(k)
+    cached = mosaic.cached(k)
     if cached is not None:
         return cached
     source = mosaic.sources[int(mosaic.image_source[k])]
@@ -166,7 +171,7 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
     shown = posixpath.basename((source.path or "").split("?")[0]) or "its file"  # (never a URL's secrets)
     where = f"image {k} ({name}, {length} bytes at offset {offset} of {shown})"
     if offset + length > source.size:
-        raise MosaicImageError(f"{where} lies past the end of the file ({source.size} bytes): truncated file")
+        raise TruncatedImage(f"{where} lies past the end of the file ({source.size} bytes): truncated file")
     with source.reading():  # (the slide's close waits for it)
         data = source.read(offset, length)
     if len(data) != length:
@@ -184,7 +189,7 @@ def decode_image(mosaic: Mosaic, k: int, state: ThreadState | None = None) -> np
         raise MosaicImageError(f"{where}: {type(exc).__name__}: {exc}") from None
     if arr.shape != (height, width, mosaic.samples):
         raise MosaicImageError(f"{where}: decoded shape {arr.shape}, expected {(height, width, mosaic.samples)}")
-    mosaic.decoded.put(k, arr)
+    mosaic.keep(k, arr)
     return arr
 
 
@@ -214,7 +219,8 @@ def paint(level: PyramidLevel, col: int, row: int, rect: tuple[int, int, int, in
         try:
             img = decode_image(mosaic, int(mosaic.image[p]), state)
         except MosaicImageError as exc:
-            raise TileDecodeError(level.path, level.index, col, row, str(exc)) from None
+            cls = TruncatedDataError if isinstance(exc, TruncatedImage) else TileDecodeError
+            raise cls(level.path, level.index, col, row, str(exc)) from None
         px, py = int(mosaic.px[p]), int(mosaic.py[p])
         ax0, ay0 = max(x0, px), max(y0, py)
         ax1, ay1 = min(x1, px + int(mosaic.w[p])), min(y1, py + int(mosaic.h[p]))

@@ -138,6 +138,8 @@ def _refuse(lv: PyramidLevel, why: str) -> UnsupportedFormatError:
 def _copyable(lv: PyramidLevel) -> None:
     """Raise :class:`UnsupportedFormatError` (one line) for a level whose tiles cannot be copied."""
     enc = lv.encoding
+    if lv.mosaic is not None:
+        raise _refuse(lv, "the level is placed images (MIRAX), not stored tiles")
     if not lv.tiled:
         raise _refuse(lv, "the level is stripped, not tiled (copy needs tiles)")
     if lv.tile_width % 16 or lv.tile_height % 16:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..storage.prefix import Prefix
     from ..storage.urls import SeriesUrl
 
-__all__ = ["Format", "FolderFormat", "PrefixFormat", "SeriesFormat", "Place", "PlacedFormat"]
+__all__ = ["Format", "FolderFormat", "PrefixFormat", "SeriesFormat", "Place", "PlacedFormat", "NamedFormat"]
 
 
 @runtime_checkable
@@ -151,8 +151,8 @@ class PlacedFormat(Format, Protocol):
     ``Data*.dat`` in a folder beside the ``.mrxs``) or takes options of its own (a CZI scene).
 
     The opener calls :meth:`open_placed` instead of ``open_pyramid``; an option the caller gives
-    that is not in :attr:`OPTIONS` is refused before the format is called.  Zeiss CZI
-    (:mod:`wsitool.formats.czi`: the ``scene`` option) is one.
+    that is not in :attr:`OPTIONS` is refused before the format is called (MIRAX and Zeiss CZI,
+    whose ``scene`` option it is, use it).
 
     Attributes:
         OPTIONS: the names of the options it takes.
@@ -169,4 +169,17 @@ class PlacedFormat(Format, Protocol):
             InvalidOptionError: a bad option value.
             UnsupportedFormatError, CorruptFileError: as :meth:`Format.open_pyramid`.
         """
+        ...
+
+
+@runtime_checkable
+class NamedFormat(Format, Protocol):
+    """A file format whose files say nothing of themselves in their first bytes, recognised by
+    their name instead (a MIRAX ``.mrxs`` is a small JPEG, or empty).  The opener asks
+    :meth:`claims` only when no format's ``sniff`` recognises the bytes (a TIFF named
+    ``.mrxs`` stays a TIFF, as for OpenSlide)."""
+
+    def claims(self, name: str) -> bool:
+        """Whether a file named ``name`` (the last component of its path or URL path) is this
+        format's."""
         ...

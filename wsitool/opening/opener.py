@@ -9,14 +9,15 @@ location                            what the opener does
 ==================================  ===============================================================
 :class:`~.location.LocalFile`,      opens its byte source, reads its first
 :class:`~.location.ObjectUrl`       :data:`~wsitool.formats.HEAD_BYTES` and gives it to the first
-                                    format that recognises them (``sniff``): ``open_placed``
-                                    (with the format options) or ``open_pyramid``
+                                    format that recognises them (``sniff``), else to the first
+                                    that claims the file's name (``claims``: MIRAX ``.mrxs``):
+                                    ``open_placed`` (with the format options) or ``open_pyramid``
 :class:`~.location.LocalFolder`     ``open_folder`` of each folder format until one finds its slide
 :class:`~.location.BucketPrefix`    ``open_prefix`` likewise, through one listing of the prefix
 :class:`~.location.DicomWebSeries`  ``open_dicomweb`` of the first series format
 ==================================  ===============================================================
 
-The formats are :data:`BUILT_IN` (TIFF, DICOM, then Zeiss CZI) and those added with
+The formats are :data:`BUILT_IN` (TIFF, DICOM, Zeiss CZI, then MIRAX) and those added with
 :func:`register`: a new format is a module satisfying the contract, registered here, never a
 branch.  The opener also loads the decoders' library before the slide's files open (under a
 tight descriptor limit a later load would lose its CPU codecs, tests/test_os_resources.py;
@@ -35,13 +36,14 @@ import dataclasses
 import hashlib
 import os
 import threading
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from ..codec import library as nvlib
 from ..errors import InvalidOptionError, UnsupportedFormatError
-from ..formats import HEAD_BYTES, czi, dicom, tiff
-from ..formats.contract import FolderFormat, Format, PlacedFormat, PrefixFormat, SeriesFormat
+from ..formats import HEAD_BYTES, czi, dicom, mirax, tiff
+from ..formats.contract import FolderFormat, Format, NamedFormat, PlacedFormat, PrefixFormat, SeriesFormat
 from ..formats.deferred import DeferredProperties
 from ..ground.naming import about
 from ..model import Pyramid
@@ -52,7 +54,7 @@ __all__ = ["BUILT_IN", "OpenedSlide", "open_location", "register", "unregister",
            "not_a_slide", "slide_identity", "file_stamp"]
 
 #: The formats wsitool ships, in the order they are tried (each checked against the contract by mypy).
-BUILT_IN: tuple[Format, ...] = (tiff, dicom, czi)
+BUILT_IN: tuple[Format, ...] = (tiff, dicom, czi, mirax)
 
 _registered: list[Format] = list(BUILT_IN)
 _registry_lock = threading.Lock()
@@ -93,10 +95,27 @@ def sniffed(head: bytes) -> Format | None:
     return None
 
 
+def claimed(name: str) -> Format | None:
+    """The first format that recognises files by their name (:class:`~wsitool.formats.contract.NamedFormat`)
+    and claims ``name`` (the last component of a path or URL path), or None."""
+    for fmt in formats():
+        if isinstance(fmt, NamedFormat) and fmt.claims(name):
+            return fmt
+    return None
+
+
+def _file_name(location: Location) -> str:
+    """The last component of a file location's path (a URL's without query or fragment)."""
+    target = location.target
+    if location.remote:
+        target = urllib.parse.urlsplit(target).path
+    return target.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
 def not_a_slide(shown: str, head: bytes) -> str:
     """The message for a file no format recognises: ``"<shown>: not a slide wsitool reads
     (neither TIFF nor DICOM nor CZI; header b'GIF8')"``."""
-    names = " nor ".join(fmt.NAME for fmt in formats())
+    names = " nor ".join(fmt.NAME for fmt in formats() if not isinstance(fmt, NamedFormat))
     return f"{shown}: not a slide wsitool reads (neither {names}; header {head[:4]!r})"
 
 
@@ -202,7 +221,7 @@ def _open_file(location: Location, options: dict[str, Any]) -> _Opened:
     source = location.open_source()
     try:
         head = source.read(0, HEAD_BYTES)
-        fmt = sniffed(head)
+        fmt = sniffed(head) or claimed(_file_name(location))
         if fmt is None:
             raise UnsupportedFormatError(not_a_slide(location.shown, head))
         if location.remote and not fmt.READS_URLS:

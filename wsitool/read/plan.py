@@ -150,6 +150,6 @@ def advise_mosaic(lv: PyramidLevel, rects: Iterable[tuple[int, int, int, int]], 
     found = [mosaic.images_in(*r) for r in rects]
     if not found:
         return
-    images = [k for k in np.unique(np.concatenate(found)).tolist() if mosaic.decoded.get(k) is None]
+    images = [k for k in np.unique(np.concatenate(found)).tolist() if mosaic.cached(k) is None]
     for source, ranges in mosaic.ranges(np.asarray(images, np.int64)).items():
         mosaic.sources[source].advise(sorted(ranges), ahead)

@@ -11,7 +11,8 @@ arguments giving the same id) gets ``~2``, ``~3``, ... in argument order.
 Listed at start, opened on first use: the registry is built once, at start-up,
 from the file system, without opening the slides (a folder of 10,000 slides is
 listed in seconds); a file is only checked to be a regular file that starts like
-a slide (a TIFF or DICOM header), else it is skipped with a log line.  A slide
+a slide (a TIFF or DICOM header) or is named like one (a MIRAX ``.mrxs``, whose folder beside
+it is not listed), else it is skipped with a log line.  A slide
 opens when a request first needs it (:class:`~.pool.OpenSlides`: at most a budget
 of descriptors open, the least recently used closed first).  A listed slide that
 then fails to open (a broken structure, a file gone) is left out from then on:
@@ -69,7 +70,7 @@ from ..errors import (
 )
 from ..ground.oserrors import RESOURCE_ERRNOS
 from ..opening import BucketPrefix, Location, parse_location
-from ..opening.opener import not_a_slide, sniffed
+from ..opening.opener import claimed, not_a_slide, sniffed
 from ..storage import is_url
 from ..storage.local import open_regular
 from .pool import OpenSlides, default_open_files
@@ -82,7 +83,7 @@ __all__ = ["SlideEntry", "SlideRegistry", "SLIDE_EXTENSIONS", "slide_id", "url_s
 log = logging.getLogger("wsitool.serve")
 
 SLIDE_EXTENSIONS = (".svs", ".tif", ".tiff", ".ome.tif", ".ome.tiff", ".qptiff", ".btf", ".tf2",
-                    ".tf8", ".ndpi", ".scn", ".bif", ".dcm")
+                    ".tf8", ".ndpi", ".scn", ".bif", ".dcm", ".mrxs")
 
 #: Bytes read at listing to tell a slide file from anything else (a DICOM file's "DICM" sits at 128..132).
 _HEAD_BYTES = 132
@@ -101,7 +102,8 @@ class SlideEntry:
             :class:`~wsitool.opening.Location` of a URL (which keeps its query, a presigned URL's
             signature, and carries the storage options it is read with).
         files: descriptors the open slide holds (counted against the open-slide budget):
-            2 for a TIFF-based slide, one per file of a DICOM series folder.
+            2 for a TIFF-based slide, one per file of a DICOM series folder, a MIRAX slide's
+            ``.mrxs`` and one per file of its folder.
         root: the real path of the folder the slide was found in, which every instance of its
             DICOM series must stay inside; None where no such rule holds (``--follow-links``,
             a file given directly, a URL).
@@ -214,6 +216,16 @@ def _inside(path: str, root: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _files_of(path: str) -> int:
+    """Descriptors an open slide file holds: a TIFF-based one :data:`_TIFF_FILES`; a MIRAX slide
+    its ``.mrxs`` and the files of its folder (its data files stay open)."""
+    if not path.endswith(".mrxs"):
+        return _TIFF_FILES
+    with contextlib.suppress(OSError):
+        return 1 + len(os.listdir(path[:-len(".mrxs")]))
+    return _TIFF_FILES
+
+
 def _is_slide_name(name: str) -> bool:
     return name.lower().endswith(SLIDE_EXTENSIONS)
 
@@ -243,7 +255,9 @@ def _not_a_slide(path: str) -> str | None:
         return str(exc)
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
-    return None if sniffed(head) is not None else not_a_slide(path, head)
+    if sniffed(head) is not None or claimed(os.path.basename(path)) is not None:
+        return None
+    return not_a_slide(path, head)
 
 
 def _outside_instances(folder: str, root: str) -> list[str]:
@@ -337,7 +351,7 @@ def _candidates(root: Path, follow_links: bool = False, skipped_links: list[str]
                 continue  # its series would take the outside instances in
             rel = name if rel_dir == "." else f"{Path(rel_dir).as_posix()}/{name}"
             yield _Found(rel, path, dirpath if _is_dicom(name) else None,
-                         len(dicoms) if _is_dicom(name) else _TIFF_FILES)
+                         len(dicoms) if _is_dicom(name) else _files_of(path))
 
 
 class SlideRegistry:

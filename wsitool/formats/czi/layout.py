@@ -41,7 +41,7 @@ import numpy as np
 
 from ...errors import CorruptFileError, InvalidOptionError, UnsupportedFormatError
 from ...model import Channel, PyramidLevel, multichannel_level
-from ...mosaic import MosaicBuilder, mosaic_level
+from ...mosaic import DecodedImages, MosaicBuilder, mosaic_level
 from ...storage import ByteSource
 from .segments import COMPRESSIONS, PIXEL_TYPES, Subblock
 
@@ -166,8 +166,8 @@ def _extents(source: ByteSource, starts: Sequence[int]) -> dict[int, int]:
 
 def _mosaic_level(source: ByteSource, subs: Sequence[Subblock], index: int, ds: int, cv: Canvas,
                   extents: Mapping[int, int], samples: int, dtype: np.dtype,
-                  photometric: tuple[str, int], part: str = "") -> PyramidLevel:
-    builder = MosaicBuilder(samples=samples, dtype=dtype)
+                  photometric: tuple[str, int], decoded: DecodedImages, part: str = "") -> PyramidLevel:
+    builder = MosaicBuilder(samples=samples, dtype=dtype, decoded=decoded)
     src = builder.source(source)
     ox, oy = cv.origin
     # paint order: the higher M first (behind), then ascending y, x (the later on top)
@@ -204,6 +204,7 @@ def levels(source: ByteSource, cv: Canvas, starts: Sequence[int],
             types in one plane.
     """
     extents = _extents(source, [*starts, *(s.position for s in cv.subblocks)])
+    decoded = DecodedImages()  # (one cache of decoded subblocks for every level and channel)
     out = []
     cs = sorted({s.dim("C") for s in cv.subblocks})
     multi = len(cs) > 1 or any(s.pixel_type in _GREY for s in cv.subblocks)
@@ -211,7 +212,7 @@ def levels(source: ByteSource, cv: Canvas, starts: Sequence[int],
         at = [s for s in cv.subblocks if s.downsample == ds]
         if not multi:
             samples, dtype = _kind(at)
-            out.append(_mosaic_level(source, at, index, ds, cv, extents, samples, dtype, ("RGB", 2)))
+            out.append(_mosaic_level(source, at, index, ds, cv, extents, samples, dtype, ("RGB", 2), decoded))
             continue
         planes = []
         for c in cs:
@@ -221,7 +222,7 @@ def levels(source: ByteSource, cv: Canvas, starts: Sequence[int],
             samples, dtype = _kind(mine)
             for part in ("",) if samples == 1 else (".r", ".g", ".b"):  # a colour channel: 3 planes
                 planes.append(_mosaic_level(source, mine, index, ds, cv, extents, 1, dtype, ("MINISBLACK", 1),
-                                            part))
+                                            decoded, part))
         out.append(multichannel_level(planes, list(channels)))
     return tuple(out)
 
