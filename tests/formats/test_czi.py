@@ -399,3 +399,16 @@ def test_paint_order_of_overlapping_subblocks_is_openslides(tmp_path, tiles, mos
     with openslide.OpenSlide(str(path)) as o, wsitool.open_slide(path) as w:
         theirs = np.asarray(o.read_region((0, 0), 0, (192, 192)))
         assert np.array_equal(w.read_region((0, 0), 0, (192, 192)), theirs)
+
+
+def test_cli_export_pyramid_of_one_scene(made_czi, tmp_path):
+    path = made_czi[PYRAMID]
+    out = tmp_path / "scene1.tiff"
+    proc = _run("export-pyramid", str(path), str(out), "--scene", "1", "--compression", "deflate", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    with wsitool.open_slide(path, scene=1) as one, wsitool.open_slide(out) as exported:
+        assert exported.dimensions == one.dimensions == (480, 480)
+        want = one.read_region((0, 0), 0, (480, 480), mode="rgb")
+        assert np.array_equal(exported.read_region((0, 0), 0, (480, 480), mode="rgb"), want)
+    many = _run("export-pyramid", str(path), str(path), str(tmp_path), "--scene", "1")
+    assert many.returncode == 2 and "--scene applies to one slide" in many.stderr

@@ -27,10 +27,11 @@ from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
 from ..export.plan import background_color
 from ..ground.extras import install_hint
-from ..slide import open_slide
+from ..opening import parse_location
+from ..slide import open_slide, scene_options
 from ..storage import redact
 from .batch import batch_progress, failure_code, usage_errors
-from .console import STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
+from .console import SCENE_HELP, STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
 from .group import app
 
 
@@ -120,6 +121,7 @@ def export_pyramid_cmd(
     on_error: Literal["raise", "fill"] = _ON_ERROR, no_label: bool = _NO_LABEL,
     no_associated: bool = _NO_ASSOCIATED, from_source_levels: bool = _FROM_SOURCE_LEVELS, verify: bool = _VERIFY,
     storage_option: list[str] | None = _STORAGE_OPTION,
+    scene: int | None = typer.Option(None, "--scene", min=0, metavar="N", help=SCENE_HELP),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF or Deep Zoom.
 
@@ -139,10 +141,12 @@ def export_pyramid_cmd(
         on_error=on_error, no_label=no_label, no_associated=no_associated, from_source_levels=from_source_levels,
         verify=verify, storage_option=storage_option)
     if batch:
+        if scene is not None:
+            raise fail("--scene applies to one slide (export-pyramid SLIDE OUTPUT)", 2)
         err_console.print(f"[yellow]wsitool: warning:[/] {DEPRECATED_BATCH}", highlight=False, soft_wrap=True)
         _export_batch(srcs, from_list, out, scheduler, quiet, options)
     else:
-        _export_single(srcs[0], out, quiet, options)
+        _export_single(srcs[0], out, quiet, options, scene)
 
 
 @app.command("export-many")
@@ -269,7 +273,7 @@ def _looks_like_a_slide(path: Path) -> bool:
         return False
 
 
-def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None:
+def _export_single(slide: str, output: Path, quiet: bool, options: dict, scene: int | None = None) -> None:
     if not options.get("overwrite") and ("://" in slide or os.path.exists(slide)) and _looks_like_a_slide(output):
         # `export-pyramid e1.svs SLIDE.svs`: the user's slide is the second argument; never suggest replacing it
         raise fail(f"{output}: already exists and is a slide: the order is `export-pyramid SLIDE OUTPUT` "
@@ -300,7 +304,10 @@ def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None
         try:
             with warnings.catch_warnings():  # the painted tiles get the one line below
                 warnings.simplefilter("ignore", TileWarning)
-                result = export_pyramid(slide, output, progress=callback, **options)
+                source: Any = slide
+                if scene is not None:  # (a CZI scene: the location carries it)
+                    source = parse_location(slide, options.pop("storage_options", None), scene_options(scene))
+                result = export_pyramid(source, output, progress=callback, **options)
         finally:
             if progress_bar is not None:
                 progress_bar.stop()
