@@ -412,3 +412,17 @@ def test_cli_export_pyramid_of_one_scene(made_czi, tmp_path):
         assert np.array_equal(exported.read_region((0, 0), 0, (480, 480), mode="rgb"), want)
     many = _run("export-pyramid", str(path), str(path), str(tmp_path), "--scene", "1")
     assert many.returncode == 2 and "--scene applies to one slide" in many.stderr
+
+
+def test_a_subblock_read_ends_at_the_next_segment(made_czi):
+    """Each subblock's bytes are read from its segment up to the next segment the file lists (the
+    directory and metadata after the last subblock, a subblock of a level left out, included):
+    exactly its segment (header and allocated size) in the generated files."""
+    path = made_czi[PYRAMID]
+    data = path.read_bytes()
+    with wsitool.open_slide(path) as slide:
+        for lv in slide._levels:
+            m = lv.mosaic
+            for offset, length in zip(m.image_offset.tolist(), m.image_length.tolist(), strict=True):
+                allocated = struct.unpack_from("<q", data, offset + 16)[0]
+                assert length == 32 + allocated, (lv.index, offset)

@@ -83,7 +83,8 @@ def _open(source: ByteSource, scene: int | None) -> Pyramid:
     count = len({s.dim("C") for s in cv.subblocks})
     grey = any(s.pixel_type in (0, 1) for s in cv.subblocks)
     chans = metadata.channels(meta.root, count, layout.colour_channels(cv.subblocks)) if count > 1 or grey else ()
-    starts = [a.position for a in czi.attachments]
+    # every segment the file lists bounds the bytes of the subblock before it
+    starts = [*czi.positions, *(a.position for a in czi.attachments), *(s.position for s in czi.subblocks)]
     levels = layout.levels(source, cv, starts, chans)
     images = associated(source, czi.attachments)
     props: dict[str, str] = dict(meta.properties)

@@ -116,6 +116,8 @@ class CziFile:
         subblocks: the directory's entries in file order.
         xml: the metadata XML's bytes up to its first NUL (empty where there is none).
         attachments: the attachment directory's entries (empty where there is none).
+        positions: where the file header, subblock directory, metadata and attachment
+            directory segments start (those the file has).
     """
 
     primary_guid: bytes
@@ -123,6 +125,7 @@ class CziFile:
     subblocks: tuple[Subblock, ...]
     xml: bytes
     attachments: tuple[Attachment, ...]
+    positions: tuple[int, ...] = ()
 
 
 def segment(source: ByteSource, pos: int, sid: str) -> tuple[int, int]:
@@ -236,7 +239,8 @@ def read_file(source: ByteSource, fh: BinaryIO, offset: int = 0) -> CziFile:
                       for s in _directory(source, fh, offset + dir_pos))
     xml = _metadata(source, offset + meta_pos) if meta_pos > 0 else b""
     attachments = _attachments(source, fh, offset + att_pos) if att_pos > 0 else ()
-    return CziFile(primary, guid, subblocks, xml, attachments)
+    positions = (offset, *(offset + p for p in (dir_pos, meta_pos, att_pos) if p > 0))
+    return CziFile(primary, guid, subblocks, xml, attachments, positions)
 
 
 def subblock_data(source: ByteSource, sub: Subblock) -> tuple[int, int]:
