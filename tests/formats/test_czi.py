@@ -426,3 +426,15 @@ def test_a_subblock_read_ends_at_the_next_segment(made_czi):
             for offset, length in zip(m.image_offset.tolist(), m.image_length.tolist(), strict=True):
                 allocated = struct.unpack_from("<q", data, offset + 16)[0]
                 assert length == 32 + allocated, (lv.index, offset)
+
+
+def test_cli_stress_of_one_scene_reads_that_scene(made_czi, tmp_path):
+    """``stress --scene 1``: the scene travels to the run's readers (its 4 levels, not the 3 of the
+    whole slide)."""
+    report = tmp_path / "stress.json"
+    proc = _run("stress", str(made_czi[PYRAMID]), "--scene", "1", "--iterations", "300", "--workers", "2",
+                "--report", str(report))
+    assert proc.returncode in (0, 15), proc.stderr  # (15: too short for a memory verdict)
+    data = json.loads(report.read_text())
+    assert [lv["width"] for lv in data["slide"]["levels"]] == [480, 240, 120, 60]
+    assert data["verification"]["mismatches"] == 0 and data["errors"]["count"] == 0
