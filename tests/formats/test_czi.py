@@ -438,3 +438,19 @@ def test_cli_stress_of_one_scene_reads_that_scene(made_czi, tmp_path):
     data = json.loads(report.read_text())
     assert [lv["width"] for lv in data["slide"]["levels"]] == [480, 240, 120, 60]
     assert data["verification"]["mismatches"] == 0 and data["errors"]["count"] == 0
+
+
+@pytest.mark.parametrize("cs", [(0, 5), (-1, 0)])
+def test_channel_numbers_with_gaps_or_below_zero(tmp_path, cs):
+    """Found by scripts/fuzz.py (a mutated C start): channels are the C values the subblocks have,
+    not 0 .. count - 1 (a colour channel numbered past the count made 6 planes for 4 channels)."""
+    gen = script_module("make_czi_samples")
+    tiles = [np.full((32, 48, 3), v, np.uint8) for v in (40, 200)]
+    subs = [gen.Sub(0, 0, t, gen.BGR24, gen.NONE, dims={"C": c, "S": 0, "M": 0})
+            for t, c in zip(tiles, cs, strict=True)]
+    path = tmp_path / "gaps.czi"
+    path.write_bytes(gen.zisraw(subs, gen._xml((48, 32), 1, "Bgr24")))
+    with wsitool.open_slide(path) as slide:
+        assert [c.name for c in slide.channels] == [f"C{c} {p}" for c in cs for p in ("red", "green", "blue")]
+        raw = slide.read_region((0, 0), 0, (48, 32), mode="raw")
+        assert raw[0, 0].tolist() == [40, 40, 40, 200, 200, 200]

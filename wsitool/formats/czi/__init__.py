@@ -80,9 +80,9 @@ def _open(source: ByteSource, scene: int | None) -> Pyramid:
     meta = metadata.parse(czi.xml)
     problems: list[str] = []
     cv = layout.canvas(czi.subblocks, (meta.width, meta.height), meta.scenes, scene, problems)
-    count = len({s.dim("C") for s in cv.subblocks})
+    cs = sorted({s.dim("C") for s in cv.subblocks})
     grey = any(s.pixel_type in (0, 1) for s in cv.subblocks)
-    chans = metadata.channels(meta.root, count, layout.colour_channels(cv.subblocks)) if count > 1 or grey else ()
+    chans = metadata.channels(meta.root, cs, layout.colour_channels(cv.subblocks)) if len(cs) > 1 or grey else ()
     # every segment the file lists bounds the bytes of the subblock before it
     starts = [*czi.positions, *(a.position for a in czi.attachments), *(s.position for s in czi.subblocks)]
     levels = layout.levels(source, cv, starts, chans)

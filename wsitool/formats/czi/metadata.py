@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from ...errors import CorruptFileError
 from ...model import Channel, channel_color
@@ -155,8 +155,8 @@ def _argb(text: str | None) -> tuple[int, int, int] | None:
     return (value >> 16) & 255, (value >> 8) & 255, value & 255
 
 
-def channels(root: ET.Element, count: int, colour: Collection[int] = ()) -> tuple[Channel, ...]:
-    """The channels of ``C`` 0 .. ``count - 1`` as the XML describes them: name from
+def channels(root: ET.Element, cs: Sequence[int], colour: Collection[int] = ()) -> tuple[Channel, ...]:
+    """The channels of the ``C`` values ``cs`` (ascending) as the XML describes them: name from
     ``Information/Image/Dimensions/Channels/Channel`` (else ``DisplaySetting``'s, else
     ``C<k>``), wavelengths from the former, colour (``#AARRGGBB``) from the latter (else
     from the wavelength or the defaults, :func:`wsitool.model.channel_color`).  A ``C`` in
@@ -164,9 +164,10 @@ def channels(root: ET.Element, count: int, colour: Collection[int] = ()) -> tupl
     info = root.findall("Metadata/Information/Image/Dimensions/Channels/Channel")
     display = root.findall("Metadata/DisplaySetting/Channels/Channel")
     out = []
-    for k in range(count):
-        i = info[k] if k < len(info) else None
-        d = display[k] if k < len(display) else None
+    count = len(cs)
+    for k in cs:
+        i = info[k] if 0 <= k < len(info) else None
+        d = display[k] if 0 <= k < len(display) else None
         name = (i.get("Name") if i is not None else None) or (d.get("Name") if d is not None else None) or f"C{k}"
         ex = _double(i.findtext("ExcitationWavelength")) if i is not None else None
         em = _double(i.findtext("EmissionWavelength")) if i is not None else None
@@ -180,6 +181,6 @@ def channels(root: ET.Element, count: int, colour: Collection[int] = ()) -> tupl
         if color is not None:
             out.append(Channel(name=name, excitation_nm=ex, emission_nm=em, color=color, color_source="file"))
             continue
-        color, source = channel_color(k, count, em, ex)
+        color, source = channel_color(len(out), count, em, ex)
         out.append(Channel(name=name, excitation_nm=ex, emission_nm=em, color=color, color_source=source))
     return tuple(out)
