@@ -16,7 +16,7 @@ import pytest
 import tifffile
 
 import wsitool
-from wsitool.codec.czi import CZI_CODECS, jpegxr_size, payload, unpack_hilo
+from wsitool.codec.czi import CZI_CODECS, jpegxr_problem, jpegxr_size, payload, unpack_hilo
 from wsitool.errors import CorruptFileError, InvalidOptionError, TileDecodeError, TileWarning
 from wsitool.formats import czi
 from wsitool.opening import parse_location
@@ -454,3 +454,25 @@ def test_channel_numbers_with_gaps_or_below_zero(tmp_path, cs):
         assert [c.name for c in slide.channels] == [f"C{c} {p}" for c in cs for p in ("red", "green", "blue")]
         raw = slide.read_region((0, 0), 0, (48, 32), mode="raw")
         assert raw[0, 0].tolist() == [40, 40, 40, 200, 200, 200]
+
+
+def test_a_jpegxr_header_jxrlib_crashes_on_is_refused_before_it(tmp_path):
+    """Found by scripts/fuzz.py: a JPEG XR image header declaring output format 13, bit depth 14
+    kills the process in jxrlib (SIGFPE).  Checked in a child process, so a regression fails this
+    test instead of killing the run."""
+    rgb = np.random.default_rng(5).integers(0, 255, (32, 48, 3), dtype=np.uint8)
+    jxr = bytearray(imagecodecs.jpegxr_encode(rgb, level=1.0))
+    at = jxr.index(b"WMPHOTO\0")
+    jxr[at + 11] = 0xDE  # OUTPUT_CLR_FMT 13, OUTPUT_BITDEPTH 14: undefined
+    (tmp_path / "seg.bin").write_bytes(_segment(bytes(jxr)))
+    code = ("import sys, numpy as np\nfrom wsitool.codec.czi import CZI_CODECS\n"
+            "try:\n    CZI_CODECS['czi-jpegxr'](open(sys.argv[1], 'rb').read(), 48, 32, 3, np.dtype('u1'))\n"
+            "except ValueError as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "seg.bin")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert "output colour format 13, bit depth 14" in proc.stdout
+    bad_guid = bytes(imagecodecs.jpegxr_encode(np.zeros((32, 48, 4), np.uint8)))  # 32bppRGBA: not Zeiss's
+    assert "pixel format" in jpegxr_problem(bad_guid, 48, 32)
+    good = bytes(imagecodecs.jpegxr_encode(rgb, level=1.0))
+    assert jpegxr_problem(good, 48, 32) is None and "the subblock is 48x31" in jpegxr_problem(good, 48, 31)

@@ -14,8 +14,8 @@ stored blue first, ``Bgr24`` and ``Bgr48``, reversed here to RGB order, or ``-bg
 * ``czi-zstd1``: a header (its length ``n`` in the first byte, 1 or 3; with 3, chunk type 1
   and a flag byte whose bit 0 is *hi-lo packing*: the low byte of every 16-bit sample
   stored first, then all the high bytes), then a zstd frame;
-* ``czi-jpegxr``: a JPEG XR stream (jxrlib through imagecodecs, after its container's declared
-  size is checked against the subblock's, :func:`jpegxr_size`; the format converter gives
+* ``czi-jpegxr``: a JPEG XR stream (jxrlib through imagecodecs, after its container and image
+  header are checked against the subblock, :func:`jpegxr_problem`; the format converter gives
   a ``24bppBGR`` / ``32bppBGRA`` stream in RGB order: no ``-bgr`` variant);
 * ``czi-jpeg``: a JPEG stream (libjpeg-turbo through imagecodecs, RGB order; its frame header
   is checked against the subblock's size first).
@@ -35,7 +35,7 @@ import numpy as np
 
 from ..ground.bitstream import jpeg_frame_size
 
-__all__ = ["CZI_CODECS", "payload", "unpack_hilo", "jpegxr_size"]
+__all__ = ["CZI_CODECS", "payload", "unpack_hilo", "jpegxr_size", "jpegxr_problem"]
 
 _SEGMENT = struct.Struct("<16sqq")
 
@@ -59,23 +59,73 @@ def payload(segment: bytes) -> bytes:
     return segment[start:start + data]
 
 
-def jpegxr_size(data: bytes) -> tuple[int, int] | None:
-    """``(width, height)`` a JPEG XR stream's container declares (ITU-T T.832 annex A: ``II``,
-    0xBC, version, the IFD offset; tags 0xBC80 ImageWidth and 0xBC81 ImageHeight), or None."""
+#: jxrlib's pixel format GUIDs 6fddc324-4e03-4bfe-b185-3d77768dc9XX (as stored: little-endian
+#: fields): the first 15 bytes, and the last byte of those a CZI subblock is stored in (8bppGray,
+#: 16bppGray, 24bppBGR, 24bppRGB, 32bppBGR, 32bppBGRA, 48bppRGB).
+_JXR_GUID = bytes.fromhex("24c3dd6f034efe4bb1853d77768dc9")
+_JXR_FORMATS = frozenset({0x08, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x15})
+#: The codestream's OUTPUT_CLR_FMT and OUTPUT_BITDEPTH of those: YONLY or RGB, BD8 or BD16.
+_JXR_OUTPUT = frozenset({(0, 1), (0, 2), (7, 1), (7, 2)})
+
+
+def _jxr_tags(data: bytes) -> dict[int, int] | None:
+    """The container's IFD entries (ITU-T T.832 annex A) as tag -> value or offset, or None."""
     if len(data) < 8 or data[:3] != b"II\xbc":
         return None
     ifd = struct.unpack_from("<I", data, 4)[0]
     if ifd + 2 > len(data):
         return None
     count = struct.unpack_from("<H", data, ifd)[0]
-    found: dict[int, int] = {}
+    tags: dict[int, int] = {}
     for k in range(min(count, (len(data) - ifd - 2) // 12)):
         tag, kind, _n, value = struct.unpack_from("<HHII", data, ifd + 2 + 12 * k)
-        if tag in (0xBC80, 0xBC81):
-            found[tag] = value & 0xFFFF if kind == 3 else value
-    if len(found) != 2:
+        tags[tag] = value & 0xFFFF if kind == 3 else value
+    return tags
+
+
+def jpegxr_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` a JPEG XR stream's container declares (ITU-T T.832 annex A: ``II``,
+    0xBC, version, the IFD offset; tags 0xBC80 ImageWidth and 0xBC81 ImageHeight), or None."""
+    tags = _jxr_tags(data)
+    if tags is None or 0xBC80 not in tags or 0xBC81 not in tags:
         return None
-    return found[0xBC80], found[0xBC81]
+    return tags[0xBC80], tags[0xBC81]
+
+
+def jpegxr_problem(data: bytes, width: int, height: int) -> str | None:
+    """Why the JPEG XR stream ``data`` must not reach jxrlib as a ``width x height`` subblock, or
+    None.  jxrlib trusts its headers (a codestream declaring an undefined output format or bit
+    depth crashes it with SIGFPE: found by scripts/fuzz.py), so only what a CZI subblock is stored
+    as passes: the container's size, a pixel format of :data:`_JXR_FORMATS`, and an image
+    header (T.832 8.3: ``WMPHOTO``, flags, OUTPUT_CLR_FMT and OUTPUT_BITDEPTH, WIDTH_MINUS1 and
+    HEIGHT_MINUS1) of :data:`_JXR_OUTPUT` and the same size, its overlap mode defined."""
+    tags = _jxr_tags(data)
+    if tags is None:
+        return "not a JPEG XR container"
+    if (tags.get(0xBC80), tags.get(0xBC81)) != (width, height):
+        return f"jpegxr stream declares {(tags.get(0xBC80), tags.get(0xBC81))}, the subblock is {width}x{height}"
+    guid_at = tags.get(0xBC01, len(data))
+    guid = data[guid_at:guid_at + 16]
+    if len(guid) != 16 or guid[:15] != _JXR_GUID or guid[15] not in _JXR_FORMATS:
+        return f"JPEG XR pixel format {guid.hex() or 'missing'} is not one of a CZI subblock"
+    at = tags.get(0xBCC0, len(data))
+    head = data[at:at + 20]
+    if len(head) < 16 or head[:8] != b"WMPHOTO\0":
+        return "JPEG XR image header missing"
+    if head[9] & 3 == 3:
+        return "JPEG XR image header declares the reserved overlap mode 3"
+    output = (head[11] >> 4, head[11] & 15)
+    if output not in _JXR_OUTPUT:
+        return f"JPEG XR output colour format {output[0]}, bit depth {output[1]}: not one of a CZI subblock"
+    if head[10] & 0x80:  # SHORT_HEADER_FLAG: 16-bit sizes
+        w, h = struct.unpack_from(">HH", head, 12)
+    elif len(head) < 20:
+        return "JPEG XR image header cut short"
+    else:
+        w, h = struct.unpack_from(">II", head, 12)
+    if (w + 1, h + 1) != (width, height):
+        return f"JPEG XR image header declares {w + 1}x{h + 1}, the subblock is {width}x{height}"
+    return None
 
 
 def unpack_hilo(data: bytes) -> bytes:
@@ -134,9 +184,12 @@ def _codec(kind: str, order: str) -> Decoder:
                 hilo = bool(data[2] & 1)
             raw = _zstd(data[head:], need)
             return _samples(unpack_hilo(raw) if hilo else raw, width, height, samples, dtype, order)
-        size = jpeg_frame_size(data) if kind == "jpeg" else jpegxr_size(data)
-        if size != (width, height):  # (before the decoder allocates for what the stream declares)
-            raise ValueError(f"{kind} stream declares {size}, the subblock is {width}x{height}")
+        if kind == "jpegxr":  # (before jxrlib: it trusts its headers)
+            problem = jpegxr_problem(data, width, height)
+            if problem:
+                raise ValueError(problem)
+        elif jpeg_frame_size(data) != (width, height):  # (before the decoder allocates for it)
+            raise ValueError(f"jpeg stream declares {jpeg_frame_size(data)}, the subblock is {width}x{height}")
         try:
             arr = np.asarray(imagecodecs.jpeg8_decode(data) if kind == "jpeg" else imagecodecs.jpegxr_decode(data))
         except Exception as exc:
