@@ -245,6 +245,10 @@ def test_counts_and_sizes_from_the_file_are_checked_before_use(made_czi, tmp_pat
     bad = _patched(src, tmp_path, dir_pos + 16, struct.pack("<qq", 2**62, 2**62))  # segment sizes
     with pytest.raises(CorruptFileError, match="past the end of the file"):
         wsitool.open_slide(bad)
+    entry = dir_pos + 32 + 128  # the first directory entry: its file position (found by scripts/fuzz.py)
+    bad = _patched(src, tmp_path, entry + 6, struct.pack("<q", -(2**62)))
+    with pytest.raises(CorruptFileError, match=r"subblock 0 at offset -\d+, outside the file"):
+        wsitool.open_slide(bad)
 
 
 def test_a_broken_subblock_is_a_tile_error_naming_the_file(made_czi, tmp_path):
@@ -458,13 +462,16 @@ def test_channel_numbers_with_gaps_or_below_zero(tmp_path, cs):
 
 def test_a_jpegxr_header_jxrlib_crashes_on_is_refused_before_it(tmp_path):
     """Found by scripts/fuzz.py: a JPEG XR image header declaring output format 13, bit depth 14
-    kills the process in jxrlib (SIGFPE).  Checked in a child process, so a regression fails this
-    test instead of killing the run."""
+    kills the process in jxrlib (SIGFPE), a tiling flag over an untiled stream too (SIGSEGV).
+    Checked in a child process, so a regression fails this test instead of killing the run."""
     rgb = np.random.default_rng(5).integers(0, 255, (32, 48, 3), dtype=np.uint8)
     jxr = bytearray(imagecodecs.jpegxr_encode(rgb, level=1.0))
     at = jxr.index(b"WMPHOTO\0")
     jxr[at + 11] = 0xDE  # OUTPUT_CLR_FMT 13, OUTPUT_BITDEPTH 14: undefined
+    tiled = bytearray(imagecodecs.jpegxr_encode(rgb, level=1.0))
+    tiled[at + 9] = 0x84  # TILING_FLAG and INDEX_TABLE_PRESENT_FLAG over an untiled stream: SIGSEGV
     (tmp_path / "seg.bin").write_bytes(_segment(bytes(jxr)))
+    (tmp_path / "tiled.bin").write_bytes(_segment(bytes(tiled)))
     code = ("import sys, numpy as np\nfrom wsitool.codec.czi import CZI_CODECS\n"
             "try:\n    CZI_CODECS['czi-jpegxr'](open(sys.argv[1], 'rb').read(), 48, 32, 3, np.dtype('u1'))\n"
             "except ValueError as exc:\n    print(exc)\n")
@@ -472,6 +479,9 @@ def test_a_jpegxr_header_jxrlib_crashes_on_is_refused_before_it(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-500:]
     assert "output colour format 13, bit depth 14" in proc.stdout
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tiled.bin")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "tiled JPEG XR codestreams are not supported" in proc.stdout, proc.stderr[-500:]
     bad_guid = bytes(imagecodecs.jpegxr_encode(np.zeros((32, 48, 4), np.uint8)))  # 32bppRGBA: not Zeiss's
     assert "pixel format" in jpegxr_problem(bad_guid, 48, 32)
     good = bytes(imagecodecs.jpegxr_encode(rgb, level=1.0))

@@ -98,7 +98,8 @@ def jpegxr_problem(data: bytes, width: int, height: int) -> str | None:
     depth crashes it with SIGFPE: found by scripts/fuzz.py), so only what a CZI subblock is stored
     as passes: the container's size, a pixel format of :data:`_JXR_FORMATS`, and an image
     header (T.832 8.3: ``WMPHOTO``, flags, OUTPUT_CLR_FMT and OUTPUT_BITDEPTH, WIDTH_MINUS1 and
-    HEIGHT_MINUS1) of :data:`_JXR_OUTPUT` and the same size, its overlap mode defined."""
+    HEIGHT_MINUS1) of :data:`_JXR_OUTPUT` and the same size, its overlap mode defined, not tiled
+    (a tile and index table jxrlib misreads crashes it with SIGSEGV: also found by the fuzzer)."""
     tags = _jxr_tags(data)
     if tags is None:
         return "not a JPEG XR container"
@@ -114,6 +115,8 @@ def jpegxr_problem(data: bytes, width: int, height: int) -> str | None:
         return "JPEG XR image header missing"
     if head[9] & 3 == 3:
         return "JPEG XR image header declares the reserved overlap mode 3"
+    if head[9] & 0x80:  # TILING_FLAG: a broken tile and index table crashes jxrlib (SIGSEGV)
+        return "tiled JPEG XR codestreams are not supported"
     output = (head[11] >> 4, head[11] & 15)
     if output not in _JXR_OUTPUT:
         return f"JPEG XR output colour format {output[0]}, bit depth {output[1]}: not one of a CZI subblock"

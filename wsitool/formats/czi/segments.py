@@ -224,8 +224,8 @@ def read_file(source: ByteSource, fh: BinaryIO, offset: int = 0) -> CziFile:
 
     Raises:
         CorruptFileError: a segment missing, of the wrong id, past the end of the file, or
-            unreadable (an unknown pixel type); a subblock without X or Y or of a non-positive
-            size; more subblocks than :data:`MAX_SUBBLOCKS`.
+            unreadable (an unknown pixel type); a subblock without X or Y, of a non-positive
+            size or outside the file; more subblocks than :data:`MAX_SUBBLOCKS`.
     """
     start, used = segment(source, offset, "ZISRAWFILE")
     raw = source.read(start, 80)
@@ -237,6 +237,10 @@ def read_file(source: ByteSource, fh: BinaryIO, offset: int = 0) -> CziFile:
         raise CorruptFileError("CZI: the file header gives no subblock directory")
     subblocks = tuple(dataclasses.replace(s, position=s.position + offset)
                       for s in _directory(source, fh, offset + dir_pos))
+    for s in subblocks:
+        if not 0 <= s.position < source.size:
+            raise CorruptFileError(f"CZI: subblock {s.index} at offset {s.position}, outside the file "
+                                   f"({source.size} bytes)")
     xml = _metadata(source, offset + meta_pos) if meta_pos > 0 else b""
     attachments = _attachments(source, fh, offset + att_pos) if att_pos > 0 else ()
     positions = (offset, *(offset + p for p in (dir_pos, meta_pos, att_pos) if p > 0))
