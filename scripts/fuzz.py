@@ -350,12 +350,17 @@ def save_fault(out_dir: Path, n: int, recipe: dict, result: dict, data: bytes) -
 
 
 def vendor_seeds(folder: Path) -> list[Path]:
-    """The vendor-layout fixtures of ``scripts/make_vendor_samples.py`` (Philips, Ventana, Leica), written
-    into ``folder`` from the shared CMU slide (kept beside the faults, so a fault's recipe
-    replays); none where that slide is absent."""
+    """The vendor-layout fixtures of ``scripts/make_vendor_samples.py`` (Philips, Ventana, Leica) and
+    ``scripts/make_czi_samples.py`` (Zeiss CZI: header, directory, subblock and attachment
+    segments; mutated by the header, random-bytes and truncate kinds), written into ``folder``
+    from the shared CMU slide (kept beside the faults, so a fault's recipe replays); none where
+    that slide is absent."""
+    import make_czi_samples
     from make_vendor_samples import SOURCE, write_all
 
-    return write_all(folder) if SOURCE.is_file() else []
+    if not SOURCE.is_file():
+        return []
+    return write_all(folder) + make_czi_samples.write_all(folder)
 
 
 #: The files of a MIRAX slide's folder the fuzzer mutates (one at a time, the others intact).

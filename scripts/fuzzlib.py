@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("WSITOOL_SHARED", REPO.parent / "shared"))
 SEED_DIRS = (SHARED / "samples", SHARED / "bug-inputs")
-SEED_SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff", ".ndpi")
+SEED_SUFFIXES = (".svs", ".tif", ".tiff", ".qptiff", ".ndpi", ".czi")
 
 #: Mutation kinds (each recipe stacks one to three of them).
 KINDS = (
@@ -122,7 +122,7 @@ def seed_targets(path: str | os.PathLike) -> Targets:
 
 
 def seed_files(limit_bytes: int = 8 * 2**20) -> list[Path]:
-    """TIFF-based seed files from ../shared (samples and bug inputs), smallest first."""
+    """Seed files from ../shared (samples and bug inputs: TIFF-based and CZI), smallest first."""
     files = []
     for d in SEED_DIRS:
         if d.is_dir():

@@ -195,7 +195,9 @@ def test_fuzz_script_cli(tmp_path):
 
 def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
     """Without ``--files`` the fuzzer also mutates the Philips, Ventana and Leica layouts
-    (``scripts/make_vendor_samples.py``), written beside its faults so their recipes replay."""
+    (``scripts/make_vendor_samples.py``) and the Zeiss CZI ones (``scripts/make_czi_samples.py``),
+    written beside its faults so their recipes replay."""
+    import make_czi_samples
     import make_vendor_samples
 
     if not make_vendor_samples.SOURCE.is_file():
@@ -203,12 +205,13 @@ def test_the_vendor_fixtures_are_seeds_and_open_as_their_vendor(tmp_path):
     import wsitool
 
     seeds = fuzz.vendor_seeds(tmp_path / "vendor-seeds")
-    assert [p.parent for p in seeds] == [tmp_path / "vendor-seeds"] * len(make_vendor_samples.MAKERS)
+    count = len(make_vendor_samples.MAKERS) + len(make_czi_samples.MAKERS)
+    assert [p.parent for p in seeds] == [tmp_path / "vendor-seeds"] * count
     vendors = set()
     for path in seeds:
         with wsitool.open_slide(path) as slide:
             vendors.add(slide.vendor)
-    assert vendors == {"philips", "ventana", "leica"}
+    assert vendors == {"philips", "ventana", "leica", "zeiss"}
 
 
 def test_the_mirax_fixtures_are_seeds_mutated_inside_a_copy_of_their_slide(tmp_path):

@@ -27,8 +27,9 @@ OPTIONAL_MODULES = {"wsitool._jpegloop", "wsitool._boxfilter"}
 #: path patterns that name what a command makes, not a file of the repository (docs/pending/: where
 #: engineers drop pages for the lead, empty between features)
 MADE = ("docs/_build", "samples/out", "docs/pending", "wsitool/_build.json")  # (the last: setup.py's record)
-#: namespaces of slide property names (``wsitool.dicom.level[0].missing-tiles``), not Python names
-PROPERTY_NAMESPACES = ("wsitool.dicom",)
+#: namespaces of slide property names (``wsitool.dicom.level[0].missing-tiles``, ``wsitool.czi.scenes``),
+#: not Python names
+PROPERTY_NAMESPACES = ("wsitool.dicom", "wsitool.czi")
 #: files that quote other repositories' paths (where a vendored file came from)
 FOREIGN = ("docs/_inventories/README.md",)
 

@@ -123,16 +123,16 @@ class Slide(SlideMetadata):
     """
 
     def __init__(self, path: str | os.PathLike[str] | Location | OpenedSlide, cache: TileCache | int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, scene: int | None = None) -> None:
         self._closed = False
         self._tile_cache: CacheScope | None = scope_for(cache)
         if isinstance(path, OpenedSlide):
-            if storage_options:
+            if storage_options or scene is not None:
                 raise InvalidOptionError(f"{path.location.shown}: the slide is open already; its location "
-                                         "carries its storage options")
+                                         "carries its storage and format options")
             opened = path
         else:
-            opened = open_location(parse_location(path, storage_options))
+            opened = open_location(parse_location(path, storage_options, scene_options(scene)))
         self.location = opened.location
         self.identity = opened.identity
         self.path = opened.location.shown
@@ -392,9 +392,15 @@ class Slide(SlideMetadata):
         return f"Slide({self.path!r}, vendor={self.vendor!r}, levels={self.level_count})"
 
 
+def scene_options(scene: int | None) -> dict[str, Any] | None:
+    """The format options of ``scene`` (:func:`open_slide`): ``{"scene": scene}``, or None."""
+    return None if scene is None else {"scene": scene}
+
+
 def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None = None,
-               storage_options: dict | None = None) -> Slide:
-    """Open a whole-slide image (Aperio SVS, generic tiled TIFF, OME-TIFF, DICOM WSI).
+               storage_options: dict | None = None, scene: int | None = None) -> Slide:
+    """Open a whole-slide image (Aperio SVS and the other TIFF-based vendors, generic tiled TIFF,
+    OME-TIFF, DICOM WSI, Zeiss CZI).
 
     ``path`` is a file, or for DICOM a file of the series (the other instances
     are found beside it) or a folder holding one series; or the URL of a
@@ -411,6 +417,11 @@ def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None
     ``endpoint_url``, ``region_name``, ``account_name``, ``account_key``,
     ``sas_token``; :mod:`wsitool.storage.remote.transports.objectstore`).
 
+    ``scene`` (Zeiss CZI only): the scene to read alone (0, 1, ...; ``wsitool info`` lists
+    them); None (default) reads every scene on one canvas, as OpenSlide shows the slide
+    (``openslide.region[N].*`` say where each is).  A slide of another format refuses it
+    (:class:`~wsitool.errors.InvalidOptionError`).
+
     Returns a :class:`Slide`, usable as a context manager.
 
     ``cache``: a :class:`~wsitool.read.cache.TileCache` to keep decoded tiles in
@@ -426,10 +437,11 @@ def open_slide(path: str | os.PathLike | Location, cache: TileCache | int | None
         CorruptFileError: broken container structure (bad header or IFD, zero-size image).
         RemoteAccessError: access denied, expired credentials or presigned URL.
         RemoteUnavailableError: the server kept failing after the retries.
-        InvalidOptionError: storage options for a local path, or a bad one.
+        InvalidOptionError: storage options for a local path, or a bad one; a ``scene`` the
+            slide does not have, or for a format without scenes.
         WsiError: a URL without the ``wsitool[remote]`` extra installed.
     """
-    return Slide(path, cache=cache, storage_options=storage_options)
+    return Slide(path, cache=cache, storage_options=storage_options, scene=scene)
 
 
 def pyramid_levels(slide: Slide) -> tuple[model.PyramidLevel, ...]:

@@ -20,7 +20,7 @@ def test_dicom_and_unknown_files_are_refused_by_name(tmp_path):
     junk = tmp_path / "x.svs"
     junk.write_bytes(b"hello, not a slide" * 10)
     for path, needle in ((dicom, "not a DICOM whole-slide image"),
-                         (junk, r"not a slide wsitool reads \(neither TIFF nor DICOM; header b'hell'\)")):
+                         (junk, r"not a slide wsitool reads \(neither TIFF nor DICOM nor CZI; header b'hell'\)")):
         with pytest.raises(UnsupportedFormatError, match=needle):
             open_location(Located(str(path)))
 

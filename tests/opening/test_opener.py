@@ -68,7 +68,8 @@ def test_a_file_no_format_reads_names_every_registered_format(tmp_path, fake):
     junk.write_bytes(b"GIF89a" + b"\0" * 200)
     with pytest.raises(UnsupportedFormatError) as info:
         open_location(LocalFile(str(junk)))
-    assert str(info.value) == f"{junk}: not a slide wsitool reads (neither TIFF nor DICOM nor FAKE; header b'GIF8')"
+    tried = "neither TIFF nor DICOM nor CZI nor FAKE"
+    assert str(info.value) == f"{junk}: not a slide wsitool reads ({tried}; header b'GIF8')"
 
 
 def test_register_checks_the_contract():

@@ -156,6 +156,9 @@ def handle_errors(func: Callable) -> Callable:
 
 
 #: help of the repeatable ``--storage-option`` of the commands that read a slide
+SCENE_HELP = ("Zeiss CZI: read scene N alone (0, 1, ...; info lists them). Default: every scene on one canvas, "
+              "as OpenSlide shows the slide.")
+
 STORAGE_OPTION_HELP = ("For a slide URL (http(s)://, s3://, gs://, az://): KEY=VALUE passed to the remote reader, "
                        "repeatable (e.g. anon=true, endpoint_url=http://host:9000, timeout=30, "
                        "headers.Authorization='Bearer ...'); VALUE is read as JSON when it parses, else as text.")

@@ -27,10 +27,11 @@ from ..errors import TileWarning
 from ..export import COMPRESSIONS, FORMATS, export_pyramid
 from ..export.plan import background_color
 from ..ground.extras import install_hint
-from ..slide import open_slide
+from ..opening import parse_location
+from ..slide import open_slide, scene_options
 from ..storage import redact
 from .batch import batch_progress, failure_code, usage_errors
-from .console import STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
+from .console import SCENE_HELP, STORAGE_OPTION_HELP, console, err_console, fail, handle_errors, shown, storage_options
 from .group import app
 from .stow import send
 
@@ -147,6 +148,7 @@ def export_pyramid_cmd(
     add_levels: bool = _ADD_LEVELS, mpp: float | None = _MPP, dicom_metadata: Path | None = _DICOM_METADATA,
     dicom_attribute: list[str] | None = _DICOM_ATTRIBUTE, stow_url: str | None = _STOW,
     stow_option: list[str] | None = _STOW_OPTION,
+    scene: int | None = typer.Option(None, "--scene", min=0, metavar="N", help=SCENE_HELP),
 ) -> None:
     """Stream a slide (or a region) into a new tiled pyramid: Aperio TIFF, OME-TIFF, Deep Zoom or a DICOM WSI series.
 
@@ -174,10 +176,12 @@ def export_pyramid_cmd(
     if stow_option and stow_url is None:
         raise fail("--stow-option needs --stow URL", 2)
     if batch:
+        if scene is not None:
+            raise fail("--scene applies to one slide (export-pyramid SLIDE OUTPUT)", 2)
         err_console.print(f"[yellow]wsitool: warning:[/] {DEPRECATED_BATCH}", highlight=False, soft_wrap=True)
         _export_batch(srcs, from_list, out, scheduler, quiet, options)
     else:
-        _export_single(srcs[0], out, quiet, options)
+        _export_single(srcs[0], out, quiet, options, scene)
         if stow_url is not None:  # (the series is complete on disk first: a failed upload leaves it there)
             send([str(out)], stow_url, stow_option)
 
@@ -342,7 +346,7 @@ def _looks_like_a_slide(path: Path) -> bool:
         return False
 
 
-def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None:
+def _export_single(slide: str, output: Path, quiet: bool, options: dict, scene: int | None = None) -> None:
     if not options.get("overwrite") and ("://" in slide or os.path.exists(slide)) and _looks_like_a_slide(output):
         # `export-pyramid e1.svs SLIDE.svs`: the user's slide is the second argument; never suggest replacing it
         raise fail(f"{output}: already exists and is a slide: the order is `export-pyramid SLIDE OUTPUT` "
@@ -373,7 +377,10 @@ def _export_single(slide: str, output: Path, quiet: bool, options: dict) -> None
         try:
             with warnings.catch_warnings():  # the painted tiles get the one line below
                 warnings.simplefilter("ignore", TileWarning)
-                result = export_pyramid(slide, output, progress=callback, **options)
+                source: Any = slide
+                if scene is not None:  # (a CZI scene: the location carries it)
+                    source = parse_location(slide, options.pop("storage_options", None), scene_options(scene))
+                result = export_pyramid(source, output, progress=callback, **options)
         finally:
             if progress_bar is not None:
                 progress_bar.stop()

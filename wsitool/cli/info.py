@@ -19,7 +19,7 @@ from ..codec.backends import backend_report
 from ..export import painted_tiles
 from ..read.icc import profile_description
 from ..slide import Slide, open_slide, pyramid_levels
-from .console import STORAGE_OPTION_HELP, err_console, fitted_console, handle_errors, storage_options
+from .console import SCENE_HELP, STORAGE_OPTION_HELP, err_console, fitted_console, handle_errors, storage_options
 from .group import app
 
 
@@ -33,7 +33,7 @@ def _icc_summary(profile: bytes | None) -> dict | None:
 def info(
     slide: str = typer.Argument(
         ...,
-        help=("Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM), a folder holding one DICOM series, or a slide URL "
+        help=("Slide file (SVS, NDPI, TIFF, OME-TIFF, DICOM, CZI), a folder holding one DICOM series, or a slide URL "
               "(http(s)://, s3://, gs://, az://)."),
     ),
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
@@ -50,8 +50,9 @@ def info(
         None, "--storage-option", metavar="KEY=VALUE",
         help=STORAGE_OPTION_HELP,
     ),
+    scene: int | None = typer.Option(None, "--scene", min=0, metavar="N", help=SCENE_HELP),
 ) -> None:
-    """Show levels, tile sizes, compression, MPP, vendor and associated images.
+    """Show levels, tile sizes, compression, MPP, vendor, associated images (and a CZI's scenes).
 
     Identifying properties (patient, institution, specimen: DICOM PS3.15 E.1-1)
     are left out of the output unless --show-phi is given.
@@ -60,7 +61,7 @@ def info(
     $COLUMNS columns, or 80.
     """
 
-    with open_slide(slide, storage_options=storage_options(storage_option)) as s:
+    with open_slide(slide, storage_options=storage_options(storage_option), scene=scene) as s:
         data = _info_data(s, show_phi)
         hidden = 0 if show_phi else len(s.identifying_properties)
         phi = {k: s.properties[k] for k in sorted(s.identifying_properties)} if show_phi else {}
@@ -128,6 +129,8 @@ def _info_data(s: Slide, show_phi: bool) -> dict[str, Any]:
         "levels": levels,
         "associated_images": assoc,
         "channels": [_channel_summary(c) for c in s.channels],  # multi-channel slides, else []
+        "scenes": _scenes(s.properties),  # a CZI's scenes, else []
+        "scene": _scene_read(s.properties),  # the one read (--scene), else None
         "icc_profile": _icc_summary(s.color_profile),
         "painted_tiles": _painted_tiles(s),  # wsitool export with --on-error fill, else None
         "backends": backend_report(),
@@ -166,6 +169,11 @@ def _print_info(data: dict[str, Any], hidden: int, phi: dict[str, str], picks: d
                     "institution, specimen) hidden: --show-phi shows them")
     for key, value in phi.items():  # --show-phi: the identifying properties themselves
         _line(out, f"{errors.printable(key)} = {errors.printable(value)}")
+    if data["scenes"]:
+        listed = ", ".join(f"{c['scene']}" + (f" ({c['width']}x{c['height']} at {c['x']},{c['y']})"
+                                               if "width" in c else "") for c in data["scenes"])
+        which = f"reading scene {data['scene']}" if data["scene"] is not None else "reading all (--scene N: one)"
+        _prose(out, f"scenes: {listed}; {which}")
     if data["channels"]:
         _table(out, "Channels (composite: each through its colour, added)",
                ["channel", "name", "colour", "from", "excitation", "emission"],
@@ -174,6 +182,28 @@ def _print_info(data: dict[str, Any], hidden: int, phi: dict[str, str], picks: d
                  f"{c['emission_nm']:g} nm" if c["emission_nm"] else "-"]
                 for k, c in enumerate(data["channels"])])
     _print_info_tables(data["path"], data["levels"], data["associated_images"], data["backends"], show_backends)
+
+
+def _scenes(props: Any) -> list[dict[str, int]]:
+    """A CZI's scenes (``wsitool.czi.scenes``), each with its level-0 bounds on the canvas read
+    (``openslide.region[N].*``: ``x``, ``y``, ``width``, ``height``; a scene not read: its
+    number only), else []."""
+    out = []
+    for text in filter(None, props.get("wsitool.czi.scenes", "").split(",")):
+        k = int(text)
+        entry = {"scene": k}
+        for key in ("x", "y", "width", "height"):
+            value = props.get(f"openslide.region[{k}].{key}")
+            if value is not None:
+                entry[key] = int(value)
+        out.append(entry)
+    return out
+
+
+def _scene_read(props: Any) -> int | None:
+    """The scene read alone (``--scene``), or None."""
+    value = props.get("wsitool.czi.scene")
+    return None if value is None else int(value)
 
 
 def _channel_summary(channel) -> dict:

@@ -20,6 +20,7 @@ from ..storage import is_url, redact
 from ..types import Mode, OnError
 from .batch import batch_progress, failure_code, usage_errors
 from .console import (
+    SCENE_HELP,
     STORAGE_OPTION_HELP,
     console,
     err_console,
@@ -114,6 +115,7 @@ def read_region_cmd(
     quiet: bool = _OLD_QUIET,
     overwrite: bool = _OVERWRITE,
     storage_option: list[str] | None = _STORAGE_OPTION,
+    scene: int | None = typer.Option(None, "--scene", min=0, metavar="N", help=SCENE_HELP),
 ) -> None:
     """Read a region (OpenSlide semantics) and write it to an image file.
 
@@ -140,7 +142,7 @@ def read_region_cmd(
     _check_output_file(output, source, overwrite)
     with max_pixels_scope(max_pixels):
         arr = _read_one(source, options, location, level, size, mode=mode, threads=threads, on_error=on_error,
-                        device=device)
+                        device=device, scene=scene)
     _write_one(output, arr, source, quality=quality, overwrite=overwrite)
     _report_one(output, arr, source, level, location)
 
@@ -207,9 +209,10 @@ def _check_output_file(output: Path, slide: str | Path, overwrite: bool) -> None
 
 def _read_one(slide: str | Path, options: dict | None, location: tuple[int, int], level: int,
               size: tuple[int, int], *, mode: Mode, threads: int | None, on_error: OnError,
-              device: str) -> np.ndarray:
+              device: str, scene: int | None = None) -> np.ndarray:
     """The region as a NumPy array (a CUDA read copied to the host); one warning line per filled tile."""
-    with open_slide(slide, storage_options=options) as s, warnings.catch_warnings(record=True) as caught:
+    with open_slide(slide, storage_options=options, scene=scene) as s, \
+            warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TileWarning)
         arr = s.read_region(location, level, size, mode=mode, threads=threads, on_error=on_error,
                             device=device)

@@ -11,8 +11,19 @@ from rich.live import Live
 from .. import errors, stress
 from ..ground import outputs as atomic
 from ..ground.extras import install_hint
+from ..opening import parse_location
+from ..slide import scene_options
 from ..storage import is_url
-from .console import STORAGE_OPTION_HELP, console, fail, fitted_console, handle_errors, shown, storage_options
+from .console import (
+    SCENE_HELP,
+    STORAGE_OPTION_HELP,
+    console,
+    fail,
+    fitted_console,
+    handle_errors,
+    shown,
+    storage_options,
+)
 from .group import app
 
 
@@ -63,6 +74,7 @@ def stress_cmd(
         None, "--storage-option", metavar="KEY=VALUE",
         help=STORAGE_OPTION_HELP,
     ),
+    scene: int | None = typer.Option(None, "--scene", min=0, metavar="N", help=SCENE_HELP),
 ) -> None:
     """Many threads read random regions of one slide: report leaks, wrong pixels, crashes.
 
@@ -75,8 +87,9 @@ def stress_cmd(
     source: str | Path = slide if is_url(slide) else Path(slide)
     _check_options(source, iterations=iterations, duration=duration, stall_timeout=stall_timeout,
                    sample_interval=sample_interval, report=report, plot=plot, overwrite=overwrite)
+    where: Any = source if scene is None else parse_location(source, options, scene_options(scene))
     result = _run_live(
-        source, workers=workers, iterations=iterations if iterations is not None else 10000,
+        where, workers=workers, iterations=iterations if iterations is not None else 10000,
         duration=duration, region_size=region_size, levels=levels, seed=seed,
         verify_every=verify_every, max_growth_mb=max_growth_mb, warmup=warmup, mode=mode,
         read_threads=read_threads, stall_timeout=stall_timeout, device=device,
@@ -116,7 +129,7 @@ def _check_options(slide: str | Path, *, iterations: int | None, duration: float
                 raise fail(f"{target}: {exc.strerror} ({name})", 9) from None
 
 
-def _run_live(slide: str | Path, **options: Any) -> stress.StressReport:
+def _run_live(slide: Any, **options: Any) -> stress.StressReport:
     """:func:`wsitool.stress.run_stress` with a live progress table on a terminal."""
     live = None
     if console.is_terminal:

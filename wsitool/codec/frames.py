@@ -17,6 +17,7 @@ The names and what they mean:
   little-endian uint32 (segment count, then segment offsets), one PackBits
   segment per byte plane, most significant byte first.
 * ``"jpegxl"``: JPEG XL (ISO 18181) through libjxl.
+* ``"czi-..."``: a Zeiss CZI subblock segment (:mod:`.czi`: an embedded CZI attachment).
 
 Every failure is a :class:`~wsitool.errors.TileDecodeError`-ready reason
 string raised as :class:`FrameError`; callers add the level, column and row.
@@ -27,10 +28,12 @@ from __future__ import annotations
 import imagecodecs
 import numpy as np
 
+from .czi import CZI_CODECS
+
 __all__ = ["FrameError", "decode_frame", "IMAGECODECS"]
 
 #: The names :func:`decode_frame` knows.
-IMAGECODECS = frozenset({"raw", "raw-planar", "jpeg8", "jpegls", "jpeg2k", "rle", "jpegxl"})
+IMAGECODECS = frozenset({"raw", "raw-planar", "jpeg8", "jpegls", "jpeg2k", "rle", "jpegxl", *CZI_CODECS})
 
 
 class FrameError(Exception):
@@ -87,6 +90,11 @@ def decode_frame(name: str, data: bytes, rows: int, cols: int, samples: int,
         return np.ascontiguousarray(arr.reshape(rows, cols, samples), dtype=dtype)
     if name == "rle":
         return _rle(data, rows, cols, samples, dtype)
+    if name in CZI_CODECS:
+        try:
+            return CZI_CODECS[name](data, cols, rows, samples, dtype)
+        except ValueError as exc:
+            raise FrameError(f"{name}: {exc}") from None
     decoders = {"jpeg8": "jpeg8_decode", "jpegls": "jpegls_decode",
                 "jpeg2k": "jpeg2k_decode", "jpegxl": "jpegxl_decode"}
     if name not in decoders:

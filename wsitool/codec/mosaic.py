@@ -35,6 +35,7 @@ from ..errors import TileDecodeError, TruncatedDataError
 from ..ground.bitstream import jpeg_frame_size, jpeg_with_prefix
 from ..model import PyramidLevel
 from ..mosaic import Mosaic
+from .czi import CZI_CODECS
 from .pool import ThreadState
 from .strictjpeg import decode_jpeg
 
@@ -140,6 +141,7 @@ def _jpegxr(bgr: bool) -> Decoder:
 CODECS: dict[str, Decoder] = {
     "jpeg": _jpeg, "png": _png, "bmp": _bmp, "raw": _raw(False), "raw-bgr": _raw(True),
     "zstd": _zstd(False), "zstd-bgr": _zstd(True), "jpegxr": _jpegxr(False), "jpegxr-bgr": _jpegxr(True),
+    **CZI_CODECS,  # Zeiss CZI subblocks (their whole segment: :mod:`.czi`)
 }
 
 

@@ -151,7 +151,8 @@ class PlacedFormat(Format, Protocol):
     ``Data*.dat`` in a folder beside the ``.mrxs``) or takes options of its own (a CZI scene).
 
     The opener calls :meth:`open_placed` instead of ``open_pyramid``; an option the caller gives
-    that is not in :attr:`OPTIONS` is refused before the format is called (MIRAX uses it).
+    that is not in :attr:`OPTIONS` is refused before the format is called (MIRAX and Zeiss CZI,
+    whose ``scene`` option it is, use it).
 
     Attributes:
         OPTIONS: the names of the options it takes.

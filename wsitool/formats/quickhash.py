@@ -9,7 +9,8 @@ the format; wsitool computes the same value as OpenSlide 4 for:
 * TIFF-based slides (Aperio SVS, Hamamatsu NDPI, generic tiled TIFF):
   :mod:`wsitool.formats.tiff.quickhash` (the raw bytes of the smallest level,
   at most 5 MiB, then nine TIFF text tags of the first IFD);
-* DICOM: :mod:`wsitool.formats.dicom.quickhash` (the Series Instance UID).
+* DICOM: :mod:`wsitool.formats.dicom.quickhash` (the Series Instance UID);
+* Zeiss CZI: :mod:`wsitool.formats.czi` (the file header's two GUIDs, then the metadata XML).
 
 The rules decide only from the file's own bytes.  Where OpenSlide would not
 open a slide for a reason outside them (a compression its libtiff lacks, a

@@ -112,6 +112,20 @@ def _frozen(options: Mapping[str, Any] | None) -> LocationOptions | None:
     return frozen or None
 
 
+def _format_frozen(options: Mapping[str, Any] | None) -> LocationOptions | None:
+    """Format options as :class:`LocationOptions` (not storage options: unchecked here, the
+    format checks them); None for none or an empty mapping.
+
+    Raises:
+        InvalidOptionError: not a mapping.
+    """
+    if options is None or isinstance(options, LocationOptions):
+        return options or None
+    if not isinstance(options, Mapping):
+        raise InvalidOptionError(f"format options must be a mapping, not {type(options).__name__}")
+    return LocationOptions(options) or None
+
+
 def _checked_name(shown: str, name: str) -> list[str]:
     """The ``/``-separated parts of the sibling name ``name``, checked: relative, no ``.``, ``..``
     or empty part, no backslash or NUL (a sibling never leaves the folder of its slide).
@@ -133,10 +147,13 @@ class Location:
         target: the path, or the URL as given (a URL keeps its query: a presigned URL's
             signature; never shown, see :attr:`shown`).
         options: the storage options it is read with (remote kinds only), or None.
+        format_options: the options of the slide's format it is opened with (a CZI file's
+            ``scene``; :func:`wsitool.opening.open_location`), or None.
     """
 
     target: str
     options: LocationOptions | None = None
+    format_options: LocationOptions | None = None
     #: whether the kind's bytes come over a network (set by each kind)
     _REMOTE: ClassVar[bool] = False
 
@@ -176,13 +193,17 @@ class Location:
     def wire(self) -> dict[str, Any]:
         """The location as JSON values (``kind``, ``target``, ``options``; secrets included: send it
         only where the credentials may go, e.g. a child's stdin); :func:`location_from_wire` reads it."""
-        return {"kind": type(self).__name__, "target": self.target, "options": self.options_dict()}
+        fmt = None if self.format_options is None else self.format_options.as_dict()
+        return {"kind": type(self).__name__, "target": self.target, "options": self.options_dict(),
+                "format_options": fmt}
 
     def __str__(self) -> str:
         return self.shown
 
     def __repr__(self) -> str:
         options = "" if self.options is None else f", options={self.options!r}"
+        if self.format_options is not None:
+            options += f", format_options={self.format_options!r}"
         return f"{type(self).__name__}({self.shown!r}{options})"
 
 
@@ -233,7 +254,7 @@ class LocalFile(FileLocation):
         return LocalFile(os.path.join(os.path.dirname(self.target), *parts))
 
     def resolved(self) -> LocalFile:
-        return LocalFile(os.path.abspath(self.target))
+        return dataclasses.replace(self, target=os.path.abspath(self.target))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -241,7 +262,7 @@ class LocalFolder(Location):
     """A local folder holding one slide of several files (a DICOM series)."""
 
     def resolved(self) -> LocalFolder:
-        return LocalFolder(os.path.abspath(self.target))
+        return dataclasses.replace(self, target=os.path.abspath(self.target))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -320,19 +341,29 @@ KINDS: dict[str, type[Location]] = {k.__name__: k for k in (LocalFile, LocalFold
 
 
 def parse_location(location: str | os.PathLike[str] | Location,
-                   options: Mapping[str, Any] | None = None) -> Location:
+                   options: Mapping[str, Any] | None = None,
+                   format_options: Mapping[str, Any] | None = None) -> Location:
     """The :class:`Location` of ``location`` (a local path, a slide URL, or a location already).
 
     A URL is a string starting with one of :data:`wsitool.storage.urls.SCHEMES` and ``://``;
     anything else is a local path, a :class:`LocalFolder` when it is a folder now, else a
     :class:`LocalFile` (which need not exist: opening it raises).  ``options``, the storage
-    options, are frozen onto a remote location (an empty mapping is none).
+    options, are frozen onto a remote location (an empty mapping is none); ``format_options``
+    (the slide format's own, e.g. ``{"scene": 1}``) onto any (checked when it opens).
 
     Raises:
         InvalidOptionError: storage options for a local path, or for a location that carries
             its own; a URL that cannot be split into its parts; options that are not a mapping.
         WsiError: a ``dicomweb+`` URL that names no series.
     """
+    parsed = _parse(location, options)
+    fmt = _format_frozen(format_options)
+    if fmt is None or fmt == parsed.format_options:
+        return parsed
+    return dataclasses.replace(parsed, format_options=fmt)
+
+
+def _parse(location: str | os.PathLike[str] | Location, options: Mapping[str, Any] | None) -> Location:
     frozen = _frozen(options)
     if isinstance(location, Location):
         if frozen is not None and frozen != location.options:
@@ -363,4 +394,4 @@ def location_from_wire(wire: Mapping[str, Any]) -> Location:
     kind = KINDS.get(str(wire.get("kind"))) if isinstance(wire, Mapping) else None
     if kind is None or not isinstance(wire.get("target"), str):
         raise InvalidOptionError("not a slide location's wire form (kind, target, options)")
-    return kind(wire["target"], _frozen(wire.get("options")))
+    return kind(wire["target"], _frozen(wire.get("options")), _format_frozen(wire.get("format_options")))

@@ -17,17 +17,17 @@ location                            what the opener does
 :class:`~.location.DicomWebSeries`  ``open_dicomweb`` of the first series format
 ==================================  ===============================================================
 
-The formats are :data:`BUILT_IN` (TIFF, DICOM, then MIRAX) and those added with
+The formats are :data:`BUILT_IN` (TIFF, DICOM, Zeiss CZI, then MIRAX) and those added with
 :func:`register`: a new format is a module satisfying the contract, registered here, never a
 branch.  The opener also loads the decoders' library before the slide's files open (under a
 tight descriptor limit a later load would lose its CPU codecs, tests/test_os_resources.py;
 where it cannot load, JPEG and JPEG 2000 levels take the imagecodecs path), and takes the
 slide's identity (:func:`slide_identity`), the one rule for whether a slide changed.
 
-Format options (``open_location(location, {"scene": 1})``) go to a format that declares them
-(:class:`~wsitool.formats.contract.PlacedFormat`); any other is one
-:class:`~wsitool.errors.InvalidOptionError` before the format is called.  Internal: no
-shipped format takes options yet, and :func:`wsitool.open_slide` does not pass any.
+Format options (``open_location(location, {"scene": 1})``, or those the location carries:
+``wsitool.open_slide(path, scene=1)``) go to a format that declares them
+(:class:`~wsitool.formats.contract.PlacedFormat`: CZI's ``scene``); any other is one
+:class:`~wsitool.errors.InvalidOptionError` before the format is called.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, cast
 
 from ..codec import library as nvlib
 from ..errors import InvalidOptionError, UnsupportedFormatError
-from ..formats import HEAD_BYTES, dicom, mirax, tiff
+from ..formats import HEAD_BYTES, czi, dicom, mirax, tiff
 from ..formats.contract import FolderFormat, Format, NamedFormat, PlacedFormat, PrefixFormat, SeriesFormat
 from ..formats.deferred import DeferredProperties
 from ..ground.naming import about
@@ -54,7 +54,7 @@ __all__ = ["BUILT_IN", "OpenedSlide", "open_location", "register", "unregister",
            "not_a_slide", "slide_identity", "file_stamp"]
 
 #: The formats wsitool ships, in the order they are tried (each checked against the contract by mypy).
-BUILT_IN: tuple[Format, ...] = (tiff, dicom, mirax)
+BUILT_IN: tuple[Format, ...] = (tiff, dicom, czi, mirax)
 
 _registered: list[Format] = list(BUILT_IN)
 _registry_lock = threading.Lock()
@@ -114,7 +114,7 @@ def _file_name(location: Location) -> str:
 
 def not_a_slide(shown: str, head: bytes) -> str:
     """The message for a file no format recognises: ``"<shown>: not a slide wsitool reads
-    (neither TIFF nor DICOM; header b'GIF8')"``."""
+    (neither TIFF nor DICOM nor CZI; header b'GIF8')"``."""
     names = " nor ".join(fmt.NAME for fmt in formats() if not isinstance(fmt, NamedFormat))
     return f"{shown}: not a slide wsitool reads (neither {names}; header {head[:4]!r})"
 
@@ -151,7 +151,8 @@ class OpenedSlide:
 def open_location(location: Location, format_options: Mapping[str, Any] | None = None) -> OpenedSlide:
     """Open the slide at ``location`` with the first registered format that reads it.
 
-    ``format_options``: options of the format's own (internal; see the module notes).
+    ``format_options``: options of the format's own (a CZI file's ``{"scene": 1}``; see the
+    module notes); None: the location's own (:attr:`~.location.Location.format_options`).
 
     Raises:
         FileNotFoundError: no such file (a URL: :class:`~wsitool.errors.RemoteNotFoundError`).
@@ -162,6 +163,8 @@ def open_location(location: Location, format_options: Mapping[str, Any] | None =
             prefix or series).
         RemoteAccessError, RemoteUnavailableError, WsiError: as the storage layer.
     """
+    if format_options is None and location.format_options is not None:
+        format_options = location.format_options.as_dict()
     options = dict(format_options or {})
     with_nv = nvlib.available()  # (before the slide's own descriptors: the module notes)
     for cls, kind in _KINDS:
