@@ -363,6 +363,31 @@ def path_mosaic_mirax(rng, stack):
     return _levels_reader(path, rng, stack, levels=(0, 1, 2), sizes=(48, 256)), "wsitool.codec.mosaic:decode_image"
 
 
+def _czi_fixture(maker: str, stack) -> Path:
+    gen = _script("make_czi_samples")
+    source = SHARED_SAMPLES / "aperio-cmu1-small-region-jpeg.svs"
+    if not source.is_file():
+        raise Skip(f"real slides folder {SHARED_SAMPLES} is absent (needs {source.name})")
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="leak-czi-")))
+    return getattr(gen, maker)(folder, source)
+
+
+def path_czi_jpegxr(rng, stack):
+    """CZI JPEG XR subblocks (jxrlib through imagecodecs) of ``scripts/make_czi_samples.py``'s
+    JPEG XR fixture, the decoded-image cache off."""
+    path = _czi_fixture("jpegxr", stack)
+    _no_decoded_cache(stack)
+    return _levels_reader(path, rng, stack, levels=(0, 1), sizes=(48, 256)), "wsitool.codec.mosaic:decode_image"
+
+
+def path_czi_zstd(rng, stack):
+    """CZI zstd subblocks (zstd1 with the hi-lo byte packing, 16-bit channels) of the fluorescence
+    fixture (its channels composed to RGB), the decoded-image cache off."""
+    path = _czi_fixture("fluorescence", stack)
+    _no_decoded_cache(stack)
+    return _levels_reader(path, rng, stack, levels=(0, 1), sizes=(48, 160)), "wsitool.codec.mosaic:decode_image"
+
+
 def path_associated(rng, stack):
     """Associated images (thumbnail, label, macro), decoded anew on each step."""
     import wsitool
@@ -565,6 +590,8 @@ PATHS = {
     "serve": path_serve,
     "openslide": path_openslide,
     "mosaic-mirax": path_mosaic_mirax,
+    "czi-jpegxr": path_czi_jpegxr,
+    "czi-zstd": path_czi_zstd,
 }
 
 
