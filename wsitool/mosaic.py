@@ -20,7 +20,7 @@ Terms:
   level position ``(x, y)``.  ``x``, ``y`` are floats where the container places at fractional
   positions (OpenSlide's MIRAX positions divided by the level's concatenation factor); they are
   painted at the nearest level pixel, ``floor(v + 0.5)`` (OpenSlide samples such images
-  bilinearly, see :attr:`Mosaic.fractional`);
+  bilinearly, see ``Mosaic.fractional``);
 * **paint order**: placements are painted in ascending ``z`` (ties: the order they were
   added); a later one covers an earlier one where they overlap.  Pixels no placement covers
   are transparent (0, alpha 0), as a missing tile is.
@@ -105,9 +105,10 @@ _TOKENS = itertools.count()
 
 
 class Mosaic:
-    """The placed images of one level (build it with :class:`MosaicBuilder`).
+    """The placed images of one level (build it with :class:`MosaicBuilder`): numpy arrays of its
+    ``n`` images and ``m`` placements (in paint order).
 
-    Attributes (numpy arrays; ``n`` images, ``m`` placements, in paint order):
+    Attributes:
         sources: the :class:`~wsitool.storage.ByteSource` objects images are read from
             (the format opens and releases them).
         codecs: the codec names images use (:data:`wsitool.codec.mosaic.CODECS`).
@@ -324,7 +325,7 @@ class MosaicBuilder:
             bytes that replace each one's SOI (:func:`wsitool.ground.bitstream.jpeg_with_prefix`;
             a TIFF level's ``encoding.jpeg_prefix``).
         rgb24_whole: OpenSlide paints whole images from opaque RGB24 surfaces (MIRAX; only the
-            drop-in's OpenSlide painting reads it, :attr:`Mosaic.rgb24_whole`).
+            drop-in's OpenSlide painting reads it, ``Mosaic.rgb24_whole``).
 
     Example (a format)::
 

@@ -36,7 +36,7 @@ by image, each at its own offset from the piece (both may be fractional), the ru
 image (:mod:`wsitool.codec.mosaic_blend`, set with :func:`set_mosaic_painter`); whole-pixel
 regions of a level whose images all lie at whole pixels are the plain read.
 
-A level that lists ``areas`` (a Leica SCN's main images, :attr:`wsitool.Level.areas`) is
+A level that lists ``areas`` (a Leica SCN's main images, ``wsitool.Level.areas``) is
 painted as OpenSlide's Leica reader paints it: each area on its own, in order, at the whole
 level pixel ``trunc(x / ds - ax) + ax`` (``ax`` the area's offset: the fraction dropped toward
 the area's origin, so a region starting before an area sees it one pixel later than one

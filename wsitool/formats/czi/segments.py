@@ -10,7 +10,7 @@ dimensions (``X``, ``Y``, ``C``, ``S``, ``M``, ``T``, ``Z``, ...: start, logical
 stored size); an attachment entry (schema ``A1``) a named piece (``Label``,
 ``SlidePreview``, ``Thumbnail``) and its content type (``JPG``, ``CZI``).
 
-The segments are parsed by czifile (:class:`czifile.Segment` and the segment classes it
+The segments are parsed by czifile (``czifile.Segment`` and the segment classes it
 reads), over the byte source's file view, once their headers have been checked here:
 the id, a used size inside the file, and entry counts that fit that size, so that no
 number in the file sets how much is read or kept.  The subblock's own header (where its
