@@ -453,3 +453,23 @@ def child_peak_rss(code: str, args: list[str], folder: Path, timeout: float = 12
     peak_file.unlink()
     assert text, f"the child wrote no peak (exit {proc.returncode}): {err.decode(errors='replace')[-500:]}"
     return proc.returncode, int(text) << 10, err.decode(errors="replace")
+
+
+def vendor_pair_fixture(names, made: str = "made"):
+    """A ``pair`` fixture (assign it to ``pair`` in a test module) over the fixtures ``names``,
+    keys of the session fixture ``made`` (``made`` or ``mirax_made``, tests/formats/conftest.py):
+    ``(name, openslide.OpenSlide, wsitool.openslide.OpenSlide)`` of each, closed after the test."""
+
+    @pytest.fixture(params=names)
+    def pair(request):
+        import openslide as real
+
+        import wsitool.openslide as ws
+
+        path = request.getfixturevalue(made)[request.param]
+        o, w = real.OpenSlide(str(path)), ws.OpenSlide(str(path))
+        yield request.param, o, w
+        o.close()
+        w.close()
+
+    return pair

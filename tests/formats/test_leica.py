@@ -17,7 +17,7 @@ import wsitool
 from wsitool.errors import CorruptFileError, UnsupportedFormatError
 from wsitool.formats.tiff import leica
 
-from helpers import assert_reads_equal_openslide, script_module
+from helpers import assert_reads_equal_openslide, script_module, vendor_pair_fixture
 
 openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
@@ -27,13 +27,7 @@ BRIGHTFIELD = ("leica_brightfield", "leica_two_main")
 OFFGRID = ("leica_offgrid", "leica_overlap")
 
 
-@pytest.fixture(params=BRIGHTFIELD + OFFGRID)
-def pair(request, made):
-    path = made[request.param]
-    o, w = openslide.OpenSlide(str(path)), wo.OpenSlide(str(path))
-    yield request.param, o, w
-    o.close()
-    w.close()
+pair = vendor_pair_fixture(BRIGHTFIELD + OFFGRID)
 
 
 @pytest.mark.parametrize("name", BRIGHTFIELD)

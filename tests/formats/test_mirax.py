@@ -20,7 +20,7 @@ from wsitool.errors import CorruptFileError, TileDecodeError, TruncatedDataError
 from wsitool.formats.mirax import slidedat
 from wsitool.storage.local import LocalFile
 
-from helpers import assert_offgrid_reads_equal_openslide, assert_reads_equal_openslide
+from helpers import assert_offgrid_reads_equal_openslide, assert_reads_equal_openslide, vendor_pair_fixture
 
 openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
@@ -34,13 +34,7 @@ KEYS = ("openslide.vendor", "openslide.mpp-x", "openslide.mpp-y", "openslide.obj
         "openslide.bounds-width", "openslide.bounds-height", "openslide.level-count")
 
 
-@pytest.fixture(params=FIXTURES)
-def pair(request, mirax_made):
-    path = mirax_made[request.param]
-    o, w = openslide.OpenSlide(str(path)), wo.OpenSlide(str(path))
-    yield request.param, o, w
-    o.close()
-    w.close()
+pair = vendor_pair_fixture(FIXTURES, "mirax_made")
 
 
 def _copy(mirax_made, name: str, tmp_path: Path) -> Path:

@@ -16,7 +16,7 @@ import wsitool
 from wsitool.errors import CorruptFileError
 from wsitool.formats.tiff import philips
 
-from helpers import assert_reads_equal_openslide
+from helpers import assert_reads_equal_openslide, vendor_pair_fixture
 
 openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
@@ -24,13 +24,7 @@ wo = pytest.importorskip("wsitool.openslide")
 FIXTURES = ("philips_multilevel", "philips_sparse")
 
 
-@pytest.fixture(params=FIXTURES)
-def pair(request, made):
-    path = made[request.param]
-    o, w = openslide.OpenSlide(str(path)), wo.OpenSlide(str(path))
-    yield request.param, o, w
-    o.close()
-    w.close()
+pair = vendor_pair_fixture(FIXTURES)
 
 
 def test_openslide_reads_every_fixture_as_philips(pair):

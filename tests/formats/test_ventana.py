@@ -16,7 +16,13 @@ from wsitool.deepzoom.subpixel import whole_pixel
 from wsitool.errors import CorruptFileError
 from wsitool.formats.tiff import ventana
 
-from helpers import assert_offgrid_reads_equal_openslide, assert_reads_equal_openslide, script_module, shared_sample
+from helpers import (
+    assert_offgrid_reads_equal_openslide,
+    assert_reads_equal_openslide,
+    script_module,
+    shared_sample,
+    vendor_pair_fixture,
+)
 
 openslide = pytest.importorskip("openslide")
 wo = pytest.importorskip("wsitool.openslide")
@@ -24,13 +30,7 @@ wo = pytest.importorskip("wsitool.openslide")
 FIXTURES = ("ventana_tiff", "ventana_bif")
 
 
-@pytest.fixture(params=FIXTURES)
-def pair(request, made):
-    path = made[request.param]
-    o, w = openslide.OpenSlide(str(path)), wo.OpenSlide(str(path))
-    yield request.param, o, w
-    o.close()
-    w.close()
+pair = vendor_pair_fixture(FIXTURES)
 
 
 @pytest.mark.parametrize("name", [*FIXTURES, "ventana_overlap", "ventana_areas"])
