@@ -73,6 +73,18 @@ def nginx_factory():
         yield start
 
 
+class ScriptedServer(http.server.ThreadingHTTPServer):
+    """The scripted servers' HTTP server: daemon threads, and a client that leaves mid-answer
+    (what the hostile tests make readers do) is no error printed on the test's terminal;
+    any other handler error is printed as ``http.server`` prints it."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 class Script:
     """What the scripted server does: ``actions`` is a list consumed one per request
     (then ``default``); each is "ok", a status code, "short", "reset", "hang", "slow", "trickle"
@@ -245,7 +257,7 @@ def scripted():
 
     def start(data: bytes, etag: str | None = '"v1"', modified: str | None = None, tls=None):
         script = Script(data, etag, modified)
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(script))
+        srv = ScriptedServer(("127.0.0.1", 0), _handler(script))
         if tls is not None:
             srv.socket = tls.wrap_socket(srv.socket, server_side=True)
         srv.daemon_threads = True

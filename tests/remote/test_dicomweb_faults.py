@@ -19,7 +19,7 @@ from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteNotFoundError, RemoteUnavailableError, UnsupportedFormatError
 
 from helpers import shared_sample
-from remote_helpers import endless
+from remote_helpers import ScriptedServer, endless
 
 pydicom = pytest.importorskip("pydicom", reason="pydicom is not installed")
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
@@ -126,7 +126,7 @@ def _handler(series: Series):
 @pytest.fixture
 def server():
     series = Series(shared_sample(SAMPLE))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(series))
+    httpd = ScriptedServer(("127.0.0.1", 0), _handler(series))
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

@@ -22,7 +22,7 @@ from wsitool.cli.console import exit_code_for
 from wsitool.errors import RemoteAccessError, RemoteStoreError, RemoteUnavailableError
 
 from helpers import child_peak_rss, shared_sample
-from remote_helpers import endless
+from remote_helpers import ScriptedServer, endless
 
 pydicom = pytest.importorskip("pydicom", reason="pydicom is not installed")
 pytest.importorskip("urllib3", reason="the remote extra (urllib3) is not installed")
@@ -251,7 +251,7 @@ def stow_server(tmp_path):
     files = [tmp_path / f"f{k}.dcm" for k in range(3)]
     sops = [_write_dicom(p) for p in files]
     script = StowScript(sops)
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _stow_handler(script))
+    srv = ScriptedServer(("127.0.0.1", 0), _stow_handler(script))
     srv.daemon_threads = True
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
