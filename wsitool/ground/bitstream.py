@@ -275,6 +275,9 @@ class J2KHeader(NamedTuple):
     #: decomposition levels ``N_L`` of COD (T.800 A.6.1, ``SPcod`` byte 0): the most
     #: resolution levels a decoder may drop
     levels: int
+    #: where the first SOT marker (``FF90``, the first tile-part header) starts in the data:
+    #: the main header is ``data[start:sot]``
+    sot: int = 0
 
 
 def j2k_header_problem(data: bytes) -> str | None:
@@ -317,7 +320,7 @@ def j2k_main_header(data: bytes) -> J2KHeader:
             problem = _j2k_sot_problem(seen, i + 12 > n)
             if problem:
                 return _bad(problem)
-            return J2KHeader(None, start, end, width, height, levels)
+            return J2KHeader(None, start, end, width, height, levels, i)
         if marker not in _J2K_MAIN_HEADER_MARKERS:
             # OpenJPEG skips unknown markers by searching for the next known one;
             # when that runs off the end, nvImageCodec's decoder crashed (SIGSEGV,

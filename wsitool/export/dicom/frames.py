@@ -90,9 +90,9 @@ class FrameCoding:
         """The frame for one passed-through tile (``tile`` unchanged, or ``prefix`` + ``tile[2:]``)."""
         return b"".join(self.frame_parts(tile))
 
-    def frame_parts(self, tile: bytes) -> tuple[bytes | memoryview, ...]:
-        """:meth:`frame` as pieces laid end to end, without copying the tile."""
-        if self.prefix and tile.startswith(SOI):
+    def frame_parts(self, tile: bytes | memoryview) -> tuple[bytes | memoryview, ...]:
+        """:meth:`frame` as pieces laid end to end, without copying the tile (bytes or a view)."""
+        if self.prefix and tile[:2] == SOI:
             return self.prefix, memoryview(tile)[2:]
         return (tile,)
 

@@ -33,16 +33,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InvalidOptionError, InvalidRegionError, WsiError
+from ...errors import InvalidOptionError, InvalidRegionError, UnsupportedFormatError, WsiError
 from ...ground import outputs as atomic
 from ...model import PyramidLevel
 from ...slide import Slide, pyramid_levels
 from ..downsample import PyramidBuilder
 from ..encode import TileCodec, TileCounter, encoded_tiles
 from ..options import ExportOptions
-from ..passthrough import CopiedLevel, copied_tiles
+from ..passthrough import CopiedLevel, TileChecker, copied_tiles
 from ..plan import ExportResult, memory_bound, output_metadata, pyramid_dimensions
 from ..source import StripSource
+from ..storedruns import RUN_BYTES, stored_tiles
 from .frames import JPEG_BASELINE, FrameCoding, FrameEncoder, passthrough_coding, reencode_coding
 from .metadata import user_dataset
 from .modules import ImageGeometry, SeriesFacts, acquisition_datetime, instance_dataset
@@ -214,11 +215,19 @@ def _write_level(folder: Path, facts: SeriesFacts, plan: _LevelPlan, k: int, opt
 
 def _frames(plan: _LevelPlan, options: ExportOptions, counter: TileCounter) -> Iterator:
     lv = plan.level
+    if options.compression == "copy" and not options.verify and lv.source.fileno() is not None:
+        # (a local file: long reads, headers checked against the first tile's; storedruns)
+        for data in stored_tiles(lv, TileChecker(lv), counter, accept=_same_coding(plan)):
+            if data is not None:
+                yield plan.coding.frame_parts(data)
+        return
     if options.compression == "copy":
         cl = CopiedLevel(lv, lv.width, lv.height, 0, 0, lv.tiles_across, lv.tiles_down, {}, "")
-        for data in copied_tiles(plan.slide, cl, on_error="raise", verify=options.verify,
-                                 threads=options.thread_count, failed=plan.failed, counter=counter):
+        accept = _same_coding(plan)
+        for i, data in enumerate(copied_tiles(plan.slide, cl, on_error="raise", verify=options.verify,
+                                              threads=options.thread_count, failed=plan.failed, counter=counter)):
             if data:
+                accept(data, i % lv.tiles_across, i // lv.tiles_across)
                 yield plan.coding.frame_parts(data)
         return
     T = options.tile_size
@@ -233,6 +242,25 @@ def _frames(plan: _LevelPlan, options: ExportOptions, counter: TileCounter) -> I
             yield data
     finally:
         plan.failed |= {(lv.index, c, r) for c, r in src.failed}
+
+
+def _same_coding(plan: _LevelPlan) -> Callable[[bytes, int, int], None]:
+    """A check that a passed-through tile has the instance's coding (its frames share one transfer
+    syntax and photometric interpretation)."""
+    lv = plan.level
+
+    def accept(data: bytes, col: int, row: int) -> None:
+        try:
+            same = passthrough_coding(lv, bytes(data)) == plan.coding
+        except UnsupportedFormatError:
+            same = False
+        if not same:
+            raise UnsupportedFormatError(
+                f"{lv.path}: level {lv.index}: compression copy to DICOM: tile ({col}, {row}) is not coded as "
+                f"the level's first tile ({plan.coding.method} {plan.coding.photometric}), as the frames of one "
+                f"instance must be; re-encode with --compression jpeg or jpeg2000")
+
+    return accept
 
 
 def _write_added(folder: Path, slide: Slide, facts: SeriesFacts, last: _LevelPlan, dims: list[tuple[int, int]],
@@ -303,11 +331,13 @@ def _write_associated(folder: Path, facts: SeriesFacts, name: str, flavor: str, 
 
 def _bound(plans: list[_LevelPlan], options: ExportOptions, associated) -> int:
     """The memory bound: the widest level's strip buffers (:func:`~wsitool.export.plan.memory_bound`) when
-    re-encoding, one tile row of encoded bytes when copying, plus the associated images."""
+    re-encoding; when copying, one tile row of encoded bytes plus three of the long reads of
+    :mod:`~wsitool.export.storedruns` (the one being written, the one read ahead, the one the writer's
+    last batch may still hold); plus the associated images."""
     extra = sum(int(a.size) * 2 for *_, a in associated)
     if options.compression == "copy":
         return max((p.level.tiles_across + 2) * int(np.asarray(p.level.tiles.bytecounts).max(initial=0))
-                   for p in plans) + extra + (1 << 20)
+                   + 3 * min(RUN_BYTES, p.bound) for p in plans) + extra + (1 << 20)
     return max(memory_bound(p.level.width, options.tile_size, threads=options.thread_count,
                             source_tile=(p.level.tile_width, p.level.tile_height),
                             source_pixel_bytes=p.level.samples * p.level.dtype.itemsize,

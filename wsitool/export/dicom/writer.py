@@ -192,8 +192,13 @@ _BATCH = 960
 
 def _writev(fd: int, pending: list) -> None:
     """Write ``pending`` (and empty it) with ``os.writev``, resuming after short writes."""
+    total = sum(len(p) for p in pending)
     while pending:
         done = os.writev(fd, pending)
+        if done == total:  # (the usual case: all of it at once)
+            pending.clear()
+            return
+        total -= done
         while pending and done >= len(pending[0]):
             done -= len(pending[0])
             pending.pop(0)

@@ -1,0 +1,207 @@
+"""Long-run reads of a level's stored tiles for passthrough (wsitool.export.storedruns): the same bytes and the
+same refusals as the tile-by-tile reference path (TileChecker.read), with the full check run only where a
+tile's header differs from the first tile's."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import imagecodecs
+import numpy as np
+import pytest
+import tifffile
+from PIL import Image
+
+import wsitool
+from wsitool.errors import TileDecodeError, UnsupportedFormatError
+from wsitool.export import export_pyramid, storedruns
+from wsitool.export.passthrough import TileChecker
+from wsitool.slide import pyramid_levels
+
+T = 64
+COLS, ROWS = 5, 4
+
+
+def _pixels(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:T, 0:T]
+    base = np.stack([x * 3, y * 3, (x + y) * 2], axis=-1) % 256
+    return (base + rng.integers(0, 24, (T, T, 3))).clip(0, 255).astype(np.uint8)
+
+
+def _jpeg(seed: int, quality: int = 90, progressive: bool = False) -> bytes:
+    if progressive:
+        out = io.BytesIO()
+        Image.fromarray(_pixels(seed)).save(out, "JPEG", quality=quality, progressive=True, subsampling=0)
+        return out.getvalue()
+    return imagecodecs.jpeg8_encode(_pixels(seed), level=quality, colorspace="RGB", outcolorspace="RGB")
+
+
+def _tiff(path, tiles: list[bytes], compression: str = "jpeg"):
+    """A one-level tiled TIFF of COLS x ROWS pre-encoded tiles (stored in grid order); empty bytes: missing."""
+    with tifffile.TiffWriter(path) as tw:
+        tw.write(iter(tiles), shape=(ROWS * T, COLS * T, 3), dtype=np.uint8, tile=(T, T),
+                 compression=compression, photometric="rgb")
+    return path
+
+
+class _Counting(TileChecker):
+    """The reference checker, counting the tiles it checked in full."""
+
+    def __init__(self, lv):
+        super().__init__(lv)
+        self.calls = 0
+
+    def read(self, col, row):
+        self.calls += 1
+        return super().read(col, row)
+
+
+class _Count:
+    def __init__(self):
+        self.n = 0
+
+    def add(self):
+        self.n += 1
+
+
+def _both(path, run_bytes=None, monkeypatch=None):
+    """(stored_tiles' bytes, the reference path's bytes, full checks made) for level 0 of ``path``."""
+    if run_bytes is not None:
+        monkeypatch.setattr(storedruns, "RUN_BYTES", run_bytes)
+    with wsitool.open_slide(path) as slide:
+        lv = pyramid_levels(slide)[0]
+        check, count = _Counting(lv), _Count()
+        fast = [None if d is None else bytes(d) for d in storedruns.stored_tiles(lv, check, count)]
+        assert count.n == lv.tiles_across * lv.tiles_down
+        ref_check = TileChecker(lv)
+        ref = [ref_check.read(c, r) for r in range(lv.tiles_down) for c in range(lv.tiles_across)]
+    return fast, ref, check.calls
+
+
+@pytest.mark.parametrize("run_bytes", [None, 3000, 1])
+def test_same_bytes_as_the_reference_and_one_full_check(tmp_path, monkeypatch, run_bytes):
+    """Tiles coded alike: every tile's bytes equal the reference read's, and only the first is checked in full
+    (whatever the run length: one run, runs of a few tiles, a tile per run)."""
+    path = _tiff(tmp_path / "a.tif", [_jpeg(i) for i in range(COLS * ROWS)])
+    fast, ref, calls = _both(path, run_bytes, monkeypatch)
+    assert fast == ref and all(ref)
+    assert calls == 1
+
+
+def test_tiles_coded_otherwise_get_the_full_check(tmp_path):
+    """Tiles whose headers differ from the first's (other quantisation tables) pass the full check and come
+    out unchanged; the others are vouched for by the signature."""
+    tiles = [_jpeg(i, quality=50 if i in (3, 11) else 90) for i in range(COLS * ROWS)]
+    fast, ref, calls = _both(_tiff(tmp_path / "b.tif", tiles))
+    assert fast == ref
+    assert calls == 1 + 2
+
+
+def test_missing_tiles_stay_missing(tmp_path):
+    tiles = [b"" if i in (0, 7, COLS * ROWS - 1) else _jpeg(i) for i in range(COLS * ROWS)]
+    fast, ref, calls = _both(_tiff(tmp_path / "c.tif", tiles))
+    assert fast == ref
+    assert [i for i, d in enumerate(fast) if d is None] == [0, 7, COLS * ROWS - 1]
+    assert calls == 1
+
+
+def _offsets(path) -> list[int]:
+    with tifffile.TiffFile(path) as tf:
+        return list(tf.pages[0].dataoffsets)
+
+
+def _errors(path, monkeypatch=None, run_bytes=None) -> tuple[str, str]:
+    """The messages of stored_tiles and of the reference path on level 0 of ``path``."""
+    if run_bytes is not None:
+        monkeypatch.setattr(storedruns, "RUN_BYTES", run_bytes)
+    with wsitool.open_slide(path) as slide:
+        lv = pyramid_levels(slide)[0]
+        with pytest.raises(TileDecodeError) as fast:
+            list(storedruns.stored_tiles(lv, TileChecker(lv), _Count()))
+        check = TileChecker(lv)
+        with pytest.raises(TileDecodeError) as ref:
+            for r in range(lv.tiles_down):
+                for c in range(lv.tiles_across):
+                    check.read(c, r)
+    return str(fast.value), str(ref.value)
+
+
+def test_a_bomb_header_is_refused_as_the_read_path_refuses_it(tmp_path):
+    """Tile (2, 1) declares 8000 x 64 pixels in its SOF: the same TileDecodeError, naming that tile."""
+    path = _tiff(tmp_path / "d.tif", [_jpeg(i) for i in range(COLS * ROWS)])
+    at = _offsets(path)[1 * COLS + 2]
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        head = fh.read(1024)
+        sof = head.index(b"\xff\xc0")
+        fh.seek(at + sof + 7)  # SOF0: length (2), precision (1), height (2), width (2)
+        fh.write((8000).to_bytes(2, "big"))
+    fast, ref = _errors(path)
+    assert fast == ref
+    assert "tile (col 2, row 1)" in fast and "8000x64" in fast
+
+
+def test_a_file_cut_short_after_opening(tmp_path, monkeypatch):
+    """The file shrinks under the open slide: the run's read comes back short and the tile's own read names
+    the tile (the reference path's message)."""
+    path = _tiff(tmp_path / "e.tif", [_jpeg(i) for i in range(COLS * ROWS)])
+    cut = _offsets(path)[COLS * ROWS - 3] + 10
+    with wsitool.open_slide(path) as slide:
+        lv = pyramid_levels(slide)[0]
+        os.truncate(path, cut)
+        with pytest.raises(TileDecodeError) as fast:
+            list(storedruns.stored_tiles(lv, TileChecker(lv), _Count()))
+        check = TileChecker(lv)
+        with pytest.raises(TileDecodeError) as ref:
+            for i in range(COLS * ROWS):
+                check.read(i % COLS, i // COLS)
+    assert str(fast.value) == str(ref.value)
+
+
+def test_header_signature_of_both_codecs(tmp_path):
+    """JPEG: SOI through the SOS segment; JPEG 2000: SOC through the first SOT marker and its length."""
+    jpeg = _jpeg(1)
+    j2k = imagecodecs.jpeg2k_encode(_pixels(1), level=0, codecformat="J2K")
+    for path, data, compression in ((tmp_path / "j.tif", jpeg, "jpeg"), (tmp_path / "k.tif", j2k, "jpeg2000")):
+        _tiff(path, [data] * (COLS * ROWS), compression)
+        with wsitool.open_slide(path) as slide:
+            lv = pyramid_levels(slide)[0]
+            head, least = storedruns.header_signature(lv, data)
+        if compression == "jpeg":
+            sos = data.index(b"\xff\xda")
+            assert head == data[:sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")] and least == len(head)
+        else:
+            sot = data.index(b"\xff\x90")
+            assert head == data[:sot + 4] and least == sot + 12
+
+
+def test_dicom_copy_refuses_a_frame_coded_otherwise(tmp_path):
+    """A progressive JPEG tile among baseline ones cannot share a JPEG Baseline instance: one line naming the
+    level and the tile, nothing written; the same through the tile-by-tile path (verify)."""
+    tiles = [_jpeg(i, progressive=i == 8) for i in range(COLS * ROWS)]
+    path = _tiff(tmp_path / "f.tif", tiles)
+    for verify in (False, True):
+        out = tmp_path / f"out{verify}"
+        with pytest.raises(UnsupportedFormatError) as info:
+            export_pyramid(path, out, format="dicom", compression="copy", verify=verify, associated=False,
+                           mpp=0.5)
+        msg = str(info.value)
+        assert "\n" not in msg and "level 0" in msg and "tile (3, 1)" in msg and path.name in msg
+        assert not out.exists()
+        assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+def test_dicom_copy_frames_are_the_tiles(tmp_path):
+    """The fast path's frames: the tiles as stored (no JPEGTables here), edge to edge, with missing tiles
+    left out (TILED_SPARSE)."""
+    import pydicom
+    from pydicom.encaps import generate_frames
+
+    tiles = [b"" if i == 6 else _jpeg(i) for i in range(COLS * ROWS)]
+    path = _tiff(tmp_path / "g.tif", tiles)
+    export_pyramid(path, tmp_path / "s", format="dicom", compression="copy", associated=False, mpp=0.5)
+    ds = pydicom.dcmread(tmp_path / "s" / "level-0.dcm")
+    frames = [f.rstrip(b"\0") for f in generate_frames(ds.PixelData, number_of_frames=int(ds.NumberOfFrames))]
+    assert frames == [t.rstrip(b"\0") for t in tiles if t]

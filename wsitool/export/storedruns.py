@@ -1,0 +1,198 @@
+"""A local level's stored tiles read in long runs for passthrough, each checked before it is copied (floor 6).
+
+:func:`copied_tiles <wsitool.export.passthrough.copied_tiles>` reads and checks
+one tile at a time: a ``pread`` and a header parse per tile, which on a slide of
+tens of thousands of 20 KB tiles costs more than moving the bytes.  Writers
+usually store a level's tiles one after the other in grid order (Aperio,
+Philips, generic tiled TIFF), so :func:`stored_tiles` reads a run of
+consecutive tiles with one ``pread`` of up to :data:`RUN_BYTES` and hands out
+views into it.
+
+Every tile is still checked as the read path would check it before a decode
+(:class:`~wsitool.export.passthrough.TileChecker`), in two ways that accept
+the same tiles:
+
+* the *signature*: the first present tile passes the full check, and its
+  header, up to where the coded data begin, is kept (JPEG: from SOI through
+  the SOS segment, ITU-T T.81 B.2; JPEG 2000: from SOC through the first SOT
+  marker and its length, ITU-T T.800 A.4.2).  A tile whose leading bytes are
+  exactly those, and which is long enough to hold them (and, JPEG 2000, its
+  whole 12-byte SOT segment), has the same header: every check before a
+  decode looks at nothing past it (markers, frame size against the tile cell,
+  the JPEG 2000 main-header walk), so it passes them the same way.  The
+  signature is kept only when the first tile declares the whole tile cell,
+  which is right at any grid position.
+* any other tile (a cropped edge tile, other tables, another writer's
+  layout) goes through the full check, and then through ``accept`` (the
+  caller's own test, such as "the same DICOM coding as the first tile").
+
+Runs: the present tiles in grid order are cut where the bytes passed reach
+:data:`RUN_BYTES`; a run is read whole when its span in the file is at most
+twice the bytes of its tiles (a layout that jumps around is read tile by
+tile).  One thread reads the next run while the caller copies the current one; peak memory: two
+runs (:data:`RUN_BYTES` each) plus what the caller holds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import TileDecodeError
+from ..ground.bitstream import j2k_main_header, jpeg_frame_size, jpeg_segments
+from ..model import PyramidLevel
+from .passthrough import TileChecker
+
+__all__ = ["RUN_BYTES", "header_signature", "stored_tiles"]
+
+#: most bytes one read of a run takes (16 MiB)
+RUN_BYTES = 16 << 20
+
+
+def header_signature(lv: PyramidLevel, tile: bytes) -> tuple[bytes, int] | None:
+    """``(signature, least length)`` of a tile that passed the full check, or None (no fast check).
+
+    ``signature``: the tile's leading bytes up to where its coded data begin (module docstring);
+    ``least length``: how long another tile must be to be judged by it.  None where the level's
+    tiles are not JPEG streams or JPEG 2000 code streams, where the header is not in the tile
+    (a JPEG whose frame header sits in the JPEGTables), or where the tile declares a size other
+    than the whole tile cell.
+    """
+    enc = lv.encoding
+    cell = (lv.tile_width, lv.tile_height)
+    if enc.stream == "jpeg" and not enc.jpeg_scan_segments:
+        sos = [end for marker, _start, end in jpeg_segments(tile) if marker == 0xDA]
+        if not sos or jpeg_frame_size(tile) != cell:
+            return None
+        return bytes(tile[:sos[0]]), sos[0]
+    if enc.stream == "j2k":
+        head = j2k_main_header(tile)
+        if head.problem or (head.width, head.height) != cell or head.start:
+            return None
+        return bytes(tile[:head.sot + 4]), head.sot + 12
+    return None
+
+
+def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
+                 accept: Callable[[bytes, int, int], None] | None = None) -> Iterator[memoryview | bytes | None]:
+    """The stored bytes of every tile of ``lv`` in row-major order; None for a missing tile.
+
+    Args:
+        lv: a level whose source is a local file (``lv.source.fileno()`` not None).
+        check: the level's :class:`~wsitool.export.passthrough.TileChecker` (full checks).
+        counter: ``counter.add()`` is called once per tile, missing tiles too.
+        accept: called as ``accept(data, col, row)`` with each tile the signature did not vouch
+            for, after the full check (and with the first tile); raises to refuse it.
+
+    Yields:
+        For each tile, a read-only view of its bytes (valid as long as the caller keeps it), or
+        the bytes themselves, or None.
+
+    Raises:
+        TileDecodeError: a tile past the end of the file, a short read, or a tile failing the
+            full check (the read path's message, naming level, column and row).
+        Whatever ``accept`` raises.
+    """
+    fd = lv.source.fileno()
+    if fd is None:
+        raise ValueError(f"{lv.path}: stored_tiles needs a local file")
+    n = lv.tiles_across * lv.tiles_down
+    offs = np.asarray(lv.tiles.offsets[:n], np.int64)
+    cnts = np.asarray(lv.tiles.bytecounts[:n], np.int64)
+    present = (offs != 0) & (cnts != 0)
+    hits = np.flatnonzero(present)
+    sig = _signature(lv, _checked(lv, check, int(hits[0]), accept)) if hits.size else None
+    runs = list(_runs(cnts, present))
+    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) for r in runs]
+    whole = [sig is not None and hi - lo <= 2 * int(cnts[r].sum()) and hi <= lv.source.size
+             for r, (lo, hi) in zip(runs, spans, strict=True)]
+
+    def read(j: int) -> bytes:
+        if not whole[j]:
+            return b""
+        lo, hi = spans[j]
+        with lv.source.reading():
+            return os.pread(fd, hi - lo, lo)
+
+    index = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-runs") as reader:
+        ahead: Future | None = reader.submit(read, 0) if runs else None
+        for j, run in enumerate(runs):
+            assert ahead is not None  # submitted for run j before this step
+            buf = ahead.result()
+            ahead = reader.submit(read, j + 1) if j + 1 < len(runs) else None
+            yield from _run_tiles(lv, check, counter, accept, index, run, spans[j][0], buf, offs, cnts, present,
+                                  sig if whole[j] and len(buf) == spans[j][1] - spans[j][0] else None)
+            index = int(run[-1]) + 1
+    for _i in range(index, n):  # trailing missing tiles
+        counter.add()
+        yield None
+
+
+def _run_tiles(lv: PyramidLevel, check: TileChecker, counter, accept, index: int, run: np.ndarray, lo: int,
+               buf: bytes, offs: np.ndarray, cnts: np.ndarray, present: np.ndarray,
+               sig: tuple[np.ndarray, int] | None) -> Iterator[memoryview | bytes | None]:
+    """Tiles ``index`` to the run's last, from ``buf`` (the run's bytes from file offset ``lo``) where
+    they match ``sig``; tile by tile where ``sig`` is None (not read whole, or a short read: the tile's
+    own read then names it)."""
+    ok = _matches(np.frombuffer(buf, np.uint8), offs[run] - lo, cnts[run], sig).tolist() if sig else []
+    view = memoryview(buf)
+    k = 0
+    for i in range(index, int(run[-1]) + 1):
+        counter.add()
+        if not present[i]:
+            yield None
+            continue
+        if sig is not None and ok[k]:
+            s = int(offs[i]) - lo
+            yield view[s:s + int(cnts[i])]
+        else:
+            yield _checked(lv, check, i, accept)
+        k += 1
+
+
+def _runs(cnts: np.ndarray, present: np.ndarray) -> Iterator[np.ndarray]:
+    """Indices of the present tiles, in runs of at most :data:`RUN_BYTES` (one tile at least)."""
+    idx = np.flatnonzero(present)
+    if not idx.size:
+        return
+    ends = np.cumsum(cnts[idx])
+    start = 0
+    while start < idx.size:
+        base = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + RUN_BYTES, side="right")))
+        yield idx[start:stop]
+        start = stop
+
+
+def _signature(lv: PyramidLevel, data) -> tuple[np.ndarray, int] | None:
+    found = header_signature(lv, bytes(data))
+    if found is None:
+        return None
+    head, least = found
+    return np.frombuffer(head, np.uint8), least
+
+
+def _matches(buf: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+             sig: tuple[np.ndarray, int]) -> np.ndarray:
+    """Which tiles (byte ``starts`` and ``counts`` in ``buf``) begin with the signature's bytes."""
+    head, least = sig
+    long_enough = counts >= least
+    ok = np.zeros(starts.size, bool)
+    if long_enough.any():
+        at = starts[long_enough]
+        ok[long_enough] = (buf[at[:, None] + np.arange(head.size)] == head).all(axis=1)
+    return ok
+
+
+def _checked(lv: PyramidLevel, check: TileChecker, i: int, accept: Callable[[bytes, int, int], None] | None):
+    col, row = i % lv.tiles_across, i // lv.tiles_across
+    data = check.read(col, row)
+    if data is None:  # pragma: no cover - present tiles have an offset and a count
+        raise TileDecodeError(lv.path, lv.index, col, row, "tile vanished")
+    if accept is not None:
+        accept(data, col, row)
+    return data
