@@ -217,6 +217,48 @@ def test_extended_offset_table_written_and_read(tmp_path, cmu, monkeypatch):
     o.close()
 
 
+def test_short_writes_are_resumed(tmp_path, cmu, monkeypatch):
+    """``os.writev`` may write less than asked (a signal, a pipe, some file systems): the writer goes on from
+    where it stopped, and the series is byte for byte the one written in whole writes."""
+    whole = tmp_path / "whole"
+    export_pyramid(cmu, whole, format="dicom", compression="copy", associated=False)
+    real = os.writev
+    calls = []
+
+    def short(fd, pieces):
+        calls.append(len(pieces))
+        total = sum(len(p) for p in pieces)
+        if total <= 1:
+            return real(fd, pieces)
+        data = b"".join(bytes(p) for p in pieces)
+        return os.write(fd, data[:max(1, total // 3)])  # a third of it, splitting a piece
+
+    monkeypatch.setattr(writer.os, "writev", short)
+    monkeypatch.setattr(writer, "_BATCH", 8)  # (batches on the writer thread, not one write at the end)
+    out = tmp_path / "short"
+    export_pyramid(cmu, out, format="dicom", compression="copy", associated=False)
+    assert len(calls) > 3
+    a, b = pydicom.dcmread(whole / "level-0.dcm"), pydicom.dcmread(out / "level-0.dcm")
+    assert a.PixelData == b.PixelData and a.NumberOfFrames == b.NumberOfFrames
+
+
+def test_a_failing_write_leaves_nothing(tmp_path, cmu, monkeypatch):
+    """A write that fails on the writer thread (a full disk) stops the export with that error, and nothing is
+    left behind."""
+    import errno
+
+    def full(fd, pieces):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer.os, "writev", full)
+    monkeypatch.setattr(writer, "_BATCH", 4)  # (so that the writer thread writes several batches)
+    out = tmp_path / "s"
+    with pytest.raises(OSError) as info:
+        export_pyramid(cmu, out, format="dicom", compression="copy", associated=False)
+    assert info.value.errno == errno.ENOSPC
+    assert not out.exists() and not _leftovers(tmp_path)
+
+
 def test_j2k_transform_reads_cod():
     """The COD marker segment's colour transform and wavelet (ITU-T T.800 A.6.1)."""
     import imagecodecs

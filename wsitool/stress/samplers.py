@@ -16,8 +16,6 @@ import contextlib
 import importlib
 import threading
 
-import psutil
-
 #: Extra per-sample measurement functions run in the child, by device kind
 #: (``"cpu"`` or ``"cuda"``): ``"module:function"`` names, each returning a
 #: mapping ``{name: number}``.  The GPU memory sampler registers itself here.
@@ -29,6 +27,8 @@ SAMPLERS: dict[str, list[str]] = {
 
 def rss() -> int:
     """Resident set size of this process, in bytes."""
+    import psutil  # (loaded by the stress run, not by every command that imports this module)
+
     return psutil.Process().memory_info().rss
 
 
@@ -37,6 +37,8 @@ def process_counts() -> dict[str, float]:
 
     A count that climbs through a run points at a thread or file-handle leak.
     """
+    import psutil
+
     out = {"threads": float(threading.active_count())}
     with contextlib.suppress(AttributeError, psutil.Error):  # num_fds is POSIX-only
         out["open_fds"] = float(psutil.Process().num_fds())

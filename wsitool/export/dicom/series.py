@@ -331,13 +331,13 @@ def _write_associated(folder: Path, facts: SeriesFacts, name: str, flavor: str, 
 
 def _bound(plans: list[_LevelPlan], options: ExportOptions, associated) -> int:
     """The memory bound: the widest level's strip buffers (:func:`~wsitool.export.plan.memory_bound`) when
-    re-encoding; when copying, one tile row of encoded bytes plus three of the long reads of
-    :mod:`~wsitool.export.storedruns` (the one being written, the one read ahead, the one the writer's
-    last batch may still hold); plus the associated images."""
+    re-encoding; when copying, one tile row of encoded bytes plus four of the long reads of
+    :mod:`~wsitool.export.storedruns` (the one being gathered, the one read ahead, and two that the batch
+    being written and the batch waiting may still hold); plus the associated images."""
     extra = sum(int(a.size) * 2 for *_, a in associated)
     if options.compression == "copy":
         return max((p.level.tiles_across + 2) * int(np.asarray(p.level.tiles.bytecounts).max(initial=0))
-                   + 3 * min(RUN_BYTES, p.bound) for p in plans) + extra + (1 << 20)
+                   + 4 * min(RUN_BYTES, p.bound) for p in plans) + extra + (1 << 20)
     return max(memory_bound(p.level.width, options.tile_size, threads=options.thread_count,
                             source_tile=(p.level.tile_width, p.level.tile_height),
                             source_pixel_bytes=p.level.samples * p.level.dtype.itemsize,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,11 @@ def _element_header(group: int, element: int, vr: bytes, length: int) -> bytes:
     return struct.pack("<HH2sHI", group, element, vr, 0, length)
 
 
+_ITEM_TAG = struct.Struct("<HHI")
+
+
 def _item(length: int) -> bytes:
-    return struct.pack("<HHI", 0xFFFE, _ITEM, length)
+    return _ITEM_TAG.pack(0xFFFE, _ITEM, length)
 
 
 def ratio_text(raw_bytes: int, coded_bytes: int) -> bytes:
@@ -151,39 +155,51 @@ def _ratio_position(fh, path: Path, end: int) -> int:
 
 def _write_frames(fh, path: Path, frames: Iterable, count: int, extended: bool) -> tuple[np.ndarray, np.ndarray]:
     """Write the frames' items (a frame: bytes, or a tuple of byte strings / memoryviews laid end to end) with
-    ``os.writev`` in batches of up to :data:`_BATCH` pieces; their offsets (from the first frame's item tag)
-    and item lengths."""
-    offsets = np.zeros(count, np.uint64)
-    lengths = np.zeros(count, np.uint64)
+    ``os.writev`` in batches of up to :data:`_BATCH` pieces, on one writer thread while this one gathers the
+    next batch (at most one batch waiting); their offsets (from the first frame's item tag) and item lengths."""
+    offsets: list[int] = []
+    lengths: list[int] = []
     fh.flush()
     fd = fh.fileno()
     pending: list = []
     pos = n = 0
-    for data in frames:
-        parts = data if isinstance(data, tuple) else (data,)
-        size = sum(len(p) for p in parts)
-        if n >= count:
-            raise WsiError(f"{path.name}: more frames than the {count} announced")
-        if not size:
-            raise WsiError(f"{path.name}: frame {n + 1} is empty")
-        odd = size & 1
-        if not extended and pos >= BASIC_TABLE_LIMIT:
-            raise WsiError(f"{path.name}: frames past 4 GiB need the Extended Offset Table")
-        offsets[n] = pos
-        lengths[n] = size + odd
-        pending.append(_item(size + odd))
-        pending.extend(parts)
-        if odd:
-            pending.append(b"\0")
-        pos += 8 + size + odd
-        n += 1
-        if len(pending) >= _BATCH:
-            _writev(fd, pending)
+    writing: Future | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-write") as writer:
+        try:
+            for data in frames:
+                parts = data if isinstance(data, tuple) else (data,)
+                size = sum(map(len, parts))
+                if n >= count:
+                    raise WsiError(f"{path.name}: more frames than the {count} announced")
+                if not size:
+                    raise WsiError(f"{path.name}: frame {n + 1} is empty")
+                odd = size & 1
+                if not extended and pos >= BASIC_TABLE_LIMIT:
+                    raise WsiError(f"{path.name}: frames past 4 GiB need the Extended Offset Table")
+                offsets.append(pos)
+                lengths.append(size + odd)
+                pending.append(_item(size + odd))
+                pending.extend(parts)
+                if odd:
+                    pending.append(b"\0")
+                pos += 8 + size + odd
+                n += 1
+                if len(pending) >= _BATCH:
+                    if writing is not None:
+                        writing.result()  # (its error, ENOSPC say, stops the export here)
+                    writing = writer.submit(_writev, fd, pending)
+                    pending = []
+        except BaseException:
+            if writing is not None:  # (the file is closed after this: let the write in flight end first)
+                wait([writing])
+            raise
+        if writing is not None:
+            writing.result()
     _writev(fd, pending)
     fh.seek(0, os.SEEK_END)  # the buffered file object's position after the raw writes
     if n != count:
         raise WsiError(f"{path.name}: {n} frames written, {count} announced")
-    return offsets, lengths
+    return np.asarray(offsets, np.uint64), np.asarray(lengths, np.uint64)
 
 
 #: pieces written by one ``os.writev`` (below the usual IOV_MAX of 1024)
@@ -192,7 +208,7 @@ _BATCH = 960
 
 def _writev(fd: int, pending: list) -> None:
     """Write ``pending`` (and empty it) with ``os.writev``, resuming after short writes."""
-    total = sum(len(p) for p in pending)
+    total = sum(map(len, pending))
     while pending:
         done = os.writev(fd, pending)
         if done == total:  # (the usual case: all of it at once)

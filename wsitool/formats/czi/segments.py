@@ -26,8 +26,6 @@ import struct
 import warnings
 from typing import Any, BinaryIO
 
-import czifile
-
 from ...errors import CorruptFileError
 from ...storage import ByteSource
 
@@ -162,6 +160,8 @@ def _count(source: ByteSource, start: int, used: int, entry: int, sid: str) -> i
 
 def _parsed(fh: BinaryIO, pos: int, what: str) -> Any:
     """czifile's parse of the segment at ``pos``, its errors and warnings as one CorruptFileError."""
+    import czifile  # (loaded where a CZI is opened, not by every command)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -181,6 +181,8 @@ def _entry(k: int, e: Any) -> Subblock:
     y, h, sh = dims.pop("Y")
     if min(w, h, sw, sh) <= 0 or max(w, h, sw, sh) > 1 << 31:
         raise CorruptFileError(f"CZI: subblock {k} has size {w}x{h} stored as {sw}x{sh}")
+    import czifile
+
     code = _CODES.get(czifile.czifile.PIXEL_TYPE.get(e.dtype, ""), -1)  # (czifile keeps a dtype name)
     return Subblock(index=k, pixel_type=code, compression=int(e.compression),
                     pyramid_type=int(e.pyramid_type), position=int(e.file_position), x=x, y=y,
