@@ -4,7 +4,8 @@ and wsidicomizer (issue 52).
 
 Usage::
 
-    python scripts/bench_dicom_export.py [SLIDE] [--repeat N] [--workers N] [--json]
+    python scripts/bench_dicom_export.py [SLIDE] [--repeat N] [--workers N] [--baseline DIR] [--no-orthanc]
+                                         [--json]
 
 Without SLIDE, a 30000 x 20000 Aperio JPEG slide made of real tissue tiles is
 built once under /tmp (``scripts/make_bench_slide.py --width 30000 --height
@@ -23,10 +24,16 @@ built once under /tmp (``scripts/make_bench_slide.py --width 30000 --height
 * ``orthanc``: ``OrthancWSIDicomizer --folder OUT SLIDE`` then ``sync``, where
   that program is on PATH.
 
-Printed: the best wall time of each over ``--repeat`` rounds, the export less
-the start-up, and the ratios (export less start-up) / (cp + sync) and
-wsidicomizer / export.  Timings compare tools on one machine; they are not
-pass/fail.
+* ``baseline`` (with ``--baseline DIR``): the same export by the wsitool of
+  another checkout (``DIR`` holds its ``wsitool`` package with the compiled
+  helpers built), so that a change is measured before and after in one
+  interleaved run.
+
+Every timed run starts after a ``sync``.  Printed: the best and the median wall
+time of each over ``--repeat`` rounds, the export less the start-up, and the
+ratios (export less start-up) / (cp + sync) and wsidicomizer / export (from the
+best times, and from the medians).  Timings compare tools on one machine; they
+are not pass/fail.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,10 +54,10 @@ DEFAULT_SLIDE = Path(tempfile.gettempdir()) / "wsitool-bench-dicom-30000x20000.s
 PEERS = Path(os.environ.get("WSIDICOMIZER", "/work/venv-peers/bin/wsidicomizer"))
 
 
-def timed(cmd: list[str], env: dict | None = None) -> float:
+def timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> float:
     """Wall time of ``cmd`` then ``sync`` (seconds); raises if ``cmd`` fails."""
     t0 = time.perf_counter()
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=cwd)
     if run.returncode:
         raise RuntimeError(f"{cmd[0]} failed ({run.returncode}): {(run.stderr or run.stdout)[-800:]}")
     subprocess.run(["sync"], check=True)
@@ -75,13 +83,15 @@ def main() -> int:
     ap.add_argument("slide", nargs="?", type=Path, default=DEFAULT_SLIDE)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2, help="wsidicomizer worker threads (default 2)")
+    ap.add_argument("--baseline", type=Path, help="another checkout's folder holding its wsitool package")
+    ap.add_argument("--no-orthanc", action="store_true", help="leave out OrthancWSIDicomizer (5 s a round)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     slide = ensure_slide(args.slide)
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
     wsitool = [sys.executable, "-m", "wsitool"]
-    orthanc = shutil.which("OrthancWSIDicomizer")
-    best: dict[str, float] = {}
+    orthanc = None if args.no_orthanc else shutil.which("OrthancWSIDicomizer")
+    times: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     work = Path(tempfile.mkdtemp(prefix="bench-dicom-", dir=tempfile.gettempdir()))
     try:
@@ -92,6 +102,9 @@ def main() -> int:
                              "--compression", "copy", "--quiet"], work / "wsitool"),
                 "cp": (["cp", str(slide), str(work / "copy.svs")], work / "copy.svs"),
             }
+            if args.baseline is not None:
+                runs["baseline"] = ([*wsitool, "export-pyramid", str(slide), str(work / "baseline"), "--format",
+                                     "dicom", "--compression", "copy", "--quiet"], work / "baseline")
             if PEERS.exists():
                 runs["wsidicomizer"] = ([str(PEERS), "-i", str(slide), "-o", str(work / "wsidicomizer"),
                                          "-w", str(args.workers)], work / "wsidicomizer")
@@ -100,33 +113,46 @@ def main() -> int:
             for name, (cmd, out) in runs.items():
                 if name == "orthanc" and out is not None:
                     out.mkdir()
-                seconds = timed(cmd, env)
-                best[name] = min(best.get(name, float("inf")), seconds)
+                subprocess.run(["sync"], check=True)
+                # (run from the work folder: ``python -m`` puts the current folder first on sys.path, which
+                # from the repository root would import this checkout's wsitool for the baseline too)
+                seconds = timed(cmd, dict(env, PYTHONPATH=str(args.baseline)) if name == "baseline" else env,
+                                cwd=work)
+                times.setdefault(name, []).append(seconds)
                 if out is not None:
                     sizes[name] = folder_bytes(out)
                     shutil.rmtree(out) if out.is_dir() else out.unlink()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    export = best["wsitool"] - best["startup"]
-    ratios = {"export_less_startup_over_cp_sync": export / best["cp"]}
-    if "wsidicomizer" in best:
-        ratios["wsidicomizer_over_wsitool"] = best["wsidicomizer"] / best["wsitool"]
-    if "orthanc" in best:
-        ratios["orthanc_over_wsitool"] = best["orthanc"] / best["wsitool"]
+    best = {name: min(t) for name, t in times.items()}
+    median = {name: statistics.median(t) for name, t in times.items()}
+    ratios = {f"{kind}_{name}": value for kind, table in (("best", best), ("median", median))
+              for name, value in _ratios(table).items()}
     if args.json:
-        print(json.dumps({"slide": str(slide), "slide_bytes": slide.stat().st_size, "best_seconds": best,
+        print(json.dumps({"slide": str(slide), "slide_bytes": slide.stat().st_size, "seconds": times,
                           "output_bytes": sizes, "ratios": ratios}, indent=2))
         return 0
-    print(f"slide {slide} ({slide.stat().st_size / 1e6:.1f} MB), best of {args.repeat}, cwd machine load "
+    print(f"slide {slide} ({slide.stat().st_size / 1e6:.1f} MB), {args.repeat} rounds, machine load "
           f"{os.getloadavg()[0]:.2f}")
-    print(f"{'run':<14}{'seconds':>9}{'output MB':>11}")
+    print(f"{'run':<14}{'best s':>9}{'median s':>10}{'output MB':>11}  runs")
     for name, seconds in best.items():
         size = f"{sizes[name] / 1e6:.1f}" if name in sizes else "-"
-        print(f"{name:<14}{seconds:>9.3f}{size:>11}")
-    print(f"{'export - start-up':<18}{export:>5.3f}")
+        runs_text = " ".join(f"{t:.2f}" for t in times[name])
+        print(f"{name:<14}{seconds:>9.3f}{median[name]:>10.3f}{size:>11}  {runs_text}")
+    print(f"export less start-up: best {best['wsitool'] - best['startup']:.3f} s, "
+          f"median {median['wsitool'] - median['startup']:.3f} s")
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}")
     return 0
+
+
+def _ratios(table: dict[str, float]) -> dict[str, float]:
+    """(export less start-up) / (cp + sync), and each peer's time over the export's."""
+    out = {"export_less_startup_over_cp_sync": (table["wsitool"] - table["startup"]) / table["cp"]}
+    for name in ("baseline", "wsidicomizer", "orthanc"):
+        if name in table:
+            out[f"{name}_over_wsitool"] = table[name] / table["wsitool"]
+    return out
 
 
 if __name__ == "__main__":

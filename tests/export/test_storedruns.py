@@ -205,3 +205,22 @@ def test_dicom_copy_frames_are_the_tiles(tmp_path):
     ds = pydicom.dcmread(tmp_path / "s" / "level-0.dcm")
     frames = [f.rstrip(b"\0") for f in generate_frames(ds.PixelData, number_of_frames=int(ds.NumberOfFrames))]
     assert frames == [t.rstrip(b"\0") for t in tiles if t]
+
+
+def test_a_run_buffer_is_reused_only_once_no_tile_refers_to_it():
+    """The run buffers: one that a tile handed out still refers to is never read into again (a new one is
+    made); once the last view of it is gone it is reused."""
+    pool: list[bytearray] = []
+    first = storedruns._idle_buffer(pool, 100)
+    first[:3] = b"abc"
+    tile = first[0:3]  # a tile the writer still holds
+    del first
+    second = storedruns._idle_buffer(pool, 100)
+    assert second.obj is not tile.obj and bytes(tile) == b"abc"
+    del second
+    third = storedruns._idle_buffer(pool, 50)  # the second buffer is idle again
+    assert third.obj is pool[1] and len(third) == 50
+    del third
+    tile.release()
+    assert storedruns._idle_buffer(pool, 10).obj is pool[0]
+    assert len(pool) == 2 and all(len(b) == storedruns.RUN_BYTES for b in pool)

@@ -29,8 +29,9 @@ the same tiles:
 Runs: the present tiles in grid order are cut where the bytes passed reach
 :data:`RUN_BYTES`; a run is read whole when its span in the file is at most
 twice the bytes of its tiles (a layout that jumps around is read tile by
-tile).  One thread reads the next run while the caller copies the current one; peak memory: two
-runs (:data:`RUN_BYTES` each) plus what the caller holds.
+tile).  One thread reads the next run while the caller copies the current one, into a buffer that no
+tile handed out refers to any more (:data:`POOL` buffers are kept for that); peak memory: the runs whose
+tiles the caller still holds, plus two.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ from .passthrough import TileChecker
 
 __all__ = ["RUN_BYTES", "header_signature", "stored_tiles"]
 
-#: most bytes one read of a run takes (16 MiB)
-RUN_BYTES = 16 << 20
+#: most bytes one read of a run takes (4 MiB; a tile larger than that is a run of its own)
+RUN_BYTES = 4 << 20
+#: run buffers kept for reuse (of RUN_BYTES each)
+POOL = 8
 
 
 def header_signature(lv: PyramidLevel, tile: bytes) -> tuple[bytes, int] | None:
@@ -110,12 +113,16 @@ def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
     whole = [sig is not None and hi - lo <= 2 * int(cnts[r].sum()) and hi <= lv.source.size
              for r, (lo, hi) in zip(runs, spans, strict=True)]
 
-    def read(j: int) -> bytes:
+    pool: list[bytearray] = []
+
+    def read(j: int) -> memoryview:
         if not whole[j]:
-            return b""
+            return memoryview(b"")
         lo, hi = spans[j]
+        buf = _idle_buffer(pool, hi - lo)
         with lv.source.reading():
-            return os.pread(fd, hi - lo, lo)
+            got = os.preadv(fd, [buf], lo)
+        return memoryview(buf)[:got]
 
     index = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-runs") as reader:
@@ -133,7 +140,7 @@ def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
 
 
 def _run_tiles(lv: PyramidLevel, check: TileChecker, counter, accept, index: int, run: np.ndarray, lo: int,
-               buf: bytes, offs: np.ndarray, cnts: np.ndarray, present: np.ndarray,
+               buf: memoryview, offs: np.ndarray, cnts: np.ndarray, present: np.ndarray,
                sig: tuple[np.ndarray, int] | None) -> Iterator[memoryview | bytes | None]:
     """Tiles ``index`` to the run's last, from ``buf`` (the run's bytes from file offset ``lo``) where
     they match ``sig``; tile by tile where ``sig`` is None (not read whole, or a short read: the tile's
@@ -152,6 +159,32 @@ def _run_tiles(lv: PyramidLevel, check: TileChecker, counter, accept, index: int
         else:
             yield _checked(lv, check, i, accept)
         k += 1
+
+
+def _idle_buffer(pool: list[bytearray], size: int) -> memoryview:
+    """A buffer of ``size`` bytes from ``pool`` that nothing refers to any more, else a new one (kept in the
+    pool, at most :data:`POOL` of them).
+
+    Reusing the buffers spares fresh memory (page faults, zeroing) for every run.  A buffer is
+    idle when no view of it is alive (the frames the writer still holds are views): a bytearray with
+    live views cannot change size (``BufferError``), which is the test.
+    """
+    for buf in pool:
+        if len(buf) >= size and _unviewed(buf):
+            return memoryview(buf)[:size]
+    buf = bytearray(max(size, RUN_BYTES))
+    if len(pool) < POOL:
+        pool.append(buf)
+    return memoryview(buf)[:size]
+
+
+def _unviewed(buf: bytearray) -> bool:
+    try:
+        buf.append(0)
+    except BufferError:
+        return False
+    del buf[-1]
+    return True
 
 
 def _runs(cnts: np.ndarray, present: np.ndarray) -> Iterator[np.ndarray]:

@@ -43,11 +43,11 @@ from ..options import ExportOptions
 from ..passthrough import CopiedLevel, TileChecker, copied_tiles
 from ..plan import ExportResult, memory_bound, output_metadata, pyramid_dimensions
 from ..source import StripSource
-from ..storedruns import RUN_BYTES, stored_tiles
+from ..storedruns import POOL, RUN_BYTES, stored_tiles
 from .frames import JPEG_BASELINE, FrameCoding, FrameEncoder, passthrough_coding, reencode_coding
 from .metadata import user_dataset
 from .modules import ImageGeometry, SeriesFacts, acquisition_datetime, instance_dataset
-from .writer import offset_table, write_instance
+from .writer import BATCH_BYTES, offset_table, write_instance
 
 #: associated image of the source -> (Image Type flavour, file name)
 ASSOCIATED = (("thumbnail", "THUMBNAIL"), ("label", "LABEL"), ("macro", "OVERVIEW"))
@@ -331,13 +331,13 @@ def _write_associated(folder: Path, facts: SeriesFacts, name: str, flavor: str, 
 
 def _bound(plans: list[_LevelPlan], options: ExportOptions, associated) -> int:
     """The memory bound: the widest level's strip buffers (:func:`~wsitool.export.plan.memory_bound`) when
-    re-encoding; when copying, one tile row of encoded bytes plus four of the long reads of
-    :mod:`~wsitool.export.storedruns` (the one being gathered, the one read ahead, and two that the batch
-    being written and the batch waiting may still hold); plus the associated images."""
+    re-encoding; when copying, one tile row of encoded bytes plus the long reads of
+    :mod:`~wsitool.export.storedruns` that the frames being written hold (two batches of
+    :data:`~.writer.BATCH_BYTES`), two more and the buffers kept for reuse; plus the associated images."""
     extra = sum(int(a.size) * 2 for *_, a in associated)
     if options.compression == "copy":
         return max((p.level.tiles_across + 2) * int(np.asarray(p.level.tiles.bytecounts).max(initial=0))
-                   + 4 * min(RUN_BYTES, p.bound) for p in plans) + extra + (1 << 20)
+                   + min(2 * BATCH_BYTES + (POOL + 2) * RUN_BYTES, 3 * p.bound) for p in plans) + extra + (1 << 20)
     return max(memory_bound(p.level.width, options.tile_size, threads=options.thread_count,
                             source_tile=(p.level.tile_width, p.level.tile_height),
                             source_pixel_bytes=p.level.samples * p.level.dtype.itemsize,

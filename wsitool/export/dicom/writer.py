@@ -155,14 +155,15 @@ def _ratio_position(fh, path: Path, end: int) -> int:
 
 def _write_frames(fh, path: Path, frames: Iterable, count: int, extended: bool) -> tuple[np.ndarray, np.ndarray]:
     """Write the frames' items (a frame: bytes, or a tuple of byte strings / memoryviews laid end to end) with
-    ``os.writev`` in batches of up to :data:`_BATCH` pieces, on one writer thread while this one gathers the
-    next batch (at most one batch waiting); their offsets (from the first frame's item tag) and item lengths."""
+    ``os.writev`` in batches of up to :data:`_BATCH` pieces or :data:`BATCH_BYTES` bytes, on one writer
+    thread while this one gathers the next batch (at most one batch waiting: the frames held are at most two
+    batches); their offsets (from the first frame's item tag) and item lengths."""
     offsets: list[int] = []
     lengths: list[int] = []
     fh.flush()
     fd = fh.fileno()
     pending: list = []
-    pos = n = 0
+    pos = n = held = 0
     writing: Future | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-write") as writer:
         try:
@@ -183,12 +184,14 @@ def _write_frames(fh, path: Path, frames: Iterable, count: int, extended: bool) 
                 if odd:
                     pending.append(b"\0")
                 pos += 8 + size + odd
+                held += size
                 n += 1
-                if len(pending) >= _BATCH:
+                if len(pending) >= _BATCH or held >= BATCH_BYTES:
                     if writing is not None:
                         writing.result()  # (its error, ENOSPC say, stops the export here)
                     writing = writer.submit(_writev, fd, pending)
                     pending = []
+                    held = 0
         except BaseException:
             if writing is not None:  # (the file is closed after this: let the write in flight end first)
                 wait([writing])
@@ -204,6 +207,8 @@ def _write_frames(fh, path: Path, frames: Iterable, count: int, extended: bool) 
 
 #: pieces written by one ``os.writev`` (below the usual IOV_MAX of 1024)
 _BATCH = 960
+#: frame bytes gathered for one ``os.writev`` (8 MiB; a larger frame is a batch of its own)
+BATCH_BYTES = 8 << 20
 
 
 def _writev(fd: int, pending: list) -> None:
