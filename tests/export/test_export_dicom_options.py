@@ -18,7 +18,7 @@ import wsitool
 from wsitool.cli import app
 from wsitool.errors import InvalidOptionError, OutputExistsError, UnsupportedFormatError
 from wsitool.export import export_pyramid
-from wsitool.export.dicom import EQUIPMENT_DEFAULTS, offset_table, writer
+from wsitool.export.dicom import EQUIPMENT_DEFAULTS, framestream, offset_table, writer
 from wsitool.export.dicom.frames import j2k_transform
 
 from helpers import shared_sample, with_byte_count
@@ -233,8 +233,8 @@ def test_short_writes_are_resumed(tmp_path, cmu, monkeypatch):
         data = b"".join(bytes(p) for p in pieces)
         return os.write(fd, data[:max(1, total // 3)])  # a third of it, splitting a piece
 
-    monkeypatch.setattr(writer.os, "writev", short)
-    monkeypatch.setattr(writer, "_BATCH", 8)  # (batches on the writer thread, not one write at the end)
+    monkeypatch.setattr(framestream.os, "writev", short)
+    monkeypatch.setattr(framestream, "BATCH", 8)  # (batches on the writer thread, not one write at the end)
     out = tmp_path / "short"
     export_pyramid(cmu, out, format="dicom", compression="copy", associated=False)
     assert len(calls) > 3
@@ -250,8 +250,8 @@ def test_a_failing_write_leaves_nothing(tmp_path, cmu, monkeypatch):
     def full(fd, pieces):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer.os, "writev", full)
-    monkeypatch.setattr(writer, "_BATCH", 4)  # (so that the writer thread writes several batches)
+    monkeypatch.setattr(framestream.os, "writev", full)
+    monkeypatch.setattr(framestream, "BATCH", 4)  # (so that the writer thread writes several batches)
     out = tmp_path / "s"
     with pytest.raises(OSError) as info:
         export_pyramid(cmu, out, format="dicom", compression="copy", associated=False)

@@ -62,8 +62,8 @@ class _Count:
     def __init__(self):
         self.n = 0
 
-    def add(self):
-        self.n += 1
+    def add(self, n=1):
+        self.n += n
 
 
 def _both(path, run_bytes=None, monkeypatch=None):
@@ -224,3 +224,57 @@ def test_a_run_buffer_is_reused_only_once_no_tile_refers_to_it():
     tile.release()
     assert storedruns._idle_buffer(pool, 10).obj is pool[0]
     assert len(pool) == 2 and all(len(b) == storedruns.RUN_BYTES for b in pool)
+
+
+def test_frame_runs_write_the_same_bytes_as_frames_one_by_one(tmp_path):
+    """framestream's batched path (FrameRun: items, odd-length padding, offsets per run) against the frame by
+    frame path, for frames with and without a prefix, odd and even, in runs longer than a writer batch."""
+    from wsitool.export.dicom import framestream
+
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 300, 700)
+    data = rng.integers(0, 256, int(sizes.sum()) + 50, dtype=np.uint8).tobytes()
+    starts = np.concatenate(([7], 7 + np.cumsum(sizes)[:-1])).astype(np.int64)
+    for prefix in (b"", b"\xff\xd8\xff\xee\x00\x03Z"):
+        outs = []
+        for batched in (False, True):
+            path = tmp_path / f"f{batched}{len(prefix)}.bin"
+            if batched:
+                frames = [framestream.FrameRun(memoryview(data), starts[:300], sizes[:300], prefix),
+                          (prefix + data[starts[300]:starts[300] + sizes[300]],),
+                          framestream.FrameRun(data, starts[301:], sizes[301:], prefix)]
+            else:
+                frames = [(prefix, data[s:s + c]) if prefix else data[s:s + c]
+                          for s, c in zip(starts.tolist(), sizes.tolist(), strict=True)]
+            with open(path, "x+b") as fh:
+                offsets, lengths = framestream.write_frames(fh, path, frames, len(sizes), extended=False)
+            outs.append((path.read_bytes(), offsets.tolist(), lengths.tolist()))
+        assert outs[0] == outs[1]
+        body, offsets, lengths = outs[0]
+        assert lengths == [int(c) + len(prefix) + ((int(c) + len(prefix)) & 1) for c in sizes]
+        k = 123
+        assert body[offsets[k]:offsets[k] + 8] == framestream.item(lengths[k])
+        assert body[offsets[k] + 8:offsets[k] + 8 + len(prefix) + int(sizes[k])] == (
+            prefix + data[starts[k]:starts[k] + sizes[k]])
+
+
+def test_frame_runs_count_and_limits(tmp_path):
+    """A run past the announced frame count, or a frame starting past the Basic Offset Table's 32 bits, stops
+    the write as the frame by frame path does."""
+    from wsitool.errors import WsiError
+    from wsitool.export.dicom import framestream
+
+    data = bytes(range(200))
+    run = framestream.FrameRun(data, np.array([0, 50, 100], np.int64), np.array([40, 40, 40], np.int64))
+    with open(tmp_path / "a", "x+b") as fh, pytest.raises(WsiError, match="more frames than the 2"):
+        framestream.write_frames(fh, tmp_path / "a", [run], 2, extended=False)
+    with open(tmp_path / "b", "x+b") as fh, pytest.raises(WsiError, match="3 frames written, 4 announced"):
+        framestream.write_frames(fh, tmp_path / "b", [run], 4, extended=False)
+    import unittest.mock
+
+    with unittest.mock.patch.object(framestream, "BASIC_TABLE_LIMIT", 60):
+        with open(tmp_path / "c", "x+b") as fh, pytest.raises(WsiError, match="Extended Offset Table"):
+            framestream.write_frames(fh, tmp_path / "c", [run], 3, extended=False)
+        with open(tmp_path / "d", "x+b") as fh:
+            offsets, _ = framestream.write_frames(fh, tmp_path / "d", [run], 3, extended=True)
+        assert offsets.tolist() == [0, 48, 96]

@@ -126,8 +126,8 @@ class TileCounter:
         if progress is not None:
             progress(0, total)
 
-    def add(self) -> None:
-        self.done += 1
+    def add(self, n: int = 1) -> None:
+        self.done += n
         if self.progress is not None:
             self.progress(self.done, self.total)
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,7 +48,7 @@ from ..ground.bitstream import j2k_main_header, jpeg_frame_size, jpeg_segments
 from ..model import PyramidLevel
 from .passthrough import TileChecker
 
-__all__ = ["RUN_BYTES", "header_signature", "stored_tiles"]
+__all__ = ["POOL", "RUN_BYTES", "TileRun", "header_signature", "stored_runs", "stored_tiles"]
 
 #: most bytes one read of a run takes (4 MiB; a tile larger than that is a run of its own)
 RUN_BYTES = 4 << 20
@@ -79,20 +80,38 @@ def header_signature(lv: PyramidLevel, tile: bytes) -> tuple[bytes, int] | None:
     return None
 
 
-def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
-                 accept: Callable[[bytes, int, int], None] | None = None) -> Iterator[memoryview | bytes | None]:
-    """The stored bytes of every tile of ``lv`` in row-major order; None for a missing tile.
+class TileRun(NamedTuple):
+    """Consecutive present tiles of a level, in grid order, as they lie in one buffer: tile ``grid[k]``
+    (row-major grid index) is ``data[starts[k]:starts[k] + counts[k]]``.
+
+    Attributes:
+        data: the buffer (a read-only view of a run's long read, or one tile's bytes).
+        grid: ``(n,)`` int64 grid indices (``row * tiles_across + col``), increasing.
+        starts: ``(n,)`` int64 offsets in ``data``.
+        counts: ``(n,)`` int64 byte counts.
+    """
+
+    data: memoryview | bytes
+    grid: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+
+
+def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
+                accept: Callable[[bytes, int, int], None] | None = None) -> Iterator[TileRun]:
+    """The stored bytes of every present tile of ``lv``, in row-major order, a run of tiles at a time.
 
     Args:
         lv: a level whose source is a local file (``lv.source.fileno()`` not None).
         check: the level's :class:`~wsitool.export.passthrough.TileChecker` (full checks).
-        counter: ``counter.add()`` is called once per tile, missing tiles too.
+        counter: ``counter.add(n)`` is called with the grid positions each run covers, missing
+            tiles too (all of them by the end).
         accept: called as ``accept(data, col, row)`` with each tile the signature did not vouch
             for, after the full check (and with the first tile); raises to refuse it.
 
     Yields:
-        For each tile, a read-only view of its bytes (valid as long as the caller keeps it), or
-        the bytes themselves, or None.
+        :class:`TileRun` s: the tiles the signature vouched for as views of the run's buffer (valid
+        as long as the caller keeps them), every other tile as a run of its own.
 
     Raises:
         TileDecodeError: a tile past the end of the file, a short read, or a tile failing the
@@ -101,7 +120,7 @@ def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
     """
     fd = lv.source.fileno()
     if fd is None:
-        raise ValueError(f"{lv.path}: stored_tiles needs a local file")
+        raise ValueError(f"{lv.path}: stored_runs needs a local file")
     n = lv.tiles_across * lv.tiles_down
     offs = np.asarray(lv.tiles.offsets[:n], np.int64)
     cnts = np.asarray(lv.tiles.bytecounts[:n], np.int64)
@@ -124,41 +143,59 @@ def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
             got = os.preadv(fd, [buf], lo)
         return memoryview(buf)[:got]
 
-    index = 0
+    done = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-runs") as reader:
         ahead: Future | None = reader.submit(read, 0) if runs else None
         for j, run in enumerate(runs):
             assert ahead is not None  # submitted for run j before this step
             buf = ahead.result()
             ahead = reader.submit(read, j + 1) if j + 1 < len(runs) else None
-            yield from _run_tiles(lv, check, counter, accept, index, run, spans[j][0], buf, offs, cnts, present,
-                                  sig if whole[j] and len(buf) == spans[j][1] - spans[j][0] else None)
-            index = int(run[-1]) + 1
-    for _i in range(index, n):  # trailing missing tiles
-        counter.add()
-        yield None
+            lo, hi = spans[j]
+            if sig is not None and whole[j] and len(buf) == hi - lo:
+                yield from _vouched(lv, check, accept, run, buf, offs[run] - lo, cnts[run], sig)
+            else:  # tile by tile (not read whole, or a short read: the tile's own read then names it)
+                for i in run.tolist():
+                    yield _single(_checked(lv, check, i, accept), i)
+            counter.add(int(run[-1]) + 1 - done)
+            done = int(run[-1]) + 1
+    if n > done:  # trailing missing tiles
+        counter.add(n - done)
 
 
-def _run_tiles(lv: PyramidLevel, check: TileChecker, counter, accept, index: int, run: np.ndarray, lo: int,
-               buf: memoryview, offs: np.ndarray, cnts: np.ndarray, present: np.ndarray,
-               sig: tuple[np.ndarray, int] | None) -> Iterator[memoryview | bytes | None]:
-    """Tiles ``index`` to the run's last, from ``buf`` (the run's bytes from file offset ``lo``) where
-    they match ``sig``; tile by tile where ``sig`` is None (not read whole, or a short read: the tile's
-    own read then names it)."""
-    ok = _matches(np.frombuffer(buf, np.uint8), offs[run] - lo, cnts[run], sig).tolist() if sig else []
-    view = memoryview(buf)
-    k = 0
-    for i in range(index, int(run[-1]) + 1):
-        counter.add()
-        if not present[i]:
-            yield None
-            continue
-        if sig is not None and ok[k]:
-            s = int(offs[i]) - lo
-            yield view[s:s + int(cnts[i])]
+def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
+                 accept: Callable[[bytes, int, int], None] | None = None) -> Iterator[memoryview | bytes | None]:
+    """:func:`stored_runs` a tile at a time: the bytes of every tile of ``lv`` in row-major order (a view or
+    bytes), None for a missing tile.  Same arguments and errors."""
+    n = lv.tiles_across * lv.tiles_down
+    nxt = 0
+    for run in stored_runs(lv, check, counter, accept):
+        view = memoryview(run.data)
+        for i, s, c in zip(run.grid.tolist(), run.starts.tolist(), run.counts.tolist(), strict=True):
+            yield from (None for _ in range(nxt, i))
+            yield view[s:s + c]
+            nxt = i + 1
+    yield from (None for _ in range(nxt, n))
+
+
+def _vouched(lv: PyramidLevel, check: TileChecker, accept, run: np.ndarray, buf: memoryview, starts: np.ndarray,
+             counts: np.ndarray, sig: tuple[np.ndarray, int]) -> Iterator[TileRun]:
+    """The tiles of one run read whole: stretches the signature vouches for as runs of ``buf``, each other
+    tile fully checked, as a run of its own."""
+    ok = _matches(np.frombuffer(buf, np.uint8), starts, counts, sig)
+    if ok.all():
+        yield TileRun(buf, run, starts, counts)
+        return
+    edges = np.flatnonzero(np.diff(ok.astype(np.int8))) + 1
+    for a, b in zip([0, *edges.tolist()], [*edges.tolist(), len(ok)], strict=True):
+        if ok[a]:
+            yield TileRun(buf, run[a:b], starts[a:b], counts[a:b])
         else:
-            yield _checked(lv, check, i, accept)
-        k += 1
+            for i in run[a:b].tolist():
+                yield _single(_checked(lv, check, i, accept), i)
+
+
+def _single(data: bytes, i: int) -> TileRun:
+    return TileRun(data, np.array([i], np.int64), np.zeros(1, np.int64), np.array([len(data)], np.int64))
 
 
 def _idle_buffer(pool: list[bytearray], size: int) -> memoryview:

@@ -10,8 +10,8 @@ Entry point: :func:`~wsitool.export.export_pyramid` with ``format="dicom"`` (CLI
 * :mod:`.modules`: the attributes of an instance, module by module;
 * :mod:`.metadata`: the user's patient / study / series / specimen / equipment
   attributes (a DICOM JSON file, ``KEYWORD=VALUE`` pairs, documented defaults);
-* :mod:`.writer`: one instance file, its frames streamed, with the Basic or
-  Extended Offset Table.
+* :mod:`.writer`: one instance file, with the Basic or Extended Offset Table;
+* :mod:`.framestream`: its frames as items, streamed in batched writes.
 """
 
 from .frames import FrameCoding, passthrough_coding, reencode_coding

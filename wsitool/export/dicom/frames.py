@@ -49,6 +49,7 @@ transform: ``YBR_ICT`` under .91 (lossy, the target PSNR), ``YBR_RCT`` under
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import imagecodecs
 import numpy as np
@@ -57,6 +58,10 @@ from ...errors import UnsupportedFormatError, WsiError
 from ...ground.bitstream import SOI, jpeg_frame_kind, jpeg_segments, jpeg_with_prefix
 from ...model import PyramidLevel
 from ..encode import DEFAULT_PSNR
+from .framestream import FrameRun
+
+if TYPE_CHECKING:
+    from ..storedruns import TileRun
 
 JPEG_BASELINE = "1.2.840.10008.1.2.4.50"
 J2K_LOSSLESS = "1.2.840.10008.1.2.4.90"
@@ -89,6 +94,17 @@ class FrameCoding:
     def frame(self, tile: bytes) -> bytes:
         """The frame for one passed-through tile (``tile`` unchanged, or ``prefix`` + ``tile[2:]``)."""
         return b"".join(self.frame_parts(tile))
+
+    def frame_run(self, run: TileRun) -> FrameRun | None:
+        """The frames of a run of passed-through tiles, each as :meth:`frame` makes it; None where some
+        tile of a JPEG run does not start with SOI (then take them one by one, :meth:`frame_parts`)."""
+        starts, counts = run.starts, run.counts
+        if not self.prefix:
+            return FrameRun(run.data, starts, counts)
+        head = np.frombuffer(run.data, np.uint8)
+        if not (counts >= 2).all() or not ((head[starts] == 0xFF) & (head[starts + 1] == 0xD8)).all():
+            return None
+        return FrameRun(run.data, starts + 2, counts - 2, self.prefix)
 
     def frame_parts(self, tile: bytes | memoryview) -> tuple[bytes | memoryview, ...]:
         """:meth:`frame` as pieces laid end to end, without copying the tile (bytes or a view)."""

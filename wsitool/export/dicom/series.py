@@ -43,11 +43,12 @@ from ..options import ExportOptions
 from ..passthrough import CopiedLevel, TileChecker, copied_tiles
 from ..plan import ExportResult, memory_bound, output_metadata, pyramid_dimensions
 from ..source import StripSource
-from ..storedruns import POOL, RUN_BYTES, stored_tiles
+from ..storedruns import POOL, RUN_BYTES, stored_runs
 from .frames import JPEG_BASELINE, FrameCoding, FrameEncoder, passthrough_coding, reencode_coding
+from .framestream import BATCH_BYTES
 from .metadata import user_dataset
 from .modules import ImageGeometry, SeriesFacts, acquisition_datetime, instance_dataset
-from .writer import BATCH_BYTES, offset_table, write_instance
+from .writer import offset_table, write_instance
 
 #: associated image of the source -> (Image Type flavour, file name)
 ASSOCIATED = (("thumbnail", "THUMBNAIL"), ("label", "LABEL"), ("macro", "OVERVIEW"))
@@ -217,9 +218,14 @@ def _frames(plan: _LevelPlan, options: ExportOptions, counter: TileCounter) -> I
     lv = plan.level
     if options.compression == "copy" and not options.verify and lv.source.fileno() is not None:
         # (a local file: long reads, headers checked against the first tile's; storedruns)
-        for data in stored_tiles(lv, TileChecker(lv), counter, accept=_same_coding(plan)):
-            if data is not None:
-                yield plan.coding.frame_parts(data)
+        for run in stored_runs(lv, TileChecker(lv), counter, accept=_same_coding(plan)):
+            frames = plan.coding.frame_run(run)
+            if frames is not None:
+                yield frames
+                continue
+            view = memoryview(run.data)
+            for s, c in zip(run.starts.tolist(), run.counts.tolist(), strict=True):
+                yield plan.coding.frame_parts(view[s:s + c])
         return
     if options.compression == "copy":
         cl = CopiedLevel(lv, lv.width, lv.height, 0, 0, lv.tiles_across, lv.tiles_down, {}, "")

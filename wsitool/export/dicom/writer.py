@@ -26,24 +26,18 @@ frame).
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
-import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.filewriter import dcmwrite
 from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID
 
 from ...errors import WsiError
 from ...version import __version__
+from .framestream import BASIC_TABLE_LIMIT, item, write_frames
 
-#: the Basic Offset Table holds 32-bit offsets: frames that may reach this many bytes need the extended one
-BASIC_TABLE_LIMIT = 2**32
-
-_ITEM = 0xE000
 _DELIMITER = 0xE0DD
 
 
@@ -74,13 +68,6 @@ def _element_header(group: int, element: int, vr: bytes, length: int) -> bytes:
     return struct.pack("<HH2sHI", group, element, vr, 0, length)
 
 
-_ITEM_TAG = struct.Struct("<HHI")
-
-
-def _item(length: int) -> bytes:
-    return _ITEM_TAG.pack(0xFFFE, _ITEM, length)
-
-
 def ratio_text(raw_bytes: int, coded_bytes: int) -> bytes:
     """Lossy Image Compression Ratio (PS3.3 C.7.6.1.1.5: uncompressed over compressed size) as the 16 bytes
     of a Decimal String, space padded."""
@@ -100,7 +87,8 @@ def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterab
         path: the file, created exclusively (``FileExistsError`` if it exists).
         ds: every attribute but the pixel data (``NumberOfFrames`` included).
         transfer_syntax: an encapsulated Transfer Syntax UID.
-        frames: the frames in order, each a complete compressed frame (bytes, or a tuple of pieces).
+        frames: the frames in order, each a complete compressed frame (bytes, or a tuple of pieces), or
+            many at once (:class:`~.framestream.FrameRun`); written by :func:`~.framestream.write_frames`.
         count: how many ``frames`` yields.
         table: ``"basic"`` or ``"extended"`` (:func:`offset_table`).
         raw_bytes: the frames' uncompressed size: where ``ds`` has a Lossy Image Compression Ratio
@@ -123,10 +111,10 @@ def write_instance(path: Path, ds: Dataset, transfer_syntax: str, frames: Iterab
                 fh.write(bytes(8 * count))
         fh.write(_element_header(0x7FE0, 0x0010, b"OB", 0xFFFFFFFF))
         bot_len = 0 if extended else 4 * count
-        fh.write(_item(bot_len))
+        fh.write(item(bot_len))
         bot_at = fh.tell()
         fh.write(bytes(bot_len))
-        offsets, lengths = _write_frames(fh, path, frames, count, extended)
+        offsets, lengths = write_frames(fh, path, frames, count, extended)
         fh.write(struct.pack("<HHI", 0xFFFE, _DELIMITER, 0))
         end = fh.tell()
         if ratio_at >= 0:
@@ -151,102 +139,3 @@ def _ratio_position(fh, path: Path, end: int) -> int:
         raise WsiError(f"{path.name}: no place for the Lossy Image Compression Ratio")
     fh.seek(end)
     return at
-
-
-def _write_frames(fh, path: Path, frames: Iterable, count: int, extended: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Write the frames' items (a frame: bytes, or a tuple of byte strings / memoryviews laid end to end) with
-    ``os.writev`` in batches of up to :data:`_BATCH` pieces or :data:`BATCH_BYTES` bytes, on one writer
-    thread while this one gathers the next batch (at most one batch waiting: the frames held are at most two
-    batches); their offsets (from the first frame's item tag) and item lengths."""
-    offsets: list[int] = []
-    lengths: list[int] = []
-    fh.flush()
-    fd = fh.fileno()
-    pending: list = []
-    pos = n = held = 0
-    writing: Future | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-write") as writer:
-        try:
-            for data in frames:
-                parts = data if isinstance(data, tuple) else (data,)
-                size = sum(map(len, parts))
-                if n >= count:
-                    raise WsiError(f"{path.name}: more frames than the {count} announced")
-                if not size:
-                    raise WsiError(f"{path.name}: frame {n + 1} is empty")
-                odd = size & 1
-                if not extended and pos >= BASIC_TABLE_LIMIT:
-                    raise WsiError(f"{path.name}: frames past 4 GiB need the Extended Offset Table")
-                offsets.append(pos)
-                lengths.append(size + odd)
-                pending.append(_item(size + odd))
-                pending.extend(parts)
-                if odd:
-                    pending.append(b"\0")
-                pos += 8 + size + odd
-                held += size
-                n += 1
-                if len(pending) >= _BATCH or held >= BATCH_BYTES:
-                    if writing is not None:
-                        writing.result()  # (its error, ENOSPC say, stops the export here)
-                    writing = writer.submit(_writev, fd, pending)
-                    pending = []
-                    held = 0
-        except BaseException:
-            if writing is not None:  # (the file is closed after this: let the write in flight end first)
-                wait([writing])
-            raise
-        if writing is not None:
-            writing.result()
-    _writev(fd, pending)
-    fh.seek(0, os.SEEK_END)  # the buffered file object's position after the raw writes
-    if n != count:
-        raise WsiError(f"{path.name}: {n} frames written, {count} announced")
-    return np.asarray(offsets, np.uint64), np.asarray(lengths, np.uint64)
-
-
-#: pieces written by one ``os.writev`` (below the usual IOV_MAX of 1024)
-_BATCH = 960
-#: frame bytes gathered for the writer thread at a time (8 MiB; a larger frame is a batch of its own)
-BATCH_BYTES = 8 << 20
-#: most bytes one write call takes (256 KiB, the I/O size of coreutils' ``cp``): larger writes make
-#: Linux 6 take large folios for the page cache, which on a virtual machine that hands free memory
-#: back to its host (virtio-balloon free page reporting) cost 6 to 8 times as much to write into
-#: (docs/benchmarks/dicom-export-2026-12-08.md: 2.7 s against 0.37 s for 1 GB in 4 MiB writes)
-WRITE_BYTES = 256 << 10
-
-
-def _writev(fd: int, pending: list) -> None:
-    """Write ``pending`` (and empty it) in ``os.writev`` calls of at most :data:`WRITE_BYTES` bytes and
-    :data:`_BATCH` pieces each (a larger piece is cut), resuming after short writes."""
-    group: list = []
-    size = 0
-    for piece in pending:
-        n = len(piece)
-        at = 0
-        while at < n:
-            take = min(n - at, WRITE_BYTES - size)
-            group.append(piece if take == n else memoryview(piece)[at:at + take])
-            size += take
-            at += take
-            if size >= WRITE_BYTES or len(group) >= _BATCH:
-                _write_all(fd, group)
-                group, size = [], 0
-    if group:
-        _write_all(fd, group)
-    pending.clear()
-
-
-def _write_all(fd: int, group: list) -> None:
-    """One ``os.writev`` of ``group``, then more for what a short write left."""
-    total = sum(map(len, group))
-    while True:
-        done = os.writev(fd, group)
-        if done == total:
-            return
-        total -= done
-        while done >= len(group[0]):
-            done -= len(group[0])
-            group.pop(0)
-        if done:
-            group[0] = memoryview(group[0])[done:]
