@@ -115,8 +115,8 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
 
     Raises:
         TileDecodeError: a tile past the end of the file, a short read, or a tile failing the
-            full check (the read path's message, naming level, column and row).
-        Whatever ``accept`` raises.
+            full check (the read path's message, naming level, column and row); and whatever
+            ``accept`` raises.
     """
     fd = lv.source.fileno()
     if fd is None:
