@@ -10,6 +10,8 @@ and what it imports first (``wsitool``, :mod:`wsitool.ground.signals`) stay ligh
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,12 +26,21 @@ def main(argv: list[str] | None = None) -> None:
         SystemExit: always, with the command's exit status; 128 + the signal number
             (130 SIGINT, 143 SIGTERM, 129 SIGHUP) for a signal during start-up.
     """
+    # wsitool calls no BLAS routine, and its threads are its own: OpenBLAS's pool (numpy's, one thread
+    # per core) would only spin, about a tenth of the CPU of a 2-core machine during an export
+    # (docs/benchmarks/dicom-export-2026-12-08.md). A value the user set is kept.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     previous = signals.install()
     unraisable = sys.unraisablehook
     sys.unraisablehook = _quiet_interruption(unraisable)
     try:
         from .cli import main as run
 
+        # The objects of the modules just imported live as long as the process: out of the cyclic
+        # collector's way, so that its collections during a command (one every few thousand new
+        # objects: tiles' views, futures) do not walk them each time (0.09 s of a 0.8 s DICOM export,
+        # docs/benchmarks/dicom-export-2026-12-08.md).
+        gc.freeze()
         got = signals.received()
         if got is not None:  # a library's import caught the interruption and went on
             _say_interrupted(128 + got)
