@@ -46,9 +46,10 @@ import numpy as np
 from ..errors import TileDecodeError
 from ..ground.bitstream import j2k_main_header, jpeg_frame_size, jpeg_segments
 from ..model import PyramidLevel
+from ..storage import ByteSource
 from .passthrough import TileChecker
 
-__all__ = ["POOL", "RUN_BYTES", "TileRun", "header_signature", "stored_runs", "stored_tiles"]
+__all__ = ["POOL", "RUN_BYTES", "TileRun", "header_signature", "stored_runs", "stored_tiles", "supported"]
 
 #: most bytes one read of a run takes (4 MiB; a tile larger than that is a run of its own)
 RUN_BYTES = 4 << 20
@@ -80,6 +81,14 @@ def header_signature(lv: PyramidLevel, tile: bytes) -> tuple[bytes, int] | None:
     return None
 
 
+def supported(lv: PyramidLevel) -> bool:
+    """Whether :func:`stored_runs` can read ``lv``: a local file (``fileno()``) whose tile index gives each
+    tile's exact byte range (not a source of frames, whose counts are upper bounds:
+    :meth:`~wsitool.storage.source.ByteSource.read_segment`)."""
+    return (lv.source.fileno() is not None
+            and type(lv.source).read_segment is ByteSource.read_segment)
+
+
 class TileRun(NamedTuple):
     """Consecutive present tiles of a level, in grid order, as they lie in one buffer: tile ``grid[k]``
     (row-major grid index) is ``data[starts[k]:starts[k] + counts[k]]``.
@@ -102,7 +111,7 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
     """The stored bytes of every present tile of ``lv``, in row-major order, a run of tiles at a time.
 
     Args:
-        lv: a level whose source is a local file (``lv.source.fileno()`` not None).
+        lv: a level that :func:`supported` accepts (else ``ValueError``).
         check: the level's :class:`~wsitool.export.passthrough.TileChecker` (full checks).
         counter: ``counter.add(n)`` is called with the grid positions each run covers, missing
             tiles too (all of them by the end).
@@ -119,8 +128,8 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
             ``accept`` raises.
     """
     fd = lv.source.fileno()
-    if fd is None:
-        raise ValueError(f"{lv.path}: stored_runs needs a local file")
+    if fd is None or not supported(lv):
+        raise ValueError(f"{lv.path}: stored_runs needs a local file with exact tile byte ranges")
     n = lv.tiles_across * lv.tiles_down
     offs = np.asarray(lv.tiles.offsets[:n], np.int64)
     cnts = np.asarray(lv.tiles.bytecounts[:n], np.int64)

@@ -43,7 +43,7 @@ from ..options import ExportOptions
 from ..passthrough import CopiedLevel, TileChecker, copied_tiles
 from ..plan import ExportResult, memory_bound, output_metadata, pyramid_dimensions
 from ..source import StripSource
-from ..storedruns import POOL, RUN_BYTES, stored_runs
+from ..storedruns import POOL, RUN_BYTES, stored_runs, supported
 from .frames import JPEG_BASELINE, FrameCoding, FrameEncoder, passthrough_coding, reencode_coding
 from .framestream import BATCH_BYTES
 from .metadata import user_dataset
@@ -216,7 +216,7 @@ def _write_level(folder: Path, facts: SeriesFacts, plan: _LevelPlan, k: int, opt
 
 def _frames(plan: _LevelPlan, options: ExportOptions, counter: TileCounter) -> Iterator:
     lv = plan.level
-    if options.compression == "copy" and not options.verify and lv.source.fileno() is not None:
+    if options.compression == "copy" and not options.verify and supported(lv):
         # (a local file: long reads, headers checked against the first tile's; storedruns)
         for run in stored_runs(lv, TileChecker(lv), counter, accept=_same_coding(plan)):
             frames = plan.coding.frame_run(run)
