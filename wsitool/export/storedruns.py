@@ -4,9 +4,10 @@
 one tile at a time: a ``pread`` and a header parse per tile, which on a slide of
 tens of thousands of 20 KB tiles costs more than moving the bytes.  Writers
 usually store a level's tiles one after the other in grid order (Aperio,
-Philips, generic tiled TIFF), so :func:`stored_tiles` reads a run of
-consecutive tiles with one ``pread`` of up to :data:`RUN_BYTES` and hands out
-views into it.
+Philips, generic tiled TIFF), so :func:`stored_runs` reads a run of
+consecutive tiles with one ``pread`` of up to :data:`RUN_BYTES` and hands them
+out as views into it (:class:`TileRun`; :func:`stored_tiles` gives them one at
+a time).
 
 Every tile is still checked as the read path would check it before a decode
 (:class:`~wsitool.export.passthrough.TileChecker`), in two ways that accept

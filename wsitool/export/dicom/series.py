@@ -339,7 +339,7 @@ def _bound(plans: list[_LevelPlan], options: ExportOptions, associated) -> int:
     """The memory bound: the widest level's strip buffers (:func:`~wsitool.export.plan.memory_bound`) when
     re-encoding; when copying, one tile row of encoded bytes plus the long reads of
     :mod:`~wsitool.export.storedruns` that the frames being written hold (two batches of
-    :data:`~.writer.BATCH_BYTES`), two more and the buffers kept for reuse; plus the associated images."""
+    :data:`~.framestream.BATCH_BYTES`), two more and the buffers kept for reuse; plus the associated images."""
     extra = sum(int(a.size) * 2 for *_, a in associated)
     if options.compression == "copy":
         return max((p.level.tiles_across + 2) * int(np.asarray(p.level.tiles.bytecounts).max(initial=0))
