@@ -148,10 +148,10 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
         if not whole[j]:
             return memoryview(b"")
         lo, hi = spans[j]
-        buf = _idle_buffer(pool, hi - lo)
+        buf = memoryview(_idle_buffer(pool, hi - lo))[:hi - lo]
         with lv.source.reading():
             got = os.preadv(fd, [buf], lo)
-        return memoryview(buf)[:got]
+        return buf[:got]  # (a view from the buffer's first byte: _matches relies on it)
 
     done = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-runs") as reader:
@@ -188,10 +188,10 @@ def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
 
 
 def _vouched(lv: PyramidLevel, check: TileChecker, accept, run: np.ndarray, buf: memoryview, starts: np.ndarray,
-             counts: np.ndarray, sig: tuple[np.ndarray, int]) -> Iterator[TileRun]:
+             counts: np.ndarray, sig: tuple[bytes, int]) -> Iterator[TileRun]:
     """The tiles of one run read whole: stretches the signature vouches for as runs of ``buf``, each other
     tile fully checked, as a run of its own."""
-    ok = _matches(np.frombuffer(buf, np.uint8), starts, counts, sig)
+    ok = _matches(buf, starts, counts, sig)
     if ok.all():
         yield TileRun(buf, run, starts, counts)
         return
@@ -208,9 +208,9 @@ def _single(data: bytes, i: int) -> TileRun:
     return TileRun(data, np.array([i], np.int64), np.zeros(1, np.int64), np.array([len(data)], np.int64))
 
 
-def _idle_buffer(pool: list[bytearray], size: int) -> memoryview:
-    """A buffer of ``size`` bytes from ``pool`` that nothing refers to any more, else a new one (kept in the
-    pool, at most :data:`POOL` of them).
+def _idle_buffer(pool: list[bytearray], size: int) -> bytearray:
+    """A buffer of at least ``size`` bytes from ``pool`` that nothing refers to any more, else a new one (kept
+    in the pool, at most :data:`POOL` of them).
 
     Reusing the buffers spares fresh memory (page faults, zeroing) for every run.  A buffer is
     idle when no view of it is alive (the frames the writer still holds are views): a bytearray with
@@ -218,11 +218,11 @@ def _idle_buffer(pool: list[bytearray], size: int) -> memoryview:
     """
     for buf in pool:
         if len(buf) >= size and _unviewed(buf):
-            return memoryview(buf)[:size]
+            return buf
     buf = bytearray(max(size, RUN_BYTES))
     if len(pool) < POOL:
         pool.append(buf)
-    return memoryview(buf)[:size]
+    return buf
 
 
 def _unviewed(buf: bytearray) -> bool:
@@ -248,24 +248,17 @@ def _runs(cnts: np.ndarray, present: np.ndarray) -> Iterator[np.ndarray]:
         start = stop
 
 
-def _signature(lv: PyramidLevel, data) -> tuple[np.ndarray, int] | None:
-    found = header_signature(lv, bytes(data))
-    if found is None:
-        return None
-    head, least = found
-    return np.frombuffer(head, np.uint8), least
+def _signature(lv: PyramidLevel, data) -> tuple[bytes, int] | None:
+    return header_signature(lv, bytes(data))
 
 
-def _matches(buf: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-             sig: tuple[np.ndarray, int]) -> np.ndarray:
+def _matches(buf: memoryview, starts: np.ndarray, counts: np.ndarray, sig: tuple[bytes, int]) -> np.ndarray:
     """Which tiles (byte ``starts`` and ``counts`` in ``buf``) begin with the signature's bytes."""
     head, least = sig
-    long_enough = counts >= least
-    ok = np.zeros(starts.size, bool)
-    if long_enough.any():
-        at = starts[long_enough]
-        ok[long_enough] = (buf[at[:, None] + np.arange(head.size)] == head).all(axis=1)
-    return ok
+    # (``buf`` views its buffer from the first byte, as ``read`` makes it: search the buffer itself)
+    data = buf.obj if isinstance(buf.obj, bytearray) else bytes(buf)
+    return np.fromiter((c >= least and data.startswith(head, s)
+                        for s, c in zip(starts.tolist(), counts.tolist(), strict=True)), bool, len(starts))
 
 
 def _checked(lv: PyramidLevel, check: TileChecker, i: int, accept: Callable[[bytes, int, int], None] | None):
