@@ -461,6 +461,26 @@ def path_export(rng, stack):
     return step, "wsitool.export.downsample:halve_rows"
 
 
+def path_dicom_copy(rng, stack):
+    """``export_pyramid`` to DICOM with ``compression="copy"`` (the long reads into reused buffers, the reader
+    and writer threads, pydicom's header), each series removed."""
+    import shutil
+
+    from wsitool.export import export_pyramid
+
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="wsitool-leak-"))
+    n = [0]
+
+    def step():
+        n[0] += 1
+        out = Path(tmp) / f"s{n[0] % 4}"  # (a few names, used again: see path_export)
+        export_pyramid(JPEG, out, format="dicom", compression="copy", associated=False, threads=1)
+        shutil.rmtree(out)
+
+    step.threshold = 2048  # (as path_export: threads made per export)
+    return step, "wsitool.export.storedruns:_idle_buffer"
+
+
 def path_serve(rng, stack):
     """IIIF and Deep Zoom requests to the server app in this process (decode, resample,
     encode, the decoded-tile cache with an 8 MiB budget)."""
@@ -587,6 +607,7 @@ PATHS = {
     "associated": path_associated,
     "boxfilter": path_boxfilter,
     "export": path_export,
+    "dicom-copy": path_dicom_copy,
     "serve": path_serve,
     "openslide": path_openslide,
     "mosaic-mirax": path_mosaic_mirax,
