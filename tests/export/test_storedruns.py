@@ -278,3 +278,22 @@ def test_frame_runs_count_and_limits(tmp_path):
         with open(tmp_path / "d", "x+b") as fh:
             offsets, _ = framestream.write_frames(fh, tmp_path / "d", [run], 3, extended=True)
         assert offsets.tolist() == [0, 48, 96]
+
+
+def test_an_offset_near_2_63_is_named_not_an_index_error(tmp_path):
+    """A BigTIFF tile offset of 2**63 - 100 (offset + count overflows int64): the run is not read whole and the
+    tile's own read names it, as the reference path does (was: IndexError from the signature check)."""
+    path = tmp_path / "h.tif"
+    with tifffile.TiffWriter(path, bigtiff=True) as tw:
+        tw.write(iter([_jpeg(i) for i in range(COLS * ROWS)]), shape=(ROWS * T, COLS * T, 3), dtype=np.uint8,
+                 tile=(T, T), compression="jpeg", photometric="rgb")
+    data = bytearray(path.read_bytes())
+    with tifffile.TiffFile(path) as tf:
+        tag = tf.pages[0].tags["TileOffsets"]
+        assert int(tag.dtype) == 16  # 8-byte LONG8 entries
+        pos = tag.valueoffset + 7 * 8
+    data[pos:pos + 8] = (2**63 - 100).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    fast, ref = _errors(path)
+    assert fast == ref
+    assert "tile (col 2, row 1)" in fast and "past the end of the file" in fast

@@ -137,8 +137,12 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
     hits = np.flatnonzero(present)
     sig = _signature(lv, _checked(lv, check, int(hits[0]), accept)) if hits.size else None
     runs = list(_runs(cnts, present))
-    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) for r in runs]
-    whole = [sig is not None and hi - lo <= 2 * int(cnts[r].sum()) and hi <= lv.source.size
+    size = lv.source.size
+    # (in the file: offset + count <= size, tested without adding, which can overflow int64 for an offset
+    # near 2**63; a tile outside is read on its own, whose read names it)
+    inside = (cnts <= size) & (offs <= size - np.minimum(cnts, size))
+    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) if inside[r].all() else (0, 0) for r in runs]
+    whole = [sig is not None and bool(inside[r].all()) and hi - lo <= 2 * int(cnts[r].sum())
              for r, (lo, hi) in zip(runs, spans, strict=True)]
 
     pool: list[bytearray] = []
