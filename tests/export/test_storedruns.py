@@ -297,3 +297,54 @@ def test_an_offset_near_2_63_is_named_not_an_index_error(tmp_path):
     fast, ref = _errors(path)
     assert fast == ref
     assert "tile (col 2, row 1)" in fast and "past the end of the file" in fast
+
+
+_PEAK_CODE = '''
+import sys, wsitool
+from wsitool.export import storedruns
+from wsitool.export.passthrough import TileChecker
+from wsitool.slide import pyramid_levels
+
+class Count:
+    def add(self, n=1):
+        pass
+
+with wsitool.open_slide(sys.argv[1]) as slide:
+    lv = pyramid_levels(slide)[0]
+    if sys.argv[2] == "runs":
+        n = sum(len(d) for d in storedruns.stored_tiles(lv, TileChecker(lv), Count()))
+    else:
+        check = TileChecker(lv)
+        n = sum(len(check.read(c, 0)) for c in range(lv.tiles_across))
+assert n > 0
+'''
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="peak RSS from /proc (Linux)")
+def test_a_tile_whose_header_is_most_of_it_costs_no_multiple_of_itself(tmp_path):
+    """Two tiles of 7.9 MB, each 120 APP15 segments then a small JPEG: the signature check compares the
+    8 MB headers a stretch at a time (was: an int64 index per header byte, 8 times the tile; the long reads
+    then took 140 MB more than the tile-by-tile reads, now about 35 MB: two run buffers and 8 MiB of index)."""
+    from helpers import child_peak_rss
+
+    app = b"".join(b"\xff\xef" + (65535).to_bytes(2, "big") + bytes(65533) for _ in range(120))
+    tiles = [t[:2] + app + t[2:] for t in (_jpeg(0), _jpeg(1))]
+    path = tmp_path / "app.tif"
+    with tifffile.TiffWriter(path) as tw:
+        tw.write(iter(tiles), shape=(T, 2 * T, 3), dtype=np.uint8, tile=(T, T), compression="jpeg",
+                 photometric="rgb")
+    peaks = {}
+    for mode in ("runs", "tiles"):
+        rc, peaks[mode], err = child_peak_rss(_PEAK_CODE, [str(path), mode], tmp_path)
+        assert rc == 0, err
+    assert peaks["runs"] - peaks["tiles"] < 6 * len(tiles[0]), peaks
+
+
+def test_the_header_compared_a_stretch_at_a_time_finds_the_same_tiles(tmp_path, monkeypatch):
+    """With 7 header bytes compared per pass, tiles differing anywhere in the header (tables, size) still get
+    the full check, and the same bytes come out."""
+    monkeypatch.setattr(storedruns, "_COMPARED", 7)
+    tiles = [_jpeg(i, quality=50 if i in (3, 11) else 90) for i in range(COLS * ROWS)]
+    fast, ref, calls = _both(_tiff(tmp_path / "i.tif", tiles))
+    assert fast == ref
+    assert calls == 1 + 2

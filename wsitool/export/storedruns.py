@@ -55,6 +55,8 @@ __all__ = ["POOL", "RUN_BYTES", "TileRun", "header_signature", "stored_runs", "s
 RUN_BYTES = 4 << 20
 #: run buffers kept for reuse (of RUN_BYTES each)
 POOL = 8
+#: header bytes compared at a time over the tiles of a run (tiles x bytes: index arrays of at most 8 MiB)
+_COMPARED = 1 << 20
 
 
 def header_signature(lv: PyramidLevel, tile: bytes) -> tuple[bytes, int] | None:
@@ -267,7 +269,14 @@ def _matches(buf: np.ndarray, starts: np.ndarray, counts: np.ndarray,
     ok = np.zeros(starts.size, bool)
     if long_enough.any():
         at = starts[long_enough]
-        ok[long_enough] = (buf[at[:, None] + np.arange(head.size)] == head).all(axis=1)
+        # (a stretch of the header at a time: the index array of a whole header would be 8 bytes per header
+        # byte per tile, 8 times a tile whose header is most of it)
+        step = max(1, _COMPARED // at.size)
+        same = np.ones(at.size, bool)
+        for j in range(0, head.size, step):
+            cols = np.arange(j, min(j + step, head.size))
+            same &= (buf[at[:, None] + cols] == head[cols]).all(axis=1)
+        ok[long_enough] = same
     return ok
 
 
