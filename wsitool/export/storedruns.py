@@ -135,17 +135,10 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
     n = lv.tiles_across * lv.tiles_down
     offs = np.asarray(lv.tiles.offsets[:n], np.int64)
     cnts = np.asarray(lv.tiles.bytecounts[:n], np.int64)
-    present = (offs != 0) & (cnts != 0)
-    hits = np.flatnonzero(present)
+    hits = np.flatnonzero(present := (offs != 0) & (cnts != 0))
     sig = _signature(lv, _checked(lv, check, int(hits[0]), accept)) if hits.size else None
     runs = list(_runs(cnts, present))
-    size = lv.source.size
-    # (in the file: offset + count <= size, tested without adding, which can overflow int64 for an offset
-    # near 2**63; a tile outside is read on its own, whose read names it)
-    inside = (cnts <= size) & (offs <= size - np.minimum(cnts, size))
-    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) if inside[r].all() else (0, 0) for r in runs]
-    whole = [sig is not None and bool(inside[r].all()) and hi - lo <= 2 * int(cnts[r].sum())
-             for r, (lo, hi) in zip(runs, spans, strict=True)]
+    spans, whole = _spans(offs, cnts, runs, lv.source.size, sig is not None)
 
     pool: list[bytearray] = []
 
@@ -175,6 +168,19 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
             done = int(run[-1]) + 1
     if n > done:  # trailing missing tiles
         counter.add(n - done)
+
+
+def _spans(offs: np.ndarray, cnts: np.ndarray, runs: list[np.ndarray], size: int,
+           signed: bool) -> tuple[list[tuple[int, int]], list[bool]]:
+    """Each run's byte range ``(lo, hi)`` in the file and whether it is read whole (a signature, every tile
+    inside the file, a span of at most twice its tiles' bytes)."""
+    # (inside: offset + count <= size, tested without adding, which overflows int64 for an offset near
+    # 2**63; a run with a tile outside is read tile by tile, and that tile's read names it)
+    inside = (cnts <= size) & (offs <= size - np.minimum(cnts, size))
+    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) if inside[r].all() else (0, 0) for r in runs]
+    whole = [signed and bool(inside[r].all()) and hi - lo <= 2 * int(cnts[r].sum())
+             for r, (lo, hi) in zip(runs, spans, strict=True)]
+    return spans, whole
 
 
 def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,
