@@ -39,3 +39,87 @@ def test_cropped_edge_tiles_are_refused_naming_the_tile(tmp_path, verify):
     msg = str(info.value)
     assert "\n" not in msg and path.name in msg and "tile (4, 0)" in msg and "44x64" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["crop.tif"]
+
+
+COLS, ROWS = 5, 4
+
+
+def _tiff(path, tiles: list[bytes], compression: str = "jpeg"):
+    with tifffile.TiffWriter(path) as tw:
+        tw.write(iter(tiles), shape=(ROWS * T, COLS * T, 3), dtype=np.uint8, tile=(T, T),
+                 compression=compression, photometric="rgb")
+    return path
+
+
+def _frames(folder) -> list[bytes]:
+    import pydicom
+    from pydicom.encaps import generate_frames
+
+    ds = pydicom.dcmread(folder / "level-0.dcm")
+    return [f.rstrip(b"\0") for f in generate_frames(ds.PixelData, number_of_frames=int(ds.NumberOfFrames))]
+
+
+def _jpeg(seed: int) -> bytes:
+    return imagecodecs.jpeg8_encode(_pixels(seed), level=90, colorspace="RGB", outcolorspace="RGB")
+
+
+def _relaid(path, tiles: list[bytes], order: list[int], gap: int):
+    """``path`` with every tile's bytes appended again in ``order`` (``gap`` zero bytes before each) and the
+    index pointing at the new copies: the long reads see tiles out of grid order or far apart."""
+    data = bytearray(path.read_bytes())
+    offsets = [0] * len(tiles)
+    for i in order:
+        data += bytes(gap)
+        offsets[i] = len(data)
+        data += tiles[i]
+    with tifffile.TiffFile(path) as tf:
+        tag = tf.pages[0].tags["TileOffsets"]
+        assert int(tag.dtype) == 4
+        for i, off in enumerate(offsets):
+            data[tag.valueoffset + 4 * i:tag.valueoffset + 4 * i + 4] = off.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(("order", "gap"), [("reversed", 0), ("shuffled", 0), ("in order", 300_000)])
+def test_frames_are_the_tiles_in_grid_order_whatever_the_layout(tmp_path, order, gap):
+    """Tiles stored backwards, shuffled, or 300 KB apart (runs then read tile by tile): the frames are still
+    the tiles in row-major grid order."""
+    tiles = [_jpeg(i) for i in range(COLS * ROWS)]
+    idx = {"reversed": list(range(COLS * ROWS))[::-1], "in order": list(range(COLS * ROWS)),
+           "shuffled": np.random.default_rng(3).permutation(COLS * ROWS).tolist()}[order]
+    path = _relaid(_tiff(tmp_path / "l.tif", tiles), tiles, idx, gap)
+    export_pyramid(path, tmp_path / "s", format="dicom", compression="copy", associated=False, mpp=0.5)
+    assert _frames(tmp_path / "s") == [t.rstrip(b"\0") for t in tiles]
+
+
+def test_a_sound_header_on_a_garbage_body_passes_unless_verified(tmp_path):
+    """Copying never decodes: a tile whose header is the first tile's byte for byte but whose coded data are
+    noise is passed through as the tile-by-tile checks pass it; --verify decodes and refuses it, naming it."""
+    from wsitool.errors import TileDecodeError
+
+    tiles = [_jpeg(i) for i in range(COLS * ROWS)]
+    good = tiles[7]
+    sos = good.index(b"\xff\xda")
+    head = good[:sos + 2 + int.from_bytes(good[sos + 2:sos + 4], "big")]
+    tiles[7] = head + bytes(np.random.default_rng(0).integers(0, 255, len(good) - len(head), dtype=np.uint8))
+    path = _tiff(tmp_path / "g.tif", tiles)
+    export_pyramid(path, tmp_path / "s", format="dicom", compression="copy", associated=False, mpp=0.5)
+    assert _frames(tmp_path / "s") == [t.rstrip(b"\0") for t in tiles]
+    with pytest.raises(TileDecodeError, match=r"tile \(col 2, row 1\)"):
+        export_pyramid(path, tmp_path / "v", format="dicom", compression="copy", associated=False, mpp=0.5,
+                       verify=True)
+    assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("first_mct", [True, False])
+def test_jpeg2000_tiles_with_another_colour_transform_are_refused(tmp_path, first_mct):
+    """JPEG 2000 tile (4, 1) with the colour transform switched the other way than the first tile's (its
+    COD differs, so its header is not the signature's): one line naming it, nothing left."""
+    tiles = [imagecodecs.jpeg2k_encode(_pixels(i), level=0, codecformat="J2K", mct=first_mct != (i == 9))
+             for i in range(COLS * ROWS)]
+    path = _tiff(tmp_path / "k.tif", tiles, "jpeg2000")
+    with pytest.raises(UnsupportedFormatError) as info:
+        export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5)
+    assert "tile (4, 1)" in str(info.value) and path.name in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.tif"]
