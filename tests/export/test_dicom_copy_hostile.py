@@ -123,3 +123,22 @@ def test_jpeg2000_tiles_with_another_colour_transform_are_refused(tmp_path, firs
         export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5)
     assert "tile (4, 1)" in str(info.value) and path.name in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.tif"]
+
+
+def test_a_failing_disk_read_names_the_slide(tmp_path, monkeypatch):
+    """EIO from a run's long read: an OSError whose filename is the slide (the CLI's one line names it, exit 9;
+    was: "Input/output error" alone), nothing left."""
+    import errno
+    import os
+
+    from wsitool.export import storedruns
+
+    def eio(fd, buffers, offset):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(storedruns.os, "preadv", eio)
+    path = _tiff(tmp_path / "e.tif", [_jpeg(i) for i in range(COLS * ROWS)])
+    with pytest.raises(OSError) as info:
+        export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5)
+    assert info.value.errno == errno.EIO and info.value.filename == str(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.tif"]

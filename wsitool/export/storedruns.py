@@ -128,6 +128,7 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
         TileDecodeError: a tile past the end of the file, a short read, or a tile failing the
             full check (the read path's message, naming level, column and row); and whatever
             ``accept`` raises.
+        OSError: a run's read failed (``filename``: the slide's path).
     """
     fd = lv.source.fileno()
     if fd is None or not supported(lv):
@@ -143,13 +144,7 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
     pool: list[bytearray] = []
 
     def read(j: int) -> memoryview:
-        if not whole[j]:
-            return memoryview(b"")
-        lo, hi = spans[j]
-        buf = _idle_buffer(pool, hi - lo)
-        with lv.source.reading():
-            got = os.preadv(fd, [buf], lo)
-        return memoryview(buf)[:got]
+        return _read_span(lv, fd, pool, *spans[j]) if whole[j] else memoryview(b"")
 
     done = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-runs") as reader:
@@ -168,6 +163,17 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
             done = int(run[-1]) + 1
     if n > done:  # trailing missing tiles
         counter.add(n - done)
+
+
+def _read_span(lv: PyramidLevel, fd: int, pool: list[bytearray], lo: int, hi: int) -> memoryview:
+    """Bytes ``lo:hi`` of the level's file, in an idle buffer of ``pool`` (fewer at the end of the file)."""
+    buf = _idle_buffer(pool, hi - lo)
+    try:
+        with lv.source.reading():
+            got = os.preadv(fd, [buf], lo)
+    except OSError as exc:  # (EIO of a failing disk: the one line names the slide, not the output)
+        raise OSError(exc.errno, exc.strerror, str(lv.path)) from exc
+    return memoryview(buf)[:got]
 
 
 def _spans(offs: np.ndarray, cnts: np.ndarray, runs: list[np.ndarray], size: int,
