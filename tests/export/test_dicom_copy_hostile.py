@@ -142,3 +142,24 @@ def test_a_failing_disk_read_names_the_slide(tmp_path, monkeypatch):
         export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5)
     assert info.value.errno == errno.EIO and info.value.filename == str(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.tif"]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_failing_tile_read_names_the_slide(tmp_path, monkeypatch, verify):
+    """EIO from a tile's own read (the first tile's full check; every tile with --verify): the OSError names
+    the slide, not the output folder."""
+    import errno
+    import os
+
+    from wsitool.export import passthrough
+
+    def eio(*args):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(passthrough, "read_tile_bytes", eio)
+    path = _tiff(tmp_path / "t.tif", [_jpeg(i) for i in range(COLS * ROWS)])
+    with pytest.raises(OSError) as info:
+        export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5,
+                       verify=verify)
+    assert info.value.errno == errno.EIO and info.value.filename == str(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.tif"]
