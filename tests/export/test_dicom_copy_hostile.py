@@ -163,3 +163,14 @@ def test_a_failing_tile_read_names_the_slide(tmp_path, monkeypatch, verify):
                        verify=verify)
     assert info.value.errno == errno.EIO and info.value.filename == str(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.tif"]
+
+
+def test_a_level_without_any_stored_tile_is_refused_before_writing(tmp_path):
+    """Every tile of the level missing: a DICOM instance of 0 frames is invalid (dciodvfy; OpenSlide: "value
+    of NumberOfFrames is malformed"), so the copy stops before writing, one line naming the level (exit 3)."""
+    path = _tiff(tmp_path / "m.tif", [b""] * (COLS * ROWS))
+    with pytest.raises(UnsupportedFormatError) as info:
+        export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5)
+    msg = str(info.value)
+    assert "\n" not in msg and path.name in msg and "level 0" in msg and "no stored tile" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tif"]

@@ -178,6 +178,10 @@ def _plan_level(slide: Slide, lv: PyramidLevel, options: ExportOptions, k: int) 
     present = _present(lv)
     coding = passthrough_coding(lv, _first_tile(lv, present))
     frames = int(present.sum())
+    if not frames:  # (NumberOfFrames 0 is not a DICOM value, PS3.3 C.7.6.6; OpenSlide refuses the instance)
+        raise UnsupportedFormatError(
+            f"{lv.path}: level {lv.index}: compression copy to DICOM: the level has no stored tile (every one "
+            f"missing) and a DICOM instance holds at least one frame; re-encode with --compression jpeg or jpeg2000")
     positions = None
     if frames < present.size:
         rows, cols = np.nonzero(present)
