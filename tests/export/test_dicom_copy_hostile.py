@@ -174,3 +174,30 @@ def test_a_level_without_any_stored_tile_is_refused_before_writing(tmp_path):
     msg = str(info.value)
     assert "\n" not in msg and path.name in msg and "level 0" in msg and "no stored tile" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tif"]
+
+
+def test_an_interrupt_mid_write_leaves_nothing_and_no_thread(tmp_path, monkeypatch):
+    """Ctrl-C while the frames of the third run are handed to the writer (runs of 3000 bytes, so several):
+    the KeyboardInterrupt comes out, the partial folder is gone, and the reader and writer threads have ended."""
+    import threading
+
+    from wsitool.export import storedruns
+    from wsitool.export.dicom import frames
+
+    monkeypatch.setattr(storedruns, "RUN_BYTES", 3000)
+    real = frames.FrameCoding.frame_run
+    calls = []
+
+    def interrupted(self, run):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, run)
+
+    monkeypatch.setattr(frames.FrameCoding, "frame_run", interrupted)
+    path = _tiff(tmp_path / "i.tif", [_jpeg(i) for i in range(COLS * ROWS)])
+    with pytest.raises(KeyboardInterrupt):
+        export_pyramid(path, tmp_path / "out", format="dicom", compression="copy", associated=False, mpp=0.5)
+    assert len(calls) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["i.tif"]
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("wsitool-runs", "wsitool-write"))]
