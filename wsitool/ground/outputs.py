@@ -161,7 +161,7 @@ def _names_another(exc: OSError, path: Path) -> bool:
     name = exc.filename
     if not isinstance(name, (str, os.PathLike)) or not os.fspath(name):
         return False
-    name, inside = os.fspath(name), os.fspath(path)
+    name, inside = os.path.abspath(name), os.path.abspath(path)
     return name != inside and not name.startswith(inside + os.sep)
 
 
