@@ -201,3 +201,22 @@ def test_an_interrupt_mid_write_leaves_nothing_and_no_thread(tmp_path, monkeypat
     assert len(calls) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["i.tif"]
     assert not [t.name for t in threading.enumerate() if t.name.startswith(("wsitool-runs", "wsitool-write"))]
+
+
+def test_index_entries_sharing_one_tile_make_equal_frames(tmp_path):
+    """Every other index entry points at tile 0's bytes (offset and count): each such frame is tile 0, the
+    others their own tiles (views of one long read may overlap)."""
+    tiles = [_jpeg(i) for i in range(COLS * ROWS)]
+    path = _tiff(tmp_path / "d.tif", tiles)
+    data = bytearray(path.read_bytes())
+    with tifffile.TiffFile(path) as tf:
+        offsets, counts = tf.pages[0].tags["TileOffsets"], tf.pages[0].tags["TileByteCounts"]
+        assert int(offsets.dtype) == int(counts.dtype) == 4
+        first = (tf.pages[0].dataoffsets[0], tf.pages[0].databytecounts[0])
+    for i in range(0, COLS * ROWS, 2):
+        for tag, value in zip((offsets, counts), first, strict=True):
+            data[tag.valueoffset + 4 * i:tag.valueoffset + 4 * i + 4] = int(value).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    export_pyramid(path, tmp_path / "s", format="dicom", compression="copy", associated=False, mpp=0.5)
+    want = [tiles[0] if i % 2 == 0 else t for i, t in enumerate(tiles)]
+    assert _frames(tmp_path / "s") == [t.rstrip(b"\0") for t in want]
