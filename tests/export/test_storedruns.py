@@ -278,3 +278,78 @@ def test_frame_runs_count_and_limits(tmp_path):
         with open(tmp_path / "d", "x+b") as fh:
             offsets, _ = framestream.write_frames(fh, tmp_path / "d", [run], 3, extended=True)
         assert offsets.tolist() == [0, 48, 96]
+
+
+def test_an_offset_near_2_63_is_named_not_an_index_error(tmp_path):
+    """A BigTIFF tile offset of 2**63 - 100 (offset + count overflows int64): the run is not read whole and the
+    tile's own read names it, as the reference path does (was: IndexError from the signature check)."""
+    path = tmp_path / "h.tif"
+    with tifffile.TiffWriter(path, bigtiff=True) as tw:
+        tw.write(iter([_jpeg(i) for i in range(COLS * ROWS)]), shape=(ROWS * T, COLS * T, 3), dtype=np.uint8,
+                 tile=(T, T), compression="jpeg", photometric="rgb")
+    data = bytearray(path.read_bytes())
+    with tifffile.TiffFile(path) as tf:
+        tag = tf.pages[0].tags["TileOffsets"]
+        assert int(tag.dtype) == 16  # 8-byte LONG8 entries
+        pos = tag.valueoffset + 7 * 8
+    data[pos:pos + 8] = (2**63 - 100).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    fast, ref = _errors(path)
+    assert fast == ref
+    assert "tile (col 2, row 1)" in fast and "past the end of the file" in fast
+
+
+_PEAK_CODE = '''
+import sys, wsitool
+from wsitool.export import storedruns
+from wsitool.export.passthrough import TileChecker
+from wsitool.slide import pyramid_levels
+
+class Count:
+    def add(self, n=1):
+        pass
+
+with wsitool.open_slide(sys.argv[1]) as slide:
+    lv = pyramid_levels(slide)[0]
+    if sys.argv[2] == "runs":
+        n = sum(len(d) for d in storedruns.stored_tiles(lv, TileChecker(lv), Count()))
+    else:
+        check = TileChecker(lv)
+        n = sum(len(check.read(c, 0)) for c in range(lv.tiles_across))
+assert n > 0
+'''
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="peak RSS from /proc (Linux)")
+def test_a_tile_whose_header_is_most_of_it_costs_no_multiple_of_itself(tmp_path):
+    """Two tiles of 7.9 MB, each 120 APP15 segments then a small JPEG: the signature check compares the
+    8 MB headers a stretch at a time (was: an int64 index per header byte, 8 times the tile; the long reads
+    then took 140 MB more than the tile-by-tile reads, now about 35 MB: two run buffers and 8 MiB of index)."""
+    from helpers import child_peak_rss
+
+    app = b"".join(b"\xff\xef" + (65535).to_bytes(2, "big") + bytes(65533) for _ in range(120))
+    tiles = [t[:2] + app + t[2:] for t in (_jpeg(0), _jpeg(1))]
+    path = tmp_path / "app.tif"
+    with tifffile.TiffWriter(path) as tw:
+        tw.write(iter(tiles), shape=(T, 2 * T, 3), dtype=np.uint8, tile=(T, T), compression="jpeg",
+                 photometric="rgb")
+    peaks = {}
+    for mode in ("runs", "tiles"):
+        rc, peaks[mode], err = child_peak_rss(_PEAK_CODE, [str(path), mode], tmp_path)
+        assert rc == 0, err
+    assert peaks["runs"] - peaks["tiles"] < 6 * len(tiles[0]), peaks
+
+
+def test_the_signature_match_looks_at_every_header_byte_and_the_least_length():
+    """_matches: a tile matches only with every header byte equal (first and last checked) and at least the
+    signature's least length; starts are offsets in the run's buffer."""
+    head = bytes(range(1, 41))
+    buf = bytearray(400)
+    tiles = {0: head + b"x" * 20, 80: b"\0" + head[1:] + b"x" * 20, 160: head[:-1] + b"\0" + b"x" * 20,
+             240: head + b"x" * 2, 300: head + b"y" * 30}
+    for at, data in tiles.items():
+        buf[at:at + len(data)] = data
+    starts = np.array(list(tiles), np.int64)
+    counts = np.array([len(d) for d in tiles.values()], np.int64)
+    view = memoryview(buf)[:390]
+    assert storedruns._matches(view, starts, counts, (head, 50)).tolist() == [True, False, False, False, True]

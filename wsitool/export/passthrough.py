@@ -332,9 +332,15 @@ class TileChecker:
         Raises:
             TileDecodeError: past the end of the file, short read, no SOI, a
                 bad or mismatched header.
+            OSError: the read failed (``filename``: the slide's path where the error named none).
         """
         lv = self.lv
-        data = read_tile_bytes(lv, row * lv.tiles_across + col, col, row, self.stats)
+        try:
+            data = read_tile_bytes(lv, row * lv.tiles_across + col, col, row, self.stats)
+        except OSError as exc:  # (EIO of a failing disk: the one line names the slide, not the output)
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(lv.path)) from exc
         if data is None:
             return None
         if self.nv:

@@ -127,6 +127,7 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
         TileDecodeError: a tile past the end of the file, a short read, or a tile failing the
             full check (the read path's message, naming level, column and row); and whatever
             ``accept`` raises.
+        OSError: a run's read failed (``filename``: the slide's path).
     """
     fd = lv.source.fileno()
     if fd is None or not supported(lv):
@@ -134,24 +135,15 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
     n = lv.tiles_across * lv.tiles_down
     offs = np.asarray(lv.tiles.offsets[:n], np.int64)
     cnts = np.asarray(lv.tiles.bytecounts[:n], np.int64)
-    present = (offs != 0) & (cnts != 0)
-    hits = np.flatnonzero(present)
+    hits = np.flatnonzero(present := (offs != 0) & (cnts != 0))
     sig = _signature(lv, _checked(lv, check, int(hits[0]), accept)) if hits.size else None
     runs = list(_runs(cnts, present))
-    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) for r in runs]
-    whole = [sig is not None and hi - lo <= 2 * int(cnts[r].sum()) and hi <= lv.source.size
-             for r, (lo, hi) in zip(runs, spans, strict=True)]
+    spans, whole = _spans(offs, cnts, runs, lv.source.size, sig is not None)
 
     pool: list[bytearray] = []
 
     def read(j: int) -> memoryview:
-        if not whole[j]:
-            return memoryview(b"")
-        lo, hi = spans[j]
-        buf = memoryview(_idle_buffer(pool, hi - lo))[:hi - lo]
-        with lv.source.reading():
-            got = os.preadv(fd, [buf], lo)
-        return buf[:got]  # (a view from the buffer's first byte: _matches relies on it)
+        return _read_span(lv, fd, pool, *spans[j]) if whole[j] else memoryview(b"")
 
     done = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wsitool-runs") as reader:
@@ -170,6 +162,30 @@ def stored_runs(lv: PyramidLevel, check: TileChecker, counter,
             done = int(run[-1]) + 1
     if n > done:  # trailing missing tiles
         counter.add(n - done)
+
+
+def _read_span(lv: PyramidLevel, fd: int, pool: list[bytearray], lo: int, hi: int) -> memoryview:
+    """Bytes ``lo:hi`` of the level's file, in an idle buffer of ``pool`` (fewer at the end of the file)."""
+    buf = memoryview(_idle_buffer(pool, hi - lo))[:hi - lo]
+    try:
+        with lv.source.reading():
+            got = os.preadv(fd, [buf], lo)
+    except OSError as exc:  # (EIO of a failing disk: the one line names the slide, not the output)
+        raise OSError(exc.errno, exc.strerror, str(lv.path)) from exc
+    return buf[:got]  # (a view from the buffer's first byte: _matches relies on it)
+
+
+def _spans(offs: np.ndarray, cnts: np.ndarray, runs: list[np.ndarray], size: int,
+           signed: bool) -> tuple[list[tuple[int, int]], list[bool]]:
+    """Each run's byte range ``(lo, hi)`` in the file and whether it is read whole (a signature, every tile
+    inside the file, a span of at most twice its tiles' bytes)."""
+    # (inside: offset + count <= size, tested without adding, which overflows int64 for an offset near
+    # 2**63; a run with a tile outside is read tile by tile, and that tile's read names it)
+    inside = (cnts <= size) & (offs <= size - np.minimum(cnts, size))
+    spans = [(int(offs[r].min()), int((offs[r] + cnts[r]).max())) if inside[r].all() else (0, 0) for r in runs]
+    whole = [signed and bool(inside[r].all()) and hi - lo <= 2 * int(cnts[r].sum())
+             for r, (lo, hi) in zip(runs, spans, strict=True)]
+    return spans, whole
 
 
 def stored_tiles(lv: PyramidLevel, check: TileChecker, counter,

@@ -155,6 +155,16 @@ def user_error(exc: OSError, final: str | os.PathLike) -> OSError:
     return new
 
 
+def _names_another(exc: OSError, path: Path) -> bool:
+    """Whether ``exc`` names a file outside ``path`` (a source's read failing as the output is written),
+    which then keeps its own name rather than the output's."""
+    name = exc.filename
+    if not isinstance(name, (str, os.PathLike)) or not os.fspath(name):
+        return False
+    name, inside = os.path.abspath(name), os.path.abspath(path)
+    return name != inside and not name.startswith(inside + os.sep)
+
+
 # --------------------------------------------------------------------------- partials
 
 
@@ -208,7 +218,7 @@ class Partial:
     def __exit__(self, etype, exc, tb) -> None:
         if etype is not None:
             self.abort()
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError) and not _names_another(exc, self.path):
                 new = user_error(exc, self.final)
                 if new is not exc:
                     raise new from None

@@ -35,6 +35,7 @@ import numpy as np
 
 from ...errors import InvalidOptionError, InvalidRegionError, UnsupportedFormatError, WsiError
 from ...ground import outputs as atomic
+from ...ground.bitstream import j2k_main_header, jpeg_frame_size, jpeg_with_prefix
 from ...model import PyramidLevel
 from ...slide import Slide, pyramid_levels
 from ..downsample import PyramidBuilder
@@ -177,6 +178,10 @@ def _plan_level(slide: Slide, lv: PyramidLevel, options: ExportOptions, k: int) 
     present = _present(lv)
     coding = passthrough_coding(lv, _first_tile(lv, present))
     frames = int(present.sum())
+    if not frames:  # (NumberOfFrames 0 is not a DICOM value, PS3.3 C.7.6.6; OpenSlide refuses the instance)
+        raise UnsupportedFormatError(
+            f"{lv.path}: level {lv.index}: compression copy to DICOM: the level has no stored tile (every one "
+            f"missing) and a DICOM instance holds at least one frame; re-encode with --compression jpeg or jpeg2000")
     positions = None
     if frames < present.size:
         rows, cols = np.nonzero(present)
@@ -265,8 +270,24 @@ def _same_coding(plan: _LevelPlan) -> Callable[[bytes, int, int], None]:
                 f"{lv.path}: level {lv.index}: compression copy to DICOM: tile ({col}, {row}) is not coded as "
                 f"the level's first tile ({plan.coding.method} {plan.coding.photometric}), as the frames of one "
                 f"instance must be; re-encode with --compression jpeg or jpeg2000")
+        size = _declared_size(lv, plan.coding.prefix, data)
+        if size != plan.tile:
+            what = "no readable size" if size is None else f"{size[0]}x{size[1]} pixels"
+            raise UnsupportedFormatError(
+                f"{lv.path}: level {lv.index}: compression copy to DICOM: tile ({col}, {row}) declares {what}, "
+                f"not the {plan.tile[0]}x{plan.tile[1]} of every frame (a cropped edge tile: a DICOM frame is "
+                f"Rows x Columns, PS3.5 8.2); re-encode with --compression jpeg or jpeg2000")
 
     return accept
+
+
+def _declared_size(lv: PyramidLevel, prefix: bytes, data) -> tuple[int, int] | None:
+    """``(width, height)`` that a passed-through tile's frame header declares (JPEG: SOF, the JPEGTables
+    ``prefix`` merged in; JPEG 2000: SIZ), or None where there is none."""
+    if lv.encoding.stream == "j2k":
+        head = j2k_main_header(bytes(data))
+        return None if head.problem else (head.width, head.height)
+    return jpeg_frame_size(jpeg_with_prefix(prefix, bytes(data)))
 
 
 def _write_added(folder: Path, slide: Slide, facts: SeriesFacts, last: _LevelPlan, dims: list[tuple[int, int]],
