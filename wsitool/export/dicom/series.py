@@ -261,8 +261,9 @@ def _same_coding(plan: _LevelPlan) -> Callable[[bytes, int, int], None]:
     lv = plan.level
 
     def accept(data: bytes, col: int, row: int) -> None:
+        data = bytes(data)  # (a view of a run's buffer: one copy for both parses below)
         try:
-            same = passthrough_coding(lv, bytes(data)) == plan.coding
+            same = passthrough_coding(lv, data) == plan.coding
         except UnsupportedFormatError:
             same = False
         if not same:
@@ -281,13 +282,13 @@ def _same_coding(plan: _LevelPlan) -> Callable[[bytes, int, int], None]:
     return accept
 
 
-def _declared_size(lv: PyramidLevel, prefix: bytes, data) -> tuple[int, int] | None:
+def _declared_size(lv: PyramidLevel, prefix: bytes, data: bytes) -> tuple[int, int] | None:
     """``(width, height)`` that a passed-through tile's frame header declares (JPEG: SOF, the JPEGTables
     ``prefix`` merged in; JPEG 2000: SIZ), or None where there is none."""
     if lv.encoding.stream == "j2k":
-        head = j2k_main_header(bytes(data))
+        head = j2k_main_header(data)
         return None if head.problem else (head.width, head.height)
-    return jpeg_frame_size(jpeg_with_prefix(prefix, bytes(data)))
+    return jpeg_frame_size(jpeg_with_prefix(prefix, data))
 
 
 def _write_added(folder: Path, slide: Slide, facts: SeriesFacts, last: _LevelPlan, dims: list[tuple[int, int]],
